@@ -1,0 +1,1 @@
+"""Compatibility Lab engine: data, models, methods, training, features, metrics, jobs and CLI."""
