@@ -1,0 +1,181 @@
+"""Feature extraction and the feature views used for retrieval: encoder, logits, softmax, PSP, LSP.
+
+A model's raw outputs (encoder features, logits, softmax over all its outputs) are extracted once
+with ``extract_outputs`` and stored. The PSP/LSP view of a query model depends on the *gallery*
+model's number of classes C^k, so ``view_features`` derives it per compatibility-matrix cell.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Mapping
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from engine.device import pick_device
+from engine.models.net import Net
+
+VIEWS = ("encoder", "logits", "softmax", "psp", "lsp")
+TOPK_ORDERS = ("project_first", "sparsify_first")
+
+
+def simplex_projection(
+    outputs: torch.Tensor,
+    num_classes: int,
+    *,
+    center: bool = True,
+    topk: int | None = None,
+    topk_order: str = "project_first",
+) -> torch.Tensor:
+    """PSP/LSP feature (paper 000, Algorithm 1): keep the first C^k outputs, centre, L2-normalise.
+
+    ``outputs`` (``(..., C^t)``) are softmax probabilities for PSP or logits for LSP over all the
+    model's outputs in class order; ``num_classes`` is C^k <= C^t of the gallery model. This equals
+    ``normalize([I - J/C^k | 0] f)``.
+
+    ``center=False`` skips the centring, which is LSP as literally written in Eq. 6 (z/||z||, with
+    the truncation a cross-test needs); the default follows Algorithm 1, which the paper says it
+    applies to logits as well.
+
+    ``topk`` keeps only the k largest entries (Appendix K, which does not fix the order):
+    - ``"project_first"`` (default): centre, keep the k largest centred entries, zero the rest,
+      L2-normalise; this reads Appendix K's "setting all entries of a PSP feature representation
+      vector to zero except for the top-k" literally and yields k-sparse features.
+    - ``"sparsify_first"``: zero all but the k largest raw outputs, then centre and normalise; with
+      centring the result is dense again (zeros become minus the mean).
+    Ties are broken towards the lower class index, so the result is deterministic.
+    """
+    total = outputs.shape[-1]
+    if not 1 <= num_classes <= total:
+        raise ValueError(
+            f"the gallery model has {num_classes} classes but these outputs cover {total}; PSP/LSP needs "
+            "a query model that knows at least the gallery's classes, in the same order"
+        )
+    if center and num_classes < 2:
+        raise ValueError("a centred simplex projection of a single class is the zero vector; use num_classes >= 2")
+    if topk is not None and not 1 <= topk <= num_classes:
+        raise ValueError(f"topk must lie in [1, {num_classes}], got {topk}")
+    if topk_order not in TOPK_ORDERS:
+        raise ValueError(f"unknown topk_order {topk_order!r}; use one of {TOPK_ORDERS}")
+    if not outputs.is_floating_point():
+        outputs = outputs.float()
+
+    kept = outputs[..., :num_classes]
+    if topk is not None and topk_order == "sparsify_first":
+        kept = _keep_topk(kept, topk)
+    if center:
+        kept = kept - kept.mean(dim=-1, keepdim=True)
+    if topk is not None and topk_order == "project_first":
+        kept = _keep_topk(kept, topk)
+    return F.normalize(kept, dim=-1)
+
+
+def _keep_topk(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Zero every entry but the k largest of each row (stable: ties go to the lower index)."""
+    order = torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
+    mask = torch.zeros_like(values, dtype=torch.bool).scatter_(-1, order, True)
+    return torch.where(mask, values, torch.zeros_like(values))
+
+
+def extract_outputs(
+    net: Net,
+    images_or_loader: torch.Tensor | np.ndarray | Iterable[Any],
+    *,
+    batch_size: int = 256,
+    device: str | torch.device = "auto",
+) -> dict[str, np.ndarray]:
+    """Run ``net`` over images and return float32 ``encoder``, ``logits`` and ``softmax`` arrays.
+
+    ``images_or_loader`` is an ``(N, C, H, W)`` tensor/array (split into ``batch_size`` chunks) or
+    an iterable of batches, each a tensor or a ``(images, labels, ...)`` sequence; when labels come
+    with the batches they are returned under ``labels`` (int64).
+    ``logits`` and ``softmax`` cover all head outputs and are put in class order
+    (column c = class c, through ``net.head.class_to_output``), so a right-to-left d-Simplex head
+    gives the same column meaning as a left-to-right one. Runs under ``torch.inference_mode``,
+    autocast (float16) only on CUDA; the network's device and train/eval mode are restored.
+    """
+    target = pick_device(device) if isinstance(device, str) else torch.device(device)
+    original_device = next(iter(net.parameters()), torch.empty(0)).device
+    was_training = net.training
+    num_outputs = net.head.num_outputs
+    columns: dict[str, list[torch.Tensor]] = {"encoder": [], "logits": [], "labels": []}
+    net.eval()
+    net.to(target)
+    try:
+        order = net.head.class_to_output(torch.arange(num_outputs, device=target))
+        with torch.inference_mode():
+            for images, labels in _batches(images_or_loader, batch_size):
+                with torch.autocast(device_type=target.type, dtype=torch.float16, enabled=target.type == "cuda"):
+                    output = net(images.to(target, non_blocking=True))
+                columns["encoder"].append(output.features.float().cpu())
+                columns["logits"].append(output.logits.float()[:, order].cpu())
+                if labels is not None:
+                    columns["labels"].append(torch.as_tensor(labels).cpu())
+    finally:
+        net.to(original_device)
+        net.train(was_training)
+
+    if not columns["encoder"]:
+        raise ValueError("no images to extract features from: the input is empty")
+    logits = torch.cat(columns["logits"])
+    raw = {
+        "encoder": torch.cat(columns["encoder"]).numpy(),
+        "logits": logits.numpy(),
+        "softmax": torch.softmax(logits, dim=-1).numpy(),
+    }
+    if columns["labels"]:
+        raw["labels"] = torch.cat(columns["labels"]).to(torch.int64).numpy()
+    return raw
+
+
+def _batches(
+    images_or_loader: torch.Tensor | np.ndarray | Iterable[Any], batch_size: int
+) -> Iterator[tuple[torch.Tensor, Any]]:
+    if isinstance(images_or_loader, (torch.Tensor, np.ndarray)):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        images = torch.as_tensor(images_or_loader)
+        for start in range(0, images.shape[0], batch_size):
+            yield images[start : start + batch_size], None
+        return
+    for batch in images_or_loader:
+        if isinstance(batch, torch.Tensor):
+            yield batch, None
+        elif isinstance(batch, (tuple, list)) and len(batch) >= 1:
+            yield torch.as_tensor(batch[0]), (batch[1] if len(batch) > 1 else None)
+        else:
+            raise ValueError(f"a batch must be an image tensor or an (images, labels, ...) sequence, got {type(batch)}")
+
+
+def view_features(
+    raw: Mapping[str, np.ndarray],
+    view: str,
+    *,
+    gallery_num_classes: int | None = None,
+    center: bool = True,
+    topk: int | None = None,
+    topk_order: str = "project_first",
+) -> np.ndarray:
+    """The ``view`` of stored raw outputs as a float32 ``(N, D)`` array.
+
+    ``encoder``, ``logits`` and ``softmax`` are returned as stored (float32, not copied). ``psp`` (from ``softmax``) and
+    ``lsp`` (from ``logits``) are projected onto the gallery model's simplex, so they need
+    ``gallery_num_classes`` = C^k; ``center``, ``topk`` and ``topk_order`` are passed to
+    ``simplex_projection`` and apply to these two views only.
+    """
+    if view not in VIEWS:
+        raise ValueError(f"unknown feature view {view!r}; use one of {VIEWS}")
+    source = {"psp": "softmax", "lsp": "logits"}.get(view, view)
+    if source not in raw:
+        raise ValueError(f"the raw outputs have no {source!r} entry; extract them with extract_outputs")
+    values = np.asarray(raw[source], dtype=np.float32)
+    if view not in ("psp", "lsp"):
+        if topk is not None or not center:
+            raise ValueError(f"center and topk apply to the 'psp' and 'lsp' views, not {view!r}")
+        return values
+    if gallery_num_classes is None:
+        raise ValueError(f"the {view!r} view depends on the gallery model; pass gallery_num_classes (its C^k)")
+    projected = simplex_projection(
+        torch.from_numpy(values), gallery_num_classes, center=center, topk=topk, topk_order=topk_order
+    )
+    return projected.numpy()

@@ -1,0 +1,171 @@
+"""The contract between a compatible-learning method and the training loop.
+
+A method is a small frozen dataclass: its fields are its hyper-parameters, its class variables say
+what the loop must provide (old model, replay memory, which head, how to initialise each step) and
+``loss`` turns one batch of model outputs into a scalar. The loop owns everything else.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from engine.models.net import ModelOutput, Net
+
+INIT_FROM = ("scratch", "previous")
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a loss may know about the current step of a class-incremental sequence.
+
+    ``seen_classes`` and ``new_classes`` are class labels (not head outputs); the classes the
+    previous model knew are ``seen_classes`` minus ``new_classes`` (``old_classes``).
+    ``old_model`` is the frozen previous-step model (eval mode, no gradients) when the method
+    ``needs_old_model`` and a previous step exists, else ``None``.
+    """
+
+    step: int
+    seen_classes: tuple[int, ...]
+    new_classes: tuple[int, ...]
+    old_model: Net | None = None
+
+    def __post_init__(self) -> None:
+        if self.step < 1:
+            raise ValueError(f"steps are numbered from 1, got step={self.step}")
+        missing = sorted(set(self.new_classes) - set(self.seen_classes))
+        if missing:
+            raise ValueError(f"new classes {missing} are not among the seen classes; seen_classes must include them")
+
+    @property
+    def old_classes(self) -> tuple[int, ...]:
+        """Classes learned before this step, in ``seen_classes`` order."""
+        new = set(self.new_classes)
+        return tuple(c for c in self.seen_classes if c not in new)
+
+
+class Method(ABC):
+    """Base of every method; subclasses are frozen dataclasses whose fields are hyper-parameters.
+
+    Class variables (what the loop reads):
+    - ``name``: registry key.
+    - ``head``: ``"linear"`` (learnable, grown with new classes), ``"dsimplex"`` or ``"etf"``
+      (fixed, K classes pre-allocated).
+    - ``needs_old_model``: the loop passes the frozen previous model in ``ctx.old_model`` and its
+      outputs on the same batch in ``old_out`` (both ``None`` at the first step).
+    - ``uses_replay``: the loop keeps an experience-replay memory and mixes it into the batches.
+    - ``default_views``: feature views (``engine.features.VIEWS``) to evaluate the models with.
+    - ``init_from``: ``"scratch"`` (a fresh model, same seed, every step) or ``"previous"``
+      (fine-tune the previous step's model), the protocol of the method's paper.
+    """
+
+    name: ClassVar[str]
+    head: ClassVar[str]
+    needs_old_model: ClassVar[bool]
+    uses_replay: ClassVar[bool]
+    default_views: ClassVar[tuple[str, ...]]
+    init_from: ClassVar[str]
+
+    @abstractmethod
+    def loss(
+        self, out: ModelOutput, targets: torch.Tensor, ctx: StepContext, old_out: ModelOutput | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The batch loss and its named parts (floats, for logging; ``"loss"`` is the total).
+
+        ``out`` is the current model on the batch; ``targets`` are head output indices (class
+        labels already mapped by the head); ``old_out`` is ``ctx.old_model`` on the same inputs.
+        """
+
+    def hparams(self) -> dict[str, Any]:
+        """The hyper-parameters as a plain dict (what ``build_method`` takes back)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers shared by the methods
+
+
+def parts_of(total: torch.Tensor, **parts: torch.Tensor | float) -> dict[str, float]:
+    """The loss terms as floats for logging; ``"loss"`` is the total."""
+    logged = {key: _as_float(value) for key, value in parts.items()}
+    logged["loss"] = _as_float(total)
+    return logged
+
+
+def _as_float(value: torch.Tensor | float) -> float:
+    return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def detached(out: ModelOutput) -> ModelOutput:
+    """The old model's outputs cut from any graph, whatever the loop did."""
+    return ModelOutput(features=out.features.detach(), logits=out.logits.detach())
+
+
+def call_frozen(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """``module(inputs)`` with the module's parameters detached: gradients reach ``inputs`` only.
+
+    Used to apply the old classifier to new features (BCT) so that the old model can never
+    receive a gradient, even if the loop forgot to freeze it.
+    """
+    frozen = {name: value.detach() for name, value in module.named_parameters()}
+    return functional_call(module, frozen, (inputs,))
+
+
+def first_step(method: Method, ctx: StepContext, old_out: ModelOutput | None) -> bool:
+    """True when there is no previous model yet; checks the loop passed both or neither."""
+    if ctx.old_model is None:
+        return True
+    if old_out is None:
+        raise ValueError(
+            f"method {method.name!r} got an old model but no old outputs; the loop must pass "
+            "old_out = ctx.old_model(x) computed under torch.no_grad()"
+        )
+    return False
+
+
+def old_class_outputs(ctx: StepContext, device: torch.device) -> torch.Tensor:
+    """Head outputs of the classes the old model knew (mapped by the old model's head)."""
+    if ctx.old_model is None:
+        raise ValueError("old classes are only defined once there is an old model")
+    classes = torch.tensor(ctx.old_classes, dtype=torch.long, device=device)
+    return ctx.old_model.head.class_to_output(classes)
+
+
+def check_same_dim(method: Method, new: torch.Tensor, old: torch.Tensor) -> None:
+    """Raise a readable error when the old and new feature sizes differ."""
+    if new.shape[-1] != old.shape[-1]:
+        raise ValueError(
+            f"method {method.name!r} compares old and new features directly, but the old model gives "
+            f"{old.shape[-1]}-d features and the new one {new.shape[-1]}-d; use the same feature_dim "
+            "for every step (or a fixed d-Simplex head, whose size is set by K)"
+        )
+
+
+def check_number(
+    method: str,
+    field: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+) -> None:
+    """Validate a real-valued hyper-parameter: finite, within ``[low, high]`` (``(low, ...`` if open)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{method}: {field} must be a finite number, got {value!r}")
+    if low is not None and (value <= low if low_open else value < low):
+        bound = f"greater than {low}" if low_open else f"at least {low}"
+        raise ValueError(f"{method}: {field} must be {bound}, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{method}: {field} must be at most {high}, got {value!r}")
+
+
+def check_choice(method: str, field: str, value: Any, choices: tuple[str, ...]) -> None:
+    """Validate a string option."""
+    if value not in choices:
+        raise ValueError(f"{method}: {field} must be one of {choices}, got {value!r}")
