@@ -1,0 +1,170 @@
+"""Per-query ranking statistics from one similarity block: the single pass every metric derives from.
+
+Conventions (documented once, used by every metric):
+
+* The gallery columns are sorted by label, so the positives of a query of class ``c`` are the
+  contiguous columns ``[start, end)``. A similarity of ``-inf`` marks an excluded gallery item
+  (the query's own image under ``same_set``, an empty class template): it is neither a positive
+  nor a negative.
+* Ties follow scikit-learn's ``average_precision_score``: items with equal similarity share one
+  threshold, so the precision at a positive with similarity ``s`` is
+  ``#positives >= s / #items >= s``.
+* For Recall@k the tie rule is explicit: ``pessimistic`` (default) counts a negative that ties the
+  best positive as ranked before it, ``optimistic`` as ranked after it. A query is a hit at ``k``
+  when fewer than ``k`` negatives rank before its best positive.
+* mAP@k (not used by the papers) is ``sum of precisions at positives ranked <= k / min(P, k)``,
+  where a positive's rank is ``#items >= s``.
+
+Two implementations compute the same numbers: a compiled CPU kernel (numba, one linear pass per
+query with a binary search into that query's sorted positives) and a torch version that runs on
+CUDA. Tests check them against each other and against scikit-learn.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class QueryStats:
+    """Ranking statistics of each query in a block; every retrieval metric derives from these."""
+
+    n_positives: np.ndarray  # int64 (n,): valid positives in the gallery (0 = no positive)
+    neg_ge_best: np.ndarray  # int64 (n,): negatives scoring >= the best positive
+    neg_gt_best: np.ndarray  # int64 (n,): negatives scoring > the best positive
+    ap: np.ndarray  # float64 (n,): average precision over the full ranking (NaN without positives)
+    ap_at_k: np.ndarray  # float64 (n,): AP@k for the requested k (NaN when not requested)
+
+    @staticmethod
+    def concat(parts: list["QueryStats"]) -> "QueryStats":
+        """Stack the statistics of consecutive blocks."""
+        return QueryStats(*(np.concatenate([getattr(p, f) for p in parts]) for f in QueryStats.__dataclass_fields__))
+
+    def take(self, order: np.ndarray) -> "QueryStats":
+        """Reorder the queries (e.g. back to the caller's order)."""
+        return QueryStats(*(getattr(self, f)[order] for f in QueryStats.__dataclass_fields__))
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _stats_kernel(sims, starts, ends, map_k, want_ap):  # pragma: no cover - compiled
+    n, width = sims.shape
+    n_pos = np.zeros(n, np.int64)
+    neg_ge = np.zeros(n, np.int64)
+    neg_gt = np.zeros(n, np.int64)
+    ap = np.full(n, np.nan)
+    ap_k = np.full(n, np.nan)
+    for r in numba.prange(n):
+        row = sims[r]
+        a = starts[r]
+        b = ends[r]
+        pos = np.empty(b - a, np.float32)
+        p = 0
+        for j in range(a, b):
+            if row[j] != -np.inf:
+                pos[p] = row[j]
+                p += 1
+        n_pos[r] = p
+        if p == 0:
+            continue
+        pos = np.sort(pos[:p])  # ascending
+        best = pos[p - 1]
+        lowest = pos[0]
+        # cnt[m] = negatives v with exactly m positives <= v (m = upper bound of v in pos)
+        cnt = np.zeros(p + 1, np.int64)
+        gt = 0
+        span = b - a
+        for jj in range(width - span):
+            j = jj if jj < a else jj + span
+            v = row[j]
+            if v < lowest:
+                continue
+            if v > best:
+                gt += 1
+                cnt[p] += 1
+                continue
+            if not want_ap:
+                if v == best:
+                    cnt[p] += 1
+                continue
+            lo = 0
+            hi = p
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if pos[mid] <= v:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            cnt[lo] += 1
+        neg_gt[r] = gt
+        neg_ge[r] = cnt[p]
+        if not want_ap:
+            continue
+        # walk tie groups of positives from the highest down; suffix = negatives >= group value
+        total = 0.0
+        total_k = 0.0
+        suffix = 0
+        m = p  # upper bound of the current group value
+        i = p - 1
+        while i >= 0:
+            g0 = i
+            while g0 > 0 and pos[g0 - 1] == pos[i]:
+                g0 -= 1
+            # group occupies [g0, i]; its upper bound is i + 1; negatives >= value: cnt[i+1..p]
+            while m > i:
+                suffix += cnt[m]
+                m -= 1
+            pos_ge = p - g0
+            precision = pos_ge / (pos_ge + suffix)
+            size = i - g0 + 1
+            total += size * precision
+            if map_k > 0 and pos_ge + suffix <= map_k:
+                total_k += size * precision
+            i = g0 - 1
+        ap[r] = total / p
+        if map_k > 0:
+            ap_k[r] = total_k / min(p, map_k)
+    return n_pos, neg_ge, neg_gt, ap, ap_k
+
+
+def stats_numba(sims: np.ndarray, starts: np.ndarray, ends: np.ndarray, *, map_k: int = 0, want_ap: bool = True) -> QueryStats:
+    """Compiled CPU statistics for a float32 block ``sims`` (n, width); see the module docstring."""
+    sims = np.ascontiguousarray(sims, dtype=np.float32)
+    out = _stats_kernel(sims, starts.astype(np.int64), ends.astype(np.int64), int(map_k), bool(want_ap))
+    return QueryStats(*out)
+
+
+def stats_torch(sims: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, *, map_k: int = 0) -> QueryStats:
+    """The same statistics with torch sorting (used on CUDA, and as the cross-check on CPU)."""
+    n, width = sims.shape
+    dev = sims.device
+    cols = torch.arange(width, device=dev)
+    in_slice = (cols[None, :] >= starts[:, None].to(dev)) & (cols[None, :] < ends[:, None].to(dev))
+    valid = sims != -torch.inf
+    is_pos = in_slice & valid
+    is_neg = ~in_slice & valid
+    n_pos = is_pos.sum(1)
+    best = torch.where(is_pos, sims, torch.full_like(sims, -torch.inf)).amax(1)
+    has = n_pos > 0
+    neg_ge = torch.where(has, (is_neg & (sims >= best[:, None])).sum(1), 0)
+    neg_gt = torch.where(has, (is_neg & (sims > best[:, None])).sum(1), 0)
+    # threshold counts: for each item, items (and positives) with similarity >= its own
+    vals = torch.where(valid, sims, torch.full_like(sims, -torch.inf))
+    sorted_vals, order = torch.sort(vals, dim=1)  # ascending
+    pos_sorted = is_pos.gather(1, order)
+    first = torch.searchsorted(sorted_vals, vals, right=False)  # first sorted index with value >= own
+    ge_all = width - first
+    pos_from_top = torch.flip(torch.cumsum(torch.flip(pos_sorted.long(), [1]), 1), [1])
+    ge_pos = pos_from_top.gather(1, first.clamp(max=width - 1))
+    precision = torch.where(is_pos, ge_pos.double() / ge_all.double().clamp(min=1), torch.zeros((), dtype=torch.float64, device=dev))
+    ap = torch.where(has, precision.sum(1) / n_pos.clamp(min=1), torch.full((n,), float("nan"), dtype=torch.float64, device=dev))
+    if map_k > 0:
+        in_top = is_pos & (ge_all <= map_k)
+        ap_k_vals = torch.where(in_top, precision, torch.zeros_like(precision)).sum(1) / n_pos.clamp(min=1, max=map_k)
+        ap_k = torch.where(has, ap_k_vals, torch.full_like(ap_k_vals, float("nan")))
+    else:
+        ap_k = torch.full((n,), float("nan"), dtype=torch.float64, device=dev)
+    to_np = lambda t: t.cpu().numpy()  # noqa: E731
+    return QueryStats(to_np(n_pos).astype(np.int64), to_np(neg_ge).astype(np.int64), to_np(neg_gt).astype(np.int64), to_np(ap), to_np(ap_k))

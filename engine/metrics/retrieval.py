@@ -1,0 +1,180 @@
+"""Retrieval metrics of one (query, gallery) cell: Recall@k (= CMC top-k), mAP, mAP@k.
+
+Features are compared by cosine similarity (both sides L2-normalised). The neighbours of a cell are
+computed once (:func:`cell_stats`) and every metric is derived from the same per-query statistics.
+
+Protocols:
+* ``instance`` (default): every gallery image is a gallery item.
+* ``template``: the gallery is one template per class, the L2-normalised mean of that class's
+  L2-normalised features, as in the IAM-CL2R code (``image2template_feature``).
+
+``same_set=True`` means the query set *is* the gallery set (row ``i`` of both is the same image):
+the query's own image is excluded from the gallery by index. With templates, the query's own class
+template is recomputed without its image (leave-one-out); a class with one image then has no
+positive for that query.
+
+Queries whose class has no positive in the gallery are counted (``n_no_positive``) and left out of
+the averages; the averages are over the ``n_valid`` remaining queries.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
+from engine.metrics.search import Backend, pick_backend
+from engine.metrics.validate import check_cell
+
+Protocol = Literal["instance", "template"]
+Ties = Literal["pessimistic", "optimistic"]
+PROTOCOLS = ("instance", "template")
+_METRIC = re.compile(r"^(recall|map)(?:@(\d+))?$")
+
+
+def parse_metric(name: str) -> tuple[str, int | None]:
+    """Split a metric name into ``("recall", k)``, ``("map", None)`` or ``("map", k)``."""
+    m = _METRIC.match(name.strip().lower())
+    if not m or (m.group(1) == "recall" and m.group(2) is None) or (m.group(2) is not None and int(m.group(2)) < 1):
+        raise ValueError(f"unknown metric {name!r}; use 'recall@K' (K >= 1), 'map' or 'map@K'")
+    return m.group(1), int(m.group(2)) if m.group(2) else None
+
+
+@dataclass(frozen=True)
+class Gallery:
+    """A gallery ready for search: unit-norm features sorted by label, and each class's column range."""
+
+    features: torch.Tensor  # (n, d) float32, rows sorted by label
+    labels: np.ndarray  # (n,) sorted labels
+    position: np.ndarray  # position[i] = column of the caller's gallery row i (-1 if none)
+    classes: np.ndarray  # sorted distinct labels
+    starts: np.ndarray
+    ends: np.ndarray
+
+    def slices(self, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Column range of the positives of each query label (empty when the class is absent)."""
+        idx = np.clip(np.searchsorted(self.classes, labels), 0, len(self.classes) - 1)
+        present = self.classes[idx] == labels
+        return np.where(present, self.starts[idx], 0).astype(np.int64), np.where(present, self.ends[idx], 0).astype(np.int64)
+
+
+def _unit(x: np.ndarray, device: torch.device) -> torch.Tensor:
+    return F.normalize(torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device), dim=1)
+
+
+def prepare_gallery(gallery: np.ndarray, labels: np.ndarray, *, protocol: Protocol = "instance", device: torch.device | str = "cpu") -> Gallery:
+    """Normalise, (optionally) average into class templates, and sort a gallery by label."""
+    device = torch.device(device)
+    feats = _unit(gallery, device)
+    labels = np.asarray(labels)
+    if protocol == "template":
+        classes, inverse = np.unique(labels, return_inverse=True)
+        sums = torch.zeros(len(classes), feats.shape[1], device=device).index_add_(0, torch.as_tensor(inverse, device=device), feats)
+        return Gallery(F.normalize(sums, dim=1), classes, np.full(len(labels), -1), classes, np.arange(len(classes)), np.arange(1, len(classes) + 1))
+    order = np.argsort(labels, kind="stable")
+    sorted_labels = labels[order]
+    classes = np.unique(sorted_labels)
+    position = np.empty(len(labels), np.int64)
+    position[order] = np.arange(len(labels))
+    starts = np.searchsorted(sorted_labels, classes, side="left")
+    ends = np.searchsorted(sorted_labels, classes, side="right")
+    return Gallery(feats[torch.as_tensor(order, device=device)], sorted_labels, position, classes, starts, ends)
+
+
+def _loo_template_sims(query: torch.Tensor, query_labels: np.ndarray, gallery: np.ndarray, gallery_labels: np.ndarray, g: Gallery) -> torch.Tensor:
+    """Similarity of each query to its own class template with its own image left out (-inf if empty)."""
+    feats = _unit(gallery, query.device)
+    idx = torch.as_tensor(np.searchsorted(g.classes, gallery_labels), device=query.device)
+    sums = torch.zeros(len(g.classes), feats.shape[1], device=query.device).index_add_(0, idx, feats)
+    counts = torch.bincount(idx, minlength=len(g.classes))
+    loo = F.normalize(sums[idx] - feats, dim=1)
+    sims = (query * loo).sum(1)
+    return torch.where(counts[idx] > 1, sims, torch.full_like(sims, -torch.inf))
+
+
+def cell_stats(
+    query: np.ndarray,
+    query_labels: np.ndarray,
+    gallery: np.ndarray,
+    gallery_labels: np.ndarray,
+    *,
+    protocol: Protocol = "instance",
+    same_set: bool = False,
+    map_k: int = 0,
+    want_ap: bool = True,
+    backend: Backend | str | None = None,
+    top_k: int = 1,
+    max_block: int = 1 << 25,
+) -> QueryStats:
+    """One neighbour pass over a cell: per-query statistics in the caller's query order.
+
+    ``top_k`` is the largest k a Recall@k will be asked of these statistics (used by top-k backends).
+    """
+    check_cell(query, query_labels, gallery, gallery_labels, same_set=same_set)
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; use 'instance' or 'template'")
+    be = pick_backend(backend, need_ranking=want_ap or map_k > 0, k=top_k)
+    query_labels = np.asarray(query_labels)
+    g = prepare_gallery(gallery, gallery_labels, protocol=protocol, device=be.device)
+    q = _unit(query, be.device)
+    starts, ends = g.slices(query_labels)
+    loo = None
+    if same_set and protocol == "template":
+        loo = _loo_template_sims(q, query_labels, gallery, np.asarray(gallery_labels), g)
+    exclude = g.position if (same_set and protocol == "instance") else None
+    return be.stats(q, g, starts, ends, exclude=exclude, own_template=loo, map_k=map_k, want_ap=want_ap, max_block=max_block)
+
+
+def metrics_from_stats(stats: QueryStats, *, ks: tuple[int, ...] = (1, 5), map_at: int | None = None, want_map: bool = True, ties: Ties = "pessimistic") -> dict[str, float | int]:
+    """Average the per-query statistics into Recall@k, mAP and mAP@k over the valid queries."""
+    if ties not in ("pessimistic", "optimistic"):
+        raise ValueError(f"unknown tie rule {ties!r}; use 'pessimistic' or 'optimistic'")
+    valid = stats.n_positives > 0
+    n_valid = int(valid.sum())
+    before = stats.neg_ge_best if ties == "pessimistic" else stats.neg_gt_best
+    out: dict[str, float | int] = {}
+    for k in ks:
+        out[f"recall@{k}"] = float((before[valid] < k).mean()) if n_valid else float("nan")
+    if want_map:
+        out["map"] = float(stats.ap[valid].mean()) if n_valid else float("nan")
+    if map_at:
+        out[f"map@{map_at}"] = float(stats.ap_at_k[valid].mean()) if n_valid else float("nan")
+    out["n_queries"] = int(len(valid))
+    out["n_valid"] = n_valid
+    out["n_no_positive"] = int(len(valid) - n_valid)
+    return out
+
+
+def retrieval_metrics(
+    query: np.ndarray,
+    query_labels: np.ndarray,
+    gallery: np.ndarray,
+    gallery_labels: np.ndarray,
+    *,
+    ks: tuple[int, ...] = (1, 5),
+    map_at: int | None = None,
+    protocol: Protocol = "instance",
+    same_set: bool = False,
+    ties: Ties = "pessimistic",
+    compute_map: bool = True,
+    backend: Backend | str | None = None,
+) -> dict[str, float | int]:
+    """Recall@k for each k, mAP (full ranking) and optionally mAP@``map_at`` of one cell.
+
+    Returns fractions in [0, 1] plus ``n_queries``, ``n_valid`` and ``n_no_positive``.
+    """
+    ks = tuple(int(k) for k in ks)
+    if any(k < 1 for k in ks):
+        raise ValueError(f"every k must be >= 1, got {ks}")
+    stats = cell_stats(query, query_labels, gallery, gallery_labels, protocol=protocol, same_set=same_set,
+                       map_k=map_at or 0, want_ap=compute_map or bool(map_at), backend=backend,
+                       top_k=max(ks, default=1))
+    return metrics_from_stats(stats, ks=ks, map_at=map_at, want_map=compute_map, ties=ties)
+
+
+__all__ = ["Gallery", "prepare_gallery", "cell_stats", "metrics_from_stats", "retrieval_metrics", "parse_metric",
+           "PROTOCOLS", "stats_numba", "stats_torch"]

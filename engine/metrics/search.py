@@ -1,0 +1,151 @@
+"""Search backends: who computes the neighbours of a cell.
+
+* ``torch``: chunked matrix products on CPU or CUDA; the per-query statistics come from the compiled
+  CPU kernel (on CPU) or torch sorting (on CUDA). Exact for every metric.
+* ``faiss``: ``IndexFlatIP`` top-k search (GPU index when ``faiss.get_num_gpus() > 0``), for
+  Recall@k-only requests. The best positive's similarity is computed exactly per class; queries
+  whose top-k list ends in a tie with it are recomputed by the torch backend, so both backends
+  give the same hits.
+
+``pick_backend(None)`` chooses faiss for Recall-only requests when it imports, torch otherwise.
+"""
+from __future__ import annotations
+
+from typing import Protocol as TypingProtocol
+
+import numpy as np
+import torch
+
+from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
+
+BACKENDS = ("auto", "torch", "faiss")
+
+
+class Backend(TypingProtocol):
+    device: torch.device
+    name: str
+
+    def stats(self, q: torch.Tensor, g, starts: np.ndarray, ends: np.ndarray, *, exclude: np.ndarray | None,
+              own_template: torch.Tensor | None, map_k: int, want_ap: bool, max_block: int) -> QueryStats: ...
+
+
+def _block_sims(q: torch.Tensor, g, rows: slice, starts: np.ndarray, ends: np.ndarray, exclude: np.ndarray | None,
+                own_template: torch.Tensor | None) -> torch.Tensor:
+    """Similarities of a block of queries to the whole gallery, with exclusions applied."""
+    sims = q[rows] @ g.features.T
+    local = torch.arange(sims.shape[0], device=sims.device)
+    if exclude is not None:
+        sims[local, torch.as_tensor(exclude[rows], device=sims.device)] = -torch.inf
+    if own_template is not None:
+        has = torch.as_tensor(ends[rows] > starts[rows], device=sims.device)
+        cols = torch.as_tensor(starts[rows], device=sims.device)
+        sims[local[has], cols[has]] = own_template[rows][has]
+    return sims
+
+
+class TorchBackend:
+    """Exact statistics from chunked similarity blocks (CPU or CUDA)."""
+
+    name = "torch"
+
+    def __init__(self, device: str | torch.device = "auto"):
+        if str(device) == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+
+    def stats(self, q, g, starts, ends, *, exclude, own_template, map_k, want_ap, max_block) -> QueryStats:
+        n, width = q.shape[0], g.features.shape[0]
+        step = max(1, max_block // max(width, 1))
+        parts = []
+        for lo in range(0, n, step):
+            rows = slice(lo, min(n, lo + step))
+            sims = _block_sims(q, g, rows, starts, ends, exclude, own_template)
+            if self.device.type == "cpu":
+                parts.append(stats_numba(sims.numpy(), starts[rows], ends[rows], map_k=map_k, want_ap=want_ap))
+            else:
+                parts.append(stats_torch(sims, torch.as_tensor(starts[rows]), torch.as_tensor(ends[rows]), map_k=map_k))
+        return QueryStats.concat(parts) if parts else stats_numba(np.zeros((0, width), np.float32), starts, ends)
+
+
+class FaissBackend:
+    """Top-k search with faiss ``IndexFlatIP`` for Recall@k-only requests."""
+
+    name = "faiss"
+
+    def __init__(self, k: int = 1):
+        import faiss  # noqa: F401  (fails early when faiss is missing)
+
+        self.device = torch.device("cpu")
+        self.k = k
+
+    def _index(self, feats: np.ndarray):
+        import faiss
+
+        index = faiss.IndexFlatIP(feats.shape[1])
+        if faiss.get_num_gpus() > 0:
+            index = faiss.index_cpu_to_all_gpus(index)
+        index.add(feats)
+        return index
+
+    def stats(self, q, g, starts, ends, *, exclude, own_template, map_k, want_ap, max_block) -> QueryStats:
+        if want_ap or map_k:
+            return TorchBackend("cpu").stats(q, g, starts, ends, exclude=exclude, own_template=own_template,
+                                             map_k=map_k, want_ap=want_ap, max_block=max_block)
+        qn, gn = q.numpy(), g.features.numpy()
+        n, width = qn.shape[0], gn.shape[0]
+        best = _best_positive(q, g, starts, ends, exclude, own_template)
+        kk = min(width, self.k + (1 if exclude is not None else 0))
+        sims, idx = self._index(gn).search(qn, kk)
+        in_pos = (idx >= starts[:, None]) & (idx < ends[:, None])
+        is_self = (idx == exclude[:, None]) if exclude is not None else np.zeros_like(in_pos)
+        neg = ~in_pos & ~is_self & (idx >= 0)
+        neg_ge = (neg & (sims >= best[:, None])).sum(1)
+        neg_gt = (neg & (sims > best[:, None])).sum(1)
+        n_pos = ends - starts - (((exclude >= starts) & (exclude < ends)) if exclude is not None else 0)
+        if own_template is not None:
+            n_pos = np.where(np.isfinite(own_template.numpy()), n_pos, 0)
+        # a list that is full down to the best positive may hide tied or higher negatives: recompute exactly
+        unsure = (n_pos > 0) & (neg_ge < self.k) & (sims[:, -1] >= best) & (kk < width)
+        stats = QueryStats(n_pos.astype(np.int64), neg_ge.astype(np.int64), neg_gt.astype(np.int64),
+                           np.full(n, np.nan), np.full(n, np.nan))
+        if unsure.any():
+            rows = np.flatnonzero(unsure)
+            exact = TorchBackend("cpu").stats(q[rows], g, starts[rows], ends[rows],
+                                              exclude=None if exclude is None else exclude[rows],
+                                              own_template=None if own_template is None else own_template[rows],
+                                              map_k=0, want_ap=False, max_block=max_block)
+            for f in ("n_positives", "neg_ge_best", "neg_gt_best"):
+                getattr(stats, f)[rows] = getattr(exact, f)
+        return stats
+
+
+def _best_positive(q, g, starts, ends, exclude, own_template) -> np.ndarray:
+    """Exact similarity of each query's best positive (-inf without one), one class at a time."""
+    best = np.full(q.shape[0], -np.inf, dtype=np.float32)
+    if own_template is not None:
+        return own_template.numpy().astype(np.float32)
+    for s, e in {(int(s), int(e)) for s, e in zip(starts, ends) if e > s}:
+        rows = np.flatnonzero((starts == s) & (ends == e))
+        sims = q[torch.as_tensor(rows)] @ g.features[s:e].T
+        if exclude is not None:
+            own = exclude[rows] - s
+            inside = (own >= 0) & (own < e - s)
+            sims[torch.as_tensor(np.flatnonzero(inside)), torch.as_tensor(own[inside])] = -torch.inf
+        best[rows] = sims.amax(1).numpy()
+    return best
+
+
+def pick_backend(backend: "Backend | str | None", *, need_ranking: bool, k: int = 1) -> Backend:
+    """Resolve a backend name; ``None``/"auto" picks faiss for top-k-only work, torch otherwise."""
+    if backend is not None and not isinstance(backend, str):
+        return backend
+    name = backend or "auto"
+    if name not in BACKENDS:
+        raise ValueError(f"unknown search backend {name!r}; use one of {', '.join(BACKENDS)}")
+    if name == "faiss" or (name == "auto" and not need_ranking):
+        try:
+            return FaissBackend(k)
+        except ImportError:
+            if name == "faiss":
+                raise ValueError("search backend 'faiss' was requested but faiss is not installed") from None
+    return TorchBackend("auto")
