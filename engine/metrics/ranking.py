@@ -74,30 +74,35 @@ def _stats_kernel(sims, starts, ends, map_k, want_ap):  # pragma: no cover - com
         lowest = pos[0]
         # cnt[m] = negatives v with exactly m positives <= v (m = upper bound of v in pos)
         cnt = np.zeros(p + 1, np.int64)
+        # bucket table over [lowest, best): table[i] = positives <= the bucket's lower edge, so the
+        # upper bound of a value is found with a short walk instead of a binary search
+        n_buckets = 4 * p + 16 if want_ap else 0
+        scale = n_buckets / (best - lowest) if (want_ap and best > lowest) else 0.0
+        table = np.zeros(n_buckets + 1, np.int64)
+        m = 0
+        for i in range(n_buckets + 1):
+            edge = lowest + i / scale if scale > 0 else lowest
+            while m < p and pos[m] <= edge:
+                m += 1
+            table[i] = m
         gt = 0
         span = b - a
         for jj in range(width - span):
             j = jj if jj < a else jj + span
             v = row[j]
-            if v < lowest:
-                continue
-            if v > best:
-                gt += 1
+            if v >= best:
                 cnt[p] += 1
+                if v > best:
+                    gt += 1
                 continue
-            if not want_ap:
-                if v == best:
-                    cnt[p] += 1
+            if not want_ap or v < lowest:
                 continue
-            lo = 0
-            hi = p
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if pos[mid] <= v:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            cnt[lo] += 1
+            u = table[min(int((v - lowest) * scale), n_buckets)]
+            while u > 0 and pos[u - 1] > v:  # float rounding at a bucket edge
+                u -= 1
+            while u < p and pos[u] <= v:
+                u += 1
+            cnt[u] += 1
         neg_gt[r] = gt
         neg_ge[r] = cnt[p]
         if not want_ap:

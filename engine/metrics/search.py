@@ -94,7 +94,8 @@ class FaissBackend:
         qn, gn = q.numpy(), g.features.numpy()
         n, width = qn.shape[0], gn.shape[0]
         best = _best_positive(q, g, starts, ends, exclude, own_template)
-        kk = min(width, self.k + (1 if exclude is not None else 0))
+        # one item beyond k (and the query's own image) shows whether the list ends inside a tie
+        kk = min(width, self.k + 1 + (1 if exclude is not None else 0))
         sims, idx = self._index(gn).search(qn, kk)
         in_pos = (idx >= starts[:, None]) & (idx < ends[:, None])
         is_self = (idx == exclude[:, None]) if exclude is not None else np.zeros_like(in_pos)
