@@ -1,0 +1,344 @@
+"""Repository functions for studies, experiments, model versions, features, matrices and analyses.
+
+Every function takes the caller's ``Session`` and never commits: wrap calls in
+:func:`storage.session_scope` so that a block of writes is one transaction.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, selectinload
+
+from storage.models import (
+    EXPERIMENT_STATUSES,
+    FINISHED_STATUSES,
+    PROTOCOLS,
+    SPLITS,
+    Analysis,
+    Base,
+    CompatibilityMatrix,
+    Experiment,
+    FeatureSet,
+    ModelVersion,
+    Study,
+)
+from storage.types import storable_array, utcnow
+
+RowT = TypeVar("RowT", bound=Base)
+
+
+def require_row(session: Session, model: type[RowT], row_id: int) -> RowT:
+    """The row of ``model`` with primary key ``row_id``; ``ValueError`` when there is none."""
+    row = session.get(model, row_id)
+    if row is None:
+        raise ValueError(f"{model.__name__} {row_id} does not exist")
+    return row
+
+
+def require_choice(what: str, value: str, allowed: Sequence[str]) -> None:
+    """``ValueError`` unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"{what} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+
+
+def _upsert(session: Session, model: type[Base], key: dict[str, Any], values: dict[str, Any]) -> int:
+    """Insert a row, or update the row with the same unique ``key`` in place; return its id.
+
+    Either way the change is a single INSERT or UPDATE (no delete-then-insert), so there is never a
+    moment where the old row is gone and the new one is not there yet. ``created_at`` is reset.
+    """
+    table_id = model.id  # type: ignore[attr-defined]
+    existing = session.scalar(select(table_id).where(*(getattr(model, name) == value for name, value in key.items())))
+    if existing is None:
+        row = model(**key, **values)
+        session.add(row)
+        session.flush()
+        return row.id  # type: ignore[attr-defined]
+    session.execute(update(model).where(table_id == existing).values(**values, created_at=utcnow()))
+    return existing
+
+
+# --- studies and experiments -------------------------------------------------------------------
+
+
+def create_study(session: Session, *, name: str, kind: str, config: dict[str, Any] | None = None) -> Study:
+    """Add a study (a group of experiments run side by side)."""
+    study = Study(name=name, kind=kind, config=config or {})
+    session.add(study)
+    session.flush()
+    return study
+
+
+def list_studies(session: Session) -> list[Study]:
+    """All studies, newest first."""
+    return list(session.scalars(select(Study).order_by(Study.created_at.desc(), Study.id.desc())))
+
+
+def create_experiment(
+    session: Session,
+    *,
+    name: str,
+    method: str,
+    config: dict[str, Any],
+    config_hash: str,
+    study_id: int | None = None,
+) -> Experiment:
+    """Add a queued experiment."""
+    if study_id is not None:
+        require_row(session, Study, study_id)
+    experiment = Experiment(
+        name=name, method=method, config=config, config_hash=config_hash, study_id=study_id, status="queued"
+    )
+    session.add(experiment)
+    session.flush()
+    return experiment
+
+
+def find_experiment_by_hash(session: Session, config_hash: str, *, status: str | None = "done") -> Experiment | None:
+    """The newest experiment with this config hash and ``status`` (any status when ``None``)."""
+    query = select(Experiment).where(Experiment.config_hash == config_hash)
+    if status is not None:
+        require_choice("status", status, EXPERIMENT_STATUSES)
+        query = query.where(Experiment.status == status)
+    return session.scalars(query.order_by(Experiment.created_at.desc(), Experiment.id.desc()).limit(1)).first()
+
+
+def set_experiment_status(session: Session, experiment_id: int, status: str, *, error: str | None = None) -> None:
+    """Set the status (and error); ``finished_at`` is stamped for done/failed/cancelled and cleared otherwise."""
+    require_choice("status", status, EXPERIMENT_STATUSES)
+    experiment = require_row(session, Experiment, experiment_id)
+    experiment.status = status
+    experiment.error = error
+    experiment.finished_at = utcnow() if status in FINISHED_STATUSES else None
+    session.flush()
+
+
+def list_experiments(
+    session: Session, *, study_id: int | None = None, status: str | None = None
+) -> list[Experiment]:
+    """Experiments, newest first, with ``.study`` loaded (usable after the session closes)."""
+    query = select(Experiment).options(selectinload(Experiment.study))
+    if study_id is not None:
+        query = query.where(Experiment.study_id == study_id)
+    if status is not None:
+        require_choice("status", status, EXPERIMENT_STATUSES)
+        query = query.where(Experiment.status == status)
+    return list(session.scalars(query.order_by(Experiment.created_at.desc(), Experiment.id.desc())))
+
+
+def delete_experiment(session: Session, experiment_id: int) -> bool:
+    """Delete an experiment with its model versions, feature sets, matrices and analyses; False if absent.
+
+    Jobs that pointed at it keep their history with ``experiment_id`` set to NULL.
+    """
+    experiment = session.get(Experiment, experiment_id)
+    if experiment is None:
+        return False
+    session.delete(experiment)
+    session.flush()
+    return True
+
+
+# --- model versions --------------------------------------------------------------------------
+
+
+def add_model_version(
+    session: Session,
+    experiment_id: int,
+    step: int,
+    *,
+    architecture: str,
+    method: str,
+    classes: Sequence[int],
+    num_outputs: int,
+    feature_dim: int,
+    class_names: Sequence[str] | None = None,
+    checkpoint_path: str | None = None,
+    replaced: bool = False,
+) -> ModelVersion:
+    """Record the model after training step ``step`` (1-based); the same (experiment, step) is updated in place.
+
+    An updated version keeps its id and its feature sets; re-save those when the weights changed.
+    """
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 1:
+        raise ValueError(f"step is 1-based: expected an integer >= 1, got {step!r}")
+    require_row(session, Experiment, experiment_id)
+    values = {
+        "architecture": architecture,
+        "method": method,
+        "classes": [int(c) for c in classes],
+        "num_outputs": int(num_outputs),
+        "feature_dim": int(feature_dim),
+        "class_names": None if class_names is None else [str(name) for name in class_names],
+        "checkpoint_path": checkpoint_path,
+        "replaced": bool(replaced),
+    }
+    row_id = _upsert(session, ModelVersion, {"experiment_id": experiment_id, "step": int(step)}, values)
+    return require_row(session, ModelVersion, row_id)
+
+
+def list_model_versions(session: Session, experiment_id: int) -> list[ModelVersion]:
+    """The experiment's model versions ordered by step."""
+    return list(session.scalars(select(ModelVersion).where(ModelVersion.experiment_id == experiment_id)
+                                .order_by(ModelVersion.step)))
+
+
+# --- feature sets ----------------------------------------------------------------------------
+
+
+def _check_feature_arrays(
+    features: np.ndarray, labels: np.ndarray, image_ids: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    features, labels = storable_array(features), storable_array(labels)
+    if features.ndim != 2:
+        raise ValueError(f"features must be a 2-D array (samples x dim), got shape {features.shape}")
+    if features.dtype.kind not in "fiu":
+        raise ValueError(f"features must be a float or integer array, got dtype {features.dtype}")
+    count = features.shape[0]
+    if labels.ndim != 1 or labels.shape[0] != count:
+        raise ValueError(f"labels must be 1-D with one label per feature row ({count}), got shape {labels.shape}")
+    if labels.dtype.kind not in "iu":
+        raise ValueError(f"labels must be integer class indices, got {labels.dtype}")
+    if image_ids is not None:
+        image_ids = storable_array(image_ids)
+        if image_ids.ndim != 1 or image_ids.shape[0] != count:
+            raise ValueError(
+                f"image_ids must be 1-D with one id per feature row ({count}), got shape {image_ids.shape}"
+            )
+    return features, labels, image_ids
+
+
+def save_feature_set(
+    session: Session,
+    model_version_id: int,
+    split: str,
+    view: str,
+    features: np.ndarray,
+    labels: np.ndarray,
+    image_ids: np.ndarray | None = None,
+) -> int:
+    """Store the features of (model version, split, view), replacing any earlier ones; return the row id.
+
+    Inputs are validated before anything is written (``ValueError``). The write is a single INSERT or
+    UPDATE, so a failure leaves the previous features intact and never a duplicate.
+    """
+    require_choice("split", split, SPLITS)
+    if not view:
+        raise ValueError("view must be a non-empty name such as 'encoder', 'psp' or 'F(old)'")
+    features, labels, image_ids = _check_feature_arrays(features, labels, image_ids)
+    require_row(session, ModelVersion, model_version_id)
+    key = {"model_version_id": model_version_id, "split": split, "view": view}
+    values = {
+        "features": features,
+        "labels": labels,
+        "image_ids": image_ids,
+        "dim": int(features.shape[1]),
+        "count": int(features.shape[0]),
+    }
+    return _upsert(session, FeatureSet, key, values)
+
+
+def list_feature_views(session: Session, model_version_id: int, split: str) -> list[str]:
+    """Names of the views stored for this model version and split, sorted."""
+    require_choice("split", split, SPLITS)
+    query = select(FeatureSet.view).where(FeatureSet.model_version_id == model_version_id, FeatureSet.split == split)
+    return sorted(session.scalars(query))
+
+
+def load_feature_set(
+    session: Session, model_version_id: int, split: str, view: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(features, labels, image_ids)`` of (model version, split, view); ``ValueError`` naming the stored views."""
+    query = select(FeatureSet.features, FeatureSet.labels, FeatureSet.image_ids).where(
+        FeatureSet.model_version_id == model_version_id, FeatureSet.split == split, FeatureSet.view == view
+    )
+    row = session.execute(query).first()
+    if row is None:
+        stored = list_feature_views(session, model_version_id, split) if split in SPLITS else []
+        raise ValueError(
+            f"no {split!r} features with view {view!r} for model version {model_version_id}; "
+            f"stored views: {stored or 'none'}"
+        )
+    return row.features, row.labels, row.image_ids
+
+
+# --- compatibility matrices ------------------------------------------------------------------
+
+
+def save_matrix(
+    session: Session,
+    experiment_id: int,
+    *,
+    metric: str,
+    protocol: str,
+    view: str,
+    values: np.ndarray,
+    valid_queries: np.ndarray,
+    no_positive: np.ndarray,
+    summary: dict[str, Any],
+    eval_classes: str = "all",
+) -> int:
+    """Store a T x T compatibility matrix (float64, NaN where undefined), replacing one with the same key."""
+    require_choice("protocol", protocol, PROTOCOLS)
+    values = np.asarray(values)
+    if values.ndim != 2 or values.shape[0] != values.shape[1]:
+        raise ValueError(f"values must be a square T x T matrix, got shape {values.shape}")
+    if values.dtype.kind not in "fiu":
+        raise ValueError(f"values must be numeric, got dtype {values.dtype}")
+    counts = {"valid_queries": np.asarray(valid_queries), "no_positive": np.asarray(no_positive)}
+    for name, array in counts.items():
+        if array.shape != values.shape or array.dtype.kind not in "iu":
+            raise ValueError(
+                f"{name} must be an integer array shaped like values {values.shape}, got {array.dtype} {array.shape}"
+            )
+    require_row(session, Experiment, experiment_id)
+    key = {"experiment_id": experiment_id, "metric": metric, "protocol": protocol, "view": view,
+           "eval_classes": eval_classes}
+    return _upsert(session, CompatibilityMatrix, key,
+                   {"values": values.astype(np.float64), **counts, "summary": dict(summary)})
+
+
+def load_matrices(
+    session: Session,
+    experiment_id: int,
+    *,
+    metric: str | None = None,
+    protocol: str | None = None,
+    view: str | None = None,
+) -> list[CompatibilityMatrix]:
+    """The experiment's matrices, optionally filtered, ordered by (metric, protocol, view, eval_classes)."""
+    query = select(CompatibilityMatrix).where(CompatibilityMatrix.experiment_id == experiment_id)
+    for column, wanted in ((CompatibilityMatrix.metric, metric), (CompatibilityMatrix.protocol, protocol),
+                           (CompatibilityMatrix.view, view)):
+        if wanted is not None:
+            query = query.where(column == wanted)
+    order = (CompatibilityMatrix.metric, CompatibilityMatrix.protocol, CompatibilityMatrix.view,
+             CompatibilityMatrix.eval_classes)
+    return list(session.scalars(query.order_by(*order)))
+
+
+# --- analyses (cache of worker-computed results) ---------------------------------------------
+
+
+def save_analysis(
+    session: Session,
+    experiment_id: int,
+    kind: str,
+    key: str,
+    payload: dict[str, Any],
+    array: np.ndarray | None = None,
+) -> int:
+    """Cache a computed result under (experiment, kind, key), replacing an earlier one; return its id."""
+    array = None if array is None else storable_array(array)
+    require_row(session, Experiment, experiment_id)
+    return _upsert(session, Analysis, {"experiment_id": experiment_id, "kind": kind, "key": key},
+                   {"payload": dict(payload), "array": array})
+
+
+def load_analysis(session: Session, experiment_id: int, kind: str, key: str) -> Analysis | None:
+    """The cached result under (experiment, kind, key), or ``None`` on a miss."""
+    query = select(Analysis).where(Analysis.experiment_id == experiment_id, Analysis.kind == kind, Analysis.key == key)
+    return session.scalars(query).first()

@@ -1,0 +1,186 @@
+"""storage job queue: exclusive claims, progress and heartbeats, stale workers, cancel and retry."""
+import threading
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import create_engine, event
+
+from storage import (
+    Experiment,
+    Job,
+    claim_next_job,
+    create_experiment,
+    enqueue_job,
+    fail_job,
+    fail_stale_jobs,
+    finish_job,
+    get_engine,
+    heartbeat,
+    init_db,
+    is_cancel_requested,
+    list_jobs,
+    request_cancel,
+    retry_job,
+    session_scope,
+    set_experiment_status,
+    update_job_progress,
+)
+
+
+@pytest.fixture
+def engine(tmp_path):
+    engine = get_engine(f"sqlite:///{tmp_path / 'test.db'}")
+    init_db(engine)
+    yield engine
+    engine.dispose()
+
+
+def enqueue(engine, count: int = 1, **links) -> list[int]:
+    with session_scope(engine) as session:
+        return [enqueue_job(session, "train", {"n": n}, **links) for n in range(count)]
+
+
+def get_job(engine, job_id: int) -> Job:
+    with session_scope(engine) as session:
+        return session.get(Job, job_id)
+
+
+def test_claims_take_the_oldest_queued_job_once(engine):
+    first, second = enqueue(engine, 2)
+    job = claim_next_job(engine, worker_pid=101)
+    assert (job.id, job.status, job.worker_pid, job.payload) == (first, "running", 101, {"n": 0})
+    assert job.started_at is not None and job.heartbeat_at == job.started_at
+    assert claim_next_job(engine, worker_pid=202).id == second
+    assert claim_next_job(engine, worker_pid=303) is None
+    assert get_job(engine, first).worker_pid == 101
+
+
+def test_a_job_claimed_by_another_worker_in_between_is_skipped(engine):
+    first, second = enqueue(engine, 2)
+    rival = create_engine(engine.url)
+    fired = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def rival_claims_first(connection, cursor, statement, parameters, context, executemany):
+        if statement.startswith("UPDATE jobs") and not fired:
+            fired.append(True)  # our worker has chosen its candidate; the rival commits a claim on it now
+            assert claim_next_job(rival, worker_pid=2).id == first
+
+    try:
+        job = claim_next_job(engine, worker_pid=1)
+    finally:
+        event.remove(engine, "before_cursor_execute", rival_claims_first)
+        rival.dispose()
+    assert fired and (job.id, job.worker_pid) == (second, 1)
+    assert get_job(engine, first).worker_pid == 2
+
+
+def test_concurrent_workers_never_share_a_job(engine):
+    job_ids = enqueue(engine, 30)
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def worker(pid: int) -> None:
+        while (job := claim_next_job(engine, worker_pid=pid)) is not None:
+            with lock:
+                claimed.append(job.id)
+
+    threads = [threading.Thread(target=worker, args=(pid,)) for pid in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(claimed) == job_ids
+
+
+def test_progress_updates_message_and_heartbeat_only_while_running(engine):
+    (job_id,) = enqueue(engine)
+    with session_scope(engine) as session:
+        assert update_job_progress(session, job_id, 0.5, "epoch 5/10") is False  # still queued
+    started = claim_next_job(engine, worker_pid=1).heartbeat_at
+    with session_scope(engine) as session:
+        assert update_job_progress(session, job_id, 0.5, "epoch 5/10") is True
+        with pytest.raises(ValueError, match=r"progress must be a fraction in \[0, 1\], got 1.5"):
+            update_job_progress(session, job_id, 1.5, "too far")
+    job = get_job(engine, job_id)
+    assert (job.progress, job.message) == (0.5, "epoch 5/10") and job.heartbeat_at >= started
+    with session_scope(engine) as session:
+        assert heartbeat(session, job_id) is True
+        finish_job(session, job_id)
+    job = get_job(engine, job_id)
+    assert (job.status, job.progress) == ("done", 1.0) and job.finished_at is not None
+    with session_scope(engine) as session:
+        assert heartbeat(session, job_id) is False
+
+
+def test_stale_running_jobs_fail_with_their_last_message(engine):
+    with session_scope(engine) as session:
+        experiment_id = create_experiment(session, name="e", method="bct", config={}, config_hash="h").id
+        set_experiment_status(session, experiment_id, "running")
+    stale_id, fresh_id, queued_id = enqueue(engine, 3, experiment_id=experiment_id)
+    claim_next_job(engine, worker_pid=1)
+    claim_next_job(engine, worker_pid=2)
+    with session_scope(engine) as session:
+        update_job_progress(session, stale_id, 0.3, "epoch 3/10")
+        last_beat = session.get(Job, stale_id).heartbeat_at
+        session.get(Job, fresh_id).heartbeat_at = last_beat + timedelta(seconds=100)
+
+    with session_scope(engine) as session:
+        assert fail_stale_jobs(session, max_age_s=60, now=last_beat + timedelta(seconds=30)) == []
+        assert fail_stale_jobs(session, max_age_s=60, now=last_beat + timedelta(seconds=120)) == [stale_id]
+
+    stale = get_job(engine, stale_id)
+    expected = "worker stopped (no heartbeat for 120 s); last message: epoch 3/10"
+    assert (stale.status, stale.message, stale.error) == ("failed", expected, expected)
+    assert get_job(engine, fresh_id).status == "running" and get_job(engine, queued_id).status == "queued"
+    with session_scope(engine) as session:
+        experiment = session.get(Experiment, experiment_id)
+        assert (experiment.status, experiment.error) == ("failed", expected)
+        assert update_job_progress(session, stale_id, 0.4, "epoch 4/10") is False  # a late worker cannot revive it
+
+
+def test_cancel_a_queued_job_at_once_and_flag_a_running_one(engine):
+    running_id, queued_id = enqueue(engine, 2)
+    assert claim_next_job(engine, worker_pid=1).id == running_id
+    with session_scope(engine) as session:
+        assert is_cancel_requested(session, running_id) is False
+        assert request_cancel(session, queued_id) == "cancelled"
+        assert request_cancel(session, running_id) == "running"
+        assert is_cancel_requested(session, running_id) is True
+        finish_job(session, running_id, "stopped at epoch 2", status="cancelled")
+    assert claim_next_job(engine, worker_pid=1) is None
+    job = get_job(engine, running_id)
+    assert (job.status, job.message, job.progress) == ("cancelled", "stopped at epoch 2", 0.0)
+    assert get_job(engine, queued_id).status == "cancelled"
+
+
+def test_retry_queues_a_copy_of_a_finished_job(engine):
+    (job_id,) = enqueue(engine)
+    claim_next_job(engine, worker_pid=1)
+    with session_scope(engine) as session:
+        with pytest.raises(ValueError, match=f"job {job_id} is still running"):
+            retry_job(session, job_id)
+        fail_job(session, job_id, "Traceback ...\nRuntimeError: NaN loss")
+        new_id = retry_job(session, job_id)
+    assert new_id != job_id
+    old, new = get_job(engine, job_id), get_job(engine, new_id)
+    assert (old.status, old.error) == ("failed", "Traceback ...\nRuntimeError: NaN loss")
+    assert (new.status, new.kind, new.payload, new.progress, new.error) == ("queued", old.kind, old.payload, 0.0, None)
+    assert claim_next_job(engine, worker_pid=2).id == new_id
+
+
+def test_list_jobs_is_newest_first_and_filters(engine):
+    with session_scope(engine) as session:
+        experiment_id = create_experiment(session, name="e", method="bct", config={}, config_hash="h").id
+        first = enqueue_job(session, "train", {})
+        second = enqueue_job(session, "evaluate", {}, experiment_id=experiment_id)
+    claim_next_job(engine, worker_pid=1)
+    with session_scope(engine) as session:
+        assert [job.id for job in list_jobs(session)] == [second, first]
+        assert [job.id for job in list_jobs(session, status="queued")] == [second]
+        assert [job.id for job in list_jobs(session, kind="train")] == [first]
+        assert [job.id for job in list_jobs(session, experiment_id=experiment_id)] == [second]
+        with pytest.raises(ValueError, match="status must be one of"):
+            list_jobs(session, status="paused")
+        with pytest.raises(ValueError, match="Experiment 99 does not exist"):
+            enqueue_job(session, "train", {}, experiment_id=99)
