@@ -62,14 +62,14 @@ class Gallery:
         return np.where(present, self.starts[idx], 0).astype(np.int64), np.where(present, self.ends[idx], 0).astype(np.int64)
 
 
-def _unit(x: np.ndarray, device: torch.device) -> torch.Tensor:
+def unit_rows(x: np.ndarray, device: torch.device) -> torch.Tensor:
     return F.normalize(torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device), dim=1)
 
 
 def prepare_gallery(gallery: np.ndarray, labels: np.ndarray, *, protocol: Protocol = "instance", device: torch.device | str = "cpu") -> Gallery:
     """Normalise, (optionally) average into class templates, and sort a gallery by label."""
     device = torch.device(device)
-    feats = _unit(gallery, device)
+    feats = unit_rows(gallery, device)
     labels = np.asarray(labels)
     if protocol == "template":
         classes, inverse = np.unique(labels, return_inverse=True)
@@ -87,7 +87,7 @@ def prepare_gallery(gallery: np.ndarray, labels: np.ndarray, *, protocol: Protoc
 
 def _loo_template_sims(query: torch.Tensor, query_labels: np.ndarray, gallery: np.ndarray, gallery_labels: np.ndarray, g: Gallery) -> torch.Tensor:
     """Similarity of each query to its own class template with its own image left out (-inf if empty)."""
-    feats = _unit(gallery, query.device)
+    feats = unit_rows(gallery, query.device)
     idx = torch.as_tensor(np.searchsorted(g.classes, gallery_labels), device=query.device)
     sums = torch.zeros(len(g.classes), feats.shape[1], device=query.device).index_add_(0, idx, feats)
     counts = torch.bincount(idx, minlength=len(g.classes))
@@ -120,7 +120,7 @@ def cell_stats(
     be = pick_backend(backend, need_ranking=want_ap or map_k > 0, k=top_k)
     query_labels = np.asarray(query_labels)
     g = prepare_gallery(gallery, gallery_labels, protocol=protocol, device=be.device)
-    q = _unit(query, be.device)
+    q = unit_rows(query, be.device)
     starts, ends = g.slices(query_labels)
     loo = None
     if same_set and protocol == "template":

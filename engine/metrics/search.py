@@ -29,7 +29,7 @@ class Backend(TypingProtocol):
               own_template: torch.Tensor | None, map_k: int, want_ap: bool, max_block: int) -> QueryStats: ...
 
 
-def _block_sims(q: torch.Tensor, g, rows: slice, starts: np.ndarray, ends: np.ndarray, exclude: np.ndarray | None,
+def block_similarities(q: torch.Tensor, g, rows: slice, starts: np.ndarray, ends: np.ndarray, exclude: np.ndarray | None,
                 own_template: torch.Tensor | None) -> torch.Tensor:
     """Similarities of a block of queries to the whole gallery, with exclusions applied."""
     sims = q[rows] @ g.features.T
@@ -59,7 +59,7 @@ class TorchBackend:
         parts = []
         for lo in range(0, n, step):
             rows = slice(lo, min(n, lo + step))
-            sims = _block_sims(q, g, rows, starts, ends, exclude, own_template)
+            sims = block_similarities(q, g, rows, starts, ends, exclude, own_template)
             if self.device.type == "cpu":
                 parts.append(stats_numba(sims.numpy(), starts[rows], ends[rows], map_k=map_k, want_ap=want_ap))
             else:

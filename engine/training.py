@@ -1,0 +1,146 @@
+"""The explicit training loop of one step, with a few typed hooks.
+
+The loop owns data order, augmentation, optimiser, schedule, mixed precision (CUDA only) and
+cancellation; the method (``engine.methods``) owns the loss and says what it needs.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.config import TrainingConfig
+from engine.methods.base import Method, StepContext
+from engine.models.net import Net
+
+
+class Cancelled(Exception):
+    """Raised inside the loop when the hooks ask it to stop; nothing of the step is kept."""
+
+
+@dataclass
+class Hooks:
+    """Callbacks the loop calls; all optional."""
+
+    on_epoch: Callable[[int, int, dict[str, float]], None] | None = None  # (epoch, epochs, mean loss parts)
+    on_batch: Callable[[int, int], None] | None = None  # (batch index, batches per epoch)
+    should_stop: Callable[[], bool] | None = None
+
+
+def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Random crop with 4-pixel zero padding and a horizontal flip, per image (the CIFAR recipe)."""
+    n, _, h, w = x.shape
+    padded = F.pad(x, (4, 4, 4, 4))
+    dx = torch.randint(0, 9, (n,), generator=generator)
+    dy = torch.randint(0, 9, (n,), generator=generator)
+    rows = (dy[:, None] + torch.arange(h)[None, :]).to(x.device)
+    cols = (dx[:, None] + torch.arange(w)[None, :]).to(x.device)
+    out = padded[torch.arange(n, device=x.device)[:, None, None, None], torch.arange(x.shape[1], device=x.device)[None, :, None, None],
+                 rows[:, None, :, None], cols[:, None, None, :]]
+    flip = (torch.rand(n, generator=generator) < 0.5).to(x.device)
+    return torch.where(flip[:, None, None, None], out.flip(3), out)
+
+
+def make_optimizer(net: Net, cfg: TrainingConfig) -> torch.optim.Optimizer:
+    """SGD (momentum, weight decay) or Adam over the trainable parameters."""
+    params = [p for p in net.parameters() if p.requires_grad]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    raise ValueError(f"unknown optimizer {cfg.optimizer!r}; use 'sgd' or 'adam'")
+
+
+def lr_factor(epoch: int, cfg: TrainingConfig) -> float:
+    """Learning-rate multiplier at ``epoch`` (0-based) for the configured schedule."""
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    if cfg.lr_schedule == "step":
+        return cfg.lr_gamma ** sum(epoch >= m for m in cfg.lr_milestones)
+    if cfg.lr_schedule == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * epoch / max(cfg.epochs, 1)))
+    raise ValueError(f"unknown lr_schedule {cfg.lr_schedule!r}; use 'constant', 'step' or 'cosine'")
+
+
+def train_step(
+    net: Net,
+    method: Method,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    ctx: StepContext,
+    cfg: TrainingConfig,
+    *,
+    device: torch.device,
+    seed: int,
+    augment_images: bool,
+    hooks: Hooks | None = None,
+) -> list[dict[str, float]]:
+    """Train ``net`` in place on (images, labels) for ``cfg.epochs`` epochs; return per-epoch mean loss parts.
+
+    ``labels`` are class ids; they are mapped to head outputs by the head. Batches are shuffled by a
+    generator seeded with ``seed`` and the last incomplete batch is dropped (contrastive losses need
+    at least two samples).
+    """
+    hooks = hooks or Hooks()
+    if len(labels) < 2:
+        raise ValueError(f"step {ctx.step} has {len(labels)} training image(s); at least 2 are needed")
+    net.to(device).train()
+    old = ctx.old_model.to(device).eval() if ctx.old_model is not None else None
+    targets = net.head.class_to_output(labels)
+    opt = make_optimizer(net, cfg)
+    use_amp = cfg.amp and device.type == "cuda"
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+    gen = torch.Generator().manual_seed(seed)
+    batch = min(cfg.batch_size, len(labels))
+    n_batches = len(labels) // batch
+    history = []
+    for epoch in range(cfg.epochs):
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * lr_factor(epoch, cfg)
+        perm = torch.randperm(len(labels), generator=gen)
+        sums: dict[str, float] = {}
+        for b in range(n_batches):
+            if hooks.should_stop and hooks.should_stop():
+                raise Cancelled(f"cancelled during step {ctx.step}, epoch {epoch + 1}")
+            idx = perm[b * batch:(b + 1) * batch]
+            x = images[idx]
+            if augment_images:
+                x = augment(x, gen)
+            x, y = x.to(device, non_blocking=True), targets[idx].to(device, non_blocking=True)
+            with torch.autocast(device.type, enabled=use_amp):
+                out = net(x)
+                old_out = None
+                if old is not None:
+                    with torch.no_grad():
+                        old_out = old(x)
+                loss, parts = method.loss(out, y, ctx, old_out)
+            if not torch.isfinite(loss):
+                raise ValueError(f"loss became {loss.item()} at step {ctx.step}, epoch {epoch + 1}; lower the learning rate")
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            for k, v in parts.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            if hooks.on_batch:
+                hooks.on_batch(b, n_batches)
+        means = {k: v / max(n_batches, 1) for k, v in sums.items()}
+        history.append(means)
+        if hooks.on_epoch:
+            hooks.on_epoch(epoch + 1, cfg.epochs, means)
+    net.eval()
+    return history
+
+
+def throughput(net: Net, method: Method, images: torch.Tensor, labels: torch.Tensor, ctx: StepContext, cfg: TrainingConfig,
+               *, device: torch.device) -> float:
+    """Training images per second over one epoch (used by the benchmark)."""
+    start = time.perf_counter()
+    train_step(net, method, images, labels, ctx, cfg, device=device, seed=0, augment_images=images.shape[-1] >= 32)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return cfg.epochs * (len(labels) // min(cfg.batch_size, len(labels))) * min(cfg.batch_size, len(labels)) / (time.perf_counter() - start)
