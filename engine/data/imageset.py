@@ -1,0 +1,103 @@
+"""The one in-memory representation every dataset loader returns, plus two index helpers."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+
+@dataclass(frozen=True, eq=False)
+class ImageSet:
+    """Images, integer labels and the names of the classes those labels index.
+
+    ``images`` is (N, C, H, W) float32, in [0, 1] unless ``mean``/``std`` record a normalisation
+    that was applied. ``labels`` is (N,) int64 with ``class_names[labels[i]]`` naming image i.
+    Selecting classes keeps the labels as they are (no relabelling), so class ids stay the ids a
+    scenario and a classifier use.
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    class_names: tuple[str, ...]
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "class_names", tuple(self.class_names))
+        if self.images.dim() != 4 or self.images.dtype != torch.float32:
+            raise ValueError(f"images must be a (N, C, H, W) float32 tensor, got {tuple(self.images.shape)} {self.images.dtype}")
+        if self.labels.shape != (self.images.shape[0],) or self.labels.dtype != torch.int64:
+            raise ValueError(f"labels must be a ({self.images.shape[0]},) int64 tensor, got {tuple(self.labels.shape)} {self.labels.dtype}")
+        if len(self.labels) and not 0 <= int(self.labels.min()) <= int(self.labels.max()) < len(self.class_names):
+            raise ValueError(f"labels must lie in 0..{len(self.class_names) - 1} to index class_names")
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("mean and std must be given together or not at all")
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def num_classes(self) -> int:
+        """Length of ``class_names``; some of these classes may have no images after a selection."""
+        return len(self.class_names)
+
+    def subset(self, indices: torch.Tensor | np.ndarray | Sequence[int]) -> ImageSet:
+        """The images at ``indices``, in that order."""
+        index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        return replace(self, images=self.images[index], labels=self.labels[index])
+
+    def select_classes(self, classes: Sequence[int]) -> ImageSet:
+        """Only the images whose label is in ``classes``, in their original order, labels unchanged."""
+        wanted = sorted({int(c) for c in classes})
+        if wanted and not 0 <= wanted[0] <= wanted[-1] < self.num_classes:
+            raise ValueError(f"classes must lie in 0..{self.num_classes - 1}, got {wanted[0]}..{wanted[-1]}")
+        keep = torch.isin(self.labels, torch.tensor(wanted, dtype=torch.int64))
+        return self.subset(torch.nonzero(keep).flatten())
+
+    def normalized(self, mean: Sequence[float], std: Sequence[float]) -> ImageSet:
+        """Per-channel ``(x - mean) / std``; the statistics are recorded on the result."""
+        if self.mean is not None:
+            raise ValueError("these images are already normalised; normalise the raw [0, 1] images once")
+        channels = self.images.shape[1]
+        if len(mean) != channels or len(std) != channels:
+            raise ValueError(f"mean and std need {channels} values (one per channel), got {len(mean)} and {len(std)}")
+        m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+        s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+        return replace(self, images=(self.images - m) / s, mean=tuple(map(float, mean)), std=tuple(map(float, std)))
+
+    def as_dataset(self) -> TensorDataset:
+        """A torch ``Dataset`` of (image, label) pairs over the same tensors."""
+        return TensorDataset(self.images, self.labels)
+
+
+def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded per-class split: ``round(test_fraction * n_c)`` images of each class go to test.
+
+    Each class is shuffled with its own generator (seed, class), so one class's split does not
+    depend on the others. Returns sorted (train_indices, test_indices).
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be between 0 and 1 (exclusive), got {test_fraction}")
+    train, test = [], []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        members = members[np.random.default_rng([seed, int(c)]).permutation(len(members))]
+        n_test = int(round(test_fraction * len(members)))
+        test.append(members[:n_test])
+        train.append(members[n_test:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def first_per_class(labels: np.ndarray, per_class: int | None) -> np.ndarray:
+    """Indices of the first ``per_class`` images of every class in file order (all when None)."""
+    if per_class is None:
+        return np.arange(len(labels))
+    if per_class < 1:
+        raise ValueError(f"images per class must be at least 1 (or None for all), got {per_class}")
+    keep = np.zeros(len(labels), dtype=bool)
+    for c in np.unique(labels):
+        keep[np.flatnonzero(labels == c)[:per_class]] = True
+    return np.flatnonzero(keep)

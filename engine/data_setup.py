@@ -1,0 +1,112 @@
+"""Turning a RunConfig into the data of a run: training images, query/gallery split, scenario.
+
+Protocols:
+* ``closed-set``: the test split is both query and gallery; each query's own image is excluded
+  from the gallery by index (``same_set``).
+* ``open-set``: evaluation classes are disjoint from training classes. Built-in data: held-out
+  classes (``shapes``: the next ``open_set_classes`` generator classes; query = their "train" draw,
+  gallery = their "test" draw). Real data: ``open_set_dataset`` (e.g. CIFAR-100 -> CIFAR-10, with
+  CIFAR-10 train as queries and test as gallery, as in the CL2R papers).
+
+Class ids of the training dataset are remapped to their position in the scenario's class order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.config import RunConfig
+from engine.data import ImageSet, Scenario, Step, build_scenario, load_dataset, select_replay
+
+
+@dataclass(frozen=True)
+class RunData:
+    train: ImageSet  # labels = positions in the class order
+    query: ImageSet
+    gallery: ImageSet
+    same_set: bool
+    scenario: Scenario  # classes as positions: step t has learned 0 .. C^t - 1
+    class_names: tuple[str, ...]  # in position order
+    in_channels: int
+    augment: bool
+    replay_per_class: int
+
+    @property
+    def total_classes(self) -> int:
+        return len(self.class_names)
+
+    def train_images(self, step: Step, uses_replay: bool, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's training images: its train classes, plus replay memory of past classes if the method uses it."""
+        labels = self.train.labels.numpy()
+        idx = np.flatnonzero(np.isin(labels, step.train_classes))
+        if uses_replay and step.replay_classes and self.replay_per_class:
+            idx = np.concatenate([idx, select_replay(labels, step.replay_classes, self.replay_per_class, seed)])
+        idx = np.sort(idx)
+        return self.train.images[idx], self.train.labels[idx]
+
+
+def _remap(images: ImageSet, rank: np.ndarray, names: tuple[str, ...]) -> ImageSet:
+    return ImageSet(images.images, torch.from_numpy(rank[images.labels.numpy()]), names, images.mean, images.std)
+
+
+def _options(cfg: RunConfig, split: str, per_class: int, **extra) -> dict:
+    d = cfg.dataset
+    return dict(root=d.root, split=split, seed=cfg.seed, per_class=per_class, download=d.download,
+                image_size=d.image_size or 32, **extra)
+
+
+def scenario_classes(cfg: RunConfig) -> int | None:
+    """Classes the scenario needs when the dataset's count is free (shapes): None when it cannot tell."""
+    s = cfg.scenario
+    return s.initial_classes + s.increment * (s.num_steps - 1) if s.num_steps else None
+
+
+def prepare_run_data(cfg: RunConfig) -> RunData:
+    """Load (or generate) the data of ``cfg`` and build its scenario; errors are ValueErrors a person can act on."""
+    d, e, s = cfg.dataset, cfg.eval, cfg.scenario
+    if e.protocol not in ("closed-set", "open-set"):
+        raise ValueError(f"unknown protocol {e.protocol!r}; use 'closed-set' or 'open-set'")
+    if e.eval_classes not in ("all", "seen"):
+        raise ValueError(f"eval_classes must be 'all' or 'seen', got {e.eval_classes!r}")
+    if e.eval_classes == "seen" and e.protocol == "open-set":
+        raise ValueError("eval_classes='seen' needs the closed-set protocol: open-set evaluation classes are never trained on")
+    extra = {}
+    if d.name == "shapes":
+        n = d.num_classes or scenario_classes(cfg)
+        if n is None:
+            raise ValueError("shapes needs dataset.num_classes or scenario.num_steps to know how many classes to generate")
+        extra["num_classes"] = n
+    train = load_dataset(d.name, **_options(cfg, "train", d.train_per_class, **extra))
+    test = load_dataset(d.name, **_options(cfg, "test", d.test_per_class, **extra))
+    num_classes = train.num_classes
+    scenario = build_scenario(num_classes=num_classes, initial_classes=s.initial_classes, increment=s.increment,
+                              num_steps=s.num_steps, class_order_seed=s.class_order_seed, training=s.training,
+                              replay_per_class=s.replay_per_class, replacement_steps=s.replacement_steps)
+    order = np.array(scenario.class_order)
+    rank = np.empty(num_classes, np.int64)
+    rank[order] = np.arange(num_classes)
+    names = tuple(train.class_names[c] for c in order)
+    positions = Scenario(tuple(range(num_classes)), tuple(
+        Step(st.index, tuple(rank[list(st.new_classes)].tolist()), tuple(rank[list(st.seen_classes)].tolist()),
+             tuple(rank[list(st.train_classes)].tolist()), tuple(rank[list(st.replay_classes)].tolist()), st.replaced)
+        for st in scenario.steps), scenario.training, scenario.replay_per_class)
+    train = _remap(train, rank, names)
+    if e.protocol == "closed-set":
+        query = gallery = _remap(test, rank, names)
+        same_set = True
+    else:
+        if d.name == "shapes":
+            held = dict(num_classes=e.open_set_classes, first_class=num_classes)
+            query = load_dataset("shapes", **_options(cfg, "train", d.train_per_class, **held))
+            gallery = load_dataset("shapes", **_options(cfg, "test", d.test_per_class, **held))
+        elif e.open_set_dataset:
+            query = load_dataset(e.open_set_dataset, **_options(cfg, "train", d.train_per_class))
+            gallery = load_dataset(e.open_set_dataset, **_options(cfg, "test", d.test_per_class))
+        else:
+            raise ValueError(f"open-set evaluation on {d.name!r} needs eval.open_set_dataset (e.g. 'cifar10' for cifar100)")
+        same_set = False
+    channels = train.images.shape[1]
+    return RunData(train, query, gallery, same_set, positions, names, channels,
+                   d.augment and channels == 3 and train.images.shape[-1] >= 32, s.replay_per_class)

@@ -1,0 +1,263 @@
+"""Running experiments: train (or resume) every step, extract features, evaluate, store.
+
+Data flows one way: config -> data + scenario -> per step: train -> checkpoint -> raw outputs
+(``encoder``, ``logits``, ``softmax``) -> storage; then compatibility matrices per view -> storage.
+
+Class ids are remapped to their position in the scenario's class order, so the classes a model of
+step k has learned are always ``0 .. C^k - 1``: the nesting PSP/LSP's "first C^k outputs" assume.
+Each step is written in one transaction (model version + its feature sets), so a run killed at any
+moment resumes from its last finished step, and a cancelled run leaves no partial rows.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from sqlalchemy import Engine
+
+from engine.config import RunConfig
+from engine.data_setup import RunData, prepare_run_data
+from engine.device import pick_device
+from engine.features import extract_outputs, simplex_projection
+from engine.methods import build_method
+from engine.methods.base import Method, StepContext
+from engine.metrics import CellFeatures, compatibility_matrices, summarize
+from engine.models import build_model, load_checkpoint, save_checkpoint
+from engine.models.net import Net
+from engine.persist import config_hash, save_matrices
+from engine.training import Cancelled, Hooks, train_step
+from storage import (
+    add_model_version,
+    create_experiment,
+    find_experiment_by_hash,
+    init_db,
+    list_model_versions,
+    load_feature_set,
+    save_feature_set,
+    session_scope,
+    set_experiment_status,
+)
+from storage.models import Experiment, ModelVersion
+
+RAW_VIEWS = ("encoder", "logits", "softmax")
+Progress = Callable[[float, str], None]
+
+
+@dataclass
+class RunContext:
+    """Where a run reports to and how it learns that it should stop."""
+
+    db: Engine
+    checkpoint_dir: Path = Path("data") / "checkpoints"
+    progress: Progress | None = None
+    should_stop: Callable[[], bool] | None = None
+    study_id: int | None = None
+
+
+def views_for(method: Method, cfg: RunConfig) -> tuple[str, ...]:
+    """Views evaluated for a method: the encoder baseline plus the method's own views, or the config's list."""
+    if cfg.eval.views != ("auto",):
+        return cfg.eval.views
+    return tuple(dict.fromkeys(("encoder",) + tuple(method.default_views)))
+
+
+def _new_model(method: Method, cfg: RunConfig, data: RunData, num_seen: int, step: int) -> Net:
+    fixed = method.head != "linear"
+    k_total = cfg.model.dsimplex_classes or data.total_classes
+    if fixed and k_total < data.total_classes:
+        raise ValueError(f"model.dsimplex_classes = {k_total} is smaller than the {data.total_classes} classes of the scenario")
+    return build_model(backbone=cfg.model.backbone, head=method.head, num_classes=k_total if fixed else num_seen,
+                       feature_dim=None if method.head == "dsimplex" else cfg.model.feature_dim,
+                       in_channels=data.in_channels, width=cfg.model.width, seed=cfg.seed + 1000 * step)
+
+
+def _next_model(method: Method, cfg: RunConfig, data: RunData, previous: Net | None, num_seen: int, step: int,
+                replaced: bool) -> Net:
+    """A fresh model, or the previous one grown to the classes seen so far (fine-tuning methods)."""
+    if previous is None or method.init_from == "scratch" or replaced:
+        return _new_model(method, cfg, data, num_seen, step)
+    net = previous.frozen_copy()
+    for p in net.parameters():
+        p.requires_grad_(True)
+    for name, buf in net.head.named_buffers():  # fixed prototypes stay fixed
+        buf.requires_grad_(False)
+    if method.head == "linear" and net.head.num_outputs < num_seen:
+        net.head.expand(num_seen - net.head.num_outputs)
+    return net
+
+
+def _store_step(db: Engine, exp_id: int, step: int, net: Net, method: Method, cfg: RunConfig, data: RunData,
+                seen: int, ckpt: Path, replaced: bool, device: torch.device) -> None:
+    outputs = {split: extract_outputs(net, images, batch_size=256, device=device)
+               for split, images in (("query", data.query.images), ("gallery", data.gallery.images))}
+    labels = {"query": data.query.labels.numpy(), "gallery": data.gallery.labels.numpy()}
+    with session_scope(db) as s:
+        mv = add_model_version(s, exp_id, step, architecture=cfg.model.backbone, method=method.name,
+                               classes=list(range(seen)), num_outputs=net.head.num_outputs, feature_dim=net.feature_dim,
+                               class_names=list(data.class_names[:seen]), checkpoint_path=str(ckpt), replaced=replaced)
+        for split, out in outputs.items():
+            for view in RAW_VIEWS:
+                save_feature_set(s, mv.id, split, view, out[view], labels[split])
+
+
+def _view_cells(db: Engine, versions: list[ModelVersion], view: str, eval_classes: str) -> Callable[[int, int], CellFeatures]:
+    """Cells of one view; PSP/LSP project model t's query outputs onto gallery model k's C^k classes."""
+    raw = "softmax" if view == "psp" else "logits" if view == "lsp" else view
+    cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
+
+    def load(i: int, split: str) -> tuple[np.ndarray, np.ndarray]:
+        if (i, split) not in cache:
+            with session_scope(db) as s:
+                feats, labels, _ = load_feature_set(s, versions[i].id, split, raw)
+            cache[(i, split)] = (feats, labels)
+        return cache[(i, split)]
+
+    def project(x: np.ndarray, c: int) -> np.ndarray:
+        if view not in ("psp", "lsp"):
+            return x
+        return simplex_projection(torch.from_numpy(x), c).numpy()
+
+    def cell(t: int, k: int) -> CellFeatures:
+        ck = len(versions[k].classes)
+        (q, ql), (g, gl) = load(t, "query"), load(k, "gallery")
+        if eval_classes == "seen":
+            qm, gm = ql < ck, gl < ck  # classes are remapped: model k knows 0 .. C^k - 1
+            q, ql, g, gl = q[qm], ql[qm], g[gm], gl[gm]
+        return CellFeatures(project(q, ck), ql, project(g, ck), gl)
+
+    return cell
+
+
+def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method, *, same_set: bool) -> dict[str, dict]:
+    """Compute and store every (metric, view) matrix; return {view: {metric: summary}}."""
+    with session_scope(db) as s:
+        versions = list_model_versions(s, exp_id)
+    out: dict[str, dict] = {}
+    for view in views_for(method, cfg):
+        cells = _view_cells(db, versions, view, cfg.eval.eval_classes)
+        result = compatibility_matrices(cells, num_models=len(versions), metrics=cfg.eval.metrics,
+                                        protocol=cfg.eval.gallery, same_set=same_set)
+        with session_scope(db) as s:
+            save_matrices(s, exp_id, result, protocol=cfg.eval.gallery, view=view, eval_classes=cfg.eval.eval_classes)
+        out[view] = {m: {"matrix": result.values[m], **summarize(result.values[m])} for m in result.values}
+    return out
+
+
+def _resume_state(db: Engine, cfg: RunConfig, method: str, study_id: int | None) -> tuple[Experiment, list[ModelVersion], bool]:
+    """The experiment to continue (or reuse when finished) for this config, with its stored versions."""
+    h = config_hash(cfg.to_dict())
+    with session_scope(db) as s:
+        exp = find_experiment_by_hash(s, h, status=None)
+        if exp is not None and exp.status == "cancelled":
+            exp = None
+        if exp is None:
+            exp = create_experiment(s, name=f"{cfg.name}/{method}", method=method, config=cfg.to_dict(), config_hash=h,
+                                    study_id=study_id)
+            return exp, [], False
+        if exp.status == "done":
+            return exp, list_model_versions(s, exp.id), True
+        if study_id is not None and exp.study_id is None:
+            exp.study_id = study_id
+        versions = [v for v in list_model_versions(s, exp.id) if v.checkpoint_path and Path(v.checkpoint_path).exists()]
+        set_experiment_status(s, exp.id, "running")
+        return exp, versions, False
+
+
+def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = None) -> int:
+    """Run (or resume, or reuse) the single-method config ``cfg``; return the experiment id."""
+    if len(cfg.methods) != 1:
+        raise ValueError("run_experiment takes a single-method config; use run_study for several methods")
+    method = build_method(cfg.methods[0], **cfg.method_params.get(cfg.methods[0], {}))
+    device = pick_device(cfg.device)
+    init_db(ctx.db)
+    data = data or prepare_run_data(cfg)
+    exp, done_versions, finished = _resume_state(ctx.db, cfg, method.name, ctx.study_id)
+    report = ctx.progress or (lambda f, m: None)
+    if finished:
+        report(1.0, f"{method.name}: reusing finished experiment {exp.id}")
+        return exp.id
+    steps = data.scenario.steps
+    done = {v.step for v in done_versions}
+    ckpt_dir = ctx.checkpoint_dir / f"experiment_{exp.id}"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    total_work = sum(len(s.train_classes) for s in steps) * cfg.training.epochs or 1
+    work_done = 0.0
+    started = time.perf_counter()
+    previous: Net | None = None
+    try:
+        with session_scope(ctx.db) as s:
+            set_experiment_status(s, exp.id, "running")
+        for step in steps:
+            seen = len(step.seen_classes)
+            ckpt = ckpt_dir / f"step_{step.index}.safetensors"
+            step_work = len(step.train_classes) * cfg.training.epochs
+            if step.index in done:
+                previous = load_checkpoint(ckpt, device="cpu")
+                work_done += step_work
+                report(work_done / total_work, f"{method.name}: step {step.index} already done")
+                continue
+            net = _next_model(method, cfg, data, previous, seen, step.index, step.replaced)
+            old = previous.frozen_copy() if (previous is not None and method.needs_old_model and not step.replaced) else None
+            images, labels = data.train_images(step, method.uses_replay, seed=cfg.seed + step.index)
+            sctx = StepContext(step=step.index, seen_classes=tuple(range(seen)),
+                               new_classes=tuple(range(seen - len(step.new_classes), seen)), old_model=old)
+
+            def on_epoch(epoch: int, epochs: int, parts: dict[str, float], _step=step, _w=work_done, _sw=step_work) -> None:
+                frac = (_w + _sw * epoch / epochs) / total_work
+                elapsed = time.perf_counter() - started
+                eta = elapsed / max(frac, 1e-9) * (1 - frac)
+                report(min(frac, 0.99), f"{method.name}: step {_step.index}/{len(steps)}, epoch {epoch}/{epochs}, "
+                                        f"loss {parts.get('loss', float('nan')):.3f}, ETA {eta:.0f} s")
+
+            train_step(net, method, images, labels, sctx, cfg.training, device=device, seed=cfg.seed + step.index,
+                       augment_images=data.augment, hooks=Hooks(on_epoch=on_epoch, should_stop=ctx.should_stop))
+            net = net.cpu()
+            save_checkpoint(net, ckpt, extra={"experiment": exp.id, "step": step.index, "method": method.name})
+            _store_step(ctx.db, exp.id, step.index, net, method, cfg, data, seen, ckpt, step.replaced, device)
+            previous = net
+            work_done += step_work
+        report(0.99, f"{method.name}: evaluating")
+        evaluate_experiment(ctx.db, exp.id, cfg, method, same_set=data.same_set)
+        with session_scope(ctx.db) as s:
+            set_experiment_status(s, exp.id, "done")
+        report(1.0, f"{method.name}: done")
+        return exp.id
+    except Cancelled:
+        discard_experiment(ctx.db, exp.id, ckpt_dir)
+        raise
+    except BaseException as exc:
+        with session_scope(ctx.db) as s:
+            set_experiment_status(s, exp.id, "failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def discard_experiment(db: Engine, exp_id: int, ckpt_dir: Path) -> None:
+    """After a cancel: remove everything the run wrote and mark the experiment cancelled."""
+    with session_scope(db) as s:
+        exp = s.get(Experiment, exp_id)
+        for row in [*exp.model_versions, *exp.matrices, *exp.analyses]:
+            s.delete(row)
+        set_experiment_status(s, exp_id, "cancelled")
+    for f in ckpt_dir.glob("*.safetensors"):
+        f.unlink()
+
+
+def run_study(cfg: RunConfig, ctx: RunContext) -> tuple[int, list[int]]:
+    """Run every method of ``cfg`` on the same data and scenario as one study; return (study id, experiment ids)."""
+    from storage import create_study, list_studies
+
+    init_db(ctx.db)
+    with session_scope(ctx.db) as s:
+        same = [st for st in list_studies(s) if st.kind == "compare" and st.config == cfg.to_dict()]
+        study = same[0] if same else create_study(s, name=cfg.name, kind="compare", config=cfg.to_dict())
+    data = prepare_run_data(cfg)
+    ids = []
+    outer = ctx.progress or (lambda f, m: None)
+    for i, method in enumerate(cfg.methods):
+        sub = RunContext(ctx.db, ctx.checkpoint_dir, lambda f, m, i=i: outer((i + f) / len(cfg.methods), m), ctx.should_stop, study.id)
+        ids.append(run_experiment(cfg.for_method(method), sub, data=data))
+    return study.id, ids
