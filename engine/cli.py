@@ -1,7 +1,9 @@
 """Command line: ``python -m engine <command>``.
 
-Commands: ``evaluate`` (matrices for a folder of features). Every refused input prints one line
-``error: ...`` on stderr and exits with code 2.
+Commands: ``run`` (train/evaluate a config or preset; several methods = a study), ``compare``
+(the same, printing the paper-style methods table), ``evaluate`` (matrices for a folder of
+features), ``worker`` (the background job runner), ``presets``. Every refused input prints one
+line ``error: ...`` on stderr and exits with code 2.
 """
 from __future__ import annotations
 
@@ -33,7 +35,89 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--name", help="experiment name in the database (default: the folder name)")
     ev.add_argument("--no-store", action="store_true", help="do not write to the database")
     _add_db(ev)
+    for name, helptext in (("run", "train and evaluate a config (several methods = a study)"),
+                           ("compare", "run several methods on one scenario and print the methods x AC/AA/ACA table")):
+        r = sub.add_parser(name, help=helptext)
+        r.add_argument("config", nargs="?", type=Path, help="TOML config file")
+        r.add_argument("--preset", help="a named preset instead of a file (see 'presets')")
+        r.add_argument("--methods", nargs="+", help="override the config's methods")
+        r.add_argument("--device", help="override the device (auto, cpu, cuda)")
+        r.add_argument("--epochs", type=int, help="override training.epochs")
+        r.add_argument("--json", type=Path, metavar="OUT", help="write the study summary as JSON")
+        r.add_argument("--export", choices=FORMATS, default="text" if name == "run" else "markdown",
+                       help="format of the printed tables")
+        r.add_argument("--checkpoints", type=Path, default=Path("data") / "checkpoints", help="checkpoint folder")
+        r.add_argument("--quiet", action="store_true", help="no progress bar")
+        _add_db(r)
+
+    w = sub.add_parser("worker", help="run queued jobs from the database (used by the dashboard)")
+    w.add_argument("--once", action="store_true", help="exit when the queue is empty")
+    w.add_argument("--checkpoints", type=Path, default=Path("data") / "checkpoints")
+    _add_db(w)
+
+    sub.add_parser("presets", help="list the named presets")
     return parser
+
+
+def _run_config(args: argparse.Namespace):
+    import dataclasses
+
+    from engine.config import load_config
+    from engine.presets import preset_config
+
+    if (args.config is None) == (args.preset is None):
+        raise ValueError("give a config file or --preset NAME (exactly one)")
+    cfg = preset_config(args.preset) if args.preset else load_config(args.config)
+    if args.methods:
+        from engine.config import config_from_dict
+
+        cfg = config_from_dict({**cfg.to_dict(), "methods": args.methods,
+                                "method_params": {m: p for m, p in cfg.method_params.items() if m in args.methods}})
+    if args.device:
+        cfg = dataclasses.replace(cfg, device=args.device)
+    if args.epochs is not None:
+        cfg = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, epochs=args.epochs))
+    return cfg
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from engine.pipeline import RunContext, run_study
+    from engine.progress import TerminalProgress
+    from engine.study_summary import print_study, study_summary
+    from storage import get_engine
+
+    cfg = _run_config(args)
+    db = get_engine(args.db)
+    bar = None if args.quiet else TerminalProgress()
+    study_id, ids = run_study(cfg, RunContext(db, args.checkpoints, bar))
+    if bar:
+        bar.close()
+    summary = study_summary(db, study_id, ids)
+    print_study(summary, fmt=args.export, table_only=args.command == "compare")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from engine.worker import serve
+    from storage import get_engine
+
+    try:
+        serve(get_engine(args.db), once=args.once, checkpoint_dir=args.checkpoints)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from engine.presets import RUN_PRESETS, preset_config
+
+    for name in RUN_PRESETS:
+        cfg = preset_config(name)
+        print(f"{name:16s} {cfg.dataset.name:10s} {cfg.scenario.num_steps or '?'} steps  methods: {', '.join(cfg.methods)}")
+    return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -64,7 +148,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"evaluate": cmd_evaluate}
+COMMANDS = {"run": cmd_run, "compare": cmd_run, "evaluate": cmd_evaluate, "worker": cmd_worker, "presets": cmd_presets}
 
 
 def main(argv: list[str] | None = None) -> int:
