@@ -1,0 +1,152 @@
+"""End-to-end runs on tiny data: every method, resume after a kill, reuse, cancel."""
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select
+
+import engine.pipeline as pipeline
+from engine.config import config_from_dict
+from engine.methods import METHODS
+from engine.metrics import compatibility_matrix
+from engine.pipeline import RunContext, run_experiment, run_study
+from engine.training import Cancelled
+from storage import get_engine, list_model_versions, load_feature_set, load_matrices, session_scope
+from storage.models import CompatibilityMatrix, Experiment, FeatureSet, ModelVersion
+
+TINY = {
+    "dataset": {"name": "digits"},
+    "scenario": {"initial_classes": 4, "increment": 3, "num_steps": 3},
+    "model": {"backbone": "small_cnn", "width": 8},
+    "training": {"epochs": 1, "batch_size": 64, "lr": 0.05},
+}
+
+
+def _cfg(**over):
+    data = {**TINY, **over}
+    return config_from_dict(data)
+
+
+def _ctx(tmp_path, **kw):
+    return RunContext(get_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), tmp_path / "ckpt", **kw)
+
+
+def _count(db, model):
+    with session_scope(db) as s:
+        return s.scalar(select(func.count()).select_from(model))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_runs_end_to_end(tmp_path, method):
+    training = "finetune" if METHODS[method].uses_replay else "cumulative"
+    scenario = {**TINY["scenario"], "training": training, "replay_per_class": 5 if training == "finetune" else 0}
+    cfg = _cfg(methods=[method], scenario=scenario)
+    ctx = _ctx(tmp_path)
+    exp_id = run_experiment(cfg, ctx)
+    with session_scope(ctx.db) as s:
+        versions = list_model_versions(s, exp_id)
+        assert [v.step for v in versions] == [1, 2, 3] and [len(v.classes) for v in versions] == [4, 7, 10]
+        mats = {(m.metric, m.view): m for m in load_matrices(s, exp_id)}
+        assert s.get(Experiment, exp_id).status == "done"
+    view = METHODS[method].default_views[0]
+    C = mats[("recall@1", view)].values
+    assert np.isnan(C[0, 1]) and np.all(np.isfinite(C[np.tril_indices(3)]))
+    assert mats[("recall@1", view)].summary["AA"] == pytest.approx(np.nanmean(C[np.tril_indices(3)]))
+
+
+def test_stored_matrix_equals_an_independent_recomputation_from_stored_features(tmp_path):
+    ctx = _ctx(tmp_path)
+    exp_id = run_experiment(_cfg(methods=["psp"], eval={"views": ["encoder", "psp"]}), ctx)
+    with session_scope(ctx.db) as s:
+        versions = list_model_versions(s, exp_id)
+        raw = {(v.step, split): load_feature_set(s, v.id, split, "softmax")[:2] for v in versions for split in ("query", "gallery")}
+        stored = {m.view: m.values for m in load_matrices(s, exp_id, metric="recall@1")}
+    classes = [len(v.classes) for v in versions]
+
+    def psp(x, c):  # Algorithm 1 written out: keep the first C^k outputs, centre, normalise
+        g = x[:, :c] - x[:, :c].mean(1, keepdims=True)
+        return g / np.linalg.norm(g, axis=1, keepdims=True)
+
+    from engine.metrics import CellFeatures
+
+    def cell(t, k):
+        (q, ql), (g, gl) = raw[(t + 1, "query")], raw[(k + 1, "gallery")]
+        return CellFeatures(psp(q, classes[k]), ql, psp(g, classes[k]), gl)
+
+    expected = compatibility_matrix(cell, num_models=3, same_set=True)
+    np.testing.assert_allclose(stored["psp"], expected, atol=1e-12)
+
+
+def test_resume_after_a_kill_trains_only_the_missing_steps(tmp_path, monkeypatch):
+    cfg = _cfg(methods=["independent"])
+    ctx = _ctx(tmp_path)
+    real = pipeline.train_step
+    trained = []
+
+    def dying(net, method, images, labels, sctx, *a, **k):
+        if sctx.step == 3:
+            raise KeyboardInterrupt("killed")  # the process dies during step 3
+        trained.append(sctx.step)
+        return real(net, method, images, labels, sctx, *a, **k)
+
+    monkeypatch.setattr(pipeline, "train_step", dying)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, ctx)
+    assert trained == [1, 2] and _count(ctx.db, ModelVersion) == 2
+    with session_scope(ctx.db) as s:
+        first_ids = [v.id for v in list_model_versions(s, 1)]
+
+    trained.clear()
+    monkeypatch.setattr(pipeline, "train_step", lambda net, method, images, labels, sctx, *a, **k: (trained.append(sctx.step), real(net, method, images, labels, sctx, *a, **k))[1])
+    exp_id = run_experiment(cfg, ctx)
+    assert trained == [3] and exp_id == 1
+    with session_scope(ctx.db) as s:
+        assert [v.id for v in list_model_versions(s, 1)][:2] == first_ids
+        assert s.get(Experiment, 1).status == "done"
+    trained.clear()
+    assert run_experiment(cfg, ctx) == 1 and trained == []  # finished config: reused, nothing retrained
+    assert _count(ctx.db, Experiment) == 1
+
+
+def test_cancel_leaves_no_partial_rows(tmp_path):
+    calls = {"n": 0}
+
+    def stop_in_step_two():
+        calls["n"] += 1
+        return calls["n"] > 30  # step 1 (about 15 batches) finishes, step 2 is cancelled
+
+    ctx = _ctx(tmp_path, should_stop=stop_in_step_two)
+    with pytest.raises(Cancelled):
+        run_experiment(_cfg(methods=["independent"], training={**TINY["training"], "epochs": 2}), ctx)
+    assert _count(ctx.db, ModelVersion) == 0 and _count(ctx.db, FeatureSet) == 0 and _count(ctx.db, CompatibilityMatrix) == 0
+    with session_scope(ctx.db) as s:
+        assert s.get(Experiment, 1).status == "cancelled"
+    assert not list((tmp_path / "ckpt").rglob("*.safetensors"))
+
+
+def test_study_groups_methods_on_the_same_scenario_and_eval_classes_seen(tmp_path):
+    ctx = _ctx(tmp_path)
+    cfg = _cfg(methods=["independent", "cores"], eval={"eval_classes": "seen"})
+    study_id, ids = run_study(cfg, ctx)
+    with session_scope(ctx.db) as s:
+        exps = [s.get(Experiment, i) for i in ids]
+        assert {e.study_id for e in exps} == {study_id} and [e.method for e in exps] == ["independent", "cores"]
+        m = load_matrices(s, ids[0], metric="recall@1")[0]
+        assert m.eval_classes == "seen"
+        # with 'seen', cell (t, k) uses only the classes of gallery model k: 4 classes of the step-1 model
+        q, ql, _ = load_feature_set(s, list_model_versions(s, ids[0])[0].id, "query", "encoder")
+        assert m.valid_queries[1, 0] + m.no_positive[1, 0] == int((ql < 4).sum())
+    assert run_study(cfg, ctx)[0] == study_id  # the same study is found again
+
+
+def test_bad_run_configs_fail_before_training(tmp_path):
+    ctx = _ctx(tmp_path)
+    with pytest.raises(ValueError, match="10 classes cannot be split"):
+        run_experiment(_cfg(methods=["independent"], scenario={"initial_classes": 4, "increment": 4}), ctx)
+    with pytest.raises(ValueError, match="unknown method"):
+        run_experiment(_cfg(methods=["nope"]), ctx)
+    with pytest.raises(ValueError, match="needs the closed-set protocol"):
+        run_experiment(_cfg(methods=["independent"], eval={"protocol": "open-set", "eval_classes": "seen"}), ctx)
