@@ -55,6 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--checkpoints", type=Path, default=Path("data") / "checkpoints")
     _add_db(w)
 
+    ad = sub.add_parser("adapt", help="fit paper 004's adapters between two stored models; print the query/gallery table")
+    ad.add_argument("--experiment", type=int, required=True, help="experiment id (see the dashboard or 'run' output)")
+    ad.add_argument("--old-step", type=int, default=1)
+    ad.add_argument("--new-step", type=int, help="default: the last step")
+    ad.add_argument("--kind", choices=("perp", "lambda", "fct"), default="perp")
+    ad.add_argument("--view", default="encoder")
+    ad.add_argument("--epochs", type=int, default=60)
+    ad.add_argument("--batch-size", type=int, default=64)
+    ad.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (the paper's 1e-3 suits large feature sets)")
+    ad.add_argument("--lam", type=float, default=12.0, help="lambda of the lambda-orthogonality regulariser")
+    _add_db(ad)
+
     sub.add_parser("presets", help="list the named presets")
     return parser
 
@@ -111,6 +123,31 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_adapt(args: argparse.Namespace) -> int:
+    from engine.adapt import AdapterJob, run_adapters
+    from storage import get_engine, list_model_versions, session_scope
+    from storage.models import Experiment
+
+    db = get_engine(args.db)
+    with session_scope(db) as s:
+        exp = s.get(Experiment, args.experiment)
+        if exp is None:
+            raise ValueError(f"no experiment {args.experiment} in the database")
+        versions = {v.step: v.id for v in list_model_versions(s, exp.id)}
+        same_set = exp.config.get("eval", {}).get("protocol", "closed-set") == "closed-set"
+    new_step = args.new_step or max(versions)
+    if args.old_step not in versions or new_step not in versions or args.old_step >= new_step:
+        raise ValueError(f"experiment {args.experiment} has steps {sorted(versions)}; choose --old-step < --new-step among them")
+    fit = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr} | ({"lam": args.lam} if args.kind == "lambda" else {})
+    result = run_adapters(db, AdapterJob(versions[args.old_step], versions[new_step], args.kind, args.view, same_set, fit))
+    print(f"{'query/gallery':<16}{'Recall@1':>10}{'mAP':>10}")
+    for row in result["table"]:
+        print(f"{row['row']:<16}{100 * row['recall@1']:>10.2f}{100 * row['map']:>10.2f}")
+    for name, c in result["backfill"].items():
+        print(f"backfill {name:<16} M-tilde Recall@1 {100 * c['area']['recall@1']:.2f}  mAP {100 * c['area']['map']:.2f}")
+    return 0
+
+
 def cmd_presets(args: argparse.Namespace) -> int:
     from engine.presets import RUN_PRESETS, preset_config
 
@@ -148,7 +185,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "compare": cmd_run, "evaluate": cmd_evaluate, "worker": cmd_worker, "presets": cmd_presets}
+COMMANDS = {"run": cmd_run, "compare": cmd_run, "evaluate": cmd_evaluate, "worker": cmd_worker, "presets": cmd_presets,
+            "adapt": cmd_adapt}
 
 
 def main(argv: list[str] | None = None) -> int:

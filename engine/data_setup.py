@@ -32,6 +32,7 @@ class RunData:
     in_channels: int
     augment: bool
     replay_per_class: int
+    adapter_train: ImageSet  # a fixed per-class subset of the training images that every model embeds
 
     @property
     def total_classes(self) -> int:
@@ -108,5 +109,7 @@ def prepare_run_data(cfg: RunConfig) -> RunData:
             raise ValueError(f"open-set evaluation on {d.name!r} needs eval.open_set_dataset (e.g. 'cifar10' for cifar100)")
         same_set = False
     channels = train.images.shape[1]
+    per_class = e.train_features_per_class
+    subset = select_replay(train.labels.numpy(), range(num_classes), per_class, cfg.seed) if per_class else np.zeros(0, np.int64)
     return RunData(train, query, gallery, same_set, positions, names, channels,
-                   d.augment and channels == 3 and train.images.shape[-1] >= 32, s.replay_per_class)
+                   d.augment and channels == 3 and train.images.shape[-1] >= 32, s.replay_per_class, train.subset(subset))

@@ -70,8 +70,13 @@ def _new_model(method: Method, cfg: RunConfig, data: RunData, num_seen: int, ste
     k_total = cfg.model.dsimplex_classes or data.total_classes
     if fixed and k_total < data.total_classes:
         raise ValueError(f"model.dsimplex_classes = {k_total} is smaller than the {data.total_classes} classes of the scenario")
+    feature_dim = cfg.model.feature_dim
+    if method.head == "dsimplex":
+        feature_dim = None  # always K - 1
+    elif method.head == "etf" and feature_dim is None:
+        feature_dim = k_total - 1  # the smallest space a K-class simplex ETF fits in
     return build_model(backbone=cfg.model.backbone, head=method.head, num_classes=k_total if fixed else num_seen,
-                       feature_dim=None if method.head == "dsimplex" else cfg.model.feature_dim,
+                       feature_dim=feature_dim,
                        in_channels=data.in_channels, width=cfg.model.width, seed=cfg.seed + 1000 * step)
 
 
@@ -92,9 +97,13 @@ def _next_model(method: Method, cfg: RunConfig, data: RunData, previous: Net | N
 
 def _store_step(db: Engine, exp_id: int, step: int, net: Net, method: Method, cfg: RunConfig, data: RunData,
                 seen: int, ckpt: Path, replaced: bool, device: torch.device) -> None:
-    outputs = {split: extract_outputs(net, images, batch_size=256, device=device)
-               for split, images in (("query", data.query.images), ("gallery", data.gallery.images))}
-    labels = {"query": data.query.labels.numpy(), "gallery": data.gallery.labels.numpy()}
+    sets = {"query": data.query, "gallery": data.gallery}
+    if len(data.adapter_train):
+        sets["train"] = data.adapter_train
+    by_object: dict[int, dict] = {}  # closed-set: query and gallery are the same images, embed once
+    outputs = {split: by_object.setdefault(id(images), extract_outputs(net, images.images, batch_size=256, device=device))
+               for split, images in sets.items()}
+    labels = {split: images.labels.numpy() for split, images in sets.items()}
     with session_scope(db) as s:
         mv = add_model_version(s, exp_id, step, architecture=cfg.model.backbone, method=method.name,
                                classes=list(range(seen)), num_outputs=net.head.num_outputs, feature_dim=net.feature_dim,

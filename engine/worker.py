@@ -3,6 +3,7 @@
 Job kinds (payload formats):
 * ``run``: ``{"config": RunConfig dict}`` or ``{"preset": NAME}``: train/evaluate a study.
 * ``analysis``: ``{"experiment_id": id, "kind": ..., "params": {...}}``: see ``engine.analysis``.
+* ``adapters``: the fields of ``engine.adapt.AdapterJob`` (old/new model version ids, kind, view, ...).
 
 The worker writes progress and a heartbeat; a job whose worker died is marked failed by the next
 worker (``fail_stale_jobs``) with its last message, and can be retried. A cancel request stops a
@@ -54,7 +55,17 @@ def _analysis_job(db: Engine, payload: dict, progress, should_stop, checkpoint_d
     return f"{payload['kind']} ready"
 
 
-HANDLERS: dict[str, Callable[..., str]] = {"run": _run_job, "analysis": _analysis_job}
+def _adapters_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path) -> str:
+    from engine.adapt import AdapterJob, run_adapters
+
+    job = AdapterJob(**{**payload, "orderings": tuple(payload.get("orderings", AdapterJob.orderings))})
+    progress(0.1, f"fitting {job.kind} adapters {job.key}")
+    result = run_adapters(db, job)
+    best = next(r for r in result["table"] if r["row"] == "B(new)/F(old)" or r["row"] == "B(new)/old")
+    return f"adapters {job.key} ready: {best['row']} Recall@1 {100 * best['recall@1']:.1f}%"
+
+
+HANDLERS: dict[str, Callable[..., str]] = {"run": _run_job, "analysis": _analysis_job, "adapters": _adapters_job}
 
 
 class _Beat(threading.Thread):
