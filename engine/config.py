@@ -36,6 +36,7 @@ class EvalConfig:
     eval_classes: str = "all"  # all test classes, or only those the gallery model was trained on ("seen")
     gallery: str = "instance"  # instance | template (class-mean templates, as the IAM-CL2R code)
     metrics: tuple[str, ...] = ("recall@1", "map")
+    topk: int | None = None  # PSP/LSP top-k sparsification (paper 000, Appendix K), e.g. 128
     train_features_per_class: int = 30  # training images per class also embedded by every model (adapter training)
     views: tuple[str, ...] = ("auto",)  # auto: encoder + the method's own views (psp/lsp); or e.g. ["encoder", "psp", "lsp"]
 

@@ -113,7 +113,8 @@ def _store_step(db: Engine, exp_id: int, step: int, net: Net, method: Method, cf
                 save_feature_set(s, mv.id, split, view, out[view], labels[split])
 
 
-def _view_cells(db: Engine, versions: list[ModelVersion], view: str, eval_classes: str) -> Callable[[int, int], CellFeatures]:
+def _view_cells(db: Engine, versions: list[ModelVersion], view: str, eval_classes: str,
+                topk: int | None = None) -> Callable[[int, int], CellFeatures]:
     """Cells of one view; PSP/LSP project model t's query outputs onto gallery model k's C^k classes."""
     raw = "softmax" if view == "psp" else "logits" if view == "lsp" else view
     cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
@@ -128,7 +129,7 @@ def _view_cells(db: Engine, versions: list[ModelVersion], view: str, eval_classe
     def project(x: np.ndarray, c: int) -> np.ndarray:
         if view not in ("psp", "lsp"):
             return x
-        return simplex_projection(torch.from_numpy(x), c).numpy()
+        return simplex_projection(torch.from_numpy(x), c, topk=topk).numpy()
 
     def cell(t: int, k: int) -> CellFeatures:
         ck = len(versions[k].classes)
@@ -147,7 +148,7 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
         versions = list_model_versions(s, exp_id)
     out: dict[str, dict] = {}
     for view in views_for(method, cfg):
-        cells = _view_cells(db, versions, view, cfg.eval.eval_classes)
+        cells = _view_cells(db, versions, view, cfg.eval.eval_classes, cfg.eval.topk)
         result = compatibility_matrices(cells, num_models=len(versions), metrics=cfg.eval.metrics,
                                         protocol=cfg.eval.gallery, same_set=same_set)
         with session_scope(db) as s:
