@@ -93,13 +93,23 @@ class FaissBackend:
                                              map_k=map_k, want_ap=want_ap, max_block=max_block)
         qn, gn = q.numpy(), g.features.numpy()
         n, width = qn.shape[0], gn.shape[0]
-        best = _best_positive(q, g, starts, ends, exclude, own_template)
         # one item beyond k (and the query's own image) shows whether the list ends inside a tie
         kk = min(width, self.k + 1 + (1 if exclude is not None else 0))
         sims, idx = self._index(gn).search(qn, kk)
         in_pos = (idx >= starts[:, None]) & (idx < ends[:, None])
         is_self = (idx == exclude[:, None]) if exclude is not None else np.zeros_like(in_pos)
         neg = ~in_pos & ~is_self & (idx >= 0)
+        if own_template is not None:
+            best = own_template.numpy().astype(np.float32)
+        else:
+            # the first positive of a descending list is the best positive; compute it only where none is listed
+            listed = in_pos & ~is_self
+            has = listed.any(1)
+            best = np.where(has, sims[np.arange(n), listed.argmax(1)], -np.inf).astype(np.float32)
+            rows = np.flatnonzero(~has & (ends > starts))
+            if len(rows):
+                best[rows] = _best_positive(q[torch.as_tensor(rows)], g, starts[rows], ends[rows],
+                                            None if exclude is None else exclude[rows])
         neg_ge = (neg & (sims >= best[:, None])).sum(1)
         neg_gt = (neg & (sims > best[:, None])).sum(1)
         n_pos = ends - starts - (((exclude >= starts) & (exclude < ends)) if exclude is not None else 0)
@@ -120,11 +130,9 @@ class FaissBackend:
         return stats
 
 
-def _best_positive(q, g, starts, ends, exclude, own_template) -> np.ndarray:
+def _best_positive(q, g, starts, ends, exclude) -> np.ndarray:
     """Exact similarity of each query's best positive (-inf without one), one class at a time."""
     best = np.full(q.shape[0], -np.inf, dtype=np.float32)
-    if own_template is not None:
-        return own_template.numpy().astype(np.float32)
     for s, e in {(int(s), int(e)) for s, e in zip(starts, ends) if e > s}:
         rows = np.flatnonzero((starts == s) & (ends == e))
         sims = q[torch.as_tensor(rows)] @ g.features[s:e].T
