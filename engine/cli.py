@@ -2,7 +2,8 @@
 
 Commands: ``run`` (train/evaluate a config or preset; several methods = a study), ``compare``
 (the same, printing the paper-style methods table), ``evaluate`` (matrices for a folder of
-features), ``worker`` (the background job runner), ``presets``. Every refused input prints one
+features), ``compare-checkpoints`` (your own models on an image folder), ``adapt`` (paper 004's
+adapters between two stored models), ``worker`` (the background job runner), ``presets``. Every refused input prints one
 line ``error: ...`` on stderr and exits with code 2.
 """
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from engine.checkpoints.cli import add_arguments as add_checkpoint_arguments
+from engine.checkpoints.cli import cmd_compare_checkpoints
 from engine.report import FORMATS, render_matrix
 
 
@@ -66,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (the paper's 1e-3 suits large feature sets)")
     ad.add_argument("--lam", type=float, default=12.0, help="lambda of the lambda-orthogonality regulariser")
     _add_db(ad)
+
+    cc = sub.add_parser("compare-checkpoints", help="compare your own checkpoints (TorchScript, state_dict, safetensors)")
+    add_checkpoint_arguments(cc)
+    _add_db(cc)
 
     sub.add_parser("presets", help="list the named presets")
     return parser
@@ -186,7 +193,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "compare": cmd_run, "evaluate": cmd_evaluate, "worker": cmd_worker, "presets": cmd_presets,
-            "adapt": cmd_adapt}
+            "adapt": cmd_adapt,
+            "compare-checkpoints": cmd_compare_checkpoints}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 Job kinds (payload formats):
 * ``run``: ``{"config": RunConfig dict}`` or ``{"preset": NAME}``: train/evaluate a study.
 * ``analysis``: ``{"experiment_id": id, "kind": ..., "params": {...}}``: see ``engine.analysis``.
+* ``checkpoints``: ``{"spec": {...}}``: see ``engine.checkpoints.compare`` (bring-your-own models).
 * ``adapters``: the fields of ``engine.adapt.AdapterJob`` (old/new model version ids, kind, view, ...).
 
 The worker writes progress and a heartbeat; a job whose worker died is marked failed by the next
@@ -65,7 +66,14 @@ def _adapters_job(db: Engine, payload: dict, progress, should_stop, checkpoint_d
     return f"adapters {job.key} ready: {best['row']} Recall@1 {100 * best['recall@1']:.1f}%"
 
 
-HANDLERS: dict[str, Callable[..., str]] = {"run": _run_job, "analysis": _analysis_job, "adapters": _adapters_job}
+def _checkpoints_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path) -> str:
+    from engine.checkpoints.compare import checkpoint_job
+
+    return checkpoint_job(db, payload, progress, should_stop, checkpoint_dir)
+
+
+HANDLERS: dict[str, Callable[..., str]] = {"run": _run_job, "analysis": _analysis_job, "adapters": _adapters_job,
+                                           "checkpoints": _checkpoints_job}
 
 
 class _Beat(threading.Thread):
