@@ -312,7 +312,7 @@ def model_collapse(db: Engine, version: Version, split: str, view: str) -> dict[
         weights = None
     predictions = None
     try:
-        logits, logit_labels, _ = load_view(db, version, split, "logits")
+        logits = load_view(db, version, split, "logits")[0]
         predictions = np.asarray(logits)[keep].argmax(axis=1)
     except ValueError:
         row["notes"].append("NC4 needs the network's predictions: no logits stored")
@@ -361,13 +361,17 @@ def compute_projection(db: Engine, config: dict[str, Any], versions: list[Versio
 
     protos = np.zeros((0, f_new.shape[1]))
     proto_classes = np.zeros(0, np.int64)
+    proto_note = "fixed prototypes are drawn for fixed-prototype heads (d-Simplex, ETF) on the encoder view"
     if view == "encoder":
         weights, fixed = _head_weights(new)
         if weights is not None and fixed and weights.shape[1] == f_new.shape[1]:
             proto_classes = np.array([c for c in new.classes if c < len(weights)], np.int64)
             protos = unit(weights[proto_classes])
+            proto_note = f"the new model's fixed prototypes of its {len(proto_classes)} classes"
         elif weights is not None and not fixed:
-            notes.append("the classifier is learned (not a fixed prototype head): no fixed prototypes to draw")
+            proto_note = "this method learns its classifier: there are no fixed prototypes to draw"
+        elif weights is None:
+            proto_note = "no checkpoint of the new model was found: prototypes cannot be drawn"
 
     progress(0.2, f"embedding with {params['method'].upper()}")
     if joint:
@@ -419,6 +423,7 @@ def compute_projection(db: Engine, config: dict[str, Any], versions: list[Versio
         "classes": [{"label": int(c), "name": new.name(int(c)), "seen_old": int(c) in old.classes,
                      "seen_new": int(c) in new.classes} for c in classes],
         "prototypes": int(len(proto_classes)),
+        "prototype_note": proto_note,
         "drift": drift,
         "definition1": definition1,
         "collapse": collapse,
@@ -579,6 +584,8 @@ def nearest_neighbours(db: Engine, query_version_id: int, gallery_version_id: in
         raise ValueError(f"the query model gives {query.shape[1]}-d {view} features and the gallery model "
                          f"{gallery.shape[1]}-d ones; choose a view both share (e.g. 'psp' or 'lsp')")
     same_set = same_set_of(config)
+    # class names are nested (the classes in scenario order): the later model knows the most of them
+    named = max((vq, vg), key=lambda v: len(v.class_names or ()))
     sims = unit(gallery) @ unit(query[query_index : query_index + 1])[0]
     if same_set:
         sims[query_index] = -np.inf
@@ -587,9 +594,9 @@ def nearest_neighbours(db: Engine, query_version_id: int, gallery_version_id: in
     label = int(q_labels[query_index])
     positives = int(np.sum(g_labels == label)) - int(same_set and g_labels[query_index] == label)
     return {
-        "query": {"index": int(query_index), "label": label, "name": vq.name(label),
+        "query": {"index": int(query_index), "label": label, "name": named.name(label),
                   "image_id": None if q_ids is None else np.asarray(q_ids)[query_index].item()},
-        "neighbours": [{"rank": r + 1, "gallery_index": int(i), "label": int(g_labels[i]), "name": vg.name(int(g_labels[i])),
+        "neighbours": [{"rank": r + 1, "gallery_index": int(i), "label": int(g_labels[i]), "name": named.name(int(g_labels[i])),
                         "similarity": float(sims[i]), "hit": bool(g_labels[i] == label),
                         "image_id": None if g_ids is None else np.asarray(g_ids)[i].item()} for r, i in enumerate(top)],
         "n_gallery": int(len(g_labels)),

@@ -52,7 +52,7 @@ def _analysis_job(db: Engine, payload: dict, progress, should_stop, checkpoint_d
     from engine.analysis import run_analysis
 
     progress(0.1, f"computing {payload['kind']} for experiment {payload['experiment_id']}")
-    run_analysis(db, int(payload["experiment_id"]), payload["kind"], payload.get("params", {}))
+    run_analysis(db, int(payload["experiment_id"]), payload["kind"], payload.get("params", {}), progress=progress)
     return f"{payload['kind']} ready"
 
 

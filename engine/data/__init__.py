@@ -1,51 +1,48 @@
 """Datasets, evaluation protocols and class-incremental scenarios.
 
-Public API: ``ImageSet``, ``DATASETS``, ``load_dataset``, ``make_digits``, ``make_shapes``,
-``DatasetNotFoundError``, ``Scenario``, ``Step``, ``build_scenario``, ``select_replay``.
+Public API (import from ``engine.data``):
+
+Images
+  ``ImageSet(images, labels, class_names, mean=None, std=None)``  frozen; (N,C,H,W) float32, (N,) int64;
+      ``.subset(indices)``, ``.select_classes(classes)`` (labels kept), ``.normalized(mean, std)``, ``.as_dataset()``
+  ``make_loader(images, *, batch_size=128, shuffle=True, augment="none"|"crop_flip", seed=0, drop_last=False)``
+
+Datasets (all loaded into memory)
+  ``DATASETS``  {"digits", "shapes", "cifar10", "cifar100", "imagefolder"} -> ``DatasetSpec(load, summary, train_augment)``
+  ``load_dataset(name, *, root="data", split="train"|"test", seed=0, mean=None, std=None, **options) -> ImageSet``
+  ``make_digits(*, split="train", seed=0, test_fraction=0.3, max_per_class=None)``
+  ``make_shapes(*, num_classes=100, per_class=100, split="train", seed=0, first_class=0)``
+  ``load_cifar(name, *, root="data", split="train", max_per_class=None, download=False)``
+  ``load_imagefolder(root, *, image_size=32, max_per_class=None)``  one class-folder tree
+  ``load_imagefolder_split(*, root, split="train", seed=0, image_size=None, test_fraction=0.3, max_per_class=None)``
+  ``DatasetNotFoundError(ValueError)``, ``NORMALIZATION`` (named mean/std pairs)
+
+Protocols
+  ``EvalSplit(query, gallery, same_set, protocol)``
+  ``make_eval_split(protocol, *, dataset, root="data", seed=0, options=None, split_options=None,
+                    open_set_dataset=None, open_set_classes=10) -> EvalSplit``   protocol: "closed-set" | "open-set"
+  ``restrict_eval_split(split, *, eval_classes="all"|"seen", seen_classes) -> EvalSplit``
+
+Scenarios
+  ``build_scenario(*, num_classes, initial_classes, increment, num_steps=None, class_order_seed=0,
+                   class_order=None, training="cumulative"|"finetune", replay_per_class=0, replacement_steps=())``
+      -> ``Scenario(class_order, steps, training, replay_per_class)`` of ``Step(index, new_classes,
+         seen_classes, train_classes, replay_classes, replaced)``
+  ``select_replay(labels, classes, per_class, seed) -> np.ndarray`` of indices
 """
-from __future__ import annotations
-
-from collections.abc import Callable
-from pathlib import Path
-
-from engine.data.builtin import load_shapes, make_digits
-from engine.data.disk import DatasetNotFoundError, load_cifar, load_imagefolder
+from engine.data.builtin import make_digits
+from engine.data.disk import DatasetNotFoundError, load_cifar, load_imagefolder, load_imagefolder_split
 from engine.data.imageset import ImageSet, stratified_split
-from engine.data.scenario import Scenario, Step, build_scenario, select_replay
+from engine.data.loaders import AUGMENTATIONS, make_loader
+from engine.data.protocols import EVAL_CLASSES, PROTOCOLS, EvalSplit, make_eval_split, restrict_eval_split
+from engine.data.registry import DATASETS, NORMALIZATION, DatasetSpec, load_dataset
+from engine.data.scenario import TRAINING_MODES, Scenario, Step, build_scenario, select_replay
 from engine.data.shapes import make_shapes
 
-
-def _cifar(name: str) -> Callable[..., ImageSet]:
-    return lambda *, root="data", split="train", download=False, **_: load_cifar(name, root=root, split=split, download=download)
-
-
-def _imagefolder(*, root="data", split="train", image_size=32, seed=0, **_) -> ImageSet:
-    """``root/train`` and ``root/test`` (or ``root/val``) when present, else a seeded 70/30 split of ``root``."""
-    root = Path(root)
-    for name in ((split,) if split == "train" else ("test", "val")):
-        if (root / name).is_dir():
-            return load_imagefolder(root / name, image_size=image_size)
-    images = load_imagefolder(root, image_size=image_size)
-    train, test = stratified_split(images.labels.numpy(), 0.3, seed)
-    return images.subset(train if split == "train" else test)
-
-
-DATASETS: dict[str, Callable[..., ImageSet]] = {
-    "digits": lambda *, split="train", seed=0, **_: make_digits(split=split, seed=seed),
-    "shapes": lambda *, split="train", seed=0, num_classes=100, per_class=100, first_class=0, **_: load_shapes(
-        split=split, seed=seed, num_classes=num_classes, per_class=per_class, first_class=first_class),
-    "cifar10": _cifar("cifar10"),
-    "cifar100": _cifar("cifar100"),
-    "imagefolder": _imagefolder,
-}
-
-
-def load_dataset(name: str, **options) -> ImageSet:
-    """Load a dataset by registry name (``root``, ``split``, ``seed`` and per-dataset options)."""
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
-    return DATASETS[name](**options)
-
-
-__all__ = ["ImageSet", "DATASETS", "load_dataset", "make_digits", "make_shapes", "DatasetNotFoundError",
-           "Scenario", "Step", "build_scenario", "select_replay"]
+__all__ = [
+    "AUGMENTATIONS", "DATASETS", "EVAL_CLASSES", "NORMALIZATION", "PROTOCOLS", "TRAINING_MODES",
+    "DatasetNotFoundError", "DatasetSpec", "EvalSplit", "ImageSet", "Scenario", "Step",
+    "build_scenario", "load_cifar", "load_dataset", "load_imagefolder", "load_imagefolder_split",
+    "make_digits", "make_eval_split", "make_loader", "make_shapes", "restrict_eval_split",
+    "select_replay", "stratified_split",
+]

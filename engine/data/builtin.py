@@ -1,30 +1,32 @@
-"""Built-in datasets that need no download: ``digits`` (scikit-learn's 8x8 digits) and ``shapes``."""
+"""``digits``: scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes), no download.
+
+(The other built-in dataset, ``shapes``, is generated in ``engine.data.shapes``.)
+"""
 from __future__ import annotations
 
 import numpy as np
 import torch
+from sklearn.datasets import load_digits
 
-from engine.data.imageset import ImageSet, stratified_split
-from engine.data.shapes import make_shapes
+from engine.data.imageset import ImageSet, first_per_class, stratified_split
+
+DIGITS_TEST_FRACTION = 0.3
 
 
-def make_digits(*, split: str = "train", seed: int = 0, test_fraction: float = 0.3) -> ImageSet:
-    """scikit-learn's bundled digits as 1x8x8 images in [0, 1], with a seeded stratified train/test split."""
-    from sklearn.datasets import load_digits
+def make_digits(*, split: str = "train", seed: int = 0, test_fraction: float = DIGITS_TEST_FRACTION,
+                max_per_class: int | None = None) -> ImageSet:
+    """One side of a seeded stratified split: (N, 1, 8, 8) float32 in [0, 1], labels 0..9.
 
+    ``test_fraction`` of each class (rounded) goes to "test", the rest to "train"; the same ``seed``
+    and ``test_fraction`` always give the same two disjoint sides. ``max_per_class`` keeps the first
+    images of each class of the chosen side (None keeps all, about 125 train / 54 test per class).
+    """
     if split not in ("train", "test"):
         raise ValueError(f"digits has splits 'train' and 'test', not {split!r}")
     bunch = load_digits()
-    images = (bunch.images / 16.0).astype(np.float32)[:, None]
     labels = bunch.target.astype(np.int64)
     train, test = stratified_split(labels, test_fraction, seed)
-    idx = train if split == "train" else test
-    return ImageSet(torch.from_numpy(images[idx]), torch.from_numpy(labels[idx]), tuple(str(d) for d in range(10)))
-
-
-def load_shapes(*, split: str = "train", seed: int = 0, num_classes: int = 100, per_class: int = 100,
-                first_class: int = 0) -> ImageSet:
-    """``shapes`` classes ``first_class ..``; "train" and "test" are independent draws of the same classes."""
-    if split not in ("train", "test"):
-        raise ValueError(f"shapes has splits 'train' and 'test', not {split!r}")
-    return make_shapes(num_classes=num_classes, per_class=per_class, split=split, seed=seed, first_class=first_class)
+    chosen = train if split == "train" else test
+    chosen = chosen[first_per_class(labels[chosen], max_per_class)]
+    images = (bunch.images[chosen] / 16.0).astype(np.float32)[:, None]
+    return ImageSet(torch.from_numpy(images), torch.from_numpy(labels[chosen]), tuple(str(d) for d in range(10)))

@@ -1,74 +1,136 @@
-"""Real datasets from disk: CIFAR-10/100 in torchvision's layout and any ImageFolder tree.
+"""Datasets read from disk: CIFAR-10/100 in torchvision's layout and any ImageFolder tree.
 
-Nothing is downloaded unless ``download=True``; a missing dataset raises
-:class:`DatasetNotFoundError` with one sentence saying where the files go.
+Nothing is downloaded unless ``download=True``. Each loader reads the chosen split into memory as an
+``ImageSet`` (float32 in [0, 1]); CIFAR-10's train split takes 50,000 x 3 x 32 x 32 x 4 bytes =
+614 MB, so ``max_per_class`` is there to load less (``max_per_class=300`` on CIFAR-100 train is the
+CIFAR100R of IAM-CL2R: the first 300 images of each class in file order).
 """
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
 import torch
+from torchvision import transforms
+from torchvision.datasets import CIFAR10, CIFAR100, ImageFolder
+from torchvision.datasets.folder import find_classes
 
-from engine.data.imageset import ImageSet
+from engine.data.imageset import ImageSet, first_per_class, stratified_split
 
-CIFAR_SOURCES = {
-    "cifar10": ("CIFAR-10", "cifar-10-batches-py", "cifar-10-python.tar.gz"),
-    "cifar100": ("CIFAR-100", "cifar-100-python", "cifar-100-python.tar.gz"),
-}
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
+CIFAR_KINDS = {"cifar10": (CIFAR10, "CIFAR-10"), "cifar100": (CIFAR100, "CIFAR-100")}
+IMAGEFOLDER_TEST_FRACTION = 0.3
 
 
 class DatasetNotFoundError(ValueError):
-    """A dataset that is not on disk; the message says where to put it."""
+    """The files of a dataset are not where the loader looks; the message says where to put them."""
 
 
-def load_cifar(name: str, *, root: str | Path = "data", split: str = "train", download: bool = False) -> ImageSet:
-    """CIFAR-10 or CIFAR-100 (torchvision's on-disk format) as 3x32x32 images in [0, 1].
+def load_cifar(name: str, *, root: str | Path = "data", split: str = "train", max_per_class: int | None = None,
+               download: bool = False) -> ImageSet:
+    """CIFAR-10 or CIFAR-100 (``name``) from ``root/cifar-10-batches-py`` or ``root/cifar-100-python``.
 
-    The batches are read by torchvision, whose format is Python pickle: only point this at files
-    from the official archive.
+    The files are the ones torchvision's ``CIFAR10``/``CIFAR100`` list, read the way torchvision
+    reads them (pickled batches, the dataset's own format: only use files from the official
+    archive). Their presence is checked, not their md5 sums: torchvision checks those when
+    ``download=True`` fetches the archive. ``max_per_class`` keeps the first images of each class.
     """
-    from torchvision.datasets import CIFAR10, CIFAR100
-
-    if name not in CIFAR_SOURCES:
-        raise ValueError(f"unknown CIFAR dataset {name!r}; use 'cifar10' or 'cifar100'")
+    if name not in CIFAR_KINDS:
+        raise ValueError(f"unknown CIFAR dataset {name!r}; use one of {', '.join(CIFAR_KINDS)}")
     if split not in ("train", "test"):
         raise ValueError(f"CIFAR has splits 'train' and 'test', not {split!r}")
-    title, folder, archive = CIFAR_SOURCES[name]
+    kind, title = CIFAR_KINDS[name]
     root = Path(root)
-    if not download and not (root / folder).is_dir():
+    if download:
+        kind(str(root), train=split == "train", download=True)
+    folder = root / kind.base_folder
+    batches = [folder / file for file, _md5 in (kind.train_list if split == "train" else kind.test_list)]
+    meta = folder / kind.meta["filename"]
+    missing = [str(p.relative_to(root)) for p in [*batches, meta] if not p.is_file()]
+    if missing:
         raise DatasetNotFoundError(
-            f"{title} not found: expected the folder {root / folder}; download {archive} from "
-            f"https://www.cs.toronto.edu/~kriz/cifar.html and extract it into {root}, or allow downloading")
-    cls = CIFAR10 if name == "cifar10" else CIFAR100
-    try:
-        ds = cls(str(root), train=split == "train", download=download)
-    except RuntimeError as exc:  # torchvision: "Dataset not found or corrupted"
-        raise DatasetNotFoundError(f"{title} under {root / folder} is missing or corrupted ({exc})") from None
-    images = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).float().div_(255.0)
-    return ImageSet(images.contiguous(), torch.as_tensor(ds.targets, dtype=torch.int64), tuple(ds.classes))
+            f"{title} not found under {root} (missing {', '.join(missing)}): download {kind.filename} from "
+            f"{CIFAR_URL} and extract it into {root}, or pass download=True")
+    data, labels = [], []
+    for path in batches:
+        entry = _read_batch(path, title)
+        data.append(np.asarray(entry["data"], dtype=np.uint8))
+        labels.extend(entry["labels"] if "labels" in entry else entry["fine_labels"])
+    pixels = np.concatenate(data)
+    if pixels.ndim != 2 or pixels.shape[1] != 3 * 32 * 32:
+        raise ValueError(f"{title} batches in {folder} hold rows of shape {pixels.shape[1:]}, not 3072 values (3x32x32); "
+                         f"extract {kind.filename} again")
+    targets = np.asarray(labels, dtype=np.int64)
+    keep = first_per_class(targets, max_per_class)
+    images = torch.from_numpy(pixels[keep].reshape(-1, 3, 32, 32).astype(np.float32) / 255.0)
+    return ImageSet(images, torch.from_numpy(targets[keep]), tuple(_read_batch(meta, title)[kind.meta["key"]]))
 
 
 def load_imagefolder(root: str | Path, *, image_size: int = 32, max_per_class: int | None = None) -> ImageSet:
-    """An ImageFolder tree (``root/<class>/<image>``), resized to ``image_size`` and loaded into memory."""
-    from torchvision import transforms
-    from torchvision.datasets import ImageFolder
+    """Every image of one ImageFolder tree (``root/<class>/<image>``), resized and loaded into memory.
 
-    root = Path(root)
-    if not root.is_dir():
-        raise DatasetNotFoundError(f"image folder {root} not found: put one sub-folder of images per class there")
+    Images are converted to RGB, resized (shorter side) and centre-cropped to ``image_size``;
+    classes are the sorted folder names, as torchvision numbers them.
+    """
+    dataset = _image_folder(Path(root), image_size, "put one sub-folder of images per class there")
+    targets = np.asarray(dataset.targets, dtype=np.int64)
+    return _stack(dataset, first_per_class(targets, max_per_class), image_size)
+
+
+def load_imagefolder_split(*, root: str | Path, split: str = "train", seed: int = 0, image_size: int | None = None,
+                           test_fraction: float = IMAGEFOLDER_TEST_FRACTION, max_per_class: int | None = None) -> ImageSet:
+    """One split of the ImageFolder tree at ``root`` (``image_size`` None means 32).
+
+    If ``root/train`` exists the splits are folders: "train" is ``root/train`` and "test" is
+    ``root/test`` (or ``root/val``), and both must hold the same class folders. Otherwise ``root``
+    holds the class folders and a seeded stratified split sends ``test_fraction`` of each class to
+    "test".
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"imagefolder has splits 'train' and 'test', not {split!r}")
+    root, size = Path(root), image_size or 32
+    layout = "put one sub-folder of images per class there, or train/ and test/ (or val/) folders that each hold them"
+    if not (root / "train").is_dir():
+        dataset = _image_folder(root, size, layout)
+        targets = np.asarray(dataset.targets, dtype=np.int64)
+        train, test = stratified_split(targets, test_fraction, seed)
+        chosen = train if split == "train" else test
+        return _stack(dataset, chosen[first_per_class(targets[chosen], max_per_class)], size)
+    test_dirs = [root / name for name in ("test", "val") if (root / name).is_dir()]
+    if not test_dirs:
+        raise DatasetNotFoundError(f"{root} has a train/ folder but no test/ or val/ folder next to it: {layout}")
+    train_dir, test_dir = root / "train", test_dirs[0]
+    train_classes, test_classes = find_classes(str(train_dir))[0], find_classes(str(test_dir))[0]
+    if train_classes != test_classes:
+        raise ValueError(f"{train_dir} and {test_dir} hold different class folders (only in train: "
+                         f"{sorted(set(train_classes) - set(test_classes))}, only in {test_dir.name}: "
+                         f"{sorted(set(test_classes) - set(train_classes))}), so their labels would not match; "
+                         f"give every class a folder in both")
+    return load_imagefolder(train_dir if split == "train" else test_dir, image_size=size, max_per_class=max_per_class)
+
+
+def _image_folder(tree: Path, image_size: int, layout: str) -> ImageFolder:
+    if not tree.is_dir():
+        raise DatasetNotFoundError(f"image folder {tree} not found: {layout}")
+    transform = transforms.Compose([transforms.Resize(image_size), transforms.CenterCrop(image_size), transforms.ToTensor()])
     try:
-        ds = ImageFolder(str(root), transform=transforms.Compose([
-            transforms.Resize(image_size), transforms.CenterCrop(image_size), transforms.ToTensor()]))
-    except (FileNotFoundError, RuntimeError) as exc:
-        raise DatasetNotFoundError(f"image folder {root} has no usable images: {exc}") from None
-    counts: dict[int, int] = {}
-    images, labels = [], []
-    for path, label in ds.samples:
-        if max_per_class is not None and counts.get(label, 0) >= max_per_class:
-            continue
-        counts[label] = counts.get(label, 0) + 1
-        img = ds.loader(path)
-        images.append(ds.transform(img.convert("RGB")))
-        labels.append(label)
-    return ImageSet(torch.stack(images).float(), torch.tensor(labels, dtype=torch.int64), tuple(ds.classes))
+        return ImageFolder(str(tree), transform=transform)
+    except FileNotFoundError as exc:  # torchvision: no class folders, or a class folder without images
+        raise DatasetNotFoundError(f"image folder {tree} has no usable images ({exc}): {layout}") from None
+
+
+def _stack(dataset: ImageFolder, indices: np.ndarray, image_size: int) -> ImageSet:
+    """Decode only the chosen images."""
+    images = [dataset[int(i)][0] for i in indices]
+    stacked = torch.stack(images).float() if images else torch.zeros(0, 3, image_size, image_size)
+    labels = torch.as_tensor(np.asarray(dataset.targets, dtype=np.int64)[indices])
+    return ImageSet(stacked, labels, tuple(dataset.classes))
+
+
+def _read_batch(path: Path, title: str) -> dict:
+    try:
+        with open(path, "rb") as handle:
+            return pickle.load(handle, encoding="latin1")
+    except (pickle.UnpicklingError, EOFError) as exc:
+        raise ValueError(f"{title} file {path} could not be read ({exc}); delete it and extract the archive again") from None

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class ImageSet:
     """Images, integer labels and the names of the classes those labels index.
 
@@ -38,6 +38,10 @@ class ImageSet:
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
+
+    def __repr__(self) -> str:
+        norm = "" if self.mean is None else ", normalised"
+        return f"ImageSet({len(self)} images of {tuple(self.images.shape[1:])}, {self.num_classes} classes{norm})"
 
     @property
     def num_classes(self) -> int:

@@ -1,13 +1,19 @@
-"""Class-incremental scenarios: T steps, initial classes + equal increments, seeded class order.
+"""Class-incremental scenarios: an initial set of classes plus equal increments, in a seeded order.
 
-``training="cumulative"``: each step trains on every class seen so far (D^t = D^{t-1} + X^t, the
-PSP/CoReS protocol). ``training="finetune"``: each step trains on its new classes plus an
-experience-replay memory of ``replay_per_class`` images per past class (the CL2R protocol).
-``replacement_steps`` mark the steps where the model is replaced by one trained anew (IAM-CL2R).
-Bad splits raise ``ValueError`` with an explanation; no class is ever dropped silently.
+``training="cumulative"``: step t trains on every class seen so far (D^t = D^{t-1} + X^t, the
+PSP/CoReS protocol). ``training="finetune"``: step t trains on its new classes plus an experience
+replay memory of ``replay_per_class`` images per past class (the CL2R protocol).
+
+``replacement_steps`` mark the steps where the model is replaced (IAM-CL2R). The papers' replacement
+is a third-party model trained on more (external) data and then fine-tuned on the current task plus
+replay; with no external data here, the replacing model of a finetune scenario trains on every
+class seen so far (its ``train_classes`` are the seen classes, no replay).
+
+Bad splits raise ``ValueError`` with a sentence that says what to change; no class is ever dropped.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,12 +24,14 @@ TRAINING_MODES = ("cumulative", "finetune")
 
 @dataclass(frozen=True)
 class Step:
+    """One training step; class tuples list class ids in the scenario's class order."""
+
     index: int  # 1-based
-    new_classes: tuple[int, ...]
-    seen_classes: tuple[int, ...]  # in learning order
+    new_classes: tuple[int, ...]  # X^t: the classes that arrive at this step
+    seen_classes: tuple[int, ...]  # every class learned up to and including this step
     train_classes: tuple[int, ...]  # classes whose full training data this step uses
-    replay_classes: tuple[int, ...]  # past classes seen only through the replay memory
-    replaced: bool = False
+    replay_classes: tuple[int, ...]  # past classes seen only through the replay memory (finetune with replay)
+    replaced: bool = False  # the model is replaced at this step (IAM-CL2R)
 
 
 @dataclass(frozen=True)
@@ -37,15 +45,105 @@ class Scenario:
     def num_steps(self) -> int:
         return len(self.steps)
 
+    def step(self, index: int) -> Step:
+        """The step with 1-based ``index``."""
+        if not 1 <= index <= len(self.steps):
+            raise ValueError(f"step {index} does not exist; this scenario has steps 1..{len(self.steps)}")
+        return self.steps[index - 1]
 
-def _check_order(order: Sequence[int], num_classes: int) -> tuple[int, ...]:
-    order = tuple(int(c) for c in order)
-    dup = sorted({c for c in order if order.count(c) > 1})
-    if dup:
-        raise ValueError(f"class_order lists classes {dup[:10]} more than once")
-    bad = sorted(c for c in order if not 0 <= c < num_classes)
-    if bad:
-        raise ValueError(f"class_order has classes {bad[:10]} outside 0..{num_classes - 1}")
+
+def build_scenario(*, num_classes: int, initial_classes: int, increment: int, num_steps: int | None = None,
+                   class_order_seed: int | None = 0, class_order: Sequence[int] | None = None,
+                   training: str = "cumulative", replay_per_class: int = 0,
+                   replacement_steps: Sequence[int] = ()) -> Scenario:
+    """Validate the split and build the scenario.
+
+    The class order is ``class_order`` when given (a permutation of 0..num_classes-1), else a
+    permutation drawn with ``numpy.random.default_rng(class_order_seed)``, or 0..num_classes-1 when
+    ``class_order_seed`` is None. ``num_steps`` is optional; when given it must match the split.
+    """
+    num_steps = _check_split(num_classes, initial_classes, increment, num_steps)
+    if training not in TRAINING_MODES:
+        raise ValueError(f"unknown training mode {training!r}; use 'cumulative' or 'finetune'")
+    if replay_per_class < 0:
+        raise ValueError(f"replay_per_class must be 0 or more, got {replay_per_class}")
+    if replay_per_class and training == "cumulative":
+        raise ValueError(f"replay_per_class={replay_per_class} only applies to training='finetune': cumulative "
+                         f"training already uses all the data of past classes")
+    replaced = _check_replacements(replacement_steps, num_steps)
+    if class_order is not None:
+        order = _check_order(class_order, num_classes)
+    elif class_order_seed is None:
+        order = tuple(range(num_classes))
+    else:
+        order = tuple(int(c) for c in np.random.default_rng(class_order_seed).permutation(num_classes))
+    steps = []
+    for t in range(1, num_steps + 1):
+        start = 0 if t == 1 else initial_classes + increment * (t - 2)
+        end = initial_classes + increment * (t - 1)
+        new, seen, past = order[start:end], order[:end], order[:start]
+        if training == "cumulative" or t in replaced:
+            steps.append(Step(t, new, seen, seen, (), t in replaced))
+        else:
+            steps.append(Step(t, new, seen, new, past if replay_per_class else (), False))
+    return Scenario(order, tuple(steps), training, replay_per_class)
+
+
+def select_replay(labels: np.ndarray, classes: Sequence[int], per_class: int, seed: int) -> np.ndarray:
+    """Indices (ascending) of a replay memory: ``per_class`` random images of each class in ``classes``.
+
+    Class c's pick is a seeded shuffle, ``default_rng([seed, c]).permutation``, of its images in
+    index order, cut to ``per_class``: it does not depend on the other classes or on when it is built,
+    and a larger budget keeps the smaller one's images. A class with fewer images gives all of them;
+    a class with none raises ``ValueError``.
+    """
+    if per_class < 0:
+        raise ValueError(f"per_class must be 0 or more, got {per_class}")
+    labels = np.asarray(labels)
+    picks = [np.zeros(0, np.int64)]
+    for c in classes:
+        members = np.flatnonzero(labels == c)
+        if len(members) == 0:
+            raise ValueError(f"class {c} has no images to put in the replay memory")
+        picks.append(np.random.default_rng([seed, int(c)]).permutation(members)[:per_class])
+    return np.sort(np.concatenate(picks)).astype(np.int64)
+
+
+def _check_split(num_classes: int, initial_classes: int, increment: int, num_steps: int | None) -> int:
+    """The number of steps, after checking that initial + (steps - 1) x increment uses every class exactly."""
+    if num_classes < 1 or initial_classes < 1:
+        raise ValueError(f"a scenario needs at least one class and one initial class, got num_classes={num_classes} "
+                         f"and initial_classes={initial_classes}")
+    if initial_classes > num_classes:
+        raise ValueError(f"initial_classes={initial_classes} is more than the {num_classes} classes available")
+    rest = num_classes - initial_classes
+    if rest and increment < 1:
+        raise ValueError(f"increment must be at least 1 to add the {rest} classes left after the initial {initial_classes}, "
+                         f"got {increment}")
+    if rest % max(increment, 1):
+        fits = rest // increment
+        divisors = [d for d in range(1, rest + 1) if rest % d == 0]
+        raise ValueError(f"{num_classes} classes cannot be split into an initial {initial_classes} plus equal increments of "
+                         f"{increment}: the {rest} remaining classes are not a multiple of {increment} ({fits} increments "
+                         f"use {fits * increment} and leave {rest - fits * increment} classes out); choose an increment that "
+                         f"divides {rest} ({', '.join(map(str, divisors))}) or change initial_classes")
+    steps = 1 + (rest // increment if rest else 0)
+    if num_steps is not None and num_steps != steps:
+        used = initial_classes + max(increment, 0) * (num_steps - 1)
+        raise ValueError(f"num_steps={num_steps} does not fit: {initial_classes} initial classes + {num_steps - 1} x "
+                         f"{increment} = {used} classes, but there are {num_classes}, which take {steps} steps; "
+                         f"set num_steps={steps} (or leave it out) or change the split")
+    return steps
+
+
+def _check_order(class_order: Sequence[int], num_classes: int) -> tuple[int, ...]:
+    order = tuple(int(c) for c in class_order)
+    twice = sorted(c for c, n in Counter(order).items() if n > 1)
+    if twice:
+        raise ValueError(f"class_order lists classes {twice[:10]} more than once; each class must appear exactly once")
+    outside = sorted(c for c in order if not 0 <= c < num_classes)
+    if outside:
+        raise ValueError(f"class_order has classes {outside[:10]} outside 0..{num_classes - 1}")
     missing = sorted(set(range(num_classes)) - set(order))
     if missing:
         raise ValueError(f"class_order misses classes {missing[:10]}{' ...' if len(missing) > 10 else ''}; "
@@ -53,60 +151,13 @@ def _check_order(order: Sequence[int], num_classes: int) -> tuple[int, ...]:
     return order
 
 
-def build_scenario(*, num_classes: int, initial_classes: int, increment: int, num_steps: int | None = None,
-                   class_order_seed: int = 0, class_order: Sequence[int] | None = None, training: str = "cumulative",
-                   replay_per_class: int = 0, replacement_steps: Sequence[int] = ()) -> Scenario:
-    """Validate and build a scenario; see the module docstring."""
-    if num_classes < 1 or initial_classes < 1:
-        raise ValueError(f"need at least one class and one initial class, got num_classes={num_classes}, initial_classes={initial_classes}")
-    if initial_classes > num_classes:
-        raise ValueError(f"initial_classes={initial_classes} is more than the {num_classes} classes available")
-    rest = num_classes - initial_classes
-    if num_steps is None:
-        if rest and (increment < 1 or rest % increment):
-            raise ValueError(f"{num_classes} classes cannot be split into an initial {initial_classes} plus equal increments of "
-                             f"{increment}: the {rest} remaining classes are not a multiple of {increment}; change the increment "
-                             f"or set num_steps and num_classes")
-        num_steps = 1 + (rest // increment if rest else 0)
-    if num_steps < 1:
-        raise ValueError(f"num_steps must be at least 1, got {num_steps}")
-    if num_steps > 1 and increment < 1:
-        raise ValueError(f"increment must be at least 1 for {num_steps} steps, got {increment}")
-    used = initial_classes + increment * (num_steps - 1)
-    if used != num_classes:
-        raise ValueError(f"{initial_classes} + {num_steps - 1} x {increment} = {used} classes, but the dataset has {num_classes}; "
-                         f"adjust num_steps/increment or the number of classes (classes are never dropped silently)")
-    if training not in TRAINING_MODES:
-        raise ValueError(f"unknown training mode {training!r}; use 'cumulative' or 'finetune'")
-    if replay_per_class < 0:
-        raise ValueError(f"replay_per_class must be >= 0, got {replay_per_class}")
-    if replay_per_class and training == "cumulative":
-        raise ValueError("replay_per_class only applies to training='finetune' (cumulative training already sees all past data)")
-    rep = sorted({int(s) for s in replacement_steps})
-    if len(rep) != len(tuple(replacement_steps)):
-        raise ValueError(f"replacement_steps has duplicates: {list(replacement_steps)}")
-    if any(not 2 <= s <= num_steps for s in rep):
-        raise ValueError(f"replacement steps must lie in 2..{num_steps} (step 1 has no model to replace), got {rep}")
-    if class_order is None:
-        order = tuple(int(c) for c in np.random.default_rng(class_order_seed).permutation(num_classes))
-    else:
-        order = _check_order(class_order, num_classes)
-    steps = []
-    for t in range(1, num_steps + 1):
-        lo = 0 if t == 1 else initial_classes + increment * (t - 2)
-        hi = initial_classes + increment * (t - 1)
-        new, seen = order[lo:hi], order[:hi]
-        cumulative = training == "cumulative" or t in rep
-        steps.append(Step(t, new, seen, seen if cumulative else new, () if cumulative else order[:lo], t in rep))
-    return Scenario(order, tuple(steps), training, replay_per_class)
-
-
-def select_replay(labels: np.ndarray, classes: Sequence[int], per_class: int, seed: int) -> np.ndarray:
-    """Indices of a replay memory: ``per_class`` random images (all if fewer) of each class, seeded per class."""
-    labels = np.asarray(labels)
-    picks = []
-    for c in classes:
-        members = np.flatnonzero(labels == c)
-        rng = np.random.default_rng([seed, int(c)])
-        picks.append(np.sort(rng.choice(members, size=min(per_class, len(members)), replace=False)))
-    return np.concatenate(picks) if picks else np.zeros(0, np.int64)
+def _check_replacements(replacement_steps: Sequence[int], num_steps: int) -> frozenset[int]:
+    steps = [int(s) for s in replacement_steps]
+    if len(set(steps)) != len(steps):
+        raise ValueError(f"replacement_steps lists a step more than once: {steps}")
+    if 1 in steps:
+        raise ValueError("a replacement at step 1 is not possible: step 1 trains the first model, there is nothing to replace")
+    outside = [s for s in steps if not 2 <= s <= num_steps]
+    if outside:
+        raise ValueError(f"replacement steps {outside} are outside this scenario's steps; choose steps in 2..{num_steps}")
+    return frozenset(steps)

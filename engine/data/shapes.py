@@ -7,6 +7,10 @@ Reproducibility: class c's look comes from ``default_rng([seed, c, 0])`` and ima
 in split s from ``default_rng([seed, c, 1, s])`` (parameters) and ``default_rng([seed, c, 2, s])``
 (noise), drawn row by row. So image (c, split, i) is the same bit for bit whatever
 ``num_classes``, ``first_class`` or ``per_class`` are, and "train" and "test" are independent draws.
+
+Difficulty, measured with seed 0: nearest class mean on raw pixels of 20 classes gets about 16% of
+test images right (chance 5%); a 3-layer CNN trained 6 epochs on 100 classes x 100 images reaches
+about 70% self-test Recall@1 (test split as query and gallery), still climbing.
 """
 from __future__ import annotations
 
@@ -120,32 +124,35 @@ def render_class(class_id: int, count: int, split: str = "train", seed: int = 0)
     if split not in SPLITS:
         raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
     look = class_attributes(class_id, seed)
-    p = np.random.default_rng([seed, class_id, _PARAM_STREAM, SPLITS[split]]).random((count, 20), dtype=np.float64)
+    p = np.random.default_rng([seed, class_id, _PARAM_STREAM, SPLITS[split]]).random((count, 24), dtype=np.float64)
     noise = np.random.default_rng([seed, class_id, _NOISE_STREAM, SPLITS[split]]).standard_normal((count, 3, SIZE, SIZE), dtype=np.float32)
-    col = lambda k: p[:, k].astype(np.float32)[:, None, None]  # noqa: E731 - one parameter per image, broadcast over pixels
+    per_image = p.astype(np.float32)[:, :, None, None]  # per_image[:, k] is parameter k, broadcast over (H, W)
 
     grid = np.arange(SIZE, dtype=np.float32) + 0.5
     ys, xs = grid[None, :, None], grid[None, None, :]
-    scale = 7.0 + 6.0 * col(0)                              # shape radius in pixels
-    dx = xs - (SIZE / 2 + (col(1) - 0.5) * 14.0)            # centre jitter of +-7 px
-    dy = ys - (SIZE / 2 + (col(2) - 0.5) * 14.0)
-    turn = (col(3) - 0.5) * (np.pi / 3)                     # rotation of +-30 degrees
+    scale = 6.0 + 6.0 * per_image[:, 0]  # shape radius in pixels
+    dx = xs - (SIZE / 2 + (per_image[:, 1] - 0.5) * 14.0)  # centre jitter of +-7 px
+    dy = ys - (SIZE / 2 + (per_image[:, 2] - 0.5) * 14.0)
+    turn = (per_image[:, 3] - 0.5) * (np.pi / 3)  # rotation of +-30 degrees
     cos, sin = np.cos(turn), np.sin(turn)
     u, v = (dx * cos + dy * sin) / scale, (-dx * sin + dy * cos) / scale
 
     inside = np.clip((1.0 - SHAPES[look["shape"]](u, v)) * scale + 0.5, 0.0, 1.0)  # 1-px soft edge
     ca, sa = np.cos(look["angle"]), np.sin(look["angle"])
-    phase = col(4) * 2 * np.pi
+    phase = per_image[:, 4] * 2 * np.pi
     weight = TEXTURES[look["texture"]](u * ca + v * sa + phase / look["frequency"], -u * sa + v * ca, np.float32(look["frequency"]))
 
-    jitter = (p[:, 5:8] - 0.5).astype(np.float32) * 0.25    # per-channel colour jitter of +-0.125
+    jitter = (p[:, 5:8] - 0.5).astype(np.float32) * 0.3     # per-channel colour jitter of +-0.15
     brightness = (0.75 + 0.5 * p[:, 8]).astype(np.float32)[:, None]
     primary = np.clip(np.asarray(look["primary"], np.float32) * brightness + jitter, 0, 1)[:, :, None, None]
     secondary = np.clip(np.asarray(look["secondary"], np.float32) * brightness + jitter, 0, 1)[:, :, None, None]
     foreground = weight[:, None] * primary + (1 - weight[:, None]) * secondary
 
     background = _background(p[:, 9:17], xs, ys)
-    noise_std = (0.03 + 0.09 * p[:, 17]).astype(np.float32)[:, None, None, None]
+    # a distractor disc of random colour and size (radius 0 to 5 px) behind the shape
+    disc = np.clip(5.0 * per_image[:, 18] - np.hypot(xs - SIZE * per_image[:, 19], ys - SIZE * per_image[:, 20]) + 0.5, 0.0, 1.0)[:, None]
+    background = (1 - disc) * background + disc * p[:, 21:24].astype(np.float32)[:, :, None, None]
+    noise_std = (0.04 + 0.12 * p[:, 17]).astype(np.float32)[:, None, None, None]
     image = inside[:, None] * foreground + (1 - inside[:, None]) * background + noise_std * noise
     return np.clip(image, 0.0, 1.0).astype(np.float32)
 

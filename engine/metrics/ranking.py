@@ -137,7 +137,9 @@ def _stats_kernel(sims, starts, ends, map_k, want_ap):  # pragma: no cover - com
 def stats_numba(sims: np.ndarray, starts: np.ndarray, ends: np.ndarray, *, map_k: int = 0, want_ap: bool = True) -> QueryStats:
     """Compiled CPU statistics for a float32 block ``sims`` (n, width); see the module docstring."""
     sims = np.ascontiguousarray(sims, dtype=np.float32)
+    threads = torch.get_num_threads()  # numba's OpenMP layer can reset torch's thread count
     out = _stats_kernel(sims, starts.astype(np.int64), ends.astype(np.int64), int(map_k), bool(want_ap))
+    torch.set_num_threads(threads)
     return QueryStats(*out)
 
 

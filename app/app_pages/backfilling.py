@@ -1,0 +1,122 @@
+"""Backfilling: retrieval while the old gallery is re-embedded by the new model, for several orderings."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import charts
+from app import queries as q
+from app.widgets import analysis_result, pick_experiment, pick_steps
+from engine.analysis import ORDERINGS
+
+url = q.db_url()
+METRIC_NAMES = {"recall@1": "Recall@1", "map": "mAP"}
+ORDERING_HELP = {
+    "random": "uniform random order (seeded)",
+    "distance_mse": "farthest (Euclidean) from its class mean in the old gallery first",
+    "distance_cosine": "farthest (cosine) from its class mean in the old gallery first",
+    "distance_mse_reverse": "nearest to the class mean first",
+    "distance_cosine_reverse": "nearest to the class mean first (cosine)",
+    "confidence": "lowest new-model confidence first (uses the new model's gallery logits: an oracle)",
+}
+
+st.title("Backfilling")
+st.caption("New-model queries against a gallery that starts embedded by the old model; gallery items are re-embedded "
+           "by the new model in the chosen order. 0% = the cross-test, 100% = the new model's self-test. "
+           "M̃ is the area under the curve (the expected metric over a uniformly random backfilling fraction).")
+
+picked = pick_experiment(url, key="bf_experiment")
+if picked is None:
+    st.stop()
+experiment, versions = picked
+c = st.columns([1, 1, 1, 3])
+old, new = pick_steps(versions, key="bf_steps", columns=[c[0], c[1]])
+views = [v for v in old["views"] if v in new["views"] and v not in ("softmax",)]
+main = q.main_view(experiment["method"])
+view = c[2].selectbox("View", views, index=views.index(main) if main in views else 0,
+                      key=f"bf_view_{experiment['id']}")  # each experiment starts on its main view
+orderings = c[3].multiselect("Orderings", ORDERINGS, default=["random", "distance_mse", "distance_cosine"],
+                             key="bf_orderings", help="; ".join(f"{k}: {v}" for k, v in ORDERING_HELP.items()))
+if not orderings:
+    st.info("Choose at least one ordering.")
+    st.stop()
+params = {"step_a": old["step"], "step_b": new["step"], "view": view, "orderings": orderings,
+          "metrics": ["recall@1", "map"]}
+
+with st.expander("Mapping adapters (paper 004): align the two models, then backfill in the adapted spaces"):
+    st.caption("Trains a forward adapter F (old → new) and a backward adapter B (new → old) on the stored training "
+               "features of the two frozen models; B⊥ is strictly orthogonal, B_λ affine with the λ-orthogonality "
+               "regulariser, FCT maps forward only. The adapted views are stored as F(...) / B(...) on the models.")
+    a1, a2 = st.columns([1, 3])
+    kind = a1.selectbox("Adapter", ["perp", "lambda", "fct"], key="bf_adapter_kind",
+                        format_func={"perp": "B⊥ + F", "lambda": "B_λ + F", "fct": "FCT (F only)"}.get)
+    adapter_key = f"{old['id']}->{new['id']}:{kind}:{view}"
+    same_set = experiment["config"].get("eval", {}).get("protocol", "closed-set") == "closed-set"
+    adapted = q.stored_analysis(url, experiment["id"], "adapters", adapter_key, q.stamp(experiment))
+    if a2.button("Train adapters", key="bf_adapter_train", disabled=old["step"] >= new["step"]):
+        job_id = q.enqueue(url, "adapters", {"old_version_id": old["id"], "new_version_id": new["id"], "kind": kind,
+                                             "view": view, "same_set": same_set}, experiment_id=experiment["id"])
+        st.toast(f"Adapter job #{job_id} queued; the Overview page shows its progress.")
+    if adapted is None:
+        st.caption("Not trained yet for these steps, view and adapter.")
+    else:
+        ap = adapted["payload"]
+        table = pd.DataFrame([{"query / gallery": r["row"], "Recall@1 %": 100 * r["recall@1"], "mAP %": 100 * r["map"]}
+                              for r in ap["table"]])
+        st.dataframe(table, hide_index=True, column_config={c: st.column_config.NumberColumn(format="%.2f")
+                                                            for c in ("Recall@1 %", "mAP %")})
+        st.dataframe(pd.DataFrame([{"ordering": o, "M̃ Recall@1 %": 100 * c["area"]["recall@1"],
+                                    "M̃ mAP %": 100 * c["area"]["map"]} for o, c in ap["backfill"].items()]),
+                     hide_index=True)
+
+result = analysis_result(url, experiment, "backfill", params, what="the backfilling curves", button_key="bf_compute")
+if result is None:
+    st.stop()
+p = result["payload"]
+for note in p.get("notes", []):
+    st.info(note)
+st.caption(f"Steps {old['step']} → {new['step']} · {p['n_gallery']} gallery items · {p['n_valid']} of {p['n_queries']} "
+           f"queries scored" + (f" ({p['n_no_positive']} have no positive in the gallery and are left out)"
+                                if p["n_no_positive"] else "")
+           + (" · closed-set: each query's own image excluded" if p["same_set"] else ""))
+
+metrics = p["params"]["metrics"]
+cols = st.columns(len(metrics))
+for col, metric in zip(cols, metrics):
+    name = METRIC_NAMES.get(metric, metric)
+    curves = pd.DataFrame([{"ordering": o, "fraction": f, "value": v}
+                           for o, by_metric in p["curves"].items() for f, v in zip(p["fractions"], by_metric[metric])])
+    refs = pd.DataFrame([{"kind": "self", "label": f"new model's self-test {charts.percent(p['self_test'][metric])}",
+                          "value": p["self_test"][metric]},
+                         {"kind": "cross", "label": f"cross-test (nothing backfilled) {charts.percent(p['cross_test'][metric])}",
+                          "value": p["cross_test"][metric]}]).dropna()
+    col.altair_chart(charts.backfill_chart(curves, refs, metric=name), width="stretch")
+
+st.subheader("M̃ and the backfilling needed")
+rows = []
+for o in p["curves"]:
+    row = {"ordering": o}
+    for metric in metrics:
+        name = METRIC_NAMES.get(metric, metric)
+        row[f"M̃ {name} %"] = None if p["area"][o][metric] is None else 100 * p["area"][o][metric]
+        reach = p["reach"][o][metric]
+        row[f"{name}: backfilled to match new"] = reach.get("1")
+        row[f"{name}: to reach 99% of it"] = reach.get("0.99")
+    rows.append(row)
+table = pd.DataFrame(rows)
+config = {c: st.column_config.NumberColumn(format="%.2f") for c in table.columns if c.startswith("M̃")}
+config.update({c: st.column_config.NumberColumn(format="percent") for c in table.columns if ": " in c})
+st.dataframe(table, hide_index=True, width="stretch", column_config=config)
+best = min(p["curves"], key=lambda o: (p["reach"][o][metrics[0]].get("1") is None, p["reach"][o][metrics[0]].get("1") or 1))
+first = METRIC_NAMES.get(metrics[0], metrics[0])
+reach = p["reach"][best][metrics[0]].get("1")
+if reach is None:
+    st.markdown(f"No ordering reaches the new model's {first} ({charts.percent(p['self_test'][metrics[0]])}).")
+elif reach == 0:
+    st.markdown(f"The cross-test already matches the new model's {first} "
+                f"({charts.percent(p['self_test'][metrics[0]])}): no backfilling is needed.")
+else:
+    st.markdown(f"**{best}** reaches the new model's {first} ({charts.percent(p['self_test'][metrics[0]])}) after "
+                f"backfilling **{100 * reach:.0f}%** of the gallery.")
+st.caption("The fraction columns: the smallest share of the gallery to backfill for the curve to reach the new "
+           "model's self-test (or 99% of it), reading the curve as piecewise linear.")

@@ -1,0 +1,181 @@
+"""Compatibility: the lower-triangular matrices (failing cross-tests marked), AC / AA / ACA and their curves."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from app import charts
+from app import queries as q
+from app.widgets import empty_state, experiment_label
+
+url = q.db_url()
+MAIN = "main view of each method"
+METRIC_NAMES = {"recall@1": "Recall@1", "map": "mAP"}
+
+st.title("Compatibility")
+st.caption("Row = query model (new), column = gallery model (old). A cross-test passes the empirical compatibility "
+           "criterion when C[t, k] > C[k, k]; failing cells are boxed in red and marked ✗, as in the papers. "
+           "AC = share of passing cross-tests, AA = mean of the lower triangle, ACA = accuracy of the passing ones.")
+
+
+def metric_name(metric: str) -> str:
+    return METRIC_NAMES.get(metric, metric)
+
+
+@st.cache_data(ttl=q.RESULT_TTL, show_spinner=False)
+def ecc_cells(values: np.ndarray) -> np.ndarray:
+    from engine.metrics import ecc_pass
+
+    return ecc_pass(values)
+
+
+def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, names: list[str]) -> str:
+    from engine.report import render_matrix
+
+    return render_matrix(C, fmt=fmt, title=title, comparable=comparable, names=names)
+
+
+experiments = [e for e in q.experiments(url) if e["status"] == "done"]
+if not experiments:
+    empty_state(url, "finished experiments")
+    st.stop()
+
+# ---- what to show: a study (its methods side by side) or a single experiment
+groups: dict[str, list[dict[str, Any]]] = {}
+for e in experiments:
+    label = f"Study: {e['study']} (#{e['study_id']})" if e["study_id"] is not None else f"Experiment: {experiment_label(e)}"
+    groups.setdefault(label, []).append(e)
+group = st.selectbox("Study or experiment", list(groups), key="cm_group",
+                     format_func=lambda g: f"{g} — {len(groups[g])} method(s)" if g.startswith("Study") else g)
+members = sorted(groups[group], key=lambda e: e["id"])
+by_label = {f"{e['method']} (#{e['id']})": e for e in members}
+chosen = st.multiselect("Methods", list(by_label), default=list(by_label), key=f"cm_methods_{group}")
+if not chosen:
+    st.info("Choose at least one method.")
+    st.stop()
+selected = [by_label[m] for m in chosen]
+stored = {e["id"]: q.matrices(url, e["id"], q.stamp(e)) for e in selected}
+everything = [m for ms in stored.values() for m in ms]
+if not everything:
+    st.warning("These experiments have no stored compatibility matrices yet.")
+    st.stop()
+
+c = st.columns(4)
+metrics = sorted({m["metric"] for m in everything}, key=lambda m: (m != "recall@1", m))
+metric = c[0].selectbox("Metric", metrics, format_func=metric_name, key="cm_metric")
+protocols = sorted({m["protocol"] for m in everything})
+protocol = c[1].selectbox("Gallery protocol", protocols, key="cm_protocol")
+classes = sorted({m["eval_classes"] for m in everything})
+eval_classes = c[2].selectbox("Evaluation classes", classes, key="cm_classes")
+views = [MAIN] + sorted({m["view"] for m in everything})
+view_choice = c[3].selectbox("Feature view", views, key="cm_view",
+                             help="The main view is the one a method is meant to be used with (e.g. PSP for psp)")
+
+
+def matrix_for(e: dict[str, Any]) -> dict[str, Any] | None:
+    ms = [m for m in stored[e["id"]] if m["metric"] == metric and m["protocol"] == protocol
+          and m["eval_classes"] == eval_classes]
+    if view_choice == MAIN:
+        main = q.main_view(e["method"])
+        pick = [m for m in ms if m["view"] == main] or [m for m in ms if m["view"] == "encoder"] or ms
+    else:
+        pick = [m for m in ms if m["view"] == view_choice]
+    return pick[0] if pick else None
+
+
+shown = [(e, matrix_for(e)) for e in selected]
+missing = [e for e, m in shown if m is None]
+shown = [(e, m) for e, m in shown if m is not None]
+if missing:
+    st.caption("No matrix for this metric / protocol / view: " + ", ".join(e["method"] for e in missing))
+if not shown:
+    st.warning("No stored matrix matches these choices; try another view or protocol.")
+    st.stop()
+
+# ---- summary table and curves
+def view_label(e: dict[str, Any], m: dict[str, Any]) -> str:
+    main = q.main_view(e["method"])
+    if view_choice == MAIN and main and m["view"] != main:
+        return f"{m['view']} ({main} not stored)"
+    return m["view"]
+
+
+summary = pd.DataFrame([{
+    "method": e["method"], "view": view_label(e, m), "steps": m["values"].shape[0], "AC": m["summary"].get("AC"),
+    "AA %": None if m["summary"].get("AA") is None else 100 * m["summary"]["AA"],
+    "ACA %": None if m["summary"].get("ACA") is None else 100 * m["summary"]["ACA"],
+    "queries without a positive": int(np.nansum(np.tril(m["no_positive"]))),
+} for e, m in shown])
+st.subheader(f"{metric_name(metric)} · {protocol} gallery · {eval_classes} classes")
+st.dataframe(summary, hide_index=True, width="stretch", column_config={
+    "AC": st.column_config.NumberColumn(format="%.2f"), "AA %": st.column_config.NumberColumn(format="%.2f"),
+    "ACA %": st.column_config.NumberColumn(format="%.2f"),
+    "queries without a positive": st.column_config.NumberColumn(
+        help="Queries whose class has no image in the gallery, summed over the cells; they are left out of the means"),
+})
+curves = pd.DataFrame([{"method": e["method"], "step": t + 1, "AC_t": ac, "AA_t": aa}
+                       for e, m in shown
+                       for t, (ac, aa) in enumerate(zip(m["summary"].get("AC_curve", []), m["summary"].get("AA_curve", [])))])
+if len(curves) and curves["step"].max() >= 3:
+    left, right = st.columns(2)
+    left.altair_chart(charts.step_curves(curves.dropna(subset=["AC_t"]), value="AC_t", title="AC_t: compatibility of the first t models",
+                                         y_title="AC_t", percent_axis=False), width="stretch")
+    right.altair_chart(charts.step_curves(curves, value="AA_t", title=f"AA_t: mean {metric_name(metric)} of the first t models",
+                                          y_title="AA_t", percent_axis=True), width="stretch")
+summary_rows = [(e["method"], m["summary"]) for e, m in shown]
+with st.expander("Download the summary table"):
+    from engine.report import render_summary_table
+
+    d = st.columns(3)
+    for col, (fmt, ext, mime) in zip(d, (("csv", "csv", "text/csv"), ("markdown", "md", "text/markdown"),
+                                         ("latex", "tex", "application/x-tex"))):
+        col.download_button(f"Summary ({fmt})", render_summary_table(summary_rows, fmt=fmt),
+                            file_name=f"summary_{metric}.{ext}", mime=mime, on_click="ignore", key=f"sum_{fmt}")
+
+# ---- the matrices, side by side
+st.subheader("Matrices")
+per_row = 2 if len(shown) > 1 else 1
+images = charts.can_export_images()
+defined = np.concatenate([m["values"][~np.isnan(m["values"])] for _, m in shown])
+domain = (float(defined.min()), float(defined.max())) if len(defined) else None  # one colour scale for all
+for start in range(0, len(shown), per_row):
+    cols = st.columns(per_row)
+    for col, (e, m) in zip(cols, shown[start:start + per_row]):
+        C = m["values"]
+        names = [f"M{t + 1}" for t in range(C.shape[0])]
+        comparable = np.asarray(m["summary"]["comparable"], bool) if m["summary"].get("comparable") else None
+        frame = charts.matrix_frame(C, ecc_cells(C), names, comparable, m["valid_queries"])
+        s = m["summary"]
+        title = f"{e['method']} · {m['view']}"
+        chart = charts.matrix_heatmap(frame, names, title=title, metric=metric_name(metric),
+                                      size=None if per_row == 1 else 400, domain=domain)
+        with col:
+            st.altair_chart(chart, width="content")
+            fails = int((frame["status"] == "fail").sum())
+            st.markdown(f"**AC** {charts.number(s.get('AC'))} · **AA** {charts.percent(s.get('AA'), 2)} · "
+                        f"**ACA** {charts.percent(s.get('ACA'), 2)} · {fails} failing cross-test(s)")
+            with st.expander("Download"):
+                base = f"{e['name'].replace('/', '_')}_{metric}_{m['view']}"
+                d = st.columns(3)
+                for dcol, (fmt, ext, mime) in zip(d, (("csv", "csv", "text/csv"), ("markdown", "md", "text/markdown"),
+                                                      ("latex", "tex", "application/x-tex"))):
+                    dcol.download_button(fmt.upper() if fmt == "csv" else fmt.capitalize(),
+                                         lambda C=C, fmt=fmt, t=title, cm=comparable, n=names: export(C, fmt, t, cm, n),
+                                         file_name=f"{base}.{ext}", mime=mime, on_click="ignore",
+                                         key=f"dl_{e['id']}_{fmt}")
+                d = st.columns(3)
+                d[0].download_button("Chart (HTML)", lambda chart=chart: charts.chart_bytes(chart, "html"),
+                                     file_name=f"{base}.html", mime="text/html", on_click="ignore", key=f"dl_{e['id']}_html")
+                if images:
+                    d[1].download_button("Chart (PNG)", lambda chart=chart: charts.chart_bytes(chart, "png"),
+                                         file_name=f"{base}.png", mime="image/png", on_click="ignore",
+                                         key=f"dl_{e['id']}_png")
+                    d[2].download_button("Chart (SVG)", lambda chart=chart: charts.chart_bytes(chart, "svg"),
+                                         file_name=f"{base}.svg", mime="image/svg+xml", on_click="ignore",
+                                         key=f"dl_{e['id']}_svg")
+                else:
+                    st.caption("PNG/SVG export needs the `vl-convert-python` package, which is not installed; "
+                               "the HTML file renders the same chart in a browser.")

@@ -1,0 +1,188 @@
+"""Feature geometry: old and new features in one 2-D map, drift, angles, neural collapse, nearest neighbours."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from app import charts
+from app import queries as q
+from app.widgets import analysis_result, pick_experiment, pick_steps
+from engine.analysis import CLASS_MEAN, PROTOTYPE, SAMPLE
+
+url = q.db_url()
+LINES_SHOWN = 150
+
+st.title("Feature geometry")
+st.caption("How the features of a new model sit relative to the old one's. Computations run in the engine worker and "
+           "are stored, so each map is computed once.")
+
+picked = pick_experiment(url, key="geo_experiment")
+if picked is None:
+    st.stop()
+experiment, versions = picked
+
+c = st.columns([1, 1, 1, 1, 1, 2])
+old, new = pick_steps(versions, key="geo_steps", columns=[c[0], c[1]])
+views = [v for v in old["views"] if v in new["views"]]
+main = q.main_view(experiment["method"])
+view = c[2].selectbox("View", views, index=views.index(main) if main in views else 0,
+                      key=f"geo_view_{experiment['id']}",  # each experiment starts on its main view
+                      help="encoder features, raw logits/softmax, or PSP/LSP (both models projected onto the old "
+                           "model's classes, as in the cross-test)")
+split = c[3].selectbox("Split", ("gallery", "query"), key="geo_split")
+method = c[4].radio("Map", ("umap", "pca"), key="geo_method", format_func=str.upper, horizontal=True,
+                    help="UMAP shows neighbourhoods (seconds to compute); PCA is linear and instant")
+max_points = c[5].select_slider("Points per model", (500, 1000, 2000, 3000, 5000), value=2000, key="geo_points")
+params = {"step_a": old["step"], "step_b": new["step"], "view": view, "split": split, "method": method,
+          "max_points": max_points}
+names = {0: f"step {old['step']} (old)", 1: f"step {new['step']} (new)"}
+
+result = analysis_result(url, experiment, "projection", params, what="the feature map", button_key="geo_compute")
+if result is not None:
+    payload, array = result["payload"], result["array"]
+    frame = pd.DataFrame(array, columns=payload["columns"])
+    class_name = {c["label"]: c["name"] for c in payload["classes"]}
+    frame["class"] = frame["label"].astype(int).map(lambda l: class_name.get(l, f"class {l}"))
+    frame["model"] = frame["model"].astype(int).map(names)
+    frame["row"] = frame["row"].astype(int)
+    for note in payload["notes"]:
+        st.info(note)
+    points = frame[frame["kind"] == SAMPLE]
+    means = frame[frame["kind"] == CLASS_MEAN]
+    protos = frame[frame["kind"] == PROTOTYPE]
+    o = st.columns(4)
+    show_lines = o[0].checkbox("Lines old → new", value=payload["joint"], disabled=not payload["joint"],
+                               help=f"For {LINES_SHOWN} sampled images: where the same image moves")
+    show_means = o[1].checkbox("Class means", value=True)
+    show_protos = o[2].checkbox(f"Fixed prototypes ({payload['prototypes']})", value=payload["prototypes"] > 0,
+                                disabled=payload["prototypes"] == 0,
+                                help=payload.get("prototype_note", "Fixed-prototype heads on the encoder view only"))
+    lines = pd.DataFrame()
+    if show_lines and payload["joint"]:
+        rows = np.unique(points["row"])
+        keep = rows[np.linspace(0, len(rows) - 1, min(LINES_SHOWN, len(rows))).astype(int)]
+        lines = points[points["row"].isin(keep)].assign(model_index=lambda d: d["model"].eq(names[1]).astype(int))
+    st.altair_chart(charts.projection_chart(
+        points, means if show_means else means.iloc[:0], protos if show_protos else protos.iloc[:0], lines,
+        model_names=[names[0], names[1]], facet=not payload["joint"],
+        title=f"{payload['embedding'].upper()} of L2-normalised {view} features · {payload['n_sampled']} of "
+              f"{payload['n_rows']} {split} images per model"), width="stretch")
+    st.caption("Click a class in the legend to highlight it; scroll to zoom. Large ringed markers: class means; "
+               "black +: fixed prototypes.")
+
+    left, right = st.columns(2)
+    with left:
+        if payload["drift"]:
+            drift = pd.DataFrame(payload["drift"]).rename(columns={"name": "class"})
+            drift["trained by old model"] = np.where(drift["seen_old"], "yes", "no")
+            st.altair_chart(charts.drift_chart(drift), width="stretch")
+            seen = drift[drift["seen_old"]]
+            if len(seen):
+                st.caption(f"Mean drift cosine over the old model's classes: {seen['cosine'].mean():.3f}")
+        else:
+            st.caption("Drift needs old and new features of the same dimension.")
+    with right:
+        angles = pd.DataFrame([{"model": names[i], "angle": a} for i, m in enumerate(payload["collapse"])
+                               for a in m.get("angles", [])])
+        refs = pd.DataFrame([{"model": names[i], "label": f"regular simplex of {m['classes']} classes",
+                              "angle": m["simplex_angle"]}
+                             for i, m in enumerate(payload["collapse"]) if m.get("simplex_angle") is not None])
+        if len(angles):
+            st.altair_chart(charts.angle_chart(angles, refs, model_names=[names[0], names[1]]), width="stretch")
+
+    st.markdown("**Neural collapse** — each model on the classes it was trained on; 0 = perfect collapse")
+    nc = pd.DataFrame([{
+        "model": names[i], "classes": m["classes"], "images": m["n"], "NC1": m.get("nc1"),
+        "NC2 (norms)": m.get("nc2_equinorm"), "NC2 (angles)": m.get("nc2_equiangularity"),
+        "NC3": m.get("nc3"), "NC4": m.get("nc4"),
+    } for i, m in enumerate(payload["collapse"])])
+    st.dataframe(nc, hide_index=True, width="stretch", column_config={
+        "NC1": st.column_config.NumberColumn(format="%.3f", help="within-class variability vs between-class spread"),
+        "NC2 (norms)": st.column_config.NumberColumn(format="%.3f", help="equinorm: spread of the class-mean norms"),
+        "NC2 (angles)": st.column_config.NumberColumn(format="%.3f", help="equiangularity: distance from a simplex"),
+        "NC3": st.column_config.NumberColumn(format="%.3f", help="self-duality: class means vs classifier rows"),
+        "NC4": st.column_config.NumberColumn(format="%.3f", help="share of predictions differing from nearest class mean"),
+    })
+    for i, m in enumerate(payload["collapse"]):
+        for note in m.get("notes", []):
+            st.caption(f"{names[i]}: {note}")
+    d1 = payload["definition1"]
+    st.markdown("**Definition 1** (Shen et al.) on sampled pairs, cosine distance")
+    if d1:
+        a, b, c = st.columns([1, 1, 2])
+        a.metric("(1a) same class", charts.percent(d1.get("1a_fraction")),
+                 help="share of same-class pairs with d(old_i, new_j) <= d(old_i, old_j)")
+        b.metric("(1b) different class", charts.percent(d1.get("1b_fraction")),
+                 help="share of different-class pairs with d(old_i, new_j) >= d(old_i, old_j)")
+        c.caption(f"{d1.get('1a_pairs', 0)} same-class and {d1.get('1b_pairs', 0)} different-class pairs. A compatible "
+                  "update keeps new features nearer to old features of their class than old features are to each "
+                  "other (1a), and farther from other classes (1b).")
+    else:
+        st.caption("Needs old and new features of the same dimension.")
+
+# ---- cross-model nearest neighbours: computed directly (one similarity row), not a job
+st.divider()
+st.subheader("Nearest neighbours across models")
+st.caption("A query embedded by the new model searched in the gallery embedded by the old model. Images are not "
+           "stored in the database, so neighbours are shown by label and class name only.")
+c = st.columns([1, 1, 1, 1])
+steps = [v["step"] for v in versions]
+by_step = {v["step"]: v for v in versions}
+q_step = c[0].selectbox("Query model", steps, index=steps.index(new["step"]), key="nn_query_step")
+g_step = c[1].selectbox("Gallery model", steps, index=steps.index(old["step"]), key="nn_gallery_step")
+index = c[2].number_input("Query index", min_value=0, value=0, step=1, key="nn_index")
+k = c[3].slider("Neighbours", 1, 20, 5, key="nn_k")
+try:
+    nn = q.neighbours(url, by_step[q_step]["id"], by_step[g_step]["id"], view, int(index), int(k))
+except ValueError as exc:
+    st.warning(str(exc))
+else:
+    query = nn["query"]
+    hits = sum(n["hit"] for n in nn["neighbours"])
+    st.markdown(f"Query #{query['index']}: class **{query['name']}** (label {query['label']}) · {hits}/{len(nn['neighbours'])} "
+                f"hits · {nn['n_positives']} positives among {nn['n_gallery']} gallery images"
+                + (" · own image excluded (closed-set)" if nn["same_set"] else ""))
+    st.dataframe(pd.DataFrame([{"rank": n["rank"], "hit": n["hit"], "class": n["name"], "label": n["label"],
+                                "gallery index": n["gallery_index"], "cosine similarity": n["similarity"]}
+                               for n in nn["neighbours"]]),
+                 hide_index=True, width="stretch",
+                 column_config={"hit": st.column_config.CheckboxColumn("same class as the query", width="small"),
+                                "cosine similarity": st.column_config.NumberColumn(format="%.4f")})
+
+# ---- neural collapse over every step
+st.divider()
+st.subheader("Geometry across all steps")
+geo = analysis_result(url, experiment, "geometry", {"view": view, "split": split},
+                      what="the geometry across steps", button_key="geo_all_compute")
+if geo is not None:
+    g = geo["payload"]
+    models = pd.DataFrame(g["models"])
+    left, right = st.columns(2)
+    if "nc1" in models and models["nc1"].notna().any():
+        nc1 = models[["step", "nc1"]].dropna()
+        left.altair_chart(charts.steps_chart(nc1, "nc1", "NC1 (within-class variability) per step",
+                                             log=bool(nc1["nc1"].max() > 50 * max(nc1["nc1"].min(), 1e-12))),
+                          width="stretch")
+    pairs = pd.DataFrame(g["pairs"])
+    if "mean_drift_seen" in pairs:
+        drift = pairs.assign(step=pairs["new_step"])[["step", "mean_drift_seen"]].dropna()
+        right.altair_chart(charts.steps_chart(drift, "mean_drift_seen",
+                                              "Mean drift cosine vs the previous step (old classes)"), width="stretch")
+    names_nc = {"step": "step", "classes": "classes", "n": "images", "nc1": "NC1", "nc2_equinorm": "NC2 (norms)",
+                "nc2_equiangularity": "NC2 (angles)", "nc3": "NC3", "nc4": "NC4", "angle_mean": "mean angle (°)",
+                "simplex_angle": "simplex angle (°)"}
+    table = models[[c for c in names_nc if c in models]].rename(columns=names_nc)
+    st.dataframe(table, hide_index=True, width="stretch",
+                 column_config={c: st.column_config.NumberColumn(format="%.3f")
+                                for c in table.columns if c not in ("step", "classes", "images")})
+    if len(pairs):
+        names_pair = {"old_step": "old step", "new_step": "new step", "mean_drift_seen": "drift (old classes)",
+                      "mean_drift_all": "drift (all classes)", "1a_fraction": "Definition 1a",
+                      "1b_fraction": "Definition 1b", "note": "note"}
+        table = pairs[[c for c in names_pair if c in pairs]].rename(columns=names_pair)
+        st.dataframe(table, hide_index=True, width="stretch", column_config={
+            "drift (old classes)": st.column_config.NumberColumn(format="%.3f"),
+            "drift (all classes)": st.column_config.NumberColumn(format="%.3f"),
+            "Definition 1a": st.column_config.NumberColumn(format="percent"),
+            "Definition 1b": st.column_config.NumberColumn(format="percent")})

@@ -1,0 +1,146 @@
+"""Overview: jobs with progress / cancel / retry, and every experiment with AC / AA / ACA at a glance."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pandas as pd
+import streamlit as st
+
+from app import queries as q
+from app.charts import number
+from app.widgets import empty_state, status_badge
+
+STALE_S = 60
+FINISHED_SHOWN = 15
+
+url = q.db_url()
+st.title("Overview")
+st.caption("Jobs run in the engine worker, not in this page: closing the browser does not stop them. "
+           "This page refreshes every 2 seconds.")
+
+
+def notify(message: str) -> None:
+    """Redraw with the new job states, and say what happened (a toast does not survive a rerun by itself)."""
+    st.session_state["overview_toast"] = message
+    st.rerun()
+
+
+def job_card(job: dict) -> None:
+    """A queued or running job (progress, Cancel) or a failed / cancelled one (last message, error, Retry)."""
+    active = job["status"] in q.ACTIVE
+    with st.container(border=True):
+        left, right = st.columns([5, 1], vertical_alignment="center")
+        with left:
+            when = f"queued {q.ago(job['created_at'])}" if active else q.ago(job["finished_at"])
+            st.markdown(f"**#{job['id']} · {job['label']}** — {status_badge(job['status'])} · {when}")
+            if job["status"] == "running":
+                st.progress(min(max(job["progress"], 0.0), 1.0),
+                            text=f"{100 * job['progress']:.0f}% · {job['message'] or 'started'}")
+                beat = job["heartbeat_at"] or job["started_at"]
+                if beat is not None and (datetime.now(timezone.utc) - beat).total_seconds() > STALE_S:
+                    st.warning(f"No heartbeat from the worker for {q.ago(beat).replace(' ago', '')}: "
+                               "it may have stopped (the job is failed automatically when the worker restarts).")
+            elif active:
+                st.caption("Waiting for the engine worker to pick it up.")
+            else:
+                st.caption(f"Last message: {job['message'] or '(none)'}")
+                if job["error"]:
+                    with st.expander("Error"):
+                        st.code(job["error"], language=None)
+            if active and job["cancel_requested"]:
+                st.caption("Cancel requested — the worker stops at the next epoch.")
+        with right:
+            if active and st.button("Cancel", key=f"cancel_{job['id']}", disabled=job["cancel_requested"],
+                                    help="Stop this job; a queued job is cancelled at once"):
+                status = q.cancel(url, job["id"])
+                notify(f"Job #{job['id']}: {'cancelled' if status == 'cancelled' else 'cancel requested'}")
+            if not active and st.button("Retry", key=f"retry_{job['id']}", help="Queue the same job again"):
+                notify(f"Queued job #{q.retry(url, job['id'])} (retry of #{job['id']})")
+
+
+def experiment_rows(experiments: list[dict]) -> pd.DataFrame:
+    rows = []
+    for e in experiments:
+        stamp = q.stamp(e)
+        versions = q.model_versions(url, e["id"], stamp)
+        main = q.pick_main(q.matrices(url, e["id"], stamp), e["method"], e["config"])
+        s = main["summary"] if main else {}
+        data = e["config"].get("dataset", {}).get("name", "features" if e["method"] == "features" else "?")
+        rows.append({
+            "id": e["id"], "study": e["study"] or "—", "experiment": e["name"], "method": e["method"],
+            "dataset": data, "status": e["status"], "steps": len(versions),
+            "view": main["view"] if main else "", "AC": s.get("AC"),
+            "AA %": None if s.get("AA") is None else 100 * s["AA"],
+            "ACA %": None if s.get("ACA") is None else 100 * s["ACA"],
+            "finished": q.ago(e["finished_at"]) if e["finished_at"] else "",
+        })
+    return pd.DataFrame(rows)
+
+
+@st.fragment(run_every=2)
+def live() -> None:
+    if "overview_toast" in st.session_state:
+        st.toast(st.session_state.pop("overview_toast"))
+    jobs = q.jobs(url)
+    experiments = q.experiments(url)
+    if not jobs and not experiments:
+        empty_state(url, "experiments")
+        return
+    active = [j for j in jobs if j["status"] in q.ACTIVE]
+    running, queued = sum(j["status"] == "running" for j in active), sum(j["status"] == "queued" for j in active)
+    done = sum(e["status"] == "done" for e in experiments)
+    cols = st.columns(4)
+    cols[0].metric("Running jobs", running)
+    cols[1].metric("Queued jobs", queued)
+    cols[2].metric("Finished experiments", done)
+    cols[3].metric("Failed jobs", sum(j["status"] == "failed" for j in jobs))
+
+    st.subheader("Jobs in progress")
+    if active:
+        for job in sorted(active, key=lambda j: (j["status"] != "running", j["id"])):
+            job_card(job)
+    else:
+        st.caption("Nothing running. Launch an experiment on **New experiment**.")
+
+    st.subheader("Experiments")
+    if experiments:
+        st.dataframe(
+            experiment_rows(experiments), hide_index=True, width="stretch",
+            column_config={
+                "id": st.column_config.NumberColumn("id", width="small"),
+                "AC": st.column_config.NumberColumn("AC", format="%.2f",
+                                                    help="Fraction of cross-tests passing the empirical compatibility "
+                                                         "criterion (Recall@1, the method's main view)"),
+                "AA %": st.column_config.NumberColumn("AA %", format="%.1f", help="Mean of the lower triangle"),
+                "ACA %": st.column_config.NumberColumn("ACA %", format="%.1f",
+                                                       help="Accuracy of the compatible cross-tests only"),
+            })
+        if any(e["status"] == "done" for e in experiments):
+            links = st.columns(4)
+            links[0].caption("Explore the results:")
+            links[1].page_link("app_pages/compatibility.py", label="Compatibility", icon=":material/grid_on:")
+            links[2].page_link("app_pages/geometry.py", label="Feature geometry", icon=":material/scatter_plot:")
+            links[3].page_link("app_pages/backfilling.py", label="Backfilling", icon=":material/stacked_line_chart:")
+        failed = [e for e in experiments if e["status"] == "failed" and e["error"]]
+        for e in failed[:3]:
+            st.caption(f":red[:material/error:] #{e['id']} {e['name']} failed: {e['error']}")
+    else:
+        st.caption("No experiments yet: the first one appears when a run job starts.")
+
+    finished = [j for j in jobs if j["status"] not in q.ACTIVE][:FINISHED_SHOWN]
+    retryable = [j for j in finished if j["status"] in ("failed", "cancelled")]
+    if retryable:
+        st.subheader("Failed or cancelled jobs")
+        for job in retryable:
+            job_card(job)
+    if finished:
+        with st.expander(f"Recent jobs ({len(finished)})"):
+            st.dataframe(pd.DataFrame([{
+                "id": j["id"], "job": j["label"], "status": j["status"], "message": j["message"],
+                "finished": q.ago(j["finished_at"]), "took": number(
+                    (j["finished_at"] - j["started_at"]).total_seconds(), 0) + " s"
+                if j["finished_at"] and j["started_at"] else "",
+            } for j in finished]), hide_index=True, width="stretch")
+
+
+live()

@@ -1,0 +1,191 @@
+"""The New-experiment form as plain data: presets -> form values -> config dict, and early checks.
+
+No Streamlit here, so the mapping is testable on its own. A preset is a full RunConfig dict
+(``engine.presets.RUN_PRESETS``; the other paper presets of ``engine.methods.presets`` get their
+training settings and method hyper-parameters from there and the paper's data setting from
+``_PAPER_DATA``). The form edits a subset of the fields; :func:`form_to_config` writes the edits onto
+the preset's dict, so fields the form does not show (backbone width, d-Simplex K, metrics, views...)
+keep the preset's values. ``engine.config.config_from_dict`` stays the judge of a config;
+:func:`check_form` adds the engine's own scenario check before anything is queued.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+DATASETS = ("digits", "shapes", "cifar10", "cifar100", "imagefolder")
+KNOWN_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100}
+PROTOCOLS = ("closed-set", "open-set")
+EVAL_CLASSES = ("all", "seen")
+GALLERIES = ("instance", "template")
+TRAINING_MODES = ("cumulative", "finetune")
+OPTIMIZERS = ("sgd", "adam")
+SCHEDULES = ("constant", "step", "cosine")
+DEVICES = ("auto", "cpu", "cuda")
+DEMO_PRESET = "quick-demo"
+
+# (section, key) of every form field; "name", "methods", "seed", "device" are top-level keys
+FIELDS: dict[str, tuple[str | None, str]] = {
+    "name": (None, "name"), "methods": (None, "methods"), "seed": (None, "seed"), "device": (None, "device"),
+    "dataset": ("dataset", "name"), "root": ("dataset", "root"), "train_per_class": ("dataset", "train_per_class"),
+    "test_per_class": ("dataset", "test_per_class"), "download": ("dataset", "download"),
+    "protocol": ("eval", "protocol"), "eval_classes": ("eval", "eval_classes"), "gallery": ("eval", "gallery"),
+    "open_set_dataset": ("eval", "open_set_dataset"), "open_set_classes": ("eval", "open_set_classes"),
+    "initial_classes": ("scenario", "initial_classes"), "increment": ("scenario", "increment"),
+    "num_steps": ("scenario", "num_steps"), "training": ("scenario", "training"),
+    "replay_per_class": ("scenario", "replay_per_class"), "replacement_steps": ("scenario", "replacement_steps"),
+    "backbone": ("model", "backbone"), "feature_dim": ("model", "feature_dim"),
+    "epochs": ("training", "epochs"), "lr": ("training", "lr"), "batch_size": ("training", "batch_size"),
+    "optimizer": ("training", "optimizer"), "momentum": ("training", "momentum"),
+    "weight_decay": ("training", "weight_decay"), "lr_schedule": ("training", "lr_schedule"),
+    "lr_milestones": ("training", "lr_milestones"), "lr_gamma": ("training", "lr_gamma"),
+}
+_LISTS = ("replacement_steps", "lr_milestones")  # shown as "2, 4" text
+_ZERO_IS_NONE = ("num_steps", "feature_dim")  # 0 in the form = None (auto) in the config
+_EMPTY_IS_NONE = ("open_set_dataset",)
+
+# The paper presets engine.presets does not define as full runs: their data setting, closest built-in equivalent.
+_PAPER_DATA: dict[str, dict[str, Any]] = {
+    "psp-tinyimagenet": {"dataset": {"name": "imagefolder", "root": "data/tiny-imagenet-200", "image_size": 64},
+                         "model": {"backbone": "resnet18"},
+                         "scenario": {"initial_classes": 20, "increment": 20, "num_steps": 10}},
+    "cl2r-tinyimagenet": {"dataset": {"name": "imagefolder", "root": "data/tiny-imagenet-200", "image_size": 64},
+                          "model": {"backbone": "resnet18", "dsimplex_classes": 200},
+                          "scenario": {"initial_classes": 20, "increment": 20, "num_steps": 10, "training": "finetune"}},
+    "cl2r-cub": {"dataset": {"name": "imagefolder", "root": "data/CUB_200_2011", "image_size": 224},
+                 "model": {"backbone": "resnet50", "dsimplex_classes": 180},
+                 "scenario": {"initial_classes": 20, "increment": 20, "num_steps": 9, "training": "finetune"}},
+    "iamcl2r-cifar100r": {"dataset": {"name": "cifar100"}, "model": {"backbone": "resnet18", "dsimplex_classes": 1024},
+                          "scenario": {"initial_classes": 10, "increment": 10, "num_steps": 10, "training": "finetune"}},
+}
+
+
+def preset_names() -> list[str]:
+    """The run presets of ``engine.presets`` (quick-demo first), then the other paper presets."""
+    from engine.methods import PRESETS
+    from engine.presets import RUN_PRESETS
+
+    return list(RUN_PRESETS) + [name for name in PRESETS if name not in RUN_PRESETS and name in _PAPER_DATA]
+
+
+def preset_config(name: str) -> dict[str, Any]:
+    """The full RunConfig dict of a preset (validated)."""
+    from engine.config import config_from_dict
+    from engine.methods import PRESETS, method_hparams, training_settings
+    from engine.presets import RUN_PRESETS
+    from engine.presets import preset_config as run_preset
+
+    if name in RUN_PRESETS:
+        return run_preset(name).to_dict()
+    if name not in _PAPER_DATA:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(preset_names())}")
+    training = training_settings(name)
+    replay = training.pop("replay_per_class")
+    data = copy.deepcopy(_PAPER_DATA[name])
+    if data["scenario"].get("training") == "finetune":
+        data["scenario"]["replay_per_class"] = replay
+    methods = list(PRESETS[name]["methods"])
+    params = {m: method_hparams(name, m) for m in methods if method_hparams(name, m)}
+    return config_from_dict({"name": name, "methods": methods, "method_params": params, "training": training,
+                             **data}).to_dict()
+
+
+def config_to_form(config: dict[str, Any]) -> dict[str, Any]:
+    """The form's values for a RunConfig dict."""
+    values = {}
+    for field, (section, key) in FIELDS.items():
+        value = config[key] if section is None else config[section][key]
+        if field in _LISTS:
+            value = ", ".join(str(v) for v in value)
+        elif field in _ZERO_IS_NONE:
+            value = value or 0
+        elif field in _EMPTY_IS_NONE:
+            value = value or ""
+        elif field == "methods":
+            value = list(value)
+        values[field] = value
+    return values
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    parts = [p.strip() for p in str(text).replace(";", ",").split(",") if p.strip()]
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"{what} must be whole numbers separated by commas, e.g. '2, 4'; got {text!r}") from None
+
+
+def form_to_config(values: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """``base`` (the preset's RunConfig dict) with the form's values written over it.
+
+    Method hyper-parameters of the preset are kept for the methods still chosen.
+    """
+    config = copy.deepcopy(base)
+    for field, (section, key) in FIELDS.items():
+        value = values[field]
+        if field in _LISTS:
+            value = _int_list(value, field.replace("_", " "))
+        elif field in _ZERO_IS_NONE:
+            value = int(value) or None
+        elif field in _EMPTY_IS_NONE:
+            value = str(value).strip() or None
+        elif field == "methods":
+            value = list(value)
+        elif isinstance(value, str):
+            value = value.strip()
+        if section is None:
+            config[key] = value
+        else:
+            config[section][key] = value
+    config["name"] = config["name"] or "experiment"
+    config["method_params"] = {m: p for m, p in base.get("method_params", {}).items() if m in config["methods"]}
+    return config
+
+
+def _scenario_problem(v: dict[str, Any]) -> str | None:
+    """The engine's own scenario check (``build_scenario``) on the class count the dataset will have."""
+    from engine.data.scenario import build_scenario
+
+    first, step, steps = int(v["initial_classes"]), int(v["increment"]), int(v["num_steps"]) or None
+    n = KNOWN_CLASSES.get(v["dataset"])
+    if n is None:  # shapes generates the classes the scenario uses; a folder's classes are known once loaded
+        if steps is None:
+            return "shapes needs a number of steps (it generates the classes the scenario uses)." \
+                if v["dataset"] == "shapes" else None
+        n = first + step * (steps - 1)
+    try:
+        replaced = _int_list(v["replacement_steps"], "replacement steps")
+    except ValueError:
+        replaced = []  # reported by check_form
+    try:
+        build_scenario(num_classes=n, initial_classes=first, increment=step, num_steps=steps, training=v["training"],
+                       replay_per_class=int(v["replay_per_class"]), replacement_steps=replaced)
+    except ValueError as exc:
+        return f"Scenario on {v['dataset']} ({n} classes): {exc}"
+    return None
+
+
+def check_form(values: dict[str, Any]) -> list[str]:
+    """Problems a person can fix before queueing (each a sentence); empty when the form looks runnable."""
+    v = values
+    problems = []
+    if not v["methods"]:
+        problems.append("Choose at least one method.")
+    if v["dataset"] == "imagefolder" and not str(v["root"]).strip():
+        problems.append("imagefolder needs a root folder (with one sub-folder per class, or train/ and test/).")
+    scenario = _scenario_problem(v)
+    if scenario:
+        problems.append(scenario)
+    steps = int(v["num_steps"])
+    if steps == 1:
+        problems.append("Compatibility needs at least 2 steps (an old and a new model).")
+    if v["eval_classes"] == "seen" and v["protocol"] == "open-set":
+        problems.append("eval_classes 'seen' needs the closed-set protocol: open-set classes are never trained on.")
+    if v["protocol"] == "open-set" and v["dataset"] != "shapes" and not str(v["open_set_dataset"]).strip():
+        problems.append(f"open-set evaluation on {v['dataset']} needs an open-set dataset (e.g. 'cifar10').")
+    for what in _LISTS:
+        try:
+            _int_list(v[what], what.replace("_", " "))
+        except ValueError as exc:
+            problems.append(str(exc))
+    return problems

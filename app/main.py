@@ -1,0 +1,37 @@
+"""Entry point of the dashboard: ``streamlit run app/main.py`` (``python run_app.py`` also starts the worker).
+
+The pages live in ``app_pages/``, not ``pages/``: Streamlit treats a ``pages/`` folder next to the entry
+file as a legacy multipage app until ``st.navigation`` has run once, so the first visit after a server
+start to a page's URL (a bookmark) would run that page without this router.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # streamlit puts app/ on the path; the pages import app, engine and storage
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app import queries as q  # noqa: E402
+from app.learn import LEARN_PAGES  # noqa: E402
+
+st.set_page_config(page_title="Compatibility Lab", page_icon=":material/science:", layout="wide")
+
+PAGES = [
+    st.Page("app_pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
+    st.Page("app_pages/new_experiment.py", title="New experiment", icon=":material/add_circle:"),
+    st.Page("app_pages/compatibility.py", title="Compatibility", icon=":material/grid_on:"),
+    st.Page("app_pages/geometry.py", title="Feature geometry", icon=":material/scatter_plot:"),
+    st.Page("app_pages/backfilling.py", title="Backfilling", icon=":material/stacked_line_chart:"),
+    st.Page("app_pages/checkpoints.py", title="Checkpoints", icon=":material/upload_file:"),
+]
+LEARN = [st.Page(f"learn/{file}", title=title, icon=icon) for file, title, icon in LEARN_PAGES]
+
+page = st.navigation({"Explore": PAGES, "Learn": LEARN})
+with st.sidebar:
+    st.caption("**Compatibility Lab** — learning compatible representations across model updates.")
+    st.caption(f"Database: `{q.db_url()}`")
+page.run()

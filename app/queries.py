@@ -1,0 +1,242 @@
+"""What the pages read, and the three writes the app makes (enqueue, cancel, retry a job).
+
+Reads go through the storage repository in short transactions and return plain values (dicts,
+numpy arrays) that ``st.cache_data`` can keep. Every cached function takes the database URL first,
+so two databases never share an entry. Fast-changing things (jobs, the experiment list) live for a
+second or two; results of an experiment are cached for an hour under a *stamp* that changes when the
+experiment does (status + finish time), so a page showing stored results reads them from the
+database once.
+"""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import streamlit as st
+from sqlalchemy import Engine
+
+from engine.analysis import analysis_key, available_views
+from storage import (
+    default_db_url,
+    enqueue_job,
+    get_engine,
+    init_db,
+    list_experiments,
+    list_feature_views,
+    list_jobs,
+    list_model_versions,
+    load_analysis,
+    load_matrices,
+    request_cancel,
+    retry_job,
+    session_scope,
+)
+
+ACTIVE = ("queued", "running")
+RESULT_TTL = 3600
+
+
+def db_url() -> str:
+    """The database the app shows: ``$COMPATLAB_DB_URL`` (set by run_app.py ``--db``) or the default file."""
+    return default_db_url()
+
+
+@st.cache_resource(show_spinner=False)
+def db_engine(url: str) -> Engine:
+    """One SQLAlchemy engine per database URL, with the tables created if the database is new."""
+    engine = get_engine(url)
+    init_db(engine)
+    return engine
+
+
+# ---------------------------------------------------------------------------------------------- jobs
+
+
+def _job_label(kind: str, payload: dict[str, Any]) -> str:
+    if kind == "run":
+        if "preset" in payload:
+            return f"preset {payload['preset']}"
+        cfg = payload.get("config", {})
+        methods = ", ".join(cfg.get("methods", []))
+        data = cfg.get("dataset", {}).get("name", "?")
+        return f"{cfg.get('name', 'experiment')} ({methods} on {data})"
+    if kind == "analysis":
+        p = payload.get("params", {})
+        steps = f"steps {p['step_a']}→{p['step_b']}, " if "step_a" in p else ""
+        return f"{payload.get('kind', '?')} of experiment {payload.get('experiment_id', '?')} ({steps}{p.get('view', 'encoder')})"
+    return kind
+
+
+@st.cache_data(ttl=1, show_spinner=False)
+def jobs(url: str, limit: int = 200) -> list[dict[str, Any]]:
+    """The newest jobs as dicts, with a human label."""
+    with session_scope(db_engine(url)) as s:
+        rows = list_jobs(s, limit=limit)
+        return [{
+            "id": j.id, "kind": j.kind, "payload": dict(j.payload), "label": _job_label(j.kind, j.payload),
+            "status": j.status, "progress": float(j.progress or 0.0), "message": j.message or "", "error": j.error,
+            "experiment_id": j.experiment_id, "study_id": j.study_id, "cancel_requested": bool(j.cancel_requested),
+            "created_at": j.created_at, "started_at": j.started_at, "finished_at": j.finished_at,
+            "heartbeat_at": j.heartbeat_at,
+        } for j in rows]
+
+
+def enqueue(url: str, kind: str, payload: dict[str, Any], *, experiment_id: int | None = None) -> int:
+    """Queue a job for the engine worker; returns its id."""
+    with session_scope(db_engine(url)) as s:
+        job_id = enqueue_job(s, kind, payload, experiment_id=experiment_id)
+    jobs.clear()
+    return job_id
+
+
+def cancel(url: str, job_id: int) -> str:
+    """Ask a job to stop (a queued one is cancelled at once); returns its status afterwards."""
+    with session_scope(db_engine(url)) as s:
+        status = request_cancel(s, job_id)
+    jobs.clear()
+    return status
+
+
+def retry(url: str, job_id: int) -> int:
+    """Queue a finished job again; returns the new job's id."""
+    with session_scope(db_engine(url)) as s:
+        new_id = retry_job(s, job_id)
+    jobs.clear()
+    return new_id
+
+
+def analysis_job(url: str, experiment_id: int, kind: str, key: str) -> dict[str, Any] | None:
+    """The newest ``analysis`` job computing (experiment, kind, key), or None."""
+    for job in jobs(url):
+        p = job["payload"]
+        if job["kind"] != "analysis" or p.get("experiment_id") != experiment_id or p.get("kind") != kind:
+            continue
+        try:
+            if analysis_key(kind, p.get("params", {})) == key:
+                return job
+        except ValueError:
+            continue
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- experiments
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def experiments(url: str) -> list[dict[str, Any]]:
+    """Every experiment, newest first, with its study's name."""
+    with session_scope(db_engine(url)) as s:
+        return [{
+            "id": e.id, "name": e.name, "method": e.method, "status": e.status, "config": dict(e.config),
+            "study_id": e.study_id, "study": e.study.name if e.study is not None else None,
+            "created_at": e.created_at, "finished_at": e.finished_at, "error": e.error,
+        } for e in list_experiments(s)]
+
+
+def stamp(experiment: dict[str, Any]) -> str:
+    """Changes whenever an experiment's stored results may have changed (every 5 s while it runs)."""
+    live = f"|{int(time.time() // 5)}" if experiment["status"] in ACTIVE else ""
+    return f"{experiment['status']}|{experiment['finished_at']}{live}"
+
+
+@st.cache_data(ttl=RESULT_TTL, max_entries=512, show_spinner=False)
+def matrices(url: str, experiment_id: int, stamp: str) -> list[dict[str, Any]]:
+    """The experiment's compatibility matrices (values, query counts, AC/AA/ACA summary)."""
+    with session_scope(db_engine(url)) as s:
+        return [{
+            "metric": m.metric, "protocol": m.protocol, "view": m.view, "eval_classes": m.eval_classes,
+            "values": np.asarray(m.values), "valid_queries": np.asarray(m.valid_queries),
+            "no_positive": np.asarray(m.no_positive), "summary": dict(m.summary),
+        } for m in load_matrices(s, experiment_id)]
+
+
+@st.cache_data(ttl=RESULT_TTL, max_entries=512, show_spinner=False)
+def model_versions(url: str, experiment_id: int, stamp: str) -> list[dict[str, Any]]:
+    """The experiment's model versions by step, with the views each can show (stored + PSP/LSP)."""
+    with session_scope(db_engine(url)) as s:
+        out = []
+        for v in list_model_versions(s, experiment_id):
+            stored = list_feature_views(s, v.id, "gallery")
+            out.append({"id": v.id, "step": v.step, "method": v.method, "architecture": v.architecture,
+                        "num_classes": len(v.classes), "class_names": v.class_names, "feature_dim": v.feature_dim,
+                        "num_outputs": v.num_outputs, "replaced": v.replaced,
+                        "views": available_views(stored), "query_views": list_feature_views(s, v.id, "query")})
+        return out
+
+
+class _Missing(LookupError):
+    """Raised inside the cached loader on a miss, so that misses are never cached."""
+
+
+@st.cache_data(ttl=RESULT_TTL, max_entries=128, show_spinner=False)
+def _stored_analysis(url: str, experiment_id: int, kind: str, key: str, stamp: str) -> dict[str, Any]:
+    with session_scope(db_engine(url)) as s:
+        row = load_analysis(s, experiment_id, kind, key)
+        if row is None:
+            raise _Missing(key)
+        return {"payload": dict(row.payload), "array": None if row.array is None else np.asarray(row.array),
+                "created_at": row.created_at}
+
+
+def stored_analysis(url: str, experiment_id: int, kind: str, key: str, stamp: str) -> dict[str, Any] | None:
+    """A stored analysis result (cached once found), or None while it has not been computed."""
+    try:
+        return _stored_analysis(url, experiment_id, kind, key, stamp)
+    except _Missing:
+        return None
+
+
+@st.cache_data(ttl=RESULT_TTL, max_entries=256, show_spinner=False)
+def neighbours(url: str, query_version_id: int, gallery_version_id: int, view: str, query_index: int,
+               k: int) -> dict[str, Any]:
+    """Cross-model nearest neighbours of one query (see engine.analysis.nearest_neighbours)."""
+    from engine.analysis import nearest_neighbours
+
+    return nearest_neighbours(db_engine(url), query_version_id, gallery_version_id, view, query_index, k)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+@st.cache_data(show_spinner=False)
+def main_view(method: str) -> str | None:
+    """The view a method is meant to be evaluated with (its first default view), None for unknown methods."""
+    from engine.methods import METHODS
+
+    cls = METHODS.get(method)
+    return cls.default_views[0] if cls is not None else None
+
+
+def pick_main(matrices_: list[dict[str, Any]], method: str, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The headline matrix of an experiment: Recall@1 (else the first metric), its main view, its protocol."""
+    if not matrices_:
+        return None
+    ev = config.get("eval", {})
+    metric = "recall@1" if any(m["metric"] == "recall@1" for m in matrices_) else matrices_[0]["metric"]
+    views = {m["view"] for m in matrices_}
+    view = main_view(method) if main_view(method) in views else ("encoder" if "encoder" in views else sorted(views)[0])
+    candidates = [m for m in matrices_ if m["metric"] == metric and m["view"] == view]
+    preferred = [m for m in candidates if m["protocol"] == ev.get("gallery", m["protocol"])
+                 and m["eval_classes"] == ev.get("eval_classes", m["eval_classes"])]
+    return (preferred or candidates or [None])[0]
+
+
+def ago(when: datetime | None) -> str:
+    """'12 s ago', '3 min ago', ... for a UTC timestamp."""
+    if when is None:
+        return ""
+    seconds = (datetime.now(timezone.utc) - when).total_seconds()
+    if seconds < 60:
+        return f"{seconds:.0f} s ago"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min ago"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f} h ago"
+    return when.strftime("%Y-%m-%d %H:%M")
+
+
+def clear_all() -> None:
+    """Forget every cached query (after a write that changes results)."""
+    st.cache_data.clear()

@@ -1,0 +1,111 @@
+"""UI pieces the pages share: the empty-database message, experiment/step pickers, the analysis block."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import streamlit as st
+
+from app import queries as q
+from engine.analysis import analysis_key
+
+STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue[:material/autorenew: running]",
+                "done": ":green[:material/check_circle: done]", "failed": ":red[:material/error: failed]",
+                "cancelled": ":gray[:material/block: cancelled]"}
+QUEUED_HINT_S = 20
+
+
+def status_badge(status: str) -> str:
+    """A coloured status with an icon, for st.markdown (tables show the plain word)."""
+    return STATUS_BADGE.get(status, status)
+
+
+def empty_state(url: str, what: str = "results") -> None:
+    """The friendly message of a page with nothing to show yet."""
+    demo = [j for j in q.jobs(url) if j["kind"] == "run" and j["status"] in q.ACTIVE]
+    if demo:
+        st.info(f"No {what} yet — **{demo[-1]['label']}** is {demo[-1]['status']}; "
+                "its results appear here when it finishes. Follow it on the Overview page.", icon=":material/schedule:")
+        st.page_link("app_pages/overview.py", label="Go to Overview", icon=":material/dashboard:")
+    else:
+        st.info(f"No {what} yet. Launch an experiment on **New experiment** (the *quick-demo* preset runs in a few "
+                "minutes on a CPU).", icon=":material/science:")
+        st.page_link("app_pages/new_experiment.py", label="New experiment", icon=":material/add_circle:")
+
+
+def experiment_label(e: dict[str, Any]) -> str:
+    study = f" · study {e['study']}" if e.get("study") else ""
+    return f"#{e['id']} {e['name']} ({e['method']}){study}"
+
+
+def pick_experiment(url: str, *, key: str, min_steps: int = 2) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """A selectbox of experiments that have at least ``min_steps`` model versions; None (and a message) if none."""
+    candidates = []
+    for e in q.experiments(url):
+        versions = q.model_versions(url, e["id"], q.stamp(e))
+        if len(versions) >= min_steps:
+            candidates.append((e, versions))
+    if not candidates:
+        empty_state(url, "experiments with two trained steps")
+        return None
+    labels = [experiment_label(e) + ("" if e["status"] == "done" else f" — {e['status']}") for e, _ in candidates]
+    index = st.selectbox("Experiment", range(len(candidates)), format_func=lambda i: labels[i], key=key)
+    return candidates[index]
+
+
+def pick_steps(versions: list[dict[str, Any]], *, key: str, columns: list | None = None) -> tuple[dict, dict]:
+    """Old and new model (step a < step b); defaults to the last two steps."""
+    steps = [v["step"] for v in versions]
+    col_a, col_b = columns or st.columns(2)
+    a = col_a.selectbox("Old model (step a)", steps[:-1], index=len(steps) - 2, key=f"{key}_a")
+    later = [s for s in steps if s > a]
+    b = col_b.selectbox("New model (step b)", later, index=len(later) - 1, key=f"{key}_b")
+    by_step = {v["step"]: v for v in versions}
+    return by_step[a], by_step[b]
+
+
+def _job_state(job: dict[str, Any]) -> None:
+    waited = (datetime.now(timezone.utc) - job["created_at"]).total_seconds()
+    if job["status"] == "queued":
+        hint = (" If it stays queued, is the engine worker running? `python run_app.py` starts it."
+                if waited > QUEUED_HINT_S else "")
+        st.info(f"Queued as job #{job['id']} ({q.ago(job['created_at'])}).{hint}", icon=":material/schedule:")
+    else:
+        st.progress(min(max(job["progress"], 0.0), 1.0), text=f"Computing… job #{job['id']}: {job['message']}")
+
+
+def analysis_result(url: str, experiment: dict[str, Any], kind: str, params: dict[str, Any], *,
+                    what: str, button_key: str) -> dict[str, Any] | None:
+    """The stored analysis for ``params``; otherwise its job's progress (polled) or a button to compute it."""
+    key = analysis_key(kind, params)
+    stamp = q.stamp(experiment)
+    hit = q.stored_analysis(url, experiment["id"], kind, key, stamp)
+    if hit is not None:
+        return hit
+    job = q.analysis_job(url, experiment["id"], kind, key)
+    if job is not None and job["status"] in q.ACTIVE:
+        @st.fragment(run_every=2)
+        def poll() -> None:
+            current = q.analysis_job(url, experiment["id"], kind, key)
+            if current is None or current["status"] not in q.ACTIVE:
+                st.rerun()  # finished (or gone): redraw the whole page with the result
+            _job_state(current)
+        poll()
+        return None
+    if job is not None and job["status"] == "failed":
+        st.error(f"Computing {what} failed (job #{job['id']}): {job['message']}")
+        if job.get("error"):
+            with st.expander("Error details"):
+                st.code(job["error"], language=None)
+    elif job is not None and job["status"] == "cancelled":
+        st.warning(f"Computing {what} was cancelled (job #{job['id']}).")
+    elif job is not None and job["status"] == "done":
+        st.warning(f"Job #{job['id']} finished but stored no {what}; compute it again.")
+    else:
+        st.info(f"Not computed yet for these settings: {what}. The engine worker computes it in the background "
+                "and this page updates when it is ready.")
+    if st.button(f"Compute {what}", type="primary", key=button_key):
+        q.enqueue(url, "analysis", {"experiment_id": experiment["id"], "kind": kind, "params": params},
+                  experiment_id=experiment["id"])
+        st.rerun()
+    return None

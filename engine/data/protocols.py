@@ -1,0 +1,89 @@
+"""Evaluation protocols: which images are the queries and which the gallery.
+
+* ``"closed-set"``: the test split of the training dataset is both query and gallery
+  (``same_set=True``); the caller excludes each query from the gallery by index.
+* ``"open-set"``: classes disjoint from training, as in the CL2R papers (CIFAR-100 -> CIFAR-10):
+  queries are the evaluation dataset's "train" split and the gallery its "test" split.
+  ``shapes`` evaluates on held-out generator classes that come right after the trained ones
+  (``first_class + num_classes`` onwards, ``open_set_classes`` of them); other datasets need an
+  ``open_set_dataset`` (``OPEN_SET_DATASETS`` gives cifar100 -> cifar10 by default).
+
+Class-incremental cells may be scored on all test classes or only on those the gallery model was
+trained on (paper 000 leaves it open): option ``eval_classes`` = ``"all"`` | ``"seen"``, applied by
+``restrict_eval_split`` (closed-set only: open-set classes are never trained on).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.data.imageset import ImageSet
+from engine.data.registry import load_dataset
+from engine.data.shapes import DEFAULT_NUM_CLASSES
+
+PROTOCOLS = ("closed-set", "open-set")
+EVAL_CLASSES = ("all", "seen")
+OPEN_SET_DATASETS = {"cifar100": "cifar10"}
+OPEN_SET_CLASSES = 10
+
+
+@dataclass(frozen=True, eq=False)
+class EvalSplit:
+    """Queries and gallery of one protocol; with ``same_set`` they are the same images, index for index."""
+
+    query: ImageSet
+    gallery: ImageSet
+    same_set: bool
+    protocol: str
+
+
+def make_eval_split(protocol: str, *, dataset: str, root: str | Path = "data", seed: int = 0,
+                    options: Mapping | None = None, split_options: Mapping[str, Mapping] | None = None,
+                    open_set_dataset: str | None = None, open_set_classes: int = OPEN_SET_CLASSES) -> EvalSplit:
+    """Load the query and gallery images of ``protocol`` for a model trained on ``dataset``.
+
+    ``options`` go to every load this protocol makes (for open-set on real data those are loads of
+    ``open_set_dataset``); ``split_options["train"]`` / ``["test"]`` are added for that split only,
+    e.g. ``{"train": {"per_class": 60}, "test": {"per_class": 20}}``.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
+    options, split_options = dict(options or {}), split_options or {}
+
+    def load(name: str, split: str, extra: Mapping) -> ImageSet:
+        return load_dataset(name, root=root, split=split, seed=seed, **{**options, **split_options.get(split, {}), **extra})
+
+    if protocol == "closed-set":
+        test = load(dataset, "test", {})
+        return EvalSplit(test, test, True, protocol)
+    if dataset == "shapes" and open_set_dataset in (None, "shapes"):
+        if open_set_classes < 1:
+            raise ValueError(f"open_set_classes must be at least 1, got {open_set_classes}")
+        held_out = {"first_class": options.get("first_class", 0) + options.get("num_classes", DEFAULT_NUM_CLASSES),
+                    "num_classes": open_set_classes}
+        return EvalSplit(load("shapes", "train", held_out), load("shapes", "test", held_out), False, protocol)
+    name = open_set_dataset or OPEN_SET_DATASETS.get(dataset)
+    if name is None:
+        raise ValueError(f"open-set evaluation of {dataset!r} needs an open_set_dataset with classes disjoint from "
+                         f"its own (defaults exist for {', '.join(['shapes', *OPEN_SET_DATASETS])})")
+    if name == dataset:
+        raise ValueError(f"open-set evaluation on {dataset!r} itself would reuse the training classes; "
+                         f"choose a different open_set_dataset or the closed-set protocol")
+    return EvalSplit(load(name, "train", {}), load(name, "test", {}), False, protocol)
+
+
+def restrict_eval_split(split: EvalSplit, *, eval_classes: str, seen_classes: Sequence[int]) -> EvalSplit:
+    """The split to score a gallery model that was trained on ``seen_classes``.
+
+    ``eval_classes="all"`` returns ``split`` unchanged; ``"seen"`` keeps only the images of
+    ``seen_classes`` (labels unchanged), which needs a closed-set split.
+    """
+    if eval_classes not in EVAL_CLASSES:
+        raise ValueError(f"eval_classes must be one of {', '.join(EVAL_CLASSES)}, got {eval_classes!r}")
+    if eval_classes == "all":
+        return split
+    if split.protocol != "closed-set":
+        raise ValueError("eval_classes='seen' needs the closed-set protocol: open-set evaluation classes are never trained on")
+    kept = split.gallery.select_classes(seen_classes)
+    return EvalSplit(kept, kept, True, split.protocol)
