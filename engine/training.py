@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from engine.config import TrainingConfig
+from engine.data.loaders import crop_flip
 from engine.methods.base import Method, StepContext
 from engine.models.net import Net
 
@@ -29,20 +29,6 @@ class Hooks:
     on_epoch: Callable[[int, int, dict[str, float]], None] | None = None  # (epoch, epochs, mean loss parts)
     on_batch: Callable[[int, int], None] | None = None  # (batch index, batches per epoch)
     should_stop: Callable[[], bool] | None = None
-
-
-def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Random crop with 4-pixel zero padding and a horizontal flip, per image (the CIFAR recipe)."""
-    n, _, h, w = x.shape
-    padded = F.pad(x, (4, 4, 4, 4))
-    dx = torch.randint(0, 9, (n,), generator=generator)
-    dy = torch.randint(0, 9, (n,), generator=generator)
-    rows = (dy[:, None] + torch.arange(h)[None, :]).to(x.device)
-    cols = (dx[:, None] + torch.arange(w)[None, :]).to(x.device)
-    out = padded[torch.arange(n, device=x.device)[:, None, None, None], torch.arange(x.shape[1], device=x.device)[None, :, None, None],
-                 rows[:, None, :, None], cols[:, None, None, :]]
-    flip = (torch.rand(n, generator=generator) < 0.5).to(x.device)
-    return torch.where(flip[:, None, None, None], out.flip(3), out)
 
 
 def make_optimizer(net: Net, cfg: TrainingConfig) -> torch.optim.Optimizer:
@@ -109,7 +95,7 @@ def train_step(
             idx = perm[b * batch:(b + 1) * batch]
             x = images[idx]
             if augment_images:
-                x = augment(x, gen)
+                x = crop_flip(x, gen)  # random crop (padding size/8) + horizontal flip
             x, y = x.to(device, non_blocking=True), targets[idx].to(device, non_blocking=True)
             with torch.autocast(device.type, enabled=use_amp):
                 out = net(x)
