@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+from storage import get_engine, init_db
+
 torch.set_num_threads(2)
 
 
@@ -9,3 +11,12 @@ torch.set_num_threads(2)
 def db_url(tmp_path) -> str:
     """URL of an empty SQLite file in the test's temporary folder."""
     return f"sqlite:///{tmp_path / 'compatlab.db'}"
+
+
+@pytest.fixture
+def app_db(tmp_path, monkeypatch) -> str:
+    """An empty, initialised SQLite database that the Streamlit pages pick up through COMPATLAB_DB_URL."""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    monkeypatch.setenv("COMPATLAB_DB_URL", url)
+    init_db(get_engine(url))
+    return url

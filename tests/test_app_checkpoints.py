@@ -13,18 +13,10 @@ from streamlit.testing.v1 import AppTest
 from test_checkpoints_factory import save_state_dict_pt, save_step_checkpoint, write_image_folder
 
 from engine.checkpoints.compare import comparison_spec
-from storage import get_engine, init_db, list_jobs, session_scope
+from storage import get_engine, list_jobs, session_scope
 
 PAGE = Path(__file__).resolve().parents[1] / "app" / "app_pages" / "checkpoints.py"
 TIMEOUT = 120  # the first run imports torch
-
-
-@pytest.fixture
-def app_db(tmp_path, monkeypatch) -> str:
-    url = f"sqlite:///{tmp_path / 'app.db'}"
-    monkeypatch.setenv("COMPATLAB_DB_URL", url)
-    init_db(get_engine(url))
-    return url
 
 
 @pytest.fixture

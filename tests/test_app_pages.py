@@ -12,21 +12,13 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from engine.analysis import analysis_key
-from storage import enqueue_job, fail_job, get_engine, init_db, list_jobs, load_analysis, session_scope
+from storage import enqueue_job, fail_job, get_engine, list_jobs, load_analysis, session_scope
 from storage.jobs import claim_next_job
 from test_app_synthetic import fill_study
 
 MAIN = Path(__file__).resolve().parents[1] / "app" / "main.py"
 PAGES = ("overview", "new_experiment", "compatibility", "geometry", "backfilling")
 TIMEOUT = 120  # the first run imports torch and compiles numba kernels
-
-
-@pytest.fixture
-def app_db(tmp_path, monkeypatch) -> str:
-    url = f"sqlite:///{tmp_path / 'app.db'}"
-    monkeypatch.setenv("COMPATLAB_DB_URL", url)
-    init_db(get_engine(url))
-    return url
 
 
 @pytest.fixture
