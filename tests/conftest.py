@@ -20,3 +20,12 @@ def app_db(tmp_path, monkeypatch) -> str:
     monkeypatch.setenv("COMPATLAB_DB_URL", url)
     init_db(get_engine(url))
     return url
+
+
+@pytest.fixture
+def engine(tmp_path):
+    """An initialised SQLAlchemy engine on a fresh SQLite file (disposed after the test)."""
+    engine = get_engine(f"sqlite:///{tmp_path / 'test.db'}")
+    init_db(engine)
+    yield engine
+    engine.dispose()

@@ -9,8 +9,6 @@ from storage import (
     Analysis,
     NpyArray,
     create_experiment,
-    get_engine,
-    init_db,
     load_analysis,
     save_analysis,
     session_scope,
@@ -37,14 +35,6 @@ ARRAYS = {
     "big-endian": np.arange(4, dtype=">f8"),
     "fixed-width strings": np.array(["img_001.png", "b"]),
 }
-
-
-@pytest.fixture
-def engine(tmp_path):
-    engine = get_engine(f"sqlite:///{tmp_path / 'test.db'}")
-    init_db(engine)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture

@@ -27,14 +27,6 @@ from storage import (
 TABLES = {"studies", "experiments", "model_versions", "feature_sets", "compatibility_matrices", "analyses", "jobs"}
 
 
-@pytest.fixture
-def engine(tmp_path):
-    engine = get_engine(f"sqlite:///{tmp_path / 'test.db'}")
-    init_db(engine)
-    yield engine
-    engine.dispose()
-
-
 def test_sqlite_connections_use_wal_foreign_keys_and_a_busy_timeout(engine):
     with engine.connect() as connection:
         assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"

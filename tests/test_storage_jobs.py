@@ -14,9 +14,7 @@ from storage import (
     fail_job,
     fail_stale_jobs,
     finish_job,
-    get_engine,
     heartbeat,
-    init_db,
     is_cancel_requested,
     list_jobs,
     request_cancel,
@@ -25,14 +23,6 @@ from storage import (
     set_experiment_status,
     update_job_progress,
 )
-
-
-@pytest.fixture
-def engine(tmp_path):
-    engine = get_engine(f"sqlite:///{tmp_path / 'test.db'}")
-    init_db(engine)
-    yield engine
-    engine.dispose()
 
 
 def enqueue(engine, count: int = 1, **links) -> list[int]:

@@ -17,8 +17,6 @@ from storage import (
     delete_experiment,
     enqueue_job,
     find_experiment_by_hash,
-    get_engine,
-    init_db,
     list_experiments,
     list_feature_views,
     list_model_versions,
@@ -34,14 +32,6 @@ from storage import (
 
 FEATURES = np.array([[0.0, 1.0, -0.0], [np.nan, 2.0, 3.0]], dtype=np.float32)
 LABELS = np.array([4, 7])
-
-
-@pytest.fixture
-def engine(tmp_path):
-    engine = get_engine(f"sqlite:///{tmp_path / 'test.db'}")
-    init_db(engine)
-    yield engine
-    engine.dispose()
 
 
 def new_experiment(session, name="e", config_hash="h", study_id=None) -> int:
