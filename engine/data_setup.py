@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from engine.config import RunConfig
-from engine.data import ImageSet, Scenario, Step, build_scenario, load_dataset, select_replay
+from engine.data import ImageSet, Scenario, Step, build_scenario, load_dataset, make_eval_split, select_replay
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,6 @@ def scenario_classes(cfg: RunConfig) -> int | None:
 def prepare_run_data(cfg: RunConfig) -> RunData:
     """Load (or generate) the data of ``cfg`` and build its scenario; errors are ValueErrors a person can act on."""
     d, e, s = cfg.dataset, cfg.eval, cfg.scenario
-    if e.protocol not in ("closed-set", "open-set"):
-        raise ValueError(f"unknown protocol {e.protocol!r}; use 'closed-set' or 'open-set'")
     if e.eval_classes not in ("all", "seen"):
         raise ValueError(f"eval_classes must be 'all' or 'seen', got {e.eval_classes!r}")
     if e.eval_classes == "seen" and e.protocol == "open-set":
@@ -80,7 +78,10 @@ def prepare_run_data(cfg: RunConfig) -> RunData:
             raise ValueError("shapes needs dataset.num_classes or scenario.num_steps to know how many classes to generate")
         extra["num_classes"] = n
     train = load_dataset(d.name, **_options(cfg, "train", d.train_per_class, **extra))
-    test = load_dataset(d.name, **_options(cfg, "test", d.test_per_class, **extra))
+    split = make_eval_split(e.protocol, dataset=d.name, root=d.root, seed=cfg.seed,
+                            options={"download": d.download, "image_size": d.image_size or 32, **extra},
+                            split_options={"train": {"per_class": d.train_per_class}, "test": {"per_class": d.test_per_class}},
+                            open_set_dataset=e.open_set_dataset, open_set_classes=e.open_set_classes)
     num_classes = train.num_classes
     scenario = build_scenario(num_classes=num_classes, initial_classes=s.initial_classes, increment=s.increment,
                               num_steps=s.num_steps, class_order_seed=s.class_order_seed, training=s.training,
@@ -94,20 +95,11 @@ def prepare_run_data(cfg: RunConfig) -> RunData:
              tuple(rank[list(st.train_classes)].tolist()), tuple(rank[list(st.replay_classes)].tolist()), st.replaced)
         for st in scenario.steps), scenario.training, scenario.replay_per_class)
     train = _remap(train, rank, names)
-    if e.protocol == "closed-set":
-        query = gallery = _remap(test, rank, names)
-        same_set = True
+    if split.same_set:  # closed-set: the test images share the training classes, so they share the remapping
+        query = gallery = _remap(split.gallery, rank, names)
     else:
-        if d.name == "shapes":
-            held = dict(num_classes=e.open_set_classes, first_class=num_classes)
-            query = load_dataset("shapes", **_options(cfg, "train", d.train_per_class, **held))
-            gallery = load_dataset("shapes", **_options(cfg, "test", d.test_per_class, **held))
-        elif e.open_set_dataset:
-            query = load_dataset(e.open_set_dataset, **_options(cfg, "train", d.train_per_class))
-            gallery = load_dataset(e.open_set_dataset, **_options(cfg, "test", d.test_per_class))
-        else:
-            raise ValueError(f"open-set evaluation on {d.name!r} needs eval.open_set_dataset (e.g. 'cifar10' for cifar100)")
-        same_set = False
+        query, gallery = split.query, split.gallery
+    same_set = split.same_set
     channels = train.images.shape[1]
     per_class = e.train_features_per_class
     subset = select_replay(train.labels.numpy(), range(num_classes), per_class, cfg.seed) if per_class else np.zeros(0, np.int64)
