@@ -43,12 +43,12 @@ import torch
 from engine.device import pick_device
 from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
 from engine.metrics.retrieval import Ties, unit_rows, metrics_from_stats, parse_metric, prepare_gallery
-from engine.metrics.search import block_similarities
+from engine.metrics.search import DEFAULT_BLOCK, block_rows, block_similarities
 from engine.metrics.validate import check_cell, check_features, check_labels
 
 DEFAULT_FRACTIONS = np.linspace(0.0, 1.0, 21)
 # similarity entries per query block; the torch backend's default, so the endpoints match it bit for bit
-MAX_BLOCK = 1 << 25
+MAX_BLOCK = DEFAULT_BLOCK
 
 
 def backfill_counts(fractions: np.ndarray, n: int) -> np.ndarray:
@@ -92,7 +92,7 @@ def _stats(sims: torch.Tensor, starts: np.ndarray, ends: np.ndarray, *, map_k: i
     """The ranking statistics of one block, with the kernel the torch backend uses on that device."""
     if sims.device.type == "cpu":
         return stats_numba(sims.numpy(), starts, ends, map_k=map_k, want_ap=want_ap)
-    return stats_torch(sims, torch.as_tensor(starts), torch.as_tensor(ends), map_k=map_k)
+    return stats_torch(sims, torch.as_tensor(starts), torch.as_tensor(ends), map_k=map_k, want_ap=want_ap)
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
@@ -262,11 +262,13 @@ def backfill_curves(
         n_pos = n_pos - ((exclude >= starts) & (exclude < ends))
 
     parts: list[list[QueryStats]] = [[] for _ in fractions]
-    step = max(1, max_block // n_old)
+    step = block_rows(max_block, n_old)
+    old_buffer = torch.empty(min(step, len(q)), n_old, device=device)
+    new_buffer = torch.empty_like(old_buffer)
     for lo in range(0, len(q), step):
         rows = slice(lo, min(len(q), lo + step))
-        s_old = block_similarities(q, old_g, rows, starts, ends, exclude, None)
-        s_new = block_similarities(q, new_g, rows, starts, ends, exclude, None)
+        s_old = block_similarities(q, old_g, rows, starts, ends, exclude, None, out=old_buffer)
+        s_new = block_similarities(q, new_g, rows, starts, ends, exclude, None, out=new_buffer)
         if recall1_only:
             block = _recall1_stats(s_old, s_new, starts[rows], ends[rows], segment, len(counts), n_pos[rows].astype(np.int64))
         else:

@@ -143,6 +143,50 @@ def test_numba_and_torch_statistics_agree_with_ties_and_exclusions():
             assert a.ap[r] == pytest.approx(average_precision_score(pos[keep], sims[r][keep]))
 
 
+@pytest.mark.parametrize("row, n_pos", [
+    ([0.0, 1e-40, 0.0, 5e-41, -1.0, 1e-40], 2),  # positives a subnormal apart (bucket scale overflows)
+    ([0.5, 0.5, 0.5, 0.7, 0.2, 0.5], 2),  # all positives equal, negatives tied with them
+    ([0.9, 0.1, 0.5, 0.3, 0.1, 0.9, 0.0, 0.5], 3),  # negatives on positives' values, inside the range
+])
+def test_ranking_kernel_edge_values_match_scikit_learn(row, n_pos):
+    sims = np.array([row], np.float32)
+    stats = stats_numba(sims, np.array([0]), np.array([n_pos]), map_k=2)
+    labels = np.arange(len(row)) < n_pos
+    assert stats.ap[0] == pytest.approx(average_precision_score(labels, sims[0]))
+    best = sims[0, :n_pos].max()
+    assert stats.neg_ge_best[0] == (sims[0, n_pos:] >= best).sum() and stats.neg_gt_best[0] == (sims[0, n_pos:] > best).sum()
+
+
+def test_counting_kernel_without_ap_matches_brute_force_with_ties_and_exclusions():
+    rng = np.random.default_rng(4)
+    sims = rng.integers(-3, 4, size=(60, 25)).astype(np.float32) / 3  # many ties with the best positive
+    sims[rng.random(sims.shape) < 0.15] = -np.inf
+    starts = rng.integers(0, 18, 60)
+    ends = starts + rng.integers(0, 8, 60)
+    fast = stats_numba(sims, starts, ends, want_ap=False)
+    on_torch = stats_torch(torch.tensor(sims), torch.tensor(starts), torch.tensor(ends), want_ap=False)
+    for r in range(60):  # a plain loop over the row
+        cols = np.arange(25)
+        keep = sims[r] != -np.inf
+        pos = keep & (cols >= starts[r]) & (cols < ends[r])
+        neg = keep & ~((cols >= starts[r]) & (cols < ends[r]))
+        best = sims[r][pos].max() if pos.any() else None
+        assert fast.n_positives[r] == pos.sum()
+        assert fast.neg_ge_best[r] == (0 if best is None else (sims[r][neg] >= best).sum())
+        assert fast.neg_gt_best[r] == (0 if best is None else (sims[r][neg] > best).sum())
+    for f in ("n_positives", "neg_ge_best", "neg_gt_best"):
+        np.testing.assert_array_equal(getattr(fast, f), getattr(on_torch, f))
+    assert np.isnan(fast.ap).all() and np.isnan(on_torch.ap).all()
+
+
+def test_auto_backend_is_torch_on_a_cpu_machine():
+    from engine.metrics.search import TorchBackend, pick_backend
+
+    assert isinstance(pick_backend(None, need_ranking=False), TorchBackend)
+    assert isinstance(pick_backend("auto", need_ranking=True), TorchBackend)
+    assert pick_backend("faiss", need_ranking=False).name == "faiss"
+
+
 @pytest.mark.parametrize("protocol", ["instance", "template"])
 @pytest.mark.parametrize("same_set", [False, True])
 def test_faiss_and_torch_backends_give_identical_results(protocol, same_set):

@@ -15,9 +15,12 @@ Conventions (documented once, used by every metric):
 * mAP@k (not used by the papers) is ``sum of precisions at positives ranked <= k / min(P, k)``,
   where a positive's rank is ``#items >= s``.
 
-Two implementations compute the same numbers: a compiled CPU kernel (numba, one linear pass per
-query with a binary search into that query's sorted positives) and a torch version that runs on
-CUDA. Tests check them against each other and against scikit-learn.
+Two implementations compute the same numbers: compiled CPU kernels (numba) and a torch version
+that runs on CUDA. On CPU, a request without AP takes the counting kernel (best positive, then two
+branch-free counts over the row, which the compiler vectorises); with AP, the ranking kernel makes one
+pass per query that places every negative between that query's sorted positives through buckets
+(counted per bucket where a bucket holds no positive, placed exactly where it does). Tests check the
+implementations against each other and against scikit-learn.
 """
 from __future__ import annotations
 
@@ -49,7 +52,40 @@ class QueryStats:
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
-def _stats_kernel(sims, starts, ends, map_k, want_ap):  # pragma: no cover - compiled
+def _counts_kernel(sims, starts, ends):  # pragma: no cover - compiled
+    """Positives, and negatives >= / > the best positive, of each row (no AP)."""
+    n, width = sims.shape
+    n_pos = np.zeros(n, np.int64)
+    neg_ge = np.zeros(n, np.int64)
+    neg_gt = np.zeros(n, np.int64)
+    for r in numba.prange(n):
+        row = sims[r]
+        best = -np.inf
+        p = 0
+        for j in range(starts[r], ends[r]):
+            v = row[j]
+            if v != -np.inf:
+                p += 1
+                best = max(best, v)
+        n_pos[r] = p
+        if p == 0:
+            continue
+        ge = 0
+        gt = 0
+        for j in range(width):  # whole row, then take the positives back out: no branch in the long loop
+            ge += row[j] >= best
+            gt += row[j] > best
+        for j in range(starts[r], ends[r]):
+            ge -= row[j] >= best
+            gt -= row[j] > best
+        neg_ge[r] = ge
+        neg_gt[r] = gt
+    return n_pos, neg_ge, neg_gt
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
+    """Positives, negatives >= / > the best positive, AP and AP@k of each row."""
     n, width = sims.shape
     n_pos = np.zeros(n, np.int64)
     neg_ge = np.zeros(n, np.int64)
@@ -72,41 +108,51 @@ def _stats_kernel(sims, starts, ends, map_k, want_ap):  # pragma: no cover - com
         pos = np.sort(pos[:p])  # ascending
         best = pos[p - 1]
         lowest = pos[0]
-        # cnt[m] = negatives v with exactly m positives <= v (m = upper bound of v in pos)
+        # cnt[m] = negatives v with exactly m positives <= v. A negative in [lowest, best) is placed
+        # through buckets: bucket(x) = min(int((x - lowest) * scale), nb) is monotone in x, so every
+        # positive in a lower bucket is below v and every one in a higher bucket above it. A bucket
+        # that holds no positive therefore gives all its negatives the same m (positives in lower
+        # buckets) and only needs a count; in a bucket with positives each negative is placed exactly.
+        nb = min(16 * p, 4 * width) + 16
+        scale = np.float32(nb / (np.float64(best) - np.float64(lowest))) if best > lowest else np.float32(0.0)
+        if not np.isfinite(scale):  # positives a few subnormals apart: one bucket, every negative placed exactly
+            scale = np.float32(0.0)
+        in_bucket = np.zeros(nb + 1, np.int32)
+        for i in range(p):
+            in_bucket[min(np.intp((pos[i] - lowest) * scale), nb)] += 1
+        below = np.empty(nb + 1, np.int32)  # positives in lower buckets
+        acc = 0
+        for i in range(nb + 1):
+            below[i] = acc
+            acc += in_bucket[i]
+        hist = np.zeros(nb + 1, np.int32)
         cnt = np.zeros(p + 1, np.int64)
-        # bucket table over [lowest, best): table[i] = positives <= the bucket's lower edge, so the
-        # upper bound of a value is found with a short walk instead of a binary search
-        n_buckets = 4 * p + 16 if want_ap else 0
-        scale = n_buckets / (best - lowest) if (want_ap and best > lowest) else 0.0
-        table = np.zeros(n_buckets + 1, np.int64)
-        m = 0
-        for i in range(n_buckets + 1):
-            edge = lowest + i / scale if scale > 0 else lowest
-            while m < p and pos[m] <= edge:
-                m += 1
-            table[i] = m
+        ge = 0
         gt = 0
-        span = b - a
-        for jj in range(width - span):
-            j = jj if jj < a else jj + span
-            v = row[j]
-            if v >= best:
-                cnt[p] += 1
-                if v > best:
-                    gt += 1
-                continue
-            if not want_ap or v < lowest:
-                continue
-            u = table[min(int((v - lowest) * scale), n_buckets)]
-            while u > 0 and pos[u - 1] > v:  # float rounding at a bucket edge
-                u -= 1
-            while u < p and pos[u] <= v:
-                u += 1
-            cnt[u] += 1
+        for part in range(2):  # the negatives: the columns left and right of the positives' slice
+            lo = 0 if part == 0 else b
+            hi = a if part == 0 else width
+            for j in range(lo, hi):
+                v = row[j]
+                if v < lowest:
+                    continue
+                if v >= best:
+                    ge += 1
+                    gt += v > best
+                    continue
+                k = min(np.intp((v - lowest) * scale), nb)
+                if in_bucket[k] == 0:
+                    hist[k] += 1
+                else:
+                    m = below[k]
+                    while pos[m] <= v:  # ends before p because v < best
+                        m += 1
+                    cnt[m] += 1
+        for i in range(nb + 1):
+            cnt[below[i]] += hist[i]
+        cnt[p] = ge
         neg_gt[r] = gt
-        neg_ge[r] = cnt[p]
-        if not want_ap:
-            continue
+        neg_ge[r] = ge
         # walk tie groups of positives from the highest down; suffix = negatives >= group value
         total = 0.0
         total_k = 0.0
@@ -137,14 +183,22 @@ def _stats_kernel(sims, starts, ends, map_k, want_ap):  # pragma: no cover - com
 def stats_numba(sims: np.ndarray, starts: np.ndarray, ends: np.ndarray, *, map_k: int = 0, want_ap: bool = True) -> QueryStats:
     """Compiled CPU statistics for a float32 block ``sims`` (n, width); see the module docstring."""
     sims = np.ascontiguousarray(sims, dtype=np.float32)
+    starts, ends = starts.astype(np.int64), ends.astype(np.int64)
     threads = torch.get_num_threads()  # numba's OpenMP layer can reset torch's thread count
-    out = _stats_kernel(sims, starts.astype(np.int64), ends.astype(np.int64), int(map_k), bool(want_ap))
+    if want_ap or map_k:
+        out = _stats_kernel(sims, starts, ends, int(map_k))
+    else:
+        nan = np.full(len(sims), np.nan)
+        out = (*_counts_kernel(sims, starts, ends), nan, nan.copy())
     torch.set_num_threads(threads)
     return QueryStats(*out)
 
 
-def stats_torch(sims: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, *, map_k: int = 0) -> QueryStats:
-    """The same statistics with torch sorting (used on CUDA, and as the cross-check on CPU)."""
+def stats_torch(sims: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, *, map_k: int = 0, want_ap: bool = True) -> QueryStats:
+    """The same statistics with torch sorting (used on CUDA, and as the cross-check on CPU).
+
+    Without AP (``want_ap=False`` and no ``map_k``) the sort is skipped and AP fields are NaN.
+    """
     n, width = sims.shape
     dev = sims.device
     cols = torch.arange(width, device=dev)
@@ -157,6 +211,10 @@ def stats_torch(sims: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, *,
     has = n_pos > 0
     neg_ge = torch.where(has, (is_neg & (sims >= best[:, None])).sum(1), 0)
     neg_gt = torch.where(has, (is_neg & (sims > best[:, None])).sum(1), 0)
+    to_np = lambda t: t.cpu().numpy()  # noqa: E731
+    if not want_ap and not map_k:
+        nan = np.full(n, np.nan)
+        return QueryStats(to_np(n_pos).astype(np.int64), to_np(neg_ge).astype(np.int64), to_np(neg_gt).astype(np.int64), nan, nan.copy())
     # threshold counts: for each item, items (and positives) with similarity >= its own
     vals = torch.where(valid, sims, torch.full_like(sims, -torch.inf))
     sorted_vals, order = torch.sort(vals, dim=1)  # ascending
@@ -173,5 +231,4 @@ def stats_torch(sims: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, *,
         ap_k = torch.where(has, ap_k_vals, torch.full_like(ap_k_vals, float("nan")))
     else:
         ap_k = torch.full((n,), float("nan"), dtype=torch.float64, device=dev)
-    to_np = lambda t: t.cpu().numpy()  # noqa: E731
     return QueryStats(to_np(n_pos).astype(np.int64), to_np(neg_ge).astype(np.int64), to_np(neg_gt).astype(np.int64), to_np(ap), to_np(ap_k))

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
-from engine.metrics.search import Backend, pick_backend
+from engine.metrics.search import DEFAULT_BLOCK, Backend, pick_backend
 from engine.metrics.validate import check_cell
 
 Protocol = Literal["instance", "template"]
@@ -108,7 +108,7 @@ def cell_stats(
     want_ap: bool = True,
     backend: Backend | str | None = None,
     top_k: int = 1,
-    max_block: int = 1 << 25,
+    max_block: int = DEFAULT_BLOCK,
 ) -> QueryStats:
     """One neighbour pass over a cell: per-query statistics in the caller's query order.
 

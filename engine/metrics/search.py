@@ -1,13 +1,18 @@
 """Search backends: who computes the neighbours of a cell.
 
-* ``torch``: chunked matrix products on CPU or CUDA; the per-query statistics come from the compiled
-  CPU kernel (on CPU) or torch sorting (on CUDA). Exact for every metric.
+* ``torch``: the queries in blocks of rows; each block's similarities to the whole gallery are one
+  matrix product written into a buffer that is reused from block to block, and the per-query
+  statistics come from the compiled CPU kernels (on CPU) or torch (on CUDA) while the block is
+  still in cache. Exact for every metric.
 * ``faiss``: ``IndexFlatIP`` top-k search (GPU index when ``faiss.get_num_gpus() > 0``), for
   Recall@k-only requests. The best positive's similarity is computed exactly per class; queries
   whose top-k list ends in a tie with it are recomputed by the torch backend, so both backends
   give the same hits.
 
-``pick_backend(None)`` chooses faiss for Recall-only requests when it imports, torch otherwise.
+``pick_backend(None)`` ("auto") picks torch, except for Recall-only requests on a machine where
+faiss sees a GPU and torch does not. On CPU the torch backend is the faster of the two even for
+Recall@1 alone (``bench/bench_metrics.py``: the block product plus the counting pass costs less
+than faiss's top-1 search), and it is the only one that gives AP.
 """
 from __future__ import annotations
 
@@ -19,6 +24,9 @@ import torch
 from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
 
 BACKENDS = ("auto", "torch", "faiss")
+# similarity entries per block of query rows (16 MB of float32): small enough that the ranking pass
+# reads the block from cache right after the matrix product wrote it
+DEFAULT_BLOCK = 1 << 22
 
 
 class Backend(TypingProtocol):
@@ -29,10 +37,19 @@ class Backend(TypingProtocol):
               own_template: torch.Tensor | None, map_k: int, want_ap: bool, max_block: int) -> QueryStats: ...
 
 
+def block_rows(max_block: int, width: int) -> int:
+    """Query rows per block so that a block holds at most ``max_block`` similarities (at least one row)."""
+    return max(1, max_block // max(width, 1))
+
+
 def block_similarities(q: torch.Tensor, g, rows: slice, starts: np.ndarray, ends: np.ndarray, exclude: np.ndarray | None,
-                own_template: torch.Tensor | None) -> torch.Tensor:
-    """Similarities of a block of queries to the whole gallery, with exclusions applied."""
-    sims = q[rows] @ g.features.T
+                       own_template: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Similarities of a block of queries to the whole gallery, with exclusions applied.
+
+    ``out`` is a reusable (rows, width) buffer; the block is written into its first rows.
+    """
+    block = q[rows]
+    sims = torch.mm(block, g.features.T, out=None if out is None else out[: len(block)])
     local = torch.arange(sims.shape[0], device=sims.device)
     if exclude is not None:
         sims[local, torch.as_tensor(exclude[rows], device=sims.device)] = -torch.inf
@@ -55,15 +72,16 @@ class TorchBackend:
 
     def stats(self, q, g, starts, ends, *, exclude, own_template, map_k, want_ap, max_block) -> QueryStats:
         n, width = q.shape[0], g.features.shape[0]
-        step = max(1, max_block // max(width, 1))
+        step = block_rows(max_block, width)
+        buffer = torch.empty(min(step, n), width, device=q.device)
         parts = []
         for lo in range(0, n, step):
             rows = slice(lo, min(n, lo + step))
-            sims = block_similarities(q, g, rows, starts, ends, exclude, own_template)
+            sims = block_similarities(q, g, rows, starts, ends, exclude, own_template, out=buffer)
             if self.device.type == "cpu":
                 parts.append(stats_numba(sims.numpy(), starts[rows], ends[rows], map_k=map_k, want_ap=want_ap))
             else:
-                parts.append(stats_torch(sims, torch.as_tensor(starts[rows]), torch.as_tensor(ends[rows]), map_k=map_k))
+                parts.append(stats_torch(sims, torch.as_tensor(starts[rows]), torch.as_tensor(ends[rows]), map_k=map_k, want_ap=want_ap))
         return QueryStats.concat(parts) if parts else stats_numba(np.zeros((0, width), np.float32), starts, ends)
 
 
@@ -144,17 +162,26 @@ def _best_positive(q, g, starts, ends, exclude) -> np.ndarray:
     return best
 
 
+def _faiss_gpus() -> int:
+    try:
+        import faiss
+    except ImportError:
+        return 0
+    return faiss.get_num_gpus()
+
+
 def pick_backend(backend: "Backend | str | None", *, need_ranking: bool, k: int = 1) -> Backend:
-    """Resolve a backend name; ``None``/"auto" picks faiss for top-k-only work, torch otherwise."""
+    """Resolve a backend name; ``None``/"auto" picks torch unless only faiss has a GPU (see module docstring)."""
     if backend is not None and not isinstance(backend, str):
         return backend
     name = backend or "auto"
     if name not in BACKENDS:
         raise ValueError(f"unknown search backend {name!r}; use one of {', '.join(BACKENDS)}")
-    if name == "faiss" or (name == "auto" and not need_ranking):
+    if name == "auto" and not need_ranking and not torch.cuda.is_available() and _faiss_gpus() > 0:
+        name = "faiss"
+    if name == "faiss":
         try:
             return FaissBackend(k)
         except ImportError:
-            if name == "faiss":
-                raise ValueError("search backend 'faiss' was requested but faiss is not installed") from None
+            raise ValueError("search backend 'faiss' was requested but faiss is not installed") from None
     return TorchBackend("auto")
