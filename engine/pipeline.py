@@ -91,7 +91,7 @@ def _next_model(method: Method, cfg: RunConfig, data: RunData, previous: Net | N
     for name, buf in net.head.named_buffers():  # fixed prototypes stay fixed
         buf.requires_grad_(False)
     if method.head == "linear" and net.head.num_outputs < num_seen:
-        net.head.expand(num_seen - net.head.num_outputs)
+        net.head.expand(num_seen - net.head.num_outputs, seed=cfg.seed + 1000 * step + 1)
     return net
 
 

@@ -99,14 +99,30 @@ def test_linear_head_expansion_keeps_old_rows():
     old_weight, old_bias = head.weight.detach().clone(), head.fc.bias.detach().clone()
     features = torch.randn(5, 6)
     old_logits = head(features).detach()
-    head.expand(2)
+    head.expand(2, seed=7)
     assert head.num_outputs == 5
     assert torch.equal(head.weight[:3].detach(), old_weight)
     assert torch.equal(head.fc.bias[:3].detach(), old_bias)
     torch.testing.assert_close(head(features)[:, :3].detach(), old_logits)
     assert head.weight.requires_grad
     with pytest.raises(ValueError):
-        head.expand(0)
+        head.expand(0, seed=7)
+
+
+def test_linear_head_expansion_is_seeded_and_leaves_the_global_rng_alone():
+    grown = []
+    for _ in range(2):
+        head = LinearHead(6, 3, bias=True)
+        head.fc.weight.data.zero_()
+        state = torch.random.get_rng_state()
+        head.expand(2, seed=11)
+        assert torch.equal(torch.random.get_rng_state(), state)
+        grown.append(head.weight[3:].detach().clone())
+    torch.testing.assert_close(grown[0], grown[1], rtol=0, atol=0)
+    with torch.random.fork_rng(devices=[]):  # the new rows are nn.Linear's default init under that seed
+        torch.manual_seed(11)
+        reference = torch.nn.Linear(6, 5).weight[3:].detach()
+    torch.testing.assert_close(grown[0], reference, rtol=0, atol=0)
 
 
 def test_linear_head_defaults_to_no_bias_and_identity_mapping():

@@ -121,9 +121,7 @@ def _run(epochs: int, lr: float, step2_init: str, width: int, seed: int) -> Stat
                 if step2_init == "scratch":
                     net = build_net(head, num_outputs=ALL_CLASSES, width=width, seed=seed)
                 elif head == "learnable":
-                    with torch.random.fork_rng(devices=[]):  # expand() draws the new rows from the global RNG
-                        torch.manual_seed(seed)
-                        net.head.expand(ALL_CLASSES - FIRST_CLASSES)
+                    net.head.expand(ALL_CLASSES - FIRST_CLASSES, seed=seed)
             mask = train.labels < len(classes)
             seen = tuple(classes)
             ctx = StepContext(step=step, seen_classes=seen, new_classes=seen if step == 1 else seen[FIRST_CLASSES:])

@@ -106,15 +106,18 @@ class LinearHead(nn.Module):
     def output_to_class(self, outputs: torch.Tensor) -> torch.Tensor:
         return outputs
 
-    def expand(self, num_new: int) -> None:
+    def expand(self, num_new: int, *, seed: int) -> None:
         """Append ``num_new`` freshly initialised outputs; old rows (and biases) are kept exactly.
 
-        The parameters are new tensors: rebuild the optimiser afterwards.
+        The new rows get ``nn.Linear``'s default initialisation drawn from ``seed`` (the global RNG is
+        neither used nor advanced). The parameters are new tensors: rebuild the optimiser afterwards.
         """
         if num_new < 1:
             raise ValueError(f"num_new must be positive, got {num_new}")
         old = self.fc
-        grown = nn.Linear(self.feature_dim, old.out_features + num_new, bias=old.bias is not None)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            grown = nn.Linear(self.feature_dim, old.out_features + num_new, bias=old.bias is not None)
         grown = grown.to(device=old.weight.device, dtype=old.weight.dtype)
         with torch.no_grad():
             grown.weight[: old.out_features] = old.weight
