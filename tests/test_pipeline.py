@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from sqlalchemy import func, select
 
 import engine.pipeline as pipeline
@@ -109,6 +110,35 @@ def test_resume_after_a_kill_trains_only_the_missing_steps(tmp_path, monkeypatch
     trained.clear()
     assert run_experiment(cfg, ctx) == 1 and trained == []  # finished config: reused, nothing retrained
     assert _count(ctx.db, Experiment) == 1
+
+
+@pytest.mark.slow
+def test_resumed_fine_tuning_run_matches_an_uninterrupted_one(tmp_path, monkeypatch):
+    # er fine-tunes a linear head that grows each step: its new rows are seeded, not drawn from the global RNG
+    cfg = _cfg(methods=["er"])
+    whole = _ctx(tmp_path / "whole")
+    run_experiment(cfg, whole)
+    resumed = _ctx(tmp_path / "resumed")
+    real = pipeline.train_step
+
+    def dying(net, method, images, labels, sctx, *a, **k):
+        if sctx.step == 3:
+            raise KeyboardInterrupt("killed")
+        return real(net, method, images, labels, sctx, *a, **k)
+
+    monkeypatch.setattr(pipeline, "train_step", dying)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, resumed)
+    monkeypatch.setattr(pipeline, "train_step", real)
+    torch.manual_seed(12345)  # a different global RNG state must not matter
+    run_experiment(cfg, resumed)
+    last = []
+    for ctx in (whole, resumed):
+        with session_scope(ctx.db) as s:
+            version = list_model_versions(s, 1)[-1]
+            last.append((version.step, load_feature_set(s, version.id, "gallery", "logits")[0]))
+    assert last[0][0] == last[1][0] == 3
+    np.testing.assert_array_equal(last[0][1], last[1][1])
 
 
 def test_cancel_leaves_no_partial_rows(tmp_path):
