@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from engine.config import INIT_SEEDS
+
 DATASETS = ("digits", "shapes", "cifar10", "cifar100", "imagefolder")
 KNOWN_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100}
 PROTOCOLS = ("closed-set", "open-set")
@@ -34,7 +36,7 @@ FIELDS: dict[str, tuple[str | None, str]] = {
     "initial_classes": ("scenario", "initial_classes"), "increment": ("scenario", "increment"),
     "num_steps": ("scenario", "num_steps"), "training": ("scenario", "training"),
     "replay_per_class": ("scenario", "replay_per_class"), "replacement_steps": ("scenario", "replacement_steps"),
-    "backbone": ("model", "backbone"), "feature_dim": ("model", "feature_dim"),
+    "backbone": ("model", "backbone"), "feature_dim": ("model", "feature_dim"), "init_seed": ("model", "init_seed"),
     "epochs": ("training", "epochs"), "lr": ("training", "lr"), "batch_size": ("training", "batch_size"),
     "optimizer": ("training", "optimizer"), "momentum": ("training", "momentum"),
     "weight_decay": ("training", "weight_decay"), "lr_schedule": ("training", "lr_schedule"),

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 
+INIT_SEEDS = ("same", "per_step")
+
+
 @dataclass(frozen=True)
 class DatasetConfig:
     name: str = "shapes"  # digits | shapes | cifar10 | cifar100 | imagefolder
@@ -58,6 +61,9 @@ class ModelConfig:
     width: int | None = None  # small_cnn channel width / output size
     feature_dim: int | None = None  # projection to this size (None: backbone output; d-Simplex: K - 1)
     dsimplex_classes: int | None = None  # K pre-allocated classes for fixed heads (None: total classes)
+    # models trained from scratch: the "same" initial weights at every step, as CoReS prescribes (paper 002,
+    # Sec. 5.1; Sec. 6.4 / Tab. 9 "SAME"), or a new seed per step ("per_step", Tab. 9 "RANDOM")
+    init_seed: str = "same"
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,8 @@ def _build(cls: type, data: dict[str, Any], where: str = "") -> Any:
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """Build and validate a RunConfig; unknown keys and wrong types raise ValueError."""
     cfg = _build(RunConfig, data)
+    if cfg.model.init_seed not in INIT_SEEDS:
+        raise ValueError(f"model.init_seed must be one of {', '.join(INIT_SEEDS)}, got {cfg.model.init_seed!r}")
     if not cfg.methods:
         raise ValueError("config needs at least one method in 'methods'")
     stray = sorted(set(cfg.method_params) - set(cfg.methods))

@@ -77,7 +77,8 @@ def _new_model(method: Method, cfg: RunConfig, data: RunData, num_seen: int, ste
         feature_dim = k_total - 1  # the smallest space a K-class simplex ETF fits in
     return build_model(backbone=cfg.model.backbone, head=method.head, num_classes=k_total if fixed else num_seen,
                        feature_dim=feature_dim,
-                       in_channels=data.in_channels, width=cfg.model.width, seed=cfg.seed + 1000 * step)
+                       in_channels=data.in_channels, width=cfg.model.width,
+                       seed=cfg.seed if cfg.model.init_seed == "same" else cfg.seed + 1000 * step)
 
 
 def _next_model(method: Method, cfg: RunConfig, data: RunData, previous: Net | None, num_seen: int, step: int,

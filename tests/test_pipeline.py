@@ -10,7 +10,8 @@ from sqlalchemy import func, select
 
 import engine.pipeline as pipeline
 from engine.config import config_from_dict
-from engine.methods import METHODS
+from engine.data_setup import prepare_run_data
+from engine.methods import METHODS, build_method
 from engine.metrics import compatibility_matrix
 from engine.pipeline import RunContext, run_experiment, run_study
 from engine.training import Cancelled
@@ -110,6 +111,25 @@ def test_resume_after_a_kill_trains_only_the_missing_steps(tmp_path, monkeypatch
     trained.clear()
     assert run_experiment(cfg, ctx) == 1 and trained == []  # finished config: reused, nothing retrained
     assert _count(ctx.db, Experiment) == 1
+
+
+@pytest.mark.parametrize("init_seed, same", [("same", True), ("per_step", False)])
+def test_scratch_models_start_from_the_same_weights_every_step_by_default(init_seed, same):
+    # CoReS (paper 002, Sec. 5.1 and Tab. 9): the same random initialisation at every upgrade
+    cfg = _cfg(methods=["cores"], model={**TINY["model"], "init_seed": init_seed})
+    data = prepare_run_data(cfg)
+    method = build_method("cores")
+    nets, previous = [], None
+    for step in (1, 2, 3):
+        previous = pipeline._next_model(method, cfg, data, previous, 4 + 3 * (step - 1), step, replaced=False)
+        nets.append(previous)
+    for net in nets[1:]:
+        assert all(torch.equal(p, q) for p, q in zip(nets[0].parameters(), net.parameters())) is same
+
+
+def test_init_seed_must_be_known():
+    with pytest.raises(ValueError, match="model.init_seed must be one of same, per_step, got 'random'"):
+        _cfg(model={"init_seed": "random"})
 
 
 @pytest.mark.slow

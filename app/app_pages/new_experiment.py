@@ -103,7 +103,11 @@ with st.form("new_experiment", border=True):
         c[3].selectbox("LR schedule", forms.SCHEDULES, key=PREFIX + "lr_schedule")
         c[4].text_input("LR milestones (epochs)", key=PREFIX + "lr_milestones")
         c[5].number_input("LR gamma", min_value=0.0, step=0.05, key=PREFIX + "lr_gamma")
-        st.number_input("Seed", min_value=0, step=1, key=PREFIX + "seed")
+        c = st.columns(6)
+        c[0].number_input("Seed", min_value=0, step=1, key=PREFIX + "seed")
+        c[1].selectbox("Initialisation", forms.INIT_SEEDS, key=PREFIX + "init_seed",
+                       help="models trained from scratch: the same initial weights at every step (CoReS, paper 002 "
+                            "Tab. 9 'SAME'), or a new seed per step ('RANDOM')")
 
     c = st.columns([1, 1, 4])
     check = c[0].form_submit_button("Check")
