@@ -100,9 +100,11 @@ def test_matrix_cells_equal_cell_metrics_and_upper_triangle_is_nan():
 def test_dimension_mismatch_cells_are_not_comparable_not_zero():
     sets = _model_sets(T=2)
     sets[1] = {**sets[1], "query_features": np.ones((60, 9), np.float32), "gallery_features": np.eye(60, 9, dtype=np.float32)}
-    res = compatibility_matrices(sets, metrics=("recall@1",))
+    calls = []
+    res = compatibility_matrices(sets, metrics=("recall@1",), progress=lambda done, total: calls.append((done, total)))
     assert math.isnan(res.values["recall@1"][1, 0]) and not res.comparable[1, 0]
     assert res.comparable[1, 1] and res.comparable[0, 0]
+    assert calls == [(1, 3), (2, 3), (3, 3)]  # the skipped cell counts towards progress too
 
 
 def test_cells_from_a_callable_for_gallery_dependent_queries():

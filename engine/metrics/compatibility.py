@@ -86,14 +86,13 @@ def compatibility_matrices(
     cells = [(t, k) for t in range(T) for k in range(t + 1)]
     for i, (t, k) in enumerate(cells):
         c = cell(t, k)
-        if np.asarray(c.query).shape[1] != np.asarray(c.gallery).shape[1]:
-            continue
-        stats = cell_stats(c.query, c.query_labels, c.gallery, c.gallery_labels, protocol=protocol, same_set=same_set,
-                           map_k=map_ks[0] if map_ks else 0, want_ap=want_map, backend=backend, top_k=max(ks, default=1))
-        out = metrics_from_stats(stats, ks=ks, map_at=map_ks[0] if map_ks else None, want_map=want_full_map, ties=ties)
-        for name, (kind, at) in zip(metrics, parsed):
-            values[name][t, k] = out[f"{kind}@{at}" if at else kind]
-        valid[t, k], no_pos[t, k], comparable[t, k] = out["n_valid"], out["n_no_positive"], True
+        if np.asarray(c.query).shape[1] == np.asarray(c.gallery).shape[1]:  # otherwise not comparable: left NaN
+            stats = cell_stats(c.query, c.query_labels, c.gallery, c.gallery_labels, protocol=protocol, same_set=same_set,
+                               map_k=map_ks[0] if map_ks else 0, want_ap=want_map, backend=backend, top_k=max(ks, default=1))
+            out = metrics_from_stats(stats, ks=ks, map_at=map_ks[0] if map_ks else None, want_map=want_full_map, ties=ties)
+            for name, (kind, at) in zip(metrics, parsed):
+                values[name][t, k] = out[f"{kind}@{at}" if at else kind]
+            valid[t, k], no_pos[t, k], comparable[t, k] = out["n_valid"], out["n_no_positive"], True
         if progress:
             progress(i + 1, len(cells))
     return MatrixResult(values, valid, no_pos, comparable)
