@@ -9,6 +9,7 @@ Each variant runs in its own process so that its peak memory (max RSS) is its ow
 
     python bench/bench_metrics.py            # T=10, 10,000 x 10,000 x 128 (takes several minutes)
     python bench/bench_metrics.py --n 2000   # quick run
+    python bench/bench_metrics.py --one-cell 50000   # memory check: one 50,000 x 50,000 cell only
 """
 from __future__ import annotations
 
@@ -90,9 +91,22 @@ def _run(variant: str, args: dict, out: mp.Queue) -> None:
                  map=None if mp_ is None else np.nan_to_num(np.asarray(mp_, float), nan=-1).tolist()))
 
 
+def _one_cell(n: int, args: dict, out: mp.Queue) -> None:
+    """One n x n cell (Recall@1 + mAP): time and how much the peak RSS grows while it runs."""
+    from engine.metrics import retrieval_metrics
+
+    s = make_models(1, n, args["d"], max(args["classes"], n // 50))[0]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    t0 = time.perf_counter()
+    m = retrieval_metrics(s["query_features"], s["query_labels"], s["gallery_features"], s["gallery_labels"], ks=(1,))
+    out.put(dict(seconds=time.perf_counter() - t0, before_mb=before, peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                 r1=m["recall@1"], map=m["map"]))
+
+
 def run(variant: str, args: dict) -> dict:
     q: mp.Queue = mp.get_context("spawn").Queue()
-    p = mp.get_context("spawn").Process(target=_run, args=(variant, args, q))
+    target = (_one_cell, (args["one_cell"], args, q)) if variant == "one-cell" else (_run, (variant, args, q))
+    p = mp.get_context("spawn").Process(target=target[0], args=target[1])
     p.start()
     res = q.get()
     p.join()
@@ -106,8 +120,15 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--classes", type=int, default=100)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--one-cell", type=int, metavar="N", help="only time one N x N cell and report its memory")
     a = ap.parse_args()
-    args = dict(T=a.T, n=a.n, d=a.d, classes=a.classes)
+    args = dict(T=a.T, n=a.n, d=a.d, classes=a.classes, one_cell=a.one_cell)
+    if a.one_cell:
+        r = run("one-cell", args)
+        full = a.one_cell**2 * 4 / 2**30
+        print(f"one {a.one_cell} x {a.one_cell} x {a.d} cell, Recall@1 + mAP: {r['seconds']:.1f} s; peak RSS {r['peak_mb']:.0f} MB, "
+              f"+{r['peak_mb'] - r['before_mb']:.0f} MB during the cell (the whole float32 similarity matrix would be {full:.1f} GiB)")
+        return
     results = {v: run(v, args) for v in ("ours", "numpy", "ours-R1", "faiss")}
     same_r1 = np.allclose(results["ours"]["r1"], results["numpy"]["r1"]) and np.allclose(results["ours-R1"]["r1"], results["faiss"]["r1"])
     same_map = np.allclose(results["ours"]["map"], results["numpy"]["map"], atol=1e-6)
