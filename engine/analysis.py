@@ -40,7 +40,6 @@ from storage import list_feature_views, list_model_versions, load_feature_set, s
 from storage.models import Experiment, ModelVersion
 
 KINDS = ("projection", "backfill", "geometry")
-RAW_VIEWS = ("encoder", "logits", "softmax")
 DERIVED_VIEWS = {"psp": "softmax", "lsp": "logits"}  # derived view -> the raw view it is computed from
 OUTPUT_VIEWS = ("logits", "softmax", "psp", "lsp")  # views that live in the classifier's output space
 EMBEDDINGS = ("umap", "pca")

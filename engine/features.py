@@ -16,6 +16,7 @@ from engine.device import pick_device
 from engine.models.net import Net
 
 VIEWS = ("encoder", "logits", "softmax", "psp", "lsp")
+RAW_VIEWS = ("encoder", "logits", "softmax")  # what extract_outputs returns and what is stored; psp/lsp derive from them
 TOPK_ORDERS = ("project_first", "sparsify_first")
 
 

@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 from engine.config import RunConfig
 from engine.data_setup import RunData, prepare_run_data
 from engine.device import pick_device
-from engine.features import extract_outputs, simplex_projection
+from engine.features import RAW_VIEWS, extract_outputs, simplex_projection
 from engine.methods import build_method
 from engine.methods.base import Method, StepContext
 from engine.metrics import CellFeatures, compatibility_matrices, summarize
@@ -37,13 +37,12 @@ from storage import (
     init_db,
     list_model_versions,
     load_feature_set,
-    save_feature_set,
+    save_feature_sets,
     session_scope,
     set_experiment_status,
 )
 from storage.models import Experiment, ModelVersion
 
-RAW_VIEWS = ("encoder", "logits", "softmax")
 Progress = Callable[[float, str], None]
 
 
@@ -109,9 +108,7 @@ def _store_step(db: Engine, exp_id: int, step: int, net: Net, method: Method, cf
         mv = add_model_version(s, exp_id, step, architecture=cfg.model.backbone, method=method.name,
                                classes=list(range(seen)), num_outputs=net.head.num_outputs, feature_dim=net.feature_dim,
                                class_names=list(data.class_names[:seen]), checkpoint_path=str(ckpt), replaced=replaced)
-        for split, out in outputs.items():
-            for view in RAW_VIEWS:
-                save_feature_set(s, mv.id, split, view, out[view], labels[split])
+        save_feature_sets(s, mv.id, {split: {v: out[v] for v in RAW_VIEWS} for split, out in outputs.items()}, labels)
 
 
 def _view_cells(db: Engine, versions: list[ModelVersion], view: str, eval_classes: str,

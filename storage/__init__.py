@@ -42,6 +42,7 @@ from storage.repo import (
     load_matrices,
     save_analysis,
     save_feature_set,
+    save_feature_sets,
     save_matrix,
     set_experiment_status,
 )
@@ -89,6 +90,7 @@ __all__ = [
     "retry_job",
     "save_analysis",
     "save_feature_set",
+    "save_feature_sets",
     "save_matrix",
     "session_scope",
     "set_experiment_status",

@@ -5,7 +5,7 @@ Every function takes the caller's ``Session`` and never commits: wrap calls in
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -239,6 +239,22 @@ def save_feature_set(
         "count": int(features.shape[0]),
     }
     return _upsert(session, FeatureSet, key, values)
+
+
+def save_feature_sets(
+    session: Session,
+    model_version_id: int,
+    features: Mapping[str, Mapping[str, np.ndarray]],
+    labels: Mapping[str, np.ndarray],
+) -> None:
+    """Store ``features[split][view]`` with ``labels[split]`` for every split and view (see :func:`save_feature_set`).
+
+    An ``(N, 0)`` array (a model without that output) is not stored.
+    """
+    for split, views in features.items():
+        for view, array in views.items():
+            if np.shape(array)[1]:
+                save_feature_set(session, model_version_id, split, view, array, labels[split])
 
 
 def list_feature_views(session: Session, model_version_id: int, split: str) -> list[str]:

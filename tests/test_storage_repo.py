@@ -25,6 +25,7 @@ from storage import (
     load_matrices,
     save_analysis,
     save_feature_set,
+    save_feature_sets,
     save_matrix,
     session_scope,
     set_experiment_status,
@@ -154,6 +155,18 @@ def test_feature_set_round_trips_bit_exact(engine, model_version_id):
         assert list_feature_views(session, model_version_id, "query") == []
     for loaded, original in ((features, FEATURES), (labels, LABELS), (ids, image_ids)):
         assert loaded.dtype == original.dtype and loaded.tobytes() == original.tobytes()
+
+
+def test_save_feature_sets_stores_every_split_and_view_and_skips_empty_outputs(engine, model_version_id):
+    query = np.arange(6, dtype=np.float32).reshape(2, 3)
+    outputs = {"query": {"encoder": query, "logits": query[:, :0]}, "gallery": {"logits": FEATURES}}
+    with session_scope(engine) as session:
+        save_feature_sets(session, model_version_id, outputs, {"query": np.array([4, 5]), "gallery": LABELS})
+    with session_scope(engine) as session:
+        assert list_feature_views(session, model_version_id, "query") == ["encoder"]  # the (2, 0) logits are not stored
+        features, labels, _ = load_feature_set(session, model_version_id, "query", "encoder")
+        assert features.tobytes() == query.tobytes() and labels.tolist() == [4, 5]
+        assert load_feature_set(session, model_version_id, "gallery", "logits")[0].tobytes() == FEATURES.tobytes()
 
 
 def test_saving_a_feature_set_twice_keeps_one_row_with_the_second_values(engine, model_version_id):

@@ -39,7 +39,7 @@ from engine.data import DATASETS, ImageSet, load_dataset
 from engine.data.disk import load_imagefolder
 from engine.device import pick_device
 from engine.evaluate_folder import result_json
-from engine.features import extract_outputs, simplex_projection
+from engine.features import RAW_VIEWS, extract_outputs, simplex_projection
 from engine.metrics import CellFeatures, MatrixResult, compatibility_matrices, parse_metric
 from engine.persist import config_hash, save_matrices
 from storage import (
@@ -47,13 +47,12 @@ from storage import (
     create_experiment,
     create_study,
     init_db,
-    save_feature_set,
+    save_feature_sets,
     session_scope,
     set_experiment_status,
 )
 
 VIEWS = ("encoder", "psp", "lsp")
-RAW_VIEWS = ("encoder", "logits", "softmax")  # as engine.pipeline stores them
 PROTOCOLS = ("instance", "template")
 IMAGEFOLDER_SIZE = 32  # image-folder size for models that do not name one (the project's own models)
 Progress = Callable[[float, str], None]
@@ -520,10 +519,7 @@ def store_comparison(db: Engine, cmp: Comparison) -> int:
                                    classes=list(range(len(names))), num_outputs=len(names),
                                    feature_dim=int(out["gallery"]["encoder"].shape[1]), class_names=list(names),
                                    checkpoint_path=str(model.path.resolve()))
-            for split, raw in out.items():
-                for view in RAW_VIEWS:
-                    if raw[view].shape[1]:  # a logits-only TorchScript model has no encoder view to store
-                        save_feature_set(s, mv.id, split, view, raw[view], cmp.split_labels[split])
+            save_feature_sets(s, mv.id, out, cmp.split_labels)  # a logits-only TorchScript model stores no encoder view
         for view, result in cmp.results.items():
             save_matrices(s, exp.id, result, protocol=cmp.spec.protocol, view=view, ties=cmp.spec.ties)
         set_experiment_status(s, exp.id, "done")
