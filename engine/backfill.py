@@ -20,7 +20,7 @@ Choices:
   and end at 1 (:func:`curve_area`). Values are fractions in [0, 1], like every metric here.
 * Endpoints: beta = 0 is the cross-test (new queries, old gallery) and beta = 1 the new model's
   self-test. Both equal ``retrieval_metrics`` on the pure galleries bit for bit, because the similarity
-  blocks are computed as the torch backend computes them: same normalisation, same row blocks
+  blocks come from the torch backend's own ``similarity_blocks``: same normalisation, same row blocks
   (``max_block``), same exclusion by index.
 
 Evaluation is incremental. Per block of query rows, the similarities to the old and to the new
@@ -43,12 +43,10 @@ import torch
 from engine.device import pick_device
 from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
 from engine.metrics.retrieval import Ties, unit_rows, metrics_from_stats, parse_metric, prepare_gallery
-from engine.metrics.search import DEFAULT_BLOCK, block_rows, block_similarities
+from engine.metrics.search import DEFAULT_BLOCK, similarity_blocks
 from engine.metrics.validate import check_cell, check_features, check_labels
 
 DEFAULT_FRACTIONS = np.linspace(0.0, 1.0, 21)
-# similarity entries per query block; the torch backend's default, so the endpoints match it bit for bit
-MAX_BLOCK = DEFAULT_BLOCK
 
 
 def backfill_counts(fractions: np.ndarray, n: int) -> np.ndarray:
@@ -210,7 +208,7 @@ def backfill_curves(
     metrics: Sequence[str] = ("recall@1", "map"),
     same_set: bool = False,
     ties: Ties = "pessimistic",
-    max_block: int = MAX_BLOCK,
+    max_block: int = DEFAULT_BLOCK,  # the torch backend's default: same blocks, so the endpoints match it bit for bit
 ) -> dict[str, np.ndarray | int]:
     """Backfilling curves of several metrics from one pass over the queries.
 
@@ -262,13 +260,9 @@ def backfill_curves(
         n_pos = n_pos - ((exclude >= starts) & (exclude < ends))
 
     parts: list[list[QueryStats]] = [[] for _ in fractions]
-    step = block_rows(max_block, n_old)
-    old_buffer = torch.empty(min(step, len(q)), n_old, device=device)
-    new_buffer = torch.empty_like(old_buffer)
-    for lo in range(0, len(q), step):
-        rows = slice(lo, min(len(q), lo + step))
-        s_old = block_similarities(q, old_g, rows, starts, ends, exclude, None, out=old_buffer)
-        s_new = block_similarities(q, new_g, rows, starts, ends, exclude, None, out=new_buffer)
+    blocks = zip(similarity_blocks(q, old_g, starts, ends, exclude, None, max_block),
+                 similarity_blocks(q, new_g, starts, ends, exclude, None, max_block))
+    for (rows, s_old), (_, s_new) in blocks:
         if recall1_only:
             block = _recall1_stats(s_old, s_new, starts[rows], ends[rows], segment, len(counts), n_pos[rows].astype(np.int64))
         else:

@@ -16,6 +16,7 @@ than faiss's top-1 search), and it is the only one that gives AP.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Protocol as TypingProtocol
 
 import numpy as np
@@ -37,19 +38,29 @@ class Backend(TypingProtocol):
               own_template: torch.Tensor | None, map_k: int, want_ap: bool, max_block: int) -> QueryStats: ...
 
 
-def block_rows(max_block: int, width: int) -> int:
-    """Query rows per block so that a block holds at most ``max_block`` similarities (at least one row)."""
-    return max(1, max_block // max(width, 1))
+def similarity_blocks(q: torch.Tensor, g, starts: np.ndarray, ends: np.ndarray, exclude: np.ndarray | None,
+                      own_template: torch.Tensor | None, max_block: int) -> Iterator[tuple[slice, torch.Tensor]]:
+    """``(rows, sims)`` for consecutive blocks of query rows, each holding at most ``max_block`` similarities.
+
+    Every block is written into one buffer, so ``sims`` is valid until the next block is produced.
+    Callers that use the same ``max_block`` get the same blocks, hence bit-identical similarities.
+    """
+    n, width = q.shape[0], g.features.shape[0]
+    step = max(1, max_block // max(width, 1))
+    buffer = torch.empty(min(step, n), width, device=q.device)
+    for lo in range(0, n, step):
+        rows = slice(lo, min(n, lo + step))
+        yield rows, block_similarities(q, g, rows, starts, ends, exclude, own_template, out=buffer)
 
 
 def block_similarities(q: torch.Tensor, g, rows: slice, starts: np.ndarray, ends: np.ndarray, exclude: np.ndarray | None,
-                       own_template: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+                       own_template: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
     """Similarities of a block of queries to the whole gallery, with exclusions applied.
 
     ``out`` is a reusable (rows, width) buffer; the block is written into its first rows.
     """
     block = q[rows]
-    sims = torch.mm(block, g.features.T, out=None if out is None else out[: len(block)])
+    sims = torch.mm(block, g.features.T, out=out[: len(block)])
     local = torch.arange(sims.shape[0], device=sims.device)
     if exclude is not None:
         sims[local, torch.as_tensor(exclude[rows], device=sims.device)] = -torch.inf
@@ -71,18 +82,13 @@ class TorchBackend:
         self.device = torch.device(device)
 
     def stats(self, q, g, starts, ends, *, exclude, own_template, map_k, want_ap, max_block) -> QueryStats:
-        n, width = q.shape[0], g.features.shape[0]
-        step = block_rows(max_block, width)
-        buffer = torch.empty(min(step, n), width, device=q.device)
         parts = []
-        for lo in range(0, n, step):
-            rows = slice(lo, min(n, lo + step))
-            sims = block_similarities(q, g, rows, starts, ends, exclude, own_template, out=buffer)
+        for rows, sims in similarity_blocks(q, g, starts, ends, exclude, own_template, max_block):
             if self.device.type == "cpu":
                 parts.append(stats_numba(sims.numpy(), starts[rows], ends[rows], map_k=map_k, want_ap=want_ap))
             else:
                 parts.append(stats_torch(sims, torch.as_tensor(starts[rows]), torch.as_tensor(ends[rows]), map_k=map_k, want_ap=want_ap))
-        return QueryStats.concat(parts) if parts else stats_numba(np.zeros((0, width), np.float32), starts, ends)
+        return QueryStats.concat(parts) if parts else stats_numba(np.zeros((0, g.features.shape[0]), np.float32), starts, ends)
 
 
 class FaissBackend:
