@@ -105,8 +105,10 @@ def _one_cell(n: int, args: dict, out: mp.Queue) -> None:
 
 def run(variant: str, args: dict) -> dict:
     q: mp.Queue = mp.get_context("spawn").Queue()
-    target = (_one_cell, (args["one_cell"], args, q)) if variant == "one-cell" else (_run, (variant, args, q))
-    p = mp.get_context("spawn").Process(target=target[0], args=target[1])
+    if variant == "one-cell":
+        p = mp.get_context("spawn").Process(target=_one_cell, args=(args["one_cell"], args, q))
+    else:
+        p = mp.get_context("spawn").Process(target=_run, args=(variant, args, q))
     p.start()
     res = q.get()
     p.join()
