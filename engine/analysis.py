@@ -341,12 +341,7 @@ def compute_projection(db: Engine, config: dict[str, Any], versions: list[Versio
     split, view, seed = params["split"], params["view"], params["seed"]
     notes: list[str] = []
     progress(0.05, "loading features")
-    f_old, labels_old, _ = load_view(db, old, split, view, len(old.classes) if view in DERIVED_VIEWS else None)
-    f_new, labels_new, _ = load_view(db, new, split, view, len(old.classes) if view in DERIVED_VIEWS else None)
-    if len(labels_old) != len(labels_new) or not np.array_equal(labels_old, labels_new):
-        raise ValueError(f"the {split} features of steps {old.step} and {new.step} do not embed the same images; "
-                         "a joint map needs the same rows for both models")
-    labels = labels_old
+    f_old, f_new, labels = _joint_pair(db, old, new, split, view)
     joint = f_old.shape[1] == f_new.shape[1]
     if view in DERIVED_VIEWS:
         notes.append(f"{view.upper()}: both models projected onto the old model's {len(old.classes)} classes, "

@@ -310,3 +310,14 @@ def test_missing_view_names_the_stored_ones(experiment):
     db, (exp_id, *_), _ = experiment["db"], experiment["ids"], experiment["labels"]
     with pytest.raises(ValueError, match="views available: encoder, logits, softmax, psp, lsp"):
         analysis.run_analysis(db, exp_id, "projection", {"step_a": 1, "step_b": 2, "view": "B(new)"})
+
+
+def test_projection_of_models_that_embedded_different_images_is_refused_and_stores_nothing(experiment):
+    db, (exp_id, v1, _, _), labels = experiment["db"], experiment["ids"], experiment["labels"]
+    with session_scope(db) as s:  # step 1's query split now holds other images (fewer rows)
+        save_feature_set(s, v1, "query", "encoder", experiment["f1"][:-1], labels[:-1])
+    params = {"step_a": 1, "step_b": 2, "split": "query", "view": "encoder"}
+    with pytest.raises(ValueError, match="the query features of steps 1 and 2 do not embed the same images"):
+        analysis.run_analysis(db, exp_id, "projection", params)
+    with session_scope(db) as s:
+        assert load_analysis(s, exp_id, "projection", analysis.analysis_key("projection", params)) is None
