@@ -1,5 +1,5 @@
 """Storage: the SQLAlchemy 2 schema and the repository functions. The only package that knows SQL."""
-from storage.db import default_db_url, get_engine, init_db, session_scope
+from storage.db import default_db_url, get_engine, init_db, mask_url, session_scope
 from storage.jobs import (
     claim_next_job,
     enqueue_job,
@@ -68,6 +68,7 @@ __all__ = [
     "create_experiment",
     "create_study",
     "default_db_url",
+    "mask_url",
     "delete_experiment",
     "enqueue_job",
     "fail_job",

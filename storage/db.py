@@ -5,6 +5,7 @@ import functools
 import json
 import math
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +26,20 @@ def default_db_url() -> str:
     """``$COMPATLAB_DB_URL`` if set, else SQLite at ``./data/compatlab.db`` (absolute, from the current directory)."""
     url = os.environ.get(DB_URL_ENV, "").strip()
     return url or f"sqlite:///{(Path.cwd() / DEFAULT_DB_PATH).as_posix()}"
+
+
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][\w+.-]*://)(?P<user>[^:/@]*):(?P<password>[^@/]*)@")
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for every place a database URL is shown or printed.
+
+    Works on URLs SQLAlchemy cannot parse too (a typo'd URL still must not print its password).
+    """
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy understands: mask the user-info part by hand
+        return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", str(url))
 
 
 def _json_ready(value: Any) -> Any:

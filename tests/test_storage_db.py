@@ -123,3 +123,12 @@ def test_schema_compiles_for_postgresql():
                      for table in Base.metadata.sorted_tables for index in table.indexes)
     assert "BYTEA" in ddl and "JSON" in ddl and "TIMESTAMP WITH TIME ZONE" in ddl
     assert "ON DELETE CASCADE" in ddl and "ON DELETE SET NULL" in ddl
+
+
+def test_mask_url_hides_passwords_even_in_unparsable_urls():
+    from storage import mask_url
+
+    assert mask_url("postgresql+psycopg://lab:s3cret@db.example:5432/compat") == "postgresql+psycopg://lab:***@db.example:5432/compat"
+    assert mask_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+    shown = mask_url("postgresql://lab:s3cret@host:notaport/db")  # SQLAlchemy refuses the port
+    assert "s3cret" not in shown and shown.startswith("postgresql://lab:***@")
