@@ -2,6 +2,12 @@
 
 The loop owns data order, augmentation, optimiser, schedule, mixed precision (CUDA only) and
 cancellation; the method (``engine.methods``) owns the loss and says what it needs.
+
+On CUDA the step's training images are copied to the GPU once when they take at most
+``RESIDENT_FRACTION`` of its free memory (``bench/bench_gpu_training.py``: the per-batch gather,
+augmentation and host-to-device copy otherwise bound the loop), and conv networks run in
+channels_last. Batch order and augmentation come from the same CPU generator either way, so a run
+sees the same batches on any device.
 """
 from __future__ import annotations
 
@@ -16,6 +22,17 @@ from engine.config import TrainingConfig
 from engine.data.loaders import crop_flip
 from engine.methods.base import Method, StepContext
 from engine.models.net import Net
+
+
+RESIDENT_FRACTION = 0.25  # at most this share of the GPU's free memory holds a step's training images
+
+
+def fits_on_device(images: torch.Tensor, device: torch.device) -> bool:
+    """Whether ``images`` can be kept on a CUDA ``device`` for the whole step (never on CPU: it already is)."""
+    if device.type != "cuda":
+        return False
+    free, _ = torch.cuda.mem_get_info(device)
+    return images.numel() * images.element_size() <= RESIDENT_FRACTION * free
 
 
 class Cancelled(Exception):
@@ -64,19 +81,24 @@ def train_step(
     seed: int,
     augment_images: bool,
     hooks: Hooks | None = None,
+    resident: bool | None = None,
 ) -> list[dict[str, float]]:
     """Train ``net`` in place on (images, labels) for ``cfg.epochs`` epochs; return per-epoch mean loss parts.
 
     ``labels`` are class ids; they are mapped to head outputs by the head. Batches are shuffled by a
     generator seeded with ``seed`` and the last incomplete batch is dropped (contrastive losses need
-    at least two samples).
+    at least two samples). ``resident`` keeps the images on ``device`` for the whole step (None:
+    when :func:`fits_on_device`).
     """
     hooks = hooks or Hooks()
     if len(labels) < 2:
         raise ValueError(f"step {ctx.step} has {len(labels)} training image(s); at least 2 are needed")
-    net.to(device).train()
-    old = ctx.old_model.to(device).eval() if ctx.old_model is not None else None
+    fmt = torch.channels_last if device.type == "cuda" and images.dim() == 4 else torch.contiguous_format
+    net.to(device, memory_format=fmt).train()
+    old = ctx.old_model.to(device, memory_format=fmt).eval() if ctx.old_model is not None else None
     targets = net.head.class_to_output(labels)
+    if fits_on_device(images, device) if resident is None else resident:
+        images, targets = images.to(device), targets.to(device)
     opt = make_optimizer(net, cfg)
     use_amp = cfg.amp and device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
@@ -92,11 +114,12 @@ def train_step(
         for b in range(n_batches):
             if hooks.should_stop and hooks.should_stop():
                 raise Cancelled(f"cancelled during step {ctx.step}, epoch {epoch + 1}")
-            idx = perm[b * batch:(b + 1) * batch]
+            idx = perm[b * batch:(b + 1) * batch].to(images.device)
             x = images[idx]
             if augment_images:
-                x = crop_flip(x, gen)  # random crop (padding size/8) + horizontal flip
-            x, y = x.to(device, non_blocking=True), targets[idx].to(device, non_blocking=True)
+                x = crop_flip(x, gen)  # random crop (padding size/8) + horizontal flip, on the images' device
+            x = x.to(device, non_blocking=True).contiguous(memory_format=fmt)
+            y = targets[idx].to(device, non_blocking=True)
             with torch.autocast(device.type, enabled=use_amp):
                 out = net(x)
                 old_out = None
@@ -118,7 +141,7 @@ def train_step(
         history.append(means)
         if hooks.on_epoch:
             hooks.on_epoch(epoch + 1, cfg.epochs, means)
-    net.eval()
+    net.to(memory_format=torch.contiguous_format).eval()  # checkpoints (safetensors) need contiguous weights
     return history
 
 
