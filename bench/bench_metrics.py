@@ -10,6 +10,7 @@ Each variant runs in its own process so that its peak memory (max RSS) is its ow
     python bench/bench_metrics.py            # T=10, 10,000 x 10,000 x 128 (takes several minutes)
     python bench/bench_metrics.py --n 2000   # quick run
     python bench/bench_metrics.py --one-cell 50000   # memory check: one 50,000 x 50,000 cell only
+    python bench/bench_metrics.py --cuda     # ours on the GPU (torch backend on CUDA) against ours on the CPU
 """
 from __future__ import annotations
 
@@ -68,16 +69,20 @@ def faiss_cell(q, ql, g, gl):
 def _run(variant: str, args: dict, out: mp.Queue) -> None:
     sets = make_models(args["T"], args["n"], args["d"], args["classes"])
     T = len(sets)
-    if variant.startswith("ours"):  # load the compiled kernel (cached on disk) before timing
+    backend = None
+    if variant.startswith("ours"):  # load the compiled kernel (cached on disk) or start CUDA before timing
         from engine.metrics import retrieval_metrics
+        from engine.metrics.search import TorchBackend
 
-        retrieval_metrics(sets[0]["query_features"][:50], sets[0]["query_labels"][:50], sets[0]["gallery_features"][:50], sets[0]["gallery_labels"][:50])
+        backend = {"ours-cpu": TorchBackend("cpu"), "ours-cuda": TorchBackend("cuda")}.get(variant)
+        retrieval_metrics(sets[0]["query_features"][:50], sets[0]["query_labels"][:50], sets[0]["gallery_features"][:50],
+                          sets[0]["gallery_labels"][:50], backend=backend)
     t0 = time.perf_counter()
-    if variant in ("ours", "ours-R1"):
+    if variant.startswith("ours"):
         from engine.metrics import compatibility_matrices
 
-        metrics = ("recall@1", "map") if variant == "ours" else ("recall@1",)
-        res = compatibility_matrices(sets, metrics=metrics)
+        metrics = ("recall@1",) if variant == "ours-R1" else ("recall@1", "map")
+        res = compatibility_matrices(sets, metrics=metrics, backend=backend)
         r1, mp_ = res.values["recall@1"], res.values.get("map")
     else:
         cell = numpy_cell if variant == "numpy" else faiss_cell
@@ -123,6 +128,7 @@ def main() -> None:
     ap.add_argument("--classes", type=int, default=100)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--one-cell", type=int, metavar="N", help="only time one N x N cell and report its memory")
+    ap.add_argument("--cuda", action="store_true", help="compare the torch backend on CUDA with ours on the CPU")
     a = ap.parse_args()
     args = dict(T=a.T, n=a.n, d=a.d, classes=a.classes, one_cell=a.one_cell)
     if a.one_cell:
@@ -130,6 +136,14 @@ def main() -> None:
         full = a.one_cell**2 * 4 / 2**30
         print(f"one {a.one_cell} x {a.one_cell} x {a.d} cell, Recall@1 + mAP: {r['seconds']:.1f} s; peak RSS {r['peak_mb']:.0f} MB, "
               f"+{r['peak_mb'] - r['before_mb']:.0f} MB during the cell (the whole float32 similarity matrix would be {full:.1f} GiB)")
+        return
+    if a.cuda:
+        cpu, gpu = run("ours-cpu", args), run("ours-cuda", args)
+        diff_r1 = np.abs(np.subtract(cpu["r1"], gpu["r1"])).max()
+        diff_map = np.abs(np.subtract(cpu["map"], gpu["map"])).max()
+        print(f"T={a.T} models, {a.n} queries x {a.n} gallery x {a.d}-d, Recall@1 + mAP: CPU {cpu['seconds']:.2f} s, "
+              f"CUDA {gpu['seconds']:.2f} s ({cpu['seconds'] / gpu['seconds']:.1f}x); largest cell difference "
+              f"Recall@1 {diff_r1:.2e}, mAP {diff_map:.2e} (float rounding of the two devices' matrix products)")
         return
     results = {v: run(v, args) for v in ("ours", "numpy", "ours-R1", "faiss")}
     same_r1 = np.allclose(results["ours"]["r1"], results["numpy"]["r1"]) and np.allclose(results["ours-R1"]["r1"], results["faiss"]["r1"])
