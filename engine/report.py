@@ -3,6 +3,9 @@
 Row t = query model, column k = gallery model. A cross-test that fails the empirical compatibility
 criterion is marked (``*`` in text/CSV/Markdown, a red cell in LaTeX), as the papers shade them.
 Values are printed in percent; NaN prints as ``-`` (above the diagonal) or ``n/c`` (not comparable).
+With a stored paired test (``engine.metrics.paired``), each cross-test also carries its verdict:
+✓ pass (ECC holds and the paired interval lies above 0), ✗ fail, ? unresolved (the interval
+straddles 0), followed by the counts; with ``gain``, the update gain of each cross-test is listed.
 """
 from __future__ import annotations
 
@@ -12,11 +15,16 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.metrics import ecc_pass, summarize
+from engine.metrics.paired import SYMBOLS, count_verdicts
 
 FORMATS = ("text", "csv", "markdown", "latex")
 
 
-def _cells(C: np.ndarray, comparable: np.ndarray | None, ties: str) -> list[list[str]]:
+_LATEX_SYMBOLS = {"pass": "$\\checkmark$", "fail": "$\\times$", "unresolved": "?"}
+
+
+def _cells(C: np.ndarray, comparable: np.ndarray | None, ties: str, verdicts: list | None = None,
+           latex: bool = False) -> list[list[str]]:
     ecc = ecc_pass(C, ties=ties)
     T = C.shape[0]
     rows = []
@@ -28,8 +36,10 @@ def _cells(C: np.ndarray, comparable: np.ndarray | None, ties: str) -> list[list
             elif np.isnan(C[t, k]):
                 row.append("n/c" if comparable is not None and not comparable[t, k] else "-")
             else:
+                v = verdicts[t][k] if verdicts else None
+                symbol = f" {(_LATEX_SYMBOLS if latex else SYMBOLS)[v]}" if v else ""
                 mark = "*" if ecc[t, k] == 0 else ""
-                row.append(f"{100 * C[t, k]:.2f}{mark}")
+                row.append(f"{100 * C[t, k]:.2f}{mark}{symbol}")
         rows.append(row)
     return rows
 
@@ -38,14 +48,34 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def paired_line(paired: dict) -> str:
+    """``paired test (95 % bootstrap interval, 1000 resamples, seed 0): 2 ✓ pass, 1 ✗ fail, 0 ? unresolved``."""
+    n = count_verdicts(paired["verdict"])
+    return (f"paired test ({100 * paired['confidence']:g} % bootstrap interval over {paired.get('items', 'queries')}, "
+            f"{paired['resamples']} resamples, seed {paired['seed']}): "
+            + ", ".join(f"{n[v]} {SYMBOLS[v]} {v}" for v in ("pass", "fail", "unresolved")))
+
+
+def gain_line(gain: np.ndarray, names: Sequence[str]) -> str:
+    """``update gain Γ (%): M2→M1 54.7, ...`` over the defined cross-tests (CoReS Eq. 3)."""
+    T = gain.shape[0]
+    parts = [f"{names[t]}→{names[k]} {100 * gain[t, k]:.1f}" for t in range(T) for k in range(t) if not np.isnan(gain[t, k])]
+    return "update gain Γ (%): " + (", ".join(parts) if parts else "undefined")
+
+
 def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparable: np.ndarray | None = None,
-                  ties: str = "fail", names: Sequence[str] | None = None) -> str:
-    """One matrix with its AC / AA / ACA line in the chosen format (AA and ACA in percent)."""
+                  ties: str = "fail", names: Sequence[str] | None = None, paired: dict | None = None,
+                  gain: np.ndarray | None = None) -> str:
+    """One matrix with its AC / AA / ACA line in the chosen format (AA and ACA in percent).
+
+    ``paired`` is a stored paired test (``stored_summary(...)["paired"]``): verdict symbols per cell and their
+    counts; ``gain`` a T x T update-gain matrix, listed under the table.
+    """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     T = C.shape[0]
     names = list(names) if names else [f"M{t + 1}" for t in range(T)]
-    cells = _cells(C, comparable, ties)
+    cells = _cells(C, comparable, ties, paired["verdict"] if paired else None, latex=fmt == "latex")
     s = summarize(C, ties=ties)
     summary = (f"AC={_fmt(s['AC'])}  AA={_fmt(None if s['AA'] is None else 100 * s['AA'])}  "
                f"ACA={_fmt(None if s['ACA'] is None else 100 * s['ACA'])}")
@@ -59,6 +89,8 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
         for name, row in zip(names, cells):
             out.write(f"{name:<16}" + "".join(f"{c:>{width + 1}}" for c in row) + "\n")
         out.write(f"{summary}   (* = fails ECC: cross-test <= gallery model's self-test)\n")
+        for line in _extra_lines(paired, gain, names):
+            out.write(line + "\n")
     elif fmt == "csv":
         out.write(",".join(head) + "\n")
         for name, row in zip(names, cells):
@@ -70,14 +102,22 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
         for name, row in zip(names, cells):
             out.write("| " + " | ".join([name] + row) + " |\n")
         out.write(f"\n{summary} (* fails ECC)\n")
+        for line in _extra_lines(paired, gain, names):
+            out.write(f"\n{line}\n")
     else:
         out.write("% requires \\usepackage[table]{xcolor}\n\\begin{tabular}{l" + "r" * T + "}\n")
         out.write(" & ".join(["query $\\backslash$ gallery"] + names) + " \\\\\n\\hline\n")
         for name, row in zip(names, cells):
-            tex = [("\\cellcolor{red!20}" + c[:-1]) if c.endswith("*") else c for c in row]
+            tex = [("\\cellcolor{red!20}" + c.replace("*", "")) if "*" in c else c for c in row]
             out.write(" & ".join([name] + tex) + " \\\\\n")
         out.write("\\end{tabular}\n% " + summary + "\n")
+        for line in _extra_lines(paired, gain, names):
+            out.write(f"% {line}\n")
     return out.getvalue()
+
+
+def _extra_lines(paired: dict | None, gain: np.ndarray | None, names: Sequence[str]) -> list[str]:
+    return ([paired_line(paired)] if paired else []) + ([gain_line(gain, names)] if gain is not None else [])
 
 
 def render_summary_table(rows: Sequence[tuple[str, dict]], *, fmt: str = "markdown") -> str:

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.metrics.paired import PairedOptions, paired_bootstrap, shared_items, verdict
+from engine.metrics.paired import PairedOptions, count_verdicts, paired_bootstrap, shared_items, verdict
 from engine.metrics.retrieval import VERIFICATION, Protocol, Ties, cell_stats, parse_metric, per_query_from_stats
+from engine.metrics.summary import summarize, update_gain
 from engine.metrics.verification import pair_verification
 
 
@@ -168,3 +169,21 @@ def compatibility_matrix(source: CellSource, *, metric: str = "recall@1", protoc
                          same_set: bool = False, **kwargs) -> np.ndarray:
     """One metric's T x T matrix (NaN above the diagonal and for non-comparable cells)."""
     return compatibility_matrices(source, metrics=(metric,), protocol=protocol, same_set=same_set, **kwargs).values[metric]
+
+
+def _json_matrix(a: np.ndarray) -> list[list[float | None]]:
+    return [[None if np.isnan(v) else float(v) for v in row] for row in np.asarray(a, dtype=np.float64)]
+
+
+def stored_summary(result: MatrixResult, metric: str, *, ties: str = "fail") -> dict:
+    """JSON-ready summary stored with one metric's matrix: AC/AA/ACA and curves, comparable cells, the update
+    gain of every cross-test (``update_gain``) and, when computed, the paired test (``paired``: diff/lo/hi/n
+    matrices, per-cell verdicts, counts and the bootstrap's settings)."""
+    C = result.values[metric]
+    out = {**summarize(C, ties=ties), "comparable": result.comparable.tolist(), "update_gain": _json_matrix(update_gain(C))}
+    if result.paired and metric in result.paired:
+        p = result.paired[metric]
+        out["paired"] = {"diff": _json_matrix(p["diff"]), "lo": _json_matrix(p["lo"]), "hi": _json_matrix(p["hi"]),
+                         "n": np.asarray(p["n"]).tolist(), "verdict": p["verdict"], "counts": count_verdicts(p["verdict"]),
+                         "items": p["items"], "resamples": p["resamples"], "seed": p["seed"], "confidence": p["confidence"]}
+    return out
