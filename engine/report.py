@@ -120,19 +120,47 @@ def _extra_lines(paired: dict | None, gain: np.ndarray | None, names: Sequence[s
     return ([paired_line(paired)] if paired else []) + ([gain_line(gain, names)] if gain is not None else [])
 
 
+def _value(s: dict, key: str, scale: float) -> str:
+    """``s[key]``, or ``mean ± std`` over seeds when ``s["spread"]`` has several."""
+    spread = (s.get("spread") or {}).get(key)
+    if spread and spread.get("n", 0) > 1 and spread.get("std") is not None:
+        return f"{scale * spread['mean']:.2f} ± {scale * spread['std']:.2f}"
+    return _fmt(None if s.get(key) is None else scale * s[key])
+
+
+def _mean_gain(s: dict) -> str:
+    g = s.get("update_gain")
+    if not g:
+        return "-"
+    vals = np.array([[np.nan if v is None else v for v in row] for row in g], dtype=np.float64)
+    vals = vals[~np.isnan(vals)]
+    return f"{100 * vals.mean():.1f}" if len(vals) else "-"
+
+
+def _counts(s: dict) -> str:
+    p = s.get("paired")
+    if not p:
+        return "-"
+    n = count_verdicts(p["verdict"])
+    return "/".join(str(n[v]) for v in ("pass", "fail", "unresolved"))
+
+
 def render_summary_table(rows: Sequence[tuple[str, dict]], *, fmt: str = "markdown") -> str:
-    """Paper-style table: one row per method with AC, AA (%) and ACA (%)."""
+    """Paper-style table: one row per method with AC, AA (%), ACA (%), the mean update gain Γ (%) over the
+    cross-tests and the paired verdicts (✓/✗/? counts). With ``"spread"`` over several seeds, AC/AA/ACA
+    print as mean ± std (sample std)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
-    body = [[name, _fmt(s.get("AC")), _fmt(None if s.get("AA") is None else 100 * s["AA"]),
-             _fmt(None if s.get("ACA") is None else 100 * s["ACA"])] for name, s in rows]
-    head = ["method", "AC", "AA", "ACA"]
+    body = [[name, _value(s, "AC", 1), _value(s, "AA", 100), _value(s, "ACA", 100), _mean_gain(s), _counts(s)]
+            for name, s in rows]
+    head = ["method", "AC", "AA", "ACA", "mean Γ", "✓/✗/?"]
     if fmt == "csv":
         return "\n".join(",".join(r) for r in [head] + body) + "\n"
     if fmt == "latex":
-        lines = ["\\begin{tabular}{lrrr}", " & ".join(head) + " \\\\", "\\hline"]
-        lines += [" & ".join(r) + " \\\\" for r in body] + ["\\end{tabular}"]
+        tex_head = head[:4] + ["mean $\\Gamma$", "pass/fail/unres."]
+        lines = ["\\begin{tabular}{lrrrrr}", " & ".join(tex_head) + " \\\\", "\\hline"]
+        lines += [" & ".join(c.replace("±", "$\\pm$") for c in r) + " \\\\" for r in body] + ["\\end{tabular}"]
         return "\n".join(lines) + "\n"
     if fmt == "text":
-        return "\n".join(f"{r[0]:<16}{r[1]:>8}{r[2]:>8}{r[3]:>8}" for r in [head] + body) + "\n"
-    return "\n".join(["| " + " | ".join(head) + " |", "|---|---|---|---|"] + ["| " + " | ".join(r) + " |" for r in body]) + "\n"
+        return "\n".join(f"{r[0]:<16}" + "".join(f"{c:>16}" for c in r[1:]) for r in [head] + body) + "\n"
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in body]) + "\n"
