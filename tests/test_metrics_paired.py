@@ -156,3 +156,22 @@ def test_verification_separable_and_chance():
     qi, gi, same = sample_pairs(labels, labels, n_pairs=100, same_set=True)
     assert acc == pytest.approx(_reference_accuracy(np.sum((feats[qi] - other[gi]) ** 2, 1), same))
     assert 0.35 < acc < 0.6
+
+
+def test_cli_and_heatmap_show_verdicts_and_gain():
+    from app.charts import matrix_frame
+    from engine.metrics import ecc_pass, update_gain
+    from engine.report import render_matrix
+
+    C = np.array([[0.5, np.nan, np.nan], [0.6, 0.7, np.nan], [0.45, 0.71, 0.8]])
+    paired = {"verdict": [[None] * 3, ["pass", None, None], ["fail", "unresolved", None]],
+              "lo": [[None] * 3, [0.02, None, None], [-0.1, -0.02, None]], "hi": [[None] * 3, [0.2, None, None], [-0.01, 0.04, None]],
+              "confidence": 0.95, "resamples": 1000, "seed": 0, "items": "queries"}
+    text = render_matrix(C, paired=paired, gain=update_gain(C))
+    assert "60.00 ✓" in text and "45.00* ✗" in text and "71.00 ?" in text
+    assert "1 ✓ pass, 1 ✗ fail, 1 ? unresolved" in text
+    assert "M2→M1 50.0" in text  # (0.6 - 0.5) / (0.7 - 0.5)
+    frame = matrix_frame(C, ecc_pass(C), ["M1", "M2", "M3"], paired=paired, gain=update_gain(C).tolist())
+    cell = frame[(frame["query"] == "M3") & (frame["gallery"] == "M2")].iloc[0]
+    assert cell["verdict"] == "unresolved" and cell["label"] == "71.0 ?" and cell["interval"] == "[-2.0, +4.0] pts"
+    assert cell["gain"] == pytest.approx((0.71 - 0.7) / (0.8 - 0.7))
