@@ -9,6 +9,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+UNRESOLVED_AMBER = "#d98c00"
 FAIL_RED = "#b71c1c"
 FAIL_FILL = "#f8d0cc"
 OLD_NEW_SHAPES = ("circle", "triangle-up")
@@ -44,22 +45,30 @@ def chart_bytes(chart: alt.TopLevelMixin, fmt: str) -> bytes:
 
 
 def matrix_frame(C: np.ndarray, ecc: np.ndarray, names: Sequence[str], comparable: np.ndarray | None = None,
-                 valid: np.ndarray | None = None) -> pd.DataFrame:
-    """Lower-triangle cells as rows: query, gallery, value, status (self / pass / fail / n/c), label."""
+                 valid: np.ndarray | None = None, paired: dict | None = None, gain: Sequence | None = None) -> pd.DataFrame:
+    """Lower-triangle cells as rows: query, gallery, value, status (self / pass / fail / n/c), label, and, when
+    stored, the paired verdict (pass / fail / unresolved), its interval and the update gain Γ of each cross-test."""
     rows = []
     T = C.shape[0]
+    symbols = {"pass": " ✓", "fail": " ✗", "unresolved": " ?"}
     for t in range(T):
         for k in range(t + 1):
             value = C[t, k]
+            verdict = paired["verdict"][t][k] if paired else None
             if np.isnan(value):
                 status = "n/c" if comparable is not None and not comparable[t, k] else "undefined"
                 label = "n/c" if status == "n/c" else "–"
             else:
                 status = "self" if t == k else ("fail" if ecc[t, k] == 0 else "pass")
-                label = f"{100 * value:.1f}" + (" ✗" if status == "fail" else "")
+                mark = symbols[verdict] if verdict else (" ✗" if status == "fail" else "")
+                label = f"{100 * value:.1f}{mark}"
+            lo, hi = (paired["lo"][t][k], paired["hi"][t][k]) if paired else (None, None)
+            g = gain[t][k] if gain is not None else None
             rows.append({"query": names[t], "gallery": names[k], "value": None if np.isnan(value) else float(value),
                          "status": status, "label": label,
-                         "queries": None if valid is None else int(valid[t, k])})
+                         "queries": None if valid is None else int(valid[t, k]),
+                         "verdict": verdict or "", "interval": "" if lo is None else f"[{100 * lo:+.1f}, {100 * hi:+.1f}] pts",
+                         "gain": None if g is None else float(g)})
     return pd.DataFrame(rows)
 
 
@@ -68,7 +77,8 @@ def matrix_heatmap(frame: pd.DataFrame, names: Sequence[str], *, title: str, met
     """Lower-triangular heatmap (row = query model, column = gallery model).
 
     Passing cells are shaded blue by value (``domain``: shared colour range when matrices sit side by
-    side); a cross-test failing the compatibility criterion is shaded red, boxed and marked ✗.
+    side); a cross-test failing the compatibility criterion is shaded red, boxed and marked ✗. With a paired
+    test, cells are marked ✓ / ✗ / ? and an unresolved one (interval straddling 0) gets a dashed amber box.
     """
     n = len(names)
     cell = int(min(80, max(34, (size or 480) / n)))  # pixels per model: fixed band steps keep cells square
@@ -80,7 +90,8 @@ def matrix_heatmap(frame: pd.DataFrame, names: Sequence[str], *, title: str, met
     y = alt.Y("query:O", sort=list(names), title="query model (new)")
     tooltip = [alt.Tooltip("query:N", title="query model"), alt.Tooltip("gallery:N", title="gallery model"),
                alt.Tooltip("value:Q", title=metric, format=".2%"), alt.Tooltip("status:N", title="ECC"),
-               alt.Tooltip("queries:Q", title="queries scored")]
+               alt.Tooltip("queries:Q", title="queries scored"), alt.Tooltip("verdict:N", title="paired test"),
+               alt.Tooltip("interval:N", title="cross - self, 95% interval"), alt.Tooltip("gain:Q", title="update gain Γ", format=".1%")]
     failing = frame["status"] == "fail"
     mid = lo + 0.6 * (hi - lo)
     ink = np.where(failing, FAIL_RED, np.where(frame["value"].fillna(lo).to_numpy() > mid, "white", "#222222"))
@@ -92,9 +103,11 @@ def matrix_heatmap(frame: pd.DataFrame, names: Sequence[str], *, title: str, met
     empty = base.transform_filter("datum.value === null").mark_rect(color="#eeeeee")
     fails = base.transform_filter("datum.status === 'fail'").mark_rect(
         color=FAIL_FILL, stroke=FAIL_RED, strokeWidth=2)
+    unresolved = base.transform_filter("datum.verdict === 'unresolved'").mark_rect(
+        fillOpacity=0, stroke=UNRESOLVED_AMBER, strokeWidth=3, strokeDash=[5, 3])
     text = base.mark_text(fontSize=12 if cell >= 44 else 9, fontWeight="bold").encode(
         text="label:N", color=alt.Color("ink:N", scale=None))
-    return alt.layer(cells, empty, fails, text).resolve_scale(color="independent").properties(
+    return alt.layer(cells, empty, fails, unresolved, text).resolve_scale(color="independent").properties(
         title=title, width=alt.Step(cell), height=alt.Step(cell))
 
 

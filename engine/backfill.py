@@ -234,7 +234,7 @@ def backfill_curves(
     metrics = (metrics,) if isinstance(metrics, str) else tuple(metrics)
     if not metrics or not all(isinstance(m, str) for m in metrics):
         raise ValueError(f"metrics must be a non-empty list of names such as 'recall@1' or 'map', got {metrics!r}")
-    parsed = [parse_metric(m) for m in metrics]
+    parsed = [parse_metric(m, pairs=False) for m in metrics]
     ks = tuple(sorted({k for kind, k in parsed if kind == "recall"}))
     map_ks = sorted({k for kind, k in parsed if kind == "map" and k})
     if len(map_ks) > 1:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 
-INIT_SEEDS = ("same", "per_step")
+INIT_SEEDS = ("auto", "same", "per_step")
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,10 @@ class ModelConfig:
     width: int | None = None  # small_cnn channel width / output size
     feature_dim: int | None = None  # projection to this size (None: backbone output; d-Simplex: K - 1)
     dsimplex_classes: int | None = None  # K pre-allocated classes for fixed heads (None: total classes)
-    # models trained from scratch: the "same" initial weights at every step, as CoReS prescribes (paper 002,
-    # Sec. 5.1; Sec. 6.4 / Tab. 9 "SAME"), or a new seed per step ("per_step", Tab. 9 "RANDOM")
-    init_seed: str = "same"
+    # models trained from scratch: "auto" = what the method's paper prescribes (Method.init_seed: the same
+    # initial weights at every step for CoReS, paper 002 Sec. 5.1 / Tab. 9 "SAME"; a new seed per step, i.e.
+    # independently trained models, for every other method); "same" or "per_step" force one for all methods
+    init_seed: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class RunConfig:
     methods: tuple[str, ...] = ("independent",)
     method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     seed: int = 0
+    seeds: tuple[int, ...] = ()  # several seeds (data draws, order, initialisation) per method; () = just `seed`
     device: str = "auto"
     dataset: DatasetConfig = DatasetConfig()
     eval: EvalConfig = EvalConfig()
@@ -162,6 +164,8 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
         raise ValueError(f"model.init_seed must be one of {', '.join(INIT_SEEDS)}, got {cfg.model.init_seed!r}")
     if not cfg.methods:
         raise ValueError("config needs at least one method in 'methods'")
+    if len(set(cfg.seeds)) != len(cfg.seeds):
+        raise ValueError(f"seeds must not repeat, got {list(cfg.seeds)}")
     stray = sorted(set(cfg.method_params) - set(cfg.methods))
     if stray:
         raise ValueError(f"method_params given for {', '.join(stray)}, which is not in methods {list(cfg.methods)}")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Engine
 
-from engine.metrics import CellFeatures, MatrixResult, summarize
+from engine.metrics import CellFeatures, MatrixResult, stored_summary
 from storage import add_model_version, create_experiment, init_db, save_feature_set, save_matrix, session_scope, set_experiment_status
 
 
@@ -18,10 +18,9 @@ def config_hash(config: dict) -> str:
 
 def save_matrices(session, experiment_id: int, result: MatrixResult, *, protocol: str, view: str,
                   eval_classes: str = "all", ties: str = "fail") -> None:
-    """Store every metric's matrix of ``result`` with its AC/AA/ACA summary."""
+    """Store every metric's matrix of ``result`` with its summary (AC/AA/ACA, update gain, paired test)."""
     for metric, C in result.values.items():
-        summary = summarize(C, ties=ties)
-        summary["comparable"] = result.comparable.tolist()
+        summary = stored_summary(result, metric, ties=ties)
         save_matrix(session, experiment_id, metric=metric, protocol=protocol, view=view, values=C,
                     valid_queries=result.valid_queries, no_positive=result.no_positive, summary=summary,
                     eval_classes=eval_classes)

@@ -10,6 +10,7 @@ moment resumes from its last finished step, and a cancelled run leaves no partia
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,8 +25,8 @@ from engine.data_setup import RunData, prepare_run_data
 from engine.device import pick_device
 from engine.features import RAW_VIEWS, extract_outputs, simplex_projection
 from engine.methods import build_method
-from engine.methods.base import Method, StepContext
-from engine.metrics import CellFeatures, compatibility_matrices, summarize
+from engine.methods.base import Method, StepContext, resolve_init_seed
+from engine.metrics import CellFeatures, PairedOptions, compatibility_matrices, stored_summary
 from engine.models import build_model, load_checkpoint, save_checkpoint
 from engine.models.net import Net
 from engine.persist import config_hash, save_matrices
@@ -64,6 +65,11 @@ def views_for(method: Method, cfg: RunConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(("encoder",) + tuple(method.default_views)))
 
 
+def init_seed_for_step(method: Method, cfg: RunConfig, step: int) -> int:
+    """The seed of a from-scratch model's initial weights at ``step``."""
+    return cfg.seed if resolve_init_seed(method, cfg.model.init_seed) == "same" else cfg.seed + 1000 * step
+
+
 def _new_model(method: Method, cfg: RunConfig, data: RunData, num_seen: int, step: int) -> Net:
     fixed = method.head != "linear"
     k_total = cfg.model.dsimplex_classes or data.total_classes
@@ -77,7 +83,7 @@ def _new_model(method: Method, cfg: RunConfig, data: RunData, num_seen: int, ste
     return build_model(backbone=cfg.model.backbone, head=method.head, num_classes=k_total if fixed else num_seen,
                        feature_dim=feature_dim,
                        in_channels=data.in_channels, width=cfg.model.width,
-                       seed=cfg.seed if cfg.model.init_seed == "same" else cfg.seed + 1000 * step)
+                       seed=init_seed_for_step(method, cfg, step))
 
 
 def _next_model(method: Method, cfg: RunConfig, data: RunData, previous: Net | None, num_seen: int, step: int,
@@ -132,10 +138,11 @@ def _view_cells(db: Engine, versions: list[ModelVersion], view: str, eval_classe
     def cell(t: int, k: int) -> CellFeatures:
         ck = len(versions[k].classes)
         (q, ql), (g, gl) = load(t, "query"), load(k, "gallery")
+        ids = np.arange(len(ql))  # every model embedded the same query split: a position is one image
         if eval_classes == "seen":
             qm, gm = ql < ck, gl < ck  # classes are remapped: model k knows 0 .. C^k - 1
-            q, ql, g, gl = q[qm], ql[qm], g[gm], gl[gm]
-        return CellFeatures(project(q, ck), ql, project(g, ck), gl)
+            q, ql, g, gl, ids = q[qm], ql[qm], g[gm], gl[gm], ids[qm]
+        return CellFeatures(project(q, ck), ql, project(g, ck), gl, query_ids=ids)
 
     return cell
 
@@ -148,10 +155,10 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
     for view in views_for(method, cfg):
         cells = _view_cells(db, versions, view, cfg.eval.eval_classes, cfg.eval.topk)
         result = compatibility_matrices(cells, num_models=len(versions), metrics=cfg.eval.metrics,
-                                        protocol=cfg.eval.gallery, same_set=same_set)
+                                        protocol=cfg.eval.gallery, same_set=same_set, paired=PairedOptions())
         with session_scope(db) as s:
             save_matrices(s, exp_id, result, protocol=cfg.eval.gallery, view=view, eval_classes=cfg.eval.eval_classes)
-        out[view] = {m: {"matrix": result.values[m], **summarize(result.values[m])} for m in result.values}
+        out[view] = {m: {"matrix": result.values[m], **stored_summary(result, m)} for m in result.values}
     return out
 
 
@@ -163,7 +170,7 @@ def _resume_state(db: Engine, cfg: RunConfig, method: str, study_id: int | None)
         if exp is not None and exp.status == "cancelled":
             exp = None
         if exp is None:
-            exp = create_experiment(s, name=f"{cfg.name}/{method}", method=method, config=cfg.to_dict(), config_hash=h,
+            exp = create_experiment(s, name=f"{cfg.name}/{method}/seed {cfg.seed}", method=method, config=cfg.to_dict(), config_hash=h,
                                     study_id=study_id)
             return exp, [], False
         if exp.status == "done":
@@ -254,18 +261,31 @@ def discard_experiment(db: Engine, exp_id: int, ckpt_dir: Path) -> None:
         f.unlink()
 
 
+def study_seeds(cfg: RunConfig) -> tuple[int, ...]:
+    """The seeds a study runs every method with: ``seeds``, or just ``seed``."""
+    return cfg.seeds or (cfg.seed,)
+
+
 def run_study(cfg: RunConfig, ctx: RunContext) -> tuple[int, list[int]]:
-    """Run every method of ``cfg`` on the same data and scenario as one study; return (study id, experiment ids)."""
+    """Run every method of ``cfg`` for every seed on the same scenario as one study; return (study id, experiment ids).
+
+    Each seed draws its own data (per-class samples, batch order) and initialisation; the class order
+    is ``scenario.class_order_seed``'s for every seed. Experiment ids are ordered seed by seed.
+    """
     from storage import create_study, list_studies
 
     init_db(ctx.db)
     with session_scope(ctx.db) as s:
         same = [st for st in list_studies(s) if st.kind == "compare" and st.config == cfg.to_dict()]
         study = same[0] if same else create_study(s, name=cfg.name, kind="compare", config=cfg.to_dict())
-    data = prepare_run_data(cfg)
     ids = []
     outer = ctx.progress or (lambda f, m: None)
-    for i, method in enumerate(cfg.methods):
-        sub = RunContext(ctx.db, ctx.checkpoint_dir, lambda f, m, i=i: outer((i + f) / len(cfg.methods), m), ctx.should_stop, study.id)
-        ids.append(run_experiment(cfg.for_method(method), sub, data=data))
+    runs = [(seed, method) for seed in study_seeds(cfg) for method in cfg.methods]
+    data = None
+    for i, (seed, method) in enumerate(runs):
+        one = dataclasses.replace(cfg, seed=seed, seeds=())
+        if i % len(cfg.methods) == 0:
+            data = prepare_run_data(one)
+        sub = RunContext(ctx.db, ctx.checkpoint_dir, lambda f, m, i=i: outer((i + f) / len(runs), m), ctx.should_stop, study.id)
+        ids.append(run_experiment(one.for_method(method), sub, data=data))
     return study.id, ids

@@ -5,6 +5,7 @@ import numpy as np
 from sqlalchemy import Engine
 
 from engine.methods import METHODS
+from engine.methods.base import resolve_init_seed
 from engine.report import render_matrix, render_summary_table
 from storage import load_matrices, session_scope
 from storage.models import Experiment
@@ -17,9 +18,21 @@ def main_view(method: str) -> str:
     return views[0]
 
 
+def _spread(values: list) -> dict:
+    """Mean and sample standard deviation over seeds (None where undefined; std None for one seed)."""
+    v = np.array([np.nan if x is None else x for x in values], dtype=np.float64)
+    v = v[~np.isnan(v)]
+    return {"mean": float(v.mean()) if len(v) else None, "std": float(v.std(ddof=1)) if len(v) > 1 else None, "n": int(len(v))}
+
+
 def study_summary(db: Engine, study_id: int, experiment_ids: list[int]) -> dict:
-    """JSON-ready: {"study_id", "methods": {method: {"experiment_id", "main_view", "views": {view: {metric: {...}}}}}}."""
-    out: dict = {"study_id": study_id, "methods": {}}
+    """JSON-ready: {"study_id", "seeds", "methods": {method: {...}}}.
+
+    Per method: ``experiment_id``/``views`` of its first seed (matrix, AC/AA/ACA, update gain, paired test),
+    ``experiment_ids`` and ``seeds`` of every run, ``init_seed`` (effective), and ``spread``: {view: {metric:
+    {"AC"|"AA"|"ACA": {"mean", "std", "n"}}}} across seeds.
+    """
+    out: dict = {"study_id": study_id, "seeds": [], "methods": {}}
     with session_scope(db) as s:
         for exp_id in experiment_ids:
             exp = s.get(Experiment, exp_id)
@@ -28,14 +41,46 @@ def study_summary(db: Engine, study_id: int, experiment_ids: list[int]) -> dict:
                 views.setdefault(m.view, {})[m.metric] = {
                     "matrix": [[None if np.isnan(v) else float(v) for v in row] for row in m.values],
                     "AC": m.summary.get("AC"), "AA": m.summary.get("AA"), "ACA": m.summary.get("ACA"),
+                    "update_gain": m.summary.get("update_gain"), "paired": m.summary.get("paired"),
                     "protocol": m.protocol, "eval_classes": m.eval_classes,
                 }
-            out["methods"][exp.method] = {"experiment_id": exp_id, "main_view": main_view(exp.method), "views": views}
+            seed = exp.config.get("seed")
+            cls = METHODS.get(exp.method)
+            choice = exp.config.get("model", {}).get("init_seed", "same")
+            entry = out["methods"].setdefault(exp.method, {
+                "experiment_id": exp_id, "main_view": main_view(exp.method), "views": views,
+                "init_seed": resolve_init_seed(cls, choice) if cls else choice, "runs": []})
+            entry["runs"].append({"seed": seed, "experiment_id": exp_id, "views": views})
+            if seed not in out["seeds"]:
+                out["seeds"].append(seed)
+    for entry in out["methods"].values():
+        entry["experiment_ids"] = [r["experiment_id"] for r in entry["runs"]]
+        entry["seeds"] = [r["seed"] for r in entry["runs"]]
+        entry["spread"] = {view: {metric: {key: _spread([r["views"].get(view, {}).get(metric, {}).get(key) for r in entry["runs"]])
+                                           for key in ("AC", "AA", "ACA")}
+                                  for metric in metrics}
+                           for view, metrics in entry["views"].items()}
+        del entry["runs"]
     return out
 
 
+def _matrix(rows: list) -> np.ndarray:
+    return np.array([[np.nan if v is None else v for v in row] for row in rows], dtype=np.float64)
+
+
+def header(summary: dict, metric: str) -> str:
+    """The conventions of the printed numbers: metric, gallery, classes, seeds and each method's initialisation."""
+    first = next((m for info in summary["methods"].values() for m in info["views"].values() if metric in m), {})
+    entry = first.get(metric, {})
+    inits = ", ".join(f"{name} {info['init_seed']}" for name, info in summary["methods"].items())
+    return (f"{metric} | gallery {entry.get('protocol', '?')} | eval_classes {entry.get('eval_classes', '?')} | "
+            f"seeds {', '.join(str(x) for x in summary.get('seeds', []))} | init_seed: {inits}")
+
+
 def print_study(summary: dict, *, fmt: str = "text", table_only: bool = False, metric: str = "recall@1") -> None:
-    """Print each method's main-view matrix (unless ``table_only``) and the methods x AC/AA/ACA table."""
+    """Print the conventions, each method's main-view matrix (unless ``table_only``; first seed, with its paired
+    verdicts and update gains) and the methods x AC/AA/ACA table (mean +/- std over seeds when several)."""
+    print(header(summary, metric))
     rows = []
     for method, info in summary["methods"].items():
         for view, metrics in info["views"].items():
@@ -43,9 +88,11 @@ def print_study(summary: dict, *, fmt: str = "text", table_only: bool = False, m
                 continue
             entry = metrics[metric]
             label = method if view == info["main_view"] else f"{method} ({view})"
-            rows.append((label, entry))
+            rows.append((label, {**entry, "spread": info.get("spread", {}).get(view, {}).get(metric)}))
             if not table_only:
-                C = np.array([[np.nan if v is None else v for v in row] for row in entry["matrix"]])
-                print(render_matrix(C, fmt=fmt, title=f"{label}: {metric}"))
-    print(f"{metric}, AA and ACA in %:")
+                gain = _matrix(entry["update_gain"]) if entry.get("update_gain") else None
+                seed = f", seed {info['seeds'][0]}" if len(info.get("seeds", [])) > 1 else ""
+                print(render_matrix(_matrix(entry["matrix"]), fmt=fmt, title=f"{label}: {metric}{seed}",
+                                    paired=entry.get("paired"), gain=gain))
+    print(f"{metric}, AA and ACA in %" + (f", mean ± std over {len(summary['seeds'])} seeds" if len(summary.get("seeds", [])) > 1 else "") + ":")
     print(render_summary_table(rows, fmt="markdown" if fmt == "text" else fmt))

@@ -127,8 +127,22 @@ def test_scratch_models_start_from_the_same_weights_every_step_by_default(init_s
         assert all(torch.equal(p, q) for p, q in zip(nets[0].parameters(), net.parameters())) is same
 
 
+@pytest.mark.parametrize("method, same", [("cores", True), ("independent", False), ("psp", False)])
+def test_auto_init_seed_follows_each_methods_paper(method, same):
+    # default "auto": CoReS keeps one initialisation (paper 002, Tab. 9); the others are trained independently
+    cfg = _cfg(methods=[method])
+    assert cfg.model.init_seed == "auto"
+    data = prepare_run_data(cfg)
+    m = build_method(method)
+    first = pipeline._new_model(m, cfg, data, 4, 1)
+    second = pipeline._new_model(m, cfg, data, 7, 2)
+    same_backbone = all(torch.equal(p, q) for p, q in zip(first.backbone.parameters(), second.backbone.parameters()))
+    assert same_backbone is same
+    assert pipeline.resolve_init_seed(m, "per_step") == "per_step" and pipeline.resolve_init_seed(m, "same") == "same"
+
+
 def test_init_seed_must_be_known():
-    with pytest.raises(ValueError, match="model.init_seed must be one of same, per_step, got 'random'"):
+    with pytest.raises(ValueError, match="model.init_seed must be one of auto, same, per_step, got 'random'"):
         _cfg(model={"init_seed": "random"})
 
 
@@ -190,6 +204,34 @@ def test_study_groups_methods_on_the_same_scenario_and_eval_classes_seen(tmp_pat
         q, ql, _ = load_feature_set(s, list_model_versions(s, ids[0])[0].id, "query", "encoder")
         assert m.valid_queries[1, 0] + m.no_positive[1, 0] == int((ql < 4).sum())
     assert run_study(cfg, ctx)[0] == study_id  # the same study is found again
+
+
+def test_several_seeds_give_mean_and_std_and_paired_verdicts(tmp_path, capsys):
+    from engine.study_summary import print_study, study_summary
+
+    ctx = _ctx(tmp_path)
+    cfg = _cfg(methods=["independent"], seeds=[0, 1], eval={"eval_classes": "seen"},
+               scenario={"initial_classes": 5, "increment": 5, "num_steps": 2})
+    study_id, ids = run_study(cfg, ctx)
+    with session_scope(ctx.db) as s:
+        exps = [s.get(Experiment, i) for i in ids]
+        assert [e.config["seed"] for e in exps] == [0, 1] and exps[0].config["seeds"] == []
+        m = load_matrices(s, ids[0], metric="recall@1")[0]
+        paired = m.summary["paired"]
+        # the cross-test and the self-test are paired on the same queries: all valid queries of the cell
+        assert paired["n"][1][0] == m.valid_queries[1, 0] == m.valid_queries[0, 0]
+        assert paired["verdict"][1][0] in ("pass", "fail", "unresolved") and paired["verdict"][0][0] is None
+        assert paired["diff"][1][0] == pytest.approx(m.values[1, 0] - m.values[0, 0])
+        g = m.summary["update_gain"][1][0]
+        assert g is None or g == pytest.approx((m.values[1, 0] - m.values[0, 0]) / (m.values[1, 1] - m.values[0, 0]))
+        acs = [load_matrices(s, i, metric="recall@1")[0].summary["AA"] for i in ids]
+    summary = study_summary(ctx.db, study_id, ids)
+    spread = summary["methods"]["independent"]["spread"]["encoder"]["recall@1"]["AA"]
+    assert summary["seeds"] == [0, 1] and spread["n"] == 2
+    assert spread["mean"] == pytest.approx(np.mean(acs)) and spread["std"] == pytest.approx(np.std(acs, ddof=1))
+    print_study(summary)
+    out = capsys.readouterr().out
+    assert "init_seed: independent per_step" in out and "seeds 0, 1" in out and "±" in out and "paired test" in out
 
 
 def test_bad_run_configs_fail_before_training(tmp_path):

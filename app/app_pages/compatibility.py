@@ -96,6 +96,24 @@ if not shown:
     st.stop()
 
 # ---- summary table and curves
+def mean_gain(summary: dict[str, Any]) -> float | None:
+    """The update gain Γ in %, averaged over the defined cross-tests (None when not stored or undefined)."""
+    g = np.array([[np.nan if v is None else v for v in row] for row in summary.get("update_gain") or []], dtype=float)
+    g = g[~np.isnan(g)] if g.size else g
+    return float(100 * g.mean()) if g.size else None
+
+
+def verdict_counts(summary: dict[str, Any]) -> str:
+    """``pass/fail/unresolved`` counts of the stored paired test, or ``-`` for matrices stored without one."""
+    from engine.metrics.paired import count_verdicts
+
+    p = summary.get("paired")
+    if not p:
+        return "-"
+    n = count_verdicts(p["verdict"])
+    return f"{n['pass']}/{n['fail']}/{n['unresolved']}"
+
+
 def view_label(e: dict[str, Any], m: dict[str, Any]) -> str:
     main = q.main_view(e["method"])
     if view_choice == MAIN and main and m["view"] != main:
@@ -107,12 +125,18 @@ summary = pd.DataFrame([{
     "method": e["method"], "view": view_label(e, m), "steps": m["values"].shape[0], "AC": m["summary"].get("AC"),
     "AA %": None if m["summary"].get("AA") is None else 100 * m["summary"]["AA"],
     "ACA %": None if m["summary"].get("ACA") is None else 100 * m["summary"]["ACA"],
+    "mean Γ %": mean_gain(m["summary"]),
+    "paired ✓/✗/?": verdict_counts(m["summary"]),
     "queries without a positive": int(np.nansum(np.tril(m["no_positive"]))),
 } for e, m in shown])
 st.subheader(f"{metric_name(metric)} · {protocol} gallery · {eval_classes} classes")
 st.dataframe(summary, hide_index=True, width="stretch", column_config={
     "AC": st.column_config.NumberColumn(format="%.2f"), "AA %": st.column_config.NumberColumn(format="%.2f"),
     "ACA %": st.column_config.NumberColumn(format="%.2f"),
+    "mean Γ %": st.column_config.NumberColumn(format="%.1f", help="Update gain (CoReS Eq. 3) averaged over the cross-tests: "
+                                              "(cross-test - old self-test) / (new self-test - old self-test)"),
+    "paired ✓/✗/?": st.column_config.TextColumn(help="Cross-tests whose paired bootstrap interval (cross - self, same "
+                                                 "queries) lies above 0 / below 0 / straddles 0"),
     "queries without a positive": st.column_config.NumberColumn(
         help="Queries whose class has no image in the gallery, summed over the cells; they are left out of the means"),
 })
@@ -147,8 +171,9 @@ for start in range(0, len(shown), per_row):
         C = m["values"]
         names = [f"M{t + 1}" for t in range(C.shape[0])]
         comparable = np.asarray(m["summary"]["comparable"], bool) if m["summary"].get("comparable") else None
-        frame = charts.matrix_frame(C, ecc_cells(C), names, comparable, m["valid_queries"])
         s = m["summary"]
+        frame = charts.matrix_frame(C, ecc_cells(C), names, comparable, m["valid_queries"], s.get("paired"),
+                                    s.get("update_gain"))
         title = f"{e['method']} · {m['view']}"
         chart = charts.matrix_heatmap(frame, names, title=title, metric=metric_name(metric),
                                       size=None if per_row == 1 else 400, domain=domain)
@@ -156,7 +181,11 @@ for start in range(0, len(shown), per_row):
             st.altair_chart(chart, width="content")
             fails = int((frame["status"] == "fail").sum())
             st.markdown(f"**AC** {charts.number(s.get('AC'))} · **AA** {charts.percent(s.get('AA'), 2)} · "
-                        f"**ACA** {charts.percent(s.get('ACA'), 2)} · {fails} failing cross-test(s)")
+                        f"**ACA** {charts.percent(s.get('ACA'), 2)} · {fails} failing cross-test(s)"
+                        + (f" · paired ✓/✗/? {verdict_counts(s)}" if s.get("paired") else ""))
+            gains = frame.dropna(subset=["gain"])
+            if len(gains):
+                st.caption("Update gain Γ: " + ", ".join(f"{r.query}→{r.gallery} {100 * r.gain:.1f} %" for r in gains.itertuples()))
             with st.expander("Download"):
                 base = f"{e['name'].replace('/', '_')}_{metric}_{m['view']}"
                 d = st.columns(3)

@@ -49,6 +49,11 @@ class StepContext:
         return tuple(c for c in self.seen_classes if c not in new)
 
 
+def resolve_init_seed(method: "Method | type[Method]", choice: str) -> str:
+    """``"same"`` or ``"per_step"``: ``choice``, or under ``"auto"`` the one the method's paper prescribes."""
+    return method.init_seed if choice == "auto" else choice
+
+
 class Method(ABC):
     """Base of every method; subclasses are frozen dataclasses whose fields are hyper-parameters.
 
@@ -60,8 +65,11 @@ class Method(ABC):
       outputs on the same batch in ``old_out`` (both ``None`` at the first step).
     - ``uses_replay``: the loop keeps an experience-replay memory and mixes it into the batches.
     - ``default_views``: feature views (``engine.features.VIEWS``) to evaluate the models with.
-    - ``init_from``: ``"scratch"`` (a fresh model, same seed, every step) or ``"previous"``
+    - ``init_from``: ``"scratch"`` (a fresh model every step) or ``"previous"``
       (fine-tune the previous step's model), the protocol of the method's paper.
+    - ``init_seed``: the initialisation a from-scratch model gets under ``model.init_seed = "auto"``:
+      ``"per_step"`` (a new seed each step, independently trained models) unless the method's paper
+      prescribes the ``"same"`` seed at every step (CoReS, paper 002 Sec. 5.1 and Tab. 9).
     """
 
     name: ClassVar[str]
@@ -70,6 +78,7 @@ class Method(ABC):
     uses_replay: ClassVar[bool]
     default_views: ClassVar[tuple[str, ...]]
     init_from: ClassVar[str]
+    init_seed: ClassVar[str] = "per_step"
 
     @abstractmethod
     def loss(

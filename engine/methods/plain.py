@@ -120,6 +120,7 @@ class CoReS(_PlainCrossEntropy):
 
     name = "cores"
     head = "dsimplex"
+    init_seed = "same"  # paper 002, Sec. 5.1: "same random seed for initialisation at every upgrade"; Tab. 9
     needs_old_model = False
     uses_replay = False
     default_views = ("encoder",)

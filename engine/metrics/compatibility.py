@@ -3,6 +3,12 @@
 Each cell's neighbours are computed once and every requested metric is read from them. Cells whose
 query and gallery features have different dimensions are *not comparable*: they are NaN and flagged
 in ``MatrixResult.comparable`` (never shown as zero).
+
+With ``paired=PairedOptions(...)``, every cross-test C[t, k] is also compared with the self-test
+C[k, k] item by item (:mod:`engine.metrics.paired`): the per-query outcomes (hit@k, AP) or per-pair
+outcomes (verification) come from the same single pass that gives the cell's value. Both cells use
+gallery model k; their queries are paired by ``CellFeatures.query_ids`` when given, by position
+otherwise. Only the diagonal's outcome vectors are kept (memory T x queries per metric).
 """
 from __future__ import annotations
 
@@ -11,7 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.metrics.retrieval import Protocol, Ties, cell_stats, metrics_from_stats, parse_metric
+from engine.metrics.paired import PairedOptions, count_verdicts, paired_bootstrap, shared_items, verdict
+from engine.metrics.retrieval import VERIFICATION, Protocol, Ties, cell_stats, parse_metric, per_query_from_stats
+from engine.metrics.summary import summarize, update_gain
+from engine.metrics.verification import pair_verification
 
 
 @dataclass(frozen=True)
@@ -22,6 +31,7 @@ class CellFeatures:
     query_labels: np.ndarray
     gallery: np.ndarray
     gallery_labels: np.ndarray
+    query_ids: np.ndarray | None = None  # identity of each query (pairs a cross-test with its self-test)
 
     @staticmethod
     def of(x: "CellFeatures | Mapping[str, np.ndarray]") -> "CellFeatures":
@@ -39,7 +49,39 @@ class MatrixResult:
     valid_queries: np.ndarray  # int per cell (-1 where not computed)
     no_positive: np.ndarray  # int per cell (-1 where not computed)
     comparable: np.ndarray  # bool per cell (False above the diagonal and for dimension mismatches)
+    paired: dict[str, dict] | None = None  # per metric: paired_matrices() of every cross-test (see engine.metrics.paired)
 
+
+def _empty_paired(T: int, options: PairedOptions) -> dict:
+    nan = lambda: np.full((T, T), np.nan)  # noqa: E731
+    return {"diff": nan(), "lo": nan(), "hi": nan(), "n": np.full((T, T), -1, np.int64),
+            "verdict": [[None] * T for _ in range(T)],
+            "resamples": options.resamples, "seed": options.seed, "confidence": options.confidence}
+
+
+def _cell_outcomes(c: CellFeatures, metrics: Sequence[str], parsed: list, *, protocol: Protocol, same_set: bool,
+                   ties: Ties, backend) -> tuple[dict[str, float], dict[str, np.ndarray], int, int]:
+    """One cell: each metric's value and per-item outcome vector (NaN = undefined), valid and no-positive counts."""
+    ks = tuple(sorted({k for kind, k in parsed if kind == "recall"}))
+    map_k = next((k for kind, k in parsed if kind == "map" and k), 0)
+    want_map = any(kind == "map" for kind, _ in parsed)
+    values: dict[str, float] = {}
+    vectors: dict[str, np.ndarray] = {}
+    n_valid = n_no_pos = 0
+    if any(kind in ("recall", "map") for kind, _ in parsed):
+        stats = cell_stats(c.query, c.query_labels, c.gallery, c.gallery_labels, protocol=protocol, same_set=same_set,
+                           map_k=map_k, want_ap=want_map, backend=backend, top_k=max(ks, default=1))
+        valid, per_query = per_query_from_stats(stats, ks=ks, map_at=map_k or None, want_map=("map", None) in parsed, ties=ties)
+        n_valid, n_no_pos = int(valid.sum()), int((~valid).sum())
+        for name, (kind, at) in zip(metrics, parsed):
+            if kind != VERIFICATION:
+                vec = np.where(valid, per_query[f"{kind}@{at}" if at else kind], np.nan)
+                vectors[name], values[name] = vec, float(np.nanmean(vec)) if n_valid else float("nan")
+    for name, (kind, _) in zip(metrics, parsed):
+        if kind == VERIFICATION:
+            values[name], correct = pair_verification(c.query, c.query_labels, c.gallery, c.gallery_labels, same_set=same_set)
+            vectors[name] = correct.astype(np.float64)
+    return values, vectors, n_valid, n_no_pos
 
 CellSource = Sequence["CellFeatures | Mapping[str, np.ndarray]"] | Callable[[int, int], CellFeatures]
 
@@ -54,6 +96,7 @@ def compatibility_matrices(
     ties: Ties = "pessimistic",
     backend=None,
     progress: Callable[[int, int], None] | None = None,
+    paired: PairedOptions | None = None,
 ) -> MatrixResult:
     """All lower-triangle cells for every metric in ``metrics`` (one neighbour pass per cell).
 
@@ -73,32 +116,74 @@ def compatibility_matrices(
     if T < 1:
         raise ValueError("a compatibility matrix needs at least one model")
     parsed = [parse_metric(m) for m in metrics]
-    ks = tuple(sorted({k for kind, k in parsed if kind == "recall"}))
-    map_ks = sorted({k for kind, k in parsed if kind == "map" and k})
-    if len(map_ks) > 1:
-        raise ValueError(f"one mAP@k at a time, got {map_ks}")
-    want_map = any(kind == "map" for kind, _ in parsed)
-    want_full_map = ("map", None) in parsed
+    if len({k for kind, k in parsed if kind == "map" and k}) > 1:
+        raise ValueError(f"one mAP@k at a time, got {sorted({k for kind, k in parsed if kind == 'map' and k})}")
     values = {m: np.full((T, T), np.nan) for m in metrics}
     valid = np.full((T, T), -1, dtype=np.int64)
     no_pos = np.full((T, T), -1, dtype=np.int64)
     comparable = np.zeros((T, T), dtype=bool)
+    tests = {m: {**_empty_paired(T, paired), "items": "pairs" if kind == VERIFICATION else "queries"}
+             for m, (kind, _) in zip(metrics, parsed)} if paired else None
+    diagonal: dict[int, tuple[np.ndarray | None, dict[str, np.ndarray]]] = {}  # self-test outcomes of each gallery model
     cells = [(t, k) for t in range(T) for k in range(t + 1)]
     for i, (t, k) in enumerate(cells):
         c = cell(t, k)
         if np.asarray(c.query).shape[1] == np.asarray(c.gallery).shape[1]:  # otherwise not comparable: left NaN
-            stats = cell_stats(c.query, c.query_labels, c.gallery, c.gallery_labels, protocol=protocol, same_set=same_set,
-                               map_k=map_ks[0] if map_ks else 0, want_ap=want_map, backend=backend, top_k=max(ks, default=1))
-            out = metrics_from_stats(stats, ks=ks, map_at=map_ks[0] if map_ks else None, want_map=want_full_map, ties=ties)
-            for name, (kind, at) in zip(metrics, parsed):
-                values[name][t, k] = out[f"{kind}@{at}" if at else kind]
-            valid[t, k], no_pos[t, k], comparable[t, k] = out["n_valid"], out["n_no_positive"], True
+            out, vectors, valid[t, k], no_pos[t, k] = _cell_outcomes(c, metrics, parsed, protocol=protocol,
+                                                                     same_set=same_set, ties=ties, backend=backend)
+            for name in metrics:
+                values[name][t, k] = out[name]
+            comparable[t, k] = True
+            if tests is not None and t == k:
+                diagonal[k] = (c.query_ids, vectors)
+            elif tests is not None and k in diagonal:
+                _pair_cell(tests, t, k, c.query_ids, vectors, diagonal[k], values, paired)
         if progress:
             progress(i + 1, len(cells))
-    return MatrixResult(values, valid, no_pos, comparable)
+    return MatrixResult(values, valid, no_pos, comparable, tests)
+
+
+def _pair_cell(tests: dict, t: int, k: int, ids: np.ndarray | None, vectors: dict[str, np.ndarray],
+               self_cell: tuple[np.ndarray | None, dict[str, np.ndarray]], values: dict[str, np.ndarray],
+               options: PairedOptions) -> None:
+    """Fill the paired test of cross-test (t, k) for every metric."""
+    self_ids, self_vectors = self_cell
+    same_queries = ids is None or self_ids is None or np.array_equal(ids, self_ids)
+    for name, vec in vectors.items():
+        if tests[name]["items"] == "pairs":  # pairs are drawn from the cell's images: the same only on the same queries
+            if not same_queries or len(vec) != len(self_vectors[name]):
+                continue
+            a = b = np.arange(len(vec))
+        else:
+            a, b = shared_items(ids, self_ids, len(vec), len(self_vectors[name]))
+        diff, lo, hi = paired_bootstrap(vec[a], self_vectors[name][b], resamples=options.resamples,
+                                        seed=(options.seed, t, k), confidence=options.confidence)
+        C = values[name]
+        entry = tests[name]
+        entry["diff"][t, k], entry["lo"][t, k], entry["hi"][t, k] = diff, lo, hi
+        entry["n"][t, k] = int(np.sum(~np.isnan(vec[a] - self_vectors[name][b])))
+        entry["verdict"][t][k] = verdict(lo, hi, bool(C[t, k] > C[k, k]))
 
 
 def compatibility_matrix(source: CellSource, *, metric: str = "recall@1", protocol: Protocol = "instance",
                          same_set: bool = False, **kwargs) -> np.ndarray:
     """One metric's T x T matrix (NaN above the diagonal and for non-comparable cells)."""
     return compatibility_matrices(source, metrics=(metric,), protocol=protocol, same_set=same_set, **kwargs).values[metric]
+
+
+def _json_matrix(a: np.ndarray) -> list[list[float | None]]:
+    return [[None if np.isnan(v) else float(v) for v in row] for row in np.asarray(a, dtype=np.float64)]
+
+
+def stored_summary(result: MatrixResult, metric: str, *, ties: str = "fail") -> dict:
+    """JSON-ready summary stored with one metric's matrix: AC/AA/ACA and curves, comparable cells, the update
+    gain of every cross-test (``update_gain``) and, when computed, the paired test (``paired``: diff/lo/hi/n
+    matrices, per-cell verdicts, counts and the bootstrap's settings)."""
+    C = result.values[metric]
+    out = {**summarize(C, ties=ties), "comparable": result.comparable.tolist(), "update_gain": _json_matrix(update_gain(C))}
+    if result.paired and metric in result.paired:
+        p = result.paired[metric]
+        out["paired"] = {"diff": _json_matrix(p["diff"]), "lo": _json_matrix(p["lo"]), "hi": _json_matrix(p["hi"]),
+                         "n": np.asarray(p["n"]).tolist(), "verdict": p["verdict"], "counts": count_verdicts(p["verdict"]),
+                         "items": p["items"], "resamples": p["resamples"], "seed": p["seed"], "confidence": p["confidence"]}
+    return out

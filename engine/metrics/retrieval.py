@@ -34,13 +34,21 @@ Protocol = Literal["instance", "template"]
 Ties = Literal["pessimistic", "optimistic"]
 PROTOCOLS = ("instance", "template")
 _METRIC = re.compile(r"^(recall|map)(?:@(\d+))?$")
+VERIFICATION = "verification"  # paper 002's pair-verification accuracy (engine.metrics.verification)
 
 
-def parse_metric(name: str) -> tuple[str, int | None]:
-    """Split a metric name into ``("recall", k)``, ``("map", None)`` or ``("map", k)``."""
-    m = _METRIC.match(name.strip().lower())
+def parse_metric(name: str, *, pairs: bool = True) -> tuple[str, int | None]:
+    """Split a metric name into ``("recall", k)``, ``("map", None)``, ``("map", k)`` or ``("verification", None)``.
+
+    ``pairs=False`` accepts only the ranking metrics (for callers that have no image pairs).
+    """
+    key = name.strip().lower()
+    if pairs and key == VERIFICATION:
+        return VERIFICATION, None
+    m = _METRIC.match(key)
     if not m or (m.group(1) == "recall" and m.group(2) is None) or (m.group(2) is not None and int(m.group(2)) < 1):
-        raise ValueError(f"unknown metric {name!r}; use 'recall@K' (K >= 1), 'map' or 'map@K'")
+        extra = ", 'map@K' or 'verification'" if pairs else " or 'map@K'"
+        raise ValueError(f"unknown metric {name!r}; use 'recall@K' (K >= 1), 'map'{extra}")
     return m.group(1), int(m.group(2)) if m.group(2) else None
 
 
@@ -129,20 +137,31 @@ def cell_stats(
     return be.stats(q, g, starts, ends, exclude=exclude, own_template=loo, map_k=map_k, want_ap=want_ap, max_block=max_block)
 
 
-def metrics_from_stats(stats: QueryStats, *, ks: tuple[int, ...] = (1, 5), map_at: int | None = None, want_map: bool = True, ties: Ties = "pessimistic") -> dict[str, float | int]:
-    """Average the per-query statistics into Recall@k, mAP and mAP@k over the valid queries."""
+def per_query_from_stats(stats: QueryStats, *, ks: tuple[int, ...] = (1, 5), map_at: int | None = None,
+                         want_map: bool = True, ties: Ties = "pessimistic") -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Per-query outcomes of one cell: ``(valid, {"recall@k": hit (bool), "map": AP, "map@k": AP@k})``.
+
+    ``valid`` marks the queries with a positive in the gallery; the vectors cover every query in the
+    caller's order (hits are False and APs NaN where not valid). Averaging them over ``valid`` gives
+    :func:`metrics_from_stats`; a paired test compares two cells' vectors query by query.
+    """
     if ties not in ("pessimistic", "optimistic"):
         raise ValueError(f"unknown tie rule {ties!r}; use 'pessimistic' or 'optimistic'")
     valid = stats.n_positives > 0
-    n_valid = int(valid.sum())
     before = stats.neg_ge_best if ties == "pessimistic" else stats.neg_gt_best
-    out: dict[str, float | int] = {}
-    for k in ks:
-        out[f"recall@{k}"] = float((before[valid] < k).mean()) if n_valid else float("nan")
+    out: dict[str, np.ndarray] = {f"recall@{k}": valid & (before < k) for k in ks}
     if want_map:
-        out["map"] = float(stats.ap[valid].mean()) if n_valid else float("nan")
+        out["map"] = np.where(valid, stats.ap, np.nan)
     if map_at:
-        out[f"map@{map_at}"] = float(stats.ap_at_k[valid].mean()) if n_valid else float("nan")
+        out[f"map@{map_at}"] = np.where(valid, stats.ap_at_k, np.nan)
+    return valid, out
+
+
+def metrics_from_stats(stats: QueryStats, *, ks: tuple[int, ...] = (1, 5), map_at: int | None = None, want_map: bool = True, ties: Ties = "pessimistic") -> dict[str, float | int]:
+    """Average the per-query statistics into Recall@k, mAP and mAP@k over the valid queries."""
+    valid, vectors = per_query_from_stats(stats, ks=ks, map_at=map_at, want_map=want_map, ties=ties)
+    n_valid = int(valid.sum())
+    out: dict[str, float | int] = {name: float(v[valid].mean()) if n_valid else float("nan") for name, v in vectors.items()}
     out["n_queries"] = int(len(valid))
     out["n_valid"] = n_valid
     out["n_no_positive"] = int(len(valid) - n_valid)
@@ -176,5 +195,5 @@ def retrieval_metrics(
     return metrics_from_stats(stats, ks=ks, map_at=map_at, want_map=compute_map, ties=ties)
 
 
-__all__ = ["Gallery", "prepare_gallery", "cell_stats", "metrics_from_stats", "retrieval_metrics", "parse_metric",
+__all__ = ["Gallery", "prepare_gallery", "cell_stats", "metrics_from_stats", "per_query_from_stats", "VERIFICATION", "retrieval_metrics", "parse_metric",
            "PROTOCOLS", "stats_numba", "stats_torch"]

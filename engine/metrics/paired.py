@@ -1,0 +1,107 @@
+"""Paired test of one ECC cell: is the cross-test C[t, k] really above the self-test C[k, k]?
+
+Both cells are evaluated on the same items (queries, or verification pairs) against the same gallery
+model k, so the question is about the mean of the per-item differences ``d_i = cross_i - self_i``
+(hit@k: -1, 0 or 1; AP: a difference of two APs; pair verification: of two correct/incorrect bits).
+A seeded paired bootstrap resamples the items with replacement (``resamples`` times; each cell
+draws from its own generator seeded by ``(seed, t, k)``, so a cell's interval does not depend on
+which other cells were computed) and takes the percentile interval of the resampled mean.
+
+The bootstrap draws multinomial counts over the *distinct* values of ``d`` - the same
+distribution as resampling indices, in memory bounded by ``chunk x distinct values``.
+
+Verdict, combined with the strict ECC (C[t, k] > C[k, k]) that AC counts:
+
+* ``pass``: ECC passes **and** the interval lies above 0 (``lo > 0``).
+* ``fail``: the interval lies below 0 (``hi < 0``), or ECC fails and the interval does not reach
+  above 0 (``hi <= 0``; e.g. identical outcomes, where the interval is the point [0, 0]).
+* ``unresolved``: everything else - the interval straddles 0 (a cell whose strict ECC passes or
+  fails by less than the sampling noise).
+
+So ``pass`` implies an ECC pass and ``fail`` implies an ECC fail; AC and ACA still count the strict
+ECC (as the papers do); the verdicts say which of those counts a new sample of queries could flip.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+VERDICTS = ("pass", "fail", "unresolved")
+SYMBOLS = {"pass": "✓", "fail": "✗", "unresolved": "?"}
+DEFAULT_RESAMPLES = 1000
+DEFAULT_SEED = 0
+DEFAULT_CONFIDENCE = 0.95
+_CHUNK_ELEMENTS = 1 << 20  # multinomial counts drawn per chunk (bounded memory)
+
+
+@dataclass(frozen=True)
+class PairedOptions:
+    """How the paired bootstrap of every ECC cell is run."""
+
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = DEFAULT_SEED
+    confidence: float = DEFAULT_CONFIDENCE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.resamples, int) or self.resamples < 1:
+            raise ValueError(f"paired bootstrap resamples must be a positive integer, got {self.resamples!r}")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"paired bootstrap confidence must be in (0, 1), got {self.confidence!r}")
+
+
+def paired_bootstrap(cross: np.ndarray, self_test: np.ndarray, *, resamples: int = DEFAULT_RESAMPLES,
+                     seed: int | tuple[int, ...] = DEFAULT_SEED, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float, float]:
+    """``(mean difference, lo, hi)`` of ``cross - self_test`` over the paired items (NaN items left out).
+
+    Returns NaNs when no item is defined on both sides.
+    """
+    cross, self_test = np.asarray(cross, dtype=np.float64), np.asarray(self_test, dtype=np.float64)
+    if cross.shape != self_test.shape or cross.ndim != 1:
+        raise ValueError(f"paired outcomes must be two vectors of the same length, got {cross.shape} and {self_test.shape}")
+    d = cross - self_test
+    d = d[~np.isnan(d)]
+    if not len(d):
+        return float("nan"), float("nan"), float("nan")
+    values, counts = np.unique(d, return_counts=True)
+    n = len(d)
+    rng = np.random.default_rng(seed)
+    chunk = max(1, _CHUNK_ELEMENTS // len(values))
+    means = np.empty(resamples)
+    for start in range(0, resamples, chunk):
+        draws = rng.multinomial(n, counts / n, size=min(chunk, resamples - start))
+        means[start:start + len(draws)] = draws @ values / n
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    return float(d.mean()), float(lo), float(hi)
+
+
+def verdict(lo: float, hi: float, ecc_passes: bool) -> str | None:
+    """``pass`` / ``fail`` / ``unresolved`` from the interval and the strict ECC (None when undefined)."""
+    if np.isnan(lo) or np.isnan(hi):
+        return None
+    if ecc_passes and lo > 0:
+        return "pass"
+    if hi < 0 or (not ecc_passes and hi <= 0):
+        return "fail"
+    return "unresolved"
+
+
+def shared_items(cross_ids: np.ndarray | None, self_ids: np.ndarray | None, n_cross: int, n_self: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of the items both cells evaluated, in each cell's order.
+
+    With ids, pair on the ids the two cells share; without, the cells must list the same items in the
+    same order (equal lengths), which the engine's cells do by construction.
+    """
+    if cross_ids is None or self_ids is None:
+        if n_cross != n_self:
+            raise ValueError(f"cannot pair a cross-test of {n_cross} items with a self-test of {n_self} items without item ids")
+        return np.arange(n_cross), np.arange(n_self)
+    _, a, b = np.intersect1d(np.asarray(cross_ids), np.asarray(self_ids), assume_unique=True, return_indices=True)
+    return a, b
+
+
+def count_verdicts(verdicts: list[list[str | None]]) -> dict[str, int]:
+    """How many cells pass, fail and are unresolved."""
+    flat = [v for row in verdicts for v in row if v]
+    return {v: flat.count(v) for v in VERDICTS}
