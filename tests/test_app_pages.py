@@ -82,9 +82,9 @@ def test_overview_cancel_and_retry_change_job_rows(app_db):
     db = get_engine(app_db)
     with session_scope(db) as s:
         failed = enqueue_job(s, "run", {"preset": "quick-demo"})
-    claim_next_job(db, 1)
+    lease = claim_next_job(db, 1).lease
     with session_scope(db) as s:
-        fail_job(s, failed, "Traceback: boom", message="step 2/3, epoch 1/2")
+        fail_job(s, failed, "Traceback: boom", message="step 2/3, epoch 1/2", lease=lease)
         queued = enqueue_job(s, "run", {"config": {"name": "later", "methods": ["bct"]}})
     at = open_page("overview")
     page = texts(at)
@@ -107,7 +107,7 @@ def test_overview_shows_progress_and_eta(app_db):
     from storage.jobs import update_job_progress
 
     with session_scope(db) as s:
-        update_job_progress(s, job.id, 0.4, "bct: step 2/3, epoch 1/2, loss 1.2, ETA 75 s")
+        update_job_progress(s, job.id, 0.4, "bct: step 2/3, epoch 1/2, loss 1.2, ETA 75 s", lease=job.lease)
     at = open_page("overview")
     assert at.get("progress")[0].proto.value == 40
     assert "ETA 75 s" in at.get("progress")[0].proto.text

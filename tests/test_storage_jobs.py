@@ -86,21 +86,22 @@ def test_concurrent_workers_never_share_a_job(engine):
 def test_progress_updates_message_and_heartbeat_only_while_running(engine):
     (job_id,) = enqueue(engine)
     with session_scope(engine) as session:
-        assert update_job_progress(session, job_id, 0.5, "epoch 5/10") is False  # still queued
-    started = claim_next_job(engine, worker_pid=1).heartbeat_at
+        assert update_job_progress(session, job_id, 0.5, "epoch 5/10", lease="") is False  # still queued
+    claimed = claim_next_job(engine, worker_pid=1)
+    started, lease = claimed.heartbeat_at, claimed.lease
     with session_scope(engine) as session:
-        assert update_job_progress(session, job_id, 0.5, "epoch 5/10") is True
+        assert update_job_progress(session, job_id, 0.5, "epoch 5/10", lease=lease) is True
         with pytest.raises(ValueError, match=r"progress must be a fraction in \[0, 1\], got 1.5"):
-            update_job_progress(session, job_id, 1.5, "too far")
+            update_job_progress(session, job_id, 1.5, "too far", lease=lease)
     job = get_job(engine, job_id)
     assert (job.progress, job.message) == (0.5, "epoch 5/10") and job.heartbeat_at >= started
     with session_scope(engine) as session:
-        assert heartbeat(session, job_id) is True
-        finish_job(session, job_id)
+        assert heartbeat(session, job_id, lease=lease) is True
+        assert finish_job(session, job_id, lease=lease) is True
     job = get_job(engine, job_id)
     assert (job.status, job.progress) == ("done", 1.0) and job.finished_at is not None
     with session_scope(engine) as session:
-        assert heartbeat(session, job_id) is False
+        assert heartbeat(session, job_id, lease=lease) is False
 
 
 def test_stale_running_jobs_fail_with_their_last_message(engine):
@@ -108,10 +109,10 @@ def test_stale_running_jobs_fail_with_their_last_message(engine):
         experiment_id = create_experiment(session, name="e", method="bct", config={}, config_hash="h").id
         set_experiment_status(session, experiment_id, "running")
     stale_id, fresh_id, queued_id = enqueue(engine, 3, experiment_id=experiment_id)
-    claim_next_job(engine, worker_pid=1)
+    lease = claim_next_job(engine, worker_pid=1).lease
     claim_next_job(engine, worker_pid=2)
     with session_scope(engine) as session:
-        update_job_progress(session, stale_id, 0.3, "epoch 3/10")
+        update_job_progress(session, stale_id, 0.3, "epoch 3/10", lease=lease)
         last_beat = session.get(Job, stale_id).heartbeat_at
         session.get(Job, fresh_id).heartbeat_at = last_beat + timedelta(seconds=100)
 
@@ -126,18 +127,21 @@ def test_stale_running_jobs_fail_with_their_last_message(engine):
     with session_scope(engine) as session:
         experiment = session.get(Experiment, experiment_id)
         assert (experiment.status, experiment.error) == ("failed", expected)
-        assert update_job_progress(session, stale_id, 0.4, "epoch 4/10") is False  # a late worker cannot revive it
+        assert update_job_progress(session, stale_id, 0.4, "epoch 4/10", lease=lease) is False  # a late worker cannot revive it
+        assert finish_job(session, stale_id, lease=lease) is False
+    assert get_job(engine, stale_id).status == "failed"
 
 
 def test_cancel_a_queued_job_at_once_and_flag_a_running_one(engine):
     running_id, queued_id = enqueue(engine, 2)
-    assert claim_next_job(engine, worker_pid=1).id == running_id
+    claimed = claim_next_job(engine, worker_pid=1)
+    assert claimed.id == running_id
     with session_scope(engine) as session:
         assert is_cancel_requested(session, running_id) is False
         assert request_cancel(session, queued_id) == "cancelled"
         assert request_cancel(session, running_id) == "running"
         assert is_cancel_requested(session, running_id) is True
-        finish_job(session, running_id, "stopped at epoch 2", status="cancelled")
+        finish_job(session, running_id, "stopped at epoch 2", lease=claimed.lease, status="cancelled")
     assert claim_next_job(engine, worker_pid=1) is None
     job = get_job(engine, running_id)
     assert (job.status, job.message, job.progress) == ("cancelled", "stopped at epoch 2", 0.0)
@@ -146,11 +150,11 @@ def test_cancel_a_queued_job_at_once_and_flag_a_running_one(engine):
 
 def test_retry_queues_a_copy_of_a_finished_job(engine):
     (job_id,) = enqueue(engine)
-    claim_next_job(engine, worker_pid=1)
+    lease = claim_next_job(engine, worker_pid=1).lease
     with session_scope(engine) as session:
         with pytest.raises(ValueError, match=f"job {job_id} is still running"):
             retry_job(session, job_id)
-        fail_job(session, job_id, "Traceback ...\nRuntimeError: NaN loss")
+        fail_job(session, job_id, "Traceback ...\nRuntimeError: NaN loss", lease=lease)
         new_id = retry_job(session, job_id)
     assert new_id != job_id
     old, new = get_job(engine, job_id), get_job(engine, new_id)
