@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = child_commands(args, url)
     processes: dict[str, subprocess.Popen] = {}
     signal.signal(signal.SIGTERM, _interrupt)
-    envs = {"worker": env, "dashboard": env if secret is None else {**env, SECRET_ENV: secret}}  # never on a command line
+    # the secret goes to the dashboard alone, in its environment: never on a command line
+    envs = {"worker": env, "dashboard": env if secret is None else {**env, SECRET_ENV: secret}}
     try:
         if warning:
             print(warning, file=sys.stderr, flush=True)

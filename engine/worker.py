@@ -95,7 +95,7 @@ HANDLERS: dict[str, Callable[..., str]] = {"run": _run_job, "analysis": _analysi
 
 
 class _Beat(threading.Thread):
-    """Keeps the job's heartbeat fresh while a long step (e.g. feature extraction) runs; stops when the lease is lost."""
+    """Keeps the job's heartbeat fresh while a long step (e.g. feature extraction) runs; ends when the lease is lost."""
 
     def __init__(self, db: Engine, job_id: int, lease: str):
         super().__init__(daemon=True)

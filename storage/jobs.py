@@ -200,7 +200,7 @@ def worker_exit_reason(returncode: int) -> str:
 
 
 def crashed_worker(job_error: str | None) -> bool:
-    """Whether a failed job's error says its worker died (killed, exited, or went silent) rather than the job failing."""
+    """Whether a failed job's error says its worker died (killed, exited, went silent), not the job itself."""
     return bool(job_error) and job_error.startswith(CRASH_PREFIXES)
 
 

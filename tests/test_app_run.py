@@ -1,4 +1,4 @@
-"""run_app.py: the demo on an empty database, the supervisor (worker restarts, dashboard exit), host binding and secret."""
+"""run_app.py: demo on an empty database, supervisor (worker restarts, dashboard exit), host binding, secret."""
 from __future__ import annotations
 
 import signal
@@ -138,7 +138,8 @@ def test_the_secret_reaches_only_the_dashboard_and_only_through_its_environment(
     _children(monkeypatch, "import time; time.sleep(120)", "import sys; sys.exit(0)")
     seen = []
     real_popen = subprocess.Popen
-    monkeypatch.setattr(run_app.subprocess, "Popen", lambda cmd, **k: seen.append((cmd, k["env"])) or real_popen(cmd, **k))
+    monkeypatch.setattr(run_app.subprocess, "Popen",
+                        lambda cmd, **k: seen.append((cmd, k["env"])) or real_popen(cmd, **k))
     run_app.main(["--no-demo", "--db", db_url, "--secret-file", str(secret)])
     (worker_cmd, worker_env), (dash_cmd, dash_env) = seen
     assert dash_env[run_app.SECRET_ENV] == "s3cret" and run_app.SECRET_ENV not in worker_env

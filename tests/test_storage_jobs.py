@@ -135,7 +135,8 @@ def test_stale_running_jobs_fail_with_their_last_message(engine):
     with session_scope(engine) as session:
         experiment = session.get(Experiment, experiment_id)
         assert (experiment.status, experiment.error) == ("failed", expected)
-        assert update_job_progress(session, stale_id, 0.4, "epoch 4/10", lease=lease) is False  # a late worker cannot revive it
+        # a late worker cannot revive it
+        assert update_job_progress(session, stale_id, 0.4, "epoch 4/10", lease=lease) is False
         assert finish_job(session, stale_id, lease=lease) is False
     assert get_job(engine, stale_id).status == "failed"
 

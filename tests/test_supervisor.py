@@ -116,7 +116,8 @@ def test_a_killed_worker_fails_its_job_and_experiment_and_is_replaced(tmp_path):
         job = wait_for("the long job to run its experiment", lambda: _running_with_experiment(db, long_job), log)
         os.kill(job.worker_pid, signal.SIGKILL)
 
-        failed = wait_for("the killed job to be failed", lambda: (j := _job(db, long_job)).status == "failed" and j, log)
+        failed = wait_for("the killed job to be failed",
+                          lambda: (j := _job(db, long_job)).status == "failed" and j, log)
         reason = "worker killed by signal 9 (SIGKILL), probably out of memory"
         assert failed.message.startswith(reason + "; last message: ") and failed.error == failed.message
         (experiment,) = _experiments(db, failed.study_id)
