@@ -4,12 +4,19 @@
     python run_app.py --no-browser --port 8600 --db sqlite:////srv/compatlab.db
 
 Both children get the database URL in ``COMPATLAB_DB_URL``. On a first start with an empty database
-the ``quick-demo`` study is queued (unless ``--no-demo``). Ctrl-C stops both; if one of them exits,
-the other is stopped too and the exit code is passed on.
+the ``quick-demo`` study is queued (unless ``--no-demo``). This process supervises them: a worker
+that dies (killed for memory, crashed) has its running jobs and experiments failed with the reason
+and is restarted after a back-off (1, 2, 4 ... 60 s, reset once a worker has run ``HEALTHY_S``);
+Ctrl-C / SIGTERM, or the dashboard exiting, stops everything.
+
+Binding beyond loopback needs a shared secret (``--secret-file`` or ``$COMPATLAB_SECRET``); the
+dashboard asks for it before any page renders. The secret reaches the dashboard in its environment,
+never on a command line.
 """
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import signal
 import subprocess
@@ -19,12 +26,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 STOP_GRACE_S = 10.0
+BACKOFF_START_S = 1.0
+BACKOFF_MAX_S = 60.0
+HEALTHY_S = 120.0  # a worker that ran this long before dying restarts after the shortest back-off again
+POLL_S = 0.5
+SECRET_ENV = "COMPATLAB_SECRET"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Start the Compatibility Lab engine worker and dashboard.")
     p.add_argument("--port", type=int, default=8501, help="dashboard port (default 8501)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only); any other needs a shared secret")
+    p.add_argument("--secret-file", metavar="PATH",
+                   help=f"file holding the shared secret visitors must enter (or set ${SECRET_ENV})")
     p.add_argument("--no-browser", action="store_true", help="do not open a browser (servers)")
     p.add_argument("--db", metavar="URL", help="database URL (default: $COMPATLAB_DB_URL or sqlite:///data/compatlab.db)")
     p.add_argument("--no-demo", action="store_true", help="do not queue the quick-demo study on an empty database")
@@ -86,6 +101,58 @@ def child_commands(args: argparse.Namespace, url: str) -> dict[str, list[str]]:
     }
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only: ``localhost``, 127.0.0.0/8 or ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def read_secret(args: argparse.Namespace) -> str | None:
+    """The shared secret from ``--secret-file`` (surrounding whitespace stripped) or ``$COMPATLAB_SECRET``."""
+    if args.secret_file:
+        try:
+            secret = Path(args.secret_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read the secret file {args.secret_file}: {exc}") from None
+        if not secret:
+            raise ValueError(f"the secret file {args.secret_file} is empty")
+        return secret
+    return os.environ.get(SECRET_ENV, "").strip() or None
+
+
+def check_binding(args: argparse.Namespace, secret: str | None) -> str | None:
+    """Refuse a non-loopback ``--host`` without a secret (ValueError); return a warning to print, if any."""
+    if is_loopback(args.host):
+        return None
+    if secret is None:
+        raise ValueError(f"--host {args.host} would let anyone on the network use the dashboard; give a shared secret "
+                         f"with --secret-file PATH or ${SECRET_ENV}, or bind to 127.0.0.1")
+    return (f"warning: the dashboard listens on {args.host}:{args.port} and is reachable from the network; "
+            "visitors must enter the shared secret")
+
+
+def backoff_s(failures: int) -> float:
+    """Seconds to wait before restarting a worker after its ``failures``-th death in a row: 1, 2, 4 ... 60."""
+    return min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** max(0, failures - 1))
+
+
+def record_worker_death(url: str, pid: int, returncode: int) -> str:
+    """Fail the jobs the dead worker ``pid`` was running (and their experiments) with the reason; return a line."""
+    from storage import fail_jobs_of_worker, get_engine, session_scope, worker_exit_reason
+
+    reason = worker_exit_reason(returncode)
+    try:
+        with session_scope(get_engine(url)) as s:
+            jobs = fail_jobs_of_worker(s, pid, reason)
+    except Exception as exc:  # the database is unreachable: say so, keep supervising
+        return f"{reason}; could not mark its jobs failed: {type(exc).__name__}: {exc}"
+    return f"{reason}; failed job(s): {', '.join(f'#{j}' for j in jobs)}" if jobs else reason
+
+
 def stop(processes: dict[str, subprocess.Popen]) -> None:
     """SIGTERM each running child, then SIGKILL what is still alive after the grace period."""
     for proc in processes.values():
@@ -100,14 +167,52 @@ def stop(processes: dict[str, subprocess.Popen]) -> None:
             proc.wait()
 
 
+
+def supervise(commands: dict[str, list[str]], envs: dict[str, dict[str, str]], url: str,
+              processes: dict[str, subprocess.Popen]) -> int:
+    """Run the children until the dashboard exits (return its code); restart a dead worker after a back-off.
+
+    ``processes`` holds the live children (the caller stops them). Returns only when the dashboard exits.
+    """
+    def start(name: str) -> float:
+        processes[name] = subprocess.Popen(commands[name], cwd=ROOT, env=envs[name])
+        return time.monotonic()
+
+    started = start("worker")
+    start("dashboard")
+    failures, restart_at = 0, None
+    while True:
+        code = processes["dashboard"].poll()
+        if code is not None:
+            print(f"the dashboard exited with code {code}; stopping the worker", file=sys.stderr, flush=True)
+            return code or 1
+        now = time.monotonic()
+        if restart_at is None and (code := processes["worker"].poll()) is not None:
+            failures = 1 if now - started >= HEALTHY_S else failures + 1
+            restart_at = now + backoff_s(failures)
+            line = record_worker_death(url, processes["worker"].pid, code)
+            print(f"{line}; restarting the worker in {backoff_s(failures):g} s", file=sys.stderr, flush=True)
+        elif restart_at is not None and now >= restart_at:
+            started, restart_at = start("worker"), None
+        time.sleep(POLL_S)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from storage import default_db_url
+    from storage import default_db_url, get_engine, init_db, mask_url
 
+    try:
+        secret = read_secret(args)
+        warning = check_binding(args, secret)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     url = absolute_url(args.db or default_db_url())
     env = {**os.environ, "COMPATLAB_DB_URL": url, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env.pop(SECRET_ENV, None)
+    init_db(get_engine(url))  # before the children start: a database from an older version gains its new columns once
     if not args.no_demo:
         job = queue_demo_if_empty(url)
         if job is not None:
@@ -116,18 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     commands = child_commands(args, url)
     processes: dict[str, subprocess.Popen] = {}
     signal.signal(signal.SIGTERM, _interrupt)
+    # the secret goes to the dashboard alone, in its environment: never on a command line
+    envs = {"worker": env, "dashboard": env if secret is None else {**env, SECRET_ENV: secret}}
     try:
-        for name, cmd in commands.items():
-            processes[name] = subprocess.Popen(cmd, cwd=ROOT, env=env)
-        print(f"Compatibility Lab: http://{args.host}:{args.port}  (database {url}; Ctrl-C stops)", flush=True)
-        while True:
-            for name, proc in processes.items():
-                code = proc.poll()
-                if code is not None:
-                    other = "dashboard" if name == "worker" else "worker"
-                    print(f"the {name} exited with code {code}; stopping the {other}", file=sys.stderr, flush=True)
-                    return code or 1
-            time.sleep(0.5)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+        print(f"Compatibility Lab: http://{args.host}:{args.port}  (database {mask_url(url)}; Ctrl-C stops)",
+              flush=True)
+        return supervise(commands, envs, url, processes)
     except KeyboardInterrupt:
         print("stopping the worker and the dashboard", flush=True)
         return 0

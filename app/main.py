@@ -3,9 +3,14 @@
 The pages live in ``app_pages/``, not ``pages/``: Streamlit treats a ``pages/`` folder next to the entry
 file as a legacy multipage app until ``st.navigation`` has run once, so the first visit after a server
 start to a page's URL (a bookmark) would run that page without this router.
+
+With ``$COMPATLAB_SECRET`` set (run_app.py does so for ``--secret-file``), every session must enter the
+shared secret before any page renders.
 """
 from __future__ import annotations
 
+import hmac
+import os
 import sys
 from pathlib import Path
 
@@ -17,8 +22,31 @@ import streamlit as st  # noqa: E402
 
 from app import queries as q  # noqa: E402
 from app.learn import LEARN_PAGES  # noqa: E402
+from storage import mask_url  # noqa: E402
+
+SECRET_ENV = "COMPATLAB_SECRET"
 
 st.set_page_config(page_title="Compatibility Lab", page_icon=":material/science:", layout="wide")
+
+
+def require_secret() -> None:
+    """When run_app.py configured a shared secret, ask for it before anything else renders (once per session)."""
+    secret = os.environ.get(SECRET_ENV, "")
+    if not secret or st.session_state.get("secret_ok"):
+        return
+    st.title("Compatibility Lab")
+    with st.form("secret_form"):
+        given = st.text_input("Shared secret", type="password", help="Ask the person who started the dashboard")
+        entered = st.form_submit_button("Enter")
+    if entered and hmac.compare_digest(given.encode("utf-8"), secret.encode("utf-8")):
+        st.session_state["secret_ok"] = True
+        st.rerun()
+    if entered:
+        st.error("That is not the secret.")
+    st.stop()
+
+
+require_secret()
 
 PAGES = [
     st.Page("app_pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
@@ -33,5 +61,5 @@ LEARN = [st.Page(f"learn/{file}", title=title, icon=icon) for file, title, icon 
 page = st.navigation({"Explore": PAGES, "Learn": LEARN})
 with st.sidebar:
     st.caption("**Compatibility Lab** — learning compatible representations across model updates.")
-    st.caption(f"Database: `{q.db_url()}`")
+    st.caption(f"Database: `{mask_url(q.db_url())}`")
 page.run()

@@ -32,6 +32,7 @@ from engine.models.net import Net
 from engine.persist import config_hash, save_matrices
 from engine.training import Cancelled, Hooks, train_step
 from storage import (
+    LeaseLost,
     add_model_version,
     create_experiment,
     find_experiment_by_hash,
@@ -56,6 +57,7 @@ class RunContext:
     progress: Progress | None = None
     should_stop: Callable[[], bool] | None = None
     study_id: int | None = None
+    on_study: Callable[[int], None] | None = None  # told the study's id once it exists (the worker links its job)
 
 
 def views_for(method: Method, cfg: RunConfig) -> tuple[str, ...]:
@@ -241,6 +243,8 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
             set_experiment_status(s, exp.id, "done")
         report(1.0, f"{method.name}: done")
         return exp.id
+    except LeaseLost:
+        raise  # the job was taken over: the experiment is the new worker's now, leave it as it is
     except Cancelled:
         discard_experiment(ctx.db, exp.id, ckpt_dir)
         raise
@@ -278,6 +282,8 @@ def run_study(cfg: RunConfig, ctx: RunContext) -> tuple[int, list[int]]:
     with session_scope(ctx.db) as s:
         same = [st for st in list_studies(s) if st.kind == "compare" and st.config == cfg.to_dict()]
         study = same[0] if same else create_study(s, name=cfg.name, kind="compare", config=cfg.to_dict())
+    if ctx.on_study is not None:
+        ctx.on_study(study.id)
     ids = []
     outer = ctx.progress or (lambda f, m: None)
     runs = [(seed, method) for seed in study_seeds(cfg) for method in cfg.methods]

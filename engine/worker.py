@@ -6,13 +6,16 @@ Job kinds (payload formats):
 * ``checkpoints``: ``{"spec": {...}}``: see ``engine.checkpoints.compare`` (bring-your-own models).
 * ``adapters``: the fields of ``engine.adapt.AdapterJob`` (old/new model version ids, kind, view, ...).
 
-The worker writes progress and a heartbeat; a job whose worker died is marked failed by the next
-worker (``fail_stale_jobs``) with its last message, and can be retried. A cancel request stops a
-run at the next batch; the run's rows are removed.
+The worker writes progress and a heartbeat under the lease of its claim; a job whose worker died is
+marked failed by ``run_app.py`` (which saw it die) or by the next worker (``fail_stale_jobs``, no
+heartbeat for ``STALE_AFTER_S``) with the reason and its last message, and can be retried. A cancel
+request stops a run at the next batch; the run's rows are removed. ``COMPATLAB_HEARTBEAT_S`` and
+``COMPATLAB_STALE_AFTER_S`` override the heartbeat period and the stale limit (seconds).
 """
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import traceback
@@ -22,6 +25,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from storage import (
+    LeaseLost,
     claim_next_job,
     fail_job,
     fail_stale_jobs,
@@ -29,26 +33,40 @@ from storage import (
     heartbeat,
     init_db,
     is_cancel_requested,
+    link_job_study,
     session_scope,
     update_job_progress,
 )
 
-HEARTBEAT_S = 5.0
-STALE_AFTER_S = 60.0
+
+def _env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment (tests shorten the heartbeat and stale limit)."""
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise SystemExit(f"{name} must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+HEARTBEAT_S = _env_seconds("COMPATLAB_HEARTBEAT_S", 5.0)
+STALE_AFTER_S = _env_seconds("COMPATLAB_STALE_AFTER_S", 60.0)
 
 
 def _run_job(db: Engine, payload: dict, progress: Callable[[float, str], None], should_stop: Callable[[], bool],
-             checkpoint_dir: Path) -> str:
+             checkpoint_dir: Path, on_study: Callable[[int], None] | None = None) -> str:
     from engine.config import config_from_dict
     from engine.pipeline import RunContext, run_study
     from engine.presets import preset_config
 
     cfg = preset_config(payload["preset"]) if "preset" in payload else config_from_dict(payload["config"])
-    study_id, ids = run_study(cfg, RunContext(db, checkpoint_dir, progress, should_stop))
+    study_id, ids = run_study(cfg, RunContext(db, checkpoint_dir, progress, should_stop, on_study=on_study))
     return f"study {study_id}: experiments {', '.join(map(str, ids))}"
 
 
-def _analysis_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path) -> str:
+def _analysis_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path, **_) -> str:
     from engine.analysis import run_analysis
 
     progress(0.1, f"computing {payload['kind']} for experiment {payload['experiment_id']}")
@@ -56,7 +74,7 @@ def _analysis_job(db: Engine, payload: dict, progress, should_stop, checkpoint_d
     return f"{payload['kind']} ready"
 
 
-def _adapters_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path) -> str:
+def _adapters_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path, **_) -> str:
     from engine.adapt import AdapterJob, run_adapters
 
     job = AdapterJob(**{**payload, "orderings": tuple(payload.get("orderings", AdapterJob.orderings))})
@@ -66,7 +84,7 @@ def _adapters_job(db: Engine, payload: dict, progress, should_stop, checkpoint_d
     return f"adapters {job.key} ready: {best['row']} Recall@1 {100 * best['recall@1']:.1f}%"
 
 
-def _checkpoints_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path) -> str:
+def _checkpoints_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path, **_) -> str:
     from engine.checkpoints.compare import checkpoint_job
 
     return checkpoint_job(db, payload, progress, should_stop, checkpoint_dir)
@@ -77,20 +95,26 @@ HANDLERS: dict[str, Callable[..., str]] = {"run": _run_job, "analysis": _analysi
 
 
 class _Beat(threading.Thread):
-    """Keeps the job's heartbeat fresh while a long step (e.g. feature extraction) runs."""
+    """Keeps the job's heartbeat fresh while a long step (e.g. feature extraction) runs; ends when the lease is lost."""
 
-    def __init__(self, db: Engine, job_id: int):
+    def __init__(self, db: Engine, job_id: int, lease: str):
         super().__init__(daemon=True)
-        self.db, self.job_id, self.stop = db, job_id, threading.Event()
+        self.db, self.job_id, self.lease, self.stop = db, job_id, lease, threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(HEARTBEAT_S):
             with session_scope(self.db) as s:
-                heartbeat(s, self.job_id)
+                if not heartbeat(s, self.job_id, lease=self.lease):
+                    return
 
 
 def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints") -> int | None:
-    """Claim and run the next queued job; return its id, or None when the queue is empty."""
+    """Claim and run the next queued job; return its id, or None when the queue is empty.
+
+    Every write about the job names the claim's lease: once the job is no longer this worker's
+    (failed as stale while the worker was paused, taken over), the next progress report or cancel
+    check raises :class:`storage.LeaseLost`, the job unwinds, and nothing about it is written.
+    """
     from engine.training import Cancelled
 
     with session_scope(db) as s:
@@ -99,29 +123,39 @@ def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints") 
     if job is None:
         return None
     handler = HANDLERS.get(job.kind)
-    beat = _Beat(db, job.id)
+    lease = job.lease
+    beat = _Beat(db, job.id, lease)
     beat.start()
 
     def progress(fraction: float, message: str) -> None:
         with session_scope(db) as s:
-            update_job_progress(s, job.id, max(0.0, min(1.0, fraction)), message[:500])
+            if not update_job_progress(s, job.id, max(0.0, min(1.0, fraction)), message[:500], lease=lease):
+                raise LeaseLost(job.id)
 
     def should_stop() -> bool:
         with session_scope(db) as s:
-            return is_cancel_requested(s, job.id)
+            return is_cancel_requested(s, job.id, lease=lease)
+
+    def on_study(study_id: int) -> None:
+        with session_scope(db) as s:
+            if not link_job_study(s, job.id, study_id, lease=lease):
+                raise LeaseLost(job.id)
 
     try:
         if handler is None:
             raise ValueError(f"unknown job kind {job.kind!r}; known kinds: {', '.join(HANDLERS)}")
-        message = handler(db, job.payload, progress, should_stop, checkpoint_dir)
+        message = handler(db, job.payload, progress, should_stop, checkpoint_dir, on_study=on_study)
         with session_scope(db) as s:
-            finish_job(s, job.id, message)
+            finish_job(s, job.id, message, lease=lease)
+    except LeaseLost as exc:
+        print(f"worker {os.getpid()}: {exc}", file=sys.stderr, flush=True)
     except Cancelled as exc:
         with session_scope(db) as s:
-            finish_job(s, job.id, str(exc), status="cancelled")
+            finish_job(s, job.id, str(exc), lease=lease, status="cancelled")
     except Exception as exc:  # the job fails, the worker lives on
         with session_scope(db) as s:
-            fail_job(s, job.id, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}", str(exc)[:500])
+            fail_job(s, job.id, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}", str(exc)[:500],
+                     lease=lease)
     finally:
         beat.stop.set()
     return job.id

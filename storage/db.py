@@ -15,6 +15,7 @@ import numpy as np
 from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session
 
+from storage.migrate import add_missing_columns
 from storage.models import Base
 
 DB_URL_ENV = "COMPATLAB_DB_URL"
@@ -95,8 +96,9 @@ def get_engine(url: str | None = None) -> Engine:
 
 
 def init_db(engine: Engine) -> None:
-    """Create every table and index that does not exist yet (safe to call repeatedly)."""
+    """Create every table and index that does not exist yet, and add columns newer than the database."""
     Base.metadata.create_all(engine)
+    add_missing_columns(engine)
 
 
 @contextmanager

@@ -24,6 +24,8 @@ from storage.types import NpyArray, UTCDateTime, utcnow
 EXPERIMENT_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 JOB_STATUSES = EXPERIMENT_STATUSES
 FINISHED_STATUSES = ("done", "failed", "cancelled")
+# Columns added after the first release: ``init_db`` adds them to an existing database (storage.migrate).
+ADDED_COLUMNS = (("jobs", "lease"),)
 SPLITS = ("query", "gallery", "train")
 PROTOCOLS = ("instance", "template")
 
@@ -207,6 +209,7 @@ class Job(Base):
     experiment_id: Mapped[int | None] = mapped_column(ForeignKey("experiments.id", ondelete="SET NULL"), index=True)
     study_id: Mapped[int | None] = mapped_column(ForeignKey("studies.id", ondelete="SET NULL"), index=True)
     worker_pid: Mapped[int | None] = mapped_column(Integer)
+    lease: Mapped[str | None] = mapped_column(String(64))  # fresh random token per claim; see storage.jobs
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = _created_at()

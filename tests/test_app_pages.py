@@ -82,9 +82,9 @@ def test_overview_cancel_and_retry_change_job_rows(app_db):
     db = get_engine(app_db)
     with session_scope(db) as s:
         failed = enqueue_job(s, "run", {"preset": "quick-demo"})
-    claim_next_job(db, 1)
+    lease = claim_next_job(db, 1).lease
     with session_scope(db) as s:
-        fail_job(s, failed, "Traceback: boom", message="step 2/3, epoch 1/2")
+        fail_job(s, failed, "Traceback: boom", message="step 2/3, epoch 1/2", lease=lease)
         queued = enqueue_job(s, "run", {"config": {"name": "later", "methods": ["bct"]}})
     at = open_page("overview")
     page = texts(at)
@@ -107,7 +107,7 @@ def test_overview_shows_progress_and_eta(app_db):
     from storage.jobs import update_job_progress
 
     with session_scope(db) as s:
-        update_job_progress(s, job.id, 0.4, "bct: step 2/3, epoch 1/2, loss 1.2, ETA 75 s")
+        update_job_progress(s, job.id, 0.4, "bct: step 2/3, epoch 1/2, loss 1.2, ETA 75 s", lease=job.lease)
     at = open_page("overview")
     assert at.get("progress")[0].proto.value == 40
     assert "ETA 75 s" in at.get("progress")[0].proto.text
@@ -256,3 +256,57 @@ def test_backfilling_train_adapters_button_queues_an_adapter_job(study):
     (job,) = [j for j in jobs(study["url"]) if j.kind == "adapters"]
     assert job.payload["kind"] == "lambda" and job.payload["old_version_id"] != job.payload["new_version_id"]
     assert job.payload["view"] and job.payload["same_set"] in (True, False)
+
+
+# ------------------------------------------------------------------------------------------ shared secret
+
+
+def test_with_a_secret_no_page_renders_until_it_is_entered(app_db, monkeypatch):
+    monkeypatch.setenv("COMPATLAB_SECRET", "s3cret")
+    at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT).run()
+    assert not at.exception
+    assert [t.value for t in at.title] == ["Compatibility Lab"] and "Overview" not in texts(at)
+    assert len(at.text_input) == 1 and not at.sidebar.caption, "nothing but the secret form"
+    at.text_input[0].input("wrong")  # a form: typed and submitted in one run
+    at.button[0].click().run()
+    assert "That is not the secret." in texts(at) and "Overview" not in texts(at)
+    at.text_input[0].input("s3cret")
+    at.button[0].click().run()
+    assert not at.exception and "Overview" in [t.value for t in at.title]
+    at.run()  # remembered for the session
+    assert "Overview" in [t.value for t in at.title]
+
+
+def test_the_sidebar_masks_the_database_password(app_db, monkeypatch):
+    import app.queries as queries
+
+    monkeypatch.setattr(queries, "db_url", lambda: app_db.replace("sqlite:///", "sqlite://lab:hunter2@/"))
+    at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
+    at.run()
+    captions = " ".join(c.value for c in at.sidebar.caption)
+    assert "lab:***@" in captions and "hunter2" not in captions
+
+
+def test_retry_of_a_job_that_crashed_its_worker_asks_first_and_says_why(app_db):
+    from storage import fail_jobs_of_worker, worker_exit_reason
+
+    db = get_engine(app_db)
+    with session_scope(db) as s:
+        crashed = enqueue_job(s, "run", {"preset": "quick-demo"})
+    claim_next_job(db, 4242)
+    with session_scope(db) as s:
+        assert fail_jobs_of_worker(s, 4242, worker_exit_reason(-9)) == [crashed]
+    at = open_page("overview")
+    at.button(key=f"retry_{crashed}").click().run()
+    assert not at.exception
+    warning = " ".join(w.value for w in at.warning)
+    assert f"Job #{crashed} did not fail by itself: its worker killed by signal 9 (SIGKILL), probably out of memory" \
+        in warning
+    assert [j.id for j in jobs(app_db)] == [crashed], "nothing is queued before the confirmation"
+    at.button(key=f"retry_keep_{crashed}").click().run()
+    assert not at.warning and [j.id for j in jobs(app_db)] == [crashed]
+    at.button(key=f"retry_{crashed}").click().run()
+    at.button(key=f"retry_anyway_{crashed}").click().run()
+    assert not at.exception
+    rows = jobs(app_db)
+    assert len(rows) == 2 and rows[0].status == "queued" and rows[0].payload == {"preset": "quick-demo"}

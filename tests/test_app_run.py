@@ -1,4 +1,4 @@
-"""run_app.py: the demo is queued on an empty database only, and the two children live and die together."""
+"""run_app.py: demo on an empty database, supervisor (worker restarts, dashboard exit), host binding, secret."""
 from __future__ import annotations
 
 import signal
@@ -60,15 +60,100 @@ def _children(monkeypatch, worker: str, dashboard: str) -> None:
                                                                  "dashboard": [sys.executable, "-c", dashboard]})
 
 
-def test_when_one_child_exits_the_other_is_stopped(monkeypatch, db_url):
-    _children(monkeypatch, "import sys; sys.exit(3)", "import time; time.sleep(120)")
-    started = []
+def _record_popen(monkeypatch) -> list[subprocess.Popen]:
+    started: list[subprocess.Popen] = []
     real_popen = subprocess.Popen
     monkeypatch.setattr(run_app.subprocess, "Popen", lambda *a, **k: started.append(real_popen(*a, **k)) or started[-1])
-    t0 = time.monotonic()
+    return started
+
+
+def test_when_the_dashboard_exits_the_worker_is_stopped(monkeypatch, db_url):
+    _children(monkeypatch, "import time; time.sleep(120)", "import sys; sys.exit(3)")
+    started = _record_popen(monkeypatch)
     assert run_app.main(["--no-demo", "--db", db_url]) == 3
-    assert time.monotonic() - t0 < 20
-    assert all(p.poll() is not None for p in started), "the dashboard was left running"
+    assert len(started) == 2 and all(p.poll() is not None for p in started), "the worker was left running"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_a_dead_worker_is_restarted_and_the_dashboard_stays(monkeypatch, db_url, capsys):
+    _children(monkeypatch, "import sys; sys.exit(3)", "import time; time.sleep(120)")
+    monkeypatch.setattr(run_app, "BACKOFF_START_S", 0.05)
+    started = _record_popen(monkeypatch)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def stop_after_three_restarts() -> None:  # three deaths recorded, each followed by a new worker
+        while sum(p.args[-1] == "import sys; sys.exit(3)" for p in started) < 4:
+            time.sleep(0.05)
+        signal.raise_signal(signal.SIGTERM)
+
+    watcher = threading.Thread(target=stop_after_three_restarts, daemon=True)
+    watcher.start()
+    try:
+        assert run_app.main(["--no-demo", "--db", db_url]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    dashboards = [p for p in started if p.args[-1] != "import sys; sys.exit(3)"]
+    assert len(dashboards) == 1 and all(p.poll() is not None for p in started)
+    assert capsys.readouterr().err.count("worker exited with code 3; restarting the worker in") >= 3
+
+
+def test_backoff_doubles_up_to_a_minute():
+    assert [run_app.backoff_s(n) for n in (1, 2, 3, 4, 6, 7, 20)] == [1, 2, 4, 8, 32, 60, 60]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost", "LOCALHOST"])
+def test_loopback_hosts_need_no_secret(host):
+    args = run_app.parse_args(["--host", host])
+    assert run_app.is_loopback(host) and run_app.check_binding(args, None) is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.4", "::", "example.org", "127.0.0.1.nip.io"])
+def test_network_hosts_refuse_to_start_without_a_secret(host, db_url, capsys):
+    assert run_app.main(["--host", host, "--no-demo", "--db", db_url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: --host {host} would let anyone on the network use")
+
+
+def test_a_secret_allows_a_network_host_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.delenv(run_app.SECRET_ENV, raising=False)
+    secret = tmp_path / "secret"
+    secret.write_text("  s3cret\n")
+    args = run_app.parse_args(["--host", "0.0.0.0", "--port", "8600", "--secret-file", str(secret)])
+    assert run_app.read_secret(args) == "s3cret"
+    assert "reachable from the network" in run_app.check_binding(args, "s3cret")
+    assert "s3cret" not in " ".join(run_app.child_commands(args, "sqlite:////x.db")["dashboard"])
+    monkeypatch.setenv(run_app.SECRET_ENV, "from-env")
+    assert run_app.read_secret(run_app.parse_args(["--host", "0.0.0.0"])) == "from-env"
+    secret.write_text(" \n")
+    with pytest.raises(ValueError, match="is empty"):
+        run_app.read_secret(args)
+    with pytest.raises(ValueError, match="cannot read the secret file"):
+        run_app.read_secret(run_app.parse_args(["--secret-file", str(tmp_path / "missing")]))
+
+
+def test_the_secret_reaches_only_the_dashboard_and_only_through_its_environment(monkeypatch, db_url, tmp_path):
+    monkeypatch.delenv(run_app.SECRET_ENV, raising=False)
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret")
+    _children(monkeypatch, "import time; time.sleep(120)", "import sys; sys.exit(0)")
+    seen = []
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(run_app.subprocess, "Popen",
+                        lambda cmd, **k: seen.append((cmd, k["env"])) or real_popen(cmd, **k))
+    run_app.main(["--no-demo", "--db", db_url, "--secret-file", str(secret)])
+    (worker_cmd, worker_env), (dash_cmd, dash_env) = seen
+    assert dash_env[run_app.SECRET_ENV] == "s3cret" and run_app.SECRET_ENV not in worker_env
+    assert "s3cret" not in " ".join(worker_cmd + dash_cmd)
+
+
+def test_the_console_masks_the_database_password(monkeypatch, capsys):
+    _children(monkeypatch, "import time; time.sleep(120)", "import sys; sys.exit(0)")
+    url = "postgresql://lab:hunter2@db.example/lab"
+    monkeypatch.setattr("storage.get_engine", lambda url: None)  # no PostgreSQL here: only the printed line matters
+    monkeypatch.setattr("storage.init_db", lambda engine: None)
+    run_app.main(["--no-demo", "--db", url])
+    out = capsys.readouterr().out
+    assert "database postgresql://lab:***@db.example/lab" in out and "hunter2" not in out
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

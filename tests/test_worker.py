@@ -60,3 +60,32 @@ def test_cancel_requested_while_running_stops_the_run_and_removes_its_rows(tmp_p
         assert s.scalar(select(func.count()).select_from(ModelVersion)) == 0
         assert [e.status for e in s.scalars(select(Experiment))] == ["cancelled"]
         assert list_jobs(s)[0].id == job_id
+
+
+def test_a_worker_whose_job_was_failed_as_stale_stops_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    from datetime import timedelta
+
+    from storage import fail_stale_jobs
+    from storage.types import utcnow
+
+    db = _db(tmp_path)
+    with session_scope(db) as s:
+        job_id = enqueue_job(s, "run", {"config": config_from_dict(TINY).to_dict()})
+    import engine.training as training
+
+    real = training.train_step
+
+    def paused_then_train(*a, **k):  # the worker was paused: another worker fails the job as stale meanwhile
+        with session_scope(db) as s:
+            assert fail_stale_jobs(s, 60, now=utcnow() + timedelta(seconds=90)) == [job_id]
+        return real(*a, **k)
+
+    monkeypatch.setattr("engine.pipeline.train_step", paused_then_train)
+    assert run_one(db, checkpoint_dir=tmp_path / "ckpt") == job_id
+    assert f"job {job_id} is no longer this worker's" in capsys.readouterr().err
+    with session_scope(db) as s:
+        job = s.get(Job, job_id)
+        assert job.status == "failed" and job.message.startswith("worker stopped (no heartbeat for 9")
+        experiment = s.scalars(select(Experiment)).one()
+        assert job.study_id == experiment.study_id  # the worker linked its job to the study it ran
+        assert (experiment.status, experiment.error) == ("failed", job.message)  # the stale reason, not LeaseLost

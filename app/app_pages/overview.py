@@ -9,6 +9,7 @@ import streamlit as st
 from app import queries as q
 from app.charts import number
 from app.widgets import empty_state, status_badge
+from storage import crashed_worker
 
 STALE_S = 60
 FINISHED_SHOWN = 15
@@ -25,9 +26,20 @@ def notify(message: str) -> None:
     st.rerun()
 
 
+def crash_warning(job: dict) -> str:
+    """What to say before retrying a job whose worker died (it may die the same way again)."""
+    reason = job["error"].split("; last message")[0]
+    return (f"Job #{job['id']} did not fail by itself: its {reason}. Retrying runs the same job again and may take "
+            "the worker down the same way (out of memory: choose smaller images, input size or batch size).")
+
+
 def job_card(job: dict) -> None:
-    """A queued or running job (progress, Cancel) or a failed / cancelled one (last message, error, Retry)."""
+    """A queued or running job (progress, Cancel) or a failed / cancelled one (last message, error, Retry).
+
+    Retry of a job whose worker died asks for confirmation first and says why.
+    """
     active = job["status"] in q.ACTIVE
+    confirm_key = f"confirm_retry_{job['id']}"
     with st.container(border=True):
         left, right = st.columns([5, 1], vertical_alignment="center")
         with left:
@@ -39,7 +51,7 @@ def job_card(job: dict) -> None:
                 beat = job["heartbeat_at"] or job["started_at"]
                 if beat is not None and (datetime.now(timezone.utc) - beat).total_seconds() > STALE_S:
                     st.warning(f"No heartbeat from the worker for {q.ago(beat).replace(' ago', '')}: "
-                               "it may have stopped (the job is failed automatically when the worker restarts).")
+                               "it may have stopped (the job is failed when the next worker sees it silent).")
             elif active:
                 st.caption("Waiting for the engine worker to pick it up.")
             else:
@@ -47,6 +59,8 @@ def job_card(job: dict) -> None:
                 if job["error"]:
                     with st.expander("Error"):
                         st.code(job["error"], language=None)
+                if st.session_state.get(confirm_key):
+                    st.warning(crash_warning(job), icon=":material/warning:")
             if active and job["cancel_requested"]:
                 st.caption("Cancel requested — the worker stops at the next epoch.")
         with right:
@@ -54,7 +68,17 @@ def job_card(job: dict) -> None:
                                     help="Stop this job; a queued job is cancelled at once"):
                 status = q.cancel(url, job["id"])
                 notify(f"Job #{job['id']}: {'cancelled' if status == 'cancelled' else 'cancel requested'}")
-            if not active and st.button("Retry", key=f"retry_{job['id']}", help="Queue the same job again"):
+            if not active and st.session_state.get(confirm_key):
+                if st.button("Retry anyway", key=f"retry_anyway_{job['id']}", type="primary"):
+                    st.session_state.pop(confirm_key)
+                    notify(f"Queued job #{q.retry(url, job['id'])} (retry of #{job['id']})")
+                if st.button("Keep", key=f"retry_keep_{job['id']}", help="Do not retry"):
+                    st.session_state.pop(confirm_key)
+                    st.rerun()
+            elif not active and st.button("Retry", key=f"retry_{job['id']}", help="Queue the same job again"):
+                if crashed_worker(job["error"]):
+                    st.session_state[confirm_key] = True
+                    st.rerun()
                 notify(f"Queued job #{q.retry(url, job['id'])} (retry of #{job['id']})")
 
 
