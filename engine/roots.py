@@ -101,8 +101,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, torchscript: bool = False)
 
 
 def export(args: argparse.Namespace) -> None:
-    """Put ``--data-root``/``--allow-torchscript`` into this process's environment, which children inherit."""
+    """Put ``--data-root`` (and a ``--db`` SQLite file's folder) and ``--allow-torchscript`` into this process's
+    environment, which its children inherit."""
     extra = [str(_real(p)) for p in getattr(args, "data_roots", None) or []]
+    folder = _sqlite_folder(getattr(args, "db", None) or "")  # --db: that database's folder, as $COMPATLAB_DB_URL's
+    if folder is not None:
+        extra.append(str(folder))
     if extra:
         current = [p for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p.strip()]
         os.environ[ROOTS_ENV] = os.pathsep.join(dict.fromkeys(current + extra))

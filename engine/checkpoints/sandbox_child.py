@@ -29,14 +29,24 @@ _SCOPES = 0b11  # abstract unix sockets, signals (ABI >= 6)
 PR_SET_NO_NEW_PRIVS = 38
 
 
-def _landlock() -> int:
-    """Deny all file-system access (and TCP, and signals out, where supported); the ABI version, 0 when unavailable."""
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: none); only asks, restricts nothing."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
-        abi = int(libc.syscall(_SYS_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
-        if abi < 1:
-            return 0
+        return max(0, int(libc.syscall(_SYS_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))))
+    except (OSError, AttributeError):
+        return 0
+
+
+def _landlock() -> int:
+    """Deny all file-system access (and TCP, and signals out, where supported); the ABI version, 0 when unavailable."""
+    abi = landlock_abi()
+    if abi < 1:
+        return 0
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
         fs = _FS_RIGHTS[max(k for k in _FS_RIGHTS if k <= abi)]
         attr = struct.pack("QQQ", fs, _NET_RIGHTS if abi >= 4 else 0, _SCOPES if abi >= 6 else 0)
         size = 8 if abi < 4 else (16 if abi < 6 else 24)
