@@ -102,11 +102,11 @@ class Reader(nn.Module):
 
     def __init__(self, path: str) -> None:
         super().__init__()
-        self.path = path
+        self.path, self.size = path, len(SECRET)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        s = torch.from_file(self.path, shared=False, size=len(SECRET), dtype=torch.uint8)
-        return s.float().view(1, -1).expand(x.shape[0], len(SECRET)) + x.flatten(1)[:, :1]
+        s = torch.from_file(self.path, shared=False, size=self.size, dtype=torch.uint8)
+        return s.float().view(1, -1).expand(x.shape[0], self.size) + x.flatten(1)[:, :1]
 
 
 class Writer(nn.Module):
@@ -122,16 +122,26 @@ class Writer(nn.Module):
         return x.flatten(1)[:, :4] + s[:4].float()
 
 
-@pytest.fixture
-def attack(tmp_path) -> dict[str, Path]:
-    files = {"secret": tmp_path / "secret.txt", "target": tmp_path / "target.txt", "created": tmp_path / "created.txt"}
-    files["secret"].write_text(SECRET + "\n")
-    files["target"].write_text("original target content\n")
+@pytest.fixture(scope="module")
+def archives(tmp_path_factory) -> dict[str, Path]:
+    """The attack archives, scripted once (TorchScript compiles a class once per process)."""
+    folder = tmp_path_factory.mktemp("attack")
+    files = {"secret": folder / "secret.txt", "target": folder / "target.txt", "created": folder / "created.txt"}
     for name, module in (("reader", Reader(str(files["secret"]))), ("writer", Writer(str(files["target"]))),
                          ("creator", Writer(str(files["created"])))):
-        files[name] = tmp_path / f"{name}.pt"
+        files[name] = folder / f"{name}.pt"
         torch.jit.save(torch.jit.script(module), str(files[name]))
     return files
+
+
+@pytest.fixture
+def attack(archives, monkeypatch) -> dict[str, Path]:
+    """A planted secret, an existing target and a file that must not appear; the archives' folder is a data root."""
+    archives["secret"].write_text(SECRET + "\n")
+    archives["target"].write_text("original target content\n")
+    archives["created"].unlink(missing_ok=True)
+    monkeypatch.setenv(roots.ROOTS_ENV, os.pathsep.join([os.environ[roots.ROOTS_ENV], str(archives["secret"].parent)]))
+    return archives
 
 
 def _run_job(url: str, model: Path) -> dict:
