@@ -66,13 +66,15 @@ class Trust:
     ``torchscript``: run TorchScript archives at all (always contained); ``confine``: the path must lie
     inside the data roots; ``scan``: refuse archives whose code calls a file op before running them
     (an internal switch, so that tests can check the process alone); ``require_landlock``: refuse
-    TorchScript where the kernel cannot take file access away from its process.
+    TorchScript where the kernel cannot take file access away from its process; ``model_errors``: show a
+    TorchScript model's own exception text (the operator's own files only).
     """
 
     torchscript: bool = True
     confine: bool = False
     scan: bool = True
     require_landlock: bool = False
+    model_errors: bool = True
 
 
 LOCAL = Trust()  # the command line: files the local operator names
@@ -80,7 +82,7 @@ LOCAL = Trust()  # the command line: files the local operator names
 
 def server_trust() -> Trust:
     """The dashboard and its worker jobs: confined paths; TorchScript only with ``--allow-torchscript``."""
-    return Trust(torchscript=torchscript_allowed(), confine=True, require_landlock=True)
+    return Trust(torchscript=torchscript_allowed(), confine=True, require_landlock=True, model_errors=False)
 
 
 TORCHSCRIPT_REFUSED = ("is a TorchScript archive: a program, not weights, and the dashboard does not run uploaded "
@@ -464,7 +466,7 @@ def _load_torchscript(path: Path, num_classes: int | None, digest: str, trust: T
     try:
         if trust.scan:
             scan_archive(path)
-        script = SandboxedScript(path, require_landlock=trust.require_landlock)
+        script = SandboxedScript(path, require_landlock=trust.require_landlock, model_errors=trust.model_errors)
     except SandboxError as exc:
         raise CheckpointError(path, str(exc)) from None
     except zipfile.BadZipFile as exc:

@@ -12,7 +12,8 @@ keep that away from the server:
    signals to other processes. The archive is sent as bytes on stdin; batches go in and come back
    as raw float32 ``.npy`` arrays (``allow_pickle=False``; shapes and sizes checked from the
    header before the data is read). Errors are fixed sentences chosen by the parent from a code;
-   the child's stderr and its exception texts are discarded, so nothing a model reads can be shown.
+   the child's stderr is discarded and its exception texts are shown only to the command line's
+   operator running their own file (``model_errors``), so nothing a model reads reaches the dashboard.
 2. **The scan (a second layer).** Before the archive is run, the TorchScript source in its
    ``code/`` entries is searched for ops that touch files or reach outside torch
    (:data:`FORBIDDEN`); a match refuses the archive. A deny-list cannot be complete; it is there to
@@ -40,7 +41,7 @@ MAX_OUTPUT_VALUES = 1 << 28  # per returned array (1 GiB of float32)
 CHILD = Path(__file__).with_name("sandbox_child.py")
 _CODES = {1: "cannot be loaded as TorchScript (a corrupt or incompatible archive)",
           2: "has NaN/inf weights",
-          3: "fails in its forward on these inputs (its own error message is not shown here: run it with "
+          3: "its forward raised an error (the dashboard does not show a model's own messages: run it with "
              "'python -m engine compare-checkpoints' on your machine to see it)",
           4: "its forward returned something other than logits, a (features, logits) pair or a dict with "
              "'features' and 'logits'",
@@ -81,11 +82,13 @@ class SandboxedScript:
 
     ``require_landlock``: refuse to run it where the kernel cannot deny the process file access (the
     resource limits alone do not stop ``from_file(shared=True)`` from overwriting an existing file).
+    ``model_errors``: pass on the last line of the model's own exception (for the local operator's
+    files only: a hostile model can put anything it read into that text).
     """
 
     def __init__(self, path: Path, *, memory_bytes: int = SANDBOX_MEMORY_BYTES, timeout_s: float = REQUEST_TIMEOUT_S,
-                 require_landlock: bool = True) -> None:
-        self.timeout_s = timeout_s
+                 require_landlock: bool = True, model_errors: bool = False) -> None:
+        self.timeout_s, self.model_errors = timeout_s, model_errors
         self._folder = tempfile.TemporaryDirectory(prefix="compatlab-ts-")
         os.chmod(self._folder.name, 0o500)  # empty and read-only, also where Landlock is missing
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4"),
@@ -178,6 +181,11 @@ class SandboxedScript:
 
     def _error(self) -> None:
         code = self._read(1)[0]
+        (length,) = struct.unpack("<H", self._read(2))
+        text = self._read(length).decode("utf-8", errors="replace")
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if self.model_errors and code == 3 and lines:
+            raise SandboxError(re.sub(r"^\w+(Error|Exception): ", "", lines[-1])[:300])
         raise SandboxError(_CODES.get(code, "failed in its contained process"))
 
     def _died(self) -> None:

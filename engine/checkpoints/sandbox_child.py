@@ -5,10 +5,11 @@ from the project. Before it reads the archive (from stdin, as bytes) it sets RLI
 file can be written), RLIMIT_AS (its memory), RLIMIT_CORE=0, and, where the kernel has Landlock,
 denies itself every file-system access, TCP and signals to other processes. Then it answers
 requests on stdin/stdout; every message is a one-byte tag plus raw ``.npy`` arrays
-(``allow_pickle=False``) or a fixed error code, never text from the model.
+(``allow_pickle=False``) or an error code.
 
 Protocol: parent sends ``u64 length + archive bytes``; child answers ``R`` + u8 has_embed + u8 Landlock applied, or
-``E`` + u8 code. Then per batch: parent sends ``X`` + float32 npy; child answers ``A`` + features
+``E`` + u8 code + u16 length + text (the exception's text; the parent shows it only where the
+operator runs their own file). Then per batch: parent sends ``X`` + float32 npy; child answers ``A`` + features
 npy + logits npy, or ``E`` + u8 code. ``Q`` or end of input stops it.
 """
 import ctypes
@@ -93,8 +94,9 @@ def _send(out, tag: bytes, *arrays) -> None:
     out.flush()
 
 
-def _fail(out, code: int) -> None:
-    out.write(b"E" + bytes([code]))
+def _fail(out, code: int, text: str = "") -> None:
+    data = text.encode("utf-8", errors="replace")[-2000:]
+    out.write(b"E" + bytes([code]) + struct.pack("<H", len(data)) + data)
     out.flush()
 
 
@@ -149,8 +151,8 @@ def main() -> int:
         except MemoryError:
             _fail(stdout, MEMORY)
             continue
-        except Exception:  # the model's error text is the model's: never passed on
-            _fail(stdout, FORWARD)
+        except Exception as exc:  # the parent shows the model's words only to the local operator
+            _fail(stdout, FORWARD, str(exc))
             continue
         if result is None:
             _fail(stdout, OUTPUT)
