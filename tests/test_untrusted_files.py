@@ -223,9 +223,9 @@ def _bomb(path: Path, inflated: int) -> None:
             if not info.filename.endswith("/data/0"):
                 dst.writestr(info, src.read(info))
                 continue
-            with dst.open(zipfile.ZipInfo(info.filename), "w", force_zip64=True) as handle:
-                handle._zinfo.compress_type = zipfile.ZIP_DEFLATED  # set before the first write
-                handle._compressor = zipfile._get_compressor(zipfile.ZIP_DEFLATED, 9)
+            deflated = zipfile.ZipInfo(info.filename)
+            deflated.compress_type = zipfile.ZIP_DEFLATED
+            with dst.open(deflated, "w", force_zip64=True) as handle:
                 chunk = bytes(MB)
                 for _ in range(inflated // MB):
                     handle.write(chunk)
