@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from engine import roots  # torch-free
+
 ROOT = Path(__file__).resolve().parent
 STOP_GRACE_S = 10.0
 BACKOFF_START_S = 1.0
@@ -31,6 +33,7 @@ BACKOFF_MAX_S = 60.0
 HEALTHY_S = 120.0  # a worker that ran this long before dying restarts after the shortest back-off again
 POLL_S = 0.5
 SECRET_ENV = "COMPATLAB_SECRET"
+MAX_UPLOAD_MB = 500  # Streamlit's server.maxUploadSize; the Checkpoints page shows the value Streamlit enforces
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,7 +46,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-browser", action="store_true", help="do not open a browser (servers)")
     p.add_argument("--db", metavar="URL", help="database URL (default: $COMPATLAB_DB_URL or sqlite:///data/compatlab.db)")
     p.add_argument("--no-demo", action="store_true", help="do not queue the quick-demo study on an empty database")
-    return p.parse_args(argv)
+    p.add_argument("--max-upload-mb", type=int, default=MAX_UPLOAD_MB, metavar="MB",
+                   help=f"largest file the dashboard accepts as an upload, in MB (default {MAX_UPLOAD_MB})")
+    roots.add_arguments(p, torchscript=True)
+    args = p.parse_args(argv)
+    if args.max_upload_mb < 1:
+        p.error("--max-upload-mb must be at least 1")
+    roots.export(args)  # --data-root / --allow-torchscript reach both children through the environment
+    return args
 
 
 def queue_demo_if_empty(url: str) -> int | None:
@@ -97,6 +107,7 @@ def child_commands(args: argparse.Namespace, url: str) -> dict[str, list[str]]:
         "dashboard": [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
                       "--server.address", args.host, "--server.port", str(args.port),
                       "--server.headless", "true" if args.no_browser else "false",
+                      "--server.maxUploadSize", str(args.max_upload_mb),
                       "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"],
     }
 

@@ -13,13 +13,15 @@ import json
 import sys
 from pathlib import Path
 
+from engine import roots
 from engine.checkpoints.cli import add_arguments as add_checkpoint_arguments
 from engine.checkpoints.cli import cmd_compare_checkpoints
 from engine.report import FORMATS, render_matrix
 
 
-def _add_db(p: argparse.ArgumentParser) -> None:
+def _add_db(p: argparse.ArgumentParser, *, torchscript: bool = False) -> None:
     p.add_argument("--db", metavar="URL", help="database URL (default: $COMPATLAB_DB_URL or sqlite:///data/compatlab.db)")
+    roots.add_arguments(p, torchscript=torchscript)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run queued jobs from the database (used by the dashboard)")
     w.add_argument("--once", action="store_true", help="exit when the queue is empty")
     w.add_argument("--checkpoints", type=Path, default=Path("data") / "checkpoints")
-    _add_db(w)
+    _add_db(w, torchscript=True)
 
     ad = sub.add_parser("adapt", help="fit paper 004's adapters between two stored models; print the query/gallery table")
     ad.add_argument("--experiment", type=int, required=True, help="experiment id (see the dashboard or 'run' output)")
@@ -199,6 +201,7 @@ COMMANDS = {"run": cmd_run, "compare": cmd_run, "evaluate": cmd_evaluate, "worke
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    roots.export(args)
     try:
         return COMMANDS[args.command](args)
     except ValueError as exc:

@@ -7,6 +7,13 @@ from storage import get_engine, init_db
 torch.set_num_threads(2)
 
 
+@pytest.fixture(autouse=True)
+def data_root(tmp_path, monkeypatch):
+    """Each test's temporary folder is a data root (engine.roots), as ./data is for the dashboard."""
+    monkeypatch.setenv("COMPATLAB_DATA_ROOTS", str(tmp_path))
+    return tmp_path
+
+
 @pytest.fixture
 def db_url(tmp_path) -> str:
     """URL of an empty SQLite file in the test's temporary folder."""

@@ -108,8 +108,9 @@ def test_imagefolder_problems_are_explained(tmp_path):
     with pytest.raises(DatasetNotFoundError, match="has a train/ folder but no test/ or val/ folder"):
         load_dataset("imagefolder", root=tmp_path)
     write_tree(tmp_path / "test", ["cat", "cow"])
-    with pytest.raises(ValueError, match=r"only in train: \['dog'\], only in test: \['cow'\]"):
+    with pytest.raises(ValueError, match=r"different class folders \(2 and 2, 2 in only one of them\)") as caught:
         load_dataset("imagefolder", root=tmp_path, split="test")
+    assert "dog" not in str(caught.value) and "cow" not in str(caught.value)  # folder contents are never listed
     (tmp_path / "empty" / "cls").mkdir(parents=True)
     with pytest.raises(DatasetNotFoundError, match="has no usable images"):
         load_imagefolder(tmp_path / "empty")

@@ -3,9 +3,12 @@
 The page builds a comparison spec (``engine.checkpoints.compare.comparison_spec``): a sequence of
 checkpoints, oldest first, each from a server-side path, an upload or the offline pretrained weights,
 with its architecture, classes and preprocessing; one image set (closed-set) or a query and a gallery
-set (open-set); the views. It checks what it can without loading a model (files exist, fit the size
-limit, carry an architecture or are given one, class lists match the declared class count), lets the
-engine's validator judge the spec, and queues a ``checkpoints`` job. The worker loads and embeds;
+set (open-set); the views. It checks what it can without loading a model (paths lie inside the data
+roots, files exist, fit the size limit, carry an architecture or are given one, are not TorchScript
+unless the operator allowed it, class lists match the declared class count), lets the engine's
+validator judge the spec (with the dashboard's trust: ``server_trust()``), and queues a
+``checkpoints`` job. The upload limit shown is Streamlit's ``server.maxUploadSize``, which
+``run_app.py --max-upload-mb`` sets. The worker loads and embeds;
 nothing heavy runs here. The engine modules (they import torch) are imported on first use only.
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ from streamlit.errors import StreamlitAPIException  # noqa: E402
 
 from app import queries as q  # noqa: E402
 from app.widgets import QUEUED_HINT_S, status_badge  # noqa: E402
+from engine.roots import OutsideRootsError, confine, torchscript_allowed  # noqa: E402
 
 url = q.db_url()
 PREFIX = "ck_"
@@ -34,7 +38,6 @@ SOURCES = ("Server path", "Upload", "Pretrained")
 PRETRAINED = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
 UPLOAD_TYPES = ["pt", "pth", "safetensors", "ts", "ptl", "bin", "zip"]
 UPLOAD_DIR = ROOT / "data" / "uploads"
-MAX_UPLOAD_MB = 500  # larger files: copy them to the server and give their path
 BUILTIN = ("imagefolder", "digits", "shapes", "cifar10", "cifar100")
 CLOSED, OPEN = "closed-set", "open-set"
 VIEW_HELP = {"encoder": "encoder: the feature vectors (models with different feature sizes are not comparable)",
@@ -143,10 +146,20 @@ def class_names(text: str) -> list[str] | None:
     return lines or None
 
 
-def _file_problem(what: str, path: Path, arch: str | None, max_bytes: int) -> str | None:
-    """Cheap checks on a checkpoint file: it exists, fits the limit and is given an architecture iff it needs one."""
-    from engine.checkpoints.loading import CheckpointError, human_bytes, sniff
+def upload_limit_mb() -> int:
+    """The upload limit Streamlit enforces (``server.maxUploadSize``, set by ``run_app.py --max-upload-mb``)."""
+    return int(st.get_option("server.maxUploadSize"))
 
+
+def _file_problem(what: str, text: str, arch: str | None, max_bytes: int) -> str | None:
+    """Cheap checks on a checkpoint file: inside the data roots, exists, fits the limit, is not TorchScript unless
+    allowed, and is given an architecture iff it needs one."""
+    from engine.checkpoints.loading import TORCHSCRIPT_REFUSED, CheckpointError, human_bytes, safetensors_metadata, sniff
+
+    try:
+        path = confine(text, what=f"{what}: checkpoint")
+    except OutsideRootsError as exc:
+        return f"{exc}."
     if not path.is_file():
         return f"{what}: {path} {'is not a file' if path.exists() else 'not found on the server'}."
     size = path.stat().st_size
@@ -159,17 +172,16 @@ def _file_problem(what: str, path: Path, arch: str | None, max_bytes: int) -> st
         fmt = sniff(path)
     except CheckpointError as exc:
         return f"{what}: {exc}"
+    if fmt == "torchscript" and not torchscript_allowed():
+        return f"{what}: {path.name} {TORCHSCRIPT_REFUSED}."
     carries = fmt == "torchscript"
     if fmt == "safetensors":
-        from safetensors import safe_open
-
         from engine.models.checkpoint import CHECKPOINT_FORMAT
 
         try:
-            with safe_open(str(path), framework="pt") as handle:
-                carries = (handle.metadata() or {}).get("format") == CHECKPOINT_FORMAT
-        except Exception as exc:  # safetensors raises its own error type on a bad header
-            return f"{what}: {path} cannot be read as safetensors ({str(exc).splitlines()[0] if str(exc) else exc})."
+            carries = safetensors_metadata(path, max_bytes).get("format") == CHECKPOINT_FORMAT
+        except CheckpointError as exc:
+            return f"{what}: {exc}"
     kind = "a TorchScript archive" if fmt == "torchscript" else "a Compatibility Lab checkpoint"
     if carries and arch:
         return f"{what}: {path.name} is {kind}, which carries its own architecture: choose '{NO_ARCH}'."
@@ -191,9 +203,9 @@ def model_entry(position: int, model_id: int, max_bytes: int, archs: dict[str, A
         uploaded = s.get(_k(model_id, "upload"))
         if uploaded is None:
             return {}, f"{what}: choose a checkpoint file to upload (or switch to 'Server path')."
-        if uploaded.size > MAX_UPLOAD_MB * 1_000_000:
-            return {}, (f"{what}: {uploaded.name} is over the {MAX_UPLOAD_MB} MB upload limit: copy it to the server "
-                        "and give its path instead.")
+        if uploaded.size > upload_limit_mb() * 1_000_000:
+            return {}, (f"{what}: {uploaded.name} is over the {upload_limit_mb()} MB upload limit: copy it to the "
+                        "server (inside a data root) and give its path instead.")
         path, label = str(save_upload(uploaded)), label or Path(safe_filename(uploaded.name)).stem
     else:
         path = s[_k(model_id, "path")].strip()
@@ -211,7 +223,7 @@ def model_entry(position: int, model_id: int, max_bytes: int, archs: dict[str, A
                                "mean": s[_k(model_id, "mean")].strip() or None,
                                "std": s[_k(model_id, "std")].strip() or None}}
     if source != "Pretrained":
-        problem = _file_problem(what, Path(path).expanduser(), arch, max_bytes)
+        problem = _file_problem(what, path, arch, max_bytes)
         if problem:
             return entry, problem
     return entry, None
@@ -220,7 +232,10 @@ def model_entry(position: int, model_id: int, max_bytes: int, archs: dict[str, A
 def _folder_problem(what: str, folder: str) -> str | None:
     if not folder:
         return f"{what}: give the image folder (one sub-folder of images per class)."
-    path = Path(folder).expanduser()
+    try:
+        path = confine(folder, what=f"{what}: folder")
+    except OutsideRootsError as exc:
+        return f"{exc}."
     if not path.is_dir():
         return f"{what}: folder {folder} not found on the server."
     if not any(p.is_dir() for p in path.iterdir()):
@@ -254,6 +269,11 @@ def build_spec(archs: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]
             problem = _folder_problem("Images", root)
             if problem:
                 problems.append(problem)
+        elif root and name in ("cifar10", "cifar100"):
+            try:
+                confine(root, what="Images: CIFAR root")
+            except OutsideRootsError as exc:
+                problems.append(f"{exc}.")
         dataset["dataset"] = f"{name}:{root}" if root and name in ("imagefolder", "cifar10", "cifar100") else name
     else:
         for split, key, what in (("query", "query", "Query images"), ("gallery", "gallery_folder", "Gallery images")):
@@ -271,9 +291,10 @@ def build_spec(archs: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]
             "protocol": s[PREFIX + "gallery"], "ties": s[PREFIX + "ties"], "name": s[PREFIX + "name"].strip() or None,
             "max_file_bytes": max_bytes, "batch_size": int(s[PREFIX + "batch_size"]), "device": s[PREFIX + "device"]}
     from engine.checkpoints.compare import comparison_spec
+    from engine.checkpoints.loading import server_trust
 
     try:
-        return comparison_spec(spec).to_dict(), []
+        return comparison_spec(spec, trust=server_trust()).to_dict(), []
     except ValueError as exc:
         return None, [" ".join(str(exc).split())]
 
@@ -323,12 +344,13 @@ for position, model_id in enumerate(ids, start=1):
                                "data/uploads/. Pretrained: offline ImageNet weights (1000 classes).")
         c = st.columns([3, 2])
         if source == "Server path":
-            c[0].text_input("Path on the server", key=_k(model_id, "path"), placeholder=f"/models/{'old' if position == 1 else 'new'}_model.pt",
-                            help=".pt/.pth (torch.save state_dict), .safetensors, a TorchScript archive or a "
-                                 "Compatibility Lab step checkpoint; the format is read from the content")
+            c[0].text_input("Path on the server", key=_k(model_id, "path"), placeholder=f"data/models/{'old' if position == 1 else 'new'}_model.pt",
+                            help=".pt/.pth (torch.save state_dict), .safetensors or a Compatibility Lab step "
+                                 "checkpoint (a TorchScript archive only if the operator allowed it); the format is "
+                                 "read from the content. The file must lie inside a data root (./data by default)")
         elif source == "Upload":
-            c[0].file_uploader(f"Checkpoint file (up to {MAX_UPLOAD_MB} MB)", type=UPLOAD_TYPES,
-                               key=_k(model_id, "upload"), max_upload_size=MAX_UPLOAD_MB,
+            c[0].file_uploader(f"Checkpoint file (up to {upload_limit_mb()} MB)", type=UPLOAD_TYPES,
+                               key=_k(model_id, "upload"),
                                help="Larger files: copy them to the server and give the path instead")
         else:
             c[0].selectbox("Pretrained weights", PRETRAINED, key=_k(model_id, "pretrained"))

