@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import charts
 from app import queries as q
-from app.widgets import analysis_result, pick_experiment, pick_steps
+from app.widgets import analysis_result, pick_experiment, pick_steps, plain
 from engine.analysis import ORDERINGS
 
 url = q.db_url()
@@ -74,7 +74,7 @@ if result is None:
     st.stop()
 p = result["payload"]
 for note in p.get("notes", []):
-    st.info(note)
+    st.info(plain(note))
 st.caption(f"Steps {old['step']} → {new['step']} · {p['n_gallery']} gallery items · {p['n_valid']} of {p['n_queries']} "
            f"queries scored" + (f" ({p['n_no_positive']} have no positive in the gallery and are left out)"
                                 if p["n_no_positive"] else "")

@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import charts
 from app import queries as q
-from app.widgets import analysis_result, pick_experiment, pick_steps
+from app.widgets import analysis_result, pick_experiment, pick_steps, plain
 from engine.analysis import CLASS_MEAN, PROTOTYPE, SAMPLE
 
 url = q.db_url()
@@ -47,7 +47,7 @@ if result is not None:
     frame["model"] = frame["model"].astype(int).map(names)
     frame["row"] = frame["row"].astype(int)
     for note in payload["notes"]:
-        st.info(note)
+        st.info(plain(note))
     points = frame[frame["kind"] == SAMPLE]
     means = frame[frame["kind"] == CLASS_MEAN]
     protos = frame[frame["kind"] == PROTOTYPE]
@@ -106,7 +106,7 @@ if result is not None:
     })
     for i, m in enumerate(payload["collapse"]):
         for note in m.get("notes", []):
-            st.caption(f"{names[i]}: {note}")
+            st.caption(f"{names[i]}: {plain(note)}")
     d1 = payload["definition1"]
     st.markdown("**Definition 1** (Shen et al.) on sampled pairs, cosine distance")
     if d1:
@@ -136,11 +136,11 @@ k = c[3].slider("Neighbours", 1, 20, 5, key="nn_k")
 try:
     nn = q.neighbours(url, by_step[q_step]["id"], by_step[g_step]["id"], view, int(index), int(k))
 except ValueError as exc:
-    st.warning(str(exc))
+    st.warning(plain(exc))
 else:
     query = nn["query"]
     hits = sum(n["hit"] for n in nn["neighbours"])
-    st.markdown(f"Query #{query['index']}: class **{query['name']}** (label {query['label']}) · {hits}/{len(nn['neighbours'])} "
+    st.markdown(f"Query #{query['index']}: class **{plain(query['name'])}** (label {query['label']}) · {hits}/{len(nn['neighbours'])} "
                 f"hits · {nn['n_positives']} positives among {nn['n_gallery']} gallery images"
                 + (" · own image excluded (closed-set)" if nn["same_set"] else ""))
     st.dataframe(pd.DataFrame([{"rank": n["rank"], "hit": n["hit"], "class": n["name"], "label": n["label"],
