@@ -25,6 +25,24 @@ def number(value: float | None, digits: int = 2) -> str:
     return "–" if value is None or (isinstance(value, float) and np.isnan(value)) else f"{value:.{digits}f}"
 
 
+def wrap(line: str, width: int = 80, separator: str = " · ") -> list[str]:
+    """A long ' · '-separated line as lines of at most ``width`` characters (breaking only at separators)."""
+    lines: list[str] = []
+    for part in line.split(separator):
+        if lines and len(lines[-1]) + len(separator) + len(part) <= width:
+            lines[-1] += separator + part
+        else:
+            lines.append(part)
+    return lines
+
+
+def with_convention(chart: alt.TopLevelMixin, line: str, width: int = 80) -> alt.TopLevelMixin:
+    """The chart with its convention as a subtitle, so an exported PNG/SVG/HTML still says what it shows."""
+    title = chart.title if isinstance(chart.title, str) else getattr(chart.title, "text", "")
+    return chart.properties(title=alt.TitleParams(text=title or "", subtitle=wrap(line, width), anchor="start",
+                                                  subtitleColor="#555555", subtitleFontSize=10))
+
+
 def can_export_images() -> bool:
     """Altair writes PNG/SVG through vl-convert-python; HTML needs nothing."""
     return importlib.util.find_spec("vl_convert") is not None

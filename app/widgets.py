@@ -4,12 +4,14 @@ from __future__ import annotations
 import re
 import string
 from datetime import datetime, timezone
+from collections.abc import Sequence
 from typing import Any
 
 import streamlit as st
 
 from app import queries as q
 from engine.analysis import analysis_key
+from engine.conventions import SEPARATOR, convention
 
 STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue[:material/autorenew: running]",
                 "done": ":green[:material/check_circle: done]", "failed": ":red[:material/error: failed]",
@@ -31,6 +33,16 @@ def plain(text: object) -> str:
     label; widget options, dataframes, st.code and chart titles show text as it is and need nothing.
     """
     return _AUTOLINKED.sub(_JOINER, str(text)).translate(_ESCAPED)
+
+
+def state_convention(config: dict[str, Any], *, extra: Sequence[str] = (), **what: Any) -> str:
+    """Caption the convention of what follows (``engine.conventions.convention``, then ``extra`` parts).
+
+    Returns the line, for the charts' subtitles and the exports.
+    """
+    line = SEPARATOR.join([convention(config, **what), *extra])
+    st.caption(plain(line))
+    return line
 
 
 def status_badge(status: str) -> str:
