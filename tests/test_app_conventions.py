@@ -16,7 +16,7 @@ from engine.conventions import annotate, convention, metric_name
 from storage import enqueue_job, fail_job, get_engine, session_scope, update_job_progress
 from storage.jobs import claim_next_job
 from storage.models import Experiment, ModelVersion, Study
-from test_app_pages import MAIN, TIMEOUT, texts
+from test_app_pages import MAIN, TIMEOUT, texts, unplain
 from test_app_synthetic import fill_study
 
 RUN = {"name": "hand", "methods": ["psp"], "seed": 7,
@@ -25,11 +25,6 @@ RUN = {"name": "hand", "methods": ["psp"], "seed": 7,
 SEEDS = "seed 7, class order 3, new initial weights every step"
 BEACON = "![b](http://127.0.0.1:9/beacon.png)"
 MARKDOWN = f"{BEACON} **bold** <img src=x> $x$ :red[r]"
-
-
-def unplain(text: str) -> str:
-    """Undo app.widgets.plain: drop the backslash escapes and the invisible word joiners."""
-    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text).replace("\u2060", "")
 
 
 def markdown_free(text: str) -> bool:
