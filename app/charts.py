@@ -14,6 +14,7 @@ FAIL_FILL = "#f8d0cc"
 OLD_NEW_SHAPES = ("circle", "triangle-up")
 CLASS_SCHEME = "tableau20"
 OLD_NEW_COLOURS = ("#f58518", "#4c78a8")  # old model orange, new model blue, on every chart
+SUBTITLE_LINE_PX = 14  # height of one 10-px subtitle line
 
 
 def percent(value: float | None, digits: int = 1) -> str:
@@ -39,8 +40,12 @@ def wrap(line: str, width: int = 80, separator: str = " · ") -> list[str]:
 def with_convention(chart: alt.TopLevelMixin, line: str, width: int = 80) -> alt.TopLevelMixin:
     """The chart with its convention as a subtitle, so an exported PNG/SVG/HTML still says what it shows."""
     title = chart.title if isinstance(chart.title, str) else getattr(chart.title, "text", "")
-    return chart.properties(title=alt.TitleParams(text=title or "", subtitle=wrap(line, width), anchor="start",
-                                                  subtitleColor="#555555", subtitleFontSize=10))
+    lines = wrap(line, width)
+    extra = {}
+    if isinstance(getattr(chart, "height", None), int):  # a fixed height includes the title: keep the plot's size
+        extra["height"] = chart.height + SUBTITLE_LINE_PX * len(lines)
+    return chart.properties(title=alt.TitleParams(text=title or "", subtitle=lines, anchor="start",
+                                                  subtitleColor="#555555", subtitleFontSize=10), **extra)
 
 
 def can_export_images() -> bool:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -141,14 +142,26 @@ def check_page(page: Page, name: str, shots: Path) -> None:
     assert page.locator(f'img[src*="{BEACON}"]').count() == 0, f"{name} rendered a user-provided name as an image"
 
 
-def choose(page: Page, label: str, option: str) -> None:
-    """Pick ``option`` in the select box named ``label``: open it by its role and name, click the option."""
+def choose(page: Page, label: str, option: str, chosen: Callable[[float], None], attempts: int = 3) -> None:
+    """Pick ``option`` in the select box named ``label`` (by role and name) until ``chosen(timeout_ms)`` holds.
+
+    A click can land on a list that is closing (a second click on the box toggles it shut while a slow
+    machine still animates it): then the option is opened and clicked again.
+    """
     box = page.get_by_role("combobox", name=label, exact=True)
-    expect(box).to_be_enabled(timeout=UI_TIMEOUT_MS)
-    box.click()
-    choice = page.get_by_role("option", name=option, exact=True)
-    expect(choice).to_be_visible(timeout=UI_TIMEOUT_MS)
-    choice.click()
+    for attempt in range(1, attempts + 1):
+        expect(box).to_be_enabled(timeout=UI_TIMEOUT_MS)
+        if box.get_attribute("aria-expanded") != "true":
+            box.click()
+        choice = page.get_by_role("option", name=option, exact=True)
+        expect(choice).to_be_visible(timeout=UI_TIMEOUT_MS)
+        choice.click()
+        try:
+            chosen(30_000)
+            return
+        except AssertionError:
+            if attempt == attempts:
+                raise
 
 
 def wait_for_job(db_url: str, kind: str, timeout: float, log: Path, *, analysis: str | None = None):
@@ -202,16 +215,15 @@ def test_launch_a_tiny_study_and_explore_it(server, browser, shots):
     # launch: the digits-tiny preset (digits, 2 steps of 5 classes) with 1 epoch and 1 method
     page.goto(f"{base}/new_experiment")
     settle(page)
-    choose(page, "Preset", "digits-tiny")
     field = lambda key: page.locator(f".st-key-ne_{key} input")  # noqa: E731  (Streamlit marks widgets by key)
-    expect(field("name")).to_have_value("digits-tiny", timeout=UI_TIMEOUT_MS)  # the preset filled the form
+    choose(page, "Preset", "digits-tiny",  # the preset fills the form
+           lambda ms: expect(field("name")).to_have_value("digits-tiny", timeout=ms))
     field("name").fill("browser-e2e")
     field("epochs").fill("1")
     methods = page.locator(".st-key-ne_methods")
     methods.get_by_role("button", name="Clear all").click()
     expect(methods.locator("[data-tag]")).to_have_count(0, timeout=UI_TIMEOUT_MS)
-    choose(page, "Methods", "independent")
-    expect(methods.locator("[data-tag]")).to_have_count(1, timeout=UI_TIMEOUT_MS)
+    choose(page, "Methods", "independent", lambda ms: expect(methods.locator("[data-tag]")).to_have_count(1, timeout=ms))
     page.keyboard.press("Escape")
     page.get_by_role("button", name="Launch").click()
     expect(page.get_by_text("Queued job #")).to_be_visible(timeout=UI_TIMEOUT_MS)

@@ -9,8 +9,8 @@ import streamlit as st
 
 from app import charts
 from app import queries as q
-from app.widgets import empty_state, experiment_label, state_convention
-from engine.conventions import annotate
+from app.widgets import empty_state, experiment_label, plain, state_convention
+from engine.conventions import annotate, convention
 
 url = q.db_url()
 MAIN = "main view of each method"
@@ -158,8 +158,10 @@ for start in range(0, len(shown), per_row):
         chart = charts.matrix_heatmap(frame, names, title=title, metric=metric_name(metric),
                                       size=None if per_row == 1 else 400, domain=domain)
         with col:
-            line = state_convention(e["config"], metrics=metric, views=m["view"], gallery=m["protocol"],
-                                    eval_classes=m["eval_classes"])
+            line = convention(e["config"], metrics=metric, views=m["view"], gallery=m["protocol"],
+                              eval_classes=m["eval_classes"])
+            if line != conv:  # said once above when every matrix shares the table's convention
+                st.caption(plain(line))
             chart = charts.with_convention(chart, line, 60)
             st.altair_chart(chart, width="content")
             fails = int((frame["status"] == "fail").sum())
