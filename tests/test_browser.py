@@ -120,10 +120,10 @@ def browser():
 
 
 def settle(page: Page) -> None:
-    """Wait until the page's script has run: a title is shown and Streamlit's 'running' widget is gone."""
+    """Wait until the page's script has run: a title is shown, no 'running' widget, spinner or placeholder left."""
     expect(page.locator('[data-testid="stMain"] h1').first).to_be_visible(timeout=UI_TIMEOUT_MS)
-    expect(page.locator('[data-testid="stStatusWidget"], [data-testid="stSpinner"]')).to_have_count(
-        0, timeout=UI_TIMEOUT_MS)
+    expect(page.locator('[data-testid="stStatusWidget"], [data-testid="stSpinner"], [data-testid="stSkeleton"]')
+           ).to_have_count(0, timeout=UI_TIMEOUT_MS)
 
 
 def charts_drawn(page: Page) -> None:
