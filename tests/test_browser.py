@@ -223,7 +223,8 @@ def test_launch_a_tiny_study_and_explore_it(server, browser, shots):
     methods = page.locator(".st-key-ne_methods")
     methods.get_by_role("button", name="Clear all").click()
     expect(methods.locator("[data-tag]")).to_have_count(0, timeout=UI_TIMEOUT_MS)
-    choose(page, "Methods", "independent", lambda ms: expect(methods.locator("[data-tag]")).to_have_count(1, timeout=ms))
+    choose(page, "Methods", "independent",
+           lambda ms: expect(methods.locator("[data-tag]")).to_have_count(1, timeout=ms))
     page.keyboard.press("Escape")
     page.get_by_role("button", name="Launch").click()
     expect(page.get_by_text("Queued job #")).to_be_visible(timeout=UI_TIMEOUT_MS)

@@ -145,7 +145,8 @@ except ValueError as exc:
 else:
     query = nn["query"]
     hits = sum(n["hit"] for n in nn["neighbours"])
-    st.markdown(f"Query #{query['index']}: class **{plain(query['name'])}** (label {query['label']}) · {hits}/{len(nn['neighbours'])} "
+    st.markdown(f"Query #{query['index']}: class **{plain(query['name'])}** (label {query['label']}) · "
+                f"{hits}/{len(nn['neighbours'])} "
                 f"hits · {nn['n_positives']} positives among {nn['n_gallery']} gallery images"
                 + (" · own image excluded (closed-set)" if nn["same_set"] else ""))
     st.dataframe(pd.DataFrame([{"rank": n["rank"], "hit": n["hit"], "class": n["name"], "label": n["label"],
