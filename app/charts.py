@@ -15,6 +15,7 @@ FAIL_FILL = "#f8d0cc"
 OLD_NEW_SHAPES = ("circle", "triangle-up")
 CLASS_SCHEME = "tableau20"
 OLD_NEW_COLOURS = ("#f58518", "#4c78a8")  # old model orange, new model blue, on every chart
+SUBTITLE_LINE_PX = 14  # height of one 10-px subtitle line
 
 
 def percent(value: float | None, digits: int = 1) -> str:
@@ -24,6 +25,28 @@ def percent(value: float | None, digits: int = 1) -> str:
 
 def number(value: float | None, digits: int = 2) -> str:
     return "–" if value is None or (isinstance(value, float) and np.isnan(value)) else f"{value:.{digits}f}"
+
+
+def wrap(line: str, width: int = 80, separator: str = " · ") -> list[str]:
+    """A long ' · '-separated line as lines of at most ``width`` characters (breaking only at separators)."""
+    lines: list[str] = []
+    for part in line.split(separator):
+        if lines and len(lines[-1]) + len(separator) + len(part) <= width:
+            lines[-1] += separator + part
+        else:
+            lines.append(part)
+    return lines
+
+
+def with_convention(chart: alt.TopLevelMixin, line: str, width: int = 80) -> alt.TopLevelMixin:
+    """The chart with its convention as a subtitle, so an exported PNG/SVG/HTML still says what it shows."""
+    title = chart.title if isinstance(chart.title, str) else getattr(chart.title, "text", "")
+    lines = wrap(line, width)
+    extra = {}
+    if isinstance(getattr(chart, "height", None), int):  # a fixed height includes the title: keep the plot's size
+        extra["height"] = chart.height + SUBTITLE_LINE_PX * len(lines)
+    return chart.properties(title=alt.TitleParams(text=title or "", subtitle=lines, anchor="start",
+                                                  subtitleColor="#555555", subtitleFontSize=10), **extra)
 
 
 def can_export_images() -> bool:

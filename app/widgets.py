@@ -1,18 +1,48 @@
 """UI pieces the pages share: the empty-database message, experiment/step pickers, the analysis block."""
 from __future__ import annotations
 
+import re
+import string
 from datetime import datetime, timezone
+from collections.abc import Sequence
 from typing import Any
 
 import streamlit as st
 
 from app import queries as q
 from engine.analysis import analysis_key
+from engine.conventions import SEPARATOR, convention
 
 STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue[:material/autorenew: running]",
                 "done": ":green[:material/check_circle: done]", "failed": ":red[:material/error: failed]",
                 "cancelled": ":gray[:material/block: cancelled]"}
 QUEUED_HINT_S = 20
+_ESCAPED = str.maketrans({c: "\\" + c for c in string.punctuation})
+_JOINER = "\u2060"  # an invisible word joiner: breaks GFM's autolinking of bare URLs and e-mail addresses
+_AUTOLINKED = re.compile(r"(?<=:)(?=//)|(?<=www)(?=\.)|(?<=@)", re.IGNORECASE)
+
+
+def plain(text: object) -> str:
+    """Stored, user-provided text (a name, a label, a job message) for Streamlit's markdown: shown literally.
+
+    Every ASCII punctuation character is backslash-escaped (CommonMark allows exactly that), so no
+    link, image, emphasis, HTML tag, ``$`` math or ``:color[...]`` directive can form; an invisible word
+    joiner after ``:`` in ``://``, after ``www`` and after ``@`` stops bare URLs and addresses from
+    becoming links (GFM links them after parsing, escapes or not). Use it wherever
+    stored text goes into st.markdown / caption / info / success / error / warning / progress / a widget
+    label; widget options, dataframes, st.code and chart titles show text as it is and need nothing.
+    """
+    return _AUTOLINKED.sub(_JOINER, str(text)).translate(_ESCAPED)
+
+
+def state_convention(config: dict[str, Any], *, extra: Sequence[str] = (), **what: Any) -> str:
+    """Caption the convention of what follows (``engine.conventions.convention``, then ``extra`` parts).
+
+    Returns the line, for the charts' subtitles and the exports.
+    """
+    line = SEPARATOR.join([convention(config, **what), *extra])
+    st.caption(plain(line))
+    return line
 
 
 def status_badge(status: str) -> str:
@@ -24,7 +54,7 @@ def empty_state(url: str, what: str = "results") -> None:
     """The friendly message of a page with nothing to show yet."""
     demo = [j for j in q.jobs(url) if j["kind"] == "run" and j["status"] in q.ACTIVE]
     if demo:
-        st.info(f"No {what} yet — **{demo[-1]['label']}** is {demo[-1]['status']}; "
+        st.info(f"No {what} yet — **{plain(demo[-1]['label'])}** is {demo[-1]['status']}; "
                 "its results appear here when it finishes. Follow it on the Overview page.", icon=":material/schedule:")
         st.page_link("app_pages/overview.py", label="Go to Overview", icon=":material/dashboard:")
     else:
@@ -71,7 +101,7 @@ def _job_state(job: dict[str, Any]) -> None:
                 if waited > QUEUED_HINT_S else "")
         st.info(f"Queued as job #{job['id']} ({q.ago(job['created_at'])}).{hint}", icon=":material/schedule:")
     else:
-        st.progress(min(max(job["progress"], 0.0), 1.0), text=f"Computing… job #{job['id']}: {job['message']}")
+        st.progress(min(max(job["progress"], 0.0), 1.0), text=f"Computing… job #{job['id']}: {plain(job['message'])}")
 
 
 def analysis_result(url: str, experiment: dict[str, Any], kind: str, params: dict[str, Any], *,
@@ -93,7 +123,7 @@ def analysis_result(url: str, experiment: dict[str, Any], kind: str, params: dic
         poll()
         return None
     if job is not None and job["status"] == "failed":
-        st.error(f"Computing {what} failed (job #{job['id']}): {job['message']}")
+        st.error(f"Computing {what} failed (job #{job['id']}): {plain(job['message'])}")
         if job.get("error"):
             with st.expander("Error details"):
                 st.code(job["error"], language=None)

@@ -12,6 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from test_checkpoints_factory import save_state_dict_pt, save_step_checkpoint, write_image_folder
 
+from app.widgets import plain
 from engine.checkpoints.compare import comparison_spec
 from storage import get_engine, list_jobs, session_scope
 
@@ -139,7 +140,7 @@ def test_bad_input_shows_one_line_and_queues_nothing(app_db, files, tmp_path, ca
     press(at.run(), "launch")
     errors = [e.value for e in at.error]
     assert len(errors) == 1, errors
-    assert expected.format(tmp=tmp_path) in errors[0] and "\n" not in errors[0]
+    assert plain(expected.format(tmp=tmp_path)) in errors[0] and "\n" not in errors[0]  # shown as literal text
     assert jobs(app_db) == [] and not at.success
 
 

@@ -6,6 +6,7 @@ they must show, and for the job rows their buttons write.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -34,10 +35,16 @@ def open_page(page: str) -> AppTest:
     return at
 
 
+def unplain(text: str) -> str:
+    """What a reader sees of app.widgets.plain's output: without its backslash escapes and word joiners."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text).replace("\u2060", "")
+
+
 def texts(at: AppTest) -> str:
+    """The page's text elements, with user-provided text unescaped."""
     parts = [e.value for kind in ("markdown", "caption", "info", "warning", "error", "success", "title", "subheader")
              for e in getattr(at, kind)]
-    return "\n".join(str(p) for p in parts)
+    return unplain("\n".join(str(p) for p in parts))
 
 
 def jobs(url: str) -> list:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
-START_TIMEOUT_S = 120
-JOB_TIMEOUT_S = 420  # a 2-step digits run with 1 epoch takes well under a minute on a CPU
-ANALYSIS_TIMEOUT_S = 240
+START_TIMEOUT_S = 180
+JOB_TIMEOUT_S = 600  # a 2-step digits run with 1 epoch takes well under a minute on an idle CPU
+ANALYSIS_TIMEOUT_S = 300
+UI_TIMEOUT_MS = 120_000  # generous: other processes may load the CPU while the page runs its script
+POLL_S = 0.5  # interval between two looks at the database (not a wait for something to happen)
+BEACON = "http://127.0.0.1:9/beacon.png"  # a port nothing listens on: a rendered <img> would try to fetch it
+MARKDOWN_NAME = f"![b]({BEACON}) **bold** <img src={BEACON}>"
 PAGES = {"overview": "", "new_experiment": "new_experiment", "compatibility": "compatibility",
          "geometry": "geometry", "backfilling": "backfilling", "checkpoints": "checkpoints",
          # the Learn section
@@ -50,9 +55,9 @@ def _missing() -> str | None:
 if _missing():
     pytest.skip(_missing(), allow_module_level=True)
 
-from playwright.sync_api import Page, sync_playwright  # noqa: E402
+from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
 
-from storage import get_engine, list_jobs, session_scope  # noqa: E402
+from storage import create_experiment, get_engine, list_jobs, session_scope, set_experiment_status  # noqa: E402
 
 
 def _free_port() -> int:
@@ -65,6 +70,14 @@ def _log_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
 
 
+def _healthy(base: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("browser")
@@ -75,19 +88,13 @@ def server(tmp_path_factory):
                                  "--db", url], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
+    while not _healthy(base):
         if proc.poll() is not None:
             pytest.fail(f"run_app.py exited with code {proc.returncode} before the dashboard was up:\n{_log_tail(log)}")
-        try:
-            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
         if time.monotonic() > deadline:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail(f"the dashboard did not answer /_stcore/health within {START_TIMEOUT_S} s:\n{_log_tail(log)}")
-        time.sleep(0.5)
+        time.sleep(POLL_S)
     yield {"base": base, "db": url, "log": log, "proc": proc}
     proc.send_signal(signal.SIGTERM)  # run_app.py stops the worker and the dashboard
     try:
@@ -112,49 +119,84 @@ def browser():
         b.close()
 
 
-def settle(page: Page, seconds: float = 1.5) -> None:
-    """Wait for the script run to finish (no 'running' status widget), then a moment for charts to draw."""
-    page.wait_for_selector('[data-testid="stMain"] h1', timeout=90_000)  # every page has a title
-    time.sleep(0.5)
-    deadline = time.monotonic() + 60
-    busy = '[data-testid="stStatusWidget"], [data-testid="stSpinner"]'
-    while page.locator(busy).count() and time.monotonic() < deadline:
-        time.sleep(0.3)
-    time.sleep(seconds)
+def settle(page: Page) -> None:
+    """Wait until the page's script has run: a title is shown, no 'running' widget, spinner or placeholder left."""
+    expect(page.locator('[data-testid="stMain"] h1').first).to_be_visible(timeout=UI_TIMEOUT_MS)
+    expect(page.locator('[data-testid="stStatusWidget"], [data-testid="stSpinner"], [data-testid="stSkeleton"]')
+           ).to_have_count(0, timeout=UI_TIMEOUT_MS)
+
+
+def charts_drawn(page: Page) -> None:
+    """Wait until every Vega-Lite chart on the page has drawn something with a size."""
+    page.wait_for_function(
+        "() => Array.from(document.querySelectorAll('[data-testid=stVegaLiteChart]')).every(e =>"
+        " e.getBoundingClientRect().height > 0 && e.querySelector('canvas, svg') !== null)", timeout=UI_TIMEOUT_MS)
 
 
 def check_page(page: Page, name: str, shots: Path) -> None:
+    """No exception on the page, every chart drawn, no user text rendered as an image; then a screenshot."""
+    charts_drawn(page)
     page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
     errors = page.locator('[data-testid="stException"]')
     assert errors.count() == 0, f"{name} shows an exception:\n{errors.first.inner_text()[:2000]}"
-    heights = page.evaluate("Array.from(document.querySelectorAll('[data-testid=stVegaLiteChart]'))"
-                            ".map(e => e.getBoundingClientRect().height)")
-    assert all(h > 0 for h in heights), f"{name}: a chart failed to draw (heights {heights})"
+    assert page.locator(f'img[src*="{BEACON}"]').count() == 0, f"{name} rendered a user-provided name as an image"
 
 
-def _appears(page, text: str, timeout_ms: int = 20_000) -> bool:
-    try:
-        page.get_by_text(text).wait_for(timeout=timeout_ms)
-        return True
-    except Exception:  # playwright's TimeoutError
-        return False
+def choose(page: Page, label: str, option: str, chosen: Callable[[float], None], attempts: int = 3) -> None:
+    """Pick ``option`` in the select box named ``label`` (by role and name) until ``chosen(timeout_ms)`` holds.
+
+    A click can land on a list that is closing (a second click on the box toggles it shut while a slow
+    machine still animates it): then the option is opened and clicked again.
+    """
+    box = page.get_by_role("combobox", name=label, exact=True)
+    for attempt in range(1, attempts + 1):
+        expect(box).to_be_enabled(timeout=UI_TIMEOUT_MS)
+        if box.get_attribute("aria-expanded") != "true":
+            box.click()
+        choice = page.get_by_role("option", name=option, exact=True)
+        expect(choice).to_be_visible(timeout=UI_TIMEOUT_MS)
+        choice.click()
+        try:
+            chosen(30_000)
+            return
+        except AssertionError:
+            if attempt == attempts:
+                raise
 
 
-def wait_for_job(db_url: str, kind: str, timeout: float, log: Path):
-    """The newest job of ``kind`` once finished; fails with its message if it failed or never finished."""
+def wait_for_job(db_url: str, kind: str, timeout: float, log: Path, *, analysis: str | None = None):
+    """The newest job of ``kind`` (an ``analysis`` job of that analysis kind) once finished.
+
+    Polls the database; fails with the job's message if it failed, or with its state if it never finished.
+    """
     deadline = time.monotonic() + timeout
     while True:
         with session_scope(get_engine(db_url)) as s:
-            job = next(iter(list_jobs(s, kind=kind, limit=1)), None)
-        if job is not None and job.status == "done":
-            return job
-        if job is not None and job.status in ("failed", "cancelled"):
-            pytest.fail(f"{kind} job #{job.id} {job.status}: {job.message}\n{job.error or ''}")
+            job = next((j for j in list_jobs(s, kind=kind)
+                        if analysis is None or j.payload.get("kind") == analysis), None)
+            state = None if job is None else (job.id, job.status, job.message, job.error, job.progress)
+        if state is not None and state[1] == "done":
+            return state[0]
+        if state is not None and state[1] in ("failed", "cancelled"):
+            pytest.fail(f"{kind} job #{state[0]} {state[1]}: {state[2]}\n{state[3] or ''}")
         if time.monotonic() > deadline:
-            state = "never queued" if job is None else f"still {job.status} ({job.progress:.0%}, {job.message!r})"
-            pytest.fail(f"the {kind} job did not finish within {timeout:.0f} s: {state}. Is the engine worker "
+            what = "never queued" if state is None else f"still {state[1]} ({state[4]:.0%}, {state[2]!r})"
+            pytest.fail(f"the {kind} job did not finish within {timeout:.0f} s: {what}. Is the engine worker "
                         f"(`python -m engine worker`) implemented and running?\n{_log_tail(log)}")
-        time.sleep(2)
+        time.sleep(POLL_S)
+
+
+def result_shown(page: Page, url: str, text: str, prepare=None) -> None:
+    """Wait for ``text``: the page's poll redraws it when the job ends; a fresh visit shows the stored result."""
+    try:
+        expect(page.get_by_text(text)).to_be_visible(timeout=30_000)
+    except AssertionError:
+        page.goto(url)
+        settle(page)
+        if prepare is not None:
+            prepare()
+        expect(page.get_by_text(text)).to_be_visible(timeout=UI_TIMEOUT_MS)
+    settle(page)
 
 
 def test_every_page_opens_on_an_empty_database(server, browser, shots):
@@ -173,21 +215,19 @@ def test_launch_a_tiny_study_and_explore_it(server, browser, shots):
     # launch: the digits-tiny preset (digits, 2 steps of 5 classes) with 1 epoch and 1 method
     page.goto(f"{base}/new_experiment")
     settle(page)
-    page.locator(".st-key-ne_preset_choice").click()
-    page.get_by_role("option", name="digits-tiny").click()
-    settle(page)
     field = lambda key: page.locator(f".st-key-ne_{key} input")  # noqa: E731  (Streamlit marks widgets by key)
+    choose(page, "Preset", "digits-tiny",  # the preset fills the form
+           lambda ms: expect(field("name")).to_have_value("digits-tiny", timeout=ms))
     field("name").fill("browser-e2e")
     field("epochs").fill("1")
-    methods = field("methods")
-    methods.click()
-    for _ in range(6):  # remove the preset's methods, then choose one
-        methods.press("Backspace")
-    methods.fill("independent")
-    methods.press("Enter")
+    methods = page.locator(".st-key-ne_methods")
+    methods.get_by_role("button", name="Clear all").click()
+    expect(methods.locator("[data-tag]")).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    choose(page, "Methods", "independent",
+           lambda ms: expect(methods.locator("[data-tag]")).to_have_count(1, timeout=ms))
     page.keyboard.press("Escape")
     page.get_by_role("button", name="Launch").click()
-    page.get_by_text("Queued job #").wait_for(timeout=30_000)
+    expect(page.get_by_text("Queued job #")).to_be_visible(timeout=UI_TIMEOUT_MS)
     settle(page)
     check_page(page, "new_experiment_launched", shots)
     with session_scope(get_engine(server["db"])) as s:
@@ -202,42 +242,56 @@ def test_launch_a_tiny_study_and_explore_it(server, browser, shots):
     check_page(page, "overview_running", shots)
     wait_for_job(server["db"], "run", JOB_TIMEOUT_S, server["log"])
     page.reload()
-    settle(page, 3)
+    settle(page)
+    expect(page.locator('[data-testid="stMetricValue"]').nth(2)).to_have_text("1", timeout=UI_TIMEOUT_MS)
     check_page(page, "overview_done", shots)
-    assert page.locator('[data-testid="stMetricValue"]').nth(2).inner_text().strip() == "1", \
-        "Overview should count one finished experiment"
 
     page.goto(f"{base}/compatibility")
-    settle(page, 3)
+    settle(page)
+    expect(page.locator('[data-testid="stVegaLiteChart"]').first).to_be_visible(timeout=UI_TIMEOUT_MS)  # the heatmap
+    expect(page.get_by_text("Convention:").first).to_be_visible(timeout=UI_TIMEOUT_MS)
     check_page(page, "compatibility", shots)
-    assert page.locator('[data-testid="stVegaLiteChart"]').count() >= 1, "the heatmap is drawn"
 
     # feature map (PCA: instant) and backfilling curves, computed by the worker
-    page.goto(f"{base}/geometry")
-    settle(page)
-    page.get_by_text("PCA", exact=True).click()
-    settle(page)
-    page.get_by_role("button", name="Compute the feature map").click()
-    time.sleep(3)
-    wait_for_job(server["db"], "analysis", ANALYSIS_TIMEOUT_S, server["log"])
-    if not _appears(page, "Neural collapse"):  # the page's poll missed the finish: a visit shows the stored map
-        page.goto(f"{base}/geometry")
-        settle(page)
+    geometry = f"{base}/geometry"
+
+    def pick_pca() -> None:
         page.get_by_text("PCA", exact=True).click()
         settle(page)
-    page.get_by_text("Neural collapse").wait_for(timeout=30_000)
-    settle(page, 3)
+
+    page.goto(geometry)
+    settle(page)
+    pick_pca()
+    page.get_by_role("button", name="Compute the feature map").click()
+    wait_for_job(server["db"], "analysis", ANALYSIS_TIMEOUT_S, server["log"], analysis="projection")
+    result_shown(page, geometry, "Neural collapse", pick_pca)
     check_page(page, "geometry", shots)
 
-    page.goto(f"{base}/backfilling")
+    backfilling = f"{base}/backfilling"
+    page.goto(backfilling)
     settle(page)
     page.get_by_role("button", name="Compute the backfilling curves").click()
-    time.sleep(3)
-    wait_for_job(server["db"], "analysis", ANALYSIS_TIMEOUT_S, server["log"])
-    if not _appears(page, "M̃ and the backfilling needed"):
-        page.goto(f"{base}/backfilling")
-        settle(page)
-    page.get_by_text("M̃ and the backfilling needed").wait_for(timeout=30_000)
-    settle(page, 3)
+    wait_for_job(server["db"], "analysis", ANALYSIS_TIMEOUT_S, server["log"], analysis="backfill")
+    result_shown(page, backfilling, "M̃ and the backfilling needed")
     check_page(page, "backfilling", shots)
+    page.close()
+
+
+def test_user_provided_names_render_as_plain_text(server, browser, shots):
+    """An experiment named and failed with markdown/HTML: the Overview shows the literal text, fetches no image."""
+    with session_scope(get_engine(server["db"])) as s:
+        e = create_experiment(s, name=MARKDOWN_NAME, method="independent", config={}, config_hash="browser-markdown")
+        set_experiment_status(s, e.id, "failed", error=f"boom {MARKDOWN_NAME}")
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(r.url))
+    page.goto(server["base"])
+    settle(page)
+    # the literal text (app.widgets.plain puts invisible word joiners, U+2060, into URLs so they are not linked)
+    page.wait_for_function("text => document.body.innerText.replaceAll('\\u2060', '').includes(text)",
+                           arg=f"{MARKDOWN_NAME} failed: boom {MARKDOWN_NAME}", timeout=UI_TIMEOUT_MS)
+    check_page(page, "overview_markdown_names", shots)
+    assert page.locator("strong", has_text="bold").count() == 0, "'**bold**' in a name was rendered as bold"
+    assert page.locator(f'[data-testid="stMain"] a[href*="{BEACON}"]').count() == 0, "a URL in a name became a link"
+    assert not [u for u in requested if "beacon" in u], f"the browser fetched {requested}"
     page.close()

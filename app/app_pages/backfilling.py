@@ -6,11 +6,11 @@ import streamlit as st
 
 from app import charts
 from app import queries as q
-from app.widgets import analysis_result, pick_experiment, pick_steps
+from app.widgets import analysis_result, pick_experiment, pick_steps, plain, state_convention
 from engine.analysis import ORDERINGS
+from engine.conventions import metric_name
 
 url = q.db_url()
-METRIC_NAMES = {"recall@1": "Recall@1", "map": "mAP"}
 ORDERING_HELP = {
     "random": "uniform random order (seeded)",
     "distance_mse": "farthest (Euclidean) from its class mean in the old gallery first",
@@ -61,6 +61,8 @@ with st.expander("Mapping adapters (paper 004): align the two models, then backf
         st.caption("Not trained yet for these steps, view and adapter.")
     else:
         ap = adapted["payload"]
+        state_convention(experiment["config"], metrics=("recall@1", "map"), views=view, gallery="instance",
+                         eval_classes="all", ecc=False)
         table = pd.DataFrame([{"query / gallery": r["row"], "Recall@1 %": 100 * r["recall@1"], "mAP %": 100 * r["map"]}
                               for r in ap["table"]])
         st.dataframe(table, hide_index=True, column_config={c: st.column_config.NumberColumn(format="%.2f")
@@ -74,30 +76,33 @@ if result is None:
     st.stop()
 p = result["payload"]
 for note in p.get("notes", []):
-    st.info(note)
+    st.info(plain(note))
 st.caption(f"Steps {old['step']} → {new['step']} · {p['n_gallery']} gallery items · {p['n_valid']} of {p['n_queries']} "
            f"queries scored" + (f" ({p['n_no_positive']} have no positive in the gallery and are left out)"
                                 if p["n_no_positive"] else "")
            + (" · closed-set: each query's own image excluded" if p["same_set"] else ""))
+conv = state_convention(experiment["config"], metrics=p["params"]["metrics"], views=view, gallery="instance",
+                        ecc=False, extra=[f"random-order seed {p['params'].get('seed', 0)}"])
 
 metrics = p["params"]["metrics"]
 cols = st.columns(len(metrics))
 for col, metric in zip(cols, metrics):
-    name = METRIC_NAMES.get(metric, metric)
+    name = metric_name(metric)
     curves = pd.DataFrame([{"ordering": o, "fraction": f, "value": v}
                            for o, by_metric in p["curves"].items() for f, v in zip(p["fractions"], by_metric[metric])])
     refs = pd.DataFrame([{"kind": "self", "label": f"new model's self-test {charts.percent(p['self_test'][metric])}",
                           "value": p["self_test"][metric]},
                          {"kind": "cross", "label": f"cross-test (nothing backfilled) {charts.percent(p['cross_test'][metric])}",
                           "value": p["cross_test"][metric]}]).dropna()
-    col.altair_chart(charts.backfill_chart(curves, refs, metric=name), width="stretch")
+    col.altair_chart(charts.with_convention(charts.backfill_chart(curves, refs, metric=name), conv, 70),
+                     width="stretch")
 
 st.subheader("M̃ and the backfilling needed")
 rows = []
 for o in p["curves"]:
     row = {"ordering": o}
     for metric in metrics:
-        name = METRIC_NAMES.get(metric, metric)
+        name = metric_name(metric)
         row[f"M̃ {name} %"] = None if p["area"][o][metric] is None else 100 * p["area"][o][metric]
         reach = p["reach"][o][metric]
         row[f"{name}: backfilled to match new"] = reach.get("1")
@@ -108,7 +113,7 @@ config = {c: st.column_config.NumberColumn(format="%.2f") for c in table.columns
 config.update({c: st.column_config.NumberColumn(format="percent") for c in table.columns if ": " in c})
 st.dataframe(table, hide_index=True, width="stretch", column_config=config)
 best = min(p["curves"], key=lambda o: (p["reach"][o][metrics[0]].get("1") is None, p["reach"][o][metrics[0]].get("1") or 1))
-first = METRIC_NAMES.get(metrics[0], metrics[0])
+first = metric_name(metrics[0])
 reach = p["reach"][best][metrics[0]].get("1")
 if reach is None:
     st.markdown(f"No ordering reaches the new model's {first} ({charts.percent(p['self_test'][metrics[0]])}).")

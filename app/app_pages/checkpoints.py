@@ -28,7 +28,7 @@ import streamlit as st  # noqa: E402
 from streamlit.errors import StreamlitAPIException  # noqa: E402
 
 from app import queries as q  # noqa: E402
-from app.widgets import QUEUED_HINT_S, status_badge  # noqa: E402
+from app.widgets import QUEUED_HINT_S, plain, status_badge  # noqa: E402
 from engine.roots import OutsideRootsError, confine, torchscript_allowed  # noqa: E402
 
 url = q.db_url()
@@ -439,7 +439,7 @@ if check or launch:
 result = st.session_state.get(PREFIX + "result")
 if result:
     for problem in result.get("problems", []):
-        st.error(problem, icon=":material/error:")
+        st.error(plain(problem), icon=":material/error:")
     if "job_id" in result:
         st.success(f"Queued job #{result['job_id']}: the worker compares {len(result['spec']['models'])} checkpoints. "
                    "When it is done, the results appear in the **Compatibility**, **Feature geometry** and "
@@ -467,13 +467,13 @@ def recent_comparisons() -> None:
     for job in mine:
         models = job["payload"].get("spec", {}).get("models", [])
         names = " → ".join(m.get("label") or Path(m.get("path", "?")).stem for m in models)
-        line = f"**#{job['id']}** {names} — {status_badge(job['status'])} · {q.ago(job['created_at'])}"
+        line = f"**#{job['id']}** {plain(names)} — {status_badge(job['status'])} · {q.ago(job['created_at'])}"
         if job["status"] == "queued" and (datetime.now(timezone.utc) - job["created_at"]).total_seconds() > QUEUED_HINT_S:
             line += " · still waiting: is the engine worker running? (`python run_app.py` starts it)"
         elif job["status"] == "running":
-            line += f" · {100 * job['progress']:.0f}% {job['message']}"
+            line += f" · {100 * job['progress']:.0f}% {plain(job['message'])}"
         elif job["status"] in ("done", "failed") and job["message"]:
-            line += f" · {job['message']}"
+            line += f" · {plain(job['message'])}"
         st.markdown(line)
 
 

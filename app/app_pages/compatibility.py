@@ -9,7 +9,8 @@ import streamlit as st
 
 from app import charts
 from app import queries as q
-from app.widgets import empty_state, experiment_label
+from app.widgets import empty_state, experiment_label, plain, state_convention
+from engine.conventions import annotate, convention
 
 url = q.db_url()
 MAIN = "main view of each method"
@@ -130,6 +131,8 @@ summary = pd.DataFrame([{
     "queries without a positive": int(np.nansum(np.tril(m["no_positive"]))),
 } for e, m in shown])
 st.subheader(f"{metric_name(metric)} · {protocol} gallery · {eval_classes} classes")
+conv = state_convention(selected[0]["config"], metrics=metric, views=[m["view"] for _, m in shown], gallery=protocol,
+                        eval_classes=eval_classes)
 st.dataframe(summary, hide_index=True, width="stretch", column_config={
     "AC": st.column_config.NumberColumn(format="%.2f"), "AA %": st.column_config.NumberColumn(format="%.2f"),
     "ACA %": st.column_config.NumberColumn(format="%.2f"),
@@ -145,10 +148,12 @@ curves = pd.DataFrame([{"method": e["method"], "step": t + 1, "AC_t": ac, "AA_t"
                        for t, (ac, aa) in enumerate(zip(m["summary"].get("AC_curve", []), m["summary"].get("AA_curve", [])))])
 if len(curves) and curves["step"].max() >= 3:
     left, right = st.columns(2)
-    left.altair_chart(charts.step_curves(curves.dropna(subset=["AC_t"]), value="AC_t", title="AC_t: compatibility of the first t models",
-                                         y_title="AC_t", percent_axis=False), width="stretch")
-    right.altair_chart(charts.step_curves(curves, value="AA_t", title=f"AA_t: mean {metric_name(metric)} of the first t models",
-                                          y_title="AA_t", percent_axis=True), width="stretch")
+    left.altair_chart(charts.with_convention(charts.step_curves(
+        curves.dropna(subset=["AC_t"]), value="AC_t", title="AC_t: compatibility of the first t models",
+        y_title="AC_t", percent_axis=False), conv, 60), width="stretch")
+    right.altair_chart(charts.with_convention(charts.step_curves(
+        curves, value="AA_t", title=f"AA_t: mean {metric_name(metric)} of the first t models", y_title="AA_t",
+        percent_axis=True), conv, 60), width="stretch")
 summary_rows = [(e["method"], m["summary"]) for e, m in shown]
 with st.expander("Download the summary table"):
     from engine.report import render_summary_table
@@ -156,7 +161,7 @@ with st.expander("Download the summary table"):
     d = st.columns(3)
     for col, (fmt, ext, mime) in zip(d, (("csv", "csv", "text/csv"), ("markdown", "md", "text/markdown"),
                                          ("latex", "tex", "application/x-tex"))):
-        col.download_button(f"Summary ({fmt})", render_summary_table(summary_rows, fmt=fmt),
+        col.download_button(f"Summary ({fmt})", annotate(render_summary_table(summary_rows, fmt=fmt), fmt, conv),
                             file_name=f"summary_{metric}.{ext}", mime=mime, on_click="ignore", key=f"sum_{fmt}")
 
 # ---- the matrices, side by side
@@ -178,6 +183,11 @@ for start in range(0, len(shown), per_row):
         chart = charts.matrix_heatmap(frame, names, title=title, metric=metric_name(metric),
                                       size=None if per_row == 1 else 400, domain=domain)
         with col:
+            line = convention(e["config"], metrics=metric, views=m["view"], gallery=m["protocol"],
+                              eval_classes=m["eval_classes"])
+            if line != conv:  # said once above when every matrix shares the table's convention
+                st.caption(plain(line))
+            chart = charts.with_convention(chart, line, 60)
             st.altair_chart(chart, width="content")
             fails = int((frame["status"] == "fail").sum())
             st.markdown(f"**AC** {charts.number(s.get('AC'))} · **AA** {charts.percent(s.get('AA'), 2)} · "
@@ -192,7 +202,8 @@ for start in range(0, len(shown), per_row):
                 for dcol, (fmt, ext, mime) in zip(d, (("csv", "csv", "text/csv"), ("markdown", "md", "text/markdown"),
                                                       ("latex", "tex", "application/x-tex"))):
                     dcol.download_button(fmt.upper() if fmt == "csv" else fmt.capitalize(),
-                                         lambda C=C, fmt=fmt, t=title, cm=comparable, n=names: export(C, fmt, t, cm, n),
+                                         lambda C=C, fmt=fmt, t=title, cm=comparable, n=names, line=line:
+                                         annotate(export(C, fmt, t, cm, n), fmt, line),
                                          file_name=f"{base}.{ext}", mime=mime, on_click="ignore",
                                          key=f"dl_{e['id']}_{fmt}")
                 d = st.columns(3)

@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import charts
 from app import queries as q
-from app.widgets import analysis_result, pick_experiment, pick_steps
+from app.widgets import analysis_result, pick_experiment, pick_steps, plain, state_convention
 from engine.analysis import CLASS_MEAN, PROTOTYPE, SAMPLE
 
 url = q.db_url()
@@ -47,7 +47,9 @@ if result is not None:
     frame["model"] = frame["model"].astype(int).map(names)
     frame["row"] = frame["row"].astype(int)
     for note in payload["notes"]:
-        st.info(note)
+        st.info(plain(note))
+    conv = state_convention(experiment["config"], views=view, retrieval=False, ecc=False,
+                            extra=[f"{split} split", f"sampling seed {payload.get('params', {}).get('seed', 0)}"])
     points = frame[frame["kind"] == SAMPLE]
     means = frame[frame["kind"] == CLASS_MEAN]
     protos = frame[frame["kind"] == PROTOTYPE]
@@ -63,11 +65,11 @@ if result is not None:
         rows = np.unique(points["row"])
         keep = rows[np.linspace(0, len(rows) - 1, min(LINES_SHOWN, len(rows))).astype(int)]
         lines = points[points["row"].isin(keep)].assign(model_index=lambda d: d["model"].eq(names[1]).astype(int))
-    st.altair_chart(charts.projection_chart(
+    st.altair_chart(charts.with_convention(charts.projection_chart(
         points, means if show_means else means.iloc[:0], protos if show_protos else protos.iloc[:0], lines,
         model_names=[names[0], names[1]], facet=not payload["joint"],
         title=f"{payload['embedding'].upper()} of L2-normalised {view} features · {payload['n_sampled']} of "
-              f"{payload['n_rows']} {split} images per model"), width="stretch")
+              f"{payload['n_rows']} {split} images per model"), conv, 110), width="stretch")
     st.caption("Click a class in the legend to highlight it; scroll to zoom. Large ringed markers: class means; "
                "black +: fixed prototypes.")
 
@@ -76,7 +78,7 @@ if result is not None:
         if payload["drift"]:
             drift = pd.DataFrame(payload["drift"]).rename(columns={"name": "class"})
             drift["trained by old model"] = np.where(drift["seen_old"], "yes", "no")
-            st.altair_chart(charts.drift_chart(drift), width="stretch")
+            st.altair_chart(charts.with_convention(charts.drift_chart(drift), conv, 60), width="stretch")
             seen = drift[drift["seen_old"]]
             if len(seen):
                 st.caption(f"Mean drift cosine over the old model's classes: {seen['cosine'].mean():.3f}")
@@ -89,7 +91,8 @@ if result is not None:
                               "angle": m["simplex_angle"]}
                              for i, m in enumerate(payload["collapse"]) if m.get("simplex_angle") is not None])
         if len(angles):
-            st.altair_chart(charts.angle_chart(angles, refs, model_names=[names[0], names[1]]), width="stretch")
+            st.altair_chart(charts.with_convention(charts.angle_chart(angles, refs, model_names=[names[0], names[1]]),
+                                                   conv, 60), width="stretch")
 
     st.markdown("**Neural collapse** — each model on the classes it was trained on; 0 = perfect collapse")
     nc = pd.DataFrame([{
@@ -106,7 +109,7 @@ if result is not None:
     })
     for i, m in enumerate(payload["collapse"]):
         for note in m.get("notes", []):
-            st.caption(f"{names[i]}: {note}")
+            st.caption(f"{names[i]}: {plain(note)}")
     d1 = payload["definition1"]
     st.markdown("**Definition 1** (Shen et al.) on sampled pairs, cosine distance")
     if d1:
@@ -126,6 +129,8 @@ st.divider()
 st.subheader("Nearest neighbours across models")
 st.caption("A query embedded by the new model searched in the gallery embedded by the old model. Images are not "
            "stored in the database, so neighbours are shown by label and class name only.")
+state_convention(experiment["config"], metrics="cosine similarity", views=view, gallery="instance", eval_classes="all",
+                 ecc=False)
 c = st.columns([1, 1, 1, 1])
 steps = [v["step"] for v in versions]
 by_step = {v["step"]: v for v in versions}
@@ -136,11 +141,12 @@ k = c[3].slider("Neighbours", 1, 20, 5, key="nn_k")
 try:
     nn = q.neighbours(url, by_step[q_step]["id"], by_step[g_step]["id"], view, int(index), int(k))
 except ValueError as exc:
-    st.warning(str(exc))
+    st.warning(plain(exc))
 else:
     query = nn["query"]
     hits = sum(n["hit"] for n in nn["neighbours"])
-    st.markdown(f"Query #{query['index']}: class **{query['name']}** (label {query['label']}) · {hits}/{len(nn['neighbours'])} "
+    st.markdown(f"Query #{query['index']}: class **{plain(query['name'])}** (label {query['label']}) · "
+                f"{hits}/{len(nn['neighbours'])} "
                 f"hits · {nn['n_positives']} positives among {nn['n_gallery']} gallery images"
                 + (" · own image excluded (closed-set)" if nn["same_set"] else ""))
     st.dataframe(pd.DataFrame([{"rank": n["rank"], "hit": n["hit"], "class": n["name"], "label": n["label"],
@@ -157,18 +163,21 @@ geo = analysis_result(url, experiment, "geometry", {"view": view, "split": split
                       what="the geometry across steps", button_key="geo_all_compute")
 if geo is not None:
     g = geo["payload"]
+    conv_all = state_convention(experiment["config"], views=view, retrieval=False, ecc=False,
+                                extra=[f"{split} split", f"sampling seed {g.get('params', {}).get('seed', 0)}"])
     models = pd.DataFrame(g["models"])
     left, right = st.columns(2)
     if "nc1" in models and models["nc1"].notna().any():
         nc1 = models[["step", "nc1"]].dropna()
-        left.altair_chart(charts.steps_chart(nc1, "nc1", "NC1 (within-class variability) per step",
-                                             log=bool(nc1["nc1"].max() > 50 * max(nc1["nc1"].min(), 1e-12))),
-                          width="stretch")
+        left.altair_chart(charts.with_convention(charts.steps_chart(
+            nc1, "nc1", "NC1 (within-class variability) per step",
+            log=bool(nc1["nc1"].max() > 50 * max(nc1["nc1"].min(), 1e-12))), conv_all, 60), width="stretch")
     pairs = pd.DataFrame(g["pairs"])
     if "mean_drift_seen" in pairs:
         drift = pairs.assign(step=pairs["new_step"])[["step", "mean_drift_seen"]].dropna()
-        right.altair_chart(charts.steps_chart(drift, "mean_drift_seen",
-                                              "Mean drift cosine vs the previous step (old classes)"), width="stretch")
+        right.altair_chart(charts.with_convention(charts.steps_chart(
+            drift, "mean_drift_seen", "Mean drift cosine vs the previous step (old classes)"), conv_all, 60),
+            width="stretch")
     names_nc = {"step": "step", "classes": "classes", "n": "images", "nc1": "NC1", "nc2_equinorm": "NC2 (norms)",
                 "nc2_equiangularity": "NC2 (angles)", "nc3": "NC3", "nc4": "NC4", "angle_mean": "mean angle (°)",
                 "simplex_angle": "simplex angle (°)"}

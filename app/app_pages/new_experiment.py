@@ -5,6 +5,7 @@ import streamlit as st
 
 from app import forms
 from app import queries as q
+from app.widgets import plain
 from engine.config import config_from_dict, dump_toml
 
 url = q.db_url()
@@ -135,10 +136,10 @@ result = st.session_state.get(PREFIX + "result")
 if result:
     if "problems" in result:
         for problem in result["problems"]:
-            st.error(problem)
+            st.error(plain(problem))
     else:
         if "job_id" in result:
-            st.success(f"Queued job #{result['job_id']}: **{result['name']}**. Follow its progress on Overview.",
+            st.success(f"Queued job #{result['job_id']}: **{plain(result['name'])}**. Follow its progress on Overview.",
                        icon=":material/rocket_launch:")
             st.page_link("app_pages/overview.py", label="Go to Overview", icon=":material/dashboard:")
         else:

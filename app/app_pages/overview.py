@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import queries as q
 from app.charts import number
-from app.widgets import empty_state, status_badge
+from app.widgets import empty_state, plain, status_badge
 from storage import crashed_worker
 
 STALE_S = 60
@@ -44,10 +44,10 @@ def job_card(job: dict) -> None:
         left, right = st.columns([5, 1], vertical_alignment="center")
         with left:
             when = f"queued {q.ago(job['created_at'])}" if active else q.ago(job["finished_at"])
-            st.markdown(f"**#{job['id']} · {job['label']}** — {status_badge(job['status'])} · {when}")
+            st.markdown(f"**#{job['id']} · {plain(job['label'])}** — {status_badge(job['status'])} · {when}")
             if job["status"] == "running":
                 st.progress(min(max(job["progress"], 0.0), 1.0),
-                            text=f"{100 * job['progress']:.0f}% · {job['message'] or 'started'}")
+                            text=f"{100 * job['progress']:.0f}% · {plain(job['message'] or 'started')}")
                 beat = job["heartbeat_at"] or job["started_at"]
                 if beat is not None and (datetime.now(timezone.utc) - beat).total_seconds() > STALE_S:
                     st.warning(f"No heartbeat from the worker for {q.ago(beat).replace(' ago', '')}: "
@@ -55,7 +55,7 @@ def job_card(job: dict) -> None:
             elif active:
                 st.caption("Waiting for the engine worker to pick it up.")
             else:
-                st.caption(f"Last message: {job['message'] or '(none)'}")
+                st.caption(f"Last message: {plain(job['message'] or '(none)')}")
                 if job["error"]:
                     with st.expander("Error"):
                         st.code(job["error"], language=None)
@@ -147,7 +147,7 @@ def live() -> None:
             links[3].page_link("app_pages/backfilling.py", label="Backfilling", icon=":material/stacked_line_chart:")
         failed = [e for e in experiments if e["status"] == "failed" and e["error"]]
         for e in failed[:3]:
-            st.caption(f":red[:material/error:] #{e['id']} {e['name']} failed: {e['error']}")
+            st.caption(f":red[:material/error:] #{e['id']} {plain(e['name'])} failed: {plain(e['error'])}")
     else:
         st.caption("No experiments yet: the first one appears when a run job starts.")
 

@@ -1,0 +1,126 @@
+"""The convention behind a number, as one line built from an experiment's stored config (no torch).
+
+The same stored features give AC 0.67, 1.0 or 0 depending on the gallery (instances or class-mean
+templates) and the evaluation classes, so every table, chart and export says which convention it used
+(STYLE 12): metric, feature view (with PSP/LSP centring), protocol, gallery, evaluation classes, the
+ECC tie rule and the seeds. Three kinds of stored config are read:
+
+- a run: ``engine.config.RunConfig.to_dict()`` (``eval``, ``scenario``, ``model`` sections, ``seed``;
+  ``seeds``, a list, when a study runs several);
+- a checkpoint comparison: ``{"source": "checkpoints", "spec": {"protocol", "ties", ...}, "protocol"}``;
+- a folder of features: ``{"source": "features", "protocol", "same_set"}``.
+
+Missing keys take the engine's defaults. Imported by the dashboard and by ``engine.report``; it must
+stay free of torch and Streamlit.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SEPARATOR = " · "
+_COMMENT = {"csv": "# ", "latex": "% ", "text": "", "markdown": ""}
+
+
+def metric_name(metric: str) -> str:
+    """'recall@1' -> 'Recall@1', 'map' -> 'mAP', 'map@10' -> 'mAP@10'; anything else as it is."""
+    low = metric.lower()
+    if low.startswith("recall@"):
+        return "Recall@" + low[len("recall@"):]
+    if low == "map" or low.startswith("map@"):
+        return "mAP" + low[len("map"):]
+    return metric
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The evaluation settings of one experiment, as its stored config records them."""
+
+    protocol: str = "closed-set"  # closed-set (queries are the gallery images, own image excluded) | open-set
+    gallery: str = "instance"  # instance | template
+    eval_classes: str = "all"  # all | seen
+    ties: str = "fail"  # ECC on a tie: fail (strict >) | pass (>=)
+    lsp_center: bool = True  # Algorithm 1 centres logits too; False = Eq. 6 as written
+    topk: int | None = None
+    seeds: str = "seed 0"
+
+
+def _seeds(config: Mapping[str, Any]) -> str:
+    source = config.get("source")
+    if source == "checkpoints":
+        return "given checkpoints (no training seed)"
+    if source == "features":
+        return "given features (no training seed)"
+    many = config.get("seeds")
+    seeds = f"seeds {', '.join(str(s) for s in many)}" if many else f"seed {config.get('seed', 0)}"
+    order = config.get("scenario", {}).get("class_order_seed", 0)
+    init = config.get("model", {}).get("init_seed", "same")
+    init_phrase = {"same": "same initial weights every step",
+                   "per_step": "new initial weights every step"}.get(init, f"init_seed {init}")
+    return f"{seeds}, class order {order}, {init_phrase}"
+
+
+def settings(config: Mapping[str, Any]) -> Settings:
+    """The evaluation settings recorded in an experiment's stored config."""
+    source = config.get("source")
+    if source == "checkpoints":
+        spec = config.get("spec", {})
+        return Settings(protocol=config.get("protocol", "closed-set"), gallery=spec.get("protocol") or "instance",
+                        ties=spec.get("ties") or "fail", seeds=_seeds(config))
+    if source == "features":
+        return Settings(protocol="closed-set" if config.get("same_set") else "open-set",
+                        gallery=config.get("protocol", "instance"), ties=config.get("ties", "fail"),
+                        seeds=_seeds(config))
+    ev = config.get("eval", {})
+    return Settings(protocol=ev.get("protocol", "closed-set"), gallery=ev.get("gallery", "instance"),
+                    eval_classes=ev.get("eval_classes", "all"), ties=ev.get("ties", "fail"),
+                    lsp_center=bool(ev.get("lsp_center", True)), topk=ev.get("topk"), seeds=_seeds(config))
+
+
+def _listed(values: str | Iterable[str] | None) -> list[str]:
+    if values is None:
+        return []
+    return [values] if isinstance(values, str) else list(dict.fromkeys(values))
+
+
+def view_phrase(view: str, s: Settings) -> str:
+    """A feature view with what PSP/LSP do to the outputs (truncation, centring, top-k)."""
+    if view not in ("psp", "lsp"):
+        return f"{view} view"
+    centred = "centred" if view == "psp" or s.lsp_center else "not centred (Eq. 6)"
+    outputs = "softmax" if view == "psp" else "logits"
+    top = f", top-{s.topk}" if s.topk else ""
+    return f"{view.upper()} view (first C^k {outputs}, {centred}{top}, L2-normalised)"
+
+
+def convention(config: Mapping[str, Any], *, metrics: str | Iterable[str] | None = None,
+               views: str | Iterable[str] | None = None, gallery: str | None = None,
+               eval_classes: str | None = None, retrieval: bool = True, ecc: bool = True) -> str:
+    """One line stating the convention of a number computed for an experiment with stored ``config``.
+
+    ``metrics`` / ``views``: what the table or chart shows (left out when None). ``gallery`` and
+    ``eval_classes`` override the config with what a stored matrix records. ``retrieval=False`` leaves
+    out protocol, gallery and evaluation classes (feature geometry); ``ecc=False`` the tie rule.
+    """
+    s = settings(config)
+    parts = [" / ".join(metric_name(m) for m in _listed(metrics))] if _listed(metrics) else []
+    parts += [view_phrase(v, s) for v in _listed(views)]
+    if retrieval:
+        own = ", own image excluded" if s.protocol == "closed-set" else ""
+        g = gallery or s.gallery
+        classes = eval_classes or s.eval_classes
+        parts += [f"{s.protocol}{own}",
+                  "template gallery (class means)" if g == "template" else f"{g} gallery",
+                  "seen classes only" if classes == "seen" else f"{classes} test classes"]
+    if ecc:
+        parts.append("ECC strict > (a tie fails)" if s.ties == "fail" else "ECC >= (a tie passes)")
+    parts.append(s.seeds)
+    return "Convention: " + SEPARATOR.join(parts)
+
+
+def annotate(text: str, fmt: str, line: str) -> str:
+    """An export (csv / markdown / latex / text) with ``line`` first, as a comment where the format has one."""
+    if fmt not in _COMMENT:
+        raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(_COMMENT)}")
+    return f"{_COMMENT[fmt]}{line}\n" + ("\n" if fmt == "markdown" else "") + text
