@@ -254,15 +254,28 @@ def discard_experiment(db: Engine, exp_id: int, ckpt_dir: Path) -> None:
         f.unlink()
 
 
-def run_study(cfg: RunConfig, ctx: RunContext) -> tuple[int, list[int]]:
-    """Run every method of ``cfg`` on the same data and scenario as one study; return (study id, experiment ids)."""
+def check_study(cfg: RunConfig) -> RunData:
+    """Refuse, before any row is written, what would fail later: each method's hyper-parameters, the device,
+    the data (dataset present, classes divide, open-set classes available) and each method's first model."""
+    methods = [build_method(m, **cfg.method_params.get(m, {})) for m in cfg.methods]
+    pick_device(cfg.device)
+    data = prepare_run_data(cfg)
+    for method in methods:
+        _new_model(method, cfg, data, len(data.scenario.steps[0].seen_classes), 1)
+    return data
+
+
+def run_study(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = None) -> tuple[int, list[int]]:
+    """Run every method of ``cfg`` on the same data and scenario as one study; return (study id, experiment ids).
+
+    ``data``: what :func:`check_study` returned for ``cfg`` (checked here when not given)."""
     from storage import create_study, list_studies
 
+    data = data or check_study(cfg)
     init_db(ctx.db)
     with session_scope(ctx.db) as s:
         same = [st for st in list_studies(s) if st.kind == "compare" and st.config == cfg.to_dict()]
         study = same[0] if same else create_study(s, name=cfg.name, kind="compare", config=cfg.to_dict())
-    data = prepare_run_data(cfg)
     ids = []
     outer = ctx.progress or (lambda f, m: None)
     for i, method in enumerate(cfg.methods):

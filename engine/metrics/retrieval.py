@@ -18,7 +18,6 @@ the averages; the averages are over the ``n_valid`` remaining queries.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,19 +28,11 @@ import torch.nn.functional as F
 from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
 from engine.metrics.search import DEFAULT_BLOCK, Backend, pick_backend
 from engine.metrics.validate import check_cell
+from engine.vocab import GALLERY_PROTOCOLS as PROTOCOLS
+from engine.vocab import parse_metric
 
 Protocol = Literal["instance", "template"]
 Ties = Literal["pessimistic", "optimistic"]
-PROTOCOLS = ("instance", "template")
-_METRIC = re.compile(r"^(recall|map)(?:@(\d+))?$")
-
-
-def parse_metric(name: str) -> tuple[str, int | None]:
-    """Split a metric name into ``("recall", k)``, ``("map", None)`` or ``("map", k)``."""
-    m = _METRIC.match(name.strip().lower())
-    if not m or (m.group(1) == "recall" and m.group(2) is None) or (m.group(2) is not None and int(m.group(2)) < 1):
-        raise ValueError(f"unknown metric {name!r}; use 'recall@K' (K >= 1), 'map' or 'map@K'")
-    return m.group(1), int(m.group(2)) if m.group(2) else None
 
 
 @dataclass(frozen=True)
