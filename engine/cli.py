@@ -168,6 +168,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     metrics = tuple(args.metrics or ("recall@1", "map"))
     folder = load_feature_folder(args.features)
+    if not args.no_store:  # a database that cannot take the result is refused before computing it
+        from storage import get_engine, init_db
+
+        init_db(get_engine(args.db))
     result = evaluate_folder(folder, metrics=metrics, protocol=args.protocol, same_set=args.same_set)
     for name, C in result.values.items():
         print(render_matrix(C, title=f"{name} ({args.protocol}{', same set' if args.same_set else ''})",
