@@ -161,7 +161,7 @@ Rule = Callable[[Any], "str | None"]  # None when the value is allowed, else a d
 
 
 def _choice(what: str, allowed: tuple[str, ...]) -> Rule:
-    return lambda v: None if v in allowed else f"unknown {what} {v!r}; allowed: {', '.join(allowed)}"
+    return lambda v: None if v in allowed else f"must be one of {', '.join(allowed)}, got {v!r} (unknown {what})"
 
 
 def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False) -> Rule:
@@ -172,24 +172,24 @@ def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_
         if v is None:
             return None
         ok = math.isfinite(v) and (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
-        return None if ok else f"{v!r} is out of range; allowed: a finite number in {text}"
+        return None if ok else f"must be a finite number in {text}, got {v!r}"
     return rule
 
 
 def _device(v: str) -> str | None:
-    return None if vocab.DEVICE.match(v) else f"unknown device {v!r}; allowed: auto, cpu, cuda, cuda:N"
+    return None if vocab.DEVICE.match(v) else f"must be one of auto, cpu, cuda, cuda:N, got {v!r} (unknown device)"
 
 
 def _metric(v: str) -> str | None:
     try:
         vocab.parse_metric(v)
     except ValueError as exc:
-        return str(exc)
+        return f"is not valid: {exc}"
     return None
 
 
 def _view(v: str) -> str | None:
-    return None if v in vocab.VIEWS or v == "auto" else f"unknown view {v!r}; allowed: auto, {', '.join(vocab.VIEWS)}"
+    return None if v in vocab.VIEWS or v == "auto" else f"must be one of auto, {', '.join(vocab.VIEWS)}, got {v!r} (unknown view)"
 
 
 def _open_set_dataset(v: str | None) -> str | None:
@@ -197,7 +197,7 @@ def _open_set_dataset(v: str | None) -> str | None:
 
 
 def _text(v: str) -> str | None:
-    return None if v.strip() else "empty; give a non-empty text"
+    return None if v.strip() else f"must be a non-empty text, got {v!r}"
 
 
 _POSITIVE = _number(1)
@@ -235,7 +235,7 @@ def _check_values(cfg: RunConfig) -> None:
         for item in value if isinstance(value, list) else [value]:
             problem = rule(item)
             if problem:
-                raise ValueError(f"config key {key} = {item!r}: {problem}")
+                raise ValueError(f"config key {key} {problem}")
     for key in ("methods", "eval.metrics", "eval.views"):
         section, _, name = key.rpartition(".")
         items = (plain[section] if section else plain)[name]
