@@ -100,7 +100,7 @@ def _counts_kernel(sims, starts, ends):  # pragma: no cover - compiled
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
-    """Positives, negatives >= / > the best positive, AP and AP@k of each row."""
+    """Positives, negatives >= / > the best positive, AP and AP@k of each row; and NaN/+inf values of rows with a positive."""
     n, width = sims.shape
     n_pos = np.zeros(n, np.int64)
     neg_ge = np.zeros(n, np.int64)
@@ -112,20 +112,17 @@ def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
         row = sims[r]
         a = starts[r]
         b = ends[r]
-        nonfinite = 0
-        for j in range(width):
-            nonfinite += not row[j] < np.inf  # NaN or +inf; -inf marks an excluded item
-        bad[r] = nonfinite
-        if nonfinite:
-            continue
+        nonfinite = 0  # NaN or +inf (-inf marks an excluded item): counted in the passes below, then refused
         pos = np.empty(b - a, np.float32)
         p = 0
         for j in range(a, b):
+            nonfinite += not row[j] < np.inf
             if row[j] != -np.inf:
                 pos[p] = row[j]
                 p += 1
         n_pos[r] = p
-        if p == 0:
+        bad[r] = nonfinite
+        if p == 0 or nonfinite:
             continue
         pos = np.sort(pos[:p])  # ascending
         best = pos[p - 1]
@@ -156,6 +153,7 @@ def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
             hi = a if part == 0 else width
             for j in range(lo, hi):
                 v = row[j]
+                nonfinite += not v < np.inf
                 if v < lowest:
                     continue
                 if v >= best:
@@ -175,6 +173,9 @@ def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
         cnt[p] = ge
         neg_gt[r] = gt
         neg_ge[r] = ge
+        bad[r] = nonfinite
+        if nonfinite:
+            continue
         # walk tie groups of positives from the highest down; suffix = negatives >= group value
         total = 0.0
         total_k = 0.0
