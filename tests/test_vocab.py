@@ -30,3 +30,15 @@ def test_vocabulary_matches_the_registries():
         make_optimizer(net, TrainingConfig(optimizer="adamw"))
     with pytest.raises(ValueError, match="unknown lr_schedule"):
         lr_factor(1, TrainingConfig(lr_schedule="cosinee"))
+
+
+def test_config_and_vocabulary_stay_torch_free():
+    """The app imports engine.config to validate forms: reading a config must not load torch."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, engine.config, engine.vocab; print(sorted(m for m in ('torch', 'numba', 'numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.strip() == "[]"
