@@ -175,3 +175,20 @@ def test_bad_runs_through_a_subprocess(argv, db_url):
                           cwd=Path(__file__).resolve().parents[1], timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("case", ["classes do not divide", "cifar root missing", "negative hyper-parameter"])
+def test_the_worker_refuses_an_infeasible_run_job_before_any_study_row(case, tmp_path):
+    from engine.worker import run_one
+    from storage import enqueue_job, list_jobs
+
+    db = get_engine(f"sqlite:///{tmp_path / 'w.db'}")
+    init_db(db)
+    with session_scope(db) as s:
+        enqueue_job(s, "run", {"config": CASES[case][0]})
+    before = {k: v for k, v in _counts(db).items() if k != "jobs"}
+    run_one(db, checkpoint_dir=tmp_path / "ck")
+    with session_scope(db) as s:
+        job = list_jobs(s, limit=1)[0]
+        assert job.status == "failed" and job.error.startswith("ValueError: "), job.error  # its first line; a traceback follows
+    assert {k: v for k, v in _counts(db).items() if k != "jobs"} == before
