@@ -211,7 +211,7 @@ def supervise(commands: dict[str, list[str]], envs: dict[str, dict[str, str]], u
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from storage import default_db_url, get_engine, init_db, mask_url
+    from storage import DatabaseUnavailable, default_db_url, get_engine, init_db, mask_url
 
     try:
         secret = read_secret(args)
@@ -219,15 +219,19 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    url = absolute_url(args.db or default_db_url())
+    try:  # a bad URL, a missing driver, a read-only or corrupt file: one line, password masked
+        get_engine(args.db or default_db_url())
+        url = absolute_url(args.db or default_db_url())
+        init_db(get_engine(url))  # before the children start: a database from an older version gains its new columns once
+        job = None if args.no_demo else queue_demo_if_empty(url)
+    except DatabaseUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     env = {**os.environ, "COMPATLAB_DB_URL": url, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     env.pop(SECRET_ENV, None)
-    init_db(get_engine(url))  # before the children start: a database from an older version gains its new columns once
-    if not args.no_demo:
-        job = queue_demo_if_empty(url)
-        if job is not None:
-            print(f"empty database: queued the quick-demo study (job #{job})", flush=True)
+    if job is not None:
+        print(f"empty database: queued the quick-demo study (job #{job})", flush=True)
 
     commands = child_commands(args, url)
     processes: dict[str, subprocess.Popen] = {}

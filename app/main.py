@@ -62,4 +62,10 @@ page = st.navigation({"Explore": PAGES, "Learn": LEARN})
 with st.sidebar:
     st.caption("**Compatibility Lab** — learning compatible representations across model updates.")
     st.caption(f"Database: `{mask_url(q.db_url())}`")
+try:
+    if q.read_only(q.db_url()):
+        st.error(f"{q.read_only(q.db_url())}. Stored results are shown; launching is disabled.")
+except ValueError as exc:  # storage.DatabaseUnavailable: corrupt, unreachable, bad URL or missing driver
+    st.error(str(exc))
+    st.stop()
 page.run()

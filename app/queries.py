@@ -32,6 +32,7 @@ from storage import (
     request_cancel,
     retry_job,
     session_scope,
+    write_problem,
 )
 
 ACTIVE = ("queued", "running")
@@ -45,10 +46,18 @@ def db_url() -> str:
 
 @st.cache_resource(show_spinner=False)
 def db_engine(url: str) -> Engine:
-    """One SQLAlchemy engine per database URL, with the tables created if the database is new."""
+    """One SQLAlchemy engine per database URL, with the tables created if the database is new.
+
+    A read-only database still opens (its results are shown; :func:`read_only` disables launching)."""
     engine = get_engine(url)
-    init_db(engine)
+    init_db(engine, writable=False)
     return engine
+
+
+@st.cache_data(ttl=30, show_spinner=False)
+def read_only(url: str) -> str | None:
+    """None when jobs can be queued, else the one line saying why the database takes no writes."""
+    return write_problem(db_engine(url))
 
 
 # ---------------------------------------------------------------------------------------------- jobs

@@ -81,36 +81,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_config(args: argparse.Namespace):
-    import dataclasses
-
-    from engine.config import load_config
+    """The config file or preset with the command line's overrides, validated as a whole."""
+    from engine.config import config_from_dict, load_config
     from engine.presets import preset_config
 
     if (args.config is None) == (args.preset is None):
         raise ValueError("give a config file or --preset NAME (exactly one)")
     cfg = preset_config(args.preset) if args.preset else load_config(args.config)
+    data = cfg.to_dict()
     if args.methods:
-        from engine.config import config_from_dict
-
-        cfg = config_from_dict({**cfg.to_dict(), "methods": args.methods,
-                                "method_params": {m: p for m, p in cfg.method_params.items() if m in args.methods}})
+        data |= {"methods": args.methods, "method_params": {m: p for m, p in cfg.method_params.items() if m in args.methods}}
     if args.device:
-        cfg = dataclasses.replace(cfg, device=args.device)
+        data["device"] = args.device
     if args.epochs is not None:
-        cfg = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, epochs=args.epochs))
-    return cfg
+        data["training"]["epochs"] = args.epochs
+    return config_from_dict(data)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from engine.pipeline import RunContext, run_study
+    from engine.pipeline import RunContext, check_study, run_study
     from engine.progress import TerminalProgress
     from engine.study_summary import print_study, study_summary
-    from storage import get_engine
+    from storage import get_engine, init_db
 
     cfg = _run_config(args)
+    data = check_study(cfg)  # everything refusable is refused before the database is touched
     db = get_engine(args.db)
+    init_db(db)
     bar = None if args.quiet else TerminalProgress()
-    study_id, ids = run_study(cfg, RunContext(db, args.checkpoints, bar))
+    study_id, ids = run_study(cfg, RunContext(db, args.checkpoints, bar), data=data)
     if bar:
         bar.close()
     summary = study_summary(db, study_id, ids)
@@ -171,6 +170,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     metrics = tuple(args.metrics or ("recall@1", "map"))
     folder = load_feature_folder(args.features)
+    if not args.no_store:  # a database that cannot take the result is refused before computing it
+        from storage import get_engine, init_db
+
+        init_db(get_engine(args.db))
     result = evaluate_folder(folder, metrics=metrics, protocol=args.protocol, same_set=args.same_set)
     for name, C in result.values.items():
         print(render_matrix(C, title=f"{name} ({args.protocol}{', same set' if args.same_set else ''})",

@@ -10,13 +10,15 @@ seed, and the results are stored side by side.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
-
-INIT_SEEDS = ("auto", "same", "per_step")
+from engine import vocab
+from engine.vocab import INIT_SEEDS
 
 
 @dataclass(frozen=True)
@@ -157,18 +159,134 @@ def _build(cls: type, data: dict[str, Any], where: str = "") -> Any:
     return cls(**kwargs)
 
 
-def config_from_dict(data: dict[str, Any]) -> RunConfig:
-    """Build and validate a RunConfig; unknown keys and wrong types raise ValueError."""
-    cfg = _build(RunConfig, data)
-    if cfg.model.init_seed not in INIT_SEEDS:
-        raise ValueError(f"model.init_seed must be one of {', '.join(INIT_SEEDS)}, got {cfg.model.init_seed!r}")
-    if not cfg.methods:
-        raise ValueError("config needs at least one method in 'methods'")
+Rule = Callable[[Any], "str | None"]  # None when the value is allowed, else a description of what is
+
+
+def _choice(what: str, allowed: tuple[str, ...]) -> Rule:
+    return lambda v: None if v in allowed else f"must be one of {', '.join(allowed)}, got {v!r} (unknown {what})"
+
+
+def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False) -> Rule:
+    """A finite number in the interval; ``None`` passes (it means "default")."""
+    text = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open or high == math.inf else ']'}"
+
+    def rule(v: Any) -> str | None:
+        if v is None:
+            return None
+        ok = math.isfinite(v) and (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+        return None if ok else f"must be a finite number in {text}, got {v!r}"
+    return rule
+
+
+def _device(v: str) -> str | None:
+    return None if vocab.DEVICE.match(v) else f"must be one of auto, cpu, cuda, cuda:N, got {v!r} (unknown device)"
+
+
+def _metric(v: str) -> str | None:
+    try:
+        vocab.parse_metric(v)
+    except ValueError as exc:
+        return f"is not valid: {exc}"
+    return None
+
+
+def _view(v: str) -> str | None:
+    return None if v in vocab.VIEWS or v == "auto" else f"must be one of auto, {', '.join(vocab.VIEWS)}, got {v!r} (unknown view)"
+
+
+def _open_set_dataset(v: str | None) -> str | None:
+    return None if v is None else _choice("open-set dataset", vocab.DATASET_NAMES)(v)
+
+
+def _text(v: str) -> str | None:
+    return None if v.strip() else f"must be a non-empty text, got {v!r}"
+
+
+_POSITIVE = _number(1)
+_COUNT = _number(0)
+# key -> rule; a list or tuple value is checked item by item.
+RULES: dict[str, Rule] = {
+    "name": _text, "methods": _choice("method", vocab.METHOD_NAMES), "seed": _number(0, 2**32 - 1),
+    "seeds": _number(0, 2**32 - 1), "device": _device,
+    "dataset.name": _choice("dataset", vocab.DATASET_NAMES), "dataset.root": _text,
+    "dataset.num_classes": _number(1, 100_000), "dataset.train_per_class": _number(1, 100_000),
+    "dataset.test_per_class": _number(1, 100_000), "dataset.image_size": _number(1, 1024),
+    "eval.protocol": _choice("protocol", vocab.RUN_PROTOCOLS), "eval.open_set_classes": _number(1, 100_000),
+    "eval.open_set_dataset": _open_set_dataset, "eval.eval_classes": _choice("eval_classes", vocab.EVAL_CLASSES),
+    "eval.gallery": _choice("gallery protocol", vocab.GALLERY_PROTOCOLS), "eval.metrics": _metric,
+    "eval.topk": _POSITIVE, "eval.train_features_per_class": _number(0, 100_000), "eval.views": _view,
+    "scenario.initial_classes": _POSITIVE, "scenario.increment": _COUNT, "scenario.num_steps": _number(1, 10_000),
+    "scenario.class_order_seed": _number(0, 2**32 - 1), "scenario.training": _choice("training mode", vocab.TRAINING_MODES),
+    "scenario.replay_per_class": _COUNT, "scenario.replacement_steps": _number(2),
+    "model.backbone": _choice("backbone", vocab.BACKBONE_NAMES), "model.width": _number(1, 2048),
+    "model.feature_dim": _number(1, 65_536), "model.dsimplex_classes": _number(2, 10_000),
+    "model.init_seed": _choice("init_seed", INIT_SEEDS),
+    "training.epochs": _number(1, 100_000), "training.batch_size": _number(1, 4096),
+    "training.optimizer": _choice("optimizer", vocab.OPTIMIZERS), "training.lr": _number(0, low_open=True),
+    "training.momentum": _number(0, 1, high_open=True), "training.weight_decay": _COUNT,
+    "training.lr_schedule": _choice("lr_schedule", vocab.LR_SCHEDULES), "training.lr_milestones": _POSITIVE,
+    "training.lr_gamma": _number(0, low_open=True), "training.num_workers": _number(0, 64),
+}
+
+
+def _check_values(cfg: RunConfig) -> None:
+    """Every value of ``RULES`` and the rules that tie keys together; ValueError naming the key, value and allowed ones."""
+    plain = cfg.to_dict()
+    for key, rule in RULES.items():
+        section, _, name = key.rpartition(".")
+        value = (plain[section] if section else plain)[name]
+        for item in value if isinstance(value, list) else [value]:
+            problem = rule(item)
+            if problem:
+                raise ValueError(f"config key {key} {problem}")
+    for key in ("methods", "eval.metrics", "eval.views"):
+        section, _, name = key.rpartition(".")
+        items = (plain[section] if section else plain)[name]
+        if not items:
+            raise ValueError(f"config key {key} is empty; give at least one")
+        if len(set(items)) != len(items):
+            raise ValueError(f"config key {key} = {items!r} lists an entry twice")
     if len(set(cfg.seeds)) != len(cfg.seeds):
-        raise ValueError(f"seeds must not repeat, got {list(cfg.seeds)}")
+        raise ValueError(f"config key seeds = {list(cfg.seeds)!r} lists a seed twice")
+    if "auto" in cfg.eval.views and len(cfg.eval.views) > 1:
+        raise ValueError(f"config key eval.views = {list(cfg.eval.views)!r}: 'auto' stands alone; allowed: ['auto'] or views")
+    if cfg.eval.eval_classes == "seen" and cfg.eval.protocol == "open-set":
+        raise ValueError("config key eval.eval_classes = 'seen' needs the closed-set protocol: open-set classes are never trained on")
+    if cfg.eval.open_set_dataset is not None and cfg.eval.open_set_dataset == cfg.dataset.name != "shapes":
+        raise ValueError(f"config key eval.open_set_dataset = {cfg.eval.open_set_dataset!r} is the training dataset itself; "
+                         f"open-set classes must differ from the training classes")
+    milestones = list(cfg.training.lr_milestones)
+    if milestones != sorted(set(milestones)):
+        raise ValueError(f"config key training.lr_milestones = {milestones!r} must be strictly increasing")
+
+
+def _check_method_params(cfg: RunConfig) -> None:
     stray = sorted(set(cfg.method_params) - set(cfg.methods))
     if stray:
         raise ValueError(f"method_params given for {', '.join(stray)}, which is not in methods {list(cfg.methods)}")
+    for method, params in cfg.method_params.items():
+        if not isinstance(params, dict):
+            raise ValueError(f"config key method_params.{method} = {params!r} must be a table of hyper-parameters")
+        accepted = vocab.METHOD_PARAMS[method]
+        unknown = sorted(set(params) - set(accepted))
+        if unknown:
+            raise ValueError(f"config key method_params.{method} has unknown hyper-parameter(s) {', '.join(unknown)}; "
+                             f"allowed: {', '.join(accepted) or 'none (this method takes no hyper-parameters)'}")
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """Build and validate a RunConfig: unknown keys, wrong types and values outside the registries or ranges raise ValueError.
+
+    Method hyper-parameter values are checked by the method itself, and the data and scenario by
+    ``engine.pipeline.check_study``, before anything is written.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"a config must be a table of keys, got {type(data).__name__}")
+    cfg = _build(RunConfig, data)
+    if not cfg.methods:
+        raise ValueError("config needs at least one method in 'methods'")
+    _check_values(cfg)
+    _check_method_params(cfg)
     return cfg
 
 

@@ -1,13 +1,17 @@
 """``python -m engine evaluate``: compatibility matrices for a folder of precomputed features.
 
 The folder holds ``step_1.npz ... step_T.npz``, each with the arrays ``query_features``,
-``query_labels``, ``gallery_features`` and ``gallery_labels`` (loaded with ``allow_pickle=False``).
-Everything is validated before anything is computed or stored.
+``query_labels``, ``gallery_features`` and ``gallery_labels`` (float features, integer labels >= 0).
+Each array's header is checked against its member's size and a cap before it is read (never unpickled),
+and everything is validated before anything is computed or stored.
 """
 from __future__ import annotations
 
+import math
+import os
 import re
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +22,10 @@ from engine.metrics.retrieval import parse_metric
 
 KEYS = ("query_features", "query_labels", "gallery_features", "gallery_labels")
 _STEP = re.compile(r"^step_(\d+)\.npz$")
+MAX_ARRAY_BYTES_ENV = "COMPATLAB_MAX_ARRAY_BYTES"
+DEFAULT_MAX_ARRAY_BYTES = 4 * 1024**3  # per array, checked against its declared shape before anything is read
+MAX_LABEL = 2**31 - 1
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class FolderError(ValueError):
@@ -31,31 +39,98 @@ class FeatureFolder:
     sets: list[CellFeatures]
 
 
+def max_array_bytes() -> int:
+    """The per-array size cap: ``$COMPATLAB_MAX_ARRAY_BYTES`` or 4 GiB."""
+    raw = os.environ.get(MAX_ARRAY_BYTES_ENV, "").strip()
+    return int(raw) if raw.isdigit() else DEFAULT_MAX_ARRAY_BYTES
+
+
+def _read_member(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, cap: int) -> np.ndarray:
+    """One ``.npy`` member: its header's shape x dtype checked against the member's size and ``cap`` before reading."""
+    key = info.filename[:-4]
+    if info.file_size > cap + 4096:  # the declared uncompressed size, before inflating anything
+        raise FolderError(f"{path}: {key} inflates to {info.file_size} bytes, above the {cap}-byte cap ({MAX_ARRAY_BYTES_ENV})")
+    with zf.open(info) as f:
+        version = np.lib.format.read_magic(f)
+        if version not in ((1, 0), (2, 0)):
+            raise FolderError(f"{path}: {key} is a .npy of format version {version}; save it with numpy.savez")
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(f, max_header_size=10_000)
+        if dtype.hasobject or dtype.kind not in "biuf" or dtype.fields is not None:
+            raise FolderError(f"{path}: cannot be read as a .npz of plain arrays ({key} has dtype {dtype}; never unpickled)")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > cap:
+            raise FolderError(f"{path}: {key} declares shape {shape} x {dtype} = {nbytes} bytes, above the {cap}-byte cap "
+                              f"({MAX_ARRAY_BYTES_ENV})")
+        if f.tell() + nbytes != info.file_size:
+            raise FolderError(f"{path}: {key} declares shape {shape} x {dtype} = {nbytes} bytes, but the member holds "
+                              f"{info.file_size - f.tell()}")
+        buf = bytearray(nbytes)
+        if f.readinto(buf) != nbytes:
+            raise FolderError(f"{path}: {key} is truncated")
+    return np.frombuffer(buf, dtype).reshape(shape, order="F" if fortran else "C")
+
+
+def read_npz(path: Path, *, cap: int | None = None) -> dict[str, np.ndarray]:
+    """The arrays of a ``.npz`` with exactly the :data:`KEYS`, each size-checked before it is read; never unpickles."""
+    cap = max_array_bytes() if cap is None else cap
+    if not zipfile.is_zipfile(path):
+        raise FolderError(f"{path}: not a .npz (zip) archive; save the four arrays with numpy.savez")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            members = {info.filename: info for info in zf.infolist()}
+            names = {n[:-4] for n in members if n.endswith(".npy")}
+            other = sorted(n for n in members if not n.endswith(".npy"))
+            missing, extra = [k for k in KEYS if k not in names], sorted(names - set(KEYS)) + other
+            if missing:
+                raise FolderError(f"{path}: missing array(s) {', '.join(missing)} (expected {', '.join(KEYS)})")
+            if extra:
+                raise FolderError(f"{path}: unexpected array(s) {', '.join(extra)} (expected only {', '.join(KEYS)})")
+            return {k: _read_member(path, zf, members[f"{k}.npy"], cap) for k in KEYS}
+    except FolderError:
+        raise
+    except (ValueError, OSError, EOFError, RuntimeError, NotImplementedError, zipfile.BadZipFile, zlib.error) as exc:
+        raise FolderError(f"{path}: cannot be read as a .npz of plain arrays ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else 'corrupt'})") from None
+
+
 def _check_step(path: Path, arrays: dict[str, np.ndarray]) -> CellFeatures:
-    missing = [k for k in KEYS if k not in arrays]
-    if missing:
-        raise FolderError(f"{path}: missing array(s) {', '.join(missing)} (expected {', '.join(KEYS)})")
+    """The step's four arrays, features as float32: every problem is a FolderError naming the file and the array."""
+    out = {}
     for side in ("query", "gallery"):
-        feats, labels = arrays[f"{side}_features"], arrays[f"{side}_labels"]
-        if feats.ndim != 2 or feats.shape[0] == 0:
-            raise FolderError(f"{path}: {side}_features must be a non-empty 2-D array, got shape {feats.shape}")
-        if feats.dtype.kind not in "fiu":
-            raise FolderError(f"{path}: {side}_features must be numeric, got dtype {feats.dtype}")
-        if not np.isfinite(feats).all():
-            bad = int((~np.isfinite(feats)).any(1).sum())
-            raise FolderError(f"{path}: {side}_features has NaN/inf values in {bad} row(s)")
+        fk, lk = f"{side}_features", f"{side}_labels"
+        feats, labels = arrays[fk], arrays[lk]
+        if feats.ndim != 2 or feats.shape[0] == 0 or feats.shape[1] == 0:
+            raise FolderError(f"{path}: {fk} must be a non-empty 2-D array (items x dims), got shape {feats.shape}")
+        if feats.dtype.kind != "f":
+            raise FolderError(f"{path}: {fk} must be floating point (float16/32/64), got dtype {feats.dtype}")
+        for bad, what in ((~np.isfinite(feats), "NaN/inf values"), (np.abs(feats) > _FLOAT32_MAX, "values beyond float32")):
+            rows = np.flatnonzero(bad.any(1))
+            if len(rows):
+                raise FolderError(f"{path}: {fk} has {what} in {len(rows)} row(s) (first: row {rows[0]})")
+        feats = feats.astype(np.float32)
+        zero = np.flatnonzero(~feats.any(1))
+        if len(zero):
+            raise FolderError(f"{path}: {fk} has {len(zero)} all-zero row(s) in float32 (first: row {zero[0]}); "
+                              f"cosine similarity is undefined for them")
         if labels.ndim != 1 or len(labels) != feats.shape[0]:
-            raise FolderError(f"{path}: {side}_labels has {labels.size} labels for {feats.shape[0]} {side}_features rows")
+            raise FolderError(f"{path}: {lk} has {labels.size} labels for {feats.shape[0]} {fk} rows (shape {labels.shape})")
         if labels.dtype.kind not in "iu":
-            raise FolderError(f"{path}: {side}_labels must be integers, got dtype {labels.dtype}")
-    dq, dg = arrays["query_features"].shape[1], arrays["gallery_features"].shape[1]
+            raise FolderError(f"{path}: {lk} must be integers, got dtype {labels.dtype}")
+        if labels.min() < 0 or labels.max() > MAX_LABEL:
+            raise FolderError(f"{path}: {lk} must lie in 0..{MAX_LABEL}, found {labels.min()}..{labels.max()}")
+        out[fk], out[lk] = feats, labels.astype(np.int64)
+    dq, dg = out["query_features"].shape[1], out["gallery_features"].shape[1]
     if dq != dg:
         raise FolderError(f"{path}: query_features are {dq}-d but gallery_features are {dg}-d")
-    return CellFeatures(*(arrays[k] for k in KEYS))
+    return CellFeatures(*(out[k] for k in KEYS))
 
 
-def load_feature_folder(folder: str | Path) -> FeatureFolder:
-    """Read and validate ``step_*.npz``; raises :class:`FolderError` with one line naming the file."""
+def load_feature_folder(folder: str | Path, *, cap: int | None = None) -> FeatureFolder:
+    """Read and validate ``step_*.npz``; raises :class:`FolderError` with one line naming the file.
+
+    ``cap``: bytes per array (default :func:`max_array_bytes`), checked from the headers before reading.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise FolderError(f"{folder}: not a folder")
@@ -64,15 +139,8 @@ def load_feature_folder(folder: str | Path) -> FeatureFolder:
         raise FolderError(f"{folder}: no step_1.npz ... step_T.npz files found")
     steps = [n for n, _ in numbered]
     if steps != list(range(1, len(steps) + 1)):
-        raise FolderError(f"{folder}: steps must be numbered 1..T without gaps, found {steps}")
-    sets = []
-    for _, path in numbered:
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
-            raise FolderError(f"{path}: cannot be read as a .npz of plain arrays ({exc})") from None
-        sets.append(_check_step(path, arrays))
+        raise FolderError(f"{folder}: steps must be numbered 1..T without gaps or repeats, found {steps}")
+    sets = [_check_step(path, read_npz(path, cap=cap)) for _, path in numbered]
     dims = {s.query.shape[1] for s in sets}
     if len(dims) > 1:
         per = ", ".join(f"{p.name}: {s.query.shape[1]}-d" for (_, p), s in zip(numbered, sets))

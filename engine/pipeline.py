@@ -270,14 +270,27 @@ def study_seeds(cfg: RunConfig) -> tuple[int, ...]:
     return cfg.seeds or (cfg.seed,)
 
 
-def run_study(cfg: RunConfig, ctx: RunContext) -> tuple[int, list[int]]:
+def check_study(cfg: RunConfig) -> RunData:
+    """Refuse, before any row is written, what would fail later: each method's hyper-parameters, the device,
+    the data (dataset present, classes divide, open-set classes available) and each method's first model."""
+    methods = [build_method(m, **cfg.method_params.get(m, {})) for m in cfg.methods]
+    pick_device(cfg.device)
+    data = prepare_run_data(cfg)
+    for method in methods:
+        _new_model(method, cfg, data, len(data.scenario.steps[0].seen_classes), 1)
+    return data
+
+
+def run_study(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = None) -> tuple[int, list[int]]:
     """Run every method of ``cfg`` for every seed on the same scenario as one study; return (study id, experiment ids).
 
     Each seed draws its own data (per-class samples, batch order) and initialisation; the class order
     is ``scenario.class_order_seed``'s for every seed. Experiment ids are ordered seed by seed.
+    ``data``: what :func:`check_study` returned for ``cfg`` (checked here when not given).
     """
     from storage import create_study, list_studies
 
+    checked = data or check_study(cfg)
     init_db(ctx.db)
     with session_scope(ctx.db) as s:
         same = [st for st in list_studies(s) if st.kind == "compare" and st.config == cfg.to_dict()]
@@ -287,11 +300,10 @@ def run_study(cfg: RunConfig, ctx: RunContext) -> tuple[int, list[int]]:
     ids = []
     outer = ctx.progress or (lambda f, m: None)
     runs = [(seed, method) for seed in study_seeds(cfg) for method in cfg.methods]
-    data = None
     for i, (seed, method) in enumerate(runs):
         one = dataclasses.replace(cfg, seed=seed, seeds=())
         if i % len(cfg.methods) == 0:
-            data = prepare_run_data(one)
+            data = checked if seed == cfg.seed else prepare_run_data(one)
         sub = RunContext(ctx.db, ctx.checkpoint_dir, lambda f, m, i=i: outer((i + f) / len(runs), m), ctx.should_stop, study.id)
         ids.append(run_experiment(one.for_method(method), sub, data=data))
     return study.id, ids

@@ -1,5 +1,5 @@
 """Storage: the SQLAlchemy 2 schema and the repository functions. The only package that knows SQL."""
-from storage.db import default_db_url, get_engine, init_db, mask_url, session_scope
+from storage.db import DatabaseUnavailable, default_db_url, get_engine, init_db, mask_url, session_scope, write_problem
 from storage.jobs import (
     LeaseLost,
     claim_next_job,
@@ -74,7 +74,9 @@ __all__ = [
     "crashed_worker",
     "create_experiment",
     "create_study",
+    "DatabaseUnavailable",
     "default_db_url",
+    "write_problem",
     "mask_url",
     "delete_experiment",
     "enqueue_job",

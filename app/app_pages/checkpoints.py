@@ -427,7 +427,7 @@ with st.container(border=True):
 
 c = st.columns([1, 1, 4])
 check = c[0].button("Check", key=PREFIX + "check", width="stretch")
-launch = c[1].button("Launch", type="primary", key=PREFIX + "launch", width="stretch")
+launch = c[1].button("Launch", type="primary", key=PREFIX + "launch", width="stretch", disabled=q.read_only(url) is not None)
 
 if check or launch:
     spec, problems = build_spec(archs)

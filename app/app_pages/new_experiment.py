@@ -112,7 +112,7 @@ with st.form("new_experiment", border=True):
 
     c = st.columns([1, 1, 4])
     check = c[0].form_submit_button("Check")
-    launch = c[1].form_submit_button("Launch", type="primary")
+    launch = c[1].form_submit_button("Launch", type="primary", disabled=q.read_only(url) is not None)
 
 values = {field: st.session_state[PREFIX + field] for field in forms.FIELDS}
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from engine.data.imageset import ImageSet
 from engine.data.registry import load_dataset
 from engine.data.shapes import DEFAULT_NUM_CLASSES
+from engine.vocab import EVAL_CLASSES
+from engine.vocab import RUN_PROTOCOLS as PROTOCOLS
 
-PROTOCOLS = ("closed-set", "open-set")
-EVAL_CLASSES = ("all", "seen")
 OPEN_SET_DATASETS = {"cifar100": "cifar10"}
 OPEN_SET_CLASSES = 10
 

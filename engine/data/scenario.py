@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TRAINING_MODES = ("cumulative", "finetune")
+from engine.vocab import TRAINING_MODES
 
 
 @dataclass(frozen=True)

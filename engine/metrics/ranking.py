@@ -51,13 +51,25 @@ class QueryStats:
         return QueryStats(*(getattr(self, f)[order] for f in QueryStats.__dataclass_fields__))
 
 
+@numba.njit(inline="always")
+def _bucket(x, lowest, scale, nb):  # pragma: no cover - compiled
+    """min(int((x - lowest) * scale), nb), clamped to [0, nb] for any x (NaN included): never out of bounds."""
+    f = (x - lowest) * scale
+    if not f >= 0:
+        return 0
+    if f >= nb:
+        return nb
+    return np.intp(f)
+
+
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _counts_kernel(sims, starts, ends):  # pragma: no cover - compiled
-    """Positives, and negatives >= / > the best positive, of each row (no AP)."""
+    """Positives, and negatives >= / > the best positive, of each row (no AP); and NaN/+inf values of rows with a positive."""
     n, width = sims.shape
     n_pos = np.zeros(n, np.int64)
     neg_ge = np.zeros(n, np.int64)
     neg_gt = np.zeros(n, np.int64)
+    bad = np.zeros(n, np.int64)
     for r in numba.prange(n):
         row = sims[r]
         best = -np.inf
@@ -72,38 +84,45 @@ def _counts_kernel(sims, starts, ends):  # pragma: no cover - compiled
             continue
         ge = 0
         gt = 0
+        nonfinite = 0
         for j in range(width):  # whole row, then take the positives back out: no branch in the long loop
             ge += row[j] >= best
             gt += row[j] > best
+            nonfinite += not row[j] < np.inf  # NaN or +inf (-inf marks an excluded item)
+        bad[r] = nonfinite
         for j in range(starts[r], ends[r]):
             ge -= row[j] >= best
             gt -= row[j] > best
         neg_ge[r] = ge
         neg_gt[r] = gt
-    return n_pos, neg_ge, neg_gt
+    return n_pos, neg_ge, neg_gt, bad
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
-    """Positives, negatives >= / > the best positive, AP and AP@k of each row."""
+    """Positives, negatives >= / > the best positive, AP and AP@k of each row; and NaN/+inf values of rows with a positive."""
     n, width = sims.shape
     n_pos = np.zeros(n, np.int64)
     neg_ge = np.zeros(n, np.int64)
     neg_gt = np.zeros(n, np.int64)
     ap = np.full(n, np.nan)
     ap_k = np.full(n, np.nan)
+    bad = np.zeros(n, np.int64)
     for r in numba.prange(n):
         row = sims[r]
         a = starts[r]
         b = ends[r]
+        nonfinite = 0  # NaN or +inf (-inf marks an excluded item): counted in the passes below, then refused
         pos = np.empty(b - a, np.float32)
         p = 0
         for j in range(a, b):
+            nonfinite += not row[j] < np.inf
             if row[j] != -np.inf:
                 pos[p] = row[j]
                 p += 1
         n_pos[r] = p
-        if p == 0:
+        bad[r] = nonfinite
+        if p == 0 or nonfinite:
             continue
         pos = np.sort(pos[:p])  # ascending
         best = pos[p - 1]
@@ -119,7 +138,7 @@ def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
             scale = np.float32(0.0)
         in_bucket = np.zeros(nb + 1, np.int32)
         for i in range(p):
-            in_bucket[min(np.intp((pos[i] - lowest) * scale), nb)] += 1
+            in_bucket[_bucket(pos[i], lowest, scale, nb)] += 1
         below = np.empty(nb + 1, np.int32)  # positives in lower buckets
         acc = 0
         for i in range(nb + 1):
@@ -134,18 +153,19 @@ def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
             hi = a if part == 0 else width
             for j in range(lo, hi):
                 v = row[j]
+                nonfinite += not v < np.inf
                 if v < lowest:
                     continue
                 if v >= best:
                     ge += 1
                     gt += v > best
                     continue
-                k = min(np.intp((v - lowest) * scale), nb)
+                k = _bucket(v, lowest, scale, nb)
                 if in_bucket[k] == 0:
                     hist[k] += 1
                 else:
                     m = below[k]
-                    while pos[m] <= v:  # ends before p because v < best
+                    while m < p and pos[m] <= v:  # ends before p because v < best
                         m += 1
                     cnt[m] += 1
         for i in range(nb + 1):
@@ -153,6 +173,9 @@ def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
         cnt[p] = ge
         neg_gt[r] = gt
         neg_ge[r] = ge
+        bad[r] = nonfinite
+        if nonfinite:
+            continue
         # walk tie groups of positives from the highest down; suffix = negatives >= group value
         total = 0.0
         total_k = 0.0
@@ -177,20 +200,33 @@ def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
         ap[r] = total / p
         if map_k > 0:
             ap_k[r] = total_k / min(p, map_k)
-    return n_pos, neg_ge, neg_gt, ap, ap_k
+    return n_pos, neg_ge, neg_gt, ap, ap_k, bad
 
 
 def stats_numba(sims: np.ndarray, starts: np.ndarray, ends: np.ndarray, *, map_k: int = 0, want_ap: bool = True) -> QueryStats:
-    """Compiled CPU statistics for a float32 block ``sims`` (n, width); see the module docstring."""
+    """Compiled CPU statistics for a float32 block ``sims`` (n, width); see the module docstring.
+
+    Raises ValueError for column ranges outside the block or NaN/+inf similarities (the kernels flag them
+    in the pass they make anyway), so a bad number gives an error, never a wrong metric or a crash.
+    """
     sims = np.ascontiguousarray(sims, dtype=np.float32)
     starts, ends = starts.astype(np.int64), ends.astype(np.int64)
+    if sims.ndim != 2 or starts.shape != ends.shape or starts.shape != (len(sims),):
+        raise ValueError(f"ranking needs a 2-D block and one column range per row, got {sims.shape}, {starts.shape}, {ends.shape}")
+    if len(sims) and (starts.min() < 0 or (ends < starts).any() or ends.max() > sims.shape[1]):
+        raise ValueError(f"positive column ranges must lie within the block's {sims.shape[1]} columns")
     threads = torch.get_num_threads()  # numba's OpenMP layer can reset torch's thread count
     if want_ap or map_k:
-        out = _stats_kernel(sims, starts, ends, int(map_k))
+        *out, bad = _stats_kernel(sims, starts, ends, int(map_k))
     else:
         nan = np.full(len(sims), np.nan)
-        out = (*_counts_kernel(sims, starts, ends), nan, nan.copy())
+        *counts, bad = _counts_kernel(sims, starts, ends)
+        out = (*counts, nan, nan.copy())
     torch.set_num_threads(threads)
+    rows = np.flatnonzero(bad)
+    if len(rows):
+        raise ValueError(f"similarities have NaN/inf values in {len(rows)} query row(s) (first: row {rows[0]}); "
+                         f"the features are not finite after the float32 cast")
     return QueryStats(*out)
 
 

@@ -18,7 +18,6 @@ the averages; the averages are over the ``n_valid`` remaining queries.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,27 +28,11 @@ import torch.nn.functional as F
 from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
 from engine.metrics.search import DEFAULT_BLOCK, Backend, pick_backend
 from engine.metrics.validate import check_cell
+from engine.vocab import GALLERY_PROTOCOLS as PROTOCOLS
+from engine.vocab import VERIFICATION, parse_metric
 
 Protocol = Literal["instance", "template"]
 Ties = Literal["pessimistic", "optimistic"]
-PROTOCOLS = ("instance", "template")
-_METRIC = re.compile(r"^(recall|map)(?:@(\d+))?$")
-VERIFICATION = "verification"  # paper 002's pair-verification accuracy (engine.metrics.verification)
-
-
-def parse_metric(name: str, *, pairs: bool = True) -> tuple[str, int | None]:
-    """Split a metric name into ``("recall", k)``, ``("map", None)``, ``("map", k)`` or ``("verification", None)``.
-
-    ``pairs=False`` accepts only the ranking metrics (for callers that have no image pairs).
-    """
-    key = name.strip().lower()
-    if pairs and key == VERIFICATION:
-        return VERIFICATION, None
-    m = _METRIC.match(key)
-    if not m or (m.group(1) == "recall" and m.group(2) is None) or (m.group(2) is not None and int(m.group(2)) < 1):
-        extra = ", 'map@K' or 'verification'" if pairs else " or 'map@K'"
-        raise ValueError(f"unknown metric {name!r}; use 'recall@K' (K >= 1), 'map'{extra}")
-    return m.group(1), int(m.group(2)) if m.group(2) else None
 
 
 @dataclass(frozen=True)

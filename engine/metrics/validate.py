@@ -13,10 +13,16 @@ def check_features(name: str, x: np.ndarray) -> None:
         raise ValueError(f"{name} is empty (shape {x.shape})")
     if not np.issubdtype(x.dtype, np.number):
         raise ValueError(f"{name} must be numeric, got dtype {x.dtype}")
-    bad = ~np.isfinite(x)
-    if bad.any():
-        rows = np.flatnonzero(bad.any(1))
-        raise ValueError(f"{name} has NaN/inf values in {len(rows)} row(s) (first: row {rows[0]})")
+    _refuse_rows(name, ~np.isfinite(x), "NaN/inf values")
+    if x.dtype.kind == "f" and x.dtype.itemsize > 4:  # searched as float32, where these become inf
+        _refuse_rows(name, np.abs(x) > np.finfo(np.float32).max, "values beyond the float32 range (|x| > 3.4e38)")
+
+
+def _refuse_rows(name: str, bad: np.ndarray, what: str) -> None:
+    """ValueError naming how many rows of ``bad`` (items x dims, bool) hold a bad value, and the first one."""
+    rows = np.flatnonzero(bad.any(1))
+    if len(rows):
+        raise ValueError(f"{name} has {what} in {len(rows)} row(s) (first: row {rows[0]})")
 
 
 def check_labels(name: str, labels: np.ndarray, n: int) -> None:

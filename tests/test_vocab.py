@@ -1,0 +1,44 @@
+"""The torch-free vocabulary (engine.vocab) names exactly what the engine's registries know."""
+import pytest
+import torch
+
+from engine import vocab
+from engine.config import TrainingConfig
+from engine.data import protocols, scenario
+from engine.data.registry import DATASETS
+from engine.features import VIEWS
+from engine.methods.registry import METHODS, method_hparam_names
+from engine.metrics import retrieval
+from engine.models import BACKBONES
+from engine.training import lr_factor, make_optimizer
+
+
+def test_vocabulary_matches_the_registries():
+    assert vocab.METHOD_PARAMS == {m: method_hparam_names(m) for m in METHODS}
+    assert vocab.DATASET_NAMES == tuple(DATASETS)
+    assert vocab.BACKBONE_NAMES == tuple(BACKBONES)
+    assert vocab.VIEWS == VIEWS
+    assert vocab.RUN_PROTOCOLS == protocols.PROTOCOLS and vocab.EVAL_CLASSES == protocols.EVAL_CLASSES
+    assert vocab.GALLERY_PROTOCOLS == retrieval.PROTOCOLS
+    assert vocab.TRAINING_MODES == scenario.TRAINING_MODES
+    net = torch.nn.Linear(2, 2)
+    for name in vocab.OPTIMIZERS:  # each named optimizer and schedule is one the training loop builds
+        make_optimizer(net, TrainingConfig(optimizer=name))
+    for name in vocab.LR_SCHEDULES:
+        lr_factor(1, TrainingConfig(lr_schedule=name, lr_milestones=(1,)))
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        make_optimizer(net, TrainingConfig(optimizer="adamw"))
+    with pytest.raises(ValueError, match="unknown lr_schedule"):
+        lr_factor(1, TrainingConfig(lr_schedule="cosinee"))
+
+
+def test_config_and_vocabulary_stay_torch_free():
+    """The app imports engine.config to validate forms: reading a config must not load torch."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, engine.config, engine.vocab; print(sorted(m for m in ('torch', 'numba', 'numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.strip() == "[]"
