@@ -162,11 +162,11 @@ def test_overview_shows_names_and_messages_as_plain_text(hand_study):
         enqueue_job(s, "run", {"config": {"name": MARKDOWN, "methods": ["bct"]}})
     job = claim_next_job(db, 1)
     with session_scope(db) as s:
-        update_job_progress(s, job.id, 0.5, f"epoch 1 {MARKDOWN}")
+        update_job_progress(s, job.id, 0.5, f"epoch 1 {MARKDOWN}", lease=job.lease)
         failed = enqueue_job(s, "run", {"config": {"name": "later", "methods": ["bct"]}})
-    claim_next_job(db, 2)
+    second = claim_next_job(db, 2)
     with session_scope(db) as s:
-        fail_job(s, failed, "Traceback", message=f"died {MARKDOWN}")
+        fail_job(s, failed, "Traceback", message=f"died {MARKDOWN}", lease=second.lease)
         e = s.query(Experiment).first()
         e.status, e.error = "failed", f"boom {MARKDOWN}"
     at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT).run()
