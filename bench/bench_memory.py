@@ -9,7 +9,7 @@ its own. Printed against, in the same run:
   old         the whole-set tensors the previous code held (every image at every model size, plus
               the native set): computed, not allocated
 
-    python bench/bench_memory.py              # 2 images per class: 200 images (about 2 minutes on 2 idle cores)
+    python bench/bench_memory.py              # 2 images per class: 200 images (about 3 minutes of CPU time)
     python bench/bench_memory.py --full       # all 10,000 test images (several minutes per model on a CPU)
     python bench/bench_memory.py --per-class 5 --batch-size 32
 """
@@ -83,7 +83,7 @@ def old_bytes(images: int) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--per-class", type=int, default=2, help="test images per class (100 classes; 100 = all)")
+    p.add_argument("--per-class", type=int, default=2, help="test images per class (100 classes; 100 = all; at least 2 so that every query has a positive)")
     p.add_argument("--full", action="store_true", help="all 10,000 test images (per class 100)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads of the job")

@@ -204,3 +204,18 @@ def test_pretrained_lite_sequence_on_shapes_stays_within_a_few_batches_of_memory
     result = run_child(per_class=1, batch_size=16)
     assert result["images"] == 100
     assert result["peak"] - result["floor"] < 12 * batch_bytes(16) + 600 * 2**20, result
+
+
+@pytest.mark.slow
+def test_a_large_input_size_on_1000_built_in_images_is_bounded_by_the_batch_not_the_set(tmp_path):
+    """small_cnn at 384 px on 1,000 shapes images: the old whole-set tensor would be 1,000 x 3 x 384^2 x 4 = 1.65 GiB;
+    growth over imports + model must stay under 20 input batches + 300 MB (batch 16: 28 MB)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_memory import run_child
+
+    save_step_checkpoint(tmp_path / "m.pt", num_classes=100)
+    batch = 16 * 3 * 384 * 384 * 4
+    result = run_child(per_class=10, batch_size=16, threads=1,
+                       models=[{"path": str(tmp_path / "m.pt"), "preprocessing": {"input_size": 384}}])
+    assert result["images"] == 1000
+    assert result["peak"] - result["floor"] < 20 * batch + 300 * 2**20 < 1000 * 3 * 384 * 384 * 4, result
