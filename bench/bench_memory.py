@@ -83,7 +83,8 @@ def old_bytes(images: int) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--per-class", type=int, default=2, help="test images per class (100 classes; 100 = all; at least 2 so that every query has a positive)")
+    p.add_argument("--per-class", type=int, default=2,
+                   help="test images per class of 100 (100 = all; 2+ gives every query a positive)")
     p.add_argument("--full", action="store_true", help="all 10,000 test images (per class 100)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads of the job")

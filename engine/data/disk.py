@@ -2,8 +2,9 @@
 
 Nothing is downloaded unless ``download=True``. Each loader reads the chosen split into memory as an
 ``ImageSet`` (CIFAR: float32 in [0, 1]; image folders: uint8 pixels, decoded in chunks); CIFAR-10's
-train split takes 50,000 x 3 x 32 x 32 x 4 bytes = 614 MB, so ``max_per_class`` is there to load less (``max_per_class=300`` on CIFAR-100 train is the
-CIFAR100R of IAM-CL2R: the first 300 images of each class in file order).
+train split takes 50,000 x 3 x 32 x 32 x 4 bytes = 614 MB, so ``max_per_class`` is there to load less
+(``max_per_class=300`` on CIFAR-100 train is the CIFAR100R of IAM-CL2R: the first 300 images of each class
+in file order).
 """
 from __future__ import annotations
 
