@@ -45,7 +45,7 @@ class RunData:
         if uses_replay and step.replay_classes and self.replay_per_class:
             idx = np.concatenate([idx, select_replay(labels, step.replay_classes, self.replay_per_class, seed)])
         idx = np.sort(idx)
-        return self.train.images[idx], self.train.labels[idx]
+        return self.train.batch(idx), self.train.labels[idx]
 
 
 def _remap(images: ImageSet, rank: np.ndarray, names: tuple[str, ...]) -> ImageSet:

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from engine.data.imageset import as_float, check_batch_size
 from engine.device import pick_device
 from engine.models.net import Net
 
@@ -87,8 +88,8 @@ def extract_outputs(
 ) -> dict[str, np.ndarray]:
     """Run ``net`` over images and return float32 ``encoder``, ``logits`` and ``softmax`` arrays.
 
-    ``images_or_loader`` is an ``(N, C, H, W)`` tensor/array (split into ``batch_size`` chunks) or
-    an iterable of batches, each a tensor or a ``(images, labels, ...)`` sequence; when labels come
+    ``images_or_loader`` is an ``(N, C, H, W)`` tensor/array (split into ``batch_size`` chunks, each
+    made float32 on its own: uint8 pixels are scaled to [0, 1]) or an iterable of batches, each a tensor or a ``(images, labels, ...)`` sequence; when labels come
     with the batches they are returned under ``labels`` (int64).
     ``logits`` and ``softmax`` cover all head outputs and are put in class order
     (column c = class c, through ``net.head.class_to_output``), so a right-to-left d-Simplex head
@@ -133,11 +134,10 @@ def _batches(
     images_or_loader: torch.Tensor | np.ndarray | Iterable[Any], batch_size: int
 ) -> Iterator[tuple[torch.Tensor, Any]]:
     if isinstance(images_or_loader, (torch.Tensor, np.ndarray)):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        check_batch_size(batch_size)
         images = torch.as_tensor(images_or_loader)
         for start in range(0, images.shape[0], batch_size):
-            yield images[start : start + batch_size], None
+            yield as_float(images[start : start + batch_size]), None
         return
     for batch in images_or_loader:
         if isinstance(batch, torch.Tensor):

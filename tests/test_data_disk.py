@@ -87,7 +87,7 @@ def test_imagefolder_with_split_folders(tmp_path):
     write_tree(tmp_path / "val", ["cat", "dog"], per_class=1)
     train = load_dataset("imagefolder", root=tmp_path, image_size=16)
     assert train.images.shape == (6, 3, 16, 16) and train.class_names == ("cat", "dog")
-    assert float(train.images[train.labels == 1][:, 0].mean()) == pytest.approx(1.0)  # dogs are red
+    assert float(train.batch(train.labels == 1)[:, 0].mean()) == pytest.approx(1.0)  # dogs are red
     assert len(load_dataset("imagefolder", root=tmp_path, split="test")) == 2  # val/ serves as test
     assert load_dataset("imagefolder", root=tmp_path).images.shape[-1] == 32  # image_size None means 32
 

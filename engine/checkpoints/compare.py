@@ -22,14 +22,13 @@ outputs.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from sqlalchemy import Engine
 
 from engine.checkpoints.archs import pretrained_path
@@ -45,7 +44,8 @@ from engine.checkpoints.loading import (
     server_trust,
 )
 from engine.data import DATASETS, ImageSet, load_dataset
-from engine.data.disk import load_imagefolder
+from engine.data.folder import FolderImages, check_stop, list_image_folder
+from engine.data.imageset import check_batch_size, check_image_size
 from engine.device import pick_device
 from engine.evaluate_folder import result_json
 from engine.features import RAW_VIEWS, extract_outputs, simplex_projection
@@ -65,6 +65,7 @@ from storage import (
 VIEWS = ("encoder", "psp", "lsp")
 PROTOCOLS = ("instance", "template")
 IMAGEFOLDER_SIZE = 32  # image-folder size for models that do not name one (the project's own models)
+MAX_BATCH_BYTES = 2**30  # one float32 input batch at most (64 images at 260 px take 52 MB)
 Progress = Callable[[float, str], None]
 
 
@@ -182,7 +183,8 @@ def model_source(entry: Mapping[str, Any], *, index: int = 1, trust: Trust = LOC
     return ModelSource(
         path=path, arch=arch, num_classes=_positive_int(num_classes, f"{what} num_classes"),
         classes=None if classes is None else read_class_list(classes, what=f"{what} class list"),
-        input_size=_positive_int(prep.get("input_size"), f"{what} input_size"), mean=mean, std=std,
+        input_size=None if prep.get("input_size") is None else check_image_size(prep["input_size"], f"{what} input_size"),
+        mean=mean, std=std,
         label=entry.get("label") or None,
     )
 
@@ -233,7 +235,8 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = 
         models=models, dataset=dataset, query_dataset=query, gallery_dataset=gallery,
         views=tuple(dict.fromkeys(views)), metrics=tuple(dict.fromkeys(metrics)), protocol=protocol, ties=ties,
         name=spec.get("name") or None, max_file_bytes=parse_size(spec.get("max_file_bytes") or DEFAULT_MAX_BYTES),
-        batch_size=_positive_int(spec.get("batch_size") or 64, "batch_size"), device=str(spec.get("device") or "auto"),
+        batch_size=check_batch_size(64 if spec.get("batch_size") is None else spec["batch_size"]),
+        device=str(spec.get("device") or "auto"),
     )
 
 
@@ -260,37 +263,40 @@ def _parse_dataset(text: str) -> tuple[str, str | None]:
 
 
 class ImageSource:
-    """One evaluation image set at the sizes the models need (each size loaded once).
+    """One evaluation image set, read once and handed out one batch at a time at each model's size.
 
-    An image folder is read whole (every image of every class sub-folder), resized so its shorter
-    side is the size and centre-cropped; a built-in dataset's test split is resized (bilinear,
-    antialiased) when a model needs another size.
+    An image folder is listed (bounded, cancellable) and every batch is decoded from its files with
+    the shorter side resized to the size and centre-cropped; a built-in dataset's test split is kept
+    as loaded and each batch is resized (bilinear, antialiased) when a model needs another size.
     """
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, should_stop: Callable[[], bool] | None = None) -> None:
         self.text = text
         self.name, self.root = _parse_dataset(text)
-        self._sizes: dict[int | None, ImageSet] = {}
+        self.should_stop = should_stop
+        self._images: ImageSet | FolderImages | None = None
 
-    def at(self, size: int | None) -> ImageSet:
+    @property
+    def images(self) -> ImageSet | FolderImages:
+        """The labels, class names and (built-in) pixels, loaded on first use."""
+        if self._images is None:
+            if self.name == "imagefolder":
+                self._images = list_image_folder(confine(self.root, what="image folder"),
+                                                 layout="put one sub-folder of images per class there",
+                                                 should_stop=self.should_stop)
+            else:
+                self._images = load_dataset(self.name, split="test", **({"root": self.root} if self.root else {}))
+        return self._images
+
+    def batch(self, indices: slice, size: int | None) -> torch.Tensor:
+        """float32 [0, 1] images of ``indices`` at ``size`` (None: the set's own size; 32 px for a folder)."""
         if self.name == "imagefolder":
-            size = size or IMAGEFOLDER_SIZE
-            if size not in self._sizes:
-                self._sizes[size] = load_imagefolder(self.root, image_size=size)
-            return self._sizes[size]
-        if None not in self._sizes:
-            self._sizes[None] = load_dataset(self.name, split="test", **({"root": self.root} if self.root else {}))
-        native = self._sizes[None]
-        if size is None or size == native.images.shape[-1]:
-            return native
-        if size not in self._sizes:
-            images = F.interpolate(native.images, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-            self._sizes[size] = ImageSet(images.clamp_(0, 1), native.labels, native.class_names)
-        return self._sizes[size]
+            return self.images.batch(indices, size=size or IMAGEFOLDER_SIZE)
+        return self.images.batch(indices, size=size)
 
 
-def _model_inputs(images: ImageSet, model: LoadedModel, source: ModelSource) -> torch.Tensor:
-    x = images.images
+def _model_batch(x: torch.Tensor, model: LoadedModel, source: ModelSource) -> torch.Tensor:
+    """One batch as the model takes it: channels adapted, then normalised with the declared or the model's mean/std."""
     channels = x.shape[1]
     if model.in_channels and channels != model.in_channels:
         if channels == 1:
@@ -305,6 +311,15 @@ def _model_inputs(images: ImageSet, model: LoadedModel, source: ModelSource) -> 
             raise CheckpointError(model.path, f"mean/std have {len(mean)} values but the images have {x.shape[1]} channels")
         x = (x - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
     return x.contiguous()
+
+
+def _check_batch_bytes(batch_size: int, sizes: Sequence[int | None]) -> None:
+    """A float32 RGB input batch at the largest size must fit in ``MAX_BATCH_BYTES``."""
+    largest = max((s for s in sizes if s), default=IMAGEFOLDER_SIZE)
+    per_image = 3 * largest * largest * 4
+    if batch_size * per_image > MAX_BATCH_BYTES:
+        raise ValueError(f"a batch of {batch_size} images at {largest} px takes {batch_size * per_image / 2**30:.1f} GiB "
+                         f"as float32; use batch_size <= {max(1, MAX_BATCH_BYTES // per_image)}")
 
 
 # --- running the models ----------------------------------------------------------------------
@@ -336,10 +351,26 @@ def _probe(model: LoadedModel, source: ModelSource, x: torch.Tensor) -> None:
         raise CheckpointError(model.path, f"its class list has {len(source.classes)} names but the model has {outputs} outputs")
 
 
-def _extract(model: LoadedModel, x: torch.Tensor, batch_size: int, device: torch.device) -> dict[str, np.ndarray]:
+def _extract(model: LoadedModel, batches: Iterator[torch.Tensor], device: torch.device) -> dict[str, np.ndarray]:
+    """Embed the batches; errors of the images (a bad file, a cancel) pass through, the model's name the file."""
+    data_errors: list[BaseException] = []
+
+    def guarded() -> Iterator[torch.Tensor]:
+        while True:
+            try:
+                x = next(batches)
+            except StopIteration:
+                return
+            except BaseException as exc:
+                data_errors.append(exc)
+                raise
+            yield x
+
     try:
-        raw = extract_outputs(model.net, x, batch_size=batch_size, device=device)
+        raw = extract_outputs(model.net, guarded(), device=device)
     except Exception as exc:  # as in _probe: name the file
+        if data_errors:
+            raise
         raise CheckpointError(model.path, f"failed while embedding the images ({_last_line(exc)})") from None
     for view in RAW_VIEWS:
         bad = ~np.isfinite(raw[view]).all(axis=1)
@@ -374,14 +405,15 @@ def _model_labels(sources: Sequence[ModelSource]) -> list[str]:
     return [f"{stem}#{i}" if stems.count(stem) > 1 else stem for i, stem in enumerate(stems, start=1)]
 
 
-def _splits(spec: ComparisonSpec) -> tuple[dict[str, ImageSource], bool]:
+def _splits(spec: ComparisonSpec, should_stop: Callable[[], bool] | None) -> tuple[dict[str, ImageSource], bool]:
     if spec.dataset is not None:
-        source = ImageSource(spec.dataset)
+        source = ImageSource(spec.dataset, should_stop)
         return {"query": source, "gallery": source}, True
-    return {"query": ImageSource(spec.query_dataset), "gallery": ImageSource(spec.gallery_dataset)}, False
+    return {"query": ImageSource(spec.query_dataset, should_stop),
+            "gallery": ImageSource(spec.gallery_dataset, should_stop)}, False
 
 
-def _common_labels(query: ImageSet, gallery: ImageSet) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+def _common_labels(query: ImageSet | FolderImages, gallery: ImageSet | FolderImages) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """Open-set labels matched by class name: the gallery's classes first, then query-only classes."""
     names = list(gallery.class_names) + [n for n in query.class_names if n not in set(gallery.class_names)]
     position = {n: i for i, n in enumerate(names)}
@@ -479,21 +511,26 @@ def compare_checkpoints(spec: ComparisonSpec | Mapping[str, Any], *, progress: P
 def _compare_loaded(spec: ComparisonSpec, models: list[LoadedModel], report: Progress,
                     should_stop: Callable[[], bool] | None) -> Comparison:
     labels = _model_labels(spec.models)
-    splits, same_set = _splits(spec)
+    splits, same_set = _splits(spec, should_stop)
+    sizes = [s.input_size or m.input_size for s, m in zip(spec.models, models)]
+    _check_batch_bytes(spec.batch_size, sizes)
 
-    def inputs(split: str, i: int) -> torch.Tensor:
-        size = spec.models[i].input_size or models[i].input_size
-        return _model_inputs(splits[split].at(size), models[i], spec.models[i])
+    def inputs(split: str, i: int, count: int | None = None) -> Iterator[torch.Tensor]:
+        """Model i's input batches of one split (``count``: only the first images), made one at a time."""
+        total = len(splits[split].images) if count is None else count
+        for start in range(0, total, spec.batch_size):
+            check_stop(should_stop, "checkpoint comparison cancelled; nothing was stored")
+            x = splits[split].batch(slice(start, min(start + spec.batch_size, total)), sizes[i])
+            yield _model_batch(x, models[i], spec.models[i])
 
     for i, model in enumerate(models):  # cheap checks on every model before the long extraction
-        _probe(model, spec.models[i], inputs("query", i))
+        _probe(model, spec.models[i], next(inputs("query", i, count=1)))
     names = [s.classes or index_names(m.num_outputs) for s, m in zip(spec.models, models)]
     T = len(models)
     shared = (_check_alignment(labels, names, spec.models) if {"psp", "lsp"} & set(spec.views)
               else np.full((T, T), -1, dtype=np.int64))
 
-    first_size = spec.models[0].input_size or models[0].input_size  # labels do not depend on the size: reuse a load
-    query_set, gallery_set = splits["query"].at(first_size), splits["gallery"].at(first_size)
+    query_set, gallery_set = splits["query"].images, splits["gallery"].images
     if same_set:
         split_labels = {"query": query_set.labels.numpy(), "gallery": gallery_set.labels.numpy()}
         dataset_classes = gallery_set.class_names
@@ -504,13 +541,9 @@ def _compare_loaded(spec: ComparisonSpec, models: list[LoadedModel], report: Pro
     device = pick_device(spec.device)
     outputs: list[dict[str, dict[str, np.ndarray]]] = []
     for i, model in enumerate(models):
-        if should_stop is not None and should_stop():
-            from engine.training import Cancelled
-
-            raise Cancelled("checkpoint comparison cancelled; nothing was stored")
         report(0.1 + 0.8 * i / T, f"embedding images with {labels[i]} ({i + 1}/{T})")
-        per_split = {"query": _extract(model, inputs("query", i), spec.batch_size, device)}
-        per_split["gallery"] = per_split["query"] if same_set else _extract(model, inputs("gallery", i), spec.batch_size, device)
+        per_split = {"query": _extract(model, inputs("query", i), device)}
+        per_split["gallery"] = per_split["query"] if same_set else _extract(model, inputs("gallery", i), device)
         outputs.append({split: {v: raw[v] for v in RAW_VIEWS} for split, raw in per_split.items()})
 
     report(0.9, "computing compatibility matrices")

@@ -3,11 +3,14 @@
 Public API (import from ``engine.data``):
 
 Images
-  ``ImageSet(images, labels, class_names, mean=None, std=None)``  frozen; (N,C,H,W) float32, (N,) int64;
+  ``ImageSet(images, labels, class_names, mean=None, std=None)``  frozen; (N,C,H,W) uint8 pixels or float32, (N,) int64;
+      ``.batch(indices, size=None)`` / ``.batches(batch_size, size=None)`` float32 (resized per batch),
       ``.subset(indices)``, ``.select_classes(classes)`` (labels kept), ``.normalized(mean, std)``, ``.as_dataset()``
+  ``list_image_folder(root, *, layout, max_files, max_folders, should_stop) -> FolderImages``  bounded, cancellable
+      listing of a class-folder tree; ``.batch(indices, size=...)`` decodes per batch (``engine.data.folder``)
   ``make_loader(images, *, batch_size=128, shuffle=True, augment="none"|"crop_flip", seed=0, drop_last=False)``
 
-Datasets (all loaded into memory)
+Datasets (loaded into memory compactly: uint8 for decoded files)
   ``DATASETS``  {"digits", "shapes", "cifar10", "cifar100", "imagefolder"} -> ``DatasetSpec(load, summary, train_augment)``
   ``load_dataset(name, *, root="data", split="train"|"test", seed=0, mean=None, std=None, **options) -> ImageSet``
   ``make_digits(*, split="train", seed=0, test_fraction=0.3, max_per_class=None)``

@@ -4,9 +4,10 @@ Every root is confined to the data roots (``engine.roots.confine``) before it is
 error lists what a folder holds. CIFAR batches are unpickled by :class:`CifarUnpickler`, which only
 rebuilds dicts, lists, strings, numbers and numpy arrays (nothing in the file can run code).
 Nothing is downloaded unless ``download=True``. Each loader reads the chosen split into memory as an
-``ImageSet`` (float32 in [0, 1]); CIFAR-10's train split takes 50,000 x 3 x 32 x 32 x 4 bytes =
-614 MB, so ``max_per_class`` is there to load less (``max_per_class=300`` on CIFAR-100 train is the
-CIFAR100R of IAM-CL2R: the first 300 images of each class in file order).
+``ImageSet`` (CIFAR: float32 in [0, 1]; image folders: uint8 pixels, decoded in chunks); CIFAR-10's
+train split takes 50,000 x 3 x 32 x 32 x 4 bytes = 614 MB, so ``max_per_class`` is there to load less
+(``max_per_class=300`` on CIFAR-100 train is the CIFAR100R of IAM-CL2R: the first 300 images of each class
+in file order).
 """
 from __future__ import annotations
 
@@ -15,20 +16,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torchvision import transforms
-from torchvision.datasets import CIFAR10, CIFAR100, ImageFolder
+from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.datasets.folder import find_classes
 
-from engine.data.imageset import ImageSet, first_per_class, stratified_split
+from engine.data.folder import list_image_folder
+from engine.data.imageset import DatasetNotFoundError, ImageSet, check_image_size, first_per_class, stratified_split
 from engine.roots import confine
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 CIFAR_KINDS = {"cifar10": (CIFAR10, "CIFAR-10"), "cifar100": (CIFAR100, "CIFAR-100")}
 IMAGEFOLDER_TEST_FRACTION = 0.3
-
-
-class DatasetNotFoundError(ValueError):
-    """The files of a dataset are not where the loader looks; the message says where to put them."""
 
 
 def load_cifar(name: str, *, root: str | Path = "data", split: str = "train", max_per_class: int | None = None,
@@ -72,19 +69,18 @@ def load_cifar(name: str, *, root: str | Path = "data", split: str = "train", ma
 
 
 def load_imagefolder(root: str | Path, *, image_size: int = 32, max_per_class: int | None = None) -> ImageSet:
-    """Every image of one ImageFolder tree (``root/<class>/<image>``), resized and loaded into memory.
+    """Every image of one ImageFolder tree (``root/<class>/<image>``) as uint8 pixels (see ``engine.data.folder``).
 
     Images are converted to RGB, resized (shorter side) and centre-cropped to ``image_size``;
     classes are the sorted folder names, as torchvision numbers them.
     """
-    dataset = _image_folder(Path(root), image_size, "put one sub-folder of images per class there")
-    targets = np.asarray(dataset.targets, dtype=np.int64)
-    return _stack(dataset, first_per_class(targets, max_per_class), image_size)
+    folder = list_image_folder(confine(root, what="image folder"), layout="put one sub-folder of images per class there")
+    return folder.load(check_image_size(image_size), first_per_class(folder.labels.numpy(), max_per_class))
 
 
 def load_imagefolder_split(*, root: str | Path, split: str = "train", seed: int = 0, image_size: int | None = None,
                            test_fraction: float = IMAGEFOLDER_TEST_FRACTION, max_per_class: int | None = None) -> ImageSet:
-    """One split of the ImageFolder tree at ``root`` (``image_size`` None means 32).
+    """One split of the ImageFolder tree at ``root`` (``image_size`` None means 32), as uint8 pixels.
 
     If ``root/train`` exists the splits are folders: "train" is ``root/train`` and "test" is
     ``root/test`` (or ``root/val``), and both must hold the same class folders. Otherwise ``root``
@@ -93,14 +89,14 @@ def load_imagefolder_split(*, root: str | Path, split: str = "train", seed: int 
     """
     if split not in ("train", "test"):
         raise ValueError(f"imagefolder has splits 'train' and 'test', not {split!r}")
-    root, size = confine(root, what="image folder"), image_size or 32
+    root, size = confine(root, what="image folder"), check_image_size(image_size or 32, "image_size")
     layout = "put one sub-folder of images per class there, or train/ and test/ (or val/) folders that each hold them"
     if not (root / "train").is_dir():
-        dataset = _image_folder(root, size, layout)
-        targets = np.asarray(dataset.targets, dtype=np.int64)
+        folder = list_image_folder(root, layout=layout)
+        targets = folder.labels.numpy()
         train, test = stratified_split(targets, test_fraction, seed)
         chosen = train if split == "train" else test
-        return _stack(dataset, chosen[first_per_class(targets[chosen], max_per_class)], size)
+        return folder.load(size, chosen[first_per_class(targets[chosen], max_per_class)])
     test_dirs = [root / name for name in ("test", "val") if (root / name).is_dir()]
     if not test_dirs:
         raise DatasetNotFoundError(f"{root} has a train/ folder but no test/ or val/ folder next to it: {layout}")
@@ -111,26 +107,6 @@ def load_imagefolder_split(*, root: str | Path, split: str = "train", seed: int 
                          f"{len(test_classes)}, {len(set(train_classes) ^ set(test_classes))} in only one of them), so "
                          f"their labels would not match; give every class a folder in both")
     return load_imagefolder(train_dir if split == "train" else test_dir, image_size=size, max_per_class=max_per_class)
-
-
-def _image_folder(tree: Path, image_size: int, layout: str) -> ImageFolder:
-    tree = confine(tree, what="image folder")
-    if not tree.is_dir():
-        raise DatasetNotFoundError(f"image folder {tree} not found: {layout}")
-    transform = transforms.Compose([transforms.Resize(image_size), transforms.CenterCrop(image_size), transforms.ToTensor()])
-    try:
-        return ImageFolder(str(tree), transform=transform)
-    except FileNotFoundError:  # torchvision's message lists the class folders: not shown
-        raise DatasetNotFoundError(f"image folder {tree} has no usable images (no class sub-folders, or a class "
-                                   f"folder without .jpg/.png/... images): {layout}") from None
-
-
-def _stack(dataset: ImageFolder, indices: np.ndarray, image_size: int) -> ImageSet:
-    """Decode only the chosen images."""
-    images = [dataset[int(i)][0] for i in indices]
-    stacked = torch.stack(images).float() if images else torch.zeros(0, 3, image_size, image_size)
-    labels = torch.as_tensor(np.asarray(dataset.targets, dtype=np.int64)[indices])
-    return ImageSet(stacked, labels, tuple(dataset.classes))
 
 
 class CifarUnpickler(pickle.Unpickler):

@@ -1,20 +1,68 @@
-"""The one in-memory representation every dataset loader returns, plus two index helpers."""
+"""The one in-memory representation every dataset loader returns, its size bounds and two index helpers.
+
+Images are kept compact (uint8 pixels for decoded files) and become float32 one batch at a time
+(``ImageSet.batch``), resized to a model's input size there when asked: nothing holds a whole
+dataset as floats at a model's size.
+"""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-from torch.utils.data import TensorDataset
+import torch.nn.functional as F
+from torch.utils.data import Dataset, TensorDataset
+
+MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024  # pixels per side: digits' 8 px up to 4x a 256-px ImageNet crop
+MAX_BATCH_SIZE = 4096
+IndexLike = torch.Tensor | np.ndarray | Sequence[int]
+
+
+class DatasetNotFoundError(ValueError):
+    """The files of a dataset are not where the loader looks; the message says where to put them."""
+
+
+def bounded_int(value: object, what: str, low: int, high: int) -> int:
+    """``value`` if it is an int in ``low..high``; otherwise a one-line ``ValueError`` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+        raise ValueError(f"{what} must be an integer from {low} to {high}, got {value!r}")
+    return int(value)
+
+
+def check_image_size(value: object, what: str = "image size") -> int:
+    """An image side length in pixels, ``MIN_IMAGE_SIZE..MAX_IMAGE_SIZE``."""
+    return bounded_int(value, what, MIN_IMAGE_SIZE, MAX_IMAGE_SIZE)
+
+
+def check_batch_size(value: object, what: str = "batch_size") -> int:
+    """Images per batch, ``1..MAX_BATCH_SIZE``."""
+    return bounded_int(value, what, 1, MAX_BATCH_SIZE)
+
+
+def as_float(pixels: torch.Tensor) -> torch.Tensor:
+    """float32 images: uint8 pixels scaled to [0, 1] (as ``ToTensor`` does), float32 returned as they are."""
+    if pixels.dtype == torch.uint8:
+        return pixels.float().div(255)
+    if pixels.dtype != torch.float32:
+        raise ValueError(f"images must be uint8 pixels or float32 values, got {pixels.dtype}")
+    return pixels
+
+
+def resized(images: torch.Tensor, size: int) -> torch.Tensor:
+    """float images in [0, 1] resized to ``size`` x ``size`` (bilinear, antialiased), clamped to [0, 1]."""
+    if images.shape[-2:] == (size, size):
+        return images
+    return F.interpolate(images, size=(size, size), mode="bilinear", antialias=True, align_corners=False).clamp_(0, 1)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
 class ImageSet:
     """Images, integer labels and the names of the classes those labels index.
 
-    ``images`` is (N, C, H, W) float32, in [0, 1] unless ``mean``/``std`` record a normalisation
-    that was applied. ``labels`` is (N,) int64 with ``class_names[labels[i]]`` naming image i.
+    ``images`` is (N, C, H, W): uint8 pixels (0..255, never normalised) or float32 in [0, 1] unless
+    ``mean``/``std`` record a normalisation that was applied; ``batch`` gives float32 either way.
+    ``labels`` is (N,) int64 with ``class_names[labels[i]]`` naming image i.
     Selecting classes keeps the labels as they are (no relabelling), so class ids stay the ids a
     scenario and a classifier use.
     """
@@ -27,14 +75,17 @@ class ImageSet:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "class_names", tuple(self.class_names))
-        if self.images.dim() != 4 or self.images.dtype != torch.float32:
-            raise ValueError(f"images must be a (N, C, H, W) float32 tensor, got {tuple(self.images.shape)} {self.images.dtype}")
+        if self.images.dim() != 4 or self.images.dtype not in (torch.float32, torch.uint8):
+            raise ValueError(f"images must be a (N, C, H, W) float32 or uint8 tensor, got {tuple(self.images.shape)} "
+                             f"{self.images.dtype}")
         if self.labels.shape != (self.images.shape[0],) or self.labels.dtype != torch.int64:
             raise ValueError(f"labels must be a ({self.images.shape[0]},) int64 tensor, got {tuple(self.labels.shape)} {self.labels.dtype}")
         if len(self.labels) and not 0 <= int(self.labels.min()) <= int(self.labels.max()) < len(self.class_names):
             raise ValueError(f"labels must lie in 0..{len(self.class_names) - 1} to index class_names")
         if (self.mean is None) != (self.std is None):
             raise ValueError("mean and std must be given together or not at all")
+        if self.mean is not None and self.images.dtype == torch.uint8:
+            raise ValueError("uint8 images are raw pixels; normalise them with .normalized(), which makes them float32")
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -48,9 +99,34 @@ class ImageSet:
         """Length of ``class_names``; some of these classes may have no images after a selection."""
         return len(self.class_names)
 
-    def subset(self, indices: torch.Tensor | np.ndarray | Sequence[int]) -> ImageSet:
+    @property
+    def image_size(self) -> int:
+        """Side length of the stored images (they are square after loading)."""
+        return int(self.images.shape[-1])
+
+    def batch(self, indices: IndexLike | slice, *, size: int | None = None) -> torch.Tensor:
+        """float32 images at ``indices`` (a slice or index list), resized to ``size`` when it differs.
+
+        Resizing needs [0, 1] images: resize before normalising (``ImageSource`` in the checkpoint
+        comparison does). Without ``size`` a float32 set gives exactly its stored values.
+        """
+        chosen = self.images[indices] if isinstance(indices, slice) else self.images[_index(indices)]
+        images = as_float(chosen)
+        if size is None or images.shape[-2:] == (size, size):
+            return images
+        if self.mean is not None:
+            raise ValueError("these images are normalised; resize raw [0, 1] images (load them without mean/std)")
+        return resized(images, size)
+
+    def batches(self, batch_size: int, *, size: int | None = None) -> Iterator[torch.Tensor]:
+        """``batch`` over consecutive chunks of ``batch_size`` images, in order."""
+        check_batch_size(batch_size)
+        for start in range(0, len(self), batch_size):
+            yield self.batch(slice(start, start + batch_size), size=size)
+
+    def subset(self, indices: IndexLike) -> ImageSet:
         """The images at ``indices``, in that order."""
-        index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        index = _index(indices)
         return replace(self, images=self.images[index], labels=self.labels[index])
 
     def select_classes(self, classes: Sequence[int]) -> ImageSet:
@@ -62,7 +138,7 @@ class ImageSet:
         return self.subset(torch.nonzero(keep).flatten())
 
     def normalized(self, mean: Sequence[float], std: Sequence[float]) -> ImageSet:
-        """Per-channel ``(x - mean) / std``; the statistics are recorded on the result."""
+        """Per-channel ``(x - mean) / std`` as float32; the statistics are recorded on the result."""
         if self.mean is not None:
             raise ValueError("these images are already normalised; normalise the raw [0, 1] images once")
         channels = self.images.shape[1]
@@ -70,11 +146,32 @@ class ImageSet:
             raise ValueError(f"mean and std need {channels} values (one per channel), got {len(mean)} and {len(std)}")
         m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
         s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
-        return replace(self, images=(self.images - m) / s, mean=tuple(map(float, mean)), std=tuple(map(float, std)))
+        return replace(self, images=(as_float(self.images) - m) / s, mean=tuple(map(float, mean)), std=tuple(map(float, std)))
 
-    def as_dataset(self) -> TensorDataset:
-        """A torch ``Dataset`` of (image, label) pairs over the same tensors."""
-        return TensorDataset(self.images, self.labels)
+    def as_dataset(self) -> Dataset:
+        """A torch ``Dataset`` of (float32 image, label) pairs; uint8 pixels are converted one image at a time."""
+        if self.images.dtype == torch.float32:
+            return TensorDataset(self.images, self.labels)
+        return _PixelDataset(self.images, self.labels)
+
+
+class _PixelDataset(Dataset):
+    """(image, label) pairs over uint8 pixels, each image scaled to float32 [0, 1] when read."""
+
+    def __init__(self, pixels: torch.Tensor, labels: torch.Tensor) -> None:
+        self.pixels, self.labels = pixels, labels
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return as_float(self.pixels[i]), self.labels[i]
+
+
+def _index(indices: IndexLike) -> torch.Tensor:
+    """int64 positions from positions or a boolean mask."""
+    index = np.asarray(indices)
+    return torch.from_numpy(np.flatnonzero(index) if index.dtype == bool else index.astype(np.int64, copy=False))
 
 
 def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
