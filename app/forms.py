@@ -15,8 +15,8 @@ from typing import Any
 
 from engine.config import INIT_SEEDS
 
-DATASETS = ("digits", "shapes", "cifar10", "cifar100", "imagefolder")
-KNOWN_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100}
+DATASETS = ("digits", "shapes", "cifar10", "cifar100", "fashion", "imagefolder")
+KNOWN_CLASSES = {"digits": 10, "fashion": 10, "cifar10": 10, "cifar100": 100}
 PROTOCOLS = ("closed-set", "open-set")
 EVAL_CLASSES = ("all", "seen")
 GALLERIES = ("instance", "template")

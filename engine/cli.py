@@ -3,7 +3,8 @@
 Commands: ``run`` (train/evaluate a config or preset; several methods = a study), ``compare``
 (the same, printing the paper-style methods table), ``evaluate`` (matrices for a folder of
 features), ``compare-checkpoints`` (your own models on an image folder), ``adapt`` (paper 004's
-adapters between two stored models), ``worker`` (the background job runner), ``presets``. Every refused input prints one
+adapters between two stored models), ``export-images`` (a dataset split as PNG class folders),
+``worker`` (the background job runner), ``presets``. Every refused input prints one
 line ``error: ...`` on stderr and exits with code 2.
 """
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from engine import roots
 from engine.checkpoints.cli import add_arguments as add_checkpoint_arguments
 from engine.checkpoints.cli import cmd_compare_checkpoints
+from engine.export_images import add_arguments as add_export_arguments
+from engine.export_images import cmd_export_images
 from engine.report import FORMATS, render_matrix
 
 
@@ -76,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_checkpoint_arguments(cc)
     _add_db(cc)
 
+    add_export_arguments(sub.add_parser("export-images", help="write a dataset split as PNG class folders (for imagefolder)"))
     sub.add_parser("presets", help="list the named presets")
     return parser
 
@@ -199,7 +203,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 COMMANDS = {"run": cmd_run, "compare": cmd_run, "evaluate": cmd_evaluate, "worker": cmd_worker, "presets": cmd_presets,
             "adapt": cmd_adapt,
-            "compare-checkpoints": cmd_compare_checkpoints}
+            "compare-checkpoints": cmd_compare_checkpoints, "export-images": cmd_export_images}
 
 
 def main(argv: list[str] | None = None) -> int:

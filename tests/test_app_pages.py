@@ -135,7 +135,10 @@ def test_new_experiment_form_enqueues_a_run_job(app_db):
     cfg = queued[0].payload["config"]
     assert cfg["name"] == "my-study" and cfg["methods"] == ["bct", "psp"] and cfg["training"]["epochs"] == 1
     # the quick-demo preset underneath: its data, and the settings the form does not show
-    assert cfg["dataset"]["name"] == "shapes" and cfg["model"]["width"] == 32 and cfg["eval"]["eval_classes"] == "seen"
+    from engine.presets import preset_config
+
+    assert cfg["dataset"]["name"] == preset_config("quick-demo").dataset.name  # fashion when installed, else shapes
+    assert cfg["model"]["width"] == 32 and cfg["eval"]["eval_classes"] == "seen"
     assert cfg["method_params"] == {}, "hyper-parameters of methods no longer chosen are dropped"
     from engine.config import config_from_dict
 
@@ -148,6 +151,8 @@ def test_new_experiment_errors_are_shown_and_nothing_is_queued(app_db):
     at = open_page("new_experiment")
     at.multiselect(key="ne_methods").set_value([])
     at.selectbox(key="ne_dataset").set_value("digits")
+    at.number_input(key="ne_initial_classes").set_value(10)
+    at.number_input(key="ne_increment").set_value(10)
     at.number_input(key="ne_num_steps").set_value(5)  # 10 + 4 x 10 = 50 classes, but digits has 10
     at.button[1].click().run()
     errors = " ".join(e.value for e in at.error)

@@ -31,9 +31,9 @@ def test_stratified_split_and_first_per_class_by_hand():
 
 
 def test_registry_names_and_unknown_dataset_lists_them():
-    assert list(DATASETS) == ["digits", "shapes", "cifar10", "cifar100", "imagefolder"]
+    assert list(DATASETS) == ["digits", "shapes", "cifar10", "cifar100", "fashion", "imagefolder"]
     assert DATASETS["digits"].train_augment == "none" and DATASETS["shapes"].train_augment == "crop_flip"
-    with pytest.raises(ValueError, match="unknown dataset 'mnist'; known datasets: digits, shapes, cifar10, cifar100, imagefolder"):
+    with pytest.raises(ValueError, match="unknown dataset 'mnist'; known datasets: digits, shapes, cifar10, cifar100, fashion, imagefolder"):
         load_dataset("mnist")
 
 

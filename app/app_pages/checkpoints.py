@@ -38,7 +38,7 @@ SOURCES = ("Server path", "Upload", "Pretrained")
 PRETRAINED = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
 UPLOAD_TYPES = ["pt", "pth", "safetensors", "ts", "ptl", "bin", "zip"]
 UPLOAD_DIR = ROOT / "data" / "uploads"
-BUILTIN = ("imagefolder", "digits", "shapes", "cifar10", "cifar100")
+BUILTIN = ("imagefolder", "digits", "shapes", "fashion", "cifar10", "cifar100")
 CLOSED, OPEN = "closed-set", "open-set"
 VIEW_HELP = {"encoder": "encoder: the feature vectors (models with different feature sizes are not comparable)",
              "psp": "psp: class-probability vectors, centred and normalised (compares any two models through shared classes)",
@@ -396,14 +396,18 @@ with st.container(border=True):
         c = st.columns([1, 3])
         dataset = c[0].selectbox("Images", BUILTIN, key=PREFIX + "dataset",
                                  format_func=lambda d: {"imagefolder": "an image folder", "digits": "digits (built in)",
-                                                        "shapes": "shapes (built in)"}.get(d, d))
+                                                        "shapes": "shapes (built in)",
+                                                        "fashion": "Fashion-MNIST (Debian package)"}.get(d, d))
         if dataset == "imagefolder":
             c[1].text_input("Image folder on the server", key=PREFIX + "root", placeholder="/data/pets",
                             help="One sub-folder of images per class: FOLDER/<class>/<image>")
         elif dataset.startswith("cifar"):
             c[1].text_input("Root folder", key=PREFIX + "root", help="Where the CIFAR files are (nothing is downloaded)")
+        elif dataset == "fashion":
+            c[1].caption("Fashion-MNIST's test split: 10,000 real 28x28 product photos of 10 classes, from Debian's "
+                         "dataset-fashion-mnist (nothing is downloaded).")
         else:
-            c[1].caption("Generated images (test split): a quick check with no data to prepare.")
+            c[1].caption("Built-in images (test split): a quick check with no data to prepare.")
     else:
         c = st.columns(2)
         c[0].text_input("Query images (folder)", key=PREFIX + "query", placeholder="/data/new_photos",

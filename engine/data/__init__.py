@@ -10,11 +10,12 @@ Images
       listing of a class-folder tree; ``.batch(indices, size=...)`` decodes per batch (``engine.data.folder``)
   ``make_loader(images, *, batch_size=128, shuffle=True, augment="none"|"crop_flip", seed=0, drop_last=False)``
 
-Datasets (loaded into memory compactly: uint8 for decoded files)
-  ``DATASETS``  {"digits", "shapes", "cifar10", "cifar100", "imagefolder"} -> ``DatasetSpec(load, summary, train_augment)``
+Datasets (loaded into memory compactly: uint8 for decoded files and IDX)
+  ``DATASETS``  {"digits", "shapes", "fashion", "cifar10", "cifar100", "imagefolder"} -> ``DatasetSpec(load, summary, train_augment)``
   ``load_dataset(name, *, root="data", split="train"|"test", seed=0, mean=None, std=None, **options) -> ImageSet``
   ``make_digits(*, split="train", seed=0, test_fraction=0.3, max_per_class=None)``
   ``make_shapes(*, num_classes=100, per_class=100, split="train", seed=0, first_class=0)``
+  ``load_fashion(*, root="data", split="train", per_class=None, max_per_class=None, download=False)``
   ``load_cifar(name, *, root="data", split="train", max_per_class=None, download=False)``
   ``load_imagefolder(root, *, image_size=32, max_per_class=None)``  one class-folder tree
   ``load_imagefolder_split(*, root, split="train", seed=0, image_size=None, test_fraction=0.3, max_per_class=None)``
@@ -35,6 +36,7 @@ Scenarios
 """
 from engine.data.builtin import make_digits
 from engine.data.disk import DatasetNotFoundError, load_cifar, load_imagefolder, load_imagefolder_split
+from engine.data.fashion import load_fashion
 from engine.data.imageset import ImageSet, stratified_split
 from engine.data.loaders import AUGMENTATIONS, make_loader
 from engine.data.protocols import EVAL_CLASSES, PROTOCOLS, EvalSplit, make_eval_split, restrict_eval_split
@@ -45,7 +47,7 @@ from engine.data.shapes import make_shapes
 __all__ = [
     "AUGMENTATIONS", "DATASETS", "EVAL_CLASSES", "NORMALIZATION", "PROTOCOLS", "TRAINING_MODES",
     "DatasetNotFoundError", "DatasetSpec", "EvalSplit", "ImageSet", "Scenario", "Step",
-    "build_scenario", "load_cifar", "load_dataset", "load_imagefolder", "load_imagefolder_split",
+    "build_scenario", "load_cifar", "load_dataset", "load_fashion", "load_imagefolder", "load_imagefolder_split",
     "make_digits", "make_eval_split", "make_loader", "make_shapes", "restrict_eval_split",
     "select_replay", "stratified_split",
 ]

@@ -7,8 +7,8 @@ Options of ``load_dataset`` (all keyword):
   ``load_cifar``, ``load_imagefolder_split``); a name that is neither raises ``ValueError``;
 * ``SHARED_OPTIONS`` (``per_class``, ``image_size``, ``download``): accepted by every dataset so one
   dataset config can drive any of them, and passed only to the loaders that have them (``per_class``:
-  shapes; ``image_size``: imagefolder; ``download``: cifar10/cifar100). Digits (8x8), shapes and CIFAR
-  (32x32) have a fixed size. To cap the images per class of recorded data use ``max_per_class``.
+  shapes, fashion; ``image_size``: imagefolder; ``download``: cifar10/cifar100, fashion). Digits (8x8),
+  Fashion-MNIST (28x28), shapes and CIFAR (32x32) have a fixed size. To cap the images per class of recorded data use ``max_per_class``.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from engine.data.builtin import make_digits
 from engine.data.disk import load_cifar, load_imagefolder_split
+from engine.data.fashion import load_fashion
 from engine.data.imageset import ImageSet
 from engine.data.shapes import make_shapes
 
@@ -48,6 +49,7 @@ DATASETS: dict[str, DatasetSpec] = {
     "shapes": DatasetSpec(make_shapes, "generated 32x32 RGB shapes, textures and colours: any number of classes (100 by default)", "crop_flip"),
     "cifar10": DatasetSpec(partial(load_cifar, "cifar10"), "CIFAR-10 from root/cifar-10-batches-py: 10 classes, 32x32 RGB", "crop_flip"),
     "cifar100": DatasetSpec(partial(load_cifar, "cifar100"), "CIFAR-100 from root/cifar-100-python: 100 classes, 32x32 RGB", "crop_flip"),
+    "fashion": DatasetSpec(load_fashion, "Fashion-MNIST (Debian's dataset-fashion-mnist, or its IDX files under root): 10 classes, 1x28x28", "none"),
     "imagefolder": DatasetSpec(load_imagefolder_split, "an ImageFolder tree at root (class folders, or train/ and test/), resized to image_size", "crop_flip"),
 }
 
