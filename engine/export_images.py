@@ -63,7 +63,8 @@ def export_images(dataset: str, out: Path, *, split: str = "test", max_per_class
         width = len(str(max(len(keep) - 1, 0)))
         for position, i in enumerate(keep):
             folder = folders[int(images.labels[i])]
-            pixels = (images.images[i].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+            pixel = images.images[i]  # uint8 as stored, or float32 in [0, 1] (generated sets)
+            pixels = (pixel if pixel.dtype == torch.uint8 else (pixel.clamp(0, 1) * 255).round().to(torch.uint8)).numpy()
             picture = Image.fromarray(pixels[0] if pixels.shape[0] == 1 else np.ascontiguousarray(pixels.transpose(1, 2, 0)))
             (tmp / folder).mkdir(exist_ok=True)
             picture.save(tmp / folder / f"{position:0{width}d}.png")

@@ -51,23 +51,24 @@ def no_debian(monkeypatch, tmp_path):
 def test_tiny_files_give_the_pixels_and_labels_written(tmp_path, no_debian, gz):
     write_split(tmp_path, images=idx_bytes(tiny_images()), labels=idx_bytes(np.array(LABELS)), gz=gz)
     data = load_fashion(root=tmp_path, split="train")
-    assert data.images.shape == (6, 1, 28, 28) and data.images.dtype == torch.float32
+    assert data.images.shape == (6, 1, 28, 28) and data.images.dtype == torch.uint8  # float per batch
     assert data.labels.tolist() == LABELS
     assert data.class_names[0] == "T-shirt/top" and data.class_names[9] == "Ankle boot"
     for i in range(6):
-        expected = torch.zeros(28, 28)
-        expected[i, 2 * i] = (10 * i + 5) / 255
+        expected = torch.zeros(28, 28, dtype=torch.uint8)
+        expected[i, 2 * i] = 10 * i + 5
         assert torch.equal(data.images[i, 0], expected)
+        assert torch.equal(data.batch([i])[0, 0], expected.float() / 255)
 
 
 def test_per_class_caps_keep_the_first_images_of_each_class_in_file_order(tmp_path, no_debian):
     write_split(tmp_path, images=idx_bytes(tiny_images()), labels=idx_bytes(np.array(LABELS)))
     two = load_fashion(root=tmp_path, max_per_class=2)  # class 3: images 0, 2 (not 5); class 0: 1, 4; class 9: 3
     assert two.labels.tolist() == [3, 0, 3, 9, 0]
-    assert two.images[4, 0, 4, 8] == pytest.approx(45 / 255)
+    assert two.images[4, 0, 4, 8] == 45
     both = load_dataset("fashion", root=tmp_path, per_class=1, max_per_class=2)  # the smaller cap wins
     assert both.labels.tolist() == [3, 0, 9]
-    assert both.images[2, 0, 3, 6] == pytest.approx(35 / 255)
+    assert both.images[2, 0, 3, 6] == 35
 
 
 def test_files_under_root_are_found_and_missing_files_say_how_to_get_them(tmp_path, no_debian):
@@ -135,7 +136,7 @@ def test_the_debian_test_split_matches_torchvisions_reader(tmp_path):
         plain[name] = tmp_path / name
     expected = read_image_file(str(plain["t10k-images-idx3-ubyte"]))  # torchvision's own IDX parser
     assert torch.equal(data.labels, read_label_file(str(plain["t10k-labels-idx1-ubyte"])).long())
-    assert torch.equal((data.images[:, 0] * 255).round().to(torch.uint8), expected)
+    assert torch.equal(data.images[:, 0], expected)
     first = load_fashion(root=tmp_path / "empty", split="train", per_class=3)
     assert first.labels.bincount().tolist() == [3] * 10 and first.labels[0] == 9  # the first train image is an ankle boot
 
@@ -235,3 +236,12 @@ def test_a_failed_export_leaves_nothing(tiny_root, tmp_path, monkeypatch):
         export_images("fashion", tmp_path / "out", split="train", root=tiny_root)
     assert len(saved) == 1  # one PNG was written, into the temporary folder, then removed with it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fm"]
+
+
+def test_a_fashion_root_outside_the_data_roots_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    from engine.data.fashion import load_fashion
+    from engine.roots import OutsideRootsError
+
+    monkeypatch.setenv("COMPATLAB_DATA_ROOTS", str(tmp_path / "allowed"))
+    with pytest.raises(OutsideRootsError, match="outside the data roots"):
+        load_fashion(root="/etc", split="test", max_per_class=1)

@@ -27,6 +27,7 @@ import torch
 from torchvision.datasets import FashionMNIST
 
 from engine.data.disk import DatasetNotFoundError
+from engine.roots import confine
 from engine.data.imageset import ImageSet, first_per_class
 
 DEBIAN_ROOT = Path("/usr/share/datasets/fashion-mnist")
@@ -67,7 +68,9 @@ def missing_message(root: str | Path) -> str:
 
 def load_fashion(*, root: str | Path = "data", split: str = "train", per_class: int | None = None,
                  max_per_class: int | None = None, download: bool = False) -> ImageSet:
-    """One split of Fashion-MNIST: (N, 1, 28, 28) images in [0, 1], labels 0..9, names from the dataset.
+    """One split of Fashion-MNIST: (N, 1, 28, 28) uint8 images, labels 0..9, names from the dataset.
+
+    ``root`` must lie inside the data roots (``engine.roots``); Debian's folder is the fixed fallback.
 
     ``per_class`` (what a run config's train_per_class/test_per_class pass) and ``max_per_class``
     (the name the other real-data loaders use) both keep the first images of each class in file
@@ -76,6 +79,7 @@ def load_fashion(*, root: str | Path = "data", split: str = "train", per_class: 
     if split not in FILES:
         raise ValueError(f"fashion has splits 'train' and 'test', not {split!r}")
     caps = [c for c in (per_class, max_per_class) if c is not None]
+    root = confine(root, what="Fashion-MNIST root")
     found = find_split(root, split)
     if found is None and download:
         _download(root, split)
