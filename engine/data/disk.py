@@ -89,7 +89,8 @@ def load_imagefolder_split(*, root: str | Path, split: str = "train", seed: int 
     """
     if split not in ("train", "test"):
         raise ValueError(f"imagefolder has splits 'train' and 'test', not {split!r}")
-    root, size = confine(root, what="image folder"), check_image_size(image_size or 32, "image_size")
+    size = check_image_size(image_size or 32, "image_size")
+    root = confine(root, what="image folder")
     layout = "put one sub-folder of images per class there, or train/ and test/ (or val/) folders that each hold them"
     if not (root / "train").is_dir():
         folder = list_image_folder(root, layout=layout)
