@@ -97,7 +97,8 @@ def train_step(
     net.to(device, memory_format=fmt).train()
     old = ctx.old_model.to(device, memory_format=fmt).eval() if ctx.old_model is not None else None
     targets = net.head.class_to_output(labels)
-    if fits_on_device(images, device) if resident is None else resident:
+    keep_on_device = fits_on_device(images, device) if resident is None else resident
+    if keep_on_device:
         images, targets = images.to(device), targets.to(device)
     opt = make_optimizer(net, cfg)
     use_amp = cfg.amp and device.type == "cuda"
