@@ -26,9 +26,10 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
 }
 METHOD_NAMES = tuple(METHOD_PARAMS)
 DATASET_NAMES = ("digits", "shapes", "cifar10", "cifar100", "imagefolder")
-BACKBONE_NAMES = ("small_cnn", "resnet18_cifar", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "alexnet",
-                  "vgg16", "regnet_x_3_2gf", "regnet_y_400mf", "densenet121", "efficientnet_b0", "efficientnet_b3",
-                  "mobilenet_v3_small", "convnext_tiny", "swin_t", "maxvit_t", "vit_b_32", "vit_b_16", "vit_l_16")
+BACKBONE_NAMES = ("small_cnn", "resnet18_cifar", "resnet32_cifar", "senet18_cifar", "resnet18", "resnet34", "resnet50",
+                  "resnet101", "resnet152", "alexnet", "vgg16", "regnet_x_3_2gf", "regnet_y_400mf", "densenet121",
+                  "efficientnet_b0", "efficientnet_b3", "mobilenet_v3_small", "convnext_tiny", "swin_t", "maxvit_t",
+                  "vit_b_32", "vit_b_16", "vit_l_16")
 OPTIMIZERS = ("sgd", "adam")
 LR_SCHEDULES = ("constant", "step", "cosine")
 RUN_PROTOCOLS = ("closed-set", "open-set")  # which images are queries and gallery
