@@ -181,6 +181,12 @@ def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_
     return rule
 
 
+def _method(v: str) -> str | None:
+    if v in vocab.RETIRED_METHODS:
+        return f"is refused: {vocab.RETIRED_METHODS[v]}"
+    return _choice("method", vocab.METHOD_NAMES)(v)
+
+
 def _device(v: str) -> str | None:
     return None if vocab.DEVICE.match(v) else f"must be one of auto, cpu, cuda, cuda:N, got {v!r} (unknown device)"
 
@@ -209,7 +215,7 @@ _POSITIVE = _number(1)
 _COUNT = _number(0)
 # key -> rule; a list or tuple value is checked item by item.
 RULES: dict[str, Rule] = {
-    "name": _text, "methods": _choice("method", vocab.METHOD_NAMES), "seed": _number(0, 2**32 - 1),
+    "name": _text, "methods": _method, "seed": _number(0, 2**32 - 1),
     "seeds": _number(0, 2**32 - 1), "device": _device,
     "dataset.name": _choice("dataset", vocab.DATASET_NAMES), "dataset.root": _text,
     "dataset.num_classes": _number(1, 100_000), "dataset.train_per_class": _number(1, 100_000),
