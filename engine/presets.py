@@ -182,6 +182,9 @@ _PSP_STEPS = (2, 5, 20, 50)
 # 1:N search on CIFAR-10 (train split = queries, test split = gallery) against class-mean templates [REPO].
 _CL2R_TASKS = {2: 90, 7: 15, 16: 6, 31: 3}
 _CL2R_METHODS = ["er", "bct_er", "dsimplex_fd", "dsimplex_hoc"]  # Table II rows we implement
+# paper 001 Table I: (root, image size, backbone, K, initial classes, increment for 7 tasks) of the image-folder sets
+_CL2R_FOLDERS = {"tinyimagenet": ("data/tiny-imagenet-200", 64, "resnet18", 200, 50, 25),
+                 "cub": ("data/CUB180", 224, "resnet50", 180, 60, 20)}
 _CL2R_EVAL = dict(protocol="open-set", open_set_dataset="cifar10", gallery="template", metrics=["recall@1"])
 # paper 002 Sec. 5.1 / Tables 1-2, Figs. 6-7: 1 / 2 / 4 / 9 upgrades of 50 / 33 / 20 / 10 % of the classes
 # (33 %: 34 + 33 + 33 so that every class is used); open-set pair verification on CIFAR-10 (M), Recall@1 alongside.
@@ -242,22 +245,15 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
         dataset=dict(name="cifar100"), model=dict(backbone="resnet32_cifar", dsimplex_classes=100),
         scenario=dict(initial_classes=10, increment=step, num_steps=n, training="finetune"), eval=_CL2R_EVAL)
        for n, step in _CL2R_TASKS.items()},
-    # paper 001 Tables I / III: TinyImageNet200/20, ResNet18 at 64x64, K = 200, 50 + 6 x 25 classes (7 tasks).
-    # The open-set TinyImageNet20 (20 other ImageNet classes) is not available: closed-set on the val split.
-    "cl2r-tinyimagenet-7tasks": _paper(
-        "cl2r-tinyimagenet", "cl2r-tinyimagenet-7tasks", _CL2R_METHODS,
-        dataset=dict(name="imagefolder", root="data/tiny-imagenet-200", image_size=64),
-        model=dict(backbone="resnet18", dsimplex_classes=200),
-        scenario=dict(initial_classes=50, increment=25, num_steps=7, training="finetune"),
-        eval=dict(protocol="closed-set", gallery="template", metrics=["recall@1"])),
-    # paper 001 Tables I / IV: CUB180/20, ResNet50 at 224x224, K = 180, 60 + 6 x 20 classes (7 tasks). Root: the
-    # first 180 CUB class folders; the open-set CUB20 (classes 181-200) needs its own folder: closed-set here.
-    "cl2r-cub-7tasks": _paper(
-        "cl2r-cub", "cl2r-cub-7tasks", _CL2R_METHODS,
-        dataset=dict(name="imagefolder", root="data/CUB180", image_size=224),
-        model=dict(backbone="resnet50", dsimplex_classes=180),
-        scenario=dict(initial_classes=60, increment=20, num_steps=7, training="finetune"),
-        eval=dict(protocol="closed-set", gallery="template", metrics=["recall@1"])),
+    # paper 001 Tables I / III and I / IV, 7 tasks: TinyImageNet200/20 (ResNet18 at 64x64, K = 200, 50 + 6 x 25) and
+    # CUB180/20 (ResNet50 at 224x224, K = 180, 60 + 6 x 20; root: the first 180 CUB class folders). Their open-set
+    # test classes (TinyImageNet20, CUB20) are not available: closed-set on the test / val split.
+    **{f"cl2r-{data}-7tasks": _paper(
+        f"cl2r-{data}", f"cl2r-{data}-7tasks", _CL2R_METHODS,
+        dataset=dict(name="imagefolder", root=root, image_size=size), model=dict(backbone=net, dsimplex_classes=k),
+        scenario=dict(initial_classes=first, increment=step, num_steps=7, training="finetune"),
+        eval=dict(protocol="closed-set", gallery="template", metrics=["recall@1"]))
+       for data, (root, size, net, k, first, step) in _CL2R_FOLDERS.items()},
     # paper 001 Table V / VI, paper 003 Table 1: IAM-CL2R on CIFAR100R/10 (the first 300 training images of each
     # CIFAR-100 class [REPO]), ResNet18, K = 1024, 20 replay images per class, two replacements.
     **{f"iamcl2r-cifar100r-{n}tasks": _paper(
