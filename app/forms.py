@@ -1,12 +1,11 @@
 """The New-experiment form as plain data: presets -> form values -> config dict, and early checks.
 
-No Streamlit here, so the mapping is testable on its own. A preset is a full RunConfig dict
-(``engine.presets.RUN_PRESETS``; the other paper presets of ``engine.methods.presets`` get their
-training settings and method hyper-parameters from there and the paper's data setting from
-``_PAPER_DATA``). The form edits a subset of the fields; :func:`form_to_config` writes the edits onto
-the preset's dict, so fields the form does not show (backbone width, d-Simplex K, metrics, views...)
-keep the preset's values. ``engine.config.config_from_dict`` stays the judge of a config;
-:func:`check_form` adds the engine's own scenario check before anything is queued.
+No Streamlit here, so the mapping is testable on its own. A preset is a full RunConfig dict from the
+torch-free ``engine.presets.RUN_PRESETS`` (the demo and every paper preset, the same list the CLI offers).
+The form edits a subset of the fields; :func:`form_to_config` writes the edits onto the preset's dict, so
+fields the form does not show (backbone width, d-Simplex K, max_per_class, metrics, views...) keep the
+preset's values. ``engine.config.config_from_dict`` stays the judge of a config; :func:`check_form` adds the
+engine's own scenario check before anything is queued.
 """
 from __future__ import annotations
 
@@ -46,50 +45,21 @@ _LISTS = ("replacement_steps", "lr_milestones")  # shown as "2, 4" text
 _ZERO_IS_NONE = ("num_steps", "feature_dim")  # 0 in the form = None (auto) in the config
 _EMPTY_IS_NONE = ("open_set_dataset",)
 
-# The paper presets engine.presets does not define as full runs: their data setting, closest built-in equivalent.
-_PAPER_DATA: dict[str, dict[str, Any]] = {
-    "psp-tinyimagenet": {"dataset": {"name": "imagefolder", "root": "data/tiny-imagenet-200", "image_size": 64},
-                         "model": {"backbone": "resnet18"},
-                         "scenario": {"initial_classes": 20, "increment": 20, "num_steps": 10}},
-    "cl2r-tinyimagenet": {"dataset": {"name": "imagefolder", "root": "data/tiny-imagenet-200", "image_size": 64},
-                          "model": {"backbone": "resnet18", "dsimplex_classes": 200},
-                          "scenario": {"initial_classes": 20, "increment": 20, "num_steps": 10, "training": "finetune"}},
-    "cl2r-cub": {"dataset": {"name": "imagefolder", "root": "data/CUB_200_2011", "image_size": 224},
-                 "model": {"backbone": "resnet50", "dsimplex_classes": 180},
-                 "scenario": {"initial_classes": 20, "increment": 20, "num_steps": 9, "training": "finetune"}},
-    "iamcl2r-cifar100r": {"dataset": {"name": "cifar100"}, "model": {"backbone": "resnet18", "dsimplex_classes": 1024},
-                          "scenario": {"initial_classes": 10, "increment": 10, "num_steps": 10, "training": "finetune"}},
-}
-
-
 def preset_names() -> list[str]:
-    """The run presets of ``engine.presets`` (quick-demo first), then the other paper presets."""
-    from engine.methods import PRESETS
+    """Every run preset of ``engine.presets`` (quick-demo first), as the CLI's ``presets`` lists them."""
     from engine.presets import RUN_PRESETS
 
-    return list(RUN_PRESETS) + [name for name in PRESETS if name not in RUN_PRESETS and name in _PAPER_DATA]
+    return list(RUN_PRESETS)
 
 
 def preset_config(name: str) -> dict[str, Any]:
     """The full RunConfig dict of a preset (validated)."""
-    from engine.config import config_from_dict
-    from engine.methods import PRESETS, method_hparams, training_settings
     from engine.presets import RUN_PRESETS
     from engine.presets import preset_config as run_preset
 
-    if name in RUN_PRESETS:
-        return run_preset(name).to_dict()
-    if name not in _PAPER_DATA:
+    if name not in RUN_PRESETS:
         raise ValueError(f"unknown preset {name!r}; known: {', '.join(preset_names())}")
-    training = training_settings(name)
-    replay = training.pop("replay_per_class")
-    data = copy.deepcopy(_PAPER_DATA[name])
-    if data["scenario"].get("training") == "finetune":
-        data["scenario"]["replay_per_class"] = replay
-    methods = list(PRESETS[name]["methods"])
-    params = {m: method_hparams(name, m) for m in methods if method_hparams(name, m)}
-    return config_from_dict({"name": name, "methods": methods, "method_params": params, "training": training,
-                             **data}).to_dict()
+    return run_preset(name).to_dict()
 
 
 def config_to_form(config: dict[str, Any]) -> dict[str, Any]:

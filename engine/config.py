@@ -28,6 +28,9 @@ class DatasetConfig:
     num_classes: int | None = None  # shapes: number of classes generated (None = what the scenario needs)
     train_per_class: int = 60  # built-in datasets: images per class for training / query draws
     test_per_class: int = 20  # built-in datasets: images per class for the test / gallery draws
+    # cifar10/cifar100/imagefolder (and digits): keep only the first training images of each class, in file
+    # order (None: all); 300 on cifar100 is paper 003's CIFAR100R. shapes sets its sizes with train_per_class
+    max_per_class: int | None = None
     image_size: int | None = None  # imagefolder: resize to this size
     download: bool = False  # cifar: download when the network allows it
     augment: bool = True  # random crop + flip for 32x32 RGB training data
@@ -178,6 +181,12 @@ def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_
     return rule
 
 
+def _method(v: str) -> str | None:
+    if v in vocab.RETIRED_METHODS:
+        return f"is refused: {vocab.RETIRED_METHODS[v]}"
+    return _choice("method", vocab.METHOD_NAMES)(v)
+
+
 def _device(v: str) -> str | None:
     return None if vocab.DEVICE.match(v) else f"must be one of auto, cpu, cuda, cuda:N, got {v!r} (unknown device)"
 
@@ -206,11 +215,12 @@ _POSITIVE = _number(1)
 _COUNT = _number(0)
 # key -> rule; a list or tuple value is checked item by item.
 RULES: dict[str, Rule] = {
-    "name": _text, "methods": _choice("method", vocab.METHOD_NAMES), "seed": _number(0, 2**32 - 1),
+    "name": _text, "methods": _method, "seed": _number(0, 2**32 - 1),
     "seeds": _number(0, 2**32 - 1), "device": _device,
     "dataset.name": _choice("dataset", vocab.DATASET_NAMES), "dataset.root": _text,
     "dataset.num_classes": _number(1, 100_000), "dataset.train_per_class": _number(1, 100_000),
-    "dataset.test_per_class": _number(1, 100_000), "dataset.image_size": _number(1, 1024),
+    "dataset.test_per_class": _number(1, 100_000), "dataset.max_per_class": _number(1, 1_000_000),
+    "dataset.image_size": _number(1, 1024),
     "eval.protocol": _choice("protocol", vocab.RUN_PROTOCOLS), "eval.open_set_classes": _number(1, 100_000),
     "eval.open_set_dataset": _open_set_dataset, "eval.eval_classes": _choice("eval_classes", vocab.EVAL_CLASSES),
     "eval.gallery": _choice("gallery protocol", vocab.GALLERY_PROTOCOLS), "eval.metrics": _metric,
@@ -255,6 +265,9 @@ def _check_values(cfg: RunConfig) -> None:
     if cfg.eval.open_set_dataset is not None and cfg.eval.open_set_dataset == cfg.dataset.name != "shapes":
         raise ValueError(f"config key eval.open_set_dataset = {cfg.eval.open_set_dataset!r} is the training dataset itself; "
                          f"open-set classes must differ from the training classes")
+    if cfg.dataset.max_per_class is not None and cfg.dataset.name == "shapes":
+        raise ValueError("config key dataset.max_per_class does not apply to shapes, which generates "
+                         "dataset.train_per_class / test_per_class images per class; set those instead")
     milestones = list(cfg.training.lr_milestones)
     if milestones != sorted(set(milestones)):
         raise ValueError(f"config key training.lr_milestones = {milestones!r} must be strictly increasing")

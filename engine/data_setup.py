@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from engine.config import RunConfig
-from engine.data import ImageSet, Scenario, Step, build_scenario, load_dataset, make_eval_split, select_replay
+from engine.data import (NORMALIZATION, ImageSet, Scenario, Step, build_scenario, load_dataset, make_eval_split,
+                         select_replay)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,20 @@ def _options(cfg: RunConfig, split: str, per_class: int, **extra) -> dict:
                 image_size=d.image_size or 32, **extra)
 
 
+def input_normalization(dataset: str) -> dict[str, tuple[float, ...]]:
+    """``{"mean": ..., "std": ...}`` of the per-channel normalisation every image of a run on ``dataset`` gets, or ``{}``.
+
+    CIFAR runs are normalised with their training set's statistics (papers 000-003 list "normalise" among their
+    CIFAR transforms; the values are the IAM-CL2R code's), and so are their query and gallery images, the open-set
+    CIFAR-10 ones included (the released code uses one transform). The built-in datasets and image folders stay in
+    [0, 1], so their results are unchanged.
+    """
+    if dataset not in ("cifar10", "cifar100"):
+        return {}
+    mean, std = NORMALIZATION[dataset]
+    return {"mean": mean, "std": std}
+
+
 def scenario_classes(cfg: RunConfig) -> int | None:
     """Classes the scenario needs when the dataset's count is free (shapes): None when it cannot tell."""
     s = cfg.scenario
@@ -73,9 +88,11 @@ def prepare_run_data(cfg: RunConfig) -> RunData:
         if n is None:
             raise ValueError("shapes needs dataset.num_classes or scenario.num_steps to know how many classes to generate")
         extra["num_classes"] = n
-    train = load_dataset(d.name, **_options(cfg, "train", d.train_per_class, **extra))
+    norm = input_normalization(d.name)
+    cap = {} if d.max_per_class is None else {"max_per_class": d.max_per_class}
+    train = load_dataset(d.name, **_options(cfg, "train", d.train_per_class, **extra, **cap, **norm))
     split = make_eval_split(e.protocol, dataset=d.name, root=d.root, seed=cfg.seed,
-                            options={"download": d.download, "image_size": d.image_size or 32, **extra},
+                            options={"download": d.download, "image_size": d.image_size or 32, **extra, **norm},
                             split_options={"train": {"per_class": d.train_per_class}, "test": {"per_class": d.test_per_class}},
                             open_set_dataset=e.open_set_dataset, open_set_classes=e.open_set_classes)
     num_classes = train.num_classes

@@ -21,14 +21,18 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "dsimplex_hoc": ("lam", "rho", "negatives"),
     "er": (),
     "etf": ("objective",),
-    "lce": ("alpha", "beta"),
-    "lce_er": ("alpha", "beta"),
+    "mean_align": ("alpha", "beta"),
+    "mean_align_er": ("alpha", "beta"),
 }
 METHOD_NAMES = tuple(METHOD_PARAMS)
+# names retired because they claimed a paper the code does not implement: old name -> one-line hint
+RETIRED_METHODS = {old: f"{old!r} was a class-mean alignment stand-in, not Meng et al. 2021's LCE; it is now {new!r}"
+                   for old, new in (("lce", "mean_align"), ("lce_er", "mean_align_er"))}
 DATASET_NAMES = ("digits", "shapes", "cifar10", "cifar100", "fashion", "imagefolder")
-BACKBONE_NAMES = ("small_cnn", "resnet18_cifar", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "alexnet",
-                  "vgg16", "regnet_x_3_2gf", "regnet_y_400mf", "densenet121", "efficientnet_b0", "efficientnet_b3",
-                  "mobilenet_v3_small", "convnext_tiny", "swin_t", "maxvit_t", "vit_b_32", "vit_b_16", "vit_l_16")
+BACKBONE_NAMES = ("small_cnn", "resnet18_cifar", "resnet32_cifar", "senet18_cifar", "resnet18", "resnet34", "resnet50",
+                  "resnet101", "resnet152", "alexnet", "vgg16", "regnet_x_3_2gf", "regnet_y_400mf", "densenet121",
+                  "efficientnet_b0", "efficientnet_b3", "mobilenet_v3_small", "convnext_tiny", "swin_t", "maxvit_t",
+                  "vit_b_32", "vit_b_16", "vit_l_16")
 OPTIMIZERS = ("sgd", "adam")
 LR_SCHEDULES = ("constant", "step", "cosine")
 RUN_PROTOCOLS = ("closed-set", "open-set")  # which images are queries and gallery

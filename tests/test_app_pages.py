@@ -162,10 +162,10 @@ def test_new_experiment_errors_are_shown_and_nothing_is_queued(app_db):
 
 def test_preset_fills_the_form(app_db):
     at = open_page("new_experiment")
-    at.selectbox(key="ne_preset_choice").set_value("psp-cifar100").run()
+    at.selectbox(key="ne_preset_choice").set_value("psp-cifar100-5steps").run()
     assert at.number_input(key="ne_epochs").value == 120
     assert at.selectbox(key="ne_dataset").value == "cifar100"
-    assert at.multiselect(key="ne_methods").value == ["independent", "psp", "lsp", "bct", "cores", "etf", "lce"]
+    assert at.multiselect(key="ne_methods").value == ["independent", "psp", "lsp", "bct", "cores", "etf"]
     at.button[0].click().run()  # "Check": valid, not queued
     assert not at.error and jobs(app_db) == []
     assert "temperature = 12.0" in at.code[0].value  # the preset's method hyper-parameters

@@ -30,8 +30,8 @@ EXPECTED = {
     "dsimplex_hoc": ("dsimplex", True, True, "previous"),
     "er": ("linear", False, True, "previous"),
     "etf": ("etf", False, False, "scratch"),
-    "lce": ("linear", True, False, "scratch"),
-    "lce_er": ("linear", True, True, "previous"),
+    "mean_align": ("linear", True, False, "scratch"),
+    "mean_align_er": ("linear", True, True, "previous"),
 }
 
 
@@ -61,7 +61,7 @@ def test_defaults_and_hparam_names():
     assert build_method("bct").hparams() == {"lam": 1.0}
     assert build_method("psp").hparams() == {"temperature": 1.0}
     assert build_method("etf").hparams() == {"objective": "ce"}
-    assert build_method("lce").hparams() == {"alpha": 1.0, "beta": 0.1}
+    assert build_method("mean_align").hparams() == {"alpha": 1.0, "beta": 0.1}
     assert build_method("dsimplex_fd").hparams() == {
         "weight": 10.0,
         "distance": "cosine",
@@ -99,7 +99,7 @@ def test_unknown_method_and_unknown_hparams_are_rejected_with_a_clear_message():
         ("dsimplex_fd", {"distill_on": "replay"}, "distill_on must be one of"),
         ("dsimplex_fd", {"weight_schedule": "pod"}, "weight_schedule must be one of"),
         ("dsimplex_fd", {"weight": -1.0}, "weight must be at least 0"),
-        ("lce", {"beta": -1.0}, "beta must be at least 0"),
+        ("mean_align", {"beta": -1.0}, "beta must be at least 0"),
     ],
 )
 def test_invalid_values_are_rejected(name, hparams, message):
@@ -158,3 +158,13 @@ def test_presets_hand_out_copies_and_reject_unknown_names():
         training_settings("paper")
     with pytest.raises(ValueError, match="unknown method 'hoc'"):
         method_hparams("quick", "hoc")
+
+
+def test_retired_lce_names_are_refused_with_a_hint():
+    from engine.config import config_from_dict
+
+    for old, new in (("lce", "mean_align"), ("lce_er", "mean_align_er")):
+        with pytest.raises(ValueError, match=f"not Meng et al. 2021's LCE; it is now '{new}'"):
+            build_method(old)
+        with pytest.raises(ValueError, match=f"config key methods is refused: '{old}' was a class-mean alignment"):
+            config_from_dict({"methods": [old]})

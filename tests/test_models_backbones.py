@@ -63,3 +63,49 @@ def test_projection_is_bias_free():
     projection = Projection(8, 3)
     assert projection.linear.bias is None
     assert projection(torch.randn(2, 8)).shape == (2, 3)
+
+
+def _conv(cin: int, cout: int, k: int, bias: bool = False) -> int:
+    return cin * cout * k * k + (cout if bias else 0)
+
+
+def test_resnet32_cifar_has_64_features_and_the_papers_parameter_count():
+    # He et al.'s ResNet-32, counted by hand: stem, 3 stages x 5 blocks x 2 convs (16/32/64), BN weight + bias;
+    # option-A shortcuts have no parameters. Paper 002 Sec. 5.5: "ResNet32 (0.46M)" (with a classifier).
+    convs = _conv(3, 16, 3)
+    bn = 2 * 16
+    cin = 16
+    for planes in (16, 32, 64):
+        for _ in range(5):
+            convs += _conv(cin, planes, 3) + _conv(planes, planes, 3)
+            bn += 2 * 2 * planes
+            cin = planes
+    assert convs + bn == 463_504
+    model, dim = build_backbone("resnet32_cifar")
+    assert dim == 64
+    assert sum(p.numel() for p in model.parameters()) == 463_504
+    assert round((463_504 + _conv(64, 10, 1, bias=True)) / 1e6, 2) == 0.46  # with a 10-class classifier
+    model.eval()
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 64)
+    gray, _ = build_backbone("resnet32_cifar", in_channels=1)
+    assert gray.eval()(torch.zeros(1, 1, 32, 32)).shape == (1, 64)
+
+
+def test_senet18_cifar_has_512_features_and_the_counted_parameters():
+    # kuangliu/pytorch-cifar SENet18: stem, 4 stages x 2 pre-activation SE blocks; counted by hand per block.
+    total = _conv(3, 64, 3) + 2 * 64
+    cin = 64
+    for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        for i in range(2):
+            s = stride if i == 0 else 1
+            total += 2 * cin + _conv(cin, planes, 3) + 2 * planes + _conv(planes, planes, 3)
+            total += _conv(cin, planes, 1) if s != 1 or cin != planes else 0
+            total += _conv(planes, planes // 16, 1, bias=True) + _conv(planes // 16, planes, 1, bias=True)
+            cin = planes
+    # 11.26M with a 10-class classifier, the usual figure for this network; paper 002 Sec. 5.5 prints "1.23M"
+    assert total == 11_255_224
+    assert round((total + _conv(512, 10, 1, bias=True)) / 1e6, 2) == 11.26
+    model, dim = build_backbone("senet18_cifar")
+    assert dim == 512
+    assert sum(p.numel() for p in model.parameters()) == total
+    assert model.eval()(torch.zeros(2, 3, 32, 32)).shape == (2, 512)

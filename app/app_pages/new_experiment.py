@@ -7,6 +7,7 @@ from app import forms
 from app import queries as q
 from app.widgets import plain
 from engine.config import config_from_dict, dump_toml
+from engine.presets import absent_methods_note
 
 url = q.db_url()
 PREFIX = "ne_"
@@ -48,14 +49,15 @@ if PREFIX + "name" not in st.session_state:  # first visit (or widgets forgotten
     fill(st.session_state.get(PREFIX + "preset_choice", forms.DEMO_PRESET))
 
 st.selectbox("Preset", names["presets"], key=PREFIX + "preset_choice", on_change=on_preset,
-             help="Fills the form with a named run configuration (engine.presets; paper presets take their "
-                  "training settings and hyper-parameters from engine.methods.presets). Settings the form does not "
-                  "show keep the preset's values: see the TOML after Check.")
+             help="Fills the form with a named run configuration (engine.presets: the demo and the papers' "
+                  "setups, each citing its table). Settings the form does not show keep the preset's values: "
+                  "see the TOML after Check.")
 
 with st.form("new_experiment", border=True):
     st.text_input("Name", key=PREFIX + "name")
     st.multiselect("Methods", names["methods"], key=PREFIX + "methods",
                    help="One experiment per method, grouped in one study")
+    st.caption(absent_methods_note())
 
     st.markdown("**Data and evaluation**")
     c = st.columns(4)

@@ -27,43 +27,14 @@ import torch
 from torchvision.datasets import FashionMNIST
 
 from engine.data.disk import DatasetNotFoundError
+from engine.fashion_files import DEBIAN_ROOT, FILES, fashion_available, find_split, missing_message, search_folders
 from engine.roots import confine
 from engine.data.imageset import ImageSet, first_per_class
 
-DEBIAN_ROOT = Path("/usr/share/datasets/fashion-mnist")
 CLASS_NAMES: tuple[str, ...] = tuple(FashionMNIST.classes)  # T-shirt/top, Trouser, ..., Ankle boot
 SIZE = 28
-FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-         "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 IDX_UBYTE = 0x08  # IDX type code of unsigned bytes, the only one Fashion-MNIST uses
 _CHUNK_ROWS = 4096  # images decoded per read
-
-
-def search_folders(root: str | Path) -> list[Path]:
-    """The folders searched for the files, in order (see the module docstring)."""
-    root = Path(root)
-    return list(dict.fromkeys([root, root / "FashionMNIST" / "raw", DEBIAN_ROOT]))
-
-
-def find_split(root: str | Path, split: str) -> tuple[Path, Path] | None:
-    """(images, labels) paths of ``split`` in the first search folder that has both, else None."""
-    for folder in search_folders(root):
-        paths = [_file(folder, name) for name in FILES[split]]
-        if all(paths):
-            return paths[0], paths[1]
-    return None
-
-
-def fashion_available(root: str | Path = "data") -> bool:
-    """Whether both splits can be read without a download."""
-    return all(find_split(root, split) for split in FILES)
-
-
-def missing_message(root: str | Path) -> str:
-    """One line saying where the files were looked for and how to get them."""
-    names = ", ".join(f"{n}[.gz]" for pair in FILES.values() for n in pair)
-    return (f"Fashion-MNIST not found in {', '.join(map(str, search_folders(root)))}: run `apt-get install "
-            f"dataset-fashion-mnist`, or put {names} under {root}, or set dataset.download = true")
 
 
 def load_fashion(*, root: str | Path = "data", split: str = "train", per_class: int | None = None,
@@ -159,13 +130,6 @@ def _read_exact(handle: BinaryIO, n: int, path: Path) -> bytes:
     if len(data) != n:
         raise ValueError(f"{path} ends after {len(data)} of {n} expected bytes: the file is truncated; fetch it again")
     return data
-
-
-def _file(folder: Path, name: str) -> Path | None:
-    for candidate in (folder / name, folder / f"{name}.gz"):
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def _download(root: str | Path, split: str) -> None:

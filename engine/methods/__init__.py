@@ -7,7 +7,7 @@ hyper-parameters for a quick CPU run and for the papers' protocols.
 from engine.methods.base import Method, StepContext
 from engine.methods.plain import ER, ETF, LSP, PSP, CoReS, Independent
 from engine.methods.presets import PRESETS, method_hparams, training_settings
-from engine.methods.regularised import BCT, BCTER, LCE, LCEER, DSimplexFD, DSimplexHOC
+from engine.methods.regularised import BCT, BCTER, DSimplexFD, DSimplexHOC, MeanAlign, MeanAlignER
 from engine.methods.registry import METHODS, build_method, method_hparam_names
 
 __all__ = [
@@ -15,10 +15,10 @@ __all__ = [
     "BCTER",
     "ER",
     "ETF",
-    "LCE",
-    "LCEER",
     "LSP",
     "METHODS",
+    "MeanAlign",
+    "MeanAlignER",
     "PRESETS",
     "PSP",
     "CoReS",

@@ -6,7 +6,8 @@ from typing import Any
 
 from engine.methods.base import Method
 from engine.methods.plain import ER, ETF, LSP, PSP, CoReS, Independent
-from engine.methods.regularised import BCT, BCTER, LCE, LCEER, DSimplexFD, DSimplexHOC
+from engine.methods.regularised import BCT, BCTER, DSimplexFD, DSimplexHOC, MeanAlign, MeanAlignER
+from engine.vocab import RETIRED_METHODS
 
 METHODS: dict[str, type[Method]] = {
     "independent": Independent,
@@ -19,8 +20,8 @@ METHODS: dict[str, type[Method]] = {
     "dsimplex_hoc": DSimplexHOC,
     "er": ER,
     "etf": ETF,
-    "lce": LCE,
-    "lce_er": LCEER,
+    "mean_align": MeanAlign,
+    "mean_align_er": MeanAlignER,
 }
 
 
@@ -43,6 +44,8 @@ def build_method(name: str, /, **hparams: Any) -> Method:
 
 
 def _method_class(name: str) -> type[Method]:
+    if name in RETIRED_METHODS:
+        raise ValueError(RETIRED_METHODS[name])
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
     return METHODS[name]

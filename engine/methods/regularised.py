@@ -210,24 +210,23 @@ class DSimplexHOC(Method):
 
 
 @dataclass(frozen=True)
-class LCE(Method):
-    """LCE, Learning Compatible Embeddings (Meng et al. 2021; baseline of papers 000, 001, 002).
+class MeanAlign(Method):
+    """Class-mean alignment: a simple stand-in for LCE (Meng et al. 2021), which papers 000, 001 and 003 compare with.
 
-    The papers only say LCE aligns class prototypes (class means) of the new model with the old
-    one's, through an identity mapping in its simplest form, and makes new intra-class
-    distributions more compact; they give no formula. Reading implemented here:
+    Not Meng et al.'s method (that one learns a transformation and an old-classifier boundary); the papers give no
+    formula for LCE. What is implemented:
     ``L = CE + alpha * mean_c ||mu_new_c - mu_old_c||^2 + beta * mean_i ||f_new_i - mu_new_{y_i}||^2``
     where mu are batch class means of the new and old (frozen) features of the same samples,
     the alignment runs over the classes the old model knew (the old prototypes) present in the
     batch, and the compactness over every sample. Identity mapping, no learned transformation,
     no old-classifier boundary. alpha = 1, beta = 0.1 are untuned defaults (no published values).
-    Each step trains from scratch (``lce_er`` fine-tunes with replay instead).
+    Each step trains from scratch (``mean_align_er`` fine-tunes with replay instead).
     """
 
     alpha: float = 1.0
     beta: float = 0.1
 
-    name = "lce"
+    name = "mean_align"
     head = "linear"
     needs_old_model = True
     uses_replay = False
@@ -253,9 +252,9 @@ class LCE(Method):
 
 
 @dataclass(frozen=True)
-class LCEER(LCE):
-    """LCE-ER (P1 §5, P3 §4.2): LCE fine-tuned from the previous model with an experience-replay memory."""
+class MeanAlignER(MeanAlign):
+    """Class-mean alignment fine-tuned from the previous model with an experience-replay memory (stand-in for LCE-ER)."""
 
-    name = "lce_er"
+    name = "mean_align_er"
     uses_replay = True
     init_from = "previous"

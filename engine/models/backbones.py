@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 import torchvision
 from torch import nn
+from torch.nn import functional as F
 
 
 class SmallCNN(nn.Module):
@@ -57,6 +58,92 @@ def resnet18_cifar(in_channels: int = 3) -> nn.Module:
     model.maxpool = nn.Identity()
     model.fc = nn.Identity()
     return model
+
+
+class _BasicBlockA(nn.Module):
+    """He et al.'s CIFAR basic block; a stride-2 / widening block uses the parameter-free "option A" shortcut
+    (subsample by 2, pad the new channels with zeros)."""
+
+    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(planes),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False), nn.BatchNorm2d(planes),
+        )
+        self.stride, self.extra = stride, planes - in_planes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x[:, :, :: self.stride, :: self.stride] if self.stride > 1 else x
+        if self.extra:
+            shortcut = F.pad(shortcut, (0, 0, 0, 0, 0, self.extra))
+        return F.relu(self.body(x) + shortcut)
+
+
+class ResNet32Cifar(nn.Module):
+    """ResNet-32 for 32x32 images (He et al. 2016, Sec. 4.2): a 3x3 stem and 3 stages of 5 basic blocks with
+    16/32/64 channels, global average pooling; 64-d output (paper 001 Tab. I, "RN32", compared methods' 64-d
+    features; paper 002 Sec. 5.5 counts 0.46M parameters with the classifier)."""
+
+    def __init__(self, in_channels: int = 3, blocks_per_stage: int = 5) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
+                                   nn.ReLU(inplace=True)]
+        in_planes = 16
+        for planes, stride in ((16, 1), (32, 2), (64, 2)):
+            for i in range(blocks_per_stage):
+                layers.append(_BasicBlockA(in_planes, planes, stride if i == 0 else 1))
+                in_planes = planes
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        self.layers = nn.Sequential(*layers)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class _PreActSEBlock(nn.Module):
+    """Pre-activation basic block with squeeze-and-excitation (reduction 16), as kuangliu/pytorch-cifar's SENet."""
+
+    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+        super().__init__()
+        self.bn1, self.bn2 = nn.BatchNorm2d(in_planes), nn.BatchNorm2d(planes)
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.shortcut = (nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False)
+                         if stride != 1 or in_planes != planes else None)
+        self.fc1 = nn.Conv2d(planes, planes // 16, kernel_size=1)
+        self.fc2 = nn.Conv2d(planes // 16, planes, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(x))
+        shortcut = x if self.shortcut is None else self.shortcut(out)
+        out = self.conv2(F.relu(self.bn2(self.conv1(out))))
+        weight = torch.sigmoid(self.fc2(F.relu(self.fc1(out.mean(dim=(2, 3), keepdim=True)))))
+        return out * weight + shortcut
+
+
+class SENet18Cifar(nn.Module):
+    """SENet-18 adapted to 32x32 images, the backbone of paper 002's CIFAR-100/10 protocol (Sec. 5.1), which points to
+    kuangliu/pytorch-cifar: a 3x3 stem, 4 stages of 2 pre-activation SE blocks (64/128/256/512 channels), global
+    average pooling; 512-d output."""
+
+    def __init__(self, in_channels: int = 3) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(in_channels, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64),
+                                   nn.ReLU(inplace=True)]
+        in_planes = 64
+        for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            for i in range(2):
+                layers.append(_PreActSEBlock(in_planes, planes, stride if i == 0 else 1))
+                in_planes = planes
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
 
 
 @dataclass(frozen=True)
@@ -138,6 +225,8 @@ DEFAULT_SMALL_CNN_WIDTH = 64
 BACKBONES: dict[str, BackboneEntry] = {
     "small_cnn": BackboneEntry(build=SmallCNN, feature_dim=None, accepts_in_channels=True, accepts_width=True),
     "resnet18_cifar": BackboneEntry(build=resnet18_cifar, feature_dim=512, accepts_in_channels=True, accepts_width=False),
+    "resnet32_cifar": BackboneEntry(build=ResNet32Cifar, feature_dim=64, accepts_in_channels=True, accepts_width=False),
+    "senet18_cifar": BackboneEntry(build=SENet18Cifar, feature_dim=512, accepts_in_channels=True, accepts_width=False),
     **{name: _torchvision_entry(name) for name in TORCHVISION_ARCHS},
 }
 
