@@ -57,12 +57,15 @@ def test_build_with_defaults_round_trips_and_is_frozen(name):
 
 
 def test_defaults_and_hparam_names():
-    assert build_method("dsimplex_hoc").hparams() == {"lam": 0.1, "rho": 10.0, "negatives": "paper"}
+    assert build_method("dsimplex_hoc").hparams() == {
+        "finetune_lr": None, "balanced_replay": False, "lam": 0.1, "rho": 10.0, "negatives": "repo"}
     assert build_method("bct").hparams() == {"lam": 1.0}
     assert build_method("psp").hparams() == {"temperature": 1.0}
     assert build_method("etf").hparams() == {"objective": "ce"}
     assert build_method("lce").hparams() == {"alpha": 1.0, "beta": 0.1}
     assert build_method("dsimplex_fd").hparams() == {
+        "finetune_lr": None,
+        "balanced_replay": False,
         "weight": 10.0,
         "distance": "cosine",
         "distill_on": "old_classes",
@@ -75,7 +78,7 @@ def test_defaults_and_hparam_names():
 def test_unknown_method_and_unknown_hparams_are_rejected_with_a_clear_message():
     with pytest.raises(ValueError, match=r"unknown method 'hoc'; known methods: bct, bct_er, cores"):
         build_method("hoc")
-    message = r"'dsimplex_hoc' has no hyper-parameter\(s\) lambda_, mu_; it takes: lam, rho, negatives"
+    message = r"'dsimplex_hoc' has no hyper-parameter\(s\) lambda_, mu_; it takes: finetune_lr, balanced_replay, lam, rho, negatives"
     with pytest.raises(ValueError, match=message):
         build_method("dsimplex_hoc", mu_=10, lambda_=0.1)
     with pytest.raises(ValueError, match="'cores' has no hyper-parameter.*it takes: no hyper-parameters"):

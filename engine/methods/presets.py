@@ -80,7 +80,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "distill_on": "old_classes",
                 "weight_schedule": "sqrt_new_over_old",
             },
-            "dsimplex_hoc": {"lam": 0.1, "rho": 10.0, "negatives": "paper"},
+            "dsimplex_hoc": {"lam": 0.1, "rho": 10.0, "negatives": "repo"},
             "er": {},
             "etf": {"objective": "ce"},
             "lce": {"alpha": 1.0, "beta": 0.1},
