@@ -74,8 +74,9 @@ def test_finetune_lr_and_balance_apply_only_to_fine_tuning_steps(cls):
     assert method.balances_replay(FINETUNE) and not method.balances_replay(SCRATCH)
     no_replay = StepContext(step=2, seen_classes=(0, 1), new_classes=(1,), fine_tunes=True)
     assert not method.balances_replay(no_replay)
-    plain = cls()
-    assert plain.step_lr(0.1, FINETUNE) == 0.1 and not plain.balances_replay(FINETUNE)
+    default = cls()  # the released code: balanced batches, one learning rate
+    assert default.step_lr(0.1, FINETUNE) == 0.1 and default.balances_replay(FINETUNE)
+    assert not cls(balanced_replay=False).balances_replay(FINETUNE)
     assert build_method("independent").step_lr(0.1, FINETUNE) == 0.1
 
 

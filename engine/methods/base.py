@@ -203,14 +203,15 @@ class FineTuning(Method):
     - ``finetune_lr``: the learning rate of a step that fine-tunes the previous model
       (``ctx.fine_tunes``); ``None`` keeps the training config's ``lr`` at every step. The iamcl2r
       code pre-trains at 0.1 and fine-tunes at 0.001 (P1 Table V); the CL2R code uses 0.1 throughout.
-    - ``balanced_replay``: at such a step, half of each batch is drawn from the replay memory
-      (``ctx.replay_classes``) and half from the step's other images, as the CL2R/iamcl2r
-      ``BalancedBatchSampler`` from task 2 on; ``False``: batches are drawn from the pooled images.
+    - ``balanced_replay`` (default on, as the released code): at such a step, half of each batch is
+      drawn from the replay memory (``ctx.replay_classes``) and half from the step's other images, as
+      the CL2R/iamcl2r ``BalancedBatchSampler`` from task 2 on; ``False``: batches are drawn from the
+      pooled images. Only a finetune scenario with ``replay_per_class > 0`` has a memory to balance.
     A step that does not fine-tune (the first, or a replacement retrained from scratch) uses neither.
     """
 
     finetune_lr: float | None = None
-    balanced_replay: bool = False
+    balanced_replay: bool = True
 
     def check_finetuning(self) -> None:
         """Validate the two options (called from the subclasses' ``__post_init__``)."""

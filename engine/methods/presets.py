@@ -135,7 +135,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # momentum 0.9, wd 5e-4 [REPO]; ER 20 images per class.
     "iamcl2r-cifar100r": {
         "training": _training(epochs=70, batch_size=128, lr=0.001, lr_milestones=[50, 64], replay_per_class=20),
-        "methods": {"dsimplex_hoc": {"lam": 0.1, "rho": 10.0}},
+        # finetune_lr 0.001 after the pre-trained step, whose lr is 0.1 in the iamcl2r code [REPO, P1 Table V]
+        "methods": {"dsimplex_hoc": {"lam": 0.1, "rho": 10.0, "finetune_lr": 0.001}},
     },
 }
 
