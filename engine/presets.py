@@ -29,7 +29,8 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
     "quick-demo": dict(
         name="quick-demo",
         methods=["independent", "bct", "cores", "dsimplex_hoc", "psp", "lsp"],
-        # HOC's lambda = 0.5 (paper 001's CUB value): with 10 epochs, 0.1 leaves too little cross-entropy to learn new classes
+        # HOC's lambda = 0.5 departs from the paper's 0.1 (P1 §6, CIFAR/TinyImageNet; 0.5 is its CUB value): with
+        # 10 epochs, 0.1 leaves too little cross-entropy to learn the new classes. Negatives "repo" (iamcl2r HocLoss).
         method_params={"dsimplex_hoc": {"lam": 0.5}},
         dataset=dict(name="shapes", train_per_class=60, test_per_class=20),
         scenario=dict(initial_classes=10, increment=10, num_steps=3),
