@@ -221,7 +221,9 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
             old = previous.frozen_copy() if (previous is not None and method.needs_old_model and not step.replaced) else None
             images, labels = data.train_images(step, method.uses_replay, seed=cfg.seed + step.index)
             sctx = StepContext(step=step.index, seen_classes=tuple(range(seen)),
-                               new_classes=tuple(range(seen - len(step.new_classes), seen)), old_model=old)
+                               new_classes=tuple(range(seen - len(step.new_classes), seen)), old_model=old,
+                               fine_tunes=previous is not None and method.init_from == "previous" and not step.replaced,
+                               replay_classes=step.replay_classes if method.uses_replay and data.replay_per_class else ())
 
             def on_epoch(epoch: int, epochs: int, parts: dict[str, float], _step=step, _w=work_done, _sw=step_work) -> None:
                 frac = (_w + _sw * epoch / epochs) / total_work

@@ -69,6 +69,33 @@ def lr_factor(epoch: int, cfg: TrainingConfig) -> float:
     raise ValueError(f"unknown lr_schedule {cfg.lr_schedule!r}; use 'constant', 'step' or 'cosine'")
 
 
+def epoch_batches(n: int, batch: int, gen: torch.Generator, memory: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """The index batches of one epoch over ``n`` samples, drawn with ``gen``.
+
+    ``memory`` None: a permutation of 0..n-1 cut into full batches (the last incomplete one dropped).
+    ``memory`` a boolean ``(n,)`` mask of replay-memory samples: balanced batches as in the CL2R/iamcl2r
+    code, each with ``batch // 2`` memory samples followed by ``batch - batch // 2`` other samples. The
+    other samples are each used once per epoch in a seeded order (the last incomplete batch dropped);
+    the memory ones come from successive seeded permutations of the memory, so a memory smaller than
+    its share of the epoch is cycled.
+    """
+    if memory is None:
+        perm = torch.randperm(n, generator=gen)
+        return [perm[b * batch:(b + 1) * batch] for b in range(n // batch)]
+    if memory.shape != (n,):
+        raise ValueError(f"the replay mask has shape {tuple(memory.shape)} but there are {n} samples")
+    mem, rest = torch.nonzero(memory).flatten(), torch.nonzero(~memory).flatten()
+    half, other = batch // 2, batch - batch // 2
+    if half < 1 or len(mem) == 0 or len(rest) < other:
+        raise ValueError(f"balanced replay batches of {batch} need at least 1 replay image and {other} new images, "
+                         f"got {len(mem)} and {len(rest)}; use a batch size of at least 2 or balanced_replay = false")
+    rest = rest[torch.randperm(len(rest), generator=gen)]
+    n_batches = len(rest) // other
+    cycles = math.ceil(n_batches * half / len(mem))
+    mem = torch.cat([mem[torch.randperm(len(mem), generator=gen)] for _ in range(cycles)])
+    return [torch.cat([mem[b * half:(b + 1) * half], rest[b * other:(b + 1) * other]]) for b in range(n_batches)]
+
+
 def train_step(
     net: Net,
     method: Method,
@@ -87,7 +114,8 @@ def train_step(
 
     ``labels`` are class ids; they are mapped to head outputs by the head. Batches are shuffled by a
     generator seeded with ``seed`` and the last incomplete batch is dropped (contrastive losses need
-    at least two samples). ``resident`` keeps the images on ``device`` for the whole step (None:
+    at least two samples); :func:`epoch_batches` balances them when ``method.balances_replay(ctx)``.
+    The learning rate starts from ``method.step_lr(cfg.lr, ctx)`` and follows ``cfg.lr_schedule``. ``resident`` keeps the images on ``device`` for the whole step (None:
     when :func:`fits_on_device`).
     """
     hooks = hooks or Hooks()
@@ -105,17 +133,19 @@ def train_step(
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
     gen = torch.Generator().manual_seed(seed)
     batch = min(cfg.batch_size, len(labels))
-    n_batches = len(labels) // batch
+    memory = torch.isin(labels, torch.tensor(ctx.replay_classes, dtype=labels.dtype)) if method.balances_replay(ctx) else None
+    base_lr = method.step_lr(cfg.lr, ctx)
     history = []
     for epoch in range(cfg.epochs):
         for group in opt.param_groups:
-            group["lr"] = cfg.lr * lr_factor(epoch, cfg)
-        perm = torch.randperm(len(labels), generator=gen)
+            group["lr"] = base_lr * lr_factor(epoch, cfg)
+        batches = epoch_batches(len(labels), batch, gen, memory)
+        n_batches = len(batches)
         sums: dict[str, float] = {}
-        for b in range(n_batches):
+        for b, idx in enumerate(batches):
             if hooks.should_stop and hooks.should_stop():
                 raise Cancelled(f"cancelled during step {ctx.step}, epoch {epoch + 1}")
-            idx = perm[b * batch:(b + 1) * batch].to(images.device)
+            idx = idx.to(images.device)
             x = images[idx]
             if augment_images:
                 x = crop_flip(x, gen)  # random crop (padding size/8) + horizontal flip, on the images' device

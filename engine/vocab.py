@@ -15,14 +15,14 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "psp": ("temperature",),
     "lsp": ("temperature",),
     "bct": ("lam",),
-    "bct_er": ("lam",),
+    "bct_er": ("lam", "finetune_lr", "balanced_replay"),
     "cores": (),
-    "dsimplex_fd": ("weight", "distance", "distill_on", "weight_schedule"),
-    "dsimplex_hoc": ("lam", "rho", "negatives"),
-    "er": (),
+    "dsimplex_fd": ("finetune_lr", "balanced_replay", "weight", "distance", "distill_on", "weight_schedule"),
+    "dsimplex_hoc": ("finetune_lr", "balanced_replay", "lam", "rho", "negatives"),
+    "er": ("finetune_lr", "balanced_replay"),
     "etf": ("objective",),
     "mean_align": ("alpha", "beta"),
-    "mean_align_er": ("alpha", "beta"),
+    "mean_align_er": ("alpha", "beta", "finetune_lr", "balanced_replay"),
 }
 METHOD_NAMES = tuple(METHOD_PARAMS)
 # names retired because they claimed a paper the code does not implement: old name -> one-line hint

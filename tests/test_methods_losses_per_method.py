@@ -277,7 +277,7 @@ def test_hoc_two_samples_in_2d_by_hand():
     rho, lam = 5.0, 0.1
     c = 1 / math.sqrt(2)  # cos(o1, n2) = cos(o2, n2); cos(o1, n1) = 1; cos(o2, n1) = 0
     paper_nce = (-math.log(math.exp(rho) / math.exp(rho * c)) - math.log(math.exp(rho * c) / math.exp(0.0))) / 2
-    value, parts = DSimplexHOC(lam=lam, rho=rho).loss(out, targets, ctx, old_out)
+    value, parts = DSimplexHOC(lam=lam, rho=rho, negatives="paper").loss(out, targets, ctx, old_out)
     assert parts["ce"] == pytest.approx(ce, rel=1e-6)
     assert parts["nce"] == pytest.approx(paper_nce, rel=1e-6)
     assert value.item() == pytest.approx(lam * ce + (1 - lam) * paper_nce, rel=1e-6)

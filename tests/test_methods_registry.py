@@ -57,12 +57,15 @@ def test_build_with_defaults_round_trips_and_is_frozen(name):
 
 
 def test_defaults_and_hparam_names():
-    assert build_method("dsimplex_hoc").hparams() == {"lam": 0.1, "rho": 10.0, "negatives": "paper"}
+    assert build_method("dsimplex_hoc").hparams() == {
+        "finetune_lr": None, "balanced_replay": True, "lam": 0.1, "rho": 10.0, "negatives": "repo"}
     assert build_method("bct").hparams() == {"lam": 1.0}
     assert build_method("psp").hparams() == {"temperature": 1.0}
     assert build_method("etf").hparams() == {"objective": "ce"}
     assert build_method("mean_align").hparams() == {"alpha": 1.0, "beta": 0.1}
     assert build_method("dsimplex_fd").hparams() == {
+        "finetune_lr": None,
+        "balanced_replay": True,
         "weight": 10.0,
         "distance": "cosine",
         "distill_on": "old_classes",
@@ -75,7 +78,7 @@ def test_defaults_and_hparam_names():
 def test_unknown_method_and_unknown_hparams_are_rejected_with_a_clear_message():
     with pytest.raises(ValueError, match=r"unknown method 'hoc'; known methods: bct, bct_er, cores"):
         build_method("hoc")
-    message = r"'dsimplex_hoc' has no hyper-parameter\(s\) lambda_, mu_; it takes: lam, rho, negatives"
+    message = r"'dsimplex_hoc' has no hyper-parameter\(s\) lambda_, mu_; it takes: finetune_lr, balanced_replay, lam, rho, negatives"
     with pytest.raises(ValueError, match=message):
         build_method("dsimplex_hoc", mu_=10, lambda_=0.1)
     with pytest.raises(ValueError, match="'cores' has no hyper-parameter.*it takes: no hyper-parameters"):
@@ -126,7 +129,7 @@ def test_paper_presets_carry_the_published_values():
     assert method_hparams("cl2r-cifar100", "dsimplex_hoc") == {"lam": 0.1, "rho": 5.0}
     assert method_hparams("cl2r-tinyimagenet", "dsimplex_hoc") == {"lam": 0.1, "rho": 10.0}
     assert method_hparams("cl2r-cub", "dsimplex_hoc") == {"lam": 0.5, "rho": 10.0}
-    assert method_hparams("iamcl2r-cifar100r", "dsimplex_hoc") == {"lam": 0.1, "rho": 10.0}
+    assert method_hparams("iamcl2r-cifar100r", "dsimplex_hoc") == {"lam": 0.1, "rho": 10.0, "finetune_lr": 0.001}
     assert method_hparams("psp-cifar100", "psp") == {"temperature": 12.0}
     assert training_settings("psp-cifar100") == {
         "epochs": 120,

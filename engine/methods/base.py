@@ -27,13 +27,17 @@ class StepContext:
     ``seen_classes`` and ``new_classes`` are class labels (not head outputs); the classes the
     previous model knew are ``seen_classes`` minus ``new_classes`` (``old_classes``).
     ``old_model`` is the frozen previous-step model (eval mode, no gradients) when the method
-    ``needs_old_model`` and a previous step exists, else ``None``.
+    ``needs_old_model`` and a previous step exists, else ``None``. ``fine_tunes``: the model was
+    initialised from the previous step's (not from scratch, not a replacement). ``replay_classes``:
+    the classes present in the step's training images only through the replay memory.
     """
 
     step: int
     seen_classes: tuple[int, ...]
     new_classes: tuple[int, ...]
     old_model: Net | None = None
+    fine_tunes: bool = False
+    replay_classes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.step < 1:
@@ -89,6 +93,18 @@ class Method(ABC):
         ``out`` is the current model on the batch; ``targets`` are head output indices (class
         labels already mapped by the head); ``old_out`` is ``ctx.old_model`` on the same inputs.
         """
+
+    def step_lr(self, lr: float, ctx: StepContext) -> float:
+        """The learning rate this step starts from; ``lr`` is the training config's (the default)."""
+        return lr
+
+    def balances_replay(self, ctx: StepContext) -> bool:
+        """Whether the loop draws half of each batch from the replay memory at this step (default: no)."""
+        return False
+
+    def extraction_temperature(self) -> float:
+        """The temperature dividing the logits of the stored softmax output (1.0: the plain softmax)."""
+        return 1.0
 
     def hparams(self) -> dict[str, Any]:
         """The hyper-parameters as a plain dict (what ``build_method`` takes back)."""
@@ -178,3 +194,36 @@ def check_choice(method: str, field: str, value: Any, choices: tuple[str, ...]) 
     """Validate a string option."""
     if value not in choices:
         raise ValueError(f"{method}: {field} must be one of {choices}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class FineTuning(Method):
+    """Base of the methods that fine-tune the previous model with replay: the released code's two training options.
+
+    - ``finetune_lr``: the learning rate of a step that fine-tunes the previous model
+      (``ctx.fine_tunes``); ``None`` keeps the training config's ``lr`` at every step. The iamcl2r
+      code pre-trains at 0.1 and fine-tunes at 0.001 (P1 Table V); the CL2R code uses 0.1 throughout.
+    - ``balanced_replay`` (default on, as the released code): at such a step, half of each batch is
+      drawn from the replay memory (``ctx.replay_classes``) and half from the step's other images, as
+      the CL2R/iamcl2r ``BalancedBatchSampler`` from task 2 on; ``False``: batches are drawn from the
+      pooled images. Only a finetune scenario with ``replay_per_class > 0`` has a memory to balance.
+    A step that does not fine-tune (the first, or a replacement retrained from scratch) uses neither.
+    """
+
+    finetune_lr: float | None = None
+    balanced_replay: bool = True
+
+    def check_finetuning(self) -> None:
+        """Validate the two options (called from the subclasses' ``__post_init__``)."""
+        if self.finetune_lr is not None:
+            check_number(self.name, "finetune_lr", self.finetune_lr, low=0.0, low_open=True)
+        if not isinstance(self.balanced_replay, bool):
+            raise ValueError(f"{self.name}: balanced_replay must be true or false, got {self.balanced_replay!r}")
+
+    def step_lr(self, lr: float, ctx: StepContext) -> float:
+        """``finetune_lr`` when this step fine-tunes the previous model and it is set, else ``lr``."""
+        return self.finetune_lr if self.finetune_lr is not None and ctx.fine_tunes else lr
+
+    def balances_replay(self, ctx: StepContext) -> bool:
+        """``balanced_replay`` at a fine-tuning step that has a replay memory."""
+        return self.balanced_replay and ctx.fine_tunes and bool(ctx.replay_classes)

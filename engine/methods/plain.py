@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.methods.base import Method, StepContext, check_choice, check_number, parts_of
+from engine.methods.base import FineTuning, Method, StepContext, check_choice, check_number, parts_of
 from engine.methods.losses import cross_entropy, dot_regression
 from engine.models.net import ModelOutput
 
@@ -92,7 +92,7 @@ class LSP(PSP):
 
 
 @dataclass(frozen=True)
-class ER(_PlainCrossEntropy):
+class ER(FineTuning, _PlainCrossEntropy):
     """Experience-replay baseline (P1 §5 "ER baseline", P3 §4.2).
 
     The previous model is fine-tuned on the new task's data plus a replay memory with plain
@@ -106,6 +106,9 @@ class ER(_PlainCrossEntropy):
     uses_replay = True
     default_views = ("encoder",)
     init_from = "previous"
+
+    def __post_init__(self) -> None:
+        self.check_finetuning()
 
 
 @dataclass(frozen=True)

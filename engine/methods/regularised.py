@@ -13,6 +13,7 @@ import torch
 from torch.nn import functional as F
 
 from engine.methods.base import (
+    FineTuning,
     Method,
     StepContext,
     call_frozen,
@@ -96,16 +97,20 @@ class BCT(Method):
 
 
 @dataclass(frozen=True)
-class BCTER(BCT):
+class BCTER(FineTuning, BCT):
     """BCT-ER (P1 §5, P3 §4.2): BCT fine-tuned from the previous model with an experience-replay memory."""
 
     name = "bct_er"
     uses_replay = True
     init_from = "previous"
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_finetuning()
+
 
 @dataclass(frozen=True)
-class DSimplexFD(Method):
+class DSimplexFD(FineTuning):
     """d-Simplex-FD (CL2R, Biondi et al. 2023; baseline of P1/P3): d-Simplex CE + feature distillation, with replay.
 
     ``L = CE over the K d-Simplex outputs + w_t * mean_i dist(f_new(x_i), f_old(x_i))`` against the
@@ -139,6 +144,7 @@ class DSimplexFD(Method):
         check_choice(self.name, "distance", self.distance, FEATURE_DISTANCES)
         check_choice(self.name, "distill_on", self.distill_on, FD_SUBSETS)
         check_choice(self.name, "weight_schedule", self.weight_schedule, FD_WEIGHT_SCHEDULES)
+        self.check_finetuning()
 
     def step_weight(self, ctx: StepContext) -> float:
         """The distillation weight w_t used at this step."""
@@ -163,7 +169,7 @@ class DSimplexFD(Method):
 
 
 @dataclass(frozen=True)
-class DSimplexHOC(Method):
+class DSimplexHOC(FineTuning):
     """d-Simplex-HOC (P1 Eq. 2-5, P3 Eq. 3-5): ``lam * L_SCE + (1 - lam) * L_iNCE(new, old)``, with replay.
 
     ``L_SCE`` is the d-Simplex cross-entropy over all K outputs; ``L_iNCE`` is InfoNCE whose
@@ -182,7 +188,7 @@ class DSimplexHOC(Method):
 
     lam: float = 0.1
     rho: float = 10.0
-    negatives: str = "paper"
+    negatives: str = "repo"
 
     name = "dsimplex_hoc"
     head = "dsimplex"
@@ -195,6 +201,7 @@ class DSimplexHOC(Method):
         check_number(self.name, "lam", self.lam, low=0.0, high=1.0)
         check_number(self.name, "rho", self.rho, low=0.0, low_open=True)
         check_choice(self.name, "negatives", self.negatives, NCE_NEGATIVES)
+        self.check_finetuning()
 
     def loss(
         self, out: ModelOutput, targets: torch.Tensor, ctx: StepContext, old_out: ModelOutput | None
@@ -252,9 +259,13 @@ class MeanAlign(Method):
 
 
 @dataclass(frozen=True)
-class MeanAlignER(MeanAlign):
+class MeanAlignER(FineTuning, MeanAlign):
     """Class-mean alignment fine-tuned from the previous model with an experience-replay memory (stand-in for LCE-ER)."""
 
     name = "mean_align_er"
     uses_replay = True
     init_from = "previous"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_finetuning()
