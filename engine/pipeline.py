@@ -244,20 +244,29 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
             previous = net
             work_done += step_work
         report(0.99, f"{method.name}: evaluating")
-        evaluate_experiment(ctx.db, exp.id, cfg, method, same_set=data.same_set)
-        with session_scope(ctx.db) as s:
-            set_experiment_status(s, exp.id, "done")
-        report(1.0, f"{method.name}: done")
-        return exp.id
+        return _finish(ctx, exp.id, cfg, method, data)
     except LeaseLost:
         raise  # the job was taken over: the experiment is the new worker's now, leave it as it is
     except Cancelled:
         discard_experiment(ctx.db, exp.id, ckpt_dir)
         raise
     except BaseException as exc:
-        with session_scope(ctx.db) as s:
-            set_experiment_status(s, exp.id, "failed", error=f"{type(exc).__name__}: {exc}")
+        _fail(ctx.db, exp.id, exc)
         raise
+
+
+def _finish(ctx: RunContext, exp_id: int, cfg: RunConfig, method: Method, data: RunData) -> int:
+    """Evaluate every view of a trained (or copied) experiment and mark it done."""
+    evaluate_experiment(ctx.db, exp_id, cfg, method, same_set=data.same_set)
+    with session_scope(ctx.db) as s:
+        set_experiment_status(s, exp_id, "done")
+    (ctx.progress or (lambda f, m: None))(1.0, f"{method.name}: done")
+    return exp_id
+
+
+def _fail(db: Engine, exp_id: int, exc: BaseException) -> None:
+    with session_scope(db) as s:
+        set_experiment_status(s, exp_id, "failed", error=f"{type(exc).__name__}: {exc}")
 
 
 def reuse_experiment(cfg: RunConfig, ctx: RunContext, source_id: int, *, data: RunData) -> int:
@@ -299,16 +308,11 @@ def reuse_experiment(cfg: RunConfig, ctx: RunContext, source_id: int, *, data: R
                     if fs.view in RAW_VIEWS:
                         save_feature_set(s, mv.id, fs.split, fs.view, fs.features, fs.labels, fs.image_ids)
         report(0.5, f"{method.name}: models of experiment {source_id} ({trainer}, same training); evaluating")
-        evaluate_experiment(ctx.db, exp.id, cfg, method, same_set=data.same_set)
-        with session_scope(ctx.db) as s:
-            set_experiment_status(s, exp.id, "done")
-        report(1.0, f"{method.name}: done")
-        return exp.id
+        return _finish(ctx, exp.id, cfg, method, data)
     except LeaseLost:
         raise
     except BaseException as exc:
-        with session_scope(ctx.db) as s:
-            set_experiment_status(s, exp.id, "failed", error=f"{type(exc).__name__}: {exc}")
+        _fail(ctx.db, exp.id, exc)
         raise
 
 
