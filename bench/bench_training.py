@@ -4,12 +4,13 @@ Throughput: one step-2 epoch of each method on 20 `shapes` classes (small CNN, b
 old model attached where the method needs one. The baseline in the same run is the plain
 cross-entropy step (`independent`); each method prints its ratio to it.
 
-    python bench/bench_training.py              # throughput + full quick-demo (about 3 minutes on 2 cores)
+    python bench/bench_training.py              # throughput + full quick-demo (wall and CPU time)
     python bench/bench_training.py --no-demo
 """
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import tempfile
 import time
@@ -61,11 +62,19 @@ def main() -> None:
         from engine.presets import preset_config
         from storage import get_engine
 
+        cfg = preset_config("quick-demo")
         with tempfile.TemporaryDirectory() as tmp:
-            start = time.perf_counter()
-            run_study(preset_config("quick-demo"), RunContext(get_engine(f"sqlite:///{tmp}/db.sqlite"), Path(tmp) / "ckpt"))
-            print(f"quick-demo end to end (6 methods x 3 steps: train, extract, evaluate, store): {time.perf_counter() - start:.0f} s "
-                  f"(target < 180 s)")
+            start, cpu = time.perf_counter(), _cpu_seconds()
+            run_study(cfg, RunContext(get_engine(f"sqlite:///{tmp}/db.sqlite"), Path(tmp) / "ckpt"))
+            print(f"quick-demo end to end ({len(cfg.methods)} methods x {len(cfg.seeds) or 1} seeds, train, extract, evaluate, "
+                  f"store): wall {time.perf_counter() - start:.0f} s, CPU (user + sys) {_cpu_seconds() - cpu:.0f} s "
+                  f"(target: wall < 300 s on an idle 2-core machine; wall is meaningless under load, CPU is not)")
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process so far (all its threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 if __name__ == "__main__":

@@ -7,10 +7,15 @@ Class ids are remapped to their position in the scenario's class order, so the c
 step k has learned are always ``0 .. C^k - 1``: the nesting PSP/LSP's "first C^k outputs" assume.
 Each step is written in one transaction (model version + its feature sets), so a run killed at any
 moment resumes from its last finished step, and a cancelled run leaves no partial rows.
+
+In a study, methods whose training is identical (:meth:`engine.methods.base.Method.training_key`: ``psp``
+and ``lsp`` at temperature 1 train exactly as ``independent``) are trained once per seed; the others copy
+that experiment's checkpoints and raw outputs and are evaluated under their own views.
 """
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +44,7 @@ from storage import (
     init_db,
     list_model_versions,
     load_feature_set,
+    save_feature_set,
     save_feature_sets,
     session_scope,
     set_experiment_status,
@@ -240,19 +246,75 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
             previous = net
             work_done += step_work
         report(0.99, f"{method.name}: evaluating")
-        evaluate_experiment(ctx.db, exp.id, cfg, method, same_set=data.same_set)
-        with session_scope(ctx.db) as s:
-            set_experiment_status(s, exp.id, "done")
-        report(1.0, f"{method.name}: done")
-        return exp.id
+        return _finish(ctx, exp.id, cfg, method, data)
     except LeaseLost:
         raise  # the job was taken over: the experiment is the new worker's now, leave it as it is
     except Cancelled:
         discard_experiment(ctx.db, exp.id, ckpt_dir)
         raise
     except BaseException as exc:
+        _fail(ctx.db, exp.id, exc)
+        raise
+
+
+def _finish(ctx: RunContext, exp_id: int, cfg: RunConfig, method: Method, data: RunData) -> int:
+    """Evaluate every view of a trained (or copied) experiment and mark it done."""
+    evaluate_experiment(ctx.db, exp_id, cfg, method, same_set=data.same_set)
+    with session_scope(ctx.db) as s:
+        set_experiment_status(s, exp_id, "done")
+    (ctx.progress or (lambda f, m: None))(1.0, f"{method.name}: done")
+    return exp_id
+
+
+def _fail(db: Engine, exp_id: int, exc: BaseException) -> None:
+    with session_scope(db) as s:
+        set_experiment_status(s, exp_id, "failed", error=f"{type(exc).__name__}: {exc}")
+
+
+def reuse_experiment(cfg: RunConfig, ctx: RunContext, source_id: int, *, data: RunData) -> int:
+    """Run the single-method config ``cfg`` on the models another experiment trained; return the experiment id.
+
+    For methods whose training is identical (equal :meth:`Method.training_key`, e.g. ``psp``/``lsp`` and
+    ``independent``): each finished step of experiment ``source_id`` is copied (checkpoint file and raw outputs)
+    into this experiment in one transaction, then this method's views are evaluated, so its pages work on
+    their own. ``source_id`` must be finished.
+    """
+    method = build_method(cfg.methods[0], **cfg.method_params.get(cfg.methods[0], {}))
+    init_db(ctx.db)
+    exp, done_versions, finished = _resume_state(ctx.db, cfg, method.name, ctx.study_id)
+    report = ctx.progress or (lambda f, m: None)
+    if finished:
+        report(1.0, f"{method.name}: reusing finished experiment {exp.id}")
+        return exp.id
+    ckpt_dir = ctx.checkpoint_dir / f"experiment_{exp.id}"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        done = {v.step for v in done_versions}
         with session_scope(ctx.db) as s:
-            set_experiment_status(s, exp.id, "failed", error=f"{type(exc).__name__}: {exc}")
+            source = s.get(Experiment, source_id)
+            if source is None or source.status != "done":
+                raise ValueError(f"experiment {source_id} is not finished; its models cannot be reused")
+            trainer = source.method
+            for v in source.model_versions:
+                if v.step in done:
+                    continue
+                ckpt: Path | None = ckpt_dir / f"step_{v.step}.safetensors"
+                if v.checkpoint_path and Path(v.checkpoint_path).exists():
+                    shutil.copyfile(v.checkpoint_path, ckpt)
+                else:
+                    ckpt = None  # the source lost its file too; the outputs below are all evaluation needs
+                mv = add_model_version(s, exp.id, v.step, architecture=v.architecture, method=method.name,
+                                       classes=v.classes, num_outputs=v.num_outputs, feature_dim=v.feature_dim,
+                                       class_names=v.class_names, checkpoint_path=ckpt and str(ckpt), replaced=v.replaced)
+                for fs in v.feature_sets:
+                    if fs.view in RAW_VIEWS:
+                        save_feature_set(s, mv.id, fs.split, fs.view, fs.features, fs.labels, fs.image_ids)
+        report(0.5, f"{method.name}: models of experiment {source_id} ({trainer}, same training); evaluating")
+        return _finish(ctx, exp.id, cfg, method, data)
+    except LeaseLost:
+        raise
+    except BaseException as exc:
+        _fail(ctx.db, exp.id, exc)
         raise
 
 
@@ -302,10 +364,17 @@ def run_study(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = None) -
     ids = []
     outer = ctx.progress or (lambda f, m: None)
     runs = [(seed, method) for seed in study_seeds(cfg) for method in cfg.methods]
+    keys = {m: build_method(m, **cfg.method_params.get(m, {})).training_key(cfg.model.init_seed) for m in cfg.methods}
+    trained: dict[tuple, int] = {}  # training key -> experiment that trained it, for the current seed
     for i, (seed, method) in enumerate(runs):
         one = dataclasses.replace(cfg, seed=seed, seeds=())
         if i % len(cfg.methods) == 0:
             data = checked if seed == cfg.seed else prepare_run_data(one)
+            trained = {}
         sub = RunContext(ctx.db, ctx.checkpoint_dir, lambda f, m, i=i: outer((i + f) / len(runs), m), ctx.should_stop, study.id)
-        ids.append(run_experiment(one.for_method(method), sub, data=data))
+        if keys[method] in trained:
+            ids.append(reuse_experiment(one.for_method(method), sub, trained[keys[method]], data=data))
+        else:
+            ids.append(run_experiment(one.for_method(method), sub, data=data))
+            trained[keys[method]] = ids[-1]
     return study.id, ids

@@ -110,6 +110,18 @@ class Method(ABC):
         """The hyper-parameters as a plain dict (what ``build_method`` takes back)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
+    def loss_key(self) -> tuple:
+        """What identifies this method's training loss with its hyper-parameters; by default its own name and
+        hyper-parameters. Methods sharing one loss (plain cross-entropy) return the same key."""
+        return (self.name, repr(sorted(self.hparams().items())))
+
+    def training_key(self, init_seed: str) -> tuple:
+        """Everything that decides the models this method trains from a given config and seed: loss, head,
+        initialisation (under the config's ``model.init_seed`` choice), old model and replay. Methods with equal
+        keys train identical models, so a study trains them once (``psp`` and ``lsp`` are views of ``independent``)."""
+        return (self.loss_key(), self.head, self.init_from, resolve_init_seed(self, init_seed),
+                self.needs_old_model, self.uses_replay)
+
 
 # ---------------------------------------------------------------------------------------------
 # helpers shared by the methods

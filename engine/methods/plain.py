@@ -27,6 +27,9 @@ class _PlainCrossEntropy(Method):
     ) -> tuple[torch.Tensor, dict[str, float]]:
         return _cross_entropy_only(out, targets)
 
+    def loss_key(self) -> tuple:
+        return ("cross-entropy", 1.0)  # temperature 1
+
 
 @dataclass(frozen=True)
 class Independent(_PlainCrossEntropy):
@@ -77,6 +80,10 @@ class PSP(Method):
         self, out: ModelOutput, targets: torch.Tensor, ctx: StepContext, old_out: ModelOutput | None
     ) -> tuple[torch.Tensor, dict[str, float]]:
         return _cross_entropy_only(out, targets, self.temperature)
+
+    def loss_key(self) -> tuple:
+        """Cross-entropy at ``temperature``: with the default 1.0 PSP/LSP train exactly as ``independent``."""
+        return ("cross-entropy", float(self.temperature))
 
 
 @dataclass(frozen=True)
