@@ -138,13 +138,17 @@ PRESETS: dict[str, dict[str, Any]] = {
             "dsimplex_fd": {"weight": 10.0, "weight_schedule": "sqrt_new_over_old"},
         },
     },
-    # paper 001 Table V / paper 003 Sec. 4.1, CIFAR100R/10 fine-tuning / ResNet18, K = 1024: 70 epochs, batch 128,
-    # SGD 0.001 /10 after 50 and 64 (the iamcl2r code uses cosine annealing to 1e-5 instead);
-    # momentum 0.9, wd 5e-4 [REPO]; ER 20 images per class; HOC (0.1, 10) (paper 001 Sec. 6).
+    # paper 001 Table V / paper 003 Sec. 4.1, CIFAR100R/10 / ResNet18, K = 1024: 70 epochs, batch 128, /10 after 50
+    # and 64 (the iamcl2r code uses cosine annealing to 1e-5 instead); momentum 0.9, wd 5e-4 [REPO]; ER 20 images
+    # per class; HOC (0.1, 10) (paper 001 Sec. 6). Learning rates of Table V: 0.1 for the steps trained from scratch
+    # (its "pre-training" lr: task 1 and the replacement steps here, which have no ImageNet32 models) and
+    # finetune_lr 0.001 for every step that fine-tunes the previous model.
     "iamcl2r-cifar100r": {
-        "training": _training(epochs=70, batch_size=128, lr=0.001, lr_milestones=[50, 64], replay_per_class=20),
-        # finetune_lr 0.001 after the pre-trained step, whose lr is 0.1 in the iamcl2r code [REPO, P1 Table V]
-        "methods": {"dsimplex_hoc": {"lam": 0.1, "rho": 10.0, "finetune_lr": 0.001}},
+        "training": _training(epochs=70, batch_size=128, lr=0.1, lr_milestones=[50, 64], replay_per_class=20),
+        "methods": {
+            "dsimplex_hoc": {"lam": 0.1, "rho": 10.0, "finetune_lr": 0.001},
+            **{m: {"finetune_lr": 0.001} for m in ("er", "bct_er", "dsimplex_fd")},
+        },
     },
 }
 

@@ -13,6 +13,7 @@ from engine.cli import main
 from engine.data import DatasetNotFoundError, build_scenario, fashion, load_dataset, load_imagefolder
 from engine.data.fashion import CLASS_NAMES, load_fashion
 from engine.export_images import export_images, folder_name
+from engine import fashion_files
 
 LABELS = [3, 0, 3, 9, 0, 3]  # Dress, T-shirt/top, Dress, Ankle boot, T-shirt/top, Dress
 
@@ -44,7 +45,7 @@ def write_split(root, *, images: bytes, labels: bytes, split: str = "train", gz:
 @pytest.fixture
 def no_debian(monkeypatch, tmp_path):
     """Hide the system copy so only the test's own files are found."""
-    monkeypatch.setattr(fashion, "DEBIAN_ROOT", tmp_path / "no-debian-here")
+    monkeypatch.setattr(fashion_files, "DEBIAN_ROOT", tmp_path / "no-debian-here")
 
 
 @pytest.mark.parametrize("gz", [False, True])
@@ -173,7 +174,7 @@ def test_quick_demo_uses_fashion_when_present_and_says_so_when_it_falls_back(mon
 @pytest.fixture
 def tiny_root(tmp_path, monkeypatch):
     """Six 28x28 images with random pixels (seeded) under tmp_path/fm, and no system copy."""
-    monkeypatch.setattr(fashion, "DEBIAN_ROOT", tmp_path / "no-debian-here")
+    monkeypatch.setattr(fashion_files, "DEBIAN_ROOT", tmp_path / "no-debian-here")
     root = tmp_path / "fm"
     root.mkdir()
     pixels = np.random.default_rng(0).integers(0, 256, size=(6, 28, 28))

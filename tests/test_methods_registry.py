@@ -146,7 +146,8 @@ def test_paper_presets_carry_the_published_values():
     cores = training_settings("cores-cifar100")
     assert (cores["epochs"], cores["lr"], cores["lr_milestones"]) == (100, 0.1, [70])
     iam = training_settings("iamcl2r-cifar100r")
-    assert (iam["lr"], iam["epochs"], iam["replay_per_class"]) == (0.001, 70, 20)
+    assert (iam["lr"], iam["epochs"], iam["replay_per_class"]) == (0.1, 70, 20)  # from scratch; fine-tuning at 0.001
+    assert method_hparams("iamcl2r-cifar100r", "er") == {"finetune_lr": 0.001}
     # a method the preset does not list runs at its defaults
     assert method_hparams("psp-cifar100", "bct") == {}
     assert build_method("bct", **method_hparams("psp-cifar100", "bct")) == BCT()

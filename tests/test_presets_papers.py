@@ -7,7 +7,7 @@ import pytest
 from engine.models import BACKBONES
 from engine.presets import ABSENT_METHODS, RUN_PRESETS, absent_methods_note, preset_config
 
-OWN = {"quick-demo", "digits-tiny"}  # not paper presets
+OWN = {"quick-demo", "digits-tiny", "fashion-2x5", "fashion-4-3-3", "fashion-5-5"}  # not paper presets
 
 # setting -> training values printed in the paper: epochs, batch, lr, lr decay epochs (x0.1), momentum, wd, replay
 TRAINING = {
@@ -21,8 +21,9 @@ TRAINING = {
     "cl2r-cifar100": (70, 128, 0.1, [50, 64], 0.9, 5e-4, 20),
     "cl2r-tinyimagenet": (90, 256, 0.1, [30, 60], 0.9, 5e-4, 20),
     "cl2r-cub": (150, 64, 0.01, [60, 90, 120], 0.9, 5e-4, 20),
-    # paper 001 Table V: fine-tuning 70 epochs, batch 128, lr 0.001 /10 after 50, 64; ER 20 per class
-    "iamcl2r-cifar100r": (70, 128, 0.001, [50, 64], 0.9, 5e-4, 20),
+    # paper 001 Table V: 70 epochs, batch 128, /10 after 50, 64; ER 20 per class; lr 0.1 from scratch (its
+    # pre-training lr), 0.001 when fine-tuning (finetune_lr, below)
+    "iamcl2r-cifar100r": (70, 128, 0.1, [50, 64], 0.9, 5e-4, 20),
 }
 
 # preset -> (setting, dataset, backbone, feature dim of the compared methods, d-Simplex K, initial classes, increment,
@@ -70,7 +71,8 @@ HPARAMS = {
     "cl2r-cifar100": {"dsimplex_hoc": {"lam": 0.1, "rho": 5.0}, "dsimplex_fd": _FD},
     "cl2r-tinyimagenet": {"dsimplex_hoc": {"lam": 0.1, "rho": 10.0}, "dsimplex_fd": _FD},
     "cl2r-cub": {"dsimplex_hoc": {"lam": 0.5, "rho": 10.0}, "dsimplex_fd": _FD},
-    "iamcl2r-cifar100r": {"dsimplex_hoc": {"lam": 0.1, "rho": 10.0}},
+    "iamcl2r-cifar100r": {"dsimplex_hoc": {"lam": 0.1, "rho": 10.0, "finetune_lr": 0.001},
+                          **{m: {"finetune_lr": 0.001} for m in ("er", "bct_er", "dsimplex_fd")}},
 }
 
 # setting -> the methods of the paper's table that this project implements (the rest are in ABSENT_METHODS)
