@@ -11,7 +11,7 @@ from engine.methods import (
     BCTER,
     ER,
     ETF,
-    LCE,
+    MeanAlign,
     LSP,
     PSP,
     CoReS,
@@ -180,7 +180,7 @@ def test_bct_without_old_classes_in_batch_first_step_and_errors():
 # old-model methods: first step, contract, detached old outputs
 
 
-@pytest.mark.parametrize("method", [DSimplexFD(), DSimplexHOC(), LCE()], ids=lambda m: m.name)
+@pytest.mark.parametrize("method", [DSimplexFD(), DSimplexHOC(), MeanAlign()], ids=lambda m: m.name)
 def test_first_step_is_plain_cross_entropy(method):
     out = tiny_net(DSimplexHead(4))(inputs())
     targets = torch.tensor([0, 1, 2, 3])
@@ -189,7 +189,7 @@ def test_first_step_is_plain_cross_entropy(method):
     assert parts["loss"] == pytest.approx(parts["ce"])
 
 
-@pytest.mark.parametrize("method", [DSimplexFD(), DSimplexHOC(), LCE()], ids=lambda m: m.name)
+@pytest.mark.parametrize("method", [DSimplexFD(), DSimplexHOC(), MeanAlign()], ids=lambda m: m.name)
 def test_old_model_methods_need_old_outputs_and_matching_sizes(method):
     old = tiny_net(DSimplexHead(4)).frozen_copy()
     out = tiny_net(DSimplexHead(4), seed=1)(inputs())
@@ -201,7 +201,7 @@ def test_old_model_methods_need_old_outputs_and_matching_sizes(method):
 
 
 @pytest.mark.parametrize(
-    "method", [DSimplexFD(distill_on="all"), DSimplexHOC(), LCE(alpha=1.0, beta=1.0)], ids=lambda m: m.name
+    "method", [DSimplexFD(distill_on="all"), DSimplexHOC(), MeanAlign(alpha=1.0, beta=1.0)], ids=lambda m: m.name
 )
 def test_no_gradient_flows_into_old_outputs_or_old_model(method):
     old = tiny_net(DSimplexHead(4))  # not frozen on purpose
@@ -303,24 +303,24 @@ def test_hoc_limits_of_lambda():
 # LCE
 
 
-def test_lce_is_zero_beyond_ce_when_means_align_and_classes_collapse():
+def test_mean_align_is_zero_beyond_ce_when_means_align_and_classes_collapse():
     old = tiny_net(LinearHead(2, 2)).frozen_copy()
     features = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 2.0], [-1.0, -1.0]])
     out = ModelOutput(features, torch.zeros(4, 4))
     targets = torch.tensor([0, 0, 1, 3])
-    value, parts = LCE(alpha=3.0, beta=2.0).loss(out, targets, ctx_step2(old), ModelOutput(features, out.logits))
+    value, parts = MeanAlign(alpha=3.0, beta=2.0).loss(out, targets, ctx_step2(old), ModelOutput(features, out.logits))
     assert parts["align"] == 0.0 and parts["compact"] == 0.0
     assert value.item() == pytest.approx(math.log(4), rel=1e-6)
 
 
-def test_lce_by_hand_aligns_old_classes_only():
+def test_mean_align_by_hand_aligns_old_classes_only():
     old = tiny_net(LinearHead(2, 2)).frozen_copy()
     new_features = torch.tensor([[1.0, 0.0], [3.0, 0.0], [5.0, 5.0]])
     old_features = torch.zeros(3, 2)
     out = ModelOutput(new_features, torch.zeros(3, 3))
     targets = torch.tensor([0, 0, 2])  # class 2 is new: not aligned, but compacted
     ctx = StepContext(step=2, seen_classes=(0, 1, 2), new_classes=(2,), old_model=old)
-    value, parts = LCE(alpha=0.5, beta=3.0).loss(out, targets, ctx, ModelOutput(old_features, out.logits))
+    value, parts = MeanAlign(alpha=0.5, beta=3.0).loss(out, targets, ctx, ModelOutput(old_features, out.logits))
     assert parts["align"] == pytest.approx(4.0)  # ||(2, 0) - (0, 0)||^2
     assert parts["compact"] == pytest.approx(2 / 3)  # (1 + 1 + 0) / 3
     assert value.item() == pytest.approx(math.log(3) + 0.5 * 4.0 + 3.0 * 2 / 3, rel=1e-6)
