@@ -227,7 +227,6 @@ if geo is not None:
     st.dataframe(table, hide_index=True, width="stretch",
                  column_config={c: st.column_config.NumberColumn(format="%.3f")
                                 for c in table.columns if c not in ("step", "classes", "images")})
-    show_stationarity(g.get("stationarity", []), experiment["config"], split)
     if len(pairs):
         names_pair = {"old_step": "old step", "new_step": "new step", "mean_drift_seen": "drift (old classes)",
                       "mean_drift_all": "drift (all classes)", "1a_fraction": "Definition 1a",
@@ -238,3 +237,4 @@ if geo is not None:
             "drift (all classes)": st.column_config.NumberColumn(format="%.3f"),
             "Definition 1a": st.column_config.NumberColumn(format="percent"),
             "Definition 1b": st.column_config.NumberColumn(format="percent")})
+    show_stationarity(g.get("stationarity", []), experiment["config"], split)
