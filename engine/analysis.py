@@ -11,7 +11,7 @@ Kinds (``run_analysis(db, experiment_id, kind, params)``):
   the old gallery being re-embedded by the new model, for several orderings, with M-tilde and the
   fraction needed to reach the new model's self-test.
 * ``geometry``: NC1-NC4 and the angles between class means for every step, and drift / Definition 1
-  between consecutive steps.
+  between consecutive steps; the stationarity probe (:mod:`engine.stationarity`) of every step.
 
 Feature views: the engine stores the raw views ``encoder``, ``logits`` and ``softmax`` per model
 version and split. ``psp`` / ``lsp`` are derived from ``softmax`` / ``logits`` with
@@ -283,11 +283,13 @@ def _finite(value: float | None) -> float | None:
     return None if value is None or not np.isfinite(value) else float(value)
 
 
-def model_collapse(db: Engine, version: Version, split: str, view: str) -> dict[str, Any]:
+def model_collapse(db: Engine, version: Version, split: str, view: str, *,
+                   head: tuple[np.ndarray | None, bool] | None = None) -> dict[str, Any]:
     """NC1-NC4 and the angles between class means of one model on its own view, over the classes it was trained on.
 
     NC3 compares with the classifier rows (checkpoint) on the encoder view, and with the probability-simplex
     prototypes V^C on output-space views (logits, softmax, PSP, LSP); NC4 uses the stored logits' argmax.
+    ``head``: the model's ``_head_weights`` when already loaded.
     """
     features, labels, _ = load_view(db, version, split, view)
     keep = np.isin(labels, version.classes)
@@ -299,7 +301,7 @@ def model_collapse(db: Engine, version: Version, split: str, view: str) -> dict[
         return row
     weights = None
     if view == "encoder":
-        weights, _ = _head_weights(version)
+        weights, _ = head or _head_weights(version)
         if weights is None:
             row["notes"].append("NC3 needs the classifier weights: no checkpoint found")
     elif view in OUTPUT_VIEWS:
@@ -322,6 +324,34 @@ def model_collapse(db: Engine, version: Version, split: str, view: str) -> dict[
     row["angle_mean"], row["angle_std"] = float(angles.mean()), float(angles.std())
     row["simplex_angle"] = simplex_angle(row["classes"])
     return row
+
+
+def model_stationarity(db: Engine, version: Version, split: str, head: tuple[np.ndarray | None, bool]
+                       ) -> tuple[dict[str, Any], np.ndarray | None]:
+    """The stationarity probe (:mod:`engine.stationarity`) of one model on its encoder features of ``split``.
+
+    Prototypes: a fixed head's rows (d-Simplex, ETF), else the learned classifier's weight rows, in class
+    order; ``head`` is the model's ``_head_weights``. Returns the row and the assigned-prototype centroid.
+    """
+    from engine.stationarity import stationarity_probe
+
+    weights, fixed = head
+    row: dict[str, Any] = {"step": version.step, "classes": len(version.classes), "prototype_cosine": None,
+                           "centroid_energy": None, "centroid_turn": None,
+                           "prototypes": "fixed" if fixed else "learned classifier rows", "note": None}
+    if weights is None:
+        row.update(prototypes=None, note="no checkpoint: the classifier's prototypes are unknown")
+        return row, None
+    try:
+        features, labels, _ = load_view(db, version, split, "encoder")
+        probe, direction = stationarity_probe(features, labels, weights, list(version.classes))
+    except ValueError as exc:  # no encoder features, or classifier rows that do not fit them
+        row["note"] = str(exc)
+        return row, None
+    row.update({k: _finite(v) for k, v in probe.items()})
+    if direction is None:
+        row["note"] = "the prototypes of all assigned classes sum to zero: no centroid direction"
+    return row, direction
 
 
 def _definition1(f_old: np.ndarray, f_new: np.ndarray, labels: np.ndarray, *, n_pairs: int, seed: int) -> dict[str, Any]:
@@ -503,14 +533,26 @@ def compute_backfill(db: Engine, config: dict[str, Any], versions: list[Version]
 
 def compute_geometry(db: Engine, config: dict[str, Any], versions: list[Version], params: dict[str, Any],
                      progress: Progress) -> dict[str, Any]:
-    """NC1-NC4 and angles for every step; mean drift and Definition 1 between consecutive steps."""
+    """NC1-NC4 and angles for every step; mean drift and Definition 1 between consecutive steps.
+
+    ``stationarity``: the probe of every step on its encoder features (whatever ``view``), with the angle its
+    assigned-prototype centroid turns from the previous step.
+    """
+    from engine.stationarity import turn_angle
+
     split, view = params["split"], params["view"]
-    models = []
+    models, stationarity = [], []
+    direction = None  # the previous step's assigned-prototype centroid
     for i, v in enumerate(versions):
         progress(0.05 + 0.6 * i / max(1, len(versions)), f"collapse of step {v.step}")
-        row = model_collapse(db, v, split, view)
+        head = _head_weights(v)
+        row = model_collapse(db, v, split, view, head=head)
         row.pop("angles", None)  # the per-pair angles are shown by the projection analysis
         models.append(row)
+        previous = direction
+        probe, direction = model_stationarity(db, v, split, head)
+        probe["centroid_turn"] = turn_angle(previous, direction)
+        stationarity.append(probe)
     pairs = []
     for i, (old, new) in enumerate(zip(versions, versions[1:])):
         progress(0.65 + 0.3 * i / max(1, len(versions) - 1), f"steps {old.step} -> {new.step}")
@@ -525,7 +567,7 @@ def compute_geometry(db: Engine, config: dict[str, Any], versions: list[Version]
             pair["mean_drift_all"] = float(cosines.mean())
             pair.update(_definition1(f_old, f_new, labels, n_pairs=params["n_pairs"], seed=params["seed"]))
         pairs.append(pair)
-    return {"params": params, "models": models, "pairs": pairs}
+    return {"params": params, "models": models, "pairs": pairs, "stationarity": stationarity}
 
 
 # ---------------------------------------------------------------------------------------------- entry points
@@ -603,5 +645,5 @@ def nearest_neighbours(db: Engine, query_version_id: int, gallery_version_id: in
 
 __all__ = ["DEFAULTS", "KINDS", "PROJECTION_COLUMNS", "analysis_key", "available_views", "class_drift",
            "compute_backfill", "compute_geometry", "compute_projection", "embed_2d", "load_view", "mean_angles",
-           "model_collapse", "nearest_neighbours", "normalize_params", "run_analysis", "same_set_of", "sample_rows",
+           "model_collapse", "model_stationarity", "nearest_neighbours", "normalize_params", "run_analysis", "same_set_of", "sample_rows",
            "simplex_angle"]

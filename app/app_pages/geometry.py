@@ -13,6 +13,48 @@ from engine.analysis import CLASS_MEAN, PROTOTYPE, SAMPLE
 url = q.db_url()
 LINES_SHOWN = 150
 
+PROBE_COLUMNS = {"step": "step", "classes": "classes", "prototypes": "prototypes",
+                 "prototype_cosine": "cosine to own prototype", "centroid_energy": "energy along centroid",
+                 "centroid_turn": "centroid turn (°)", "note": "note"}
+
+
+def show_stationarity(rows: list[dict], config: dict, split: str) -> None:
+    """The stored stationarity probe of every step: two charts, a table and how to read them."""
+    st.markdown("**Stationarity probe** — encoder features against the classifier's prototypes, per step")
+    probe = pd.DataFrame(rows)
+    if probe.empty or probe["prototype_cosine"].isna().all():
+        notes = sorted({n for n in probe.get("note", pd.Series(dtype=str)).dropna()})
+        st.caption("Not available for this experiment" + (f": {plain('; '.join(notes))}" if notes else
+                                                          " (computed before the probe existed: compute it again)"))
+        return
+    st.caption("How to read it: a stationary model puts each feature on its class prototype (cosine near 1); "
+               "when the cosine is low and most of the feature energy lies along the centroid of the prototypes "
+               "assigned so far, the features mostly say \"one of the classes seen so far\", and the centroid turn "
+               "shows how far that direction, and with it the features, must move when classes are added.")
+    if (probe["prototypes"] == "learned classifier rows").any():
+        st.caption("This method learns its classifier: its weight rows of each step stand in for the prototypes, "
+                   "and they move themselves from step to step.")
+    conv = state_convention(config, views="encoder", retrieval=False, ecc=False,
+                            extra=[f"{split} split", "images of each model's trained classes"])
+    left, right = st.columns(2)
+    for column, value, title in ((left, "prototype_cosine", "Mean cosine of a feature to its class prototype"),
+                                 (right, "centroid_energy", "Share of feature energy along the assigned centroid")):
+        points = probe[["step", value]].dropna()
+        if len(points):
+            column.altair_chart(charts.with_convention(charts.steps_chart(points, value, title), conv, 60),
+                                width="stretch")
+    table = probe[[c for c in PROBE_COLUMNS if c in probe]].rename(columns=PROBE_COLUMNS)
+    st.dataframe(table, hide_index=True, width="stretch", column_config={
+        "cosine to own prototype": st.column_config.NumberColumn(
+            format="%.3f", help="mean over the images of the trained classes of cos(feature, its class prototype)"),
+        "energy along centroid": st.column_config.NumberColumn(
+            format="percent", help="sum of squared projections on the unit centroid of the assigned prototypes "
+                                   "/ sum of squared feature norms"),
+        "centroid turn (°)": st.column_config.NumberColumn(
+            format="%.1f", help="angle between this step's assigned-prototype centroid and the previous step's"),
+    })
+
+
 st.title("Feature geometry")
 st.caption("How the features of a new model sit relative to the old one's. Computations run in the engine worker and "
            "are stored, so each map is computed once.")
@@ -195,3 +237,4 @@ if geo is not None:
             "drift (all classes)": st.column_config.NumberColumn(format="%.3f"),
             "Definition 1a": st.column_config.NumberColumn(format="percent"),
             "Definition 1b": st.column_config.NumberColumn(format="percent")})
+    show_stationarity(g.get("stationarity", []), experiment["config"], split)
