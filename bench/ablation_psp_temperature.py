@@ -9,7 +9,7 @@ mean ± std over the seeds). LSP is scale-invariant, so its rows differ only by 
 T = 1 both extraction settings store the same softmax, so that combination is not run again (its rows repeat
 the "none" ones).
 
-    python bench/ablation_psp_temperature.py               # seeds 0 1, 5 epochs (about 3 CPU-minutes)
+    python bench/ablation_psp_temperature.py               # seeds 0 1, 5 epochs (about 4.5 CPU-minutes)
     python bench/ablation_psp_temperature.py --seeds 0 1 2 --epochs 10
     python bench/ablation_psp_temperature.py --dataset digits   # when Fashion-MNIST is absent
 """
