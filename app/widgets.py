@@ -11,7 +11,7 @@ import streamlit as st
 
 from app import queries as q
 from engine.analysis import analysis_key
-from engine.conventions import SEPARATOR, convention
+from engine.conventions import SEPARATOR, convention, step_label
 
 STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue[:material/autorenew: running]",
                 "done": ":green[:material/check_circle: done]", "failed": ":red[:material/error: failed]",
@@ -84,13 +84,14 @@ def pick_experiment(url: str, *, key: str, min_steps: int = 2) -> tuple[dict[str
 
 
 def pick_steps(versions: list[dict[str, Any]], *, key: str, columns: list | None = None) -> tuple[dict, dict]:
-    """Old and new model (step a < step b); defaults to the last two steps."""
+    """Old and new model (step a < step b); defaults to the last two steps. A replaced step says it was retrained."""
     steps = [v["step"] for v in versions]
-    col_a, col_b = columns or st.columns(2)
-    a = col_a.selectbox("Old model (step a)", steps[:-1], index=len(steps) - 2, key=f"{key}_a")
-    later = [s for s in steps if s > a]
-    b = col_b.selectbox("New model (step b)", later, index=len(later) - 1, key=f"{key}_b")
     by_step = {v["step"]: v for v in versions}
+    label = lambda t: step_label(t, bool(by_step[t].get("replaced")))  # noqa: E731
+    col_a, col_b = columns or st.columns(2)
+    a = col_a.selectbox("Old model (step a)", steps[:-1], index=len(steps) - 2, key=f"{key}_a", format_func=label)
+    later = [s for s in steps if s > a]
+    b = col_b.selectbox("New model (step b)", later, index=len(later) - 1, key=f"{key}_b", format_func=label)
     return by_step[a], by_step[b]
 
 

@@ -20,6 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 SEPARATOR = " · "
+# IAM-CL2R replaces the model with a third-party one pretrained on external data (ImageNet32); with none here,
+# such a step trains a fresh model on every class seen so far (engine.data.scenario), and every place says so
+RETRAINED = "replacement, retrained from scratch"
+REPLACED_MARK = "†"
 _COMMENT = {"csv": "# ", "latex": "% ", "text": "", "markdown": ""}
 
 
@@ -76,6 +80,28 @@ def settings(config: Mapping[str, Any]) -> Settings:
     return Settings(protocol=ev.get("protocol", "closed-set"), gallery=ev.get("gallery", "instance"),
                     eval_classes=ev.get("eval_classes", "all"), ties=ev.get("ties", "fail"),
                     lsp_center=bool(ev.get("lsp_center", True)), topk=ev.get("topk"), seeds=_seeds(config))
+
+
+def replaced_steps(config: Mapping[str, Any]) -> tuple[int, ...]:
+    """The steps whose model is replaced, from a run's stored config (``scenario.replacement_steps``), sorted."""
+    return tuple(sorted(int(t) for t in config.get("scenario", {}).get("replacement_steps") or ()))
+
+
+def step_label(step: int, replaced: bool = False) -> str:
+    """'step 3', or 'step 3 (replacement, retrained from scratch)' for a replaced model."""
+    return f"step {step} ({RETRAINED})" if replaced else f"step {step}"
+
+
+def model_names(num_models: int, replaced: Iterable[int] = ()) -> list[str]:
+    """Matrix row/column names: 'M1' .. 'MT', with 'M3†' for a replaced step (explained by ``replaced_note``)."""
+    marked = set(replaced)
+    return [f"M{t}{REPLACED_MARK if t in marked else ''}" for t in range(1, num_models + 1)]
+
+
+def replaced_note(replaced: Iterable[int]) -> str:
+    """'† step 3 (replacement, retrained from scratch); ...', or '' when no step is replaced."""
+    steps = sorted(set(replaced))
+    return f"{REPLACED_MARK} " + "; ".join(step_label(t, True) for t in steps) if steps else ""
 
 
 def _listed(values: str | Iterable[str] | None) -> list[str]:

@@ -6,6 +6,7 @@ model's number of classes C^k, so ``view_features`` derives it per compatibility
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -85,6 +86,7 @@ def extract_outputs(
     *,
     batch_size: int = 256,
     device: str | torch.device = "auto",
+    softmax_temperature: float = 1.0,
 ) -> dict[str, np.ndarray]:
     """Run ``net`` over images and return float32 ``encoder``, ``logits`` and ``softmax`` arrays.
 
@@ -95,7 +97,11 @@ def extract_outputs(
     (column c = class c, through ``net.head.class_to_output``), so a right-to-left d-Simplex head
     gives the same column meaning as a left-to-right one. Runs under ``torch.inference_mode``,
     autocast (float16) only on CUDA; the network's device and train/eval mode are restored.
+    ``softmax`` is ``softmax(logits / softmax_temperature)`` (1.0: the plain softmax; ``logits`` stay unscaled).
     """
+    if isinstance(softmax_temperature, bool) or not (isinstance(softmax_temperature, (int, float))
+                                                     and math.isfinite(softmax_temperature) and softmax_temperature > 0):
+        raise ValueError(f"softmax_temperature must be a positive finite number, got {softmax_temperature!r}")
     target = pick_device(device) if isinstance(device, str) else torch.device(device)
     original_device = next(iter(net.parameters()), torch.empty(0)).device
     was_training = net.training
@@ -123,7 +129,7 @@ def extract_outputs(
     raw = {
         "encoder": torch.cat(columns["encoder"]).numpy(),
         "logits": logits.numpy(),
-        "softmax": torch.softmax(logits, dim=-1).numpy(),
+        "softmax": torch.softmax(logits / softmax_temperature, dim=-1).numpy(),
     }
     if columns["labels"]:
         raw["labels"] = torch.cat(columns["labels"]).to(torch.int64).numpy()

@@ -115,7 +115,8 @@ def _store_step(db: Engine, exp_id: int, step: int, net: Net, method: Method, cf
     if len(data.adapter_train):
         sets["train"] = data.adapter_train
     by_object: dict[int, dict] = {}  # closed-set: query and gallery are the same images, embed once
-    outputs = {split: by_object.setdefault(id(images), extract_outputs(net, images.images, batch_size=256, device=device))
+    outputs = {split: by_object.setdefault(id(images), extract_outputs(net, images.images, batch_size=256, device=device,
+                                                                          softmax_temperature=method.softmax_temperature()))
                for split, images in sets.items()}
     labels = {split: images.labels.numpy() for split, images in sets.items()}
     with session_scope(db) as s:

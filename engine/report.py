@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.conventions import model_names, replaced_note
 from engine.metrics import ecc_pass, summarize
 from engine.metrics.paired import SYMBOLS, count_verdicts
 
@@ -65,16 +66,17 @@ def gain_line(gain: np.ndarray, names: Sequence[str]) -> str:
 
 def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparable: np.ndarray | None = None,
                   ties: str = "fail", names: Sequence[str] | None = None, paired: dict | None = None,
-                  gain: np.ndarray | None = None) -> str:
+                  gain: np.ndarray | None = None, replaced: Sequence[int] = ()) -> str:
     """One matrix with its AC / AA / ACA line in the chosen format (AA and ACA in percent).
 
     ``paired`` is a stored paired test (``stored_summary(...)["paired"]``): verdict symbols per cell and their
-    counts; ``gain`` a T x T update-gain matrix, listed under the table.
+    counts; ``gain`` a T x T update-gain matrix, listed under the table; ``replaced`` the steps whose model was
+    replaced (retrained from scratch here), marked in the default names and explained under the table.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     T = C.shape[0]
-    names = list(names) if names else [f"M{t + 1}" for t in range(T)]
+    names = list(names) if names else model_names(T, replaced)
     cells = _cells(C, comparable, ties, paired["verdict"] if paired else None, latex=fmt == "latex")
     s = summarize(C, ties=ties)
     summary = (f"AC={_fmt(s['AC'])}  AA={_fmt(None if s['AA'] is None else 100 * s['AA'])}  "
@@ -89,12 +91,14 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
         for name, row in zip(names, cells):
             out.write(f"{name:<16}" + "".join(f"{c:>{width + 1}}" for c in row) + "\n")
         out.write(f"{summary}   (* = fails ECC: cross-test <= gallery model's self-test)\n")
-        for line in _extra_lines(paired, gain, names):
+        for line in _extra_lines(paired, gain, names, replaced):
             out.write(line + "\n")
     elif fmt == "csv":
         out.write(",".join(head) + "\n")
         for name, row in zip(names, cells):
             out.write(",".join([name] + row) + "\n")
+        if replaced:
+            out.write(f"# {replaced_note(replaced)}\n")
     elif fmt == "markdown":
         if title:
             out.write(f"**{title}**\n\n")
@@ -102,7 +106,7 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
         for name, row in zip(names, cells):
             out.write("| " + " | ".join([name] + row) + " |\n")
         out.write(f"\n{summary} (* fails ECC)\n")
-        for line in _extra_lines(paired, gain, names):
+        for line in _extra_lines(paired, gain, names, replaced):
             out.write(f"\n{line}\n")
     else:
         out.write("% requires \\usepackage[table]{xcolor}\n\\begin{tabular}{l" + "r" * T + "}\n")
@@ -111,13 +115,14 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
             tex = [("\\cellcolor{red!20}" + c.replace("*", "")) if "*" in c else c for c in row]
             out.write(" & ".join([name] + tex) + " \\\\\n")
         out.write("\\end{tabular}\n% " + summary + "\n")
-        for line in _extra_lines(paired, gain, names):
+        for line in _extra_lines(paired, gain, names, replaced):
             out.write(f"% {line}\n")
     return out.getvalue()
 
 
-def _extra_lines(paired: dict | None, gain: np.ndarray | None, names: Sequence[str]) -> list[str]:
-    return ([paired_line(paired)] if paired else []) + ([gain_line(gain, names)] if gain is not None else [])
+def _extra_lines(paired: dict | None, gain: np.ndarray | None, names: Sequence[str], replaced: Sequence[int]) -> list[str]:
+    return (([paired_line(paired)] if paired else []) + ([gain_line(gain, names)] if gain is not None else [])
+            + ([replaced_note(replaced)] if replaced else []))
 
 
 def _value(s: dict, key: str, scale: float) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 from sqlalchemy import Engine
 
+from engine.conventions import replaced_steps
 from engine.methods import METHODS
 from engine.methods.base import resolve_init_seed
 from engine.report import render_matrix, render_summary_table
@@ -53,6 +54,7 @@ def study_summary(db: Engine, study_id: int, experiment_ids: list[int]) -> dict:
             entry["runs"].append({"seed": seed, "experiment_id": exp_id, "views": views})
             if seed not in out["seeds"]:
                 out["seeds"].append(seed)
+            out.setdefault("replaced_steps", list(replaced_steps(exp.config)))
     for entry in out["methods"].values():
         entry["experiment_ids"] = [r["experiment_id"] for r in entry["runs"]]
         entry["seeds"] = [r["seed"] for r in entry["runs"]]
@@ -93,6 +95,6 @@ def print_study(summary: dict, *, fmt: str = "text", table_only: bool = False, m
                 gain = _matrix(entry["update_gain"]) if entry.get("update_gain") else None
                 seed = f", seed {info['seeds'][0]}" if len(info.get("seeds", [])) > 1 else ""
                 print(render_matrix(_matrix(entry["matrix"]), fmt=fmt, title=f"{label}: {metric}{seed}",
-                                    paired=entry.get("paired"), gain=gain))
+                                    paired=entry.get("paired"), gain=gain, replaced=summary.get("replaced_steps", ())))
     print(f"{metric}, AA and ACA in %" + (f", mean ± std over {len(summary['seeds'])} seeds" if len(summary.get("seeds", [])) > 1 else "") + ":")
     print(render_summary_table(rows, fmt="markdown" if fmt == "text" else fmt))

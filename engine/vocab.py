@@ -12,8 +12,8 @@ import re
 
 METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "independent": (),
-    "psp": ("temperature",),
-    "lsp": ("temperature",),
+    "psp": ("temperature", "extraction_temperature"),
+    "lsp": ("temperature", "extraction_temperature"),
     "bct": ("lam",),
     "bct_er": ("lam", "finetune_lr", "balanced_replay"),
     "cores": (),

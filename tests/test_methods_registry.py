@@ -60,7 +60,7 @@ def test_defaults_and_hparam_names():
     assert build_method("dsimplex_hoc").hparams() == {
         "finetune_lr": None, "balanced_replay": True, "lam": 0.1, "rho": 10.0, "negatives": "repo"}
     assert build_method("bct").hparams() == {"lam": 1.0}
-    assert build_method("psp").hparams() == {"temperature": 1.0}
+    assert build_method("psp").hparams() == {"temperature": 1.0, "extraction_temperature": "none"}
     assert build_method("etf").hparams() == {"objective": "ce"}
     assert build_method("mean_align").hparams() == {"alpha": 1.0, "beta": 0.1}
     assert build_method("dsimplex_fd").hparams() == {
@@ -97,6 +97,7 @@ def test_unknown_method_and_unknown_hparams_are_rejected_with_a_clear_message():
         ("bct", {"lam": True}, "lam must be a finite number"),
         ("psp", {"temperature": -12.0}, "temperature must be greater than 0"),
         ("lsp", {"temperature": 0}, "lsp: temperature must be greater than 0"),
+        ("psp", {"extraction_temperature": "12"}, "psp: extraction_temperature must be one of"),
         ("etf", {"objective": "mse"}, "objective must be one of"),
         ("dsimplex_fd", {"distance": "l1"}, "distance must be one of"),
         ("dsimplex_fd", {"distill_on": "replay"}, "distill_on must be one of"),

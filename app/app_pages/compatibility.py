@@ -10,7 +10,7 @@ import streamlit as st
 from app import charts
 from app import queries as q
 from app.widgets import empty_state, experiment_label, plain, state_convention
-from engine.conventions import annotate, convention
+from engine.conventions import annotate, convention, model_names, replaced_note, replaced_steps
 
 url = q.db_url()
 MAIN = "main view of each method"
@@ -33,10 +33,10 @@ def ecc_cells(values: np.ndarray) -> np.ndarray:
     return ecc_pass(values)
 
 
-def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, names: list[str]) -> str:
+def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, replaced: tuple[int, ...]) -> str:
     from engine.report import render_matrix
 
-    return render_matrix(C, fmt=fmt, title=title, comparable=comparable, names=names)
+    return render_matrix(C, fmt=fmt, title=title, comparable=comparable, replaced=replaced)
 
 
 experiments = [e for e in q.experiments(url) if e["status"] == "done"]
@@ -174,7 +174,8 @@ for start in range(0, len(shown), per_row):
     cols = st.columns(per_row)
     for col, (e, m) in zip(cols, shown[start:start + per_row]):
         C = m["values"]
-        names = [f"M{t + 1}" for t in range(C.shape[0])]
+        replaced = replaced_steps(e["config"])
+        names = model_names(C.shape[0], replaced)
         comparable = np.asarray(m["summary"]["comparable"], bool) if m["summary"].get("comparable") else None
         s = m["summary"]
         frame = charts.matrix_frame(C, ecc_cells(C), names, comparable, m["valid_queries"], s.get("paired"),
@@ -189,6 +190,8 @@ for start in range(0, len(shown), per_row):
                 st.caption(plain(line))
             chart = charts.with_convention(chart, line, 60)
             st.altair_chart(chart, width="content")
+            if replaced:
+                st.caption(replaced_note(replaced))
             fails = int((frame["status"] == "fail").sum())
             st.markdown(f"**AC** {charts.number(s.get('AC'))} · **AA** {charts.percent(s.get('AA'), 2)} · "
                         f"**ACA** {charts.percent(s.get('ACA'), 2)} · {fails} failing cross-test(s)"
@@ -202,8 +205,8 @@ for start in range(0, len(shown), per_row):
                 for dcol, (fmt, ext, mime) in zip(d, (("csv", "csv", "text/csv"), ("markdown", "md", "text/markdown"),
                                                       ("latex", "tex", "application/x-tex"))):
                     dcol.download_button(fmt.upper() if fmt == "csv" else fmt.capitalize(),
-                                         lambda C=C, fmt=fmt, t=title, cm=comparable, n=names, line=line:
-                                         annotate(export(C, fmt, t, cm, n), fmt, line),
+                                         lambda C=C, fmt=fmt, t=title, cm=comparable, r=replaced, line=line:
+                                         annotate(export(C, fmt, t, cm, r), fmt, line),
                                          file_name=f"{base}.{ext}", mime=mime, on_click="ignore",
                                          key=f"dl_{e['id']}_{fmt}")
                 d = st.columns(3)

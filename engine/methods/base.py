@@ -102,7 +102,7 @@ class Method(ABC):
         """Whether the loop draws half of each batch from the replay memory at this step (default: no)."""
         return False
 
-    def extraction_temperature(self) -> float:
+    def softmax_temperature(self) -> float:
         """The temperature dividing the logits of the stored softmax output (1.0: the plain softmax)."""
         return 1.0
 
@@ -116,11 +116,12 @@ class Method(ABC):
         return (self.name, repr(sorted(self.hparams().items())))
 
     def training_key(self, init_seed: str) -> tuple:
-        """Everything that decides the models this method trains from a given config and seed: loss, head,
-        initialisation (under the config's ``model.init_seed`` choice), old model and replay. Methods with equal
-        keys train identical models, so a study trains them once (``psp`` and ``lsp`` are views of ``independent``)."""
+        """Everything that decides the models this method trains from a given config and seed, and the raw outputs
+        stored for them: loss, head, initialisation (under the config's ``model.init_seed`` choice), old model,
+        replay and the stored softmax's temperature. Methods with equal keys train identical models and store
+        identical outputs, so a study trains them once (``psp`` and ``lsp`` are views of ``independent``)."""
         return (self.loss_key(), self.head, self.init_from, resolve_init_seed(self, init_seed),
-                self.needs_old_model, self.uses_replay)
+                self.needs_old_model, self.uses_replay, self.softmax_temperature())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from engine.methods.losses import cross_entropy, dot_regression
 from engine.models.net import ModelOutput
 
 ETF_OBJECTIVES = ("ce", "dr")
+EXTRACTION_TEMPERATURES = ("none", "training")  # the stored softmax: plain, or at the training temperature
 
 
 def _cross_entropy_only(
@@ -60,11 +61,18 @@ class PSP(Method):
     logits vectors during training" without saying multiply or divide. Here ``temperature``
     *divides* the logits, the usual meaning of a softmax temperature: CE(logits / temperature).
     The paper's value is then ``temperature=12``; the other reading (logits * 12, as in cosine
-    classifiers) is ``temperature=1/12``. The default 1.0 switches it off. It only acts on the
-    training loss; feature extraction uses the raw softmax/logits.
+    classifiers) is ``temperature=1/12``. The default 1.0 switches it off.
+
+    ``extraction_temperature``: the softmax the PSP view is computed from. ``"none"`` (default) is
+    the plain softmax sigma(z) of Eq. 2, "z^k = W^k . phi^k(x) denotes the logit output": the paper
+    puts the temperature in the loss "during training" only, and Algorithm 1 takes "the softmax or
+    logit outputs" as they are. ``"training"`` stores softmax(z / temperature) instead (the other
+    reading; ``bench/ablation_psp_temperature.py`` compares the two). Logits are stored unscaled
+    either way.
     """
 
     temperature: float = 1.0
+    extraction_temperature: str = "none"
 
     name = "psp"
     head = "linear"
@@ -75,6 +83,7 @@ class PSP(Method):
 
     def __post_init__(self) -> None:
         check_number(self.name, "temperature", self.temperature, low=0.0, low_open=True)
+        check_choice(self.name, "extraction_temperature", self.extraction_temperature, EXTRACTION_TEMPERATURES)
 
     def loss(
         self, out: ModelOutput, targets: torch.Tensor, ctx: StepContext, old_out: ModelOutput | None
@@ -85,13 +94,19 @@ class PSP(Method):
         """Cross-entropy at ``temperature``: with the default 1.0 PSP/LSP train exactly as ``independent``."""
         return ("cross-entropy", float(self.temperature))
 
+    def softmax_temperature(self) -> float:
+        """``temperature`` under ``extraction_temperature="training"``, else 1.0 (the plain softmax of Eq. 2)."""
+        return float(self.temperature) if self.extraction_temperature == "training" else 1.0
+
 
 @dataclass(frozen=True)
 class LSP(PSP):
     """Logit Simplex Projections (paper 000, Eq. 6 and Algorithm 1): as PSP, evaluated on the logits.
 
     Same training (and the same ``temperature`` reading) as ``psp``; the view truncates, centres
-    and L2-normalises the logits instead of the softmax.
+    and L2-normalises the logits instead of the softmax. ``extraction_temperature`` only changes the
+    stored softmax (the ``psp``/``softmax`` views of an LSP run): LSP itself is unchanged, since
+    centring and L2-normalisation cancel any positive scale of the logits.
     """
 
     name = "lsp"
