@@ -117,7 +117,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if bar:
         bar.close()
     summary = study_summary(db, study_id, ids)
-    print_study(summary, fmt=args.export, table_only=args.command == "compare")
+    for i, metric in enumerate(cfg.eval.metrics):  # each metric the study computed, with its own convention line
+        if i:
+            print()
+        print_study(summary, fmt=args.export, table_only=args.command == "compare", metric=metric)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary, indent=2))
