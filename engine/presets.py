@@ -66,6 +66,10 @@ def _training(
     }
 
 
+# d-Simplex-FD in the CL2R settings: base weight 10 scaled by sqrt(new / old classes), cosine on replay samples
+# [REPO, CL2R code]; paper 001 gives no value. (method_hparams hands out copies.)
+_CL2R_FD = {"weight": 10.0, "weight_schedule": "sqrt_new_over_old"}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {
         "training": _training(
@@ -116,8 +120,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "training": _training(epochs=70, batch_size=128, lr=0.1, lr_milestones=[50, 64], replay_per_class=20),
         "methods": {
             "dsimplex_hoc": {"lam": 0.1, "rho": 5.0},
-            # base weight 10 scaled by sqrt(new/old classes), cosine on replay samples [REPO, CL2R code]
-            "dsimplex_fd": {"weight": 10.0, "weight_schedule": "sqrt_new_over_old"},
+            "dsimplex_fd": _CL2R_FD,
         },
     },
     # paper 001 Table I, TinyImageNet200/20 / ResNet18, K = 200: 90 epochs, batch 256, SGD 0.1, decay at 30, 60;
@@ -126,7 +129,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "training": _training(epochs=90, batch_size=256, lr=0.1, lr_milestones=[30, 60], replay_per_class=20),
         "methods": {
             "dsimplex_hoc": {"lam": 0.1, "rho": 10.0},
-            "dsimplex_fd": {"weight": 10.0, "weight_schedule": "sqrt_new_over_old"},
+            "dsimplex_fd": _CL2R_FD,
         },
     },
     # paper 001 Table I, CUB180/20 / ResNet50, K = 180: 150 epochs, batch 64, SGD 0.01, decay at 60, 90, 120;
@@ -135,7 +138,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "training": _training(epochs=150, batch_size=64, lr=0.01, lr_milestones=[60, 90, 120], replay_per_class=20),
         "methods": {
             "dsimplex_hoc": {"lam": 0.5, "rho": 10.0},
-            "dsimplex_fd": {"weight": 10.0, "weight_schedule": "sqrt_new_over_old"},
+            "dsimplex_fd": _CL2R_FD,
         },
     },
     # paper 001 Table V / paper 003 Sec. 4.1, CIFAR100R/10 / ResNet18, K = 1024: 70 epochs, batch 128, /10 after 50
