@@ -210,7 +210,6 @@ def supervise(commands: dict[str, list[str]], envs: dict[str, dict[str, str]], u
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     from storage import DatabaseUnavailable, default_db_url, get_engine, init_db, mask_url
 
     try:
@@ -227,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     except DatabaseUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    # the children import the checkout this file is in, whichever copy of the package is installed
     env = {**os.environ, "COMPATLAB_DB_URL": url, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     env.pop(SECRET_ENV, None)

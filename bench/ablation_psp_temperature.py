@@ -16,17 +16,14 @@ the "none" ones).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.config import RunConfig, config_from_dict  # noqa: E402
-from engine.pipeline import RunContext, run_study  # noqa: E402
-from engine.study_summary import header, study_summary  # noqa: E402
-from storage import get_engine  # noqa: E402
+from engine.config import RunConfig, config_from_dict
+from engine.pipeline import RunContext, run_study
+from engine.study_summary import header, study_summary
+from storage import get_engine
 
 TRAINING_TEMPERATURES = (12.0, 1.0)
 EXTRACTIONS = ("none", "training")

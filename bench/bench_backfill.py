@@ -13,18 +13,14 @@ The baseline, measured in the same run, rebuilds the mixed gallery at every frac
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numba
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.backfill import DEFAULT_FRACTIONS, backfill_counts, backfill_curves, backfill_order, curve_area, fraction_to_reach  # noqa: E402
-from engine.metrics import retrieval_metrics  # noqa: E402
+from engine.backfill import DEFAULT_FRACTIONS, backfill_counts, backfill_curves, backfill_order, curve_area, fraction_to_reach
+from engine.metrics import retrieval_metrics
 
 
 def synthetic_pair(n: int, dim: int, classes: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

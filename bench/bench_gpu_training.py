@@ -20,23 +20,19 @@ the variants should all be close (nothing to copy).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.config import TrainingConfig  # noqa: E402
-from engine.data import make_shapes  # noqa: E402
-from engine.data.loaders import crop_flip  # noqa: E402
-from engine.methods import build_method  # noqa: E402
-from engine.methods.base import StepContext  # noqa: E402
-from engine.models import build_model  # noqa: E402
-from engine.training import train_step  # noqa: E402
+from engine.config import TrainingConfig
+from engine.data import make_shapes
+from engine.data.loaders import crop_flip
+from engine.methods import build_method
+from engine.methods.base import StepContext
+from engine.models import build_model
+from engine.training import train_step
 
 
 def _sync(device: torch.device) -> None:

@@ -23,8 +23,6 @@ import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 MODELS = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
 SIZES = (224, 240, 260)  # engine.checkpoints.archs.LITE_INPUT_SIZES of the three models
 NATIVE = 32  # shapes images

@@ -18,13 +18,10 @@ import argparse
 import json
 import multiprocessing as mp
 import resource
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def make_models(T: int, n: int, d: int, classes: int, seed: int = 0) -> list[dict[str, np.ndarray]]:

@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import runpy
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from streamlit.testing.v1 import AppTest
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from streamlit.testing.v1 import AppTest  # noqa: E402
-
-from test_app_synthetic import fill_study  # noqa: E402
-
+fill_study = runpy.run_path(str(ROOT / "tests" / "test_app_synthetic.py"))["fill_study"]  # tests/ is no package
 MAIN = ROOT / "app" / "main.py"
 PAGES = {"Compatibility": "compatibility", "Feature geometry": "geometry", "Backfilling": "backfilling"}
 GOAL_S = 2.0

@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import argparse
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.config import TrainingConfig  # noqa: E402
-from engine.data import make_shapes  # noqa: E402
-from engine.methods import METHODS, build_method  # noqa: E402
-from engine.methods.base import StepContext  # noqa: E402
-from engine.models import build_model  # noqa: E402
-from engine.training import train_step  # noqa: E402
+from engine.config import TrainingConfig
+from engine.data import make_shapes
+from engine.methods import METHODS, build_method
+from engine.methods.base import StepContext
+from engine.models import build_model
+from engine.training import train_step
 
 
 def throughput(method_name: str, device: torch.device, images: torch.Tensor, labels: torch.Tensor) -> float:

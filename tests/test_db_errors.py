@@ -1,6 +1,5 @@
 """Database problems in one line with the password masked: storage, the CLI, run_app.py and the dashboard."""
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -102,7 +101,6 @@ def test_corrupt_and_truncated_files(stored, tmp_path, capsys):
 
 
 def test_run_app_refuses_a_bad_database_in_one_line(tmp_path, capsys, monkeypatch):
-    sys.path.insert(0, str(ROOT))
     import run_app
 
     monkeypatch.setattr(run_app.subprocess, "Popen", lambda *a, **k: pytest.fail("nothing may start"))
