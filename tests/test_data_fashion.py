@@ -33,7 +33,7 @@ def tiny_images(n: int = len(LABELS)) -> np.ndarray:
 
 
 def write_split(root, *, images: bytes, labels: bytes, split: str = "train", gz: bool = False) -> None:
-    names = fashion.FILES[split]
+    names = fashion_files.FILES[split]
     for name, data in zip(names, (images, labels)):
         if gz:
             with gzip.open(root / f"{name}.gz", "wb") as handle:
@@ -82,7 +82,7 @@ def test_files_under_root_are_found_and_missing_files_say_how_to_get_them(tmp_pa
     raw.mkdir(parents=True)
     write_split(raw, images=idx_bytes(tiny_images(2)), labels=idx_bytes(np.array([1, 2])), split="test")
     assert load_fashion(root=tmp_path, split="test").labels.tolist() == [1, 2]
-    assert not fashion.fashion_available(tmp_path)  # the train split is still missing
+    assert not fashion_files.fashion_available(tmp_path)  # the train split is still missing
 
 
 @pytest.mark.parametrize("case, fragment", [
@@ -118,7 +118,7 @@ def test_a_huge_declared_size_is_refused_before_reading(tmp_path, no_debian):
         load_fashion(root=tmp_path)
 
 
-debian = pytest.mark.skipif(fashion.find_split(fashion.DEBIAN_ROOT, "test") is None,
+debian = pytest.mark.skipif(fashion_files.find_split(fashion_files.DEBIAN_ROOT, "test") is None,
                             reason="Debian's dataset-fashion-mnist is not installed (apt-get install dataset-fashion-mnist)")
 
 
@@ -131,8 +131,8 @@ def test_the_debian_test_split_matches_torchvisions_reader(tmp_path):
     assert data.class_names == ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
                                 "Bag", "Ankle boot")
     plain = {}
-    for name in fashion.FILES["test"]:
-        with gzip.open(fashion.DEBIAN_ROOT / f"{name}.gz", "rb") as src, open(tmp_path / name, "wb") as dst:
+    for name in fashion_files.FILES["test"]:
+        with gzip.open(fashion_files.DEBIAN_ROOT / f"{name}.gz", "rb") as src, open(tmp_path / name, "wb") as dst:
             shutil.copyfileobj(src, dst)
         plain[name] = tmp_path / name
     expected = read_image_file(str(plain["t10k-images-idx3-ubyte"]))  # torchvision's own IDX parser

@@ -27,7 +27,7 @@ import torch
 from torchvision.datasets import FashionMNIST
 
 from engine.data.disk import DatasetNotFoundError
-from engine.fashion_files import DEBIAN_ROOT, FILES, fashion_available, find_split, missing_message, search_folders
+from engine.fashion_files import FILES, find_split, missing_message
 from engine.roots import confine
 from engine.data.imageset import ImageSet, first_per_class
 
