@@ -82,6 +82,23 @@ def test_stored_matrix_equals_an_independent_recomputation_from_stored_features(
     np.testing.assert_allclose(stored["psp"], expected, atol=1e-12)
 
 
+def test_a_closed_set_step_embeds_the_test_images_once(tmp_path, monkeypatch):
+    cfg = _cfg(methods=["independent"], scenario={"initial_classes": 5, "increment": 5, "num_steps": 2})
+    data = prepare_run_data(cfg)
+    assert data.query is data.gallery and len(data.adapter_train) > 0  # closed-set: one test set, plus adapter images
+    embedded = []
+    real = pipeline.extract_outputs
+
+    def counting(net, images, **kwargs):
+        embedded.append(len(images))
+        return real(net, images, **kwargs)
+
+    monkeypatch.setattr(pipeline, "extract_outputs", counting)
+    run_experiment(cfg, _ctx(tmp_path), data=data)
+    # per step: the test images once (query = gallery) and the adapter-training images once
+    assert embedded == [len(data.query), len(data.adapter_train)] * 2
+
+
 def test_resume_after_a_kill_trains_only_the_missing_steps(tmp_path, monkeypatch):
     cfg = _cfg(methods=["independent"])
     ctx = _ctx(tmp_path)
