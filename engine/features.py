@@ -110,20 +110,20 @@ def output_view(raw: Mapping[str, np.ndarray], view: str, *, columns: Columns | 
                 topk: int | None = None) -> np.ndarray:
     """One model's stored raw outputs in ``view``, as an ``(N, D)`` array.
 
-    ``encoder``, ``logits`` and ``softmax`` are returned as stored (not copied; ``columns`` and ``topk``
-    do not apply to them). ``psp`` (from ``softmax``) and ``lsp`` (from ``logits``) keep the outputs
+    ``encoder``, ``logits``, ``softmax`` and any other view ``raw`` holds are returned as stored (not copied;
+    ``columns`` and ``topk`` do not apply to them). ``psp`` (from ``softmax``) and ``lsp`` (from ``logits``) keep the outputs
     ``columns`` names, then centre, keep the top ``topk`` and L2-normalise (:func:`project_simplex`):
     ``columns`` is C^k (the first C^k outputs, the paper's nested models) or this model's column of
     each class the gallery model shares, in the gallery's class order (``engine.checkpoints.classes``).
     """
+    if view not in DERIVED_VIEWS and view in raw:  # a raw view, or one stored as it is (e.g. adapted features)
+        return np.asarray(raw[view])
     if view not in VIEWS:
         raise ValueError(f"unknown feature view {view!r}; use one of {VIEWS}")
     source = DERIVED_VIEWS.get(view, view)
     if source not in raw:
         raise ValueError(f"the raw outputs have no {source!r} entry; extract them with extract_outputs")
     values = np.asarray(raw[source])
-    if view not in DERIVED_VIEWS:
-        return values
     if columns is None:
         raise ValueError(f"the {view!r} view depends on the gallery model; pass its class columns (C^k)")
     if not isinstance(columns, (int, np.integer)):
