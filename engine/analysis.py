@@ -21,13 +21,11 @@ backfilling, neighbours), both keep the classes of the *gallery* (old) model, al
 (:func:`engine.checkpoints.classes.aligned_columns`: the first C^k outputs for a training run's nested
 models), as the compatibility matrix's cross-test does; NC1-NC4 and angles use each model's own classes.
 
-This module imports only numpy, storage and the torch-free ``engine.features`` views at load time, so
-the Streamlit app can import :func:`analysis_key`, :func:`normalize_params` and :func:`available_views`
-without loading torch; the computations import their other engine modules when they run.
+Parameters, keys, view names and point kinds live in :mod:`engine.contract` (the dashboard reads them
+there); the computations import their engine modules when they run.
 """
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -39,93 +37,26 @@ from sqlalchemy import Engine
 
 from engine.checkpoints.classes import aligned_columns, index_names
 from engine.collapse import class_means, collapse_report
-from engine.features import DERIVED_VIEWS, Columns, output_view
+from engine.features import Columns, output_view
+from engine.contract import ANALYSIS_DEFAULTS as DEFAULTS
+from engine.contract import ANALYSIS_KINDS as KINDS
+from engine.contract import (
+    CLASS_MEAN,
+    DERIVED_VIEWS,
+    OUTPUT_VIEWS,
+    PROJECTION_COLUMNS,
+    PROTOTYPE,
+    REACH_SHARES,
+    SAMPLE,
+    analysis_key,
+    available_views,
+    normalize_params,
+    same_set_of,
+)
 from storage import list_feature_views, list_model_versions, load_feature_set, save_analysis, session_scope
 from storage.models import Experiment, ModelVersion
 
-KINDS = ("projection", "backfill", "geometry")
-OUTPUT_VIEWS = ("logits", "softmax", "psp", "lsp")  # views that live in the classifier's output space
-EMBEDDINGS = ("umap", "pca")
-ORDERINGS = ("random", "distance_mse", "distance_cosine", "distance_mse_reverse", "distance_cosine_reverse",
-             "confidence")
-REACH_SHARES = (1.0, 0.99, 0.95)  # "fraction needed to reach this share of the new model's self-test"
-# map point kinds (column "kind" of the projection array)
-SAMPLE, CLASS_MEAN, PROTOTYPE = 0, 1, 2
-PROJECTION_COLUMNS = ("x", "y", "model", "kind", "label", "row")
-
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "projection": {"step_a": None, "step_b": None, "view": "encoder", "split": "gallery", "method": "umap",
-                   "max_points": 2000, "seed": 0, "n_pairs": 10_000},
-    "backfill": {"step_a": None, "step_b": None, "view": "encoder",
-                 "orderings": ["random", "distance_mse", "distance_cosine"], "metrics": ["recall@1", "map"],
-                 "num_fractions": 21, "seed": 0},
-    "geometry": {"view": "encoder", "split": "gallery", "n_pairs": 10_000, "seed": 0},
-}
-
 Progress = Callable[[float, str], None]
-
-
-# ---------------------------------------------------------------------------------------------- params and keys
-
-
-def normalize_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any]:
-    """``params`` with defaults filled in and checked; ``ValueError`` with a readable sentence otherwise."""
-    if kind not in DEFAULTS:
-        raise ValueError(f"unknown analysis kind {kind!r}; known kinds: {', '.join(KINDS)}")
-    params = dict(params or {})
-    unknown = sorted(set(params) - set(DEFAULTS[kind]))
-    if unknown:
-        raise ValueError(f"unknown {kind} parameter(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS[kind])}")
-    out = {**DEFAULTS[kind], **params}
-    for name in ("step_a", "step_b"):
-        if name in out:
-            if isinstance(out[name], bool) or not isinstance(out[name], (int, np.integer)) or out[name] < 1:
-                raise ValueError(f"{kind} needs {name} = a model step (an integer >= 1), got {out[name]!r}")
-            out[name] = int(out[name])
-    if "step_a" in out and out["step_a"] >= out["step_b"]:
-        raise ValueError(f"step_a is the old model and step_b the new one: need step_a < step_b, "
-                         f"got {out['step_a']} and {out['step_b']}")
-    for name in ("max_points", "n_pairs", "num_fractions", "seed"):
-        if name in out:
-            out[name] = int(out[name])
-    if out.get("split", "gallery") not in ("query", "gallery"):
-        raise ValueError(f"split must be 'query' or 'gallery', got {out['split']!r}")
-    if kind == "projection":
-        if out["method"] not in EMBEDDINGS:
-            raise ValueError(f"unknown embedding {out['method']!r}; use one of {', '.join(EMBEDDINGS)}")
-        if out["max_points"] < 10:
-            raise ValueError(f"max_points must be at least 10, got {out['max_points']}")
-    if kind == "backfill":
-        out["orderings"] = [str(o) for o in out["orderings"]]
-        out["metrics"] = [str(m) for m in out["metrics"]]
-        bad = [o for o in out["orderings"] if o not in ORDERINGS]
-        if bad or not out["orderings"]:
-            raise ValueError(f"unknown or no backfilling order(s) {bad}; known: {', '.join(ORDERINGS)}")
-        if not out["metrics"]:
-            raise ValueError("backfill needs at least one metric, e.g. 'recall@1' or 'map'")
-        if out["num_fractions"] < 2:
-            raise ValueError(f"num_fractions must be at least 2 (0 and 1), got {out['num_fractions']}")
-    return out
-
-
-def analysis_key(kind: str, params: dict[str, Any] | None) -> str:
-    """The storage key of an analysis: canonical JSON of its normalised parameters (deterministic)."""
-    return json.dumps(normalize_params(kind, params), sort_keys=True, separators=(",", ":"))
-
-
-def available_views(stored: Sequence[str]) -> list[str]:
-    """Views that can be shown for a model version: the stored ones plus PSP/LSP when their raw view is stored."""
-    views = list(dict.fromkeys(stored))
-    views += [v for v, raw in DERIVED_VIEWS.items() if raw in views and v not in views]
-    return views
-
-
-def same_set_of(config: dict[str, Any]) -> bool:
-    """Whether queries are the gallery images (closed-set): from an experiment's stored config."""
-    if "eval" in config:
-        return config["eval"].get("protocol", "closed-set") == "closed-set"
-    return bool(config.get("same_set", False))  # experiments evaluated from a folder of features
-
 
 # ---------------------------------------------------------------------------------------------- loading
 
