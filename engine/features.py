@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
+from engine.contract import DERIVED_VIEWS  # derived view -> the raw output it comes from, in one place
+
 if TYPE_CHECKING:
     import torch
 
@@ -23,7 +25,6 @@ if TYPE_CHECKING:
 
 VIEWS = ("encoder", "logits", "softmax", "psp", "lsp")
 RAW_VIEWS = ("encoder", "logits", "softmax")  # what extract_outputs returns and what is stored; psp/lsp derive from them
-from engine.contract import DERIVED_VIEWS  # derived view -> the raw output it is computed from (one place)
 TOPK_ORDERS = ("project_first", "sparsify_first")
 # the outputs PSP/LSP keep: C^k (the first C^k, nested models) or the column indices in the gallery's class order
 Columns = Union[int, Sequence[int], np.ndarray]
