@@ -12,16 +12,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from engine.config import INIT_SEEDS
+from engine.vocab import DATASET_NAMES as DATASETS
+from engine.vocab import EVAL_CLASSES, INIT_SEEDS, OPTIMIZERS, TRAINING_MODES
+from engine.vocab import GALLERY_PROTOCOLS as GALLERIES
+from engine.vocab import LR_SCHEDULES as SCHEDULES
+from engine.vocab import RUN_PROTOCOLS as PROTOCOLS
 
-DATASETS = ("digits", "shapes", "cifar10", "cifar100", "fashion", "imagefolder")
 KNOWN_CLASSES = {"digits": 10, "fashion": 10, "cifar10": 10, "cifar100": 100}
-PROTOCOLS = ("closed-set", "open-set")
-EVAL_CLASSES = ("all", "seen")
-GALLERIES = ("instance", "template")
-TRAINING_MODES = ("cumulative", "finetune")
-OPTIMIZERS = ("sgd", "adam")
-SCHEDULES = ("constant", "step", "cosine")
 DEVICES = ("auto", "cpu", "cuda")
 DEMO_PRESET = "quick-demo"
 

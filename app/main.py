@@ -11,18 +11,12 @@ from __future__ import annotations
 
 import hmac
 import os
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # streamlit puts app/ on the path; the pages import app, engine and storage
-    sys.path.insert(0, str(ROOT))
+import streamlit as st
 
-import streamlit as st  # noqa: E402
-
-from app import queries as q  # noqa: E402
-from app.learn import LEARN_PAGES  # noqa: E402
-from storage import mask_url  # noqa: E402
+from app import queries as q
+from app.learn import LEARN_PAGES
+from storage import mask_url
 
 SECRET_ENV = "COMPATLAB_SECRET"
 

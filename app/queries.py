@@ -17,7 +17,7 @@ import numpy as np
 import streamlit as st
 from sqlalchemy import Engine
 
-from engine.analysis import analysis_key, available_views
+from engine.contract import analysis_key, available_views, main_view
 from storage import (
     default_db_url,
     enqueue_job,
@@ -200,22 +200,17 @@ def stored_analysis(url: str, experiment_id: int, kind: str, key: str, stamp: st
 @st.cache_data(ttl=RESULT_TTL, max_entries=256, show_spinner=False)
 def neighbours(url: str, query_version_id: int, gallery_version_id: int, view: str, query_index: int,
                k: int) -> dict[str, Any]:
-    """Cross-model nearest neighbours of one query (see engine.analysis.nearest_neighbours)."""
+    """Cross-model nearest neighbours of one query (see engine.analysis.nearest_neighbours).
+
+    Computed in this process from the stored features with numpy; a PSP/LSP view also loads torch for the
+    projection (``engine.features.simplex_projection``), the one page path that does.
+    """
     from engine.analysis import nearest_neighbours
 
     return nearest_neighbours(db_engine(url), query_version_id, gallery_version_id, view, query_index, k)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-
-
-@st.cache_data(show_spinner=False)
-def main_view(method: str) -> str | None:
-    """The view a method is meant to be evaluated with (its first default view), None for unknown methods."""
-    from engine.methods import METHODS
-
-    cls = METHODS.get(method)
-    return cls.default_views[0] if cls is not None else None
 
 
 def pick_main(matrices_: list[dict[str, Any]], method: str, config: dict[str, Any]) -> dict[str, Any] | None:

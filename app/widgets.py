@@ -10,7 +10,7 @@ from typing import Any
 import streamlit as st
 
 from app import queries as q
-from engine.analysis import analysis_key
+from engine.contract import analysis_key, analysis_payload
 from engine.conventions import SEPARATOR, convention, step_label
 
 STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue[:material/autorenew: running]",
@@ -136,7 +136,7 @@ def analysis_result(url: str, experiment: dict[str, Any], kind: str, params: dic
         st.info(f"Not computed yet for these settings: {what}. The engine worker computes it in the background "
                 "and this page updates when it is ready.")
     if st.button(f"Compute {what}", type="primary", key=button_key):
-        q.enqueue(url, "analysis", {"experiment_id": experiment["id"], "kind": kind, "params": params},
+        q.enqueue(url, "analysis", analysis_payload(experiment["id"], kind, params),
                   experiment_id=experiment["id"])
         st.rerun()
     return None

@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 
 from engine.adapters import combination_table, fit_adapters
 from engine.backfill import backfill_curves, backfill_order, curve_area, fraction_to_reach
+from engine.contract import DEFAULT_ORDERINGS, adapter_key
 from engine.metrics import retrieval_metrics
 from storage import list_feature_views, load_feature_set, save_analysis, save_feature_set, session_scope
 from storage.models import ModelVersion
@@ -36,11 +37,11 @@ class AdapterJob:
     view: str = "encoder"
     same_set: bool = True  # query set = gallery set (leave-one-out), as the closed-set protocol
     fit: dict = field(default_factory=lambda: dict(SMALL_DATA_FIT))  # keyword arguments of engine.adapters.fit_adapters
-    orderings: tuple[str, ...] = ("random", "distance_mse", "distance_cosine")
+    orderings: tuple[str, ...] = DEFAULT_ORDERINGS
 
     @property
     def key(self) -> str:
-        return f"{self.old_version_id}->{self.new_version_id}:{self.kind}:{self.view}"
+        return adapter_key(self.old_version_id, self.new_version_id, self.kind, self.view)
 
 
 def _load(session, version_id: int, split: str, view: str):

@@ -14,18 +14,18 @@ Kinds (``run_analysis(db, experiment_id, kind, params)``):
   between consecutive steps; the stationarity probe (:mod:`engine.stationarity`) of every step.
 
 Feature views: the engine stores the raw views ``encoder``, ``logits`` and ``softmax`` per model
-version and split. ``psp`` / ``lsp`` are derived from ``softmax`` / ``logits`` with
-:func:`engine.features.simplex_projection`. When two models are compared in one space (map, drift,
-Definition 1, backfilling), both are projected onto the *old* model's C^k classes, as the
-compatibility matrix's cross-test does; NC1-NC4 and angles use each model's own C^k.
+version and split. ``psp`` / ``lsp`` are derived from ``softmax`` / ``logits`` by
+:func:`engine.features.output_view`, the derivation the compatibility matrices use, with the
+experiment's ``eval.topk``. When two models are compared in one space (map, drift, Definition 1,
+backfilling, neighbours), both keep the classes of the *gallery* (old) model, aligned by class name
+(:func:`engine.checkpoints.classes.aligned_columns`: the first C^k outputs for a training run's nested
+models), as the compatibility matrix's cross-test does; NC1-NC4 and angles use each model's own classes.
 
-This module imports only numpy and storage at load time, so the Streamlit app can import
-:func:`analysis_key`, :func:`normalize_params` and :func:`available_views` without loading torch;
-the computations import their engine modules when they run.
+Parameters, keys, view names and point kinds live in :mod:`engine.contract` (the dashboard reads them
+there); the computations import their engine modules when they run.
 """
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -35,94 +35,28 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine
 
+from engine.checkpoints.classes import aligned_columns, index_names
 from engine.collapse import class_means, collapse_report
+from engine.features import Columns, output_view
+from engine.contract import ANALYSIS_DEFAULTS as DEFAULTS
+from engine.contract import ANALYSIS_KINDS as KINDS
+from engine.contract import (
+    CLASS_MEAN,
+    DERIVED_VIEWS,
+    OUTPUT_VIEWS,
+    PROJECTION_COLUMNS,
+    PROTOTYPE,
+    REACH_SHARES,
+    SAMPLE,
+    analysis_key,
+    available_views,
+    normalize_params,
+    same_set_of,
+)
 from storage import list_feature_views, list_model_versions, load_feature_set, save_analysis, session_scope
 from storage.models import Experiment, ModelVersion
 
-KINDS = ("projection", "backfill", "geometry")
-DERIVED_VIEWS = {"psp": "softmax", "lsp": "logits"}  # derived view -> the raw view it is computed from
-OUTPUT_VIEWS = ("logits", "softmax", "psp", "lsp")  # views that live in the classifier's output space
-EMBEDDINGS = ("umap", "pca")
-ORDERINGS = ("random", "distance_mse", "distance_cosine", "distance_mse_reverse", "distance_cosine_reverse",
-             "confidence")
-REACH_SHARES = (1.0, 0.99, 0.95)  # "fraction needed to reach this share of the new model's self-test"
-# map point kinds (column "kind" of the projection array)
-SAMPLE, CLASS_MEAN, PROTOTYPE = 0, 1, 2
-PROJECTION_COLUMNS = ("x", "y", "model", "kind", "label", "row")
-
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "projection": {"step_a": None, "step_b": None, "view": "encoder", "split": "gallery", "method": "umap",
-                   "max_points": 2000, "seed": 0, "n_pairs": 10_000},
-    "backfill": {"step_a": None, "step_b": None, "view": "encoder",
-                 "orderings": ["random", "distance_mse", "distance_cosine"], "metrics": ["recall@1", "map"],
-                 "num_fractions": 21, "seed": 0},
-    "geometry": {"view": "encoder", "split": "gallery", "n_pairs": 10_000, "seed": 0},
-}
-
 Progress = Callable[[float, str], None]
-
-
-# ---------------------------------------------------------------------------------------------- params and keys
-
-
-def normalize_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any]:
-    """``params`` with defaults filled in and checked; ``ValueError`` with a readable sentence otherwise."""
-    if kind not in DEFAULTS:
-        raise ValueError(f"unknown analysis kind {kind!r}; known kinds: {', '.join(KINDS)}")
-    params = dict(params or {})
-    unknown = sorted(set(params) - set(DEFAULTS[kind]))
-    if unknown:
-        raise ValueError(f"unknown {kind} parameter(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS[kind])}")
-    out = {**DEFAULTS[kind], **params}
-    for name in ("step_a", "step_b"):
-        if name in out:
-            if isinstance(out[name], bool) or not isinstance(out[name], (int, np.integer)) or out[name] < 1:
-                raise ValueError(f"{kind} needs {name} = a model step (an integer >= 1), got {out[name]!r}")
-            out[name] = int(out[name])
-    if "step_a" in out and out["step_a"] >= out["step_b"]:
-        raise ValueError(f"step_a is the old model and step_b the new one: need step_a < step_b, "
-                         f"got {out['step_a']} and {out['step_b']}")
-    for name in ("max_points", "n_pairs", "num_fractions", "seed"):
-        if name in out:
-            out[name] = int(out[name])
-    if out.get("split", "gallery") not in ("query", "gallery"):
-        raise ValueError(f"split must be 'query' or 'gallery', got {out['split']!r}")
-    if kind == "projection":
-        if out["method"] not in EMBEDDINGS:
-            raise ValueError(f"unknown embedding {out['method']!r}; use one of {', '.join(EMBEDDINGS)}")
-        if out["max_points"] < 10:
-            raise ValueError(f"max_points must be at least 10, got {out['max_points']}")
-    if kind == "backfill":
-        out["orderings"] = [str(o) for o in out["orderings"]]
-        out["metrics"] = [str(m) for m in out["metrics"]]
-        bad = [o for o in out["orderings"] if o not in ORDERINGS]
-        if bad or not out["orderings"]:
-            raise ValueError(f"unknown or no backfilling order(s) {bad}; known: {', '.join(ORDERINGS)}")
-        if not out["metrics"]:
-            raise ValueError("backfill needs at least one metric, e.g. 'recall@1' or 'map'")
-        if out["num_fractions"] < 2:
-            raise ValueError(f"num_fractions must be at least 2 (0 and 1), got {out['num_fractions']}")
-    return out
-
-
-def analysis_key(kind: str, params: dict[str, Any] | None) -> str:
-    """The storage key of an analysis: canonical JSON of its normalised parameters (deterministic)."""
-    return json.dumps(normalize_params(kind, params), sort_keys=True, separators=(",", ":"))
-
-
-def available_views(stored: Sequence[str]) -> list[str]:
-    """Views that can be shown for a model version: the stored ones plus PSP/LSP when their raw view is stored."""
-    views = list(dict.fromkeys(stored))
-    views += [v for v, raw in DERIVED_VIEWS.items() if raw in views and v not in views]
-    return views
-
-
-def same_set_of(config: dict[str, Any]) -> bool:
-    """Whether queries are the gallery images (closed-set): from an experiment's stored config."""
-    if "eval" in config:
-        return config["eval"].get("protocol", "closed-set") == "closed-set"
-    return bool(config.get("same_set", False))  # experiments evaluated from a folder of features
-
 
 # ---------------------------------------------------------------------------------------------- loading
 
@@ -163,9 +97,15 @@ def _version(versions: list[Version], step: int) -> Version:
     raise ValueError(f"the experiment has no model of step {step}; stored steps: {[v.step for v in versions] or 'none'}")
 
 
-def load_view(db: Engine, version: Version, split: str, view: str, num_classes: int | None = None
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``(features, labels, image_ids)`` of one view; PSP/LSP projected onto ``num_classes`` (default: own C^k)."""
+def topk_of(config: dict[str, Any]) -> int | None:
+    """The PSP/LSP top-k of an experiment's stored config (``eval.topk``; None: keep every class)."""
+    return config.get("eval", {}).get("topk")
+
+
+def load_view(db: Engine, version: Version, split: str, view: str, *, columns: Columns | None = None,
+              topk: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(features, labels, image_ids)`` of one view; PSP/LSP keep ``columns`` of the outputs (default: the model's
+    own classes) with top-``topk`` (:func:`engine.features.output_view`)."""
     with session_scope(db) as s:
         stored = list_feature_views(s, version.id, split)
         raw = view if view in stored else DERIVED_VIEWS.get(view)
@@ -174,13 +114,17 @@ def load_view(db: Engine, version: Version, split: str, view: str, num_classes: 
                              f"views available: {', '.join(available_views(stored)) or 'none'}")
         features, labels, image_ids = load_feature_set(s, version.id, split, raw)
     if raw != view:
-        import torch
-
-        from engine.features import simplex_projection
-
-        c = num_classes or len(version.classes)
-        features = simplex_projection(torch.from_numpy(np.asarray(features, dtype=np.float32)), c).numpy()
+        features = output_view({raw: features}, view, columns=len(version.classes) if columns is None else columns,
+                               topk=topk)
     return np.asarray(features), np.asarray(labels), image_ids
+
+
+def cell_columns(query: Version, gallery: Version) -> tuple[np.ndarray, np.ndarray]:
+    """The PSP/LSP columns of the cell (query model, gallery model): the gallery's classes the query model knows."""
+    def names(v: Version) -> tuple[str, ...]:
+        return v.class_names if v.class_names is not None else index_names(len(v.classes))
+
+    return aligned_columns(names(query), names(gallery))
 
 
 def _head_weights(version: Version) -> tuple[np.ndarray | None, bool]:
@@ -203,12 +147,12 @@ def _head_weights(version: Version) -> tuple[np.ndarray | None, bool]:
     return weights, isinstance(head, FixedHead)
 
 
-def _joint_pair(db: Engine, old: Version, new: Version, split: str, view: str
+def _joint_pair(db: Engine, old: Version, new: Version, split: str, view: str, topk: int | None
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Old and new features of the same images in one space (PSP/LSP on the old model's C^k), and labels."""
-    c = len(old.classes) if view in DERIVED_VIEWS else None
-    f_old, labels, _ = load_view(db, old, split, view, c)
-    f_new, labels_new, _ = load_view(db, new, split, view, c)
+    """Old and new features of the same images in one space (PSP/LSP on the old model's classes), and labels."""
+    new_cols, old_cols = cell_columns(new, old)
+    f_old, labels, _ = load_view(db, old, split, view, columns=old_cols, topk=topk)
+    f_new, labels_new, _ = load_view(db, new, split, view, columns=new_cols, topk=topk)
     if len(labels) != len(labels_new) or not np.array_equal(labels, labels_new):
         raise ValueError(f"the {split} features of steps {old.step} and {new.step} do not embed the same images "
                          f"({len(labels)} vs {len(labels_new)} rows, or different labels); cannot compare them row by row")
@@ -279,19 +223,23 @@ def embed_2d(fit: np.ndarray, others: Sequence[np.ndarray], *, method: str, seed
     return pca.transform(fit), [pca.transform(o) if len(o) else np.zeros((0, 2)) for o in others], "pca"
 
 
+def _topk_note(topk: int | None) -> str:
+    return "" if topk is None else f", top-{topk} entries kept"
+
+
 def _finite(value: float | None) -> float | None:
     return None if value is None or not np.isfinite(value) else float(value)
 
 
 def model_collapse(db: Engine, version: Version, split: str, view: str, *,
-                   head: tuple[np.ndarray | None, bool] | None = None) -> dict[str, Any]:
+                   head: tuple[np.ndarray | None, bool] | None = None, topk: int | None = None) -> dict[str, Any]:
     """NC1-NC4 and the angles between class means of one model on its own view, over the classes it was trained on.
 
     NC3 compares with the classifier rows (checkpoint) on the encoder view, and with the probability-simplex
     prototypes V^C on output-space views (logits, softmax, PSP, LSP); NC4 uses the stored logits' argmax.
-    ``head``: the model's ``_head_weights`` when already loaded.
+    ``head``: the model's ``_head_weights`` when already loaded; ``topk``: the experiment's PSP/LSP top-k.
     """
-    features, labels, _ = load_view(db, version, split, view)
+    features, labels, _ = load_view(db, version, split, view, topk=topk)
     keep = np.isin(labels, version.classes)
     features, labels = features[keep], labels[keep]
     row: dict[str, Any] = {"step": version.step, "model_version_id": version.id, "n": int(len(labels)),
@@ -371,11 +319,12 @@ def compute_projection(db: Engine, config: dict[str, Any], versions: list[Versio
     split, view, seed = params["split"], params["view"], params["seed"]
     notes: list[str] = []
     progress(0.05, "loading features")
-    f_old, f_new, labels = _joint_pair(db, old, new, split, view)
+    topk = topk_of(config)
+    f_old, f_new, labels = _joint_pair(db, old, new, split, view, topk)
     joint = f_old.shape[1] == f_new.shape[1]
     if view in DERIVED_VIEWS:
-        notes.append(f"{view.upper()}: both models projected onto the old model's {len(old.classes)} classes, "
-                     "as in the cross-test")
+        notes.append(f"{view.upper()}: both models projected onto the old model's {len(old.classes)} classes"
+                     f"{_topk_note(topk)}, as in the cross-test")
     rows = sample_rows(len(labels), params["max_points"], seed)
     classes = np.unique(labels)
 
@@ -433,7 +382,7 @@ def compute_projection(db: Engine, config: dict[str, Any], versions: list[Versio
         definition1 = _definition1(f_old, f_new, labels, n_pairs=params["n_pairs"], seed=seed)
     elif not joint:
         notes.append("drift and Definition 1 need old and new features of the same dimension")
-    collapse = [model_collapse(db, v, split, view) for v in (old, new)]
+    collapse = [model_collapse(db, v, split, view, topk=topk) for v in (old, new)]
     payload = {
         "params": params,
         "columns": list(PROJECTION_COLUMNS),
@@ -471,13 +420,13 @@ def compute_backfill(db: Engine, config: dict[str, Any], versions: list[Version]
     from engine.backfill import backfill_curves, backfill_order, curve_area, fraction_to_reach
 
     old, new = _version(versions, params["step_a"]), _version(versions, params["step_b"])
-    view = params["view"]
-    c = len(old.classes) if view in DERIVED_VIEWS else None
+    view, topk = params["view"], topk_of(config)
+    new_cols, old_cols = cell_columns(new, old)
     same_set = same_set_of(config)
     progress(0.05, "loading features")
-    query, q_labels, _ = load_view(db, new, "query", view, c)
-    old_g, g_labels, _ = load_view(db, old, "gallery", view, c)
-    new_g, g_labels_new, _ = load_view(db, new, "gallery", view, c)
+    query, q_labels, _ = load_view(db, new, "query", view, columns=new_cols, topk=topk)
+    old_g, g_labels, _ = load_view(db, old, "gallery", view, columns=old_cols, topk=topk)
+    new_g, g_labels_new, _ = load_view(db, new, "gallery", view, columns=new_cols, topk=topk)
     if not np.array_equal(g_labels, g_labels_new):
         raise ValueError(f"the gallery features of steps {old.step} and {new.step} do not embed the same images")
     new_logits = None
@@ -492,7 +441,8 @@ def compute_backfill(db: Engine, config: dict[str, Any], versions: list[Version]
         new_logits = None if new_logits is None else new_logits[g_keep]
         notes.append(f"eval_classes = seen: queries and gallery restricted to the old model's {len(old.classes)} classes")
     if view in DERIVED_VIEWS:
-        notes.append(f"{view.upper()}: everything projected onto the old model's {len(old.classes)} classes")
+        notes.append(f"{view.upper()}: everything projected onto the old model's {len(old.classes)} classes"
+                     f"{_topk_note(topk)}")
     fractions = np.linspace(0.0, 1.0, params["num_fractions"])
     curves: dict[str, dict[str, list[float | None]]] = {}
     area: dict[str, dict[str, float | None]] = {}
@@ -540,13 +490,13 @@ def compute_geometry(db: Engine, config: dict[str, Any], versions: list[Version]
     """
     from engine.stationarity import turn_angle
 
-    split, view = params["split"], params["view"]
+    split, view, topk = params["split"], params["view"], topk_of(config)
     models, stationarity = [], []
     direction = None  # the previous step's assigned-prototype centroid
     for i, v in enumerate(versions):
         progress(0.05 + 0.6 * i / max(1, len(versions)), f"collapse of step {v.step}")
         head = _head_weights(v)
-        row = model_collapse(db, v, split, view, head=head)
+        row = model_collapse(db, v, split, view, head=head, topk=topk)
         row.pop("angles", None)  # the per-pair angles are shown by the projection analysis
         models.append(row)
         previous = direction
@@ -557,7 +507,7 @@ def compute_geometry(db: Engine, config: dict[str, Any], versions: list[Version]
     for i, (old, new) in enumerate(zip(versions, versions[1:])):
         progress(0.65 + 0.3 * i / max(1, len(versions) - 1), f"steps {old.step} -> {new.step}")
         pair: dict[str, Any] = {"old_step": old.step, "new_step": new.step}
-        f_old, f_new, labels = _joint_pair(db, old, new, split, view)
+        f_old, f_new, labels = _joint_pair(db, old, new, split, view, topk)
         if f_old.shape[1] != f_new.shape[1]:
             pair["note"] = f"{f_old.shape[1]}-d vs {f_new.shape[1]}-d features: not comparable"
         elif len(np.unique(labels)) >= 2:
@@ -602,7 +552,7 @@ def nearest_neighbours(db: Engine, query_version_id: int, gallery_version_id: in
     """The ``k`` gallery items nearest (cosine) to one query, across models: hits share the query's label.
 
     Query = row ``query_index`` of the query model's ``query`` split; gallery = the gallery model's
-    ``gallery`` split (PSP/LSP projected onto the gallery model's C^k, as in the matrix cell). In a
+    ``gallery`` split (PSP/LSP on the gallery model's classes with the experiment's top-k, as in the matrix cell). In a
     closed-set experiment the query's own image (same row) is excluded from the gallery, by index.
     """
     with session_scope(db) as s:
@@ -611,9 +561,10 @@ def nearest_neighbours(db: Engine, query_version_id: int, gallery_version_id: in
             raise ValueError(f"model version {query_version_id if mv_q is None else gallery_version_id} does not exist")
         config = dict(mv_g.experiment.config)
         vq, vg = Version.of(mv_q), Version.of(mv_g)
-    c = len(vg.classes) if view in DERIVED_VIEWS else None
-    query, q_labels, q_ids = load_view(db, vq, "query", view, c)
-    gallery, g_labels, g_ids = load_view(db, vg, "gallery", view, c)
+    q_cols, g_cols = cell_columns(vq, vg)
+    topk = topk_of(config)
+    query, q_labels, q_ids = load_view(db, vq, "query", view, columns=q_cols, topk=topk)
+    gallery, g_labels, g_ids = load_view(db, vg, "gallery", view, columns=g_cols, topk=topk)
     if not 0 <= query_index < len(query):
         raise ValueError(f"query index {query_index} is out of range: the query split has rows 0..{len(query) - 1}")
     if query.shape[1] != gallery.shape[1]:
@@ -644,6 +595,6 @@ def nearest_neighbours(db: Engine, query_version_id: int, gallery_version_id: in
 
 
 __all__ = ["DEFAULTS", "KINDS", "PROJECTION_COLUMNS", "analysis_key", "available_views", "class_drift",
-           "compute_backfill", "compute_geometry", "compute_projection", "embed_2d", "load_view", "mean_angles",
+           "cell_columns", "compute_backfill", "compute_geometry", "compute_projection", "embed_2d", "load_view", "mean_angles",
            "model_collapse", "model_stationarity", "nearest_neighbours", "normalize_params", "run_analysis", "same_set_of", "sample_rows",
-           "simplex_angle"]
+           "simplex_angle", "topk_of"]

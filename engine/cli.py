@@ -17,6 +17,7 @@ from pathlib import Path
 from engine import roots
 from engine.checkpoints.cli import add_arguments as add_checkpoint_arguments
 from engine.checkpoints.cli import cmd_compare_checkpoints
+from engine.contract import same_set_of
 from engine.export_images import add_arguments as add_export_arguments
 from engine.export_images import cmd_export_images
 from engine.report import FORMATS, render_matrix
@@ -149,7 +150,7 @@ def cmd_adapt(args: argparse.Namespace) -> int:
         if exp is None:
             raise ValueError(f"no experiment {args.experiment} in the database")
         versions = {v.step: v.id for v in list_model_versions(s, exp.id)}
-        same_set = exp.config.get("eval", {}).get("protocol", "closed-set") == "closed-set"
+        same_set = same_set_of(exp.config)
     new_step = args.new_step or max(versions)
     if args.old_step not in versions or new_step not in versions or args.old_step >= new_step:
         raise ValueError(f"experiment {args.experiment} has steps {sorted(versions)}; choose --old-step < --new-step among them")

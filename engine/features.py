@@ -2,39 +2,47 @@
 
 A model's raw outputs (encoder features, logits, softmax over all its outputs) are extracted once
 with ``extract_outputs`` and stored. The PSP/LSP view of a query model depends on the *gallery*
-model's number of classes C^k, so ``view_features`` derives it per compatibility-matrix cell.
+model's classes, so ``cell_features`` derives both sides of a compatibility-matrix cell from the
+stored raw outputs; the pipeline, the checkpoint comparison and every analysis go through it.
+
+Only ``extract_outputs`` (and the tensor wrapper ``simplex_projection``) need torch, and they import
+it when called: the views themselves are numpy, so the app can derive them without loading torch.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
-import torch
-from torch.nn import functional as F
 
-from engine.data.imageset import as_float, check_batch_size
-from engine.device import pick_device
-from engine.models.net import Net
+from engine.contract import DERIVED_VIEWS  # derived view -> the raw output it comes from, in one place
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.models.net import Net
 
 VIEWS = ("encoder", "logits", "softmax", "psp", "lsp")
 RAW_VIEWS = ("encoder", "logits", "softmax")  # what extract_outputs returns and what is stored; psp/lsp derive from them
 TOPK_ORDERS = ("project_first", "sparsify_first")
+# the outputs PSP/LSP keep: C^k (the first C^k, nested models) or the column indices in the gallery's class order
+Columns = Union[int, Sequence[int], np.ndarray]
 
 
-def simplex_projection(
-    outputs: torch.Tensor,
+def project_simplex(
+    outputs: np.ndarray,
     num_classes: int,
     *,
     center: bool = True,
     topk: int | None = None,
     topk_order: str = "project_first",
-) -> torch.Tensor:
+) -> np.ndarray:
     """PSP/LSP feature (paper 000, Algorithm 1): keep the first C^k outputs, centre, L2-normalise.
 
     ``outputs`` (``(..., C^t)``) are softmax probabilities for PSP or logits for LSP over all the
     model's outputs in class order; ``num_classes`` is C^k <= C^t of the gallery model. This equals
-    ``normalize([I - J/C^k | 0] f)``.
+    ``normalize([I - J/C^k | 0] f)``. Floating inputs keep their dtype, others become float32.
 
     ``center=False`` skips the centring, which is LSP as literally written in Eq. 6 (z/||z||, with
     the truncation a cross-test needs); the default follows Algorithm 1, which the paper says it
@@ -48,7 +56,8 @@ def simplex_projection(
       centring the result is dense again (zeros become minus the mean).
     Ties are broken towards the lower class index, so the result is deterministic.
     """
-    total = outputs.shape[-1]
+    values = np.asarray(outputs)
+    total = values.shape[-1]
     if not 1 <= num_classes <= total:
         raise ValueError(
             f"the gallery model has {num_classes} classes but these outputs cover {total}; PSP/LSP needs "
@@ -60,24 +69,84 @@ def simplex_projection(
         raise ValueError(f"topk must lie in [1, {num_classes}], got {topk}")
     if topk_order not in TOPK_ORDERS:
         raise ValueError(f"unknown topk_order {topk_order!r}; use one of {TOPK_ORDERS}")
-    if not outputs.is_floating_point():
-        outputs = outputs.float()
+    if not np.issubdtype(values.dtype, np.floating):
+        values = values.astype(np.float32)
 
-    kept = outputs[..., :num_classes]
+    kept = values[..., :num_classes]
     if topk is not None and topk_order == "sparsify_first":
         kept = _keep_topk(kept, topk)
     if center:
-        kept = kept - kept.mean(dim=-1, keepdim=True)
+        kept = kept - kept.mean(axis=-1, keepdims=True)
     if topk is not None and topk_order == "project_first":
         kept = _keep_topk(kept, topk)
-    return F.normalize(kept, dim=-1)
+    norm = np.sqrt((kept * kept).sum(axis=-1, keepdims=True))
+    return kept / np.maximum(norm, kept.dtype.type(1e-12))
 
 
-def _keep_topk(values: torch.Tensor, k: int) -> torch.Tensor:
+def _keep_topk(values: np.ndarray, k: int) -> np.ndarray:
     """Zero every entry but the k largest of each row (stable: ties go to the lower index)."""
-    order = torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
-    mask = torch.zeros_like(values, dtype=torch.bool).scatter_(-1, order, True)
-    return torch.where(mask, values, torch.zeros_like(values))
+    order = np.argsort(-values, axis=-1, kind="stable")[..., :k]
+    mask = np.zeros(values.shape, dtype=bool)
+    np.put_along_axis(mask, order, True, axis=-1)
+    return np.where(mask, values, values.dtype.type(0))
+
+
+def simplex_projection(
+    outputs: torch.Tensor,
+    num_classes: int,
+    *,
+    center: bool = True,
+    topk: int | None = None,
+    topk_order: str = "project_first",
+) -> torch.Tensor:
+    """:func:`project_simplex` of a tensor (no gradient), returned on its device with its floating dtype."""
+    import torch
+
+    projected = project_simplex(outputs.detach().cpu().numpy(), num_classes, center=center, topk=topk,
+                                topk_order=topk_order)
+    return torch.from_numpy(projected).to(outputs.device)
+
+
+def output_view(raw: Mapping[str, np.ndarray], view: str, *, columns: Columns | None = None,
+                topk: int | None = None) -> np.ndarray:
+    """One model's stored raw outputs in ``view``, as an ``(N, D)`` array.
+
+    ``encoder``, ``logits``, ``softmax`` and any other view ``raw`` holds are returned as stored (not copied;
+    ``columns`` and ``topk`` do not apply to them). ``psp`` (from ``softmax``) and ``lsp`` (from ``logits``) keep the outputs
+    ``columns`` names, then centre, keep the top ``topk`` and L2-normalise (:func:`project_simplex`):
+    ``columns`` is C^k (the first C^k outputs, the paper's nested models) or this model's column of
+    each class the gallery model shares, in the gallery's class order (``engine.checkpoints.classes``).
+    """
+    if view not in DERIVED_VIEWS and view in raw:  # a raw view, or one stored as it is (e.g. adapted features)
+        return np.asarray(raw[view])
+    if view not in VIEWS:
+        raise ValueError(f"unknown feature view {view!r}; use one of {VIEWS}")
+    source = DERIVED_VIEWS.get(view, view)
+    if source not in raw:
+        raise ValueError(f"the raw outputs have no {source!r} entry; extract them with extract_outputs")
+    values = np.asarray(raw[source])
+    if columns is None:
+        raise ValueError(f"the {view!r} view depends on the gallery model; pass its class columns (C^k)")
+    if not isinstance(columns, (int, np.integer)):
+        cols = np.asarray(columns, dtype=np.int64)
+        values, columns = np.ascontiguousarray(values[:, cols]), len(cols)
+    return project_simplex(values, int(columns), topk=topk)
+
+
+def cell_features(query_raw: Mapping[str, np.ndarray], gallery_raw: Mapping[str, np.ndarray], view: str, *,
+                  columns: Columns | tuple[Columns, Columns] | None = None,
+                  topk: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(query features, gallery features)`` of one compatibility cell: query model t, gallery model k.
+
+    ``query_raw`` / ``gallery_raw`` are the two models' stored raw outputs (``encoder``, ``logits``,
+    ``softmax``). For PSP/LSP, ``columns`` is C^k (both sides keep their first C^k outputs) or a pair
+    ``(query columns, gallery columns)`` from ``engine.checkpoints.classes.aligned_columns``; ``topk`` is the
+    config's ``eval.topk`` (PSP/LSP only). Rows are projected one by one, so selecting rows (``eval_classes``)
+    before or after gives the same features.
+    """
+    q_cols, g_cols = columns if isinstance(columns, tuple) else (columns, columns)
+    return (output_view(query_raw, view, columns=q_cols, topk=topk),
+            output_view(gallery_raw, view, columns=g_cols, topk=topk))
 
 
 def extract_outputs(
@@ -102,6 +171,10 @@ def extract_outputs(
     if isinstance(softmax_temperature, bool) or not (isinstance(softmax_temperature, (int, float))
                                                      and math.isfinite(softmax_temperature) and softmax_temperature > 0):
         raise ValueError(f"softmax_temperature must be a positive finite number, got {softmax_temperature!r}")
+    import torch
+
+    from engine.device import pick_device
+
     target = pick_device(device) if isinstance(device, str) else torch.device(device)
     original_device = next(iter(net.parameters()), torch.empty(0)).device
     was_training = net.training
@@ -139,6 +212,10 @@ def extract_outputs(
 def _batches(
     images_or_loader: torch.Tensor | np.ndarray | Iterable[Any], batch_size: int
 ) -> Iterator[tuple[torch.Tensor, Any]]:
+    import torch
+
+    from engine.data.imageset import as_float, check_batch_size
+
     if isinstance(images_or_loader, (torch.Tensor, np.ndarray)):
         check_batch_size(batch_size)
         images = torch.as_tensor(images_or_loader)
@@ -152,37 +229,3 @@ def _batches(
             yield torch.as_tensor(batch[0]), (batch[1] if len(batch) > 1 else None)
         else:
             raise ValueError(f"a batch must be an image tensor or an (images, labels, ...) sequence, got {type(batch)}")
-
-
-def view_features(
-    raw: Mapping[str, np.ndarray],
-    view: str,
-    *,
-    gallery_num_classes: int | None = None,
-    center: bool = True,
-    topk: int | None = None,
-    topk_order: str = "project_first",
-) -> np.ndarray:
-    """The ``view`` of stored raw outputs as a float32 ``(N, D)`` array.
-
-    ``encoder``, ``logits`` and ``softmax`` are returned as stored (float32, not copied). ``psp`` (from ``softmax``) and
-    ``lsp`` (from ``logits``) are projected onto the gallery model's simplex, so they need
-    ``gallery_num_classes`` = C^k; ``center``, ``topk`` and ``topk_order`` are passed to
-    ``simplex_projection`` and apply to these two views only.
-    """
-    if view not in VIEWS:
-        raise ValueError(f"unknown feature view {view!r}; use one of {VIEWS}")
-    source = {"psp": "softmax", "lsp": "logits"}.get(view, view)
-    if source not in raw:
-        raise ValueError(f"the raw outputs have no {source!r} entry; extract them with extract_outputs")
-    values = np.asarray(raw[source], dtype=np.float32)
-    if view not in ("psp", "lsp"):
-        if topk is not None or not center:
-            raise ValueError(f"center and topk apply to the 'psp' and 'lsp' views, not {view!r}")
-        return values
-    if gallery_num_classes is None:
-        raise ValueError(f"the {view!r} view depends on the gallery model; pass gallery_num_classes (its C^k)")
-    projected = simplex_projection(
-        torch.from_numpy(values), gallery_num_classes, center=center, topk=topk, topk_order=topk_order
-    )
-    return projected.numpy()

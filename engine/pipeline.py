@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 from engine.config import RunConfig
 from engine.data_setup import RunData, prepare_run_data
 from engine.device import pick_device
-from engine.features import RAW_VIEWS, extract_outputs, simplex_projection
+from engine.features import DERIVED_VIEWS, RAW_VIEWS, cell_features, extract_outputs
 from engine.methods import build_method
 from engine.methods.base import Method, StepContext, resolve_init_seed
 from engine.metrics import CellFeatures, PairedOptions, compatibility_matrices, stored_summary
@@ -114,10 +114,12 @@ def _store_step(db: Engine, exp_id: int, step: int, net: Net, method: Method, cf
     sets = {"query": data.query, "gallery": data.gallery}
     if len(data.adapter_train):
         sets["train"] = data.adapter_train
-    by_object: dict[int, dict] = {}  # closed-set: query and gallery are the same images, embed once
-    outputs = {split: by_object.setdefault(id(images), extract_outputs(net, images.images, batch_size=256, device=device,
-                                                                          softmax_temperature=method.softmax_temperature()))
-               for split, images in sets.items()}
+    by_object: dict[int, dict] = {}  # closed-set: query and gallery are the same images, embed them once
+    for images in sets.values():
+        if id(images) not in by_object:
+            by_object[id(images)] = extract_outputs(net, images.images, batch_size=256, device=device,
+                                                    softmax_temperature=method.softmax_temperature())
+    outputs = {split: by_object[id(images)] for split, images in sets.items()}
     labels = {split: images.labels.numpy() for split, images in sets.items()}
     with session_scope(db) as s:
         mv = add_model_version(s, exp_id, step, architecture=cfg.model.backbone, method=method.name,
@@ -128,8 +130,8 @@ def _store_step(db: Engine, exp_id: int, step: int, net: Net, method: Method, cf
 
 def _view_cells(db: Engine, versions: list[ModelVersion], view: str, eval_classes: str,
                 topk: int | None = None) -> Callable[[int, int], CellFeatures]:
-    """Cells of one view; PSP/LSP project model t's query outputs onto gallery model k's C^k classes."""
-    raw = "softmax" if view == "psp" else "logits" if view == "lsp" else view
+    """Cells of one view (:func:`engine.features.cell_features`); PSP/LSP keep gallery model k's first C^k outputs."""
+    raw = DERIVED_VIEWS.get(view, view)
     cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
 
     def load(i: int, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -139,11 +141,6 @@ def _view_cells(db: Engine, versions: list[ModelVersion], view: str, eval_classe
             cache[(i, split)] = (feats, labels)
         return cache[(i, split)]
 
-    def project(x: np.ndarray, c: int) -> np.ndarray:
-        if view not in ("psp", "lsp"):
-            return x
-        return simplex_projection(torch.from_numpy(x), c, topk=topk).numpy()
-
     def cell(t: int, k: int) -> CellFeatures:
         ck = len(versions[k].classes)
         (q, ql), (g, gl) = load(t, "query"), load(k, "gallery")
@@ -151,7 +148,8 @@ def _view_cells(db: Engine, versions: list[ModelVersion], view: str, eval_classe
         if eval_classes == "seen":
             qm, gm = ql < ck, gl < ck  # classes are remapped: model k knows 0 .. C^k - 1
             q, ql, g, gl, ids = q[qm], ql[qm], g[gm], gl[gm], ids[qm]
-        return CellFeatures(project(q, ck), ql, project(g, ck), gl, query_ids=ids)
+        q, g = cell_features({raw: q}, {raw: g}, view, columns=ck, topk=topk)
+        return CellFeatures(q, ql, g, gl, query_ids=ids)
 
     return cell
 

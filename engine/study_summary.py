@@ -4,19 +4,13 @@ from __future__ import annotations
 import numpy as np
 from sqlalchemy import Engine
 
+from engine.contract import main_view
 from engine.conventions import replaced_steps
 from engine.methods import METHODS
 from engine.methods.base import resolve_init_seed
 from engine.report import render_matrix, render_summary_table
 from storage import load_matrices, session_scope
 from storage.models import Experiment
-
-
-def main_view(method: str) -> str:
-    """The view a method is judged by: its own (psp/lsp) or the encoder."""
-    cls = METHODS.get(method)
-    views = getattr(cls, "default_views", ("encoder",)) if cls else ("encoder",)
-    return views[0]
 
 
 def _spread(values: list) -> dict:

@@ -268,6 +268,35 @@ def test_backfill_seen_classes_restricts_to_the_old_model(experiment):
     assert payload["cross_test"]["recall@1"] == pytest.approx(expected)
 
 
+def test_analyses_use_the_experiments_topk(experiment):
+    """With eval.topk = 1 a PSP feature on the old model's 3 classes is the one-hot of its largest probability."""
+    db, (exp_id, v1, v2, _), labels = experiment["db"], experiment["ids"], experiment["labels"]
+    cfg = config_from_dict({"eval": {"topk": 1}}).to_dict()
+    with session_scope(db) as s:
+        from storage.models import Experiment
+
+        s.get(Experiment, exp_id).config = cfg
+    old_top = np.eye(3)[experiment["logits1"].argmax(1)]  # softmax is monotone: the largest logit's class
+    new_top = np.eye(3)[experiment["logits2"][:, :3].argmax(1)]
+    assert not np.array_equal(old_top, new_top)  # the two models disagree on some images
+
+    out = analysis.nearest_neighbours(db, v2, v1, "psp", 7, k=5)
+    sims = old_top @ new_top[7]
+    sims[7] = -np.inf
+    assert [n["gallery_index"] for n in out["neighbours"]] == np.argsort(-sims, kind="stable")[:5].tolist()
+    assert [n["similarity"] for n in out["neighbours"]] == pytest.approx(np.sort(sims)[::-1][:5].tolist())
+
+    params = {"step_a": 1, "step_b": 2, "view": "psp", "metrics": ["recall@1", "map"], "orderings": ["random"]}
+    analysis.run_analysis(db, exp_id, "backfill", params)
+    payload, _ = _load(db, exp_id, "backfill", params)
+    cross = retrieval_metrics(new_top, labels, old_top, labels, ks=(1,), same_set=True)
+    self_test = retrieval_metrics(new_top, labels, new_top, labels, ks=(1,), same_set=True)
+    for metric in ("recall@1", "map"):
+        assert payload["cross_test"][metric] == pytest.approx(cross[metric], abs=1e-12)
+        assert payload["self_test"][metric] == pytest.approx(self_test[metric], abs=1e-12)
+    assert any("top-1" in note for note in payload["notes"])
+
+
 # ------------------------------------------------------------------------------------------ geometry over steps
 
 

@@ -15,7 +15,7 @@ from engine.collapse import (
     nc4_ncc_mismatch,
     probability_simplex_prototypes,
 )
-from engine.features import extract_outputs, simplex_projection, view_features
+from engine.features import cell_features, extract_outputs, output_view, project_simplex, simplex_projection
 from engine.models import build_model
 
 
@@ -121,23 +121,45 @@ def test_extract_outputs_from_batches_with_labels_in_class_order():
     np.testing.assert_allclose(raw["logits"], head_order[:, ::-1], rtol=1e-5, atol=1e-6)
 
 
-def test_view_features():
+def test_output_view_and_cell_features():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(5, 6)).astype(np.float32)
     softmax = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     raw = {"encoder": rng.normal(size=(5, 3)).astype(np.float32), "logits": logits, "softmax": softmax}
-    np.testing.assert_array_equal(view_features(raw, "encoder"), raw["encoder"])
-    np.testing.assert_array_equal(view_features(raw, "softmax"), softmax)
-    psp = view_features(raw, "psp", gallery_num_classes=4)
+    np.testing.assert_array_equal(output_view(raw, "encoder"), raw["encoder"])
+    np.testing.assert_array_equal(output_view(raw, "softmax", topk=2), softmax)  # topk is PSP/LSP only
+    psp = output_view(raw, "psp", columns=4)
     np.testing.assert_allclose(psp, algorithm_1(torch.from_numpy(softmax), 6, 4).numpy(), rtol=1e-5, atol=1e-6)
-    lsp = view_features(raw, "lsp", gallery_num_classes=4, topk=2)
+    lsp = output_view(raw, "lsp", columns=4, topk=2)
     assert lsp.shape == (5, 4) and ((lsp != 0).sum(axis=1) == 2).all()
-    with pytest.raises(ValueError, match="gallery_num_classes"):
-        view_features(raw, "psp")
+    with pytest.raises(ValueError, match="class columns"):
+        output_view(raw, "psp")
     with pytest.raises(ValueError, match="unknown feature view"):
-        view_features(raw, "penultimate")
+        output_view(raw, "penultimate")
     with pytest.raises(ValueError, match="extract them"):
-        view_features({"encoder": raw["encoder"]}, "lsp", gallery_num_classes=4)
+        output_view({"encoder": raw["encoder"]}, "lsp", columns=4)
+
+
+def test_cell_features_aligns_columns_by_hand():
+    # query model outputs classes (b, a, c), gallery model (a, b): the query keeps columns 1, 0 in that order
+    q_soft = np.array([[0.2, 0.7, 0.1]], np.float32)
+    g_soft = np.array([[0.6, 0.4]], np.float32)
+    q, g = cell_features({"softmax": q_soft}, {"softmax": g_soft}, "psp", columns=([1, 0], [0, 1]))
+    s = 1 / math.sqrt(2)
+    np.testing.assert_allclose(q, [[s, -s]], rtol=1e-6)  # (0.7, 0.2) centred: (0.25, -0.25)
+    np.testing.assert_allclose(g, [[s, -s]], rtol=1e-6)
+    # an int is C^k: both sides keep their first C^k outputs; top-1 of (0.2, 0.7) - 0.45 keeps class 1 only
+    q, g = cell_features({"softmax": q_soft}, {"softmax": g_soft}, "psp", columns=2, topk=1)
+    np.testing.assert_allclose(q, [[0.0, 1.0]]) and np.testing.assert_allclose(g, [[1.0, 0.0]])
+    q, g = cell_features({"encoder": q_soft}, {"encoder": g_soft}, "encoder", columns=2, topk=1)
+    assert q is q_soft and g is g_soft
+
+
+def test_numpy_projection_keeps_float64_and_matches_algorithm_1():
+    x = np.random.default_rng(1).normal(size=(4, 7))
+    out = project_simplex(x, 5)
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, algorithm_1(torch.from_numpy(x), 7, 5).numpy(), rtol=1e-12, atol=1e-12)
 
 
 # ---- neural collapse ----------------------------------------------------------------------------

@@ -82,6 +82,57 @@ def test_stored_matrix_equals_an_independent_recomputation_from_stored_features(
     np.testing.assert_allclose(stored["psp"], expected, atol=1e-12)
 
 
+def test_a_closed_set_step_embeds_the_test_images_once(tmp_path, monkeypatch):
+    cfg = _cfg(methods=["independent"], scenario={"initial_classes": 5, "increment": 5, "num_steps": 2})
+    data = prepare_run_data(cfg)
+    assert data.query is data.gallery and len(data.adapter_train) > 0  # closed-set: one test set, plus adapter images
+    embedded = []
+    real = pipeline.extract_outputs
+
+    def counting(net, images, **kwargs):
+        embedded.append(len(images))
+        return real(net, images, **kwargs)
+
+    monkeypatch.setattr(pipeline, "extract_outputs", counting)
+    run_experiment(cfg, _ctx(tmp_path), data=data)
+    # per step: the test images once (query = gallery) and the adapter-training images once
+    assert embedded == [len(data.query), len(data.adapter_train)] * 2
+
+
+def test_topk_reaches_the_stored_matrix_and_the_backfill_analysis_alike(tmp_path):
+    from engine.analysis import analysis_key, run_analysis
+    from engine.metrics import retrieval_metrics
+    from storage import load_analysis
+
+    ctx = _ctx(tmp_path)
+    cfg = _cfg(methods=["psp"], eval={"views": ["psp"], "topk": 2},
+               scenario={"initial_classes": 5, "increment": 5, "num_steps": 2})
+    exp_id = run_experiment(cfg, ctx)
+    params = {"step_a": 1, "step_b": 2, "view": "psp", "metrics": ["recall@1", "map"], "orderings": ["random"]}
+    run_analysis(ctx.db, exp_id, "backfill", params)
+    with session_scope(ctx.db) as s:
+        old, new = list_model_versions(s, exp_id)
+        stored = {m.metric: m.values for m in load_matrices(s, exp_id, view="psp")}
+        (q, ql), (g_old, gl), (g_new, _) = (load_feature_set(s, v.id, split, "softmax")[:2]
+                                            for v, split in ((new, "query"), (old, "gallery"), (new, "gallery")))
+        payload = load_analysis(s, exp_id, "backfill", analysis_key("backfill", params)).payload
+
+    def top2_psp(x, c):  # keep the first C^k outputs, centre, zero all but the 2 largest, normalise
+        h = x[:, :c] - x[:, :c].mean(1, keepdims=True)
+        h[np.arange(len(h))[:, None], np.argsort(-h, axis=1, kind="stable")[:, 2:]] = 0
+        return h / np.linalg.norm(h, axis=1, keepdims=True)
+
+    c = len(old.classes)  # the backfill space and the cross-test cell (new queries, old gallery): the old model's 5
+    # fraction 0 is the cross-test: the stored matrix's cell (new model, old model), top-k included
+    for metric in ("recall@1", "map"):
+        assert payload["cross_test"][metric] == pytest.approx(stored[metric][1, 0], abs=1e-12)
+    cross = retrieval_metrics(top2_psp(q, c), ql, top2_psp(g_old, c), gl, ks=(1,), same_set=True)
+    full = retrieval_metrics(top2_psp(q, c), ql, top2_psp(g_new, c), gl, ks=(1,), same_set=True)
+    for metric in ("recall@1", "map"):
+        assert stored[metric][1, 0] == pytest.approx(cross[metric], abs=1e-12)
+        assert payload["self_test"][metric] == pytest.approx(full[metric], abs=1e-12)  # fraction 1: all re-embedded
+
+
 def test_resume_after_a_kill_trains_only_the_missing_steps(tmp_path, monkeypatch):
     cfg = _cfg(methods=["independent"])
     ctx = _ctx(tmp_path)

@@ -7,7 +7,7 @@ import streamlit as st
 from app import charts
 from app import queries as q
 from app.widgets import analysis_result, pick_experiment, pick_steps, plain, state_convention
-from engine.analysis import ORDERINGS
+from engine.contract import ADAPTER_KINDS, DEFAULT_ORDERINGS, ORDERINGS, adapter_key, adapters_payload, same_set_of
 from engine.conventions import metric_name
 
 url = q.db_url()
@@ -35,7 +35,7 @@ views = [v for v in old["views"] if v in new["views"] and v not in ("softmax",)]
 main = q.main_view(experiment["method"])
 view = c[2].selectbox("View", views, index=views.index(main) if main in views else 0,
                       key=f"bf_view_{experiment['id']}")  # each experiment starts on its main view
-orderings = c[3].multiselect("Orderings", ORDERINGS, default=["random", "distance_mse", "distance_cosine"],
+orderings = c[3].multiselect("Orderings", ORDERINGS, default=list(DEFAULT_ORDERINGS),
                              key="bf_orderings", help="; ".join(f"{k}: {v}" for k, v in ORDERING_HELP.items()))
 if not orderings:
     st.info("Choose at least one ordering.")
@@ -48,14 +48,14 @@ with st.expander("Mapping adapters (paper 004): align the two models, then backf
                "features of the two frozen models; B⊥ is strictly orthogonal, B_λ affine with the λ-orthogonality "
                "regulariser, FCT maps forward only. The adapted views are stored as F(...) / B(...) on the models.")
     a1, a2 = st.columns([1, 3])
-    kind = a1.selectbox("Adapter", ["perp", "lambda", "fct"], key="bf_adapter_kind",
+    kind = a1.selectbox("Adapter", ADAPTER_KINDS, key="bf_adapter_kind",
                         format_func={"perp": "B⊥ + F", "lambda": "B_λ + F", "fct": "FCT (F only)"}.get)
-    adapter_key = f"{old['id']}->{new['id']}:{kind}:{view}"
-    same_set = experiment["config"].get("eval", {}).get("protocol", "closed-set") == "closed-set"
-    adapted = q.stored_analysis(url, experiment["id"], "adapters", adapter_key, q.stamp(experiment))
+    adapters_key = adapter_key(old["id"], new["id"], kind, view)
+    same_set = same_set_of(experiment["config"])
+    adapted = q.stored_analysis(url, experiment["id"], "adapters", adapters_key, q.stamp(experiment))
     if a2.button("Train adapters", key="bf_adapter_train", disabled=old["step"] >= new["step"]):
-        job_id = q.enqueue(url, "adapters", {"old_version_id": old["id"], "new_version_id": new["id"], "kind": kind,
-                                             "view": view, "same_set": same_set}, experiment_id=experiment["id"])
+        job_id = q.enqueue(url, "adapters", adapters_payload(old["id"], new["id"], kind=kind, view=view, same_set=same_set),
+                           experiment_id=experiment["id"])
         st.toast(f"Adapter job #{job_id} queued; the Overview page shows its progress.")
     if adapted is None:
         st.caption("Not trained yet for these steps, view and adapter.")

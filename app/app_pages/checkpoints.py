@@ -15,21 +15,18 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # standalone: `streamlit run app/app_pages/checkpoints.py`
-    sys.path.insert(0, str(ROOT))
+import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
-import streamlit as st  # noqa: E402
-from streamlit.errors import StreamlitAPIException  # noqa: E402
-
-from app import queries as q  # noqa: E402
-from app.widgets import QUEUED_HINT_S, plain, status_badge  # noqa: E402
-from engine.roots import OutsideRootsError, confine, torchscript_allowed  # noqa: E402
+from app import queries as q
+from app.widgets import QUEUED_HINT_S, plain, status_badge
+from engine.contract import checkpoints_payload
+from engine.roots import OutsideRootsError, confine, torchscript_allowed
 
 url = q.db_url()
 PREFIX = "ck_"
@@ -437,7 +434,7 @@ if check or launch:
     spec, problems = build_spec(archs)
     result: dict[str, Any] = {"problems": problems} if problems else {"spec": spec}
     if spec is not None and launch:
-        result["job_id"] = q.enqueue(url, "checkpoints", {"spec": spec})
+        result["job_id"] = q.enqueue(url, "checkpoints", checkpoints_payload(spec))
     st.session_state[PREFIX + "result"] = result
 
 result = st.session_state.get(PREFIX + "result")

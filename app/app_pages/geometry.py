@@ -8,7 +8,7 @@ import streamlit as st
 from app import charts
 from app import queries as q
 from app.widgets import analysis_result, pick_experiment, pick_steps, plain, state_convention
-from engine.analysis import CLASS_MEAN, PROTOTYPE, SAMPLE
+from engine.contract import CLASS_MEAN, PROTOTYPE, SAMPLE
 
 url = q.db_url()
 LINES_SHOWN = 150

@@ -7,7 +7,9 @@ from app import forms
 from app import queries as q
 from app.widgets import plain
 from engine.config import config_from_dict, dump_toml
+from engine.contract import run_payload
 from engine.presets import absent_methods_note
+from engine.vocab import BACKBONE_NAMES, METHOD_NAMES
 
 url = q.db_url()
 PREFIX = "ne_"
@@ -15,11 +17,8 @@ PREFIX = "ne_"
 
 @st.cache_data(show_spinner=False)
 def choices() -> dict[str, list[str]]:
-    """Names from the engine's registries (imported once: they load torch)."""
-    from engine.methods import METHODS
-    from engine.models import BACKBONES
-
-    return {"methods": sorted(METHODS), "backbones": list(BACKBONES), "presets": forms.preset_names()}
+    """Names from the engine's torch-free vocabulary (checked against the registries by tests/test_vocab.py)."""
+    return {"methods": sorted(METHOD_NAMES), "backbones": list(BACKBONE_NAMES), "presets": forms.preset_names()}
 
 
 @st.cache_data(show_spinner=False)
@@ -131,7 +130,7 @@ if check or launch:
     else:
         result = {"toml": dump_toml(cfg), "name": cfg.name}
         if launch:
-            result["job_id"] = q.enqueue(url, "run", {"config": cfg.to_dict()})
+            result["job_id"] = q.enqueue(url, "run", run_payload(cfg.to_dict()))
         st.session_state[PREFIX + "result"] = result
 
 result = st.session_state.get(PREFIX + "result")

@@ -1,19 +1,12 @@
 """Learn: orthogonal vs affine vs lambda-orthogonal alignment of a 2-D source space onto a target (paper 004)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import altair as alt
+import pandas as pd
+import streamlit as st
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the page also runs on its own: streamlit run app/learn/alignment.py
-    sys.path.insert(0, str(ROOT))
-
-import altair as alt  # noqa: E402
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from app.learn.common import class_colors, show_square, show_wide  # noqa: E402
-from engine.learn.alignment import (  # noqa: E402
+from app.learn.common import class_colors, show_square, show_wide
+from engine.learn.alignment import (
     MAPS,
     FittedMap,
     alignment_error,

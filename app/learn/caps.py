@@ -1,20 +1,13 @@
 """Learn: caps and expectations - paper 001's Monte-Carlo check of Definition 1 on shrinking hyperspherical caps."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import altair as alt
+import numpy as np
+import pandas as pd
+import streamlit as st
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the page also runs on its own: streamlit run app/learn/caps.py
-    sys.path.insert(0, str(ROOT))
-
-import altair as alt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from app.learn.common import BOTTOM, show_square, show_wide  # noqa: E402
-from engine.learn.caps import (  # noqa: E402
+from app.learn.common import BOTTOM, show_square, show_wide
+from engine.learn.caps import (
     cap_expectations,
     distances_vs_dimension,
     distances_vs_shrink,

@@ -1,19 +1,12 @@
 """Learn: Definition 1 by hand - every pair inequality of two toy models, next to the empirical criterion."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import altair as alt
+import pandas as pd
+import streamlit as st
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the page also runs on its own: streamlit run app/learn/definition1.py
-    sys.path.insert(0, str(ROOT))
-
-import altair as alt  # noqa: E402
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from app.learn.common import BOTTOM, class_colors, show_square  # noqa: E402
-from engine.learn.definition1 import definition1_demo, two_model_clusters  # noqa: E402
+from app.learn.common import BOTTOM, class_colors, show_square
+from engine.learn.definition1 import definition1_demo, two_model_clusters
 
 PRESETS = {  # name -> slider values; each one makes a point the text below refers to
     "ECC passes, pairs fail": dict(d1_classes=4, d1_per_class=8, d1_spread_old=0.6, d1_spread_new=0.3, d1_drift=0,

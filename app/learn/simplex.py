@@ -1,20 +1,13 @@
 """Learn: the probability simplex - softmax outputs, the centring projection, and a class added later (paper 000)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import altair as alt
+import numpy as np
+import pandas as pd
+import streamlit as st
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the page also runs on its own: streamlit run app/learn/simplex.py
-    sys.path.insert(0, str(ROOT))
-
-import altair as alt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from app.learn.common import BOTTOM, class_colors, show_square  # noqa: E402
-from engine.learn.simplex import TRIANGLE, orthogonality_table, prototype_table, prototype_xy, simplex_points  # noqa: E402
+from app.learn.common import BOTTOM, class_colors, show_square
+from engine.learn.simplex import TRIANGLE, orthogonality_table, prototype_table, prototype_xy, simplex_points
 
 CLASS_COLORS = class_colors(6)
 

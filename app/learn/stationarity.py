@@ -1,20 +1,13 @@
 """Learn: stationarity vs a learnable classifier - a 2-D feature space trained on digits, 5 classes then 10."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import altair as alt
+import numpy as np
+import pandas as pd
+import streamlit as st
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the page also runs on its own: streamlit run app/learn/stationarity.py
-    sys.path.insert(0, str(ROOT))
-
-import altair as alt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from app.learn.common import BOTTOM, class_colors, show_square, show_wide  # noqa: E402
-from engine.learn.stationarity import FIRST_CLASSES, StationarityRun, run_stationarity  # noqa: E402
+from app.learn.common import BOTTOM, class_colors, show_square, show_wide
+from engine.learn.stationarity import FIRST_CLASSES, StationarityRun, run_stationarity
 
 HEAD_TITLES = {"learnable": "Learnable linear classifier", "fixed": "Fixed classifier: 10 directions, 36° apart"}
 CLASS_COLORS = class_colors()

@@ -48,7 +48,7 @@ from engine.data.folder import FolderImages, check_stop, list_image_folder
 from engine.data.imageset import check_batch_size, check_image_size
 from engine.device import pick_device
 from engine.evaluate_folder import result_json
-from engine.features import RAW_VIEWS, extract_outputs, simplex_projection
+from engine.features import DERIVED_VIEWS, RAW_VIEWS, cell_features, extract_outputs
 from engine.metrics import CellFeatures, MatrixResult, compatibility_matrices, parse_metric
 from engine.persist import config_hash, save_matrices
 from engine.roots import confine
@@ -445,16 +445,12 @@ def _check_alignment(labels: list[str], names: list[tuple[str, ...]], sources: S
 def _cells(view: str, cmp_outputs: list[dict[str, dict[str, np.ndarray]]], split_labels: dict[str, np.ndarray],
            names: list[tuple[str, ...]]) -> Callable[[int, int], CellFeatures]:
     """Cells of one view; PSP/LSP align model t's outputs to gallery model k's classes first (see classes.py)."""
-    source = {"psp": "softmax", "lsp": "logits"}.get(view, view)
     ql, gl = split_labels["query"], split_labels["gallery"]
 
     def cell(t: int, k: int) -> CellFeatures:
-        q, g = cmp_outputs[t]["query"][source], cmp_outputs[k]["gallery"][source]
-        if view in ("psp", "lsp"):
-            q_cols, g_cols = aligned_columns(names[t], names[k])
-            q = simplex_projection(torch.from_numpy(np.ascontiguousarray(q[:, q_cols])), len(q_cols)).numpy()
-            g = simplex_projection(torch.from_numpy(np.ascontiguousarray(g[:, g_cols])), len(g_cols)).numpy()
-        elif q.shape[1] == 0 or g.shape[1] == 0:
+        columns = aligned_columns(names[t], names[k]) if view in DERIVED_VIEWS else None
+        q, g = cell_features(cmp_outputs[t]["query"], cmp_outputs[k]["gallery"], view, columns=columns)
+        if view not in DERIVED_VIEWS and (q.shape[1] == 0 or g.shape[1] == 0):
             # a model without encoder output: reported as not comparable, the way a size mismatch is
             return CellFeatures(q[:, :0], ql, np.zeros((len(g), 1), np.float32), gl)
         return CellFeatures(q, ql, g, gl)

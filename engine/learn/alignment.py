@@ -119,14 +119,6 @@ def fit_maps(
     return fitted
 
 
-def map_summary(fitted: dict[str, FittedMap]) -> pd.DataFrame:
-    """One row per map: its matrix entries, bias and the three scores."""
-    return pd.DataFrame([{"map": m.name, "W": np.array2string(m.weight, precision=3, suppress_small=True),
-                          "b": np.array2string(m.bias, precision=3, suppress_small=True),
-                          "||WW^T - I||_F": m.orthogonality_error, "alignment error": m.alignment_error,
-                          "distance distortion": m.distance_distortion} for m in fitted.values()])
-
-
 def regulariser_curve(*, lams: tuple[float, ...], alpha: float, x_max: float = 4.0, steps: int = 161) -> pd.DataFrame:
     """Fig. 2(a): L_lambda(x) = sigmoid(alpha (x - lambda)) x for each lambda, from ``engine.adapters.lambda_orthogonality``.
 

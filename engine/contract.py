@@ -1,0 +1,153 @@
+"""The app/engine border: every name and request shape both sides share, torch-free (stdlib only).
+
+The dashboard imports ``storage``, ``engine.config``, ``engine.vocab``, ``engine.conventions``, ``engine.presets``,
+``engine.roots`` and this module; the engine's torch modules import the same facts from here. Vocabularies of a
+config (methods, datasets, backbones, the run and gallery protocols, views) live in :mod:`engine.vocab`;
+``tests/test_contract.py`` checks both against the engine's registries.
+
+- views: the raw outputs the worker stores and the derived PSP/LSP views (``DERIVED_VIEWS``: derived -> raw);
+- analyses: kinds, parameters with their defaults, their normalisation and storage key;
+- jobs: kinds and the payload of each request the app enqueues (``run``, ``analysis``, ``adapters``,
+  ``checkpoints``);
+- experiment facts read from a stored config: ``same_set_of``, ``main_view``.
+"""
+from __future__ import annotations
+
+import json
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+from engine.vocab import RUN_PROTOCOLS
+
+# ---------------------------------------------------------------------------------------------- views
+RAW_VIEWS = ("encoder", "logits", "softmax")  # what the worker extracts and stores per model version and split
+DERIVED_VIEWS = {"psp": "softmax", "lsp": "logits"}  # derived view -> the raw output it is computed from
+OUTPUT_VIEWS = ("logits", "softmax", "psp", "lsp")  # views that live in the classifier's output space
+# a method's main view (the one it is judged by); every other method, known or not, is judged on the encoder
+MAIN_VIEWS = {"psp": "psp", "lsp": "lsp"}
+
+
+def main_view(method: str) -> str:
+    """The view a method is meant to be evaluated with: its own (psp/lsp) or the encoder."""
+    return MAIN_VIEWS.get(method, "encoder")
+
+
+def raw_view(view: str) -> str:
+    """The stored output a view is read from: softmax for psp, logits for lsp, the view itself otherwise."""
+    return DERIVED_VIEWS.get(view, view)
+
+
+def available_views(stored: Sequence[str]) -> list[str]:
+    """Views that can be shown for a model version: the stored ones plus PSP/LSP when their raw view is stored."""
+    views = list(dict.fromkeys(stored))
+    views += [v for v, raw in DERIVED_VIEWS.items() if raw in views and v not in views]
+    return views
+
+
+def same_set_of(config: dict[str, Any]) -> bool:
+    """Whether queries are the gallery images (closed-set): from an experiment's stored config."""
+    if "eval" in config:
+        return config["eval"].get("protocol", RUN_PROTOCOLS[0]) == RUN_PROTOCOLS[0]
+    return bool(config.get("same_set", False))  # experiments evaluated from a folder of features
+
+
+# ---------------------------------------------------------------------------------------------- analyses
+ANALYSIS_KINDS = ("projection", "backfill", "geometry")
+EMBEDDINGS = ("umap", "pca")
+ORDERINGS = ("random", "distance_mse", "distance_cosine", "distance_mse_reverse", "distance_cosine_reverse",
+             "confidence")  # partial-backfilling orders (engine.backfill.ORDERINGS)
+DEFAULT_ORDERINGS = ("random", "distance_mse", "distance_cosine")
+REACH_SHARES = (1.0, 0.99, 0.95)  # "fraction needed to reach this share of the new model's self-test"
+# map point kinds (column "kind" of the projection array)
+SAMPLE, CLASS_MEAN, PROTOTYPE = 0, 1, 2
+PROJECTION_COLUMNS = ("x", "y", "model", "kind", "label", "row")
+
+ANALYSIS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "projection": {"step_a": None, "step_b": None, "view": "encoder", "split": "gallery", "method": "umap",
+                   "max_points": 2000, "seed": 0, "n_pairs": 10_000},
+    "backfill": {"step_a": None, "step_b": None, "view": "encoder",
+                 "orderings": list(DEFAULT_ORDERINGS), "metrics": ["recall@1", "map"],
+                 "num_fractions": 21, "seed": 0},
+    "geometry": {"view": "encoder", "split": "gallery", "n_pairs": 10_000, "seed": 0},
+}
+
+
+def normalize_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any]:
+    """``params`` with defaults filled in and checked; ``ValueError`` with a readable sentence otherwise."""
+    if kind not in ANALYSIS_DEFAULTS:
+        raise ValueError(f"unknown analysis kind {kind!r}; known kinds: {', '.join(ANALYSIS_KINDS)}")
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(ANALYSIS_DEFAULTS[kind]))
+    if unknown:
+        raise ValueError(f"unknown {kind} parameter(s) {', '.join(unknown)}; known: {', '.join(ANALYSIS_DEFAULTS[kind])}")
+    out = {**ANALYSIS_DEFAULTS[kind], **params}
+    for name in ("step_a", "step_b"):
+        if name in out:
+            if isinstance(out[name], bool) or not isinstance(out[name], numbers.Integral) or out[name] < 1:
+                raise ValueError(f"{kind} needs {name} = a model step (an integer >= 1), got {out[name]!r}")
+            out[name] = int(out[name])
+    if "step_a" in out and out["step_a"] >= out["step_b"]:
+        raise ValueError(f"step_a is the old model and step_b the new one: need step_a < step_b, "
+                         f"got {out['step_a']} and {out['step_b']}")
+    for name in ("max_points", "n_pairs", "num_fractions", "seed"):
+        if name in out:
+            out[name] = int(out[name])
+    if out.get("split", "gallery") not in ("query", "gallery"):
+        raise ValueError(f"split must be 'query' or 'gallery', got {out['split']!r}")
+    if kind == "projection":
+        if out["method"] not in EMBEDDINGS:
+            raise ValueError(f"unknown embedding {out['method']!r}; use one of {', '.join(EMBEDDINGS)}")
+        if out["max_points"] < 10:
+            raise ValueError(f"max_points must be at least 10, got {out['max_points']}")
+    if kind == "backfill":
+        out["orderings"] = [str(o) for o in out["orderings"]]
+        out["metrics"] = [str(m) for m in out["metrics"]]
+        bad = [o for o in out["orderings"] if o not in ORDERINGS]
+        if bad or not out["orderings"]:
+            raise ValueError(f"unknown or no backfilling order(s) {bad}; known: {', '.join(ORDERINGS)}")
+        if not out["metrics"]:
+            raise ValueError("backfill needs at least one metric, e.g. 'recall@1' or 'map'")
+        if out["num_fractions"] < 2:
+            raise ValueError(f"num_fractions must be at least 2 (0 and 1), got {out['num_fractions']}")
+    return out
+
+
+def analysis_key(kind: str, params: dict[str, Any] | None) -> str:
+    """The storage key of an analysis: canonical JSON of its normalised parameters (deterministic)."""
+    return json.dumps(normalize_params(kind, params), sort_keys=True, separators=(",", ":"))
+
+
+# ---------------------------------------------------------------------------------------------- jobs
+JOB_KINDS = ("run", "analysis", "adapters", "checkpoints")  # engine.worker.HANDLERS
+ADAPTER_KINDS = ("perp", "lambda", "fct")  # engine.adapters.pair.KINDS: B_perp + F, B_lambda + F, F only
+
+
+def adapter_key(old_version_id: int, new_version_id: int, kind: str, view: str) -> str:
+    """The storage key of a pair of mapping adapters (and of their stored ``adapters`` analysis)."""
+    return f"{old_version_id}->{new_version_id}:{kind}:{view}"
+
+
+def run_payload(config: dict[str, Any]) -> dict[str, Any]:
+    """A ``run`` job: one RunConfig dict (``RunConfig.to_dict()``)."""
+    return {"config": config}
+
+
+def analysis_payload(experiment_id: int, kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """An ``analysis`` job; the parameters are checked here, before anything is queued."""
+    normalize_params(kind, params)
+    return {"experiment_id": int(experiment_id), "kind": kind, "params": dict(params)}
+
+
+def adapters_payload(old_version_id: int, new_version_id: int, *, kind: str, view: str,
+                     same_set: bool) -> dict[str, Any]:
+    """An ``adapters`` job (fields of ``engine.adapt.AdapterJob``)."""
+    if kind not in ADAPTER_KINDS:
+        raise ValueError(f"unknown adapter kind {kind!r}; use one of {', '.join(ADAPTER_KINDS)}")
+    return {"old_version_id": int(old_version_id), "new_version_id": int(new_version_id), "kind": kind,
+            "view": view, "same_set": bool(same_set)}
+
+
+def checkpoints_payload(spec: dict[str, Any]) -> dict[str, Any]:
+    """A ``checkpoints`` job: a comparison spec as ``ComparisonSpec.to_dict()`` gives it."""
+    return {"spec": spec}

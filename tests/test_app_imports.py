@@ -1,0 +1,80 @@
+"""The dashboard's Explore pages never load torch, torchvision, numba or faiss into the Streamlit process.
+
+Every module any page or helper under ``app/`` imports (at the top or inside a function; the Learn demos
+excepted, see ``app/learn/__init__.py``) is imported in a fresh interpreter and ``sys.modules`` is read.
+``ALLOWED`` names the known exceptions, each with its reason; an exception that no longer loads a heavy
+module fails the test too, so the list only shrinks. One call (not an import) also loads torch: the Geometry page's
+nearest neighbours of a PSP/LSP view (``app.queries.neighbours`` -> ``engine.analysis.nearest_neighbours``,
+which projects with ``engine.features.simplex_projection``).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "torchvision", "numba", "faiss")
+# (app file, engine module) -> why it still loads a heavy module
+ALLOWED = {
+    ("app/forms.py", "engine.data.scenario"): "the engine's scenario check is torch-free, but engine.data's "
+                                              "package __init__ loads the datasets (torch)",
+    ("app/app_pages/compatibility.py", "engine.metrics"): "ecc_pass is numpy, but engine.metrics' __init__ loads "
+                                                          "retrieval (torch, numba)",
+    ("app/app_pages/compatibility.py", "engine.metrics.paired"): "numpy, behind engine.metrics' __init__",
+    ("app/app_pages/compatibility.py", "engine.report"): "numpy, behind engine.metrics' __init__",
+    ("app/app_pages/checkpoints.py", "engine.checkpoints.archs"): "architecture table next to the torchvision "
+                                                                  "builders",
+    ("app/app_pages/checkpoints.py", "engine.checkpoints.loading"): "file sniffing next to the torch loaders",
+    ("app/app_pages/checkpoints.py", "engine.models.checkpoint"): "CHECKPOINT_FORMAT next to the torch saver",
+    ("app/app_pages/checkpoints.py", "engine.checkpoints.compare"): "the comparison-request validator lives with "
+                                                                    "the comparison (torch)",
+}
+
+
+def app_files() -> list[Path]:
+    """Every module of the dashboard but the Learn demos."""
+    return sorted(p for p in (ROOT / "app").rglob("*.py") if "learn" not in p.relative_to(ROOT / "app").parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Modules a file imports anywhere (module level or inside functions), from ``engine``, ``storage``, ``app``."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+    return {m for m in out if m.split(".")[0] in ("engine", "storage", "app") and m != "app.learn"}
+
+
+def heavy_after_import(module: str) -> list[str]:
+    """The heavy modules in ``sys.modules`` after importing ``module`` in a fresh interpreter."""
+    code = (f"import importlib, json, sys; importlib.import_module({module!r}); "
+            f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": ""}, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_the_scan_sees_the_pages_and_their_imports():
+    files = {str(p.relative_to(ROOT)) for p in app_files()}
+    assert {"app/main.py", "app/queries.py", "app/app_pages/compatibility.py", "app/app_pages/geometry.py"} <= files
+    assert not any("learn" in f for f in files)
+    assert "engine.contract" in imported_modules(ROOT / "app" / "queries.py")
+    assert all(module in imported_modules(ROOT / path) for path, module in ALLOWED)  # no stale exception
+
+
+@pytest.mark.parametrize("module", sorted({m for p in app_files() for m in imported_modules(p)} | {"app.main"}))
+def test_app_imports_load_no_torch(module):
+    users = sorted(str(p.relative_to(ROOT)) for p in app_files() if module in imported_modules(p))
+    allowed = {(u, module): ALLOWED[u, module] for u in users if (u, module) in ALLOWED}
+    heavy = heavy_after_import(module)
+    if allowed:
+        assert heavy, f"{module} no longer loads {', '.join(HEAVY)}: remove it from ALLOWED"
+    else:
+        assert heavy == [], f"importing {module} (used by {', '.join(users) or 'the router'}) loads {heavy}"

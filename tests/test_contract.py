@@ -1,0 +1,45 @@
+"""engine.contract names exactly what the engine's registries know, and its helpers behave as the engine did."""
+import pytest
+
+from engine import contract, vocab
+from engine.adapters.pair import KINDS as ADAPTER_KINDS
+from engine.backfill import ORDERINGS
+from engine.features import RAW_VIEWS, VIEWS
+from engine.methods import METHODS
+from engine.worker import HANDLERS
+
+
+def test_contract_matches_the_registries():
+    assert contract.ORDERINGS == tuple(ORDERINGS)
+    assert set(contract.DEFAULT_ORDERINGS) <= set(ORDERINGS)
+    assert contract.ADAPTER_KINDS == ADAPTER_KINDS
+    assert contract.JOB_KINDS == tuple(HANDLERS)
+    assert contract.RAW_VIEWS == RAW_VIEWS
+    assert set(contract.DERIVED_VIEWS) | set(contract.RAW_VIEWS) == set(VIEWS) == set(vocab.VIEWS)
+    assert set(contract.DERIVED_VIEWS.values()) <= set(RAW_VIEWS)
+    assert {m: contract.main_view(m) for m in METHODS} == {m: cls.default_views[0] for m, cls in METHODS.items()}
+
+
+def test_main_view_and_same_set():
+    assert [contract.main_view(m) for m in ("psp", "lsp", "bct", "not-a-method")] == ["psp", "lsp", "encoder", "encoder"]
+    assert contract.same_set_of({"eval": {"protocol": "closed-set"}}) is True
+    assert contract.same_set_of({"eval": {"protocol": "open-set"}}) is False
+    assert contract.same_set_of({"eval": {}}) is True  # the engine's default protocol
+    assert contract.same_set_of({"source": "features", "same_set": True}) is True
+    assert contract.same_set_of({"source": "features"}) is False
+
+
+def test_views_and_payloads():
+    assert contract.available_views(["encoder", "softmax"]) == ["encoder", "softmax", "psp"]
+    assert [contract.raw_view(v) for v in ("psp", "lsp", "encoder")] == ["softmax", "logits", "encoder"]
+    assert contract.adapter_key(3, 4, "perp", "encoder") == "3->4:perp:encoder"
+    assert contract.adapters_payload(3, 4, kind="fct", view="psp", same_set=False) == {
+        "old_version_id": 3, "new_version_id": 4, "kind": "fct", "view": "psp", "same_set": False}
+    with pytest.raises(ValueError, match="unknown adapter kind 'nope'"):
+        contract.adapters_payload(3, 4, kind="nope", view="psp", same_set=False)
+    assert contract.analysis_payload(7, "geometry", {"view": "psp"}) == {
+        "experiment_id": 7, "kind": "geometry", "params": {"view": "psp"}}
+    with pytest.raises(ValueError, match=r"unknown or no backfilling order\(s\) \[.sideways.\]"):
+        contract.analysis_payload(7, "backfill", {"step_a": 1, "step_b": 2, "orderings": ["sideways"]})
+    assert contract.analysis_key("geometry", {}) == \
+        '{"n_pairs":10000,"seed":0,"split":"gallery","view":"encoder"}'
