@@ -205,7 +205,7 @@ def neighbours(url: str, query_version_id: int, gallery_version_id: int, view: s
     Computed in this process from the stored features with numpy; a PSP/LSP view also loads torch for the
     projection (``engine.features.simplex_projection``), the one page path that does.
     """
-    from engine.analysis import nearest_neighbours
+    from engine.analysis.neighbours import nearest_neighbours
 
     return nearest_neighbours(db_engine(url), query_version_id, gallery_version_id, view, query_index, k)
 

@@ -2,7 +2,7 @@
 
 Job kinds (payload formats):
 * ``run``: ``{"config": RunConfig dict}`` or ``{"preset": NAME}``: train/evaluate a study.
-* ``analysis``: ``{"experiment_id": id, "kind": ..., "params": {...}}``: see ``engine.analysis``.
+* ``analysis``: ``{"experiment_id": id, "kind": ..., "params": {...}}``: see ``engine.analysis.run``.
 * ``checkpoints``: ``{"spec": {...}}``: see ``engine.checkpoints.compare`` (bring-your-own models).
 * ``adapters``: the fields of ``engine.adapt.AdapterJob`` (old/new model version ids, kind, view, ...).
 
@@ -67,7 +67,7 @@ def _run_job(db: Engine, payload: dict, progress: Callable[[float, str], None], 
 
 
 def _analysis_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path, **_) -> str:
-    from engine.analysis import run_analysis
+    from engine.analysis.run import run_analysis
 
     progress(0.1, f"computing {payload['kind']} for experiment {payload['experiment_id']}")
     run_analysis(db, int(payload["experiment_id"]), payload["kind"], payload.get("params", {}), progress=progress)

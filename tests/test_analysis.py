@@ -1,4 +1,4 @@
-"""engine.analysis on a small database filled by hand: numbers checked against independent computations."""
+"""engine.analysis (the stored analyses and neighbours) on a small database filled by hand: numbers checked against independent computations."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,10 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import analysis
-from engine.backfill import curve_area, fraction_to_reach
-from engine.collapse import collapse_report, probability_simplex_prototypes
+from engine.analysis.arrays import unit
+from engine.analysis.backfill import curve_area, fraction_to_reach
+from engine.analysis.collapse import collapse_report, probability_simplex_prototypes
+from engine.analysis.map import embed_2d, sample_rows
+from engine.analysis.neighbours import nearest_neighbours
+from engine.analysis.run import run_analysis
 from engine.config import RunConfig, config_from_dict
+from engine.contract import CLASS_MEAN, PROTOTYPE, SAMPLE, analysis_key, available_views, normalize_params
 from engine.features import simplex_projection
 from engine.metrics import definition1_check, retrieval_metrics
 from engine.models import build_model, save_checkpoint
@@ -79,7 +83,7 @@ def experiment(tmp_path, db_url):
 
 def _load(db, exp_id, kind, params):
     with session_scope(db) as s:
-        row = load_analysis(s, exp_id, kind, analysis.analysis_key(kind, params))
+        row = load_analysis(s, exp_id, kind, analysis_key(kind, params))
     assert row is not None, "the analysis was not stored under analysis_key(kind, params)"
     return row.payload, row.array
 
@@ -88,11 +92,11 @@ def _load(db, exp_id, kind, params):
 
 
 def test_key_is_deterministic_and_fills_defaults():
-    a = analysis.analysis_key("projection", {"step_a": 1, "step_b": 2, "method": "pca"})
-    b = analysis.analysis_key("projection", {"method": "pca", "step_b": 2, "step_a": 1, "view": "encoder"})
+    a = analysis_key("projection", {"step_a": 1, "step_b": 2, "method": "pca"})
+    b = analysis_key("projection", {"method": "pca", "step_b": 2, "step_a": 1, "view": "encoder"})
     assert a == b
-    assert a != analysis.analysis_key("projection", {"step_a": 1, "step_b": 2, "method": "umap"})
-    assert analysis.normalize_params("backfill", {"step_a": 1, "step_b": 3})["orderings"] == [
+    assert a != analysis_key("projection", {"step_a": 1, "step_b": 2, "method": "umap"})
+    assert normalize_params("backfill", {"step_a": 1, "step_b": 3})["orderings"] == [
         "random", "distance_mse", "distance_cosine"]
 
 
@@ -105,12 +109,12 @@ def test_key_is_deterministic_and_fills_defaults():
 ])
 def test_bad_params_say_what_is_wrong(kind, params, message):
     with pytest.raises(ValueError, match=message):
-        analysis.normalize_params(kind, params)
+        normalize_params(kind, params)
 
 
 def test_available_views_adds_psp_and_lsp():
-    assert analysis.available_views(["encoder", "logits", "softmax"]) == ["encoder", "logits", "softmax", "psp", "lsp"]
-    assert analysis.available_views(["external"]) == ["external"]
+    assert available_views(["encoder", "logits", "softmax"]) == ["encoder", "logits", "softmax", "psp", "lsp"]
+    assert available_views(["external"]) == ["external"]
 
 
 # ------------------------------------------------------------------------------------------ projection
@@ -120,25 +124,25 @@ def test_projection_pca_numbers(experiment):
     db, (exp_id, *_), labels = experiment["db"], experiment["ids"], experiment["labels"]
     f1, f2 = experiment["f1"], experiment["f2"]
     params = {"step_a": 1, "step_b": 2, "method": "pca", "max_points": 50, "seed": 3, "n_pairs": 500}
-    analysis.run_analysis(db, exp_id, "projection", params)
+    run_analysis(db, exp_id, "projection", params)
     payload, array = _load(db, exp_id, "projection", params)
 
     assert payload["columns"] == ["x", "y", "model", "kind", "label", "row"]
     assert payload["joint"] and payload["embedding"] == "pca"
-    samples = array[array[:, 3] == analysis.SAMPLE]
+    samples = array[array[:, 3] == SAMPLE]
     old_rows = samples[samples[:, 2] == 0][:, 5].astype(int)
     new_rows = samples[samples[:, 2] == 1][:, 5].astype(int)
     np.testing.assert_array_equal(old_rows, new_rows)  # the same images for both models
-    np.testing.assert_array_equal(old_rows, analysis.sample_rows(len(labels), 50, 3))
+    np.testing.assert_array_equal(old_rows, sample_rows(len(labels), 50, 3))
     assert len(old_rows) == 50 == payload["n_sampled"]
     np.testing.assert_array_equal(samples[samples[:, 2] == 0][:, 4], labels[old_rows])
-    assert (array[:, 3] == analysis.CLASS_MEAN).sum() == 2 * CLASSES
+    assert (array[:, 3] == CLASS_MEAN).sum() == 2 * CLASSES
     assert np.isfinite(array).all()
 
     # the PCA map is the PCA of the unit-normalised sampled features (up to the sign of each axis)
     from sklearn.decomposition import PCA
 
-    stacked = np.vstack([analysis.unit(f1[old_rows]), analysis.unit(f2[old_rows])])
+    stacked = np.vstack([unit(f1[old_rows]), unit(f2[old_rows])])
     expected = PCA(n_components=2, svd_solver="full").fit_transform(stacked)
     got = samples[:, :2]
     for axis in range(2):
@@ -153,7 +157,7 @@ def test_projection_pca_numbers(experiment):
         assert row["seen_old"] == (c < 3) and row["seen_new"]
         assert row["name"] == f"c{c}"
 
-    # NC1-NC4 per model = engine.collapse on the model's own trained classes (NC3 needs a checkpoint: none here)
+    # NC1-NC4 per model = engine.analysis.collapse on the model's own trained classes (NC3 needs a checkpoint: none here)
     for model, (feats, logits, known) in zip(payload["collapse"], ((f1, experiment["logits1"], 3),
                                                                    (f2, experiment["logits2"], 6))):
         keep = labels < known
@@ -178,7 +182,7 @@ def test_projection_pca_numbers(experiment):
 def test_projection_psp_uses_the_old_models_classes(experiment):
     db, (exp_id, *_), labels = experiment["db"], experiment["ids"], experiment["labels"]
     params = {"step_a": 1, "step_b": 2, "view": "psp", "method": "pca", "max_points": 100}
-    analysis.run_analysis(db, exp_id, "projection", params)
+    run_analysis(db, exp_id, "projection", params)
     payload, _ = _load(db, exp_id, "projection", params)
     assert [m["dim"] for m in payload["models"]] == [3, 3]
     old = simplex_projection(torch.from_numpy(_softmax(experiment["logits1"])), 3).double()
@@ -196,12 +200,12 @@ def test_projection_psp_uses_the_old_models_classes(experiment):
 def test_projection_draws_fixed_prototypes_and_separates_spaces(experiment):
     db, (exp_id, *_), labels = experiment["db"], experiment["ids"], experiment["labels"]
     params = {"step_a": 2, "step_b": 3, "method": "pca"}
-    analysis.run_analysis(db, exp_id, "projection", params)
+    run_analysis(db, exp_id, "projection", params)
     payload, array = _load(db, exp_id, "projection", params)
     assert not payload["joint"], "8-d and 5-d features cannot share one map"
     assert payload["drift"] is None and payload["definition1"] is None
     assert payload["prototypes"] == CLASSES
-    protos = array[array[:, 3] == analysis.PROTOTYPE]
+    protos = array[array[:, 3] == PROTOTYPE]
     np.testing.assert_array_equal(protos[:, 4], np.arange(CLASSES))
     weights = experiment["net"].head.weight.double().numpy()
     expected = collapse_report(experiment["f3"], labels, weights=weights, predictions=experiment["logits2"].argmax(1))
@@ -211,17 +215,17 @@ def test_projection_draws_fixed_prototypes_and_separates_spaces(experiment):
 @pytest.fixture(scope="session")
 def umap_warm():
     """Compile UMAP's numba code once per test session (~30 s on the first call)."""
-    analysis.embed_2d(np.random.default_rng(0).normal(size=(40, 4)), [], method="umap", seed=0)
+    embed_2d(np.random.default_rng(0).normal(size=(40, 4)), [], method="umap", seed=0)
 
 
 def test_projection_umap(experiment, umap_warm):
     db, (exp_id, *_), _ = experiment["db"], experiment["ids"], experiment["labels"]
     params = {"step_a": 1, "step_b": 2, "method": "umap", "max_points": 40}
-    analysis.run_analysis(db, exp_id, "projection", params)
+    run_analysis(db, exp_id, "projection", params)
     payload, array = _load(db, exp_id, "projection", params)
     assert payload["embedding"] == "umap"
     assert np.isfinite(array[:, :2]).all()
-    assert (array[:, 3] == analysis.SAMPLE).sum() == 80
+    assert (array[:, 3] == SAMPLE).sum() == 80
 
 
 # ------------------------------------------------------------------------------------------ backfilling
@@ -231,7 +235,7 @@ def test_backfill_endpoints_match_retrieval_metrics(experiment):
     db, (exp_id, *_), labels = experiment["db"], experiment["ids"], experiment["labels"]
     f1, f2 = experiment["f1"], experiment["f2"]
     params = {"step_a": 1, "step_b": 2, "num_fractions": 11}
-    analysis.run_analysis(db, exp_id, "backfill", params)
+    run_analysis(db, exp_id, "backfill", params)
     payload, array = _load(db, exp_id, "backfill", params)
     assert array is None and payload["same_set"] is True
     cross = retrieval_metrics(f2, labels, f1, labels, ks=(1,), same_set=True)
@@ -259,7 +263,7 @@ def test_backfill_seen_classes_restricts_to_the_old_model(experiment):
 
         s.get(Experiment, exp_id).config = cfg
     params = {"step_a": 1, "step_b": 2, "metrics": ["recall@1"], "orderings": ["random"]}
-    analysis.run_analysis(db, exp_id, "backfill", params)
+    run_analysis(db, exp_id, "backfill", params)
     payload, _ = _load(db, exp_id, "backfill", params)
     keep = labels < 3
     f1, f2 = experiment["f1"][keep], experiment["f2"][keep]
@@ -280,14 +284,14 @@ def test_analyses_use_the_experiments_topk(experiment):
     new_top = np.eye(3)[experiment["logits2"][:, :3].argmax(1)]
     assert not np.array_equal(old_top, new_top)  # the two models disagree on some images
 
-    out = analysis.nearest_neighbours(db, v2, v1, "psp", 7, k=5)
+    out = nearest_neighbours(db, v2, v1, "psp", 7, k=5)
     sims = old_top @ new_top[7]
     sims[7] = -np.inf
     assert [n["gallery_index"] for n in out["neighbours"]] == np.argsort(-sims, kind="stable")[:5].tolist()
     assert [n["similarity"] for n in out["neighbours"]] == pytest.approx(np.sort(sims)[::-1][:5].tolist())
 
     params = {"step_a": 1, "step_b": 2, "view": "psp", "metrics": ["recall@1", "map"], "orderings": ["random"]}
-    analysis.run_analysis(db, exp_id, "backfill", params)
+    run_analysis(db, exp_id, "backfill", params)
     payload, _ = _load(db, exp_id, "backfill", params)
     cross = retrieval_metrics(new_top, labels, old_top, labels, ks=(1,), same_set=True)
     self_test = retrieval_metrics(new_top, labels, new_top, labels, ks=(1,), same_set=True)
@@ -303,7 +307,7 @@ def test_analyses_use_the_experiments_topk(experiment):
 def test_geometry_over_steps(experiment):
     db, (exp_id, *_), labels = experiment["db"], experiment["ids"], experiment["labels"]
     params = {"n_pairs": 300}
-    analysis.run_analysis(db, exp_id, "geometry", params)
+    run_analysis(db, exp_id, "geometry", params)
     payload, _ = _load(db, exp_id, "geometry", params)
     assert [m["step"] for m in payload["models"]] == [1, 2, 3]
     keep = labels < 3
@@ -321,7 +325,7 @@ def test_geometry_over_steps(experiment):
 def test_nearest_neighbours_cross_model(experiment):
     db, (_, v1, v2, _), labels = experiment["db"], experiment["ids"], experiment["labels"]
     f1, f2 = experiment["f1"], experiment["f2"]
-    out = analysis.nearest_neighbours(db, v2, v1, "encoder", 5, k=4)
+    out = nearest_neighbours(db, v2, v1, "encoder", 5, k=4)
     sims = F.cosine_similarity(torch.from_numpy(f2[5:6]).double(), torch.from_numpy(f1).double(), dim=1).numpy()
     sims[5] = -np.inf  # closed-set: the query's own image is not in its gallery
     expected = np.argsort(-sims, kind="stable")[:4]
@@ -330,15 +334,15 @@ def test_nearest_neighbours_cross_model(experiment):
     assert out["neighbours"][0]["similarity"] == pytest.approx(sims[expected[0]], abs=1e-6)
     assert out["query"]["name"] == "c0" and out["n_positives"] == N_PER_CLASS - 1
     with pytest.raises(ValueError, match="choose a view"):
-        analysis.nearest_neighbours(db, experiment["ids"][3], v1, "encoder", 0)
+        nearest_neighbours(db, experiment["ids"][3], v1, "encoder", 0)
     with pytest.raises(ValueError, match="out of range"):
-        analysis.nearest_neighbours(db, v2, v1, "encoder", 10_000)
+        nearest_neighbours(db, v2, v1, "encoder", 10_000)
 
 
 def test_missing_view_names_the_stored_ones(experiment):
     db, (exp_id, *_), _ = experiment["db"], experiment["ids"], experiment["labels"]
     with pytest.raises(ValueError, match="views available: encoder, logits, softmax, psp, lsp"):
-        analysis.run_analysis(db, exp_id, "projection", {"step_a": 1, "step_b": 2, "view": "B(new)"})
+        run_analysis(db, exp_id, "projection", {"step_a": 1, "step_b": 2, "view": "B(new)"})
 
 
 def test_projection_of_models_that_embedded_different_images_is_refused_and_stores_nothing(experiment):
@@ -347,6 +351,6 @@ def test_projection_of_models_that_embedded_different_images_is_refused_and_stor
         save_feature_set(s, v1, "query", "encoder", experiment["f1"][:-1], labels[:-1])
     params = {"step_a": 1, "step_b": 2, "split": "query", "view": "encoder"}
     with pytest.raises(ValueError, match="the query features of steps 1 and 2 do not embed the same images"):
-        analysis.run_analysis(db, exp_id, "projection", params)
+        run_analysis(db, exp_id, "projection", params)
     with session_scope(db) as s:
-        assert load_analysis(s, exp_id, "projection", analysis.analysis_key("projection", params)) is None
+        assert load_analysis(s, exp_id, "projection", analysis_key("projection", params)) is None

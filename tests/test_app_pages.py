@@ -1,7 +1,7 @@
 """Every dashboard page under streamlit.testing.v1.AppTest, against a temporary SQLite database.
 
 The database is filled through the storage repository (``fill_study``: a finished study with hand-made
-matrices and analyses computed by engine.analysis). Pages are checked for exceptions, for the values
+matrices and analyses computed by engine.analysis.run). Pages are checked for exceptions, for the values
 they must show, and for the job rows their buttons write.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.analysis import analysis_key
+from engine.contract import analysis_key
 from storage import enqueue_job, fail_job, get_engine, list_jobs, load_analysis, session_scope
 from storage.jobs import claim_next_job
 from test_app_synthetic import fill_study

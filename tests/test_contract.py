@@ -3,7 +3,7 @@ import pytest
 
 from engine import contract, vocab
 from engine.adapters.pair import KINDS as ADAPTER_KINDS
-from engine.backfill import ORDERINGS
+from engine.analysis.backfill_orders import ORDERINGS
 from engine.features import RAW_VIEWS, VIEWS
 from engine.methods import METHODS
 from engine.worker import HANDLERS

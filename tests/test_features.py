@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from engine.collapse import (
+from engine.analysis.collapse import (
     collapse_report,
     nc1_variability,
     nc2_equiangularity,

@@ -100,7 +100,8 @@ def test_a_closed_set_step_embeds_the_test_images_once(tmp_path, monkeypatch):
 
 
 def test_topk_reaches_the_stored_matrix_and_the_backfill_analysis_alike(tmp_path):
-    from engine.analysis import analysis_key, run_analysis
+    from engine.analysis.run import run_analysis
+    from engine.contract import analysis_key
     from engine.metrics import retrieval_metrics
     from storage import load_analysis
 

@@ -8,10 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import analysis
+from engine.analysis.run import run_analysis
 from engine.config import RunConfig
+from engine.contract import analysis_key
 from engine.models import build_model, save_checkpoint
-from engine.stationarity import (
+from engine.analysis.stationarity import (
     assigned_centroid,
     energy_fraction,
     prototype_cosines,
@@ -129,13 +130,13 @@ def store_probe_study(db_url: str, folder) -> dict:
                                      labels)
             set_experiment_status(s, exp.id, "done")
     for exp_id in out["experiments"].values():
-        analysis.run_analysis(db, exp_id, "geometry", {"view": "encoder", "split": "gallery"})
+        run_analysis(db, exp_id, "geometry", {"view": "encoder", "split": "gallery"})
     return out
 
 
 def _stored_probe(db_url: str, exp_id: int) -> list[dict]:
     with session_scope(get_engine(db_url)) as s:
-        row = load_analysis(s, exp_id, "geometry", analysis.analysis_key("geometry", {"view": "encoder"}))
+        row = load_analysis(s, exp_id, "geometry", analysis_key("geometry", {"view": "encoder"}))
         return row.payload["stationarity"]
 
 

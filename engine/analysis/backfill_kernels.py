@@ -1,0 +1,129 @@
+"""Compiled and torch kernels of the backfilling curves (:mod:`engine.analysis.backfill`).
+
+Evaluation is incremental: per block of query rows, the similarities to the old and to the new
+gallery are computed once (two matrix products). For each beta, the columns backfilled since the
+previous beta are copied from the new block into the old one (the backfilled sets are nested), and the
+ranking kernel runs on that mixed block. A request for Recall@1 alone skips the ranking kernel: one
+pass over both blocks collects, per query, the best positive and the best negative of each segment of
+the order (the items first backfilled at one fraction); the best positive and negative at every beta
+are then prefix/suffix maxima over those segments (:func:`recall1_stats`). Exact, and its cost does
+not grow with the grid size.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
+
+
+def _stats(sims: torch.Tensor, starts: np.ndarray, ends: np.ndarray, *, map_k: int, want_ap: bool) -> QueryStats:
+    """The ranking statistics of one block, with the kernel the torch backend uses on that device."""
+    if sims.device.type == "cpu":
+        return stats_numba(sims.numpy(), starts, ends, map_k=map_k, want_ap=want_ap)
+    return stats_torch(sims, torch.as_tensor(starts), torch.as_tensor(ends), map_k=map_k, want_ap=want_ap)
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _copy_columns_kernel(dst, src, cols):  # pragma: no cover - compiled
+    for r in numba.prange(dst.shape[0]):
+        for c in cols:
+            dst[r, c] = src[r, c]
+
+
+def copy_columns(dst: torch.Tensor, src: torch.Tensor, cols: np.ndarray) -> None:
+    """``dst[:, cols] = src[:, cols]`` in place (compiled on CPU, where torch's column indexing is slow)."""
+    cols = np.sort(cols)  # ascending columns walk each row forwards
+    if dst.device.type == "cpu":
+        _copy_columns_kernel(dst.numpy(), src.numpy(), cols)
+    else:
+        idx = torch.as_tensor(cols, device=dst.device)
+        dst.index_copy_(1, idx, src.index_select(1, idx))
+
+
+def mixed_stats(s_old: torch.Tensor, s_new: torch.Tensor, starts: np.ndarray, ends: np.ndarray,
+                cols: np.ndarray, counts: np.ndarray, *, map_k: int, want_ap: bool) -> list[QueryStats]:
+    """Statistics at every fraction; ``s_old`` becomes the mixed block (new columns copied in, in place)."""
+    out, done = [], 0
+    for k in counts:
+        if k > done:
+            copy_columns(s_old, s_new, cols[done:k])
+            done = k
+        out.append(_stats(s_old, starts, ends, map_k=map_k, want_ap=want_ap))
+    return out
+
+
+def segment_of_columns(cols: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Segment of each gallery column: the index of the first fraction at which it is backfilled.
+
+    ``cols`` lists the columns in backfilling order. Segment i holds the columns first backfilled at
+    fraction i; segment ``len(counts)`` those the grid never backfills (when it stops before 1).
+    """
+    position = np.empty(len(cols), np.int64)
+    position[cols] = np.arange(len(cols))
+    return np.searchsorted(counts, position, side="right").astype(np.int64)
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _segment_maxima_kernel(s_old, s_new, segment, starts, ends, n_seg):  # pragma: no cover - compiled
+    n, width = s_old.shape
+    out = np.full((4, n, n_seg), -np.inf, np.float32)  # old positives, old negatives, new positives, new negatives
+    for r in numba.prange(n):
+        a = starts[r]
+        b = ends[r]
+        for j in range(width):
+            s = segment[j]
+            k = 0 if a <= j < b else 1
+            v = s_old[r, j]
+            if v > out[k, r, s]:
+                out[k, r, s] = v
+            v = s_new[r, j]
+            if v > out[2 + k, r, s]:
+                out[2 + k, r, s] = v
+    return out
+
+
+def segment_maxima(s_old: torch.Tensor, s_new: torch.Tensor, segment: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                   n_seg: int, *, engine: str = "auto") -> np.ndarray:
+    """Per query and segment, the best positive and the best negative similarity, old and new (-inf if none).
+
+    Returns float32 (4, n, n_seg): old positives, old negatives, new positives, new negatives. One pass
+    over both blocks: the compiled kernel on CPU (``engine="auto"``/``"numba"``), torch scatter otherwise.
+    """
+    if engine not in ("auto", "numba", "torch"):
+        raise ValueError(f"unknown engine {engine!r}; use 'auto', 'numba' or 'torch'")
+    if engine == "numba" or (engine == "auto" and s_old.device.type == "cpu"):
+        return _segment_maxima_kernel(s_old.numpy(), s_new.numpy(), segment, starts.astype(np.int64), ends.astype(np.int64), n_seg)
+    n, width = s_old.shape
+    dev = s_old.device
+    cols = torch.arange(width, device=dev)
+    is_pos = (cols >= torch.as_tensor(starts, device=dev)[:, None]) & (cols < torch.as_tensor(ends, device=dev)[:, None])
+    index = torch.as_tensor(segment, device=dev).expand(n, width)
+    out = [torch.full((n, n_seg), -torch.inf, device=dev).scatter_reduce(1, index, sims.masked_fill(drop, -torch.inf), "amax")
+           for sims in (s_old, s_new) for drop in (~is_pos, is_pos)]
+    return torch.stack(out).cpu().numpy()
+
+
+def recall1_stats(s_old: torch.Tensor, s_new: torch.Tensor, starts: np.ndarray, ends: np.ndarray,
+                  segment: np.ndarray, n_fractions: int, n_pos: np.ndarray) -> list[QueryStats]:
+    """Recall@1 statistics at every fraction without the ranking kernel (exact).
+
+    At fraction i, segments 0..i carry new similarities and the others old ones (see
+    :func:`segment_of_columns`), so the best positive and the best negative are a prefix maximum of the
+    new segment maxima joined with a suffix maximum of the old ones. The negative counts are capped at 1
+    (``best negative >= / > best positive``), which is all Recall@1 reads under either tie rule; AP is
+    not computed (NaN).
+    """
+    maxima = segment_maxima(s_old, s_new, segment, starts, ends, n_fractions + 1)
+
+    def at_fractions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+        backfilled = np.maximum.accumulate(new, axis=1)[:, :n_fractions]  # segments 0..i
+        stale = np.maximum.accumulate(old[:, ::-1], axis=1)[:, ::-1][:, 1:]  # segments i+1..last
+        return np.maximum(backfilled, stale)
+
+    best, neg = at_fractions(maxima[0], maxima[2]), at_fractions(maxima[1], maxima[3])
+    nan = np.full(len(n_pos), np.nan)
+    return [QueryStats(n_pos, (neg[:, i] >= best[:, i]).astype(np.int64), (neg[:, i] > best[:, i]).astype(np.int64), nan, nan)
+            for i in range(n_fractions)]
+

@@ -1,0 +1,149 @@
+"""The ``projection`` analysis: old and new features of one split and view drawn in one 2-D map.
+
+The two models' features are subsampled (seeded, the same images for both models) and embedded together
+in 2-D (UMAP, or PCA as the fast option), with the class means and, for fixed-prototype heads on the
+encoder view, the prototypes; the payload adds per-class drift (cosine between the old and new class
+mean), NC1-NC4 and the angles between centred class means per model, and the sampled Definition-1 check
+(:mod:`engine.analysis.geometry`).
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine
+
+from engine.analysis.arrays import unit
+from engine.analysis.collapse import class_means
+from engine.analysis.geometry import class_drift, definition1, model_collapse
+from engine.analysis.views import Progress, Version, head_weights, joint_pair, topk_note, topk_of, version_of_step
+from engine.contract import CLASS_MEAN, DERIVED_VIEWS, PROJECTION_COLUMNS, PROTOTYPE, SAMPLE
+
+
+def sample_rows(n: int, max_points: int, seed: int) -> np.ndarray:
+    """Sorted row indices of a seeded uniform subsample of at most ``max_points`` of ``n`` rows."""
+    if n <= max_points:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, size=max_points, replace=False))
+
+
+def embed_2d(fit: np.ndarray, others: Sequence[np.ndarray], *, method: str, seed: int
+             ) -> tuple[np.ndarray, list[np.ndarray], str]:
+    """2-D coordinates of ``fit`` and of ``others`` placed in the same map; returns the method actually used.
+
+    PCA is exact for the extra points; UMAP places them with ``transform``. UMAP needs a dozen points at
+    least: with fewer it falls back to PCA.
+    """
+    fit = np.asarray(fit, dtype=np.float64)
+    if fit.shape[1] < 2:  # a 1-d feature: draw it on a line
+        pad = lambda a: np.hstack([np.asarray(a, np.float64), np.zeros((len(a), 1))])  # noqa: E731
+        fit, others = pad(fit), [pad(o) for o in others]
+    if method == "umap" and len(fit) >= 12:
+        import umap
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            reducer = umap.UMAP(n_components=2, n_neighbors=min(15, len(fit) - 1), min_dist=0.1, random_state=seed,
+                                n_jobs=1)
+            coords = reducer.fit_transform(fit)
+            placed = [reducer.transform(o) if len(o) else np.zeros((0, 2)) for o in others]
+        return np.asarray(coords, np.float64), [np.asarray(p, np.float64) for p in placed], "umap"
+    from sklearn.decomposition import PCA
+
+    pca = PCA(n_components=2, svd_solver="full").fit(fit)
+    return pca.transform(fit), [pca.transform(o) if len(o) else np.zeros((0, 2)) for o in others], "pca"
+
+
+def compute_projection(db: Engine, config: dict[str, Any], versions: list[Version], params: dict[str, Any],
+                       progress: Progress) -> tuple[dict[str, Any], np.ndarray]:
+    """The payload and the (n, 6) point array of a ``projection`` analysis (columns ``PROJECTION_COLUMNS``)."""
+    old, new = version_of_step(versions, params["step_a"]), version_of_step(versions, params["step_b"])
+    split, view, seed = params["split"], params["view"], params["seed"]
+    notes: list[str] = []
+    progress(0.05, "loading features")
+    topk = topk_of(config)
+    f_old, f_new, labels = joint_pair(db, old, new, split, view, topk)
+    joint = f_old.shape[1] == f_new.shape[1]
+    if view in DERIVED_VIEWS:
+        notes.append(f"{view.upper()}: both models projected onto the old model's {len(old.classes)} classes"
+                     f"{topk_note(topk)}, as in the cross-test")
+    rows = sample_rows(len(labels), params["max_points"], seed)
+    classes = np.unique(labels)
+
+    # class means and (fixed) prototypes, in the same normalised space as the points
+    def means_of(f: np.ndarray) -> np.ndarray:
+        return class_means(unit(f), labels)[1] if len(classes) >= 2 else unit(f).mean(axis=0, keepdims=True)
+
+    protos = np.zeros((0, f_new.shape[1]))
+    proto_classes = np.zeros(0, np.int64)
+    proto_note = "fixed prototypes are drawn for fixed-prototype heads (d-Simplex, ETF) on the encoder view"
+    if view == "encoder":
+        weights, fixed = head_weights(new)
+        if weights is not None and fixed and weights.shape[1] == f_new.shape[1]:
+            proto_classes = np.array([c for c in new.classes if c < len(weights)], np.int64)
+            protos = unit(weights[proto_classes])
+            proto_note = f"the new model's fixed prototypes of its {len(proto_classes)} classes"
+        elif weights is not None and not fixed:
+            proto_note = "this method learns its classifier: there are no fixed prototypes to draw"
+        elif weights is None:
+            proto_note = "no checkpoint of the new model was found: prototypes cannot be drawn"
+
+    progress(0.2, f"embedding with {params['method'].upper()}")
+    if joint:
+        coords, (m_old, m_new, p_xy), used = embed_2d(np.vstack([unit(f_old[rows]), unit(f_new[rows])]),
+                                                      [means_of(f_old), means_of(f_new), protos],
+                                                      method=params["method"], seed=seed)
+        xy_old, xy_new = coords[: len(rows)], coords[len(rows):]
+    else:
+        notes.append(f"old features are {f_old.shape[1]}-d and new ones {f_new.shape[1]}-d: each model has its own map "
+                     "(choose 'encoder', 'psp' or 'lsp' for one shared map)")
+        xy_old, (m_old,), used = embed_2d(unit(f_old[rows]), [means_of(f_old)], method=params["method"], seed=seed)
+        xy_new, (m_new, p_xy), _ = embed_2d(unit(f_new[rows]), [means_of(f_new), protos], method=params["method"],
+                                           seed=seed)
+    if used != params["method"]:
+        notes.append(f"too few points for {params['method'].upper()}: used {used.upper()}")
+
+    mean_labels = classes if len(classes) >= 2 else classes[:1]
+    blocks = [
+        (xy_old, 0, SAMPLE, labels[rows], rows),
+        (xy_new, 1, SAMPLE, labels[rows], rows),
+        (m_old, 0, CLASS_MEAN, mean_labels, np.full(len(mean_labels), -1)),
+        (m_new, 1, CLASS_MEAN, mean_labels, np.full(len(mean_labels), -1)),
+        (p_xy, 1, PROTOTYPE, proto_classes, np.full(len(proto_classes), -1)),
+    ]
+    array = np.vstack([np.column_stack([xy, np.full(len(xy), model), np.full(len(xy), kind), lab, row])
+                       for xy, model, kind, lab, row in blocks if len(xy)]).astype(np.float64)
+
+    progress(0.7, "drift, angles and collapse")
+    drift = None
+    check = None
+    if joint and len(classes) >= 2:
+        cls, cosines = class_drift(f_old, f_new, labels)
+        drift = [{"label": int(c), "name": new.name(int(c)), "cosine": float(v), "seen_old": int(c) in old.classes,
+                  "seen_new": int(c) in new.classes} for c, v in zip(cls, cosines)]
+        check = definition1(f_old, f_new, labels, n_pairs=params["n_pairs"], seed=seed)
+    elif not joint:
+        notes.append("drift and Definition 1 need old and new features of the same dimension")
+    collapse = [model_collapse(db, v, split, view, topk=topk) for v in (old, new)]
+    payload = {
+        "params": params,
+        "columns": list(PROJECTION_COLUMNS),
+        "embedding": used,
+        "joint": joint,
+        "normalised": True,
+        "models": [{"model": i, "step": v.step, "model_version_id": v.id, "num_classes": len(v.classes),
+                    "dim": int(f.shape[1])} for i, (v, f) in enumerate(((old, f_old), (new, f_new)))],
+        "n_rows": int(len(labels)),
+        "n_sampled": int(len(rows)),
+        "classes": [{"label": int(c), "name": new.name(int(c)), "seen_old": int(c) in old.classes,
+                     "seen_new": int(c) in new.classes} for c in classes],
+        "prototypes": int(len(proto_classes)),
+        "prototype_note": proto_note,
+        "drift": drift,
+        "definition1": check,
+        "collapse": collapse,
+        "notes": notes,
+    }
+    return payload, array

@@ -1,0 +1,57 @@
+"""Cross-model nearest neighbours of one query, computed from stored features with numpy.
+
+The dashboard calls :func:`nearest_neighbours` in its own process: this module and what it imports load
+no torch, torchvision, numba or faiss (``tests/test_neighbours_torch_free.py``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine
+
+from engine.analysis.arrays import unit
+from engine.analysis.views import cell_columns, load_cell_versions, load_view, topk_of
+from engine.contract import same_set_of
+
+
+def nearest_neighbours(db: Engine, query_version_id: int, gallery_version_id: int, view: str, query_index: int,
+                       k: int = 10) -> dict[str, Any]:
+    """The ``k`` gallery items nearest (cosine) to one query, across models: hits share the query's label.
+
+    Query = row ``query_index`` of the query model's ``query`` split; gallery = the gallery model's
+    ``gallery`` split (PSP/LSP on the gallery model's classes with the experiment's top-k, as in the matrix cell). In a
+    closed-set experiment the query's own image (same row) is excluded from the gallery, by index.
+    """
+    config, vq, vg = load_cell_versions(db, query_version_id, gallery_version_id)
+    q_cols, g_cols = cell_columns(vq, vg)
+    topk = topk_of(config)
+    query, q_labels, q_ids = load_view(db, vq, "query", view, columns=q_cols, topk=topk)
+    gallery, g_labels, g_ids = load_view(db, vg, "gallery", view, columns=g_cols, topk=topk)
+    if not 0 <= query_index < len(query):
+        raise ValueError(f"query index {query_index} is out of range: the query split has rows 0..{len(query) - 1}")
+    if query.shape[1] != gallery.shape[1]:
+        raise ValueError(f"the query model gives {query.shape[1]}-d {view} features and the gallery model "
+                         f"{gallery.shape[1]}-d ones; choose a view both share (e.g. 'psp' or 'lsp')")
+    same_set = same_set_of(config)
+    # class names are nested (the classes in scenario order): the later model knows the most of them
+    named = max((vq, vg), key=lambda v: len(v.class_names or ()))
+    sims = unit(gallery) @ unit(query[query_index : query_index + 1])[0]
+    if same_set:
+        sims[query_index] = -np.inf
+    k = max(1, min(int(k), len(sims) - int(same_set)))
+    top = np.argsort(-sims, kind="stable")[:k]
+    label = int(q_labels[query_index])
+    positives = int(np.sum(g_labels == label)) - int(same_set and g_labels[query_index] == label)
+    return {
+        "query": {"index": int(query_index), "label": label, "name": named.name(label),
+                  "image_id": None if q_ids is None else np.asarray(q_ids)[query_index].item()},
+        "neighbours": [{"rank": r + 1, "gallery_index": int(i), "label": int(g_labels[i]), "name": named.name(int(g_labels[i])),
+                        "similarity": float(sims[i]), "hit": bool(g_labels[i] == label),
+                        "image_id": None if g_ids is None else np.asarray(g_ids)[i].item()} for r, i in enumerate(top)],
+        "n_gallery": int(len(g_labels)),
+        "n_positives": positives,
+        "same_set": same_set,
+        "query_step": vq.step,
+        "gallery_step": vg.step,
+    }

@@ -1,0 +1,47 @@
+"""The worker's ``analysis`` job: compute one analysis of an experiment and store it.
+
+Kinds (``run_analysis(db, experiment_id, kind, params)``; parameters, keys, view names and point kinds live
+in :mod:`engine.contract`, where the dashboard reads them):
+
+* ``projection``: old and new features in one 2-D map (:mod:`engine.analysis.map`).
+* ``backfill``: partial-backfilling curves of the new model's queries against the old gallery being
+  re-embedded by the new model (:mod:`engine.analysis.backfill_analysis`).
+* ``geometry``: NC1-NC4, angles, drift, Definition 1 and stationarity over the steps
+  (:mod:`engine.analysis.geometry`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine
+
+from engine.analysis.backfill_analysis import compute_backfill
+from engine.analysis.geometry import compute_geometry
+from engine.analysis.map import compute_projection
+from engine.analysis.views import Progress, load_experiment
+from engine.contract import analysis_key, normalize_params
+from storage import save_analysis, session_scope
+
+
+def run_analysis(db_engine: Engine, experiment_id: int, kind: str, params: dict[str, Any], *,
+                 progress: Progress | None = None) -> None:
+    """Compute one analysis of an experiment and store it under ``(experiment_id, kind, analysis_key(kind, params))``.
+
+    Reads in short transactions, computes without holding a session, writes in one transaction.
+    ``progress(fraction, message)`` is called along the way when given.
+    """
+    params = normalize_params(kind, params)
+    report = progress or (lambda fraction, message: None)
+    config, versions = load_experiment(db_engine, experiment_id)
+    if not versions:
+        raise ValueError(f"experiment {experiment_id} has no model versions yet; wait for it to train a step")
+    array = None
+    if kind == "projection":
+        payload, array = compute_projection(db_engine, config, versions, params, report)
+    elif kind == "backfill":
+        payload = compute_backfill(db_engine, config, versions, params, report)
+    else:
+        payload = compute_geometry(db_engine, config, versions, params, report)
+    report(0.98, "saving")
+    with session_scope(db_engine) as s:
+        save_analysis(s, experiment_id, kind, analysis_key(kind, params), payload, array)
