@@ -57,7 +57,8 @@ def test_nearest_neighbours_load_no_heavy_module(db_url):
         "from engine.analysis.neighbours import nearest_neighbours\n"
         "from storage import get_engine\n"
         f"db = get_engine({db_url!r})\n"
-        f"out = {{view: nearest_neighbours(db, {query_id}, {gallery_id}, view, 0, k=3) for view in ('encoder', 'psp')}}\n"
+        f"out = {{view: nearest_neighbours(db, {query_id}, {gallery_id}, view, 0, k=3)\n"
+        "       for view in ('encoder', 'psp')}\n"
         f"print(json.dumps({{'heavy': [m for m in {HEAVY!r} if m in sys.modules], 'out': out}}))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -69,9 +70,11 @@ def test_nearest_neighbours_load_no_heavy_module(db_url):
     encoder, psp = result["out"]["encoder"], result["out"]["psp"]
     assert [n["gallery_index"] for n in encoder["neighbours"]] == [0, 2, 1]
     assert [n["hit"] for n in encoder["neighbours"]] == [True, True, False]
-    assert [n["similarity"] for n in encoder["neighbours"]] == pytest.approx([1.0, 0.9 / math.sqrt(0.82), 0.0], abs=1e-6)
+    cosines = [1.0, 0.9 / math.sqrt(0.82), 0.0]
+    assert [n["similarity"] for n in encoder["neighbours"]] == pytest.approx(cosines, abs=1e-6)
     assert encoder["query"] == {"index": 0, "label": 0, "name": "c0", "image_id": None}
     assert (encoder["n_gallery"], encoder["n_positives"], encoder["same_set"]) == (4, 2, False)
     # PSP on the gallery model's two classes: +-1 cosines, ties kept in row order
-    assert [(n["gallery_index"], round(n["similarity"], 6)) for n in psp["neighbours"]] == [(0, 1.0), (2, 1.0), (1, -1.0)]
+    psp_top = [(n["gallery_index"], round(n["similarity"], 6)) for n in psp["neighbours"]]
+    assert psp_top == [(0, 1.0), (2, 1.0), (1, -1.0)]
     assert (psp["query_step"], psp["gallery_step"]) == (2, 1)

@@ -79,7 +79,6 @@ def _check_order(order: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
     return order.astype(np.int64)
 
 
-
 def backfill_curves(
     query: np.ndarray,
     query_labels: np.ndarray,
@@ -220,4 +219,3 @@ def fraction_to_reach(fractions: np.ndarray, values: np.ndarray, target: float) 
     if i == 0:
         return float(f[0])
     return float(f[i - 1] + (target - v[i - 1]) * (f[i] - f[i - 1]) / (v[i] - v[i - 1]))
-

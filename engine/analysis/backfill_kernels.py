@@ -126,4 +126,3 @@ def recall1_stats(s_old: torch.Tensor, s_new: torch.Tensor, starts: np.ndarray, 
     nan = np.full(len(n_pos), np.nan)
     return [QueryStats(n_pos, (neg[:, i] >= best[:, i]).astype(np.int64), (neg[:, i] > best[:, i]).astype(np.int64), nan, nan)
             for i in range(n_fractions)]
-

@@ -116,5 +116,3 @@ def backfill_order(
         raise ValueError(f"unknown backfilling order {name!r}; known: {', '.join(ORDERINGS)}")
     return ORDERINGS[name](old_gallery=old_gallery, new_gallery=new_gallery, gallery_labels=gallery_labels,
                            new_logits=new_logits, seed=seed)
-
-
