@@ -34,7 +34,18 @@ from engine.methods.base import Method, StepContext, resolve_init_seed
 from engine.metrics import CellFeatures, PairedOptions, compatibility_matrices, stored_summary
 from engine.models import build_model, load_checkpoint, save_checkpoint
 from engine.models.net import Net
-from engine.record import Version, discard, fail, finish, open_study, record_matrices, record_version, resume_experiment, set_status
+from engine.record import (
+    Resumed,
+    Version,
+    discard,
+    fail,
+    finish,
+    open_study,
+    record_matrices,
+    record_version,
+    resume_experiment,
+    set_status,
+)
 from engine.training import Cancelled, Hooks, train_step
 from storage import LeaseLost, ModelVersion, get_experiment, init_db, list_model_versions, load_feature_set, session_scope
 
@@ -157,7 +168,7 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
     return out
 
 
-def _resume(db: Engine, cfg: RunConfig, method: str, study_id: int | None):
+def _resume(db: Engine, cfg: RunConfig, method: str, study_id: int | None) -> Resumed:
     """The experiment to continue (or reuse when finished) for this config (:func:`engine.record.resume_experiment`)."""
     return resume_experiment(db, name=f"{cfg.name}/{method}/seed {cfg.seed}", method=method, config=cfg.to_dict(),
                              study_id=study_id)
