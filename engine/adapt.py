@@ -21,8 +21,7 @@ from engine.analysis.backfill import backfill_curves, curve_area, fraction_to_re
 from engine.analysis.backfill_orders import backfill_order
 from engine.contract import DEFAULT_ORDERINGS, adapter_key
 from engine.metrics import retrieval_metrics
-from storage import list_feature_views, load_feature_set, save_analysis, save_feature_set, session_scope
-from storage.models import ModelVersion
+from storage import get_model_version, list_feature_views, load_feature_set, save_analysis, save_feature_set, session_scope
 
 
 # Training settings for the small stored feature sets of a demo-sized run (a few hundred rows):
@@ -53,7 +52,7 @@ def _load(session, version_id: int, split: str, view: str):
 def run_adapters(db: Engine, job: AdapterJob) -> dict:
     """Fit, store adapted views, and store/return ``{"table": [...], "backfill": {...}, "adapters": describe}``."""
     with session_scope(db) as s:
-        old_v, new_v = s.get(ModelVersion, job.old_version_id), s.get(ModelVersion, job.new_version_id)
+        old_v, new_v = get_model_version(s, job.old_version_id), get_model_version(s, job.new_version_id)
         if old_v is None or new_v is None:
             raise ValueError(f"model versions {job.old_version_id} and {job.new_version_id} must both exist")
         if job.view not in list_feature_views(s, old_v.id, "train"):

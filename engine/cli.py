@@ -141,12 +141,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_adapt(args: argparse.Namespace) -> int:
     from engine.adapt import AdapterJob, run_adapters
-    from storage import get_engine, list_model_versions, session_scope
-    from storage.models import Experiment
+    from storage import get_engine, get_experiment, list_model_versions, session_scope
 
     db = get_engine(args.db)
     with session_scope(db) as s:
-        exp = s.get(Experiment, args.experiment)
+        exp = get_experiment(s, args.experiment)
         if exp is None:
             raise ValueError(f"no experiment {args.experiment} in the database")
         versions = {v.step: v.id for v in list_model_versions(s, exp.id)}
@@ -191,7 +190,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     payload = {"features": str(args.features), "protocol": args.protocol, "same_set": args.same_set,
                "metrics": result_json(result, ecc_ties=args.ties)}
     if not args.no_store:
-        from engine.persist import store_feature_evaluation
+        from engine.evaluate_folder import store_feature_evaluation
         from storage import get_engine
 
         config = {"source": "features", "folder": str(args.features.resolve()), "metrics": list(metrics),

@@ -12,13 +12,16 @@ import os
 import re
 import zipfile
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from sqlalchemy import Engine
 
 from engine.metrics import CellFeatures, MatrixResult, compatibility_matrices, summarize
 from engine.metrics.retrieval import parse_metric
+from engine.record import Version, record_experiment
 
 KEYS = ("query_features", "query_labels", "gallery_features", "gallery_labels")
 _STEP = re.compile(r"^step_(\d+)\.npz$")
@@ -167,3 +170,16 @@ def result_json(result: MatrixResult, *, ecc_ties: str = "fail") -> dict:
             "no_positive": [[None if v < 0 else int(v) for v in row] for row in result.no_positive],
         }
     return out
+
+
+def store_feature_evaluation(db: Engine, *, name: str, config: dict, sets: Sequence[CellFeatures], result: MatrixResult,
+                             protocol: str, view: str = "external") -> int:
+    """Store an evaluation of external features (one experiment, one model version per step) in one transaction."""
+    versions = [Version(architecture="external", method="features",
+                        classes=sorted({int(c) for c in fs.gallery_labels} | {int(c) for c in fs.query_labels}),
+                        num_outputs=0, feature_dim=int(fs.query.shape[1]),
+                        outputs={"query": {view: fs.query}, "gallery": {view: fs.gallery}},
+                        labels={"query": fs.query_labels, "gallery": fs.gallery_labels})
+                for fs in sets]
+    return record_experiment(db, name=name, method="features", config=config, versions=versions, results={view: result},
+                             protocol=protocol)

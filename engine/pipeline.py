@@ -34,22 +34,20 @@ from engine.methods.base import Method, StepContext, resolve_init_seed
 from engine.metrics import CellFeatures, PairedOptions, compatibility_matrices, stored_summary
 from engine.models import build_model, load_checkpoint, save_checkpoint
 from engine.models.net import Net
-from engine.persist import config_hash, save_matrices
-from engine.training import Cancelled, Hooks, train_step
-from storage import (
-    LeaseLost,
-    add_model_version,
-    create_experiment,
-    find_experiment_by_hash,
-    init_db,
-    list_model_versions,
-    load_feature_set,
-    save_feature_set,
-    save_feature_sets,
-    session_scope,
-    set_experiment_status,
+from engine.record import (
+    Resumed,
+    Version,
+    discard,
+    fail,
+    finish,
+    open_study,
+    record_matrices,
+    record_version,
+    resume_experiment,
+    set_status,
 )
-from storage.models import Experiment, ModelVersion
+from engine.training import Cancelled, Hooks, train_step
+from storage import LeaseLost, ModelVersion, get_experiment, init_db, list_model_versions, load_feature_set, session_scope
 
 Progress = Callable[[float, str], None]
 
@@ -121,11 +119,12 @@ def _store_step(db: Engine, exp_id: int, step: int, net: Net, method: Method, cf
                                                     softmax_temperature=method.softmax_temperature())
     outputs = {split: by_object[id(images)] for split, images in sets.items()}
     labels = {split: images.labels.numpy() for split, images in sets.items()}
-    with session_scope(db) as s:
-        mv = add_model_version(s, exp_id, step, architecture=cfg.model.backbone, method=method.name,
-                               classes=list(range(seen)), num_outputs=net.head.num_outputs, feature_dim=net.feature_dim,
-                               class_names=list(data.class_names[:seen]), checkpoint_path=str(ckpt), replaced=replaced)
-        save_feature_sets(s, mv.id, {split: {v: out[v] for v in RAW_VIEWS} for split, out in outputs.items()}, labels)
+    version = Version(architecture=cfg.model.backbone, method=method.name, classes=range(seen),
+                      num_outputs=net.head.num_outputs, feature_dim=net.feature_dim,
+                      outputs={split: {v: out[v] for v in RAW_VIEWS} for split, out in outputs.items()}, labels=labels,
+                      class_names=data.class_names[:seen], checkpoint_path=str(ckpt), replaced=replaced)
+    with session_scope(db) as s:  # the step's model version and its feature sets: one transaction
+        record_version(s, exp_id, step, version)
 
 
 def _view_cells(db: Engine, versions: list[ModelVersion], view: str, eval_classes: str,
@@ -164,29 +163,15 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
         result = compatibility_matrices(cells, num_models=len(versions), metrics=cfg.eval.metrics,
                                         protocol=cfg.eval.gallery, same_set=same_set, paired=PairedOptions())
         with session_scope(db) as s:
-            save_matrices(s, exp_id, result, protocol=cfg.eval.gallery, view=view, eval_classes=cfg.eval.eval_classes)
+            record_matrices(s, exp_id, result, protocol=cfg.eval.gallery, view=view, eval_classes=cfg.eval.eval_classes)
         out[view] = {m: {"matrix": result.values[m], **stored_summary(result, m)} for m in result.values}
     return out
 
 
-def _resume_state(db: Engine, cfg: RunConfig, method: str, study_id: int | None) -> tuple[Experiment, list[ModelVersion], bool]:
-    """The experiment to continue (or reuse when finished) for this config, with its stored versions."""
-    h = config_hash(cfg.to_dict())
-    with session_scope(db) as s:
-        exp = find_experiment_by_hash(s, h, status=None)
-        if exp is not None and exp.status == "cancelled":
-            exp = None
-        if exp is None:
-            exp = create_experiment(s, name=f"{cfg.name}/{method}/seed {cfg.seed}", method=method, config=cfg.to_dict(), config_hash=h,
-                                    study_id=study_id)
-            return exp, [], False
-        if exp.status == "done":
-            return exp, list_model_versions(s, exp.id), True
-        if study_id is not None and exp.study_id is None:
-            exp.study_id = study_id
-        versions = [v for v in list_model_versions(s, exp.id) if v.checkpoint_path and Path(v.checkpoint_path).exists()]
-        set_experiment_status(s, exp.id, "running")
-        return exp, versions, False
+def _resume(db: Engine, cfg: RunConfig, method: str, study_id: int | None) -> Resumed:
+    """The experiment to continue (or reuse when finished) for this config (:func:`engine.record.resume_experiment`)."""
+    return resume_experiment(db, name=f"{cfg.name}/{method}/seed {cfg.seed}", method=method, config=cfg.to_dict(),
+                             study_id=study_id)
 
 
 def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = None) -> int:
@@ -197,22 +182,21 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
     device = pick_device(cfg.device)
     init_db(ctx.db)
     data = data or prepare_run_data(cfg)
-    exp, done_versions, finished = _resume_state(ctx.db, cfg, method.name, ctx.study_id)
+    resumed = _resume(ctx.db, cfg, method.name, ctx.study_id)
+    exp_id, done = resumed.experiment_id, resumed.done_steps
     report = ctx.progress or (lambda f, m: None)
-    if finished:
-        report(1.0, f"{method.name}: reusing finished experiment {exp.id}")
-        return exp.id
+    if resumed.finished:
+        report(1.0, f"{method.name}: reusing finished experiment {exp_id}")
+        return exp_id
     steps = data.scenario.steps
-    done = {v.step for v in done_versions}
-    ckpt_dir = ctx.checkpoint_dir / f"experiment_{exp.id}"
+    ckpt_dir = ctx.checkpoint_dir / f"experiment_{exp_id}"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     total_work = sum(len(s.train_classes) for s in steps) * cfg.training.epochs or 1
     work_done = 0.0
     started = time.perf_counter()
     previous: Net | None = None
     try:
-        with session_scope(ctx.db) as s:
-            set_experiment_status(s, exp.id, "running")
+        set_status(ctx.db, exp_id, "running")
         for step in steps:
             seen = len(step.seen_classes)
             ckpt = ckpt_dir / f"step_{step.index}.safetensors"
@@ -240,19 +224,19 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
             train_step(net, method, images, labels, sctx, cfg.training, device=device, seed=cfg.seed + step.index,
                        augment_images=data.augment, hooks=Hooks(on_epoch=on_epoch, should_stop=ctx.should_stop))
             net = net.cpu()
-            save_checkpoint(net, ckpt, extra={"experiment": exp.id, "step": step.index, "method": method.name})
-            _store_step(ctx.db, exp.id, step.index, net, method, cfg, data, seen, ckpt, step.replaced, device)
+            save_checkpoint(net, ckpt, extra={"experiment": exp_id, "step": step.index, "method": method.name})
+            _store_step(ctx.db, exp_id, step.index, net, method, cfg, data, seen, ckpt, step.replaced, device)
             previous = net
             work_done += step_work
         report(0.99, f"{method.name}: evaluating")
-        return _finish(ctx, exp.id, cfg, method, data)
+        return _finish(ctx, exp_id, cfg, method, data)
     except LeaseLost:
         raise  # the job was taken over: the experiment is the new worker's now, leave it as it is
     except Cancelled:
-        discard_experiment(ctx.db, exp.id, ckpt_dir)
+        discard_experiment(ctx.db, exp_id, ckpt_dir)
         raise
     except BaseException as exc:
-        _fail(ctx.db, exp.id, exc)
+        fail(ctx.db, exp_id, exc)
         raise
 
 
@@ -260,14 +244,9 @@ def _finish(ctx: RunContext, exp_id: int, cfg: RunConfig, method: Method, data: 
     """Evaluate every view of a trained (or copied) experiment and mark it done."""
     evaluate_experiment(ctx.db, exp_id, cfg, method, same_set=data.same_set)
     with session_scope(ctx.db) as s:
-        set_experiment_status(s, exp_id, "done")
+        finish(s, exp_id)
     (ctx.progress or (lambda f, m: None))(1.0, f"{method.name}: done")
     return exp_id
-
-
-def _fail(db: Engine, exp_id: int, exc: BaseException) -> None:
-    with session_scope(db) as s:
-        set_experiment_status(s, exp_id, "failed", error=f"{type(exc).__name__}: {exc}")
 
 
 def reuse_experiment(cfg: RunConfig, ctx: RunContext, source_id: int, *, data: RunData) -> int:
@@ -280,21 +259,21 @@ def reuse_experiment(cfg: RunConfig, ctx: RunContext, source_id: int, *, data: R
     """
     method = build_method(cfg.methods[0], **cfg.method_params.get(cfg.methods[0], {}))
     init_db(ctx.db)
-    exp, done_versions, finished = _resume_state(ctx.db, cfg, method.name, ctx.study_id)
+    resumed = _resume(ctx.db, cfg, method.name, ctx.study_id)
+    exp_id, done = resumed.experiment_id, resumed.done_steps
     report = ctx.progress or (lambda f, m: None)
-    if finished:
-        report(1.0, f"{method.name}: reusing finished experiment {exp.id}")
-        return exp.id
-    ckpt_dir = ctx.checkpoint_dir / f"experiment_{exp.id}"
+    if resumed.finished:
+        report(1.0, f"{method.name}: reusing finished experiment {exp_id}")
+        return exp_id
+    ckpt_dir = ctx.checkpoint_dir / f"experiment_{exp_id}"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     try:
-        done = {v.step for v in done_versions}
         with session_scope(ctx.db) as s:
-            source = s.get(Experiment, source_id)
+            source = get_experiment(s, source_id)
             if source is None or source.status != "done":
                 raise ValueError(f"experiment {source_id} is not finished; its models cannot be reused")
             trainer = source.method
-            for v in source.model_versions:
+            for v in list_model_versions(s, source_id):
                 if v.step in done:
                     continue
                 ckpt: Path | None = ckpt_dir / f"step_{v.step}.safetensors"
@@ -302,28 +281,22 @@ def reuse_experiment(cfg: RunConfig, ctx: RunContext, source_id: int, *, data: R
                     shutil.copyfile(v.checkpoint_path, ckpt)
                 else:
                     ckpt = None  # the source lost its file too; the outputs below are all evaluation needs
-                mv = add_model_version(s, exp.id, v.step, architecture=v.architecture, method=method.name,
-                                       classes=v.classes, num_outputs=v.num_outputs, feature_dim=v.feature_dim,
-                                       class_names=v.class_names, checkpoint_path=ckpt and str(ckpt), replaced=v.replaced)
-                for fs in v.feature_sets:
-                    if fs.view in RAW_VIEWS:
-                        save_feature_set(s, mv.id, fs.split, fs.view, fs.features, fs.labels, fs.image_ids)
+                record_version(s, exp_id, v.step, Version(
+                    architecture=v.architecture, method=method.name, classes=v.classes, num_outputs=v.num_outputs,
+                    feature_dim=v.feature_dim, outputs={}, labels={}, class_names=v.class_names,
+                    checkpoint_path=ckpt and str(ckpt), replaced=v.replaced, copied_from=v.id))
         report(0.5, f"{method.name}: models of experiment {source_id} ({trainer}, same training); evaluating")
-        return _finish(ctx, exp.id, cfg, method, data)
+        return _finish(ctx, exp_id, cfg, method, data)
     except LeaseLost:
         raise
     except BaseException as exc:
-        _fail(ctx.db, exp.id, exc)
+        fail(ctx.db, exp_id, exc)
         raise
 
 
 def discard_experiment(db: Engine, exp_id: int, ckpt_dir: Path) -> None:
     """After a cancel: remove everything the run wrote and mark the experiment cancelled."""
-    with session_scope(db) as s:
-        exp = s.get(Experiment, exp_id)
-        for row in [*exp.model_versions, *exp.matrices, *exp.analyses]:
-            s.delete(row)
-        set_experiment_status(s, exp_id, "cancelled")
+    discard(db, exp_id)
     for f in ckpt_dir.glob("*.safetensors"):
         f.unlink()
 
@@ -351,15 +324,11 @@ def run_study(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = None) -
     is ``scenario.class_order_seed``'s for every seed. Experiment ids are ordered seed by seed.
     ``data``: what :func:`check_study` returned for ``cfg`` (checked here when not given).
     """
-    from storage import create_study, list_studies
-
     checked = data or check_study(cfg)
     init_db(ctx.db)
-    with session_scope(ctx.db) as s:
-        same = [st for st in list_studies(s) if st.kind == "compare" and st.config == cfg.to_dict()]
-        study = same[0] if same else create_study(s, name=cfg.name, kind="compare", config=cfg.to_dict())
+    study_id = open_study(ctx.db, name=cfg.name, kind="compare", config=cfg.to_dict())
     if ctx.on_study is not None:
-        ctx.on_study(study.id)
+        ctx.on_study(study_id)
     ids = []
     outer = ctx.progress or (lambda f, m: None)
     runs = [(seed, method) for seed in study_seeds(cfg) for method in cfg.methods]
@@ -370,10 +339,10 @@ def run_study(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = None) -
         if i % len(cfg.methods) == 0:
             data = checked if seed == cfg.seed else prepare_run_data(one)
             trained = {}
-        sub = RunContext(ctx.db, ctx.checkpoint_dir, lambda f, m, i=i: outer((i + f) / len(runs), m), ctx.should_stop, study.id)
+        sub = RunContext(ctx.db, ctx.checkpoint_dir, lambda f, m, i=i: outer((i + f) / len(runs), m), ctx.should_stop, study_id)
         if keys[method] in trained:
             ids.append(reuse_experiment(one.for_method(method), sub, trained[keys[method]], data=data))
         else:
             ids.append(run_experiment(one.for_method(method), sub, data=data))
             trained[keys[method]] = ids[-1]
-    return study.id, ids
+    return study_id, ids

@@ -9,8 +9,7 @@ from engine.conventions import replaced_steps
 from engine.methods import METHODS
 from engine.methods.base import resolve_init_seed
 from engine.report import render_matrix, render_summary_table
-from storage import load_matrices, session_scope
-from storage.models import Experiment
+from storage import get_experiment, load_matrices, session_scope
 
 
 def _spread(values: list) -> dict:
@@ -30,7 +29,7 @@ def study_summary(db: Engine, study_id: int, experiment_ids: list[int]) -> dict:
     out: dict = {"study_id": study_id, "seeds": [], "methods": {}}
     with session_scope(db) as s:
         for exp_id in experiment_ids:
-            exp = s.get(Experiment, exp_id)
+            exp = get_experiment(s, exp_id)
             views: dict = {}
             for m in load_matrices(s, exp_id):
                 views.setdefault(m.view, {})[m.metric] = {

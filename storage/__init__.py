@@ -34,10 +34,14 @@ from storage.models import (
 )
 from storage.repo import (
     add_model_version,
+    clear_experiment,
+    copy_feature_sets,
     create_experiment,
     create_study,
     delete_experiment,
     find_experiment_by_hash,
+    get_experiment,
+    get_model_version,
     list_experiments,
     list_feature_views,
     list_model_versions,
@@ -50,6 +54,7 @@ from storage.repo import (
     save_feature_sets,
     save_matrix,
     set_experiment_status,
+    set_experiment_study,
 )
 from storage.types import NpyArray, UTCDateTime
 
@@ -70,6 +75,8 @@ __all__ = [
     "Study",
     "UTCDateTime",
     "add_model_version",
+    "clear_experiment",
+    "copy_feature_sets",
     "claim_next_job",
     "crashed_worker",
     "create_experiment",
@@ -86,6 +93,8 @@ __all__ = [
     "find_experiment_by_hash",
     "finish_job",
     "get_engine",
+    "get_experiment",
+    "get_model_version",
     "heartbeat",
     "init_db",
     "is_cancel_requested",
@@ -106,4 +115,5 @@ __all__ = [
     "save_matrix",
     "session_scope",
     "set_experiment_status",
+    "set_experiment_study",
 ]

@@ -129,6 +129,26 @@ def list_experiments(
     return list(session.scalars(query.order_by(Experiment.created_at.desc(), Experiment.id.desc())))
 
 
+def get_experiment(session: Session, experiment_id: int) -> Experiment | None:
+    """The experiment with this id (its config, method, status, study), or ``None``."""
+    return session.get(Experiment, experiment_id)
+
+
+def set_experiment_study(session: Session, experiment_id: int, study_id: int) -> None:
+    """Put an experiment into a study (a resumed run joins the study that resumed it)."""
+    require_row(session, Study, study_id)
+    require_row(session, Experiment, experiment_id).study_id = study_id
+    session.flush()
+
+
+def clear_experiment(session: Session, experiment_id: int) -> None:
+    """Delete an experiment's model versions (with their feature sets), matrices and analyses; keep its row."""
+    experiment = require_row(session, Experiment, experiment_id)
+    for row in [*experiment.model_versions, *experiment.matrices, *experiment.analyses]:
+        session.delete(row)
+    session.flush()
+
+
 def delete_experiment(session: Session, experiment_id: int) -> bool:
     """Delete an experiment with its model versions, feature sets, matrices and analyses; False if absent.
 
@@ -184,6 +204,11 @@ def list_model_versions(session: Session, experiment_id: int) -> list[ModelVersi
     """The experiment's model versions ordered by step."""
     return list(session.scalars(select(ModelVersion).where(ModelVersion.experiment_id == experiment_id)
                                 .order_by(ModelVersion.step)))
+
+
+def get_model_version(session: Session, model_version_id: int) -> ModelVersion | None:
+    """The model version with this id (``.experiment`` reachable while the session is open), or ``None``."""
+    return session.get(ModelVersion, model_version_id)
 
 
 # --- feature sets ----------------------------------------------------------------------------
@@ -255,6 +280,14 @@ def save_feature_sets(
         for view, array in views.items():
             if np.shape(array)[1]:
                 save_feature_set(session, model_version_id, split, view, array, labels[split])
+
+
+def copy_feature_sets(session: Session, source_version_id: int, target_version_id: int, views: Sequence[str]) -> None:
+    """Copy the source model version's feature sets of ``views`` (every split, image ids included) to the target."""
+    source = require_row(session, ModelVersion, source_version_id)
+    for fs in source.feature_sets:
+        if fs.view in views:
+            save_feature_set(session, target_version_id, fs.split, fs.view, fs.features, fs.labels, fs.image_ids)
 
 
 def list_feature_views(session: Session, model_version_id: int, split: str) -> list[str]:

@@ -12,11 +12,15 @@ from storage import (
     Job,
     ModelVersion,
     add_model_version,
+    clear_experiment,
+    copy_feature_sets,
     create_experiment,
     create_study,
     delete_experiment,
     enqueue_job,
     find_experiment_by_hash,
+    get_experiment,
+    get_model_version,
     list_experiments,
     list_feature_views,
     list_model_versions,
@@ -29,6 +33,7 @@ from storage import (
     save_matrix,
     session_scope,
     set_experiment_status,
+    set_experiment_study,
 )
 
 FEATURES = np.array([[0.0, 1.0, -0.0], [np.nan, 2.0, 3.0]], dtype=np.float32)
@@ -340,3 +345,46 @@ def test_deleting_an_experiment_removes_everything_it_owns_and_keeps_its_jobs(en
         owners = select(ModelVersion.experiment_id).join(FeatureSet.model_version)
         assert session.scalars(owners).all() == [kept, kept]
         assert session.get(Job, job_id).experiment_id is None
+
+
+def test_get_returns_the_row_or_none(engine, model_version_id):
+    with session_scope(engine) as session:
+        mv = get_model_version(session, model_version_id)
+        assert (mv.step, mv.experiment.name) == (1, "e")
+        assert get_experiment(session, mv.experiment_id).config == {"lr": 0.1}
+        assert get_experiment(session, 999) is None and get_model_version(session, 999) is None
+
+
+def test_set_experiment_study_refuses_a_missing_study(engine):
+    with session_scope(engine) as session:
+        exp_id, study_id = new_experiment(session), create_study(session, name="s", kind="compare").id
+        set_experiment_study(session, exp_id, study_id)
+        assert get_experiment(session, exp_id).study_id == study_id
+        with pytest.raises(ValueError, match="Study 99 does not exist"):
+            set_experiment_study(session, exp_id, 99)
+
+
+def test_copy_feature_sets_copies_the_chosen_views_with_image_ids(engine, model_version_id):
+    ids = np.array([10, 11])
+    with session_scope(engine) as session:
+        save_feature_set(session, model_version_id, "query", "encoder", FEATURES, LABELS, ids)
+        save_feature_set(session, model_version_id, "gallery", "F(perp,to=2)", FEATURES, LABELS)
+        target = new_model_version(session, new_experiment(session, "copy", "h2"))
+        copy_feature_sets(session, model_version_id, target, ("encoder", "logits"))
+        assert list_feature_views(session, target, "query") == ["encoder"]
+        assert list_feature_views(session, target, "gallery") == []  # an adapted view is not one of the copied views
+        features, labels, image_ids = load_feature_set(session, target, "query", "encoder")
+    np.testing.assert_array_equal(features, FEATURES)
+    assert labels.tolist() == [4, 7] and image_ids.tolist() == [10, 11]
+
+
+def test_clear_experiment_removes_what_it_recorded_but_keeps_the_experiment(engine, model_version_id):
+    values = np.eye(2)
+    with session_scope(engine) as session:
+        exp_id = get_model_version(session, model_version_id).experiment_id
+        save_feature_set(session, model_version_id, "query", "encoder", FEATURES, LABELS)
+        save_matrix(session, exp_id, metric="map", protocol="instance", view="encoder", values=values,
+                    valid_queries=np.ones((2, 2), int), no_positive=np.zeros((2, 2), int), summary={})
+        save_analysis(session, exp_id, "k", "key", {})
+        clear_experiment(session, exp_id)
+    assert [count(engine, m) for m in (Experiment, ModelVersion, FeatureSet, CompatibilityMatrix, Analysis)] == [1, 0, 0, 0, 0]

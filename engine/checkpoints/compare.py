@@ -50,17 +50,8 @@ from engine.device import pick_device
 from engine.evaluate_folder import result_json
 from engine.features import DERIVED_VIEWS, RAW_VIEWS, cell_features, extract_outputs
 from engine.metrics import CellFeatures, MatrixResult, compatibility_matrices, parse_metric
-from engine.persist import config_hash, save_matrices
+from engine.record import Version, record_experiment
 from engine.roots import confine
-from storage import (
-    add_model_version,
-    create_experiment,
-    create_study,
-    init_db,
-    save_feature_sets,
-    session_scope,
-    set_experiment_status,
-)
 
 VIEWS = ("encoder", "psp", "lsp")
 PROTOCOLS = ("instance", "template")
@@ -566,24 +557,16 @@ def comparison_config(cmp: Comparison) -> dict[str, Any]:
 
 
 def store_comparison(db: Engine, cmp: Comparison) -> int:
-    """Write the comparison as one experiment in one transaction; return its id."""
+    """Write the comparison as one experiment, in a study of kind ``checkpoints``, in one transaction; return its id."""
     config = comparison_config(cmp)
-    name = (cmp.spec.name or "checkpoints: " + " -> ".join(cmp.labels))[:200]
-    init_db(db)
-    with session_scope(db) as s:
-        study = create_study(s, name=name, kind="checkpoints", config=config)
-        exp = create_experiment(s, name=name, method="checkpoints", config=config, config_hash=config_hash(config),
-                                study_id=study.id)
-        for step, (model, names, out) in enumerate(zip(cmp.models, cmp.class_names, cmp.outputs), start=1):
-            mv = add_model_version(s, exp.id, step, architecture=model.architecture, method="checkpoints",
-                                   classes=list(range(len(names))), num_outputs=len(names),
-                                   feature_dim=int(out["gallery"]["encoder"].shape[1]), class_names=list(names),
-                                   checkpoint_path=str(model.path.resolve()))
-            save_feature_sets(s, mv.id, out, cmp.split_labels)  # a logits-only TorchScript model stores no encoder view
-        for view, result in cmp.results.items():
-            save_matrices(s, exp.id, result, protocol=cmp.spec.protocol, view=view, ties=cmp.spec.ties)
-        set_experiment_status(s, exp.id, "done")
-        return exp.id
+    versions = [Version(architecture=model.architecture, method="checkpoints", classes=range(len(names)),
+                        num_outputs=len(names), feature_dim=int(out["gallery"]["encoder"].shape[1]),
+                        outputs=out, labels=cmp.split_labels,  # a logits-only TorchScript model stores no encoder view
+                        class_names=names, checkpoint_path=str(model.path.resolve()))
+                for model, names, out in zip(cmp.models, cmp.class_names, cmp.outputs)]
+    return record_experiment(db, name=(cmp.spec.name or "checkpoints: " + " -> ".join(cmp.labels))[:200],
+                             method="checkpoints", config=config, versions=versions, results=cmp.results,
+                             protocol=cmp.spec.protocol, ties=cmp.spec.ties, study_kind="checkpoints")
 
 
 def run_checkpoint_comparison(db: Engine, spec: Mapping[str, Any] | ComparisonSpec, *, progress: Progress | None = None,

@@ -1,0 +1,171 @@
+"""Recording an experiment: the one write path of training runs, checkpoint comparisons and evaluate-folder.
+
+An experiment is written as: :func:`start_experiment` -> :func:`record_version` per step (the model and its
+outputs per split and view) -> :func:`record_matrices` per view -> :func:`finish`. These take the caller's
+session, so the caller picks the transactions: :func:`record_experiment` writes a whole experiment in one
+(a comparison or a feature folder: an error leaves nothing), the pipeline commits step by step so that a
+killed run resumes (:func:`resume_experiment`) and a cancelled one is wiped (:func:`discard`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from engine.contract import RAW_VIEWS
+from engine.metrics import MatrixResult, stored_summary
+from storage import (
+    add_model_version,
+    clear_experiment,
+    copy_feature_sets,
+    create_experiment,
+    create_study,
+    find_experiment_by_hash,
+    init_db,
+    list_model_versions,
+    list_studies,
+    save_feature_sets,
+    save_matrix,
+    session_scope,
+    set_experiment_status,
+    set_experiment_study,
+)
+
+
+def config_hash(config: dict) -> str:
+    """A stable hash of a JSON-able config (key order does not matter)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Version:
+    """One model version to record: what the model is, and its outputs ``{split: {view: array}}`` with
+    ``labels[split]`` (an ``(N, 0)`` output is not stored), or ``copied_from``: the stored model version
+    whose raw outputs it shares (a method evaluated on another method's models)."""
+
+    architecture: str
+    method: str
+    classes: Sequence[int]
+    num_outputs: int
+    feature_dim: int
+    outputs: Mapping[str, Mapping[str, np.ndarray]]
+    labels: Mapping[str, np.ndarray]
+    class_names: Sequence[str] | None = None
+    checkpoint_path: str | None = None
+    replaced: bool = False
+    copied_from: int | None = None
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The experiment a run continues: its id, the steps already stored, and whether it is finished."""
+
+    experiment_id: int
+    done_steps: frozenset[int]
+    finished: bool
+
+
+def start_experiment(s: Session, *, name: str, method: str, config: dict[str, Any], study_id: int | None = None) -> int:
+    """Add a queued experiment under its config hash; return its id."""
+    return create_experiment(s, name=name, method=method, config=config, config_hash=config_hash(config),
+                             study_id=study_id).id
+
+
+def record_version(s: Session, experiment_id: int, step: int, version: Version) -> int:
+    """Store the model of ``step`` (1-based) with its outputs; return the model version's id."""
+    mv = add_model_version(s, experiment_id, step, architecture=version.architecture, method=version.method,
+                           classes=list(version.classes), num_outputs=version.num_outputs,
+                           feature_dim=version.feature_dim,
+                           class_names=None if version.class_names is None else list(version.class_names),
+                           checkpoint_path=version.checkpoint_path, replaced=version.replaced)
+    save_feature_sets(s, mv.id, version.outputs, version.labels)
+    if version.copied_from is not None:
+        copy_feature_sets(s, version.copied_from, mv.id, RAW_VIEWS)
+    return mv.id
+
+
+def record_matrices(s: Session, experiment_id: int, result: MatrixResult, *, protocol: str, view: str,
+                    eval_classes: str = "all", ties: str = "fail") -> None:
+    """Store every metric's matrix of ``result`` for ``view`` with its summary (AC/AA/ACA, update gain, paired test)."""
+    for metric, C in result.values.items():
+        save_matrix(s, experiment_id, metric=metric, protocol=protocol, view=view, values=C,
+                    valid_queries=result.valid_queries, no_positive=result.no_positive,
+                    summary=stored_summary(result, metric, ties=ties), eval_classes=eval_classes)
+
+
+def finish(s: Session, experiment_id: int) -> None:
+    """Mark the experiment done."""
+    set_experiment_status(s, experiment_id, "done")
+
+
+def record_experiment(db: Engine, *, name: str, method: str, config: dict[str, Any], versions: Sequence[Version],
+                      results: Mapping[str, MatrixResult], protocol: str, ties: str = "fail",
+                      study_kind: str | None = None) -> int:
+    """Write a whole experiment (steps 1..T, a matrix set per view, done) in one transaction; return its id.
+
+    ``study_kind``: also create a study of that kind, with the same name and config, holding the experiment.
+    """
+    init_db(db)
+    with session_scope(db) as s:
+        study_id = None if study_kind is None else create_study(s, name=name, kind=study_kind, config=config).id
+        exp_id = start_experiment(s, name=name, method=method, config=config, study_id=study_id)
+        for step, version in enumerate(versions, start=1):
+            record_version(s, exp_id, step, version)
+        for view, result in results.items():
+            record_matrices(s, exp_id, result, protocol=protocol, view=view, ties=ties)
+        finish(s, exp_id)
+        return exp_id
+
+
+# --- runs recorded step by step ----------------------------------------------------------------
+
+
+def open_study(db: Engine, *, name: str, kind: str, config: dict[str, Any]) -> int:
+    """The id of the study of ``kind`` with exactly this config (the newest), or of a new one."""
+    with session_scope(db) as s:
+        same = [st for st in list_studies(s) if st.kind == kind and st.config == config]
+        return (same[0] if same else create_study(s, name=name, kind=kind, config=config)).id
+
+
+def resume_experiment(db: Engine, *, name: str, method: str, config: dict[str, Any], study_id: int | None) -> Resumed:
+    """The experiment to continue for ``config``: a finished one is reused as it is, an unfinished one resumes
+    (set running, joining ``study_id`` if it had no study) from its steps whose checkpoint file still exists,
+    a cancelled one (or none) is replaced by a new experiment."""
+    with session_scope(db) as s:
+        exp = find_experiment_by_hash(s, config_hash(config), status=None)
+        if exp is None or exp.status == "cancelled":
+            return Resumed(start_experiment(s, name=name, method=method, config=config, study_id=study_id), frozenset(), False)
+        if exp.status == "done":
+            return Resumed(exp.id, frozenset(v.step for v in list_model_versions(s, exp.id)), True)
+        if study_id is not None and exp.study_id is None:
+            set_experiment_study(s, exp.id, study_id)
+        done = frozenset(v.step for v in list_model_versions(s, exp.id)
+                         if v.checkpoint_path and Path(v.checkpoint_path).exists())
+        set_experiment_status(s, exp.id, "running")
+        return Resumed(exp.id, done, False)
+
+
+def set_status(db: Engine, experiment_id: int, status: str) -> None:
+    """Set the experiment's status in its own transaction."""
+    with session_scope(db) as s:
+        set_experiment_status(s, experiment_id, status)
+
+
+def fail(db: Engine, experiment_id: int, exc: BaseException) -> None:
+    """Mark the experiment failed with the exception's type and message."""
+    with session_scope(db) as s:
+        set_experiment_status(s, experiment_id, "failed", error=f"{type(exc).__name__}: {exc}")
+
+
+def discard(db: Engine, experiment_id: int) -> None:
+    """After a cancel: delete everything recorded for the experiment and mark it cancelled (one transaction)."""
+    with session_scope(db) as s:
+        clear_experiment(s, experiment_id)
+        set_experiment_status(s, experiment_id, "cancelled")
