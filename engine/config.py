@@ -171,7 +171,7 @@ def _choice(what: str, allowed: tuple[str, ...]) -> Rule:
 
 def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False) -> Rule:
     """A finite number in the interval; ``None`` passes (it means "default")."""
-    text = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open or high == math.inf else ']'}"
+    text = vocab.interval(low, high, low_open=low_open, high_open=high_open)
 
     def rule(v: Any) -> str | None:
         if v is None:
@@ -285,6 +285,10 @@ def _check_method_params(cfg: RunConfig) -> None:
         if unknown:
             raise ValueError(f"config key method_params.{method} has unknown hyper-parameter(s) {', '.join(unknown)}; "
                              f"allowed: {', '.join(accepted) or 'none (this method takes no hyper-parameters)'}")
+        for key, value in params.items():
+            problem = accepted[key].problem(value)
+            if problem:
+                raise ValueError(f"config key method_params.{method}.{key} {problem}")
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:

@@ -1,4 +1,7 @@
 """The torch-free vocabulary (engine.vocab) names exactly what the engine's registries know."""
+import dataclasses
+import re
+
 import pytest
 import torch
 
@@ -14,7 +17,7 @@ from engine.training import lr_factor, make_optimizer
 
 
 def test_vocabulary_matches_the_registries():
-    assert vocab.METHOD_PARAMS == {m: method_hparam_names(m) for m in METHODS}
+    assert {m: tuple(specs) for m, specs in vocab.METHOD_PARAMS.items()} == {m: method_hparam_names(m) for m in METHODS}
     assert vocab.DATASET_NAMES == tuple(DATASETS)
     assert vocab.BACKBONE_NAMES == tuple(BACKBONES)
     assert vocab.VIEWS == VIEWS
@@ -30,6 +33,20 @@ def test_vocabulary_matches_the_registries():
         make_optimizer(net, TrainingConfig(optimizer="adamw"))
     with pytest.raises(ValueError, match="unknown lr_schedule"):
         lr_factor(1, TrainingConfig(lr_schedule="cosinee"))
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_method_param_specs_match_the_dataclasses_and_are_what_they_check(name):
+    """Each spec's default is the dataclass field's default, the default passes, and a value the spec refuses
+    is refused by the method with the spec's own words."""
+    cls, specs = METHODS[name], vocab.METHOD_PARAMS[name]
+    assert {f.name: f.default for f in dataclasses.fields(cls)} == {k: p.default for k, p in specs.items()}
+    assert cls().hparams() == {k: p.default for k, p in specs.items()}
+    for key, spec in specs.items():
+        assert spec.problem(spec.default) is None
+        bad = {"flag": "yes", "choice": "nope", "number": "x"}[spec.kind]
+        with pytest.raises(ValueError, match=re.escape(f"{name}: {key} {spec.problem(bad)}")):
+            cls(**{key: bad})
 
 
 def test_config_and_vocabulary_stay_torch_free():
