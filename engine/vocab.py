@@ -97,6 +97,8 @@ METHOD_NAMES = tuple(METHOD_PARAMS)
 RETIRED_METHODS = {old: f"{old!r} was a class-mean alignment stand-in, not Meng et al. 2021's LCE; it is now {new!r}"
                    for old, new in (("lce", "mean_align"), ("lce_er", "mean_align_er"))}
 DATASET_NAMES = ("digits", "shapes", "cifar10", "cifar100", "fashion", "imagefolder")
+# the classes of the datasets whose count is fixed (shapes generates as many as asked; a folder has its own)
+DATASET_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100, "fashion": 10}
 BACKBONE_NAMES = ("small_cnn", "resnet18_cifar", "resnet32_cifar", "senet18_cifar", "resnet18", "resnet34", "resnet50",
                   "resnet101", "resnet152", "alexnet", "vgg16", "regnet_x_3_2gf", "regnet_y_400mf", "densenet121",
                   "efficientnet_b0", "efficientnet_b3", "mobilenet_v3_small", "convnext_tiny", "swin_t", "maxvit_t",
