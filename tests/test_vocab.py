@@ -8,7 +8,7 @@ import torch
 from engine import vocab
 from engine.config import TrainingConfig
 from engine.data import protocols, scenario
-from engine.data.registry import DATASETS
+from engine.data.registry import DATASETS, load_dataset
 from engine.features import VIEWS
 from engine.methods.registry import METHODS, method_hparam_names
 from engine.metrics import retrieval
@@ -19,6 +19,9 @@ from engine.training import lr_factor, make_optimizer
 def test_vocabulary_matches_the_registries():
     assert {m: tuple(specs) for m, specs in vocab.METHOD_PARAMS.items()} == {m: method_hparam_names(m) for m in METHODS}
     assert vocab.DATASET_NAMES == tuple(DATASETS)
+    for name, classes in vocab.DATASET_CLASSES.items():  # the fixed class counts the config checks scenarios with
+        assert f": {classes} classes," in DATASETS[name].summary, name
+    assert load_dataset("digits", split="test").num_classes == vocab.DATASET_CLASSES["digits"]
     assert vocab.BACKBONE_NAMES == tuple(BACKBONES)
     assert vocab.VIEWS == VIEWS
     assert vocab.RUN_PROTOCOLS == protocols.PROTOCOLS and vocab.EVAL_CLASSES == protocols.EVAL_CLASSES
