@@ -239,8 +239,3 @@ def ago(when: datetime | None) -> str:
     if seconds < 86400:
         return f"{seconds / 3600:.1f} h ago"
     return when.strftime("%Y-%m-%d %H:%M")
-
-
-def clear_all() -> None:
-    """Forget every cached query (after a write that changes results)."""
-    st.cache_data.clear()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from engine import vocab
+from engine.splits import check_replacements, check_split
 from engine.vocab import INIT_SEEDS
 
 
@@ -171,7 +172,7 @@ def _choice(what: str, allowed: tuple[str, ...]) -> Rule:
 
 def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False) -> Rule:
     """A finite number in the interval; ``None`` passes (it means "default")."""
-    text = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open or high == math.inf else ']'}"
+    text = vocab.interval(low, high, low_open=low_open, high_open=high_open)
 
     def rule(v: Any) -> str | None:
         if v is None:
@@ -268,9 +269,48 @@ def _check_values(cfg: RunConfig) -> None:
     if cfg.dataset.max_per_class is not None and cfg.dataset.name == "shapes":
         raise ValueError("config key dataset.max_per_class does not apply to shapes, which generates "
                          "dataset.train_per_class / test_per_class images per class; set those instead")
-    milestones = list(cfg.training.lr_milestones)
+    for key, only in (("num_classes", "shapes"), ("image_size", "imagefolder")):
+        if getattr(cfg.dataset, key) is not None and cfg.dataset.name != only:
+            raise ValueError(f"config key dataset.{key} applies only to dataset {only}; {cfg.dataset.name!r} would ignore it")
+    if cfg.eval.open_set_dataset is not None and cfg.eval.protocol != "open-set":
+        raise ValueError(f"config key eval.open_set_dataset = {cfg.eval.open_set_dataset!r} applies only to "
+                         f"eval.protocol = 'open-set', got {cfg.eval.protocol!r}")
+    _check_training(cfg.training)
+    _check_scenario(cfg)
+
+
+def _check_training(t: TrainingConfig) -> None:
+    milestones = list(t.lr_milestones)
     if milestones != sorted(set(milestones)):
         raise ValueError(f"config key training.lr_milestones = {milestones!r} must be strictly increasing")
+    if milestones and t.lr_schedule != "step":
+        raise ValueError(f"config key training.lr_milestones = {milestones!r} applies only to lr_schedule = 'step', "
+                         f"got {t.lr_schedule!r}")
+    if t.lr_schedule == "step" and not milestones:
+        raise ValueError("config key training.lr_schedule = 'step' needs training.lr_milestones (the epochs where the "
+                         "rate is multiplied by lr_gamma); without them use 'constant'")
+
+
+def _check_scenario(cfg: RunConfig) -> None:
+    """The scenario against the dataset's class count, where the config alone tells it."""
+    s, name = cfg.scenario, cfg.dataset.name
+    if s.replay_per_class and s.training != "finetune":
+        raise ValueError(f"config key scenario.replay_per_class = {s.replay_per_class} applies only to "
+                         f"scenario.training = 'finetune', got {s.training!r}")
+    classes = vocab.DATASET_CLASSES.get(name, cfg.dataset.num_classes if name == "shapes" else None)
+    steps = s.num_steps
+    if classes is not None:
+        try:
+            steps = check_split(classes, s.initial_classes, s.increment, s.num_steps)
+        except ValueError as exc:
+            raise ValueError(f"config [scenario] does not fit the {classes} classes of dataset {name}: {exc}") from None
+        k = cfg.model.dsimplex_classes
+        if k is not None and k < classes:
+            raise ValueError(f"config key model.dsimplex_classes = {k} is smaller than the {classes} classes of dataset {name}")
+    try:
+        check_replacements(s.replacement_steps, steps or max(s.replacement_steps, default=2))
+    except ValueError as exc:
+        raise ValueError(f"config key scenario.replacement_steps = {list(s.replacement_steps)!r}: {exc}") from None
 
 
 def _check_method_params(cfg: RunConfig) -> None:
@@ -285,13 +325,19 @@ def _check_method_params(cfg: RunConfig) -> None:
         if unknown:
             raise ValueError(f"config key method_params.{method} has unknown hyper-parameter(s) {', '.join(unknown)}; "
                              f"allowed: {', '.join(accepted) or 'none (this method takes no hyper-parameters)'}")
+        for key, value in params.items():
+            problem = accepted[key].problem(value)
+            if problem:
+                raise ValueError(f"config key method_params.{method}.{key} {problem}")
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
-    """Build and validate a RunConfig: unknown keys, wrong types and values outside the registries or ranges raise ValueError.
+    """Build and validate a RunConfig; ValueError, one line naming the key, for an unknown key, a wrong type, a value
+    outside its registry or range (method hyper-parameters included), keys that contradict each other, or a scenario
+    that does not fit a dataset whose class count is fixed.
 
-    Method hyper-parameter values are checked by the method itself, and the data and scenario by
-    ``engine.pipeline.check_study``, before anything is written.
+    What needs the data itself (files present, a folder's or generated dataset's classes) is checked by
+    ``engine.pipeline.check_study`` before anything is written.
     """
     if not isinstance(data, dict):
         raise ValueError(f"a config must be a table of keys, got {type(data).__name__}")
@@ -300,6 +346,10 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
         raise ValueError("config needs at least one method in 'methods'")
     _check_values(cfg)
     _check_method_params(cfg)
+    dataset = data.get("dataset", {})
+    if cfg.dataset.name == "imagefolder" and "root" not in dataset:
+        raise ValueError("config key dataset.root must name the image folder for dataset imagefolder "
+                         "(the default 'data' is where the built-in datasets live); give it, e.g. root = \"data/my-images\"")
     return cfg
 
 

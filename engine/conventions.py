@@ -2,7 +2,7 @@
 
 The same stored features give AC 0.67, 1.0 or 0 depending on the gallery (instances or class-mean
 templates) and the evaluation classes, so every table, chart and export says which convention it used
-(STYLE 12): metric, feature view (with PSP/LSP centring), protocol, gallery, evaluation classes, the
+(STYLE 12): metric, feature view (PSP/LSP: truncated, always centred, top-k), protocol, gallery, evaluation classes, the
 ECC tie rule and the seeds. Three kinds of stored config are read:
 
 - a run: ``engine.config.RunConfig.to_dict()`` (``eval``, ``scenario``, ``model`` sections, ``seed``;
@@ -45,7 +45,6 @@ class Settings:
     gallery: str = "instance"  # instance | template
     eval_classes: str = "all"  # all | seen
     ties: str = "fail"  # ECC on a tie: fail (strict >) | pass (>=)
-    lsp_center: bool = True  # Algorithm 1 centres logits too; False = Eq. 6 as written
     topk: int | None = None
     seeds: str = "seed 0"
 
@@ -79,7 +78,7 @@ def settings(config: Mapping[str, Any]) -> Settings:
     ev = config.get("eval", {})
     return Settings(protocol=ev.get("protocol", "closed-set"), gallery=ev.get("gallery", "instance"),
                     eval_classes=ev.get("eval_classes", "all"), ties=ev.get("ties", "fail"),
-                    lsp_center=bool(ev.get("lsp_center", True)), topk=ev.get("topk"), seeds=_seeds(config))
+                    topk=ev.get("topk"), seeds=_seeds(config))
 
 
 def replaced_steps(config: Mapping[str, Any]) -> tuple[int, ...]:
@@ -111,10 +110,13 @@ def _listed(values: str | Iterable[str] | None) -> list[str]:
 
 
 def view_phrase(view: str, s: Settings) -> str:
-    """A feature view with what PSP/LSP do to the outputs (truncation, centring, top-k)."""
+    """A feature view with what PSP/LSP do to the outputs (truncation, centring, top-k).
+
+    The engine always centres both (Algorithm 1, ``engine.features.output_view``); no config key turns it off.
+    """
     if view not in ("psp", "lsp"):
         return f"{view} view"
-    centred = "centred" if view == "psp" or s.lsp_center else "not centred (Eq. 6)"
+    centred = "centred"
     outputs = "softmax" if view == "psp" else "logits"
     top = f", top-{s.topk}" if s.topk else ""
     return f"{view.upper()} view (first C^k {outputs}, {centred}{top}, L2-normalised)"

@@ -1,34 +1,104 @@
 """The names a config may use, torch-free, so the app and ``engine.config`` can check values without the engine.
 
 Each tuple mirrors one engine registry (``tests/test_vocab.py`` checks them against the real ones):
-methods and their hyper-parameters (``engine.methods.METHODS``), datasets (``engine.data.registry.DATASETS``),
+methods and their hyper-parameters' specs (``engine.methods.METHODS``, whose dataclasses check their
+values here), datasets (``engine.data.registry.DATASETS``),
 backbones (``engine.models.BACKBONES``), optimizers and schedules (``engine.training``), the run and gallery
 protocols (``engine.data.protocols``, ``engine.metrics.retrieval``), views (``engine.features.VIEWS``) and
 scenario training modes (``engine.data.scenario.TRAINING_MODES``).
 """
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
+from typing import Any
 
-METHOD_PARAMS: dict[str, tuple[str, ...]] = {
-    "independent": (),
-    "psp": ("temperature", "extraction_temperature"),
-    "lsp": ("temperature", "extraction_temperature"),
-    "bct": ("lam",),
-    "bct_er": ("lam", "finetune_lr", "balanced_replay"),
-    "cores": (),
-    "dsimplex_fd": ("finetune_lr", "balanced_replay", "weight", "distance", "distill_on", "weight_schedule"),
-    "dsimplex_hoc": ("finetune_lr", "balanced_replay", "lam", "rho", "negatives"),
-    "er": ("finetune_lr", "balanced_replay"),
-    "etf": ("objective",),
-    "mean_align": ("alpha", "beta"),
-    "mean_align_er": ("alpha", "beta", "finetune_lr", "balanced_replay"),
+
+
+def interval(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False) -> str:
+    """``[0, 1]``, ``(0, inf)``: the interval as people write it."""
+    return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open or high == math.inf else ']'}"
+
+
+@dataclass(frozen=True)
+class Param:
+    """One method hyper-parameter: its kind, allowed values and default (the method dataclass field's default).
+
+    ``kind``: ``"number"`` (finite, in ``[low, high]``, ``(low, ...`` when ``low_open``; ``None`` too when the
+    default is ``None``), ``"choice"`` (one of ``choices``) or ``"flag"`` (true or false).
+    """
+
+    kind: str
+    default: Any
+    choices: tuple[str, ...] = ()
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+
+    def allowed(self) -> str:
+        """The allowed values in words."""
+        if self.kind == "flag":
+            return "true or false"
+        if self.kind == "choice":
+            return f"one of {self.choices}"
+        return f"a number in {interval(self.low, self.high, low_open=self.low_open)}" + (" or none" if self.default is None else "")
+
+    def problem(self, value: Any) -> str | None:
+        """None when ``value`` is allowed, else what is wrong, the bad value and the allowed ones."""
+        if self.kind == "flag":
+            return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+        if self.kind == "choice":
+            return None if value in self.choices else f"must be one of {self.choices}, got {value!r}"
+        if value is None and self.default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"must be a finite number ({self.allowed()}), got {value!r}"
+        if value < self.low or (self.low_open and value == self.low):
+            return f"must be {'greater than' if self.low_open else 'at least'} {self.low:g} ({self.allowed()}), got {value!r}"
+        if value > self.high:
+            return f"must be at most {self.high:g} ({self.allowed()}), got {value!r}"
+        return None
+
+
+EXTRACTION_TEMPERATURES = ("none", "training")  # PSP's stored softmax: plain, or at the training temperature
+ETF_OBJECTIVES = ("ce", "dr")
+NCE_NEGATIVES = ("paper", "repo")
+FEATURE_DISTANCES = ("l2", "cosine")
+FD_SUBSETS = ("old_classes", "all")
+FD_WEIGHT_SCHEDULES = ("constant", "sqrt_new_over_old")
+_FINETUNING = {"finetune_lr": Param("number", None, low=0.0, low_open=True), "balanced_replay": Param("flag", True)}
+_SIMPLEX = {"temperature": Param("number", 1.0, low=0.0, low_open=True),
+            "extraction_temperature": Param("choice", "none", EXTRACTION_TEMPERATURES)}
+_BCT = {"lam": Param("number", 1.0, low=0.0)}
+_MEAN_ALIGN = {"alpha": Param("number", 1.0, low=0.0), "beta": Param("number", 0.1, low=0.0)}
+# method -> its hyper-parameters in the dataclass's field order (tests/test_vocab.py compares them with engine.methods)
+METHOD_PARAMS: dict[str, dict[str, Param]] = {
+    "independent": {},
+    "psp": _SIMPLEX,
+    "lsp": _SIMPLEX,
+    "bct": _BCT,
+    "bct_er": {**_BCT, **_FINETUNING},
+    "cores": {},
+    "dsimplex_fd": {**_FINETUNING, "weight": Param("number", 10.0, low=0.0),
+                    "distance": Param("choice", "cosine", FEATURE_DISTANCES),
+                    "distill_on": Param("choice", "old_classes", FD_SUBSETS),
+                    "weight_schedule": Param("choice", "sqrt_new_over_old", FD_WEIGHT_SCHEDULES)},
+    "dsimplex_hoc": {**_FINETUNING, "lam": Param("number", 0.1, low=0.0, high=1.0),
+                     "rho": Param("number", 10.0, low=0.0, low_open=True),
+                     "negatives": Param("choice", "repo", NCE_NEGATIVES)},
+    "er": _FINETUNING,
+    "etf": {"objective": Param("choice", "ce", ETF_OBJECTIVES)},
+    "mean_align": _MEAN_ALIGN,
+    "mean_align_er": {**_MEAN_ALIGN, **_FINETUNING},
 }
 METHOD_NAMES = tuple(METHOD_PARAMS)
 # names retired because they claimed a paper the code does not implement: old name -> one-line hint
 RETIRED_METHODS = {old: f"{old!r} was a class-mean alignment stand-in, not Meng et al. 2021's LCE; it is now {new!r}"
                    for old, new in (("lce", "mean_align"), ("lce_er", "mean_align_er"))}
 DATASET_NAMES = ("digits", "shapes", "cifar10", "cifar100", "fashion", "imagefolder")
+# the classes of the datasets whose count is fixed (shapes generates as many as asked; a folder has its own)
+DATASET_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100, "fashion": 10}
 BACKBONE_NAMES = ("small_cnn", "resnet18_cifar", "resnet32_cifar", "senet18_cifar", "resnet18", "resnet34", "resnet50",
                   "resnet101", "resnet152", "alexnet", "vgg16", "regnet_x_3_2gf", "regnet_y_400mf", "densenet121",
                   "efficientnet_b0", "efficientnet_b3", "mobilenet_v3_small", "convnext_tiny", "swin_t", "maxvit_t",

@@ -51,9 +51,9 @@ def test_a_stored_matrix_overrides_gallery_and_classes_and_parts_can_be_left_out
 
 
 def test_lsp_centring_top_k_and_several_seeds():
-    cfg = {**RUN, "seeds": [0, 1, 2], "eval": {"lsp_center": False, "topk": 5}}
+    cfg = {**RUN, "seeds": [0, 1, 2], "eval": {"topk": 5}}  # centring is always on: no config key turns it off
     line = convention(cfg, views="lsp")
-    assert "LSP view (first C^k logits, not centred (Eq. 6), top-5, L2-normalised)" in line
+    assert "LSP view (first C^k logits, centred, top-5, L2-normalised)" in line
     assert "seeds 0, 1, 2, class order 3" in line
     assert "instance gallery · all test classes" in line  # the engine's defaults for missing keys
 

@@ -4,18 +4,9 @@ import dataclasses
 import pytest
 
 from engine.features import VIEWS
-from engine.methods import (
-    METHODS,
-    PRESETS,
-    BCT,
-    DSimplexHOC,
-    build_method,
-    method_hparam_names,
-    method_hparams,
-    training_settings,
-)
+from engine.methods import METHODS, BCT, DSimplexHOC, build_method, method_hparam_names
 from engine.methods.base import INIT_FROM, Method
-from engine.methods.presets import TRAINING_KEYS
+from engine.presets import PRESETS, TRAINING_KEYS, method_hparams, training_settings
 from engine.models import HEADS
 
 # what each method needs from the loop: (head, needs_old_model, uses_replay, init_from)

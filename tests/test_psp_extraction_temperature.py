@@ -73,8 +73,9 @@ def test_a_study_stores_the_softmax_at_the_training_temperature(tmp_path):
             np.testing.assert_allclose(softmax, e / e.sum(axis=1, keepdims=True), rtol=1e-4, atol=1e-7)
 
 
-def test_a_bad_extraction_temperature_is_refused_by_the_config():
-    cfg = config_from_dict({"dataset": {"name": "digits"}, "methods": ["psp"],
-                            "method_params": {"psp": {"extraction_temperature": 12}}})
+def test_a_bad_extraction_temperature_is_refused_by_the_config_and_the_method():
+    with pytest.raises(ValueError, match="method_params.psp.extraction_temperature must be one of \\('none', 'training'\\), got 12"):
+        config_from_dict({"dataset": {"name": "digits"}, "methods": ["psp"],
+                          "method_params": {"psp": {"extraction_temperature": 12}}})
     with pytest.raises(ValueError, match="psp: extraction_temperature must be one of \\('none', 'training'\\)"):
-        build_method("psp", **cfg.method_params["psp"])
+        build_method("psp", extraction_temperature=12)

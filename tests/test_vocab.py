@@ -1,11 +1,14 @@
 """The torch-free vocabulary (engine.vocab) names exactly what the engine's registries know."""
+import dataclasses
+import re
+
 import pytest
 import torch
 
 from engine import vocab
 from engine.config import TrainingConfig
 from engine.data import protocols, scenario
-from engine.data.registry import DATASETS
+from engine.data.registry import DATASETS, load_dataset
 from engine.features import VIEWS
 from engine.methods.registry import METHODS, method_hparam_names
 from engine.metrics import retrieval
@@ -14,8 +17,11 @@ from engine.training import lr_factor, make_optimizer
 
 
 def test_vocabulary_matches_the_registries():
-    assert vocab.METHOD_PARAMS == {m: method_hparam_names(m) for m in METHODS}
+    assert {m: tuple(specs) for m, specs in vocab.METHOD_PARAMS.items()} == {m: method_hparam_names(m) for m in METHODS}
     assert vocab.DATASET_NAMES == tuple(DATASETS)
+    for name, classes in vocab.DATASET_CLASSES.items():  # the fixed class counts the config checks scenarios with
+        assert f": {classes} classes," in DATASETS[name].summary, name
+    assert load_dataset("digits", split="test").num_classes == vocab.DATASET_CLASSES["digits"]
     assert vocab.BACKBONE_NAMES == tuple(BACKBONES)
     assert vocab.VIEWS == VIEWS
     assert vocab.RUN_PROTOCOLS == protocols.PROTOCOLS and vocab.EVAL_CLASSES == protocols.EVAL_CLASSES
@@ -30,6 +36,20 @@ def test_vocabulary_matches_the_registries():
         make_optimizer(net, TrainingConfig(optimizer="adamw"))
     with pytest.raises(ValueError, match="unknown lr_schedule"):
         lr_factor(1, TrainingConfig(lr_schedule="cosinee"))
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_method_param_specs_match_the_dataclasses_and_are_what_they_check(name):
+    """Each spec's default is the dataclass field's default, the default passes, and a value the spec refuses
+    is refused by the method with the spec's own words."""
+    cls, specs = METHODS[name], vocab.METHOD_PARAMS[name]
+    assert {f.name: f.default for f in dataclasses.fields(cls)} == {k: p.default for k, p in specs.items()}
+    assert cls().hparams() == {k: p.default for k, p in specs.items()}
+    for key, spec in specs.items():
+        assert spec.problem(spec.default) is None
+        bad = {"flag": "yes", "choice": "nope", "number": "x"}[spec.kind]
+        with pytest.raises(ValueError, match=re.escape(f"{name}: {key} {spec.problem(bad)}")):
+            cls(**{key: bad})
 
 
 def test_config_and_vocabulary_stay_torch_free():

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.splits import check_replacements, check_split
 from engine.vocab import TRAINING_MODES
 
 
@@ -62,7 +63,7 @@ def build_scenario(*, num_classes: int, initial_classes: int, increment: int, nu
     permutation drawn with ``numpy.random.default_rng(class_order_seed)``, or 0..num_classes-1 when
     ``class_order_seed`` is None. ``num_steps`` is optional; when given it must match the split.
     """
-    num_steps = _check_split(num_classes, initial_classes, increment, num_steps)
+    num_steps = check_split(num_classes, initial_classes, increment, num_steps)
     if training not in TRAINING_MODES:
         raise ValueError(f"unknown training mode {training!r}; use 'cumulative' or 'finetune'")
     if replay_per_class < 0:
@@ -70,7 +71,7 @@ def build_scenario(*, num_classes: int, initial_classes: int, increment: int, nu
     if replay_per_class and training == "cumulative":
         raise ValueError(f"replay_per_class={replay_per_class} only applies to training='finetune': cumulative "
                          f"training already uses all the data of past classes")
-    replaced = _check_replacements(replacement_steps, num_steps)
+    replaced = check_replacements(replacement_steps, num_steps)
     if class_order is not None:
         order = _check_order(class_order, num_classes)
     elif class_order_seed is None:
@@ -109,33 +110,6 @@ def select_replay(labels: np.ndarray, classes: Sequence[int], per_class: int, se
     return np.sort(np.concatenate(picks)).astype(np.int64)
 
 
-def _check_split(num_classes: int, initial_classes: int, increment: int, num_steps: int | None) -> int:
-    """The number of steps, after checking that initial + (steps - 1) x increment uses every class exactly."""
-    if num_classes < 1 or initial_classes < 1:
-        raise ValueError(f"a scenario needs at least one class and one initial class, got num_classes={num_classes} "
-                         f"and initial_classes={initial_classes}")
-    if initial_classes > num_classes:
-        raise ValueError(f"initial_classes={initial_classes} is more than the {num_classes} classes available")
-    rest = num_classes - initial_classes
-    if rest and increment < 1:
-        raise ValueError(f"increment must be at least 1 to add the {rest} classes left after the initial {initial_classes}, "
-                         f"got {increment}")
-    if rest % max(increment, 1):
-        fits = rest // increment
-        divisors = [d for d in range(1, rest + 1) if rest % d == 0]
-        raise ValueError(f"{num_classes} classes cannot be split into an initial {initial_classes} plus equal increments of "
-                         f"{increment}: the {rest} remaining classes are not a multiple of {increment} ({fits} increments "
-                         f"use {fits * increment} and leave {rest - fits * increment} classes out); choose an increment that "
-                         f"divides {rest} ({', '.join(map(str, divisors))}) or change initial_classes")
-    steps = 1 + (rest // increment if rest else 0)
-    if num_steps is not None and num_steps != steps:
-        used = initial_classes + max(increment, 0) * (num_steps - 1)
-        raise ValueError(f"num_steps={num_steps} does not fit: {initial_classes} initial classes + {num_steps - 1} x "
-                         f"{increment} = {used} classes, but there are {num_classes}, which take {steps} steps; "
-                         f"set num_steps={steps} (or leave it out) or change the split")
-    return steps
-
-
 def _check_order(class_order: Sequence[int], num_classes: int) -> tuple[int, ...]:
     order = tuple(int(c) for c in class_order)
     twice = sorted(c for c, n in Counter(order).items() if n > 1)
@@ -149,15 +123,3 @@ def _check_order(class_order: Sequence[int], num_classes: int) -> tuple[int, ...
         raise ValueError(f"class_order misses classes {missing[:10]}{' ...' if len(missing) > 10 else ''}; "
                          f"every one of the {num_classes} classes must appear once")
     return order
-
-
-def _check_replacements(replacement_steps: Sequence[int], num_steps: int) -> frozenset[int]:
-    steps = [int(s) for s in replacement_steps]
-    if len(set(steps)) != len(steps):
-        raise ValueError(f"replacement_steps lists a step more than once: {steps}")
-    if 1 in steps:
-        raise ValueError("a replacement at step 1 is not possible: step 1 trains the first model, there is nothing to replace")
-    outside = [s for s in steps if not 2 <= s <= num_steps]
-    if outside:
-        raise ValueError(f"replacement steps {outside} are outside this scenario's steps; choose steps in 2..{num_steps}")
-    return frozenset(steps)

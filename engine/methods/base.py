@@ -6,7 +6,6 @@ what the loop must provide (old model, replay memory, which head, how to initial
 """
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
@@ -16,6 +15,7 @@ from torch import nn
 from torch.func import functional_call
 
 from engine.models.net import ModelOutput, Net
+from engine.vocab import METHOD_PARAMS
 
 INIT_FROM = ("scratch", "previous")
 
@@ -106,6 +106,14 @@ class Method(ABC):
         """The temperature dividing the logits of the stored softmax output (1.0: the plain softmax)."""
         return 1.0
 
+    def __post_init__(self) -> None:
+        """Check every hyper-parameter against its spec in :data:`engine.vocab.METHOD_PARAMS` (the one place)."""
+        specs = METHOD_PARAMS[self.name]
+        for f in fields(self):  # type: ignore[arg-type]
+            problem = specs[f.name].problem(getattr(self, f.name))
+            if problem:
+                raise ValueError(f"{self.name}: {f.name} {problem}")
+
     def hparams(self) -> dict[str, Any]:
         """The hyper-parameters as a plain dict (what ``build_method`` takes back)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
@@ -184,31 +192,6 @@ def check_same_dim(method: Method, new: torch.Tensor, old: torch.Tensor) -> None
         )
 
 
-def check_number(
-    method: str,
-    field: str,
-    value: Any,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-) -> None:
-    """Validate a real-valued hyper-parameter: finite, within ``[low, high]`` (``(low, ...`` if open)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{method}: {field} must be a finite number, got {value!r}")
-    if low is not None and (value <= low if low_open else value < low):
-        bound = f"greater than {low}" if low_open else f"at least {low}"
-        raise ValueError(f"{method}: {field} must be {bound}, got {value!r}")
-    if high is not None and value > high:
-        raise ValueError(f"{method}: {field} must be at most {high}, got {value!r}")
-
-
-def check_choice(method: str, field: str, value: Any, choices: tuple[str, ...]) -> None:
-    """Validate a string option."""
-    if value not in choices:
-        raise ValueError(f"{method}: {field} must be one of {choices}, got {value!r}")
-
-
 @dataclass(frozen=True)
 class FineTuning(Method):
     """Base of the methods that fine-tune the previous model with replay: the released code's two training options.
@@ -225,13 +208,6 @@ class FineTuning(Method):
 
     finetune_lr: float | None = None
     balanced_replay: bool = True
-
-    def check_finetuning(self) -> None:
-        """Validate the two options (called from the subclasses' ``__post_init__``)."""
-        if self.finetune_lr is not None:
-            check_number(self.name, "finetune_lr", self.finetune_lr, low=0.0, low_open=True)
-        if not isinstance(self.balanced_replay, bool):
-            raise ValueError(f"{self.name}: balanced_replay must be true or false, got {self.balanced_replay!r}")
 
     def step_lr(self, lr: float, ctx: StepContext) -> float:
         """``finetune_lr`` when this step fine-tunes the previous model and it is set, else ``lr``."""

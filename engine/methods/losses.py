@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-NCE_NEGATIVES = ("paper", "repo")
-FEATURE_DISTANCES = ("l2", "cosine")
+from engine.vocab import FEATURE_DISTANCES, NCE_NEGATIVES
+
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:

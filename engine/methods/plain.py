@@ -5,12 +5,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.methods.base import FineTuning, Method, StepContext, check_choice, check_number, parts_of
+from engine.methods.base import FineTuning, Method, StepContext, parts_of
 from engine.methods.losses import cross_entropy, dot_regression
 from engine.models.net import ModelOutput
 
-ETF_OBJECTIVES = ("ce", "dr")
-EXTRACTION_TEMPERATURES = ("none", "training")  # the stored softmax: plain, or at the training temperature
 
 
 def _cross_entropy_only(
@@ -81,9 +79,6 @@ class PSP(Method):
     default_views = ("psp",)
     init_from = "scratch"
 
-    def __post_init__(self) -> None:
-        check_number(self.name, "temperature", self.temperature, low=0.0, low_open=True)
-        check_choice(self.name, "extraction_temperature", self.extraction_temperature, EXTRACTION_TEMPERATURES)
 
     def loss(
         self, out: ModelOutput, targets: torch.Tensor, ctx: StepContext, old_out: ModelOutput | None
@@ -129,8 +124,6 @@ class ER(FineTuning, _PlainCrossEntropy):
     default_views = ("encoder",)
     init_from = "previous"
 
-    def __post_init__(self) -> None:
-        self.check_finetuning()
 
 
 @dataclass(frozen=True)
@@ -171,8 +164,6 @@ class ETF(Method):
     default_views = ("encoder",)
     init_from = "scratch"
 
-    def __post_init__(self) -> None:
-        check_choice(self.name, "objective", self.objective, ETF_OBJECTIVES)
 
     def loss(
         self, out: ModelOutput, targets: torch.Tensor, ctx: StepContext, old_out: ModelOutput | None

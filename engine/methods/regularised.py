@@ -17,8 +17,6 @@ from engine.methods.base import (
     Method,
     StepContext,
     call_frozen,
-    check_choice,
-    check_number,
     check_same_dim,
     detached,
     first_step,
@@ -26,8 +24,6 @@ from engine.methods.base import (
     parts_of,
 )
 from engine.methods.losses import (
-    FEATURE_DISTANCES,
-    NCE_NEGATIVES,
     class_mean_alignment,
     cross_entropy,
     feature_distance,
@@ -36,8 +32,6 @@ from engine.methods.losses import (
 )
 from engine.models.net import ModelOutput
 
-FD_SUBSETS = ("old_classes", "all")
-FD_WEIGHT_SCHEDULES = ("constant", "sqrt_new_over_old")
 
 
 @dataclass(frozen=True)
@@ -64,8 +58,6 @@ class BCT(Method):
     default_views = ("encoder",)
     init_from = "scratch"
 
-    def __post_init__(self) -> None:
-        check_number(self.name, "lam", self.lam, low=0.0)
 
     def loss(
         self, out: ModelOutput, targets: torch.Tensor, ctx: StepContext, old_out: ModelOutput | None
@@ -104,9 +96,6 @@ class BCTER(FineTuning, BCT):
     uses_replay = True
     init_from = "previous"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.check_finetuning()
 
 
 @dataclass(frozen=True)
@@ -139,12 +128,6 @@ class DSimplexFD(FineTuning):
     default_views = ("encoder",)
     init_from = "previous"
 
-    def __post_init__(self) -> None:
-        check_number(self.name, "weight", self.weight, low=0.0)
-        check_choice(self.name, "distance", self.distance, FEATURE_DISTANCES)
-        check_choice(self.name, "distill_on", self.distill_on, FD_SUBSETS)
-        check_choice(self.name, "weight_schedule", self.weight_schedule, FD_WEIGHT_SCHEDULES)
-        self.check_finetuning()
 
     def step_weight(self, ctx: StepContext) -> float:
         """The distillation weight w_t used at this step."""
@@ -197,11 +180,6 @@ class DSimplexHOC(FineTuning):
     default_views = ("encoder",)
     init_from = "previous"
 
-    def __post_init__(self) -> None:
-        check_number(self.name, "lam", self.lam, low=0.0, high=1.0)
-        check_number(self.name, "rho", self.rho, low=0.0, low_open=True)
-        check_choice(self.name, "negatives", self.negatives, NCE_NEGATIVES)
-        self.check_finetuning()
 
     def loss(
         self, out: ModelOutput, targets: torch.Tensor, ctx: StepContext, old_out: ModelOutput | None
@@ -240,9 +218,6 @@ class MeanAlign(Method):
     default_views = ("encoder",)
     init_from = "scratch"
 
-    def __post_init__(self) -> None:
-        check_number(self.name, "alpha", self.alpha, low=0.0)
-        check_number(self.name, "beta", self.beta, low=0.0)
 
     def loss(
         self, out: ModelOutput, targets: torch.Tensor, ctx: StepContext, old_out: ModelOutput | None
@@ -266,6 +241,3 @@ class MeanAlignER(FineTuning, MeanAlign):
     uses_replay = True
     init_from = "previous"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.check_finetuning()
