@@ -4,7 +4,8 @@ Commands: ``run`` (train/evaluate a config or preset; several methods = a study)
 (the same, printing the paper-style methods table), ``evaluate`` (matrices for a folder of
 features), ``compare-checkpoints`` (your own models on an image folder), ``adapt`` (paper 004's
 adapters between two stored models), ``export-images`` (a dataset split as PNG class folders),
-``worker`` (the background job runner), ``presets``. Every refused input prints one
+``worker`` (the background job runner), ``presets``, ``check-upgrade`` (the upgrade verdict of two
+models' features; exit 0/1/3). Every refused input prints one
 line ``error: ...`` on stderr and exits with code 2.
 """
 from __future__ import annotations
@@ -21,6 +22,8 @@ from engine.contract import same_set_of
 from engine.export_images import add_arguments as add_export_arguments
 from engine.export_images import cmd_export_images
 from engine.report import FORMATS, render_matrix
+from engine.upgrade_cli import add_arguments as add_upgrade_arguments
+from engine.upgrade_cli import cmd_check_upgrade
 
 
 def _add_db(p: argparse.ArgumentParser, *, torchscript: bool = False) -> None:
@@ -82,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_export_arguments(sub.add_parser("export-images", help="write a dataset split as PNG class folders (for imagefolder)"))
     sub.add_parser("presets", help="list the named presets")
+    add_upgrade_arguments(sub.add_parser("check-upgrade", help="can the new model ship without re-indexing? (ECC verdict, exit 0/1/3)"))
     return parser
 
 
@@ -206,7 +210,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 COMMANDS = {"run": cmd_run, "compare": cmd_run, "evaluate": cmd_evaluate, "worker": cmd_worker, "presets": cmd_presets,
             "adapt": cmd_adapt,
-            "compare-checkpoints": cmd_compare_checkpoints, "export-images": cmd_export_images}
+            "compare-checkpoints": cmd_compare_checkpoints, "export-images": cmd_export_images,
+            "check-upgrade": cmd_check_upgrade}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,257 @@
+"""The upgrade check: can a new model's queries be searched against the gallery the old model embedded?
+
+Paper 002's empirical compatibility criterion (ECC, strict): the new model is compatible with the old one
+when ``M(new queries, old gallery) > M(old queries, old gallery)``. On a gallery of a few hundred items two
+or three points decide that, so the check is paired over the queries (query i is the same image in both
+cells) and carries a confidence interval:
+
+* per-query scores of three cells, old/old, new/old and new/new, each from one neighbour pass of the
+  evaluation core (hit@k, or AP, with NaN for a query without a positive in the gallery);
+* the mean difference new/old - old/old with a seeded **percentile** paired bootstrap over the queries
+  (:func:`engine.metrics.paired.paired_bootstrap`); verdict ``compatible`` when the interval lies above 0
+  (and the strict ECC passes), ``not compatible`` when it lies below 0 (or the strict ECC fails and it
+  does not reach above 0, e.g. identical outcomes: the point [0, 0]), ``too close to call`` otherwise;
+* the same test of new/new against old/old: is the new model better on its own?
+* when not compatible, the partial-backfill curves (new queries, gallery re-embedded item by item) of
+  each ordering, the fraction of the gallery each needs to reach the old and the new self-test, and the
+  best ordering: the one with the **largest** area under its curve (M-tilde, trapezoid over 0..1).
+
+Why the percentile bootstrap: the statistic is a mean of bounded per-query differences (hits: -1, 0, 1;
+APs: in [-1, 1]) over hundreds of queries; the percentile interval needs no variance formula, stays inside
+the statistic's range (the "basic" interval need not), and is the interval the compatibility matrices'
+per-cell verdicts use, so this check and the matrix page never disagree on one cell. BCa would correct
+bias and skew, but needs a jackknife (one mean per left-out query) and, for a mean of bounded
+differences at these sizes, moves the ends by less than the Monte-Carlo noise of 1,000 resamples.
+
+This module imports no torch itself; the engine functions it reuses are imported in one place below.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+# ---- the engine pieces this check reuses (one place: engine.backfill is moving into engine.analysis)
+from engine.backfill import backfill_curve, backfill_order, curve_area, fraction_to_reach
+from engine.contract import DEFAULT_ORDERINGS
+from engine.conventions import metric_name
+from engine.metrics.compatibility import CellFeatures
+from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, paired_bootstrap
+from engine.metrics.paired import verdict as paired_verdict
+from engine.metrics.retrieval import cell_stats, per_query_from_stats
+from engine.vocab import parse_metric
+
+COMPATIBILITY = {"pass": "compatible", "fail": "not compatible", "unresolved": "too close to call"}
+BETTER = {"pass": "better", "fail": "not better", "unresolved": "too close to call"}
+BOOTSTRAP = "percentile"
+MAX_NAME = 40
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Paired comparison of two cells over the same queries: mean difference, its interval and the verdict."""
+
+    diff: float
+    lo: float
+    hi: float
+    n: int  # queries scored in both cells
+    verdict: str
+
+
+@dataclass(frozen=True)
+class BackfillNeed:
+    """One ordering's backfill curve, its area and the fractions of the gallery needed to reach each self-test."""
+
+    ordering: str
+    area: float
+    to_old_self: float | None  # None: the curve never reaches it
+    to_new_self: float | None
+    fractions: list[float]
+    values: list[float]
+
+
+@dataclass(frozen=True)
+class UpgradeReport:
+    """Everything the upgrade check found; :meth:`sentence` says it in words, :meth:`to_json` as data."""
+
+    old_name: str
+    new_name: str
+    metric: str
+    old_old: float
+    new_old: float
+    new_new: float
+    n_queries: int
+    n_no_positive: int
+    n_gallery: int
+    compatibility: Comparison
+    better: Comparison
+    resamples: int
+    level: float
+    seed: int
+    same_set: bool
+    backfill: tuple[BackfillNeed, ...] = ()
+    best_ordering: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        return self.compatibility.verdict
+
+    def sentence(self) -> str:
+        """The verdict in one sentence, then one sentence on the new model alone and, if needed, on backfilling."""
+        old, new, m = self.old_name, self.new_name, metric_name(self.metric)
+        c, b = self.compatibility, self.better
+        head = {"compatible": f"{new} is compatible with {old}",
+                "not compatible": f"{new} is not compatible with {old}",
+                "too close to call": f"Too close to call whether {new} is compatible with {old}"}[c.verdict]
+        out = [f"{head}: {new} queries against the {old} gallery score {m} {_pct(self.new_old)} vs {_pct(self.old_old)} "
+               f"for {old} alone ({_interval(c, self.level)} over {c.n} queries).",
+               f"On its own {new} scores {_pct(self.new_new)} vs {_pct(self.old_old)} ({_interval(b, self.level)}): "
+               + {"better": f"better than {old}.", "not better": f"not better than {old}.",
+                  "too close to call": f"too close to call against {old}."}[b.verdict]]
+        if self.best_ordering is not None:
+            best = next(n for n in self.backfill if n.ordering == self.best_ordering)
+            out.append(f"Backfilling in order {best.ordering} (largest area under the curve, {_pct(best.area)}) reaches "
+                       f"{old}'s self-test after {_share(best.to_old_self)} of the gallery and {new}'s after "
+                       f"{_share(best.to_new_self)}.")
+        return " ".join(out)
+
+    def to_json(self) -> dict:
+        """JSON-ready dict (NaN as null), with the sentence and the bootstrap's settings."""
+        data = _finite(asdict(self))
+        data["verdict"] = self.verdict
+        data["sentence"] = self.sentence()
+        data["bootstrap"] = {"method": BOOTSTRAP, "paired_over": "queries", "resamples": self.resamples,
+                             "level": self.level, "seed": self.seed}
+        return data
+
+
+def _finite(x):
+    if isinstance(x, float):
+        return x if np.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _share(x: float | None) -> str:
+    return "never (no fraction reaches it)" if x is None else f"{100 * x:.0f}%"
+
+
+def _interval(c: Comparison, level: float) -> str:
+    return f"{100 * c.diff:+.1f} points, {100 * level:g}% CI {100 * c.lo:+.1f} to {100 * c.hi:+.1f}"
+
+
+def per_query_scores(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray, gallery_labels: np.ndarray, *,
+                     metric: str = "recall@1", same_set: bool = False) -> np.ndarray:
+    """One cell's per-query outcome of ``metric`` (hit@k as 0/1, or AP), NaN for a query without a positive."""
+    kind, at = parse_metric(metric, pairs=False)
+    stats = cell_stats(query, query_labels, gallery, gallery_labels, same_set=same_set,
+                       map_k=at if kind == "map" and at else 0, want_ap=kind == "map",
+                       top_k=at if kind == "recall" else 1)
+    valid, vectors = per_query_from_stats(stats, ks=(at,) if kind == "recall" else (), want_map=kind == "map" and not at,
+                                          map_at=at if kind == "map" else None)
+    return np.where(valid, vectors[f"{kind}@{at}" if at else kind].astype(np.float64), np.nan)
+
+
+def compare(a: np.ndarray, b: np.ndarray, *, resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_CONFIDENCE,
+            seed: int = DEFAULT_SEED, names: dict[str, str] = COMPATIBILITY) -> Comparison:
+    """Is the mean of ``a`` above the mean of ``b`` (paired by position)? Percentile paired bootstrap.
+
+    ``names`` maps the paired test's pass / fail / unresolved to the words of the verdict.
+    """
+    diff, lo, hi = paired_bootstrap(a, b, resamples=resamples, seed=seed, confidence=level)
+    n = int(np.sum(~np.isnan(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+    if n == 0:
+        raise ValueError("no query has a positive in the gallery: nothing to compare")
+    return Comparison(diff, lo, hi, n, names[paired_verdict(lo, hi, bool(np.nanmean(a) > np.nanmean(b)))])
+
+
+def check_names(names: Sequence[str]) -> tuple[str, str]:
+    """The old and new model's names: two distinct, non-empty, printable names of at most 40 characters."""
+    if len(names) != 2:
+        raise ValueError(f"give two model names (old, then new), got {len(names)}")
+    out = tuple(str(n).strip() for n in names)
+    for n in out:
+        if not n or len(n) > MAX_NAME or not n.isprintable():
+            raise ValueError(f"model name {n!r} must be 1..{MAX_NAME} printable characters")
+    if out[0] == out[1]:
+        raise ValueError(f"the old and new model need different names, both are {out[0]!r}")
+    return out  # type: ignore[return-value]
+
+
+def _check_pair(old: CellFeatures, new: CellFeatures, names: tuple[str, str]) -> None:
+    """Old and new must embed the same images in the same order, in feature spaces of one dimension."""
+    for side in ("query", "gallery"):
+        a, b = np.asarray(getattr(old, f"{side}_labels")), np.asarray(getattr(new, f"{side}_labels"))
+        if a.shape != b.shape or not np.array_equal(a, b):
+            raise ValueError(f"{names[0]} and {names[1]} must embed the same {side} images in the same order, but their "
+                             f"{side} labels differ ({len(a)} vs {len(b)} items)")
+    dims = {np.shape(x)[1] for x in (old.query, old.gallery, new.query, new.gallery)}
+    if len(dims) > 1:
+        raise ValueError(f"{names[0]} and {names[1]} features have different dimensions {sorted(dims)}; "
+                         "a new-query / old-gallery search needs one feature space")
+
+
+def backfill_needs(old: CellFeatures, new: CellFeatures, *, metric: str, old_self: float,
+                   orderings: Sequence[str] = DEFAULT_ORDERINGS, seed: int = DEFAULT_SEED,
+                   same_set: bool = False) -> tuple[BackfillNeed, ...]:
+    """For each ordering: new queries against a gallery re-embedded in that order, and what it takes.
+
+    The new self-test target is the curve's own end (beta = 1 is the new model's self-test); the old
+    self-test target is ``old_self``. Both are reached when the curve is >= the target, read piecewise
+    linearly between grid points (:func:`engine.backfill.fraction_to_reach`).
+    """
+    out = []
+    for name in orderings:
+        order = backfill_order(name, old_gallery=old.gallery, new_gallery=new.gallery, gallery_labels=old.gallery_labels,
+                               seed=seed)
+        f, v = backfill_curve(new.query, new.query_labels, old.gallery, new.gallery, old.gallery_labels, order=order,
+                              metric=metric, same_set=same_set)
+        out.append(BackfillNeed(name, curve_area(f, v), fraction_to_reach(f, v, old_self), fraction_to_reach(f, v, float(v[-1])),
+                                [float(x) for x in f], [float(x) for x in v]))
+    return tuple(out)
+
+
+def best_ordering(needs: Sequence[BackfillNeed]) -> str | None:
+    """The ordering with the largest area under its curve (the first listed among equal areas)."""
+    return max(needs, key=lambda n: n.area).ordering if needs else None
+
+
+def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] = ("old", "new"), metric: str = "recall@1",
+                  resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_SEED,
+                  same_set: bool = False, orderings: Sequence[str] = DEFAULT_ORDERINGS) -> UpgradeReport:
+    """The upgrade verdict of ``new`` over ``old`` on one image set (see the module docstring).
+
+    Both bootstraps draw from a generator seeded by ``seed``. Raises ``ValueError`` with one sentence for
+    any input it cannot judge.
+    """
+    old_name, new_name = check_names(names)
+    metric = str(metric).strip().lower()
+    parse_metric(metric, pairs=False)
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
+        raise ValueError(f"resamples must be a positive integer, got {resamples!r}")
+    if not 0 < level < 1:
+        raise ValueError(f"the confidence level must lie strictly between 0 and 1, got {level!r}")
+    _check_pair(old, new, (old_name, new_name))
+
+    def cell(q: CellFeatures, g: CellFeatures) -> np.ndarray:
+        return per_query_scores(q.query, q.query_labels, g.gallery, g.gallery_labels, metric=metric, same_set=same_set)
+
+    oo, no, nn = cell(old, old), cell(new, old), cell(new, new)
+    settings = {"resamples": resamples, "level": level, "seed": seed}
+    compat = compare(no, oo, **settings)
+    better = compare(nn, oo, **settings, names=BETTER)
+    old_self = float(np.nanmean(oo))
+    needs = backfill_needs(old, new, metric=metric, old_self=old_self, orderings=orderings, seed=seed,
+                           same_set=same_set) if compat.verdict == COMPATIBILITY["fail"] else ()
+    n_no_pos = int(np.isnan(oo).sum())
+    return UpgradeReport(old_name, new_name, metric, old_self, float(np.nanmean(no)), float(np.nanmean(nn)),
+                         len(oo), n_no_pos, len(old.gallery_labels), compat, better, resamples, level, seed, same_set,
+                         needs, best_ordering(needs))
