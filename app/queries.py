@@ -200,11 +200,7 @@ def stored_analysis(url: str, experiment_id: int, kind: str, key: str, stamp: st
 @st.cache_data(ttl=RESULT_TTL, max_entries=256, show_spinner=False)
 def neighbours(url: str, query_version_id: int, gallery_version_id: int, view: str, query_index: int,
                k: int) -> dict[str, Any]:
-    """Cross-model nearest neighbours of one query (see engine.analysis.nearest_neighbours).
-
-    Computed in this process from the stored features with numpy; a PSP/LSP view also loads torch for the
-    projection (``engine.features.simplex_projection``), the one page path that does.
-    """
+    """Cross-model nearest neighbours of one query (engine.analysis.neighbours), numpy-only, in this process."""
     from engine.analysis.neighbours import nearest_neighbours
 
     return nearest_neighbours(db_engine(url), query_version_id, gallery_version_id, view, query_index, k)

@@ -32,8 +32,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-# ---- the engine pieces this check reuses (one place: engine.backfill is moving into engine.analysis)
-from engine.backfill import backfill_curve, backfill_order, curve_area, fraction_to_reach
+# ---- the engine pieces this check reuses
+from engine.analysis.backfill import backfill_curve, curve_area, fraction_to_reach
+from engine.analysis.backfill_orders import backfill_order
 from engine.contract import DEFAULT_ORDERINGS
 from engine.conventions import metric_name
 from engine.metrics.compatibility import CellFeatures
@@ -206,7 +207,7 @@ def backfill_needs(old: CellFeatures, new: CellFeatures, *, metric: str, old_sel
 
     The new self-test target is the curve's own end (beta = 1 is the new model's self-test); the old
     self-test target is ``old_self``. Both are reached when the curve is >= the target, read piecewise
-    linearly between grid points (:func:`engine.backfill.fraction_to_reach`).
+    linearly between grid points (:func:`engine.analysis.backfill.fraction_to_reach`).
     """
     out = []
     for name in orderings:

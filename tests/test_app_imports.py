@@ -3,9 +3,8 @@
 Every module any page or helper under ``app/`` imports (at the top or inside a function; the Learn demos
 excepted, see ``app/learn/__init__.py``) is imported in a fresh interpreter and ``sys.modules`` is read.
 ``ALLOWED`` names the known exceptions, each with its reason; an exception that no longer loads a heavy
-module fails the test too, so the list only shrinks. One call (not an import) also loads torch: the Geometry page's
-nearest neighbours of a PSP/LSP view (``app.queries.neighbours`` -> ``engine.analysis.nearest_neighbours``,
-which projects with ``engine.features.simplex_projection``).
+module fails the test too, so the list only shrinks. The Geometry page's nearest-neighbour call is numpy-only
+(``engine.analysis.neighbours``; ``tests/test_neighbours_torch_free.py`` calls it in a fresh interpreter).
 """
 from __future__ import annotations
 

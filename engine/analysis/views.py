@@ -9,7 +9,7 @@ backfilling, neighbours), both keep the classes of the *gallery* (old) model, al
 models), as the compatibility matrix's cross-test does; NC1-NC4 and angles use each model's own classes.
 
 numpy only (the dashboard reads neighbours through here); :func:`head_weights` imports torch when called.
-The reads that reach past ``storage/`` into the ORM are :func:`_experiment_config` and :func:`_model_version`.
+Rows are read through ``storage/`` functions only.
 """
 from __future__ import annotations
 
@@ -24,8 +24,7 @@ from sqlalchemy.orm import Session
 from engine.checkpoints.classes import aligned_columns, index_names
 from engine.contract import DERIVED_VIEWS, available_views
 from engine.features import Columns, output_view
-from storage import list_feature_views, list_model_versions, load_feature_set, session_scope
-from storage.models import Experiment, ModelVersion
+from storage import get_experiment, get_model_version, list_feature_views, list_model_versions, load_feature_set, session_scope
 
 Progress = Callable[[float, str], None]
 
@@ -41,7 +40,7 @@ class Version:
     checkpoint_path: str | None
 
     @classmethod
-    def of(cls, mv: ModelVersion) -> "Version":
+    def of(cls, mv: Any) -> "Version":
         return cls(mv.id, mv.step, tuple(mv.classes), None if mv.class_names is None else tuple(mv.class_names),
                    mv.checkpoint_path)
 
@@ -52,16 +51,16 @@ class Version:
 
 
 def _experiment_config(s: Session, experiment_id: int) -> dict[str, Any]:
-    """An experiment's stored config (ORM read)."""
-    exp = s.get(Experiment, experiment_id)
+    """An experiment's stored config."""
+    exp = get_experiment(s, experiment_id)
     if exp is None:
         raise ValueError(f"experiment {experiment_id} does not exist")
     return dict(exp.config)
 
 
 def _model_version(s: Session, version_id: int) -> tuple[Version, int]:
-    """A model version and the id of its experiment (ORM read)."""
-    mv = s.get(ModelVersion, version_id)
+    """A model version and the id of its experiment."""
+    mv = get_model_version(s, version_id)
     if mv is None:
         raise ValueError(f"model version {version_id} does not exist")
     return Version.of(mv), mv.experiment_id
