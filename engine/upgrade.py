@@ -42,6 +42,7 @@ from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT
 from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import cell_stats, per_query_from_stats
 from engine.vocab import parse_metric
+from storage import json_ready
 
 COMPATIBILITY = {"pass": "compatible", "fail": "not compatible", "unresolved": "too close to call"}
 BETTER = {"pass": "better", "fail": "not better", "unresolved": "too close to call"}
@@ -119,22 +120,12 @@ class UpgradeReport:
 
     def to_json(self) -> dict:
         """JSON-ready dict (NaN as null), with the sentence and the bootstrap's settings."""
-        data = _finite(asdict(self))
+        data = json_ready(asdict(self))
         data["verdict"] = self.verdict
         data["sentence"] = self.sentence()
         data["bootstrap"] = {"method": BOOTSTRAP, "paired_over": "queries", "resamples": self.resamples,
                              "level": self.level, "seed": self.seed}
         return data
-
-
-def _finite(x):
-    if isinstance(x, float):
-        return x if np.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
 
 
 def _pct(x: float) -> str:

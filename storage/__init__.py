@@ -1,5 +1,5 @@
 """Storage: the SQLAlchemy 2 schema and the repository functions. The only package that knows SQL."""
-from storage.db import DatabaseUnavailable, default_db_url, get_engine, init_db, mask_url, session_scope, write_problem
+from storage.db import DatabaseUnavailable, default_db_url, get_engine, init_db, json_ready, mask_url, session_scope, write_problem
 from storage.jobs import (
     LeaseLost,
     claim_next_job,
@@ -84,6 +84,7 @@ __all__ = [
     "DatabaseUnavailable",
     "default_db_url",
     "write_problem",
+    "json_ready",
     "mask_url",
     "delete_experiment",
     "enqueue_job",

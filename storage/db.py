@@ -76,14 +76,14 @@ def database_error(url: str, exc: BaseException) -> DatabaseUnavailable:
     return DatabaseUnavailable(f"database {mask_url(url)} {_state(exc, reason)}: {reason}")
 
 
-def _json_ready(value: Any) -> Any:
+def json_ready(value: Any) -> Any:
     """Numpy scalars/arrays to Python, and non-finite floats to None: JSON has no NaN (PostgreSQL rejects it)."""
     if isinstance(value, dict):
-        return {str(key): _json_ready(item) for key, item in value.items()}
+        return {str(key): json_ready(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_ready(item) for item in value]
+        return [json_ready(item) for item in value]
     if isinstance(value, np.ndarray):
-        return _json_ready(value.tolist())
+        return json_ready(value.tolist())
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
@@ -92,7 +92,7 @@ def _json_ready(value: Any) -> Any:
 
 
 def _json_dumps(value: Any) -> str:
-    return json.dumps(_json_ready(value), allow_nan=False)
+    return json.dumps(json_ready(value), allow_nan=False)
 
 
 def _configure_sqlite(dbapi_connection: Any, connection_record: Any) -> None:
