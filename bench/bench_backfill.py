@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from engine.backfill import DEFAULT_FRACTIONS, backfill_counts, backfill_curves, backfill_order, curve_area, fraction_to_reach
-from engine.metrics import retrieval_metrics
+from engine.metrics.retrieval import retrieval_metrics
 
 
 def synthetic_pair(n: int, dim: int, classes: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

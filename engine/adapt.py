@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from engine.adapters import combination_table, fit_adapters
 from engine.backfill import backfill_curves, backfill_order, curve_area, fraction_to_reach
 from engine.contract import DEFAULT_ORDERINGS, adapter_key
-from engine.metrics import retrieval_metrics
+from engine.metrics.retrieval import retrieval_metrics
 from storage import list_feature_views, load_feature_set, save_analysis, save_feature_set, session_scope
 from storage.models import ModelVersion
 

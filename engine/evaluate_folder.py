@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.metrics import CellFeatures, MatrixResult, compatibility_matrices, summarize
+from engine.metrics import summarize
+from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
 from engine.metrics.retrieval import parse_metric
 
 KEYS = ("query_features", "query_labels", "gallery_features", "gallery_labels")

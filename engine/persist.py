@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Engine
 
-from engine.metrics import CellFeatures, MatrixResult, stored_summary
+from engine.metrics.compatibility import CellFeatures, MatrixResult, stored_summary
 from storage import add_model_version, create_experiment, init_db, save_feature_set, save_matrix, session_scope, set_experiment_status
 
 

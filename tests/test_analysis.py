@@ -11,7 +11,8 @@ from engine.backfill import curve_area, fraction_to_reach
 from engine.collapse import collapse_report, probability_simplex_prototypes
 from engine.config import RunConfig, config_from_dict
 from engine.features import simplex_projection
-from engine.metrics import definition1_check, retrieval_metrics
+from engine.metrics import definition1_check
+from engine.metrics.retrieval import retrieval_metrics
 from engine.models import build_model, save_checkpoint
 from storage import (
     add_model_version,

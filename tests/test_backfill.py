@@ -13,7 +13,7 @@ from engine.backfill import (
     segment_maxima,
     segment_of_columns,
 )
-from engine.metrics import retrieval_metrics
+from engine.metrics.retrieval import retrieval_metrics
 from engine.metrics.retrieval import cell_stats, metrics_from_stats
 
 ALL = ("recall@1", "recall@5", "map", "map@10")
