@@ -21,7 +21,7 @@ import torch
 
 from engine.analysis.backfill import DEFAULT_FRACTIONS, backfill_counts, backfill_curves, curve_area, fraction_to_reach
 from engine.analysis.backfill_orders import backfill_order
-from engine.metrics import retrieval_metrics
+from engine.metrics.retrieval import retrieval_metrics
 
 
 def synthetic_pair(n: int, dim: int, classes: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from engine.config import TrainingConfig
-from engine.data import make_shapes
+from engine.data.shapes import make_shapes
 from engine.data.loaders import crop_flip
 from engine.methods import build_method
 from engine.methods.base import StepContext

@@ -1,7 +1,7 @@
 """Benchmark: the full lower-triangle compatibility matrix (Recall@1 + full mAP) for T synthetic models.
 
 Compared in the same run, on the same features:
-  ours     engine.metrics.compatibility_matrices (one neighbour pass per cell, compiled kernel)
+  ours     engine.metrics.compatibility.compatibility_matrices (one neighbour pass per cell, compiled kernel)
   (a)      a plain numpy per-cell implementation that argsorts the full similarity matrix
   ours-R1  Recall@1 alone through engine.metrics (auto backend)
   (b)      faiss IndexFlatIP top-1 per cell (Recall@1 only)
@@ -68,7 +68,7 @@ def _run(variant: str, args: dict, out: mp.Queue) -> None:
     T = len(sets)
     backend = None
     if variant.startswith("ours"):  # load the compiled kernel (cached on disk) or start CUDA before timing
-        from engine.metrics import retrieval_metrics
+        from engine.metrics.retrieval import retrieval_metrics
         from engine.metrics.search import TorchBackend
 
         backend = {"ours-cpu": TorchBackend("cpu"), "ours-cuda": TorchBackend("cuda")}.get(variant)
@@ -76,7 +76,7 @@ def _run(variant: str, args: dict, out: mp.Queue) -> None:
                           sets[0]["gallery_labels"][:50], backend=backend)
     t0 = time.perf_counter()
     if variant.startswith("ours"):
-        from engine.metrics import compatibility_matrices
+        from engine.metrics.compatibility import compatibility_matrices
 
         metrics = ("recall@1",) if variant == "ours-R1" else ("recall@1", "map")
         res = compatibility_matrices(sets, metrics=metrics, backend=backend)
@@ -95,7 +95,7 @@ def _run(variant: str, args: dict, out: mp.Queue) -> None:
 
 def _one_cell(n: int, args: dict, out: mp.Queue) -> None:
     """One n x n cell (Recall@1 + mAP): time and how much the peak RSS grows while it runs."""
-    from engine.metrics import retrieval_metrics
+    from engine.metrics.retrieval import retrieval_metrics
 
     s = make_models(1, n, args["d"], max(args["classes"], n // 50))[0]
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

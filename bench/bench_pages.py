@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         # warm the imports (torch, numba kernels, altair) outside the timings: a first visit after a server
         # start pays them once, whatever the database holds
         import engine.methods  # noqa: F401
-        import engine.metrics  # noqa: F401
+        import engine.metrics.retrieval  # noqa: F401
         import engine.report  # noqa: F401
 
         os.environ["COMPATLAB_DB_URL"] = f"sqlite:///{tmp}/empty.db"

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from engine.config import TrainingConfig
-from engine.data import make_shapes
+from engine.data.shapes import make_shapes
 from engine.methods import METHODS, build_method
 from engine.methods.base import StepContext
 from engine.models import build_model

@@ -20,7 +20,7 @@ from engine.adapters import combination_table, fit_adapters
 from engine.analysis.backfill import backfill_curves, curve_area, fraction_to_reach
 from engine.analysis.backfill_orders import backfill_order
 from engine.contract import DEFAULT_ORDERINGS, adapter_key
-from engine.metrics import retrieval_metrics
+from engine.metrics.retrieval import retrieval_metrics
 from storage import get_model_version, list_feature_views, load_feature_set, save_analysis, save_feature_set, session_scope
 
 

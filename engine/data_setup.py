@@ -18,8 +18,10 @@ import numpy as np
 import torch
 
 from engine.config import RunConfig
-from engine.data import (NORMALIZATION, ImageSet, Scenario, Step, build_scenario, load_dataset, make_eval_split,
-                         select_replay)
+from engine.data.imageset import ImageSet
+from engine.data.protocols import make_eval_split
+from engine.data.registry import NORMALIZATION, load_dataset
+from engine.data.scenario import Scenario, Step, build_scenario, select_replay
 
 
 @dataclass(frozen=True)

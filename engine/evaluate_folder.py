@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import Engine
 
-from engine.metrics import CellFeatures, MatrixResult, compatibility_matrices, summarize
+from engine.metrics import summarize
+from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
 from engine.metrics.retrieval import parse_metric
 from engine.record import Version, record_experiment
 

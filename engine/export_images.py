@@ -39,7 +39,7 @@ def export_images(dataset: str, out: Path, *, split: str = "test", max_per_class
     import torch
     from PIL import Image
 
-    from engine.data import load_dataset
+    from engine.data.registry import load_dataset
     from engine.data.imageset import first_per_class
     from engine.data.registry import dataset_options
 

@@ -214,7 +214,8 @@ def _batches(
 ) -> Iterator[tuple[torch.Tensor, Any]]:
     import torch
 
-    from engine.data.imageset import as_float, check_batch_size
+    from engine.data.bounds import check_batch_size
+    from engine.data.imageset import as_float
 
     if isinstance(images_or_loader, (torch.Tensor, np.ndarray)):
         check_batch_size(batch_size)

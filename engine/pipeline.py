@@ -31,7 +31,8 @@ from engine.device import pick_device
 from engine.features import DERIVED_VIEWS, RAW_VIEWS, cell_features, extract_outputs
 from engine.methods import build_method
 from engine.methods.base import Method, StepContext, resolve_init_seed
-from engine.metrics import CellFeatures, PairedOptions, compatibility_matrices, stored_summary
+from engine.metrics import PairedOptions
+from engine.metrics.compatibility import CellFeatures, compatibility_matrices, stored_summary
 from engine.models import build_model, load_checkpoint, save_checkpoint
 from engine.models.net import Net
 from engine.record import (

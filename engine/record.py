@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from engine.contract import RAW_VIEWS
-from engine.metrics import MatrixResult, stored_summary
+from engine.metrics.compatibility import MatrixResult, stored_summary
 from storage import (
     add_model_version,
     clear_experiment,

@@ -15,7 +15,8 @@ from engine.analysis.run import run_analysis
 from engine.config import RunConfig, config_from_dict
 from engine.contract import CLASS_MEAN, PROTOTYPE, SAMPLE, analysis_key, available_views, normalize_params
 from engine.features import simplex_projection
-from engine.metrics import definition1_check, retrieval_metrics
+from engine.metrics import definition1_check
+from engine.metrics.retrieval import retrieval_metrics
 from engine.models import build_model, save_checkpoint
 from storage import (
     add_model_version,

@@ -20,12 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "torchvision", "numba", "faiss")
 # (app file, engine module) -> why it still loads a heavy module
 ALLOWED = {
-    ("app/forms.py", "engine.data.scenario"): "the engine's scenario check is torch-free, but engine.data's "
-                                              "package __init__ loads the datasets (torch)",
-    ("app/app_pages/compatibility.py", "engine.metrics"): "ecc_pass is numpy, but engine.metrics' __init__ loads "
-                                                          "retrieval (torch, numba)",
-    ("app/app_pages/compatibility.py", "engine.metrics.paired"): "numpy, behind engine.metrics' __init__",
-    ("app/app_pages/compatibility.py", "engine.report"): "numpy, behind engine.metrics' __init__",
     ("app/app_pages/checkpoints.py", "engine.checkpoints.archs"): "architecture table next to the torchvision "
                                                                   "builders",
     ("app/app_pages/checkpoints.py", "engine.checkpoints.loading"): "file sniffing next to the torch loaders",

@@ -5,7 +5,7 @@ import pytest
 from engine.analysis.backfill import backfill_counts, backfill_curve, backfill_curves, curve_area, fraction_to_reach
 from engine.analysis.backfill_kernels import segment_maxima, segment_of_columns
 from engine.analysis.backfill_orders import ORDERINGS, backfill_order
-from engine.metrics import retrieval_metrics
+from engine.metrics.retrieval import retrieval_metrics
 from engine.metrics.retrieval import cell_stats, metrics_from_stats
 
 ALL = ("recall@1", "recall@5", "map", "map@10")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.config import TrainingConfig
-from engine.data import make_shapes
+from engine.data.shapes import make_shapes
 from engine.features import extract_outputs
 from engine.methods import build_method
 from engine.methods.base import StepContext

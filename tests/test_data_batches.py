@@ -16,9 +16,12 @@ from torchvision.datasets import ImageFolder
 
 from engine.checkpoints.compare import MAX_BATCH_BYTES, ImageSource, compare_checkpoints, comparison_spec
 from engine.cli import main
-from engine.data import ImageSet, load_dataset, make_loader, make_shapes
+from engine.data.imageset import ImageSet
+from engine.data.loaders import make_loader
+from engine.data.registry import load_dataset
+from engine.data.shapes import make_shapes
 from engine.data.folder import list_image_folder
-from engine.data.imageset import check_batch_size, check_image_size
+from engine.data.bounds import check_batch_size, check_image_size
 from engine.features import extract_outputs
 from engine.models import build_model
 from engine.training import Cancelled

@@ -3,8 +3,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.data import (AUGMENTATIONS, DATASETS, ImageSet, load_dataset, make_digits, make_loader, make_shapes,
-                         stratified_split)
+from engine.data.builtin import make_digits
+from engine.data.imageset import ImageSet, stratified_split
+from engine.data.loaders import AUGMENTATIONS, make_loader
+from engine.data.registry import DATASETS, load_dataset
+from engine.data.shapes import make_shapes
 from engine.data.imageset import first_per_class
 from engine.data.loaders import crop_flip
 

@@ -6,7 +6,10 @@ import pytest
 import torch
 from PIL import Image
 
-from engine.data import DatasetNotFoundError, load_cifar, load_dataset, load_imagefolder, make_eval_split
+from engine.data.disk import load_cifar, load_imagefolder
+from engine.data.imageset import DatasetNotFoundError
+from engine.data.protocols import make_eval_split
+from engine.data.registry import load_dataset
 
 
 def write_cifar10(root, per_batch=4):

@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from engine.cli import main
-from engine.data import DatasetNotFoundError, build_scenario, fashion, load_dataset, load_imagefolder
+from engine.data import fashion
+from engine.data.disk import load_imagefolder
+from engine.data.imageset import DatasetNotFoundError
+from engine.data.registry import load_dataset
+from engine.data.scenario import build_scenario
 from engine.data.fashion import CLASS_NAMES, load_fashion
 from engine.export_images import export_images, folder_name
 from engine import fashion_files

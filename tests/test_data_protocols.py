@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from engine.data import EVAL_CLASSES, PROTOCOLS, make_eval_split, make_shapes, restrict_eval_split
+from engine.data.protocols import EVAL_CLASSES, PROTOCOLS, make_eval_split, restrict_eval_split
+from engine.data.shapes import make_shapes
 
 
 def test_closed_set_uses_the_test_split_as_query_and_gallery():

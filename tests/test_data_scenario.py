@@ -4,7 +4,7 @@ import re
 import numpy as np
 import pytest
 
-from engine.data import build_scenario, select_replay
+from engine.data.scenario import build_scenario, select_replay
 
 
 def test_ten_plus_six_times_fifteen_covers_every_class_once():

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from engine.data import make_shapes
+from engine.data.shapes import make_shapes
 from engine.data.shapes import SHAPES, TEXTURES, class_attributes, render_class
 
 

@@ -24,7 +24,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
 def test_overflowing_float64_features_and_nan_similarities_give_errors_not_crashes():
     proc = _run("""
         import numpy as np
-        from engine.metrics import retrieval_metrics
+        from engine.metrics.retrieval import retrieval_metrics
         from engine.metrics.ranking import stats_numba
         rng = np.random.default_rng(0)
         g = rng.normal(size=(40, 8)); labels = np.repeat(np.arange(4), 10)

@@ -4,19 +4,10 @@ import math
 import numpy as np
 import pytest
 
-from engine.metrics import (
-    aa_curve,
-    ac_curve,
-    average_accuracy,
-    average_compatibility,
-    average_compatibility_accuracy,
-    compatibility_matrices,
-    compatibility_matrix,
-    definition1_check,
-    ecc_pass,
-    retrieval_metrics,
-    update_gain,
-)
+from engine.metrics import (aa_curve, ac_curve, average_accuracy, average_compatibility,
+                            average_compatibility_accuracy, definition1_check, ecc_pass, update_gain)
+from engine.metrics.compatibility import compatibility_matrices, compatibility_matrix
+from engine.metrics.retrieval import retrieval_metrics
 
 nan = float("nan")
 
@@ -113,7 +104,7 @@ def test_cells_from_a_callable_for_gallery_dependent_queries():
 
     def cell(t, k):
         calls.append((t, k))
-        from engine.metrics import CellFeatures
+        from engine.metrics.compatibility import CellFeatures
         return CellFeatures(sets[t]["query_features"], sets[t]["query_labels"], sets[k]["gallery_features"], sets[k]["gallery_labels"])
 
     res = compatibility_matrices(cell, num_models=2, metrics=("recall@1",))

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from engine.metrics import compatibility_matrices
+from engine.metrics.compatibility import compatibility_matrices
 from engine.metrics.paired import PairedOptions, count_verdicts, paired_bootstrap, shared_items, verdict
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import metrics_from_stats, parse_metric, per_query_from_stats

@@ -6,7 +6,7 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score
 
-from engine.metrics import retrieval_metrics
+from engine.metrics.retrieval import retrieval_metrics
 from engine.metrics.ranking import stats_numba, stats_torch
 
 
@@ -209,7 +209,7 @@ def test_faiss_backend_resolves_boundary_ties_exactly():
 
 
 def test_chunking_does_not_change_results():
-    from engine.metrics import cell_stats
+    from engine.metrics.retrieval import cell_stats
 
     rng = np.random.default_rng(7)
     q, g = rng.normal(size=(50, 4)).astype(np.float32), rng.normal(size=(60, 4)).astype(np.float32)

@@ -12,7 +12,7 @@ import engine.pipeline as pipeline
 from engine.config import config_from_dict
 from engine.data_setup import prepare_run_data
 from engine.methods import METHODS, build_method
-from engine.metrics import compatibility_matrix
+from engine.metrics.compatibility import compatibility_matrix
 from engine.pipeline import RunContext, run_experiment, run_study
 from engine.training import Cancelled
 from storage import get_engine, list_model_versions, load_feature_set, load_matrices, session_scope
@@ -72,7 +72,7 @@ def test_stored_matrix_equals_an_independent_recomputation_from_stored_features(
         g = x[:, :c] - x[:, :c].mean(1, keepdims=True)
         return g / np.linalg.norm(g, axis=1, keepdims=True)
 
-    from engine.metrics import CellFeatures
+    from engine.metrics.compatibility import CellFeatures
 
     def cell(t, k):
         (q, ql), (g, gl) = raw[(t + 1, "query")], raw[(k + 1, "gallery")]
@@ -102,7 +102,7 @@ def test_a_closed_set_step_embeds_the_test_images_once(tmp_path, monkeypatch):
 def test_topk_reaches_the_stored_matrix_and_the_backfill_analysis_alike(tmp_path):
     from engine.analysis.run import run_analysis
     from engine.contract import analysis_key
-    from engine.metrics import retrieval_metrics
+    from engine.metrics.retrieval import retrieval_metrics
     from storage import load_analysis
 
     ctx = _ctx(tmp_path)

@@ -35,7 +35,7 @@ def combination_table(
     B(new)/old, B(new)/B(new); ``EXTRA_ROWS`` adds F(old)/old and new/new. ``old_*``/``new_*``
     are the raw features of the same query (gallery) images in the same row order.
     ``evaluate(query, query_labels, gallery, gallery_labels)`` computes the metrics (e.g.
-    ``engine.metrics.retrieval_metrics``); when query and gallery are the same images (the
+    ``engine.metrics.retrieval.retrieval_metrics``); when query and gallery are the same images (the
     paper's leave-one-out protocol) it must exclude gallery row ``i`` for query ``i`` in every
     row, cross-model rows included.
 

@@ -43,14 +43,16 @@ from engine.checkpoints.loading import (
     parse_size,
     server_trust,
 )
-from engine.data import DATASETS, ImageSet, load_dataset
+from engine.data.imageset import ImageSet
+from engine.data.registry import DATASETS, load_dataset
 from engine.data.folder import FolderImages, check_stop, list_image_folder
-from engine.data.imageset import check_batch_size, check_image_size
+from engine.data.bounds import check_batch_size, check_image_size
 from engine.device import pick_device
 from engine.evaluate_folder import result_json
 from engine.features import DERIVED_VIEWS, RAW_VIEWS, cell_features, extract_outputs
-from engine.metrics import CellFeatures, MatrixResult, compatibility_matrices, parse_metric
+from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
 from engine.record import Version, record_experiment
+from engine.vocab import parse_metric
 from engine.roots import confine
 
 VIEWS = ("encoder", "psp", "lsp")

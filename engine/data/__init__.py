@@ -1,8 +1,9 @@
 """Datasets, evaluation protocols and class-incremental scenarios.
 
-Public API (import from ``engine.data``):
+Public API, by module. The package imports nothing, so that the torch-free modules (``scenario``, ``bounds``)
+load without torch: import each name from the module named in brackets.
 
-Images
+Images (``imageset``, ``folder``, ``loaders``; size bounds in the torch-free ``bounds``)
   ``ImageSet(images, labels, class_names, mean=None, std=None)``  frozen; (N,C,H,W) uint8 pixels or float32, (N,) int64;
       ``.batch(indices, size=None)`` / ``.batches(batch_size, size=None)`` float32 (resized per batch),
       ``.subset(indices)``, ``.select_classes(classes)`` (labels kept), ``.normalized(mean, std)``, ``.as_dataset()``
@@ -10,7 +11,8 @@ Images
       listing of a class-folder tree; ``.batch(indices, size=...)`` decodes per batch (``engine.data.folder``)
   ``make_loader(images, *, batch_size=128, shuffle=True, augment="none"|"crop_flip", seed=0, drop_last=False)``
 
-Datasets (loaded into memory compactly: uint8 for decoded files and IDX)
+Datasets (``registry``; loaders in ``builtin``, ``shapes``, ``fashion``, ``disk``; loaded into memory compactly:
+uint8 for decoded files and IDX)
   ``DATASETS``  {"digits", "shapes", "fashion", "cifar10", "cifar100", "imagefolder"} -> ``DatasetSpec(load, summary, train_augment)``
   ``load_dataset(name, *, root="data", split="train"|"test", seed=0, mean=None, std=None, **options) -> ImageSet``
   ``make_digits(*, split="train", seed=0, test_fraction=0.3, max_per_class=None)``
@@ -21,33 +23,16 @@ Datasets (loaded into memory compactly: uint8 for decoded files and IDX)
   ``load_imagefolder_split(*, root, split="train", seed=0, image_size=None, test_fraction=0.3, max_per_class=None)``
   ``DatasetNotFoundError(ValueError)``, ``NORMALIZATION`` (named mean/std pairs)
 
-Protocols
+Protocols (``protocols``)
   ``EvalSplit(query, gallery, same_set, protocol)``
   ``make_eval_split(protocol, *, dataset, root="data", seed=0, options=None, split_options=None,
                     open_set_dataset=None, open_set_classes=10) -> EvalSplit``   protocol: "closed-set" | "open-set"
   ``restrict_eval_split(split, *, eval_classes="all"|"seen", seen_classes) -> EvalSplit``
 
-Scenarios
+Scenarios (``scenario``, torch-free)
   ``build_scenario(*, num_classes, initial_classes, increment, num_steps=None, class_order_seed=0,
                    class_order=None, training="cumulative"|"finetune", replay_per_class=0, replacement_steps=())``
       -> ``Scenario(class_order, steps, training, replay_per_class)`` of ``Step(index, new_classes,
          seen_classes, train_classes, replay_classes, replaced)``
   ``select_replay(labels, classes, per_class, seed) -> np.ndarray`` of indices
 """
-from engine.data.builtin import make_digits
-from engine.data.disk import DatasetNotFoundError, load_cifar, load_imagefolder, load_imagefolder_split
-from engine.data.fashion import load_fashion
-from engine.data.imageset import ImageSet, stratified_split
-from engine.data.loaders import AUGMENTATIONS, make_loader
-from engine.data.protocols import EVAL_CLASSES, PROTOCOLS, EvalSplit, make_eval_split, restrict_eval_split
-from engine.data.registry import DATASETS, NORMALIZATION, DatasetSpec, load_dataset
-from engine.data.scenario import TRAINING_MODES, Scenario, Step, build_scenario, select_replay
-from engine.data.shapes import make_shapes
-
-__all__ = [
-    "AUGMENTATIONS", "DATASETS", "EVAL_CLASSES", "NORMALIZATION", "PROTOCOLS", "TRAINING_MODES",
-    "DatasetNotFoundError", "DatasetSpec", "EvalSplit", "ImageSet", "Scenario", "Step",
-    "build_scenario", "load_cifar", "load_dataset", "load_fashion", "load_imagefolder", "load_imagefolder_split",
-    "make_digits", "make_eval_split", "make_loader", "make_shapes", "restrict_eval_split",
-    "select_replay", "stratified_split",
-]

@@ -20,7 +20,8 @@ from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.datasets.folder import find_classes
 
 from engine.data.folder import list_image_folder
-from engine.data.imageset import DatasetNotFoundError, ImageSet, check_image_size, first_per_class, stratified_split
+from engine.data.bounds import check_image_size
+from engine.data.imageset import DatasetNotFoundError, ImageSet, first_per_class, stratified_split
 from engine.roots import confine
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"

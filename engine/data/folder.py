@@ -23,7 +23,8 @@ from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import functional as TF
 
-from engine.data.imageset import DatasetNotFoundError, ImageSet, IndexLike, as_float, check_image_size
+from engine.data.bounds import check_image_size
+from engine.data.imageset import DatasetNotFoundError, ImageSet, IndexLike, as_float
 
 MAX_FOLDER_FILES = 500_000  # images listed at most (the file names alone stay well under 100 MB)
 MAX_FOLDER_DIRS = 50_000  # folders walked at most (bounds symlink loops and trees without images)

@@ -1,4 +1,4 @@
-"""The one in-memory representation every dataset loader returns, its size bounds and two index helpers.
+"""The one in-memory representation every dataset loader returns and two index helpers (size bounds: ``bounds``).
 
 Images are kept compact (uint8 pixels for decoded files) and become float32 one batch at a time
 (``ImageSet.batch``), resized to a model's input size there when asked: nothing holds a whole
@@ -14,30 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
-MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024  # pixels per side: digits' 8 px up to 4x a 256-px ImageNet crop
-MAX_BATCH_SIZE = 4096
+from engine.data.bounds import check_batch_size
+
 IndexLike = torch.Tensor | np.ndarray | Sequence[int]
 
 
 class DatasetNotFoundError(ValueError):
     """The files of a dataset are not where the loader looks; the message says where to put them."""
-
-
-def bounded_int(value: object, what: str, low: int, high: int) -> int:
-    """``value`` if it is an int in ``low..high``; otherwise a one-line ``ValueError`` naming ``what``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
-        raise ValueError(f"{what} must be an integer from {low} to {high}, got {value!r}")
-    return int(value)
-
-
-def check_image_size(value: object, what: str = "image size") -> int:
-    """An image side length in pixels, ``MIN_IMAGE_SIZE..MAX_IMAGE_SIZE``."""
-    return bounded_int(value, what, MIN_IMAGE_SIZE, MAX_IMAGE_SIZE)
-
-
-def check_batch_size(value: object, what: str = "batch_size") -> int:
-    """Images per batch, ``1..MAX_BATCH_SIZE``."""
-    return bounded_int(value, what, 1, MAX_BATCH_SIZE)
 
 
 def as_float(pixels: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,8 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from engine.metrics import ecc_pass, retrieval_metrics
+from engine.metrics import ecc_pass
+from engine.metrics.retrieval import retrieval_metrics
 
 Distance = Literal["cosine", "euclidean"]
 Reference = Literal["old", "new"]

@@ -1,7 +1,7 @@
 """Stationarity vs a learnable classifier: a 2-D feature space trained on digits, 5 classes then 10.
 
 The papers' toy (paper 001 Fig. 3, paper 002 Figs. 3 and 10, paper 004 Fig. 3) is LeNet++ on MNIST
-with 2-D features; here ``small_cnn`` on scikit-learn's 8x8 ``digits`` (``engine.data.make_digits``)
+with 2-D features; here ``small_cnn`` on scikit-learn's 8x8 ``digits`` (``engine.data.builtin.make_digits``)
 with a bias-free projection to 2 features, trained in two cumulative steps: classes 0-4, then 0-9.
 
 Two classifiers:
@@ -29,11 +29,12 @@ import pandas as pd
 import torch
 
 from engine.config import TrainingConfig
-from engine.data import make_digits
+from engine.data.builtin import make_digits
 from engine.features import extract_outputs
 from engine.learn.runtime import one_thread
 from engine.methods import StepContext, build_method
-from engine.metrics import ecc_pass, retrieval_metrics
+from engine.metrics import ecc_pass
+from engine.metrics.retrieval import retrieval_metrics
 from engine.models import FixedHead, Net, build_model
 from engine.training import Hooks, train_step
 

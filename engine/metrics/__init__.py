@@ -1,8 +1,12 @@
-"""Evaluation core: retrieval metrics per cell, compatibility matrices and their summaries."""
-from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices, compatibility_matrix, stored_summary
-from engine.metrics.paired import PairedOptions
+"""Evaluation core: retrieval metrics per cell, compatibility matrices and their summaries.
+
+The package exports its numpy core only (summaries, ECC, paired verdicts, Definition 1), so that the dashboard
+reads them without torch or numba. The retrieval pass (``engine.metrics.retrieval``: ``retrieval_metrics``,
+``cell_stats``; torch and numba) and the matrices built from it (``engine.metrics.compatibility``:
+``compatibility_matrices``, ``CellFeatures``, ``MatrixResult``, ``stored_summary``) are imported from their modules.
+"""
 from engine.metrics.definition1 import definition1_check
-from engine.metrics.retrieval import cell_stats, metrics_from_stats, parse_metric, retrieval_metrics
+from engine.metrics.paired import PairedOptions
 from engine.metrics.summary import (
     aa_curve,
     ac_curve,
@@ -15,8 +19,6 @@ from engine.metrics.summary import (
 )
 
 __all__ = [
-    "CellFeatures", "MatrixResult", "compatibility_matrices", "compatibility_matrix", "definition1_check",
-    "cell_stats", "metrics_from_stats", "parse_metric", "retrieval_metrics", "aa_curve", "ac_curve",
-    "average_accuracy", "average_compatibility", "average_compatibility_accuracy", "ecc_pass", "summarize",
-    "update_gain", "stored_summary", "PairedOptions",
+    "definition1_check", "aa_curve", "ac_curve", "average_accuracy", "average_compatibility",
+    "average_compatibility_accuracy", "ecc_pass", "summarize", "update_gain", "PairedOptions",
 ]
