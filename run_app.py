@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine import roots  # torch-free
+from engine.data import roots  # torch-free
 
 ROOT = Path(__file__).resolve().parent
 STOP_GRACE_S = 10.0

@@ -11,7 +11,7 @@ import streamlit as st
 
 from app import queries as q
 from engine.contract import analysis_key, analysis_payload
-from engine.conventions import SEPARATOR, convention, step_label
+from engine.results.conventions import SEPARATOR, convention, step_label
 
 STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue[:material/autorenew: running]",
                 "done": ":green[:material/check_circle: done]", "failed": ":red[:material/error: failed]",
@@ -36,7 +36,7 @@ def plain(text: object) -> str:
 
 
 def state_convention(config: dict[str, Any], *, extra: Sequence[str] = (), **what: Any) -> str:
-    """Caption the convention of what follows (``engine.conventions.convention``, then ``extra`` parts).
+    """Caption the convention of what follows (``engine.results.conventions.convention``, then ``extra`` parts).
 
     Returns the line, for the charts' subtitles and the exports.
     """

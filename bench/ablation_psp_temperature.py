@@ -3,8 +3,8 @@
 One small class-incremental sequence (Fashion-MNIST 4+3+3, 100 training / 50 test images per class,
 small CNN) is trained with cross-entropy on logits / T for T = 12 (paper 000, A.9) and T = 1; each is
 evaluated with the stored softmax plain (``extraction_temperature = "none"``, Eq. 2, the default) and at the
-training temperature (``"training"``). Every combination runs as an engine study (``engine.pipeline.run_study``,
-methods psp + lsp trained once per seed) and is summarised by ``engine.study_summary`` (Recall@1, AC/AA/ACA,
+training temperature (``"training"``). Every combination runs as an engine study (``engine.run.pipeline.run_study``,
+methods psp + lsp trained once per seed) and is summarised by ``engine.results.study_summary`` (Recall@1, AC/AA/ACA,
 mean ± std over the seeds). LSP is scale-invariant, so its rows differ only by the training temperature; at
 T = 1 both extraction settings store the same softmax, so that combination is not run again (its rows repeat
 the "none" ones).
@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from engine.config import RunConfig, config_from_dict
-from engine.pipeline import RunContext, run_study
-from engine.study_summary import header, study_summary
+from engine.run.pipeline import RunContext, run_study
+from engine.results.study_summary import header, study_summary
 from storage import get_engine
 
 TRAINING_TEMPERATURES = (12.0, 1.0)

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         # start pays them once, whatever the database holds
         import engine.methods  # noqa: F401
         import engine.metrics.retrieval  # noqa: F401
-        import engine.report  # noqa: F401
+        import engine.results.report  # noqa: F401
 
         os.environ["COMPATLAB_DB_URL"] = f"sqlite:///{tmp}/empty.db"
         for page in PAGES.values():

@@ -22,7 +22,7 @@ from engine.data.shapes import make_shapes
 from engine.methods import METHODS, build_method
 from engine.methods.base import StepContext
 from engine.models import build_model
-from engine.training import train_step
+from engine.run.training import train_step
 
 
 def throughput(method_name: str, device: torch.device, images: torch.Tensor, labels: torch.Tensor) -> float:
@@ -55,7 +55,7 @@ def main() -> None:
             ips = throughput(name, device, data.images, data.labels)
             print(f"| {name} | {device.type} | {ips:.0f} | {ips / base:.2f} |")
     if not args.no_demo:
-        from engine.pipeline import RunContext, run_study
+        from engine.run.pipeline import RunContext, run_study
         from engine.presets import preset_config
         from storage import get_engine
 

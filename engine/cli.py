@@ -15,15 +15,15 @@ import json
 import sys
 from pathlib import Path
 
-from engine import roots
+from engine.data import roots
 from engine.checkpoints.cli import add_arguments as add_checkpoint_arguments
 from engine.checkpoints.cli import cmd_compare_checkpoints
 from engine.contract import same_set_of
-from engine.export_images import add_arguments as add_export_arguments
-from engine.export_images import cmd_export_images
-from engine.report import FORMATS, render_matrix
-from engine.upgrade_cli import add_arguments as add_upgrade_arguments
-from engine.upgrade_cli import cmd_check_upgrade
+from engine.data.export_images import add_arguments as add_export_arguments
+from engine.data.export_images import cmd_export_images
+from engine.results.report import FORMATS, render_matrix
+from engine.upgrade.cli import add_arguments as add_upgrade_arguments
+from engine.upgrade.cli import cmd_check_upgrade
 
 
 def _add_db(p: argparse.ArgumentParser, *, torchscript: bool = False) -> None:
@@ -108,9 +108,9 @@ def _run_config(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from engine.pipeline import RunContext, check_study, run_study
-    from engine.progress import TerminalProgress
-    from engine.study_summary import print_study, study_summary
+    from engine.run.pipeline import RunContext, check_study, run_study
+    from engine.run.progress import TerminalProgress
+    from engine.results.study_summary import print_study, study_summary
     from storage import get_engine, init_db
 
     cfg = _run_config(args)
@@ -133,7 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from engine.worker import serve
+    from engine.jobs.worker import serve
     from storage import get_engine
 
     try:
@@ -144,7 +144,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_adapt(args: argparse.Namespace) -> int:
-    from engine.adapt import AdapterJob, run_adapters
+    from engine.jobs.adapt import AdapterJob, run_adapters
     from storage import get_engine, get_experiment, list_model_versions, session_scope
 
     db = get_engine(args.db)
@@ -177,7 +177,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from engine.evaluate_folder import evaluate_folder, load_feature_folder, result_json
+    from engine.checkpoints.evaluate_folder import evaluate_folder, load_feature_folder, result_json
 
     metrics = tuple(args.metrics or ("recall@1", "map"))
     folder = load_feature_folder(args.features)
@@ -194,7 +194,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     payload = {"features": str(args.features), "protocol": args.protocol, "same_set": args.same_set,
                "metrics": result_json(result, ecc_ties=args.ties)}
     if not args.no_store:
-        from engine.evaluate_folder import store_feature_evaluation
+        from engine.checkpoints.evaluate_folder import store_feature_evaluation
         from storage import get_engine
 
         config = {"source": "features", "folder": str(args.features.resolve()), "metrics": list(metrics),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from engine import vocab
-from engine.splits import check_replacements, check_split
+from engine.data.splits import check_replacements, check_split
 from engine.vocab import INIT_SEEDS
 
 
@@ -337,7 +337,7 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
     that does not fit a dataset whose class count is fixed.
 
     What needs the data itself (files present, a folder's or generated dataset's classes) is checked by
-    ``engine.pipeline.check_study`` before anything is written.
+    ``engine.run.pipeline.check_study`` before anything is written.
     """
     if not isinstance(data, dict):
         raise ValueError(f"a config must be a table of keys, got {type(data).__name__}")

@@ -1,7 +1,7 @@
 """The app/engine border: every name and request shape both sides share, torch-free (stdlib only).
 
-The dashboard imports ``storage``, ``engine.config``, ``engine.vocab``, ``engine.conventions``, ``engine.presets``,
-``engine.roots`` and this module; the engine's torch modules import the same facts from here. Vocabularies of a
+The dashboard imports ``storage``, ``engine.config``, ``engine.vocab``, ``engine.results.conventions``, ``engine.presets``,
+``engine.data.roots`` and this module; the engine's torch modules import the same facts from here. Vocabularies of a
 config (methods, datasets, backbones, the run and gallery protocols, views) live in :mod:`engine.vocab`;
 ``tests/test_contract.py`` checks both against the engine's registries.
 
@@ -119,7 +119,7 @@ def analysis_key(kind: str, params: dict[str, Any] | None) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- jobs
-JOB_KINDS = ("run", "analysis", "adapters", "checkpoints")  # engine.worker.HANDLERS
+JOB_KINDS = ("run", "analysis", "adapters", "checkpoints")  # engine.jobs.worker.HANDLERS
 ADAPTER_KINDS = ("perp", "lambda", "fct")  # engine.adapters.pair.KINDS: B_perp + F, B_lambda + F, F only
 
 
@@ -141,7 +141,7 @@ def analysis_payload(experiment_id: int, kind: str, params: dict[str, Any]) -> d
 
 def adapters_payload(old_version_id: int, new_version_id: int, *, kind: str, view: str,
                      same_set: bool) -> dict[str, Any]:
-    """An ``adapters`` job (fields of ``engine.adapt.AdapterJob``)."""
+    """An ``adapters`` job (fields of ``engine.jobs.adapt.AdapterJob``)."""
     if kind not in ADAPTER_KINDS:
         raise ValueError(f"unknown adapter kind {kind!r}; use one of {', '.join(ADAPTER_KINDS)}")
     return {"old_version_id": int(old_version_id), "new_version_id": int(new_version_id), "kind": kind,

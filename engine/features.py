@@ -173,7 +173,7 @@ def extract_outputs(
         raise ValueError(f"softmax_temperature must be a positive finite number, got {softmax_temperature!r}")
     import torch
 
-    from engine.device import pick_device
+    from engine.run.device import pick_device
 
     target = pick_device(device) if isinstance(device, str) else torch.device(device)
     original_device = next(iter(net.parameters()), torch.empty(0)).device

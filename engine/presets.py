@@ -21,7 +21,7 @@ import copy
 from typing import Any
 
 from engine.config import RunConfig, config_from_dict
-from engine.fashion_files import fashion_available
+from engine.data.fashion_files import fashion_available
 from engine.vocab import METHOD_NAMES
 
 TRAINING_KEYS = (

@@ -3,7 +3,7 @@
 Each tuple mirrors one engine registry (``tests/test_vocab.py`` checks them against the real ones):
 methods and their hyper-parameters' specs (``engine.methods.METHODS``, whose dataclasses check their
 values here), datasets (``engine.data.registry.DATASETS``),
-backbones (``engine.models.BACKBONES``), optimizers and schedules (``engine.training``), the run and gallery
+backbones (``engine.models.BACKBONES``), optimizers and schedules (``engine.run.training``), the run and gallery
 protocols (``engine.data.protocols``, ``engine.metrics.retrieval``), views (``engine.features.VIEWS``) and
 scenario training modes (``engine.data.scenario.TRAINING_MODES``).
 """
@@ -113,7 +113,7 @@ TRAINING_MODES = ("cumulative", "finetune")
 # models trained from scratch: "auto" = the same initial weights at every step only where the method's paper
 # prescribes it (CoReS, paper 002 Sec. 5.1 / Tab. 9), a new seed per step otherwise; "same" / "per_step" force one
 INIT_SEEDS = ("auto", "same", "per_step")
-DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # engine.device.pick_device
+DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # engine.run.device.pick_device
 
 _METRIC = re.compile(r"^(recall|map)(?:@(\d+))?$")
 VERIFICATION = "verification"  # paper 002's pair-verification accuracy (engine.metrics.verification)

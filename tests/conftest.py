@@ -9,7 +9,7 @@ torch.set_num_threads(2)
 
 @pytest.fixture(autouse=True)
 def data_root(tmp_path, monkeypatch):
-    """Each test's temporary folder is a data root (engine.roots), as ./data is for the dashboard."""
+    """Each test's temporary folder is a data root (engine.data.roots), as ./data is for the dashboard."""
     monkeypatch.setenv("COMPATLAB_DATA_ROOTS", str(tmp_path))
     return tmp_path
 

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from engine.adapt import AdapterJob, run_adapters
+from engine.jobs.adapt import AdapterJob, run_adapters
 from engine.cli import main
 from engine.config import config_from_dict
-from engine.pipeline import RunContext, run_experiment
+from engine.run.pipeline import RunContext, run_experiment
 from storage import get_engine, list_feature_views, list_model_versions, load_analysis, load_matrices, session_scope
 
 CFG = {"methods": ["independent"], "dataset": {"name": "digits"}, "scenario": {"initial_classes": 5, "increment": 5, "num_steps": 2},

@@ -1,6 +1,6 @@
 """Conventions on every number, and user-provided names shown as plain text.
 
-``engine.conventions`` on hand-made configs (expected lines written out by hand), ``app.widgets.plain``
+``engine.results.conventions`` on hand-made configs (expected lines written out by hand), ``app.widgets.plain``
 on markdown/HTML, and the pages under AppTest: their convention captions for a hand-made stored config,
 and names / labels / messages with markdown in them reaching the page escaped.
 """
@@ -13,7 +13,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app.widgets import plain
-from engine.conventions import annotate, convention, metric_name
+from engine.results.conventions import annotate, convention, metric_name
 from storage import enqueue_job, fail_job, get_engine, session_scope, update_job_progress
 from storage.jobs import claim_next_job
 from storage.models import Experiment, ModelVersion, Study
@@ -33,7 +33,7 @@ def markdown_free(text: str) -> bool:
     return re.search(r"(?<!\\)!\[|(?<!\\)\]\(|(?<!\\)<[a-z]", text) is None
 
 
-# ------------------------------------------------------------------------------------------ engine.conventions
+# ------------------------------------------------------------------------------------------ engine.results.conventions
 
 
 def test_convention_of_a_run_config():

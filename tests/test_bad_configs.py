@@ -161,7 +161,7 @@ def test_bad_config_is_refused_in_one_line_and_writes_nothing(case, db_url, tmp_
 
 def test_the_base_config_is_valid(tmp_path):
     from engine.config import config_from_dict
-    from engine.pipeline import check_study
+    from engine.run.pipeline import check_study
 
     path = tmp_path / "c.toml"
     path.write_text(_toml(BASE))
@@ -180,7 +180,7 @@ def test_bad_runs_through_a_subprocess(argv, db_url):
 
 @pytest.mark.parametrize("case", ["classes do not divide", "cifar root missing", "negative hyper-parameter"])
 def test_the_worker_refuses_an_infeasible_run_job_before_any_study_row(case, tmp_path):
-    from engine.worker import run_one
+    from engine.jobs.worker import run_one
     from storage import enqueue_job, list_jobs
 
     db = get_engine(f"sqlite:///{tmp_path / 'w.db'}")

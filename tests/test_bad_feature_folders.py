@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import func, select
 
 from engine.cli import main
-from engine.evaluate_folder import MAX_ARRAY_BYTES_ENV
+from engine.checkpoints.evaluate_folder import MAX_ARRAY_BYTES_ENV
 from storage import get_engine, init_db, session_scope
 from storage.models import Base
 

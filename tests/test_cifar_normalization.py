@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.config import config_from_dict
-from engine.data_setup import input_normalization, prepare_run_data
+from engine.run.data_setup import input_normalization, prepare_run_data
 
 
 def write_uniform_cifar100(root, per_class=3):

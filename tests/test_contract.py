@@ -6,7 +6,7 @@ from engine.adapters.pair import KINDS as ADAPTER_KINDS
 from engine.analysis.backfill_orders import ORDERINGS
 from engine.features import RAW_VIEWS, VIEWS
 from engine.methods import METHODS
-from engine.worker import HANDLERS
+from engine.jobs.worker import HANDLERS
 
 
 def test_contract_matches_the_registries():

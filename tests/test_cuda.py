@@ -18,7 +18,7 @@ from engine.methods.base import StepContext
 from engine.metrics.retrieval import cell_stats, retrieval_metrics
 from engine.metrics.search import TorchBackend
 from engine.models import build_model
-from engine.training import train_step
+from engine.run.training import train_step
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")]
@@ -110,7 +110,7 @@ def _digits_matrices(device: str, folder) -> dict[tuple[int, str, str], np.ndarr
 
     from sqlalchemy import select
 
-    from engine.pipeline import RunContext, run_study
+    from engine.run.pipeline import RunContext, run_study
     from engine.presets import preset_config
     from storage import CompatibilityMatrix, Experiment, get_engine, init_db, session_scope
 

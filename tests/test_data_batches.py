@@ -24,7 +24,7 @@ from engine.data.folder import list_image_folder
 from engine.data.bounds import check_batch_size, check_image_size
 from engine.features import extract_outputs
 from engine.models import build_model
-from engine.training import Cancelled
+from engine.run.training import Cancelled
 
 ROOT = Path(__file__).resolve().parents[1]
 

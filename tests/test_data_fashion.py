@@ -16,8 +16,8 @@ from engine.data.imageset import DatasetNotFoundError
 from engine.data.registry import load_dataset
 from engine.data.scenario import build_scenario
 from engine.data.fashion import CLASS_NAMES, load_fashion
-from engine.export_images import export_images, folder_name
-from engine import fashion_files
+from engine.data.export_images import export_images, folder_name
+from engine.data import fashion_files
 
 LABELS = [3, 0, 3, 9, 0, 3]  # Dress, T-shirt/top, Dress, Ankle boot, T-shirt/top, Dress
 
@@ -245,7 +245,7 @@ def test_a_failed_export_leaves_nothing(tiny_root, tmp_path, monkeypatch):
 
 def test_a_fashion_root_outside_the_data_roots_is_refused_before_it_is_read(tmp_path, monkeypatch):
     from engine.data.fashion import load_fashion
-    from engine.roots import OutsideRootsError
+    from engine.data.roots import OutsideRootsError
 
     monkeypatch.setenv("COMPATLAB_DATA_ROOTS", str(tmp_path / "allowed"))
     with pytest.raises(OutsideRootsError, match="outside the data roots"):

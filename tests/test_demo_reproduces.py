@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from engine.cli import main
-from engine.fashion_files import fashion_available
+from engine.data.fashion_files import fashion_available
 from storage import get_engine, load_matrices, session_scope
 from storage.models import Experiment
 

@@ -161,7 +161,7 @@ def test_verification_separable_and_chance():
 def test_cli_and_heatmap_show_verdicts_and_gain():
     from app.charts import matrix_frame
     from engine.metrics import ecc_pass, update_gain
-    from engine.report import render_matrix
+    from engine.results.report import render_matrix
 
     C = np.array([[0.5, np.nan, np.nan], [0.6, 0.7, np.nan], [0.45, 0.71, 0.8]])
     paired = {"verdict": [[None] * 3, ["pass", None, None], ["fail", "unresolved", None]],

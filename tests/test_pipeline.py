@@ -8,13 +8,13 @@ import pytest
 import torch
 from sqlalchemy import func, select
 
-import engine.pipeline as pipeline
+import engine.run.pipeline as pipeline
 from engine.config import config_from_dict
-from engine.data_setup import prepare_run_data
+from engine.run.data_setup import prepare_run_data
 from engine.methods import METHODS, build_method
 from engine.metrics.compatibility import compatibility_matrix
-from engine.pipeline import RunContext, run_experiment, run_study
-from engine.training import Cancelled
+from engine.run.pipeline import RunContext, run_experiment, run_study
+from engine.run.training import Cancelled
 from storage import get_engine, list_model_versions, load_feature_set, load_matrices, session_scope
 from storage.models import CompatibilityMatrix, Experiment, FeatureSet, ModelVersion
 
@@ -259,7 +259,7 @@ def test_study_groups_methods_on_the_same_scenario_and_eval_classes_seen(tmp_pat
 
 
 def test_several_seeds_give_mean_and_std_and_paired_verdicts(tmp_path, capsys):
-    from engine.study_summary import print_study, study_summary
+    from engine.results.study_summary import print_study, study_summary
 
     ctx = _ctx(tmp_path)
     cfg = _cfg(methods=["independent"], seeds=[0, 1], eval={"eval_classes": "seen"},

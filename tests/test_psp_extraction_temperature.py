@@ -9,7 +9,7 @@ from engine.config import config_from_dict
 from engine.features import extract_outputs, simplex_projection
 from engine.methods import build_method
 from engine.models import build_model
-from engine.pipeline import RunContext, run_study
+from engine.run.pipeline import RunContext, run_study
 from storage import get_engine, list_model_versions, load_feature_set, session_scope
 
 

@@ -1,4 +1,4 @@
-"""engine.record is the one write path: runs, checkpoint comparisons and evaluate-folder all record through it,
+"""engine.results.record is the one write path: runs, checkpoint comparisons and evaluate-folder all record through it,
 with the rows they always stored; a one-transaction writer that fails leaves nothing."""
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from sqlalchemy import func, select
 from test_checkpoints_factory import save_state_dict_pt, save_step_checkpoint, write_image_folder
 from test_cli_evaluate import _hand_folder
 
-import engine.record as record
+import engine.results.record as record
 from engine.cli import main
 from engine.config import config_from_dict
-from engine.pipeline import RunContext, run_study
+from engine.run.pipeline import RunContext, run_study
 from storage import (
     Analysis,
     CompatibilityMatrix,
@@ -56,7 +56,7 @@ def _rows(db, exp_id: int) -> dict:
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Counts the storage writes engine.record makes: experiments started, versions and matrices recorded."""
+    """Counts the storage writes engine.results.record makes: experiments started, versions and matrices recorded."""
     calls: Counter = Counter()
     for name in ("create_experiment", "add_model_version", "save_matrix"):
         real = getattr(record, name)
@@ -71,10 +71,10 @@ def spy(monkeypatch):
 
 def test_only_engine_record_calls_the_storage_writers():
     """No other engine or app module imports a function that writes an experiment, study, version or matrix
-    (engine.adapt adds adapted views to stored versions with save_feature_set: not an experiment's write)."""
+    (engine.jobs.adapt adds adapted views to stored versions with save_feature_set: not an experiment's write)."""
     offenders = []
     for path in [*ROOT.glob("engine/**/*.py"), *ROOT.glob("app/**/*.py")]:
-        if path == ROOT / "engine" / "record.py":
+        if path == ROOT / "engine" / "results" / "record.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("storage"):

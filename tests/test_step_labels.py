@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from engine.conventions import model_names, replaced_note, replaced_steps, step_label
-from engine.report import render_matrix
-from engine.study_summary import print_study
+from engine.results.conventions import model_names, replaced_note, replaced_steps, step_label
+from engine.results.report import render_matrix
+from engine.results.study_summary import print_study
 from storage import get_engine, session_scope
 from storage.models import Experiment, ModelVersion
 

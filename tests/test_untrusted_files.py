@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 import run_app
-from engine import roots
+from engine.data import roots
 from engine.checkpoints import compare
 from engine.checkpoints.loading import CheckpointError, Trust, load_model
 from engine.checkpoints.sandbox_child import landlock_abi
 from engine.data.disk import load_cifar, load_imagefolder
-from engine.worker import run_one
+from engine.jobs.worker import run_one
 from storage import enqueue_job, get_engine, init_db, list_jobs, session_scope
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,11 +1,11 @@
-"""The upgrade verdict (engine.upgrade) on hand-made old/new feature pairs, checked against numpy by hand."""
+"""The upgrade verdict (engine.upgrade.verdict) on hand-made old/new feature pairs, checked against numpy by hand."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from engine.metrics.compatibility import CellFeatures
-from engine.upgrade import BackfillNeed, best_ordering, check_upgrade
+from engine.upgrade.verdict import BackfillNeed, best_ordering, check_upgrade
 
 CLASSES, PER, DIM = 10, 20, 16
 
@@ -161,7 +161,7 @@ def test_the_module_itself_imports_no_torch():
     import ast
     from pathlib import Path
 
-    tree = ast.parse(Path(__file__).resolve().parents[1].joinpath("engine", "upgrade.py").read_text())
+    tree = ast.parse(Path(__file__).resolve().parents[1].joinpath("engine", "upgrade", "verdict.py").read_text())
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not {m for m in names if m.split(".")[0] in ("torch", "numba", "faiss")}

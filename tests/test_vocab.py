@@ -13,7 +13,7 @@ from engine.features import VIEWS
 from engine.methods.registry import METHODS, method_hparam_names
 from engine.metrics import retrieval
 from engine.models import BACKBONES
-from engine.training import lr_factor, make_optimizer
+from engine.run.training import lr_factor, make_optimizer
 
 
 def test_vocabulary_matches_the_registries():

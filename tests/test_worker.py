@@ -2,7 +2,7 @@
 from sqlalchemy import func, select
 
 from engine.config import config_from_dict
-from engine.worker import run_one
+from engine.jobs.worker import run_one
 from storage import enqueue_job, get_engine, init_db, list_jobs, request_cancel, session_scope
 from storage.models import Experiment, Job, ModelVersion
 
@@ -44,7 +44,7 @@ def test_cancel_requested_while_running_stops_the_run_and_removes_its_rows(tmp_p
     db = _db(tmp_path)
     with session_scope(db) as s:
         job_id = enqueue_job(s, "run", {"config": config_from_dict(TINY).to_dict()})
-    import engine.training as training
+    import engine.run.training as training
 
     real = training.train_step
 
@@ -53,7 +53,7 @@ def test_cancel_requested_while_running_stops_the_run_and_removes_its_rows(tmp_p
             request_cancel(s, job_id)
         return real(*a, **k)
 
-    monkeypatch.setattr("engine.pipeline.train_step", cancel_then_train)
+    monkeypatch.setattr("engine.run.pipeline.train_step", cancel_then_train)
     run_one(db, checkpoint_dir=tmp_path / "ckpt")
     with session_scope(db) as s:
         assert s.get(Job, job_id).status == "cancelled"
@@ -71,7 +71,7 @@ def test_a_worker_whose_job_was_failed_as_stale_stops_and_writes_nothing(tmp_pat
     db = _db(tmp_path)
     with session_scope(db) as s:
         job_id = enqueue_job(s, "run", {"config": config_from_dict(TINY).to_dict()})
-    import engine.training as training
+    import engine.run.training as training
 
     real = training.train_step
 
@@ -80,7 +80,7 @@ def test_a_worker_whose_job_was_failed_as_stale_stops_and_writes_nothing(tmp_pat
             assert fail_stale_jobs(s, 60, now=utcnow() + timedelta(seconds=90)) == [job_id]
         return real(*a, **k)
 
-    monkeypatch.setattr("engine.pipeline.train_step", paused_then_train)
+    monkeypatch.setattr("engine.run.pipeline.train_step", paused_then_train)
     assert run_one(db, checkpoint_dir=tmp_path / "ckpt") == job_id
     assert f"job {job_id} is no longer this worker's" in capsys.readouterr().err
     with session_scope(db) as s:

@@ -8,7 +8,7 @@ from app import charts
 from app import queries as q
 from app.widgets import analysis_result, pick_experiment, pick_steps, plain, state_convention
 from engine.contract import ADAPTER_KINDS, DEFAULT_ORDERINGS, ORDERINGS, adapter_key, adapters_payload, same_set_of
-from engine.conventions import metric_name
+from engine.results.conventions import metric_name
 
 url = q.db_url()
 ORDERING_HELP = {

@@ -26,7 +26,7 @@ from streamlit.errors import StreamlitAPIException
 from app import queries as q
 from app.widgets import QUEUED_HINT_S, plain, status_badge
 from engine.contract import checkpoints_payload
-from engine.roots import OutsideRootsError, confine, torchscript_allowed
+from engine.data.roots import OutsideRootsError, confine, torchscript_allowed
 
 url = q.db_url()
 PREFIX = "ck_"

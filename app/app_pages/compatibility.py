@@ -10,7 +10,7 @@ import streamlit as st
 from app import charts
 from app import queries as q
 from app.widgets import empty_state, experiment_label, plain, state_convention
-from engine.conventions import annotate, convention, model_names, replaced_note, replaced_steps
+from engine.results.conventions import annotate, convention, model_names, replaced_note, replaced_steps
 
 url = q.db_url()
 MAIN = "main view of each method"
@@ -34,7 +34,7 @@ def ecc_cells(values: np.ndarray) -> np.ndarray:
 
 
 def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, replaced: tuple[int, ...]) -> str:
-    from engine.report import render_matrix
+    from engine.results.report import render_matrix
 
     return render_matrix(C, fmt=fmt, title=title, comparable=comparable, replaced=replaced)
 
@@ -156,7 +156,7 @@ if len(curves) and curves["step"].max() >= 3:
         percent_axis=True), conv, 60), width="stretch")
 summary_rows = [(e["method"], m["summary"]) for e, m in shown]
 with st.expander("Download the summary table"):
-    from engine.report import render_summary_table
+    from engine.results.report import render_summary_table
 
     d = st.columns(3)
     for col, (fmt, ext, mime) in zip(d, (("csv", "csv", "text/csv"), ("markdown", "md", "text/markdown"),

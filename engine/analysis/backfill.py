@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.analysis.backfill_kernels import mixed_stats, recall1_stats, segment_of_columns
-from engine.device import pick_device
+from engine.run.device import pick_device
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import Ties, unit_rows, metrics_from_stats, parse_metric, prepare_gallery
 from engine.metrics.search import DEFAULT_BLOCK, similarity_blocks

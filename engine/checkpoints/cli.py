@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from engine.report import FORMATS, render_matrix
+from engine.results.report import FORMATS, render_matrix
 
 MODEL_HELP = """\
 Each --model is one checkpoint of the sequence, oldest first:

@@ -47,13 +47,13 @@ from engine.data.imageset import ImageSet
 from engine.data.registry import DATASETS, load_dataset
 from engine.data.folder import FolderImages, check_stop, list_image_folder
 from engine.data.bounds import check_batch_size, check_image_size
-from engine.device import pick_device
-from engine.evaluate_folder import result_json
+from engine.run.device import pick_device
+from engine.checkpoints.evaluate_folder import result_json
 from engine.features import DERIVED_VIEWS, RAW_VIEWS, cell_features, extract_outputs
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
-from engine.record import Version, record_experiment
+from engine.results.record import Version, record_experiment
 from engine.vocab import parse_metric
-from engine.roots import confine
+from engine.data.roots import confine
 
 VIEWS = ("encoder", "psp", "lsp")
 PROTOCOLS = ("instance", "template")

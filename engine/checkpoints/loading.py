@@ -26,7 +26,7 @@ A TorchScript archive is a program, not weights: :class:`Trust` decides whether 
 the operator's own files), and where it runs, it runs contained (``engine.checkpoints.sandbox``:
 a scan of its code, then a separate process without file access, with a memory limit, that only
 exchanges raw arrays). With ``Trust.confine`` checkpoint paths must lie inside the data roots
-(``engine.roots``). Bugs in torch's file parsers are outside this model; keep torch up to date.
+(``engine.data.roots``). Bugs in torch's file parsers are outside this model; keep torch up to date.
 
 Every refusal is a :class:`CheckpointError`, a ``ValueError`` with one line ``PATH: reason``.
 """
@@ -51,7 +51,7 @@ from engine.checkpoints.archs import ARCHITECTURES, Architecture
 from engine.checkpoints.sandbox import SandboxedScript, SandboxError, scan_archive
 from engine.models import LinearHead, ModelOutput, ModelSpec, build_from_spec, load_checkpoint
 from engine.models.checkpoint import CHECKPOINT_FORMAT
-from engine.roots import confine, torchscript_allowed
+from engine.data.roots import confine, torchscript_allowed
 
 DEFAULT_MAX_BYTES = 2_000_000_000
 SHOWN = 5  # how many keys / layers an error message lists

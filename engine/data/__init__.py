@@ -35,4 +35,8 @@ Scenarios (``scenario``, torch-free)
       -> ``Scenario(class_order, steps, training, replay_per_class)`` of ``Step(index, new_classes,
          seen_classes, train_classes, replay_classes, replaced)``
   ``select_replay(labels, classes, per_class, seed) -> np.ndarray`` of indices
+
+Files and paths (torch-free)
+  ``roots``  where the server may read files from (``confine``); ``splits``  the class-incremental split arithmetic;
+  ``fashion_files``  where Debian's Fashion-MNIST files are; ``export_images``  a dataset written as a class-folder tree
 """

@@ -1,6 +1,6 @@
 """Datasets read from disk: CIFAR-10/100 in torchvision's layout and any ImageFolder tree.
 
-Every root is confined to the data roots (``engine.roots.confine``) before it is looked at, and no
+Every root is confined to the data roots (``engine.data.roots.confine``) before it is looked at, and no
 error lists what a folder holds. CIFAR batches are unpickled by :class:`CifarUnpickler`, which only
 rebuilds dicts, lists, strings, numbers and numpy arrays (nothing in the file can run code).
 Nothing is downloaded unless ``download=True``. Each loader reads the chosen split into memory as an
@@ -22,7 +22,7 @@ from torchvision.datasets.folder import find_classes
 from engine.data.folder import list_image_folder
 from engine.data.bounds import check_image_size
 from engine.data.imageset import DatasetNotFoundError, ImageSet, first_per_class, stratified_split
-from engine.roots import confine
+from engine.data.roots import confine
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 CIFAR_KINDS = {"cifar10": (CIFAR10, "CIFAR-10"), "cifar100": (CIFAR100, "CIFAR-100")}

@@ -27,8 +27,8 @@ import torch
 from torchvision.datasets import FashionMNIST
 
 from engine.data.disk import DatasetNotFoundError
-from engine.fashion_files import FILES, find_split, missing_message
-from engine.roots import confine
+from engine.data.fashion_files import FILES, find_split, missing_message
+from engine.data.roots import confine
 from engine.data.imageset import ImageSet, first_per_class
 
 CLASS_NAMES: tuple[str, ...] = tuple(FashionMNIST.classes)  # T-shirt/top, Trouser, ..., Ankle boot
@@ -41,7 +41,7 @@ def load_fashion(*, root: str | Path = "data", split: str = "train", per_class: 
                  max_per_class: int | None = None, download: bool = False) -> ImageSet:
     """One split of Fashion-MNIST: (N, 1, 28, 28) uint8 images, labels 0..9, names from the dataset.
 
-    ``root`` must lie inside the data roots (``engine.roots``); Debian's folder is the fixed fallback.
+    ``root`` must lie inside the data roots (``engine.data.roots``); Debian's folder is the fixed fallback.
 
     ``per_class`` (what a run config's train_per_class/test_per_class pass) and ``max_per_class``
     (the name the other real-data loaders use) both keep the first images of each class in file

@@ -145,9 +145,9 @@ def _decode(root: Path, relative: str, size: int) -> torch.Tensor:
 
 
 def check_stop(should_stop: StopCheck | None, message: str = "cancelled while reading the image folder") -> None:
-    """Raise ``engine.training.Cancelled`` (with ``message``) when ``should_stop`` says so."""
+    """Raise ``engine.run.training.Cancelled`` (with ``message``) when ``should_stop`` says so."""
     if should_stop is not None and should_stop():
-        from engine.training import Cancelled  # lazy: training imports the data package
+        from engine.run.training import Cancelled  # lazy: training imports the data package
 
         raise Cancelled(message)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.splits import check_replacements, check_split
+from engine.data.splits import check_replacements, check_split
 from engine.vocab import TRAINING_MODES
 
 

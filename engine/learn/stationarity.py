@@ -36,7 +36,7 @@ from engine.methods import StepContext, build_method
 from engine.metrics import ecc_pass
 from engine.metrics.retrieval import retrieval_metrics
 from engine.models import FixedHead, Net, build_model
-from engine.training import Hooks, train_step
+from engine.run.training import Hooks, train_step
 
 HEADS = ("learnable", "fixed")
 STEP2_INITS = ("finetune", "scratch")

@@ -10,7 +10,7 @@ ECC tie rule and the seeds. Three kinds of stored config are read:
 - a checkpoint comparison: ``{"source": "checkpoints", "spec": {"protocol", "ties", ...}, "protocol"}``;
 - a folder of features: ``{"source": "features", "protocol", "same_set"}``.
 
-Missing keys take the engine's defaults. Imported by the dashboard and by ``engine.report``; it must
+Missing keys take the engine's defaults. Imported by the dashboard and by ``engine.results.report``; it must
 stay free of torch and Streamlit.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ Job kinds (payload formats):
 * ``run``: ``{"config": RunConfig dict}`` or ``{"preset": NAME}``: train/evaluate a study.
 * ``analysis``: ``{"experiment_id": id, "kind": ..., "params": {...}}``: see ``engine.analysis.run``.
 * ``checkpoints``: ``{"spec": {...}}``: see ``engine.checkpoints.compare`` (bring-your-own models).
-* ``adapters``: the fields of ``engine.adapt.AdapterJob`` (old/new model version ids, kind, view, ...).
+* ``adapters``: the fields of ``engine.jobs.adapt.AdapterJob`` (old/new model version ids, kind, view, ...).
 
 The worker writes progress and a heartbeat under the lease of its claim; a job whose worker died is
 marked failed by ``run_app.py`` (which saw it die) or by the next worker (``fail_stale_jobs``, no
@@ -58,7 +58,7 @@ STALE_AFTER_S = _env_seconds("COMPATLAB_STALE_AFTER_S", 60.0)
 def _run_job(db: Engine, payload: dict, progress: Callable[[float, str], None], should_stop: Callable[[], bool],
              checkpoint_dir: Path, on_study: Callable[[int], None] | None = None) -> str:
     from engine.config import config_from_dict
-    from engine.pipeline import RunContext, run_study
+    from engine.run.pipeline import RunContext, run_study
     from engine.presets import preset_config
 
     cfg = preset_config(payload["preset"]) if "preset" in payload else config_from_dict(payload["config"])
@@ -75,7 +75,7 @@ def _analysis_job(db: Engine, payload: dict, progress, should_stop, checkpoint_d
 
 
 def _adapters_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path, **_) -> str:
-    from engine.adapt import AdapterJob, run_adapters
+    from engine.jobs.adapt import AdapterJob, run_adapters
 
     job = AdapterJob(**{**payload, "orderings": tuple(payload.get("orderings", AdapterJob.orderings))})
     progress(0.1, f"fitting {job.kind} adapters {job.key}")
@@ -115,7 +115,7 @@ def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints") 
     (failed as stale while the worker was paused, taken over), the next progress report or cancel
     check raises :class:`storage.LeaseLost`, the job unwinds, and nothing about it is written.
     """
-    from engine.training import Cancelled
+    from engine.run.training import Cancelled
 
     with session_scope(db) as s:
         fail_stale_jobs(s, STALE_AFTER_S)

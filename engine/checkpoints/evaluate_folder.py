@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 from engine.metrics import summarize
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
 from engine.metrics.retrieval import parse_metric
-from engine.record import Version, record_experiment
+from engine.results.record import Version, record_experiment
 
 KEYS = ("query_features", "query_labels", "gallery_features", "gallery_labels")
 _STEP = re.compile(r"^step_(\d+)\.npz$")

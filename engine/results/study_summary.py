@@ -5,10 +5,10 @@ import numpy as np
 from sqlalchemy import Engine
 
 from engine.contract import main_view
-from engine.conventions import replaced_steps
+from engine.results.conventions import replaced_steps
 from engine.methods import METHODS
 from engine.methods.base import resolve_init_seed
-from engine.report import render_matrix, render_summary_table
+from engine.results.report import render_matrix, render_summary_table
 from storage import get_experiment, load_matrices, session_scope
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.conventions import model_names, replaced_note
+from engine.results.conventions import model_names, replaced_note
 from engine.metrics import ecc_pass, summarize
 from engine.metrics.paired import SYMBOLS, count_verdicts
 

@@ -65,8 +65,8 @@ def _check_json_target(path: Path) -> None:
 
 def cmd_check_upgrade(args: argparse.Namespace) -> int:
     """Print the verdict sentence and the numbers; the exit code is the verdict's."""
-    from engine.evaluate_folder import load_feature_folder
-    from engine.upgrade import check_upgrade
+    from engine.checkpoints.evaluate_folder import load_feature_folder
+    from engine.upgrade.verdict import check_upgrade
 
     names = args.names or ["old", "new"]
     if args.json is not None:

@@ -26,8 +26,8 @@ import torch
 from sqlalchemy import Engine
 
 from engine.config import RunConfig
-from engine.data_setup import RunData, prepare_run_data
-from engine.device import pick_device
+from engine.run.data_setup import RunData, prepare_run_data
+from engine.run.device import pick_device
 from engine.features import DERIVED_VIEWS, RAW_VIEWS, cell_features, extract_outputs
 from engine.methods import build_method
 from engine.methods.base import Method, StepContext, resolve_init_seed
@@ -35,7 +35,7 @@ from engine.metrics import PairedOptions
 from engine.metrics.compatibility import CellFeatures, compatibility_matrices, stored_summary
 from engine.models import build_model, load_checkpoint, save_checkpoint
 from engine.models.net import Net
-from engine.record import (
+from engine.results.record import (
     Resumed,
     Version,
     discard,
@@ -47,7 +47,7 @@ from engine.record import (
     resume_experiment,
     set_status,
 )
-from engine.training import Cancelled, Hooks, train_step
+from engine.run.training import Cancelled, Hooks, train_step
 from storage import LeaseLost, ModelVersion, get_experiment, init_db, list_model_versions, load_feature_set, session_scope
 
 Progress = Callable[[float, str], None]
@@ -170,7 +170,7 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
 
 
 def _resume(db: Engine, cfg: RunConfig, method: str, study_id: int | None) -> Resumed:
-    """The experiment to continue (or reuse when finished) for this config (:func:`engine.record.resume_experiment`)."""
+    """The experiment to continue (or reuse when finished) for this config (:func:`engine.results.record.resume_experiment`)."""
     return resume_experiment(db, name=f"{cfg.name}/{method}/seed {cfg.seed}", method=method, config=cfg.to_dict(),
                              study_id=study_id)
 

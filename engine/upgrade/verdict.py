@@ -36,7 +36,7 @@ import numpy as np
 from engine.analysis.backfill import backfill_curve, curve_area, fraction_to_reach
 from engine.analysis.backfill_orders import backfill_order
 from engine.contract import DEFAULT_ORDERINGS
-from engine.conventions import metric_name
+from engine.results.conventions import metric_name
 from engine.metrics.compatibility import CellFeatures
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, paired_bootstrap
 from engine.metrics.paired import verdict as paired_verdict

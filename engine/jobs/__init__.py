@@ -1,0 +1,5 @@
+"""Background jobs: the worker that claims queued jobs (``worker``) and the adapter-fitting job (``adapt``).
+
+The other job kinds live with their stage: runs in ``engine.run``, analyses in ``engine.analysis.run``,
+checkpoint comparisons in ``engine.checkpoints.compare``.
+"""
