@@ -12,14 +12,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from engine.vocab import DATASET_CLASSES
 from engine.vocab import DATASET_NAMES as DATASETS
+from engine.vocab import DEVICE_CHOICES as DEVICES
 from engine.vocab import EVAL_CLASSES, INIT_SEEDS, OPTIMIZERS, TRAINING_MODES
 from engine.vocab import GALLERY_PROTOCOLS as GALLERIES
 from engine.vocab import LR_SCHEDULES as SCHEDULES
 from engine.vocab import RUN_PROTOCOLS as PROTOCOLS
 
-KNOWN_CLASSES = {"digits": 10, "fashion": 10, "cifar10": 10, "cifar100": 100}
-DEVICES = ("auto", "cpu", "cuda")
 DEMO_PRESET = "quick-demo"
 
 # (section, key) of every form field; "name", "methods", "seed", "device" are top-level keys
@@ -116,7 +116,7 @@ def _scenario_problem(v: dict[str, Any]) -> str | None:
     from engine.data.scenario import build_scenario
 
     first, step, steps = int(v["initial_classes"]), int(v["increment"]), int(v["num_steps"]) or None
-    n = KNOWN_CLASSES.get(v["dataset"])
+    n = DATASET_CLASSES.get(v["dataset"])
     if n is None:  # shapes generates the classes the scenario uses; a folder's classes are known once loaded
         if steps is None:
             return "shapes needs a number of steps (it generates the classes the scenario uses)." \

@@ -114,6 +114,7 @@ TRAINING_MODES = ("cumulative", "finetune")
 # prescribes it (CoReS, paper 002 Sec. 5.1 / Tab. 9), a new seed per step otherwise; "same" / "per_step" force one
 INIT_SEEDS = ("auto", "same", "per_step")
 DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # engine.run.device.pick_device
+DEVICE_CHOICES = ("auto", "cpu", "cuda")  # what the forms offer (cuda:N is typed in a config)
 
 _METRIC = re.compile(r"^(recall|map)(?:@(\d+))?$")
 VERIFICATION = "verification"  # paper 002's pair-verification accuracy (engine.metrics.verification)

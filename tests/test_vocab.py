@@ -62,3 +62,11 @@ def test_config_and_vocabulary_stay_torch_free():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout
     assert out.strip() == "[]"
+
+
+def test_the_device_choices_the_forms_offer_are_devices_a_config_accepts():
+    from engine.config import config_from_dict
+
+    for device in vocab.DEVICE_CHOICES:
+        assert vocab.DEVICE.match(device)
+        assert config_from_dict({"device": device}).device == device
