@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-from engine.data import roots
 from engine.checkpoints.cli import add_arguments as add_checkpoint_arguments
 from engine.checkpoints.cli import cmd_compare_checkpoints
 from engine.contract import same_set_of
+from engine.data import roots
 from engine.data.export_images import add_arguments as add_export_arguments
 from engine.data.export_images import cmd_export_images
 from engine.results.report import FORMATS, render_matrix
@@ -222,3 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `python -m engine presets | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush does not fail again
+        return 0

@@ -297,6 +297,10 @@ def _check_scenario(cfg: RunConfig) -> None:
     if s.replay_per_class and s.training != "finetune":
         raise ValueError(f"config key scenario.replay_per_class = {s.replay_per_class} applies only to "
                          f"scenario.training = 'finetune', got {s.training!r}")
+    topk = cfg.eval.topk  # PSP/LSP of a cell keep gallery model k's C^k outputs; the first model has the fewest
+    if topk is not None and topk > s.initial_classes:
+        raise ValueError(f"config key eval.topk = {topk} exceeds the {s.initial_classes} outputs the first model's "
+                         f"PSP/LSP keep (scenario.initial_classes); use at most {s.initial_classes}")
     classes = vocab.DATASET_CLASSES.get(name, cfg.dataset.num_classes if name == "shapes" else None)
     steps = s.num_steps
     if classes is not None:

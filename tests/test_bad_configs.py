@@ -90,6 +90,7 @@ CASES = {  # id -> (config dict, extra argv)
     "metric recall@0": (_with(eval__metrics=["recall@0"]), []),
     "metrics empty": (_with(eval__metrics=[]), []),
     "topk zero": (_with(eval__topk=0), []),
+    "topk above the first model's classes": (_with(eval__topk=64), []),
     "view unknown": (_with(eval__views=["pixels"]), []),
     "auto with other views": (_with(eval__views=["auto", "psp"]), []),
     "initial_classes zero": (_with(scenario__initial_classes=0), []),

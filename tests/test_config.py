@@ -85,6 +85,8 @@ def _digits(**sections):
         # counts, lists and single keys (RULES)
         ({"seeds": [1, 2, 1]}, "seeds = \\[1, 2, 1\\] lists a seed twice"),
         ({"eval": {"topk": 0}}, "eval.topk must be a finite number in \\[1, inf\\), got 0"),
+        ({"eval": {"topk": 6}, "scenario": {"initial_classes": 5}},
+         "eval.topk = 6 exceeds the 5 outputs the first model's PSP/LSP keep"),
         ({"eval": {"metrics": ["recall"]}}, "eval.metrics is not valid: unknown metric 'recall'"),
         ({"eval": {"metrics": ["map", "map"]}}, "eval.metrics = \\['map', 'map'\\] lists an entry twice"),
         ({"training": {"epochs": 0}}, "training.epochs must be a finite number in \\[1, 100000\\], got 0"),

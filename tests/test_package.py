@@ -102,3 +102,12 @@ def test_python_dash_m_engine_runs_the_cli():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0].startswith("quick-demo ")
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """``python -m engine presets | head -1``: the pipe closes before the list is written."""
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "presets"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 0 and err == ""
