@@ -181,3 +181,12 @@ def test_overview_shows_names_and_messages_as_plain_text(hand_study):
     for v in shown:
         assert markdown_free(v), f"unescaped user text reached markdown: {v!r}"
     assert "bold" in texts(at)
+
+
+def test_a_config_without_init_seed_reads_as_the_config_default():
+    from engine.config import RunConfig
+    from engine.results.conventions import settings
+
+    assert RunConfig().model.init_seed == "auto"
+    for config in ({"seed": 1}, {"seed": 1, "model": {"init_seed": "auto"}}):
+        assert settings(config).seeds == "seed 1, class order 0, initial weights as each method's paper prescribes"

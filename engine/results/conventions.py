@@ -58,9 +58,9 @@ def _seeds(config: Mapping[str, Any]) -> str:
     many = config.get("seeds")
     seeds = f"seeds {', '.join(str(s) for s in many)}" if many else f"seed {config.get('seed', 0)}"
     order = config.get("scenario", {}).get("class_order_seed", 0)
-    init = config.get("model", {}).get("init_seed", "same")
-    init_phrase = {"same": "same initial weights every step",
-                   "per_step": "new initial weights every step"}.get(init, f"init_seed {init}")
+    init = config.get("model", {}).get("init_seed", "auto")  # engine.config.ModelConfig's default
+    init_phrase = {"same": "same initial weights every step", "per_step": "new initial weights every step",
+                   "auto": "initial weights as each method's paper prescribes"}.get(init, f"init_seed {init}")
     return f"{seeds}, class order {order}, {init_phrase}"
 
 
