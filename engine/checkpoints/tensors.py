@@ -118,5 +118,5 @@ def check_finite(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
     bad = [(k, int((~torch.isfinite(v)).sum())) for k, v in tensors.items()
            if v.is_floating_point() and not bool(torch.isfinite(v).all())]
     if bad:
-        listed = listed([f"{k} ({n} of {tensors[k].numel()})" for k, n in bad])
-        raise CheckpointError(path, f"has NaN/inf weights in {len(bad)} tensor(s): {listed}")
+        names = listed([f"{k} ({n} of {tensors[k].numel()})" for k, n in bad])
+        raise CheckpointError(path, f"has NaN/inf weights in {len(bad)} tensor(s): {names}")
