@@ -138,7 +138,7 @@ def extract(model: LoadedModel, batches: Iterator[torch.Tensor], device: torch.d
 
     try:
         raw = extract_outputs(model.net, guarded(), device=device)
-    except Exception as exc:  # as in _probe: name the file
+    except Exception as exc:  # as in probe: name the file
         if data_errors:
             raise
         raise CheckpointError(model.path, f"failed while embedding the images ({_last_line(exc)})") from None

@@ -146,7 +146,7 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = 
     e.g. ``"imagefolder:/data/pets"``) or ``query_dataset`` + ``gallery_dataset``, ``views``
     (``encoder``, ``psp``, ``lsp``), ``metrics``, ``protocol`` (``instance``/``template``), ``ties``,
     ``name``, ``max_file_bytes`` (bytes or ``"2GB"``), ``batch_size``, ``device``. ``trust``: see
-    :class:`engine.checkpoints.loading.Trust` (the dashboard passes ``server_trust()``).
+    :class:`engine.checkpoints.files.Trust` (the dashboard passes ``server_trust()``).
     """
     if isinstance(spec, ComparisonSpec):
         spec = spec.to_dict()
