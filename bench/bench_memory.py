@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 
 MODELS = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
-SIZES = (224, 240, 260)  # engine.checkpoints.archs.LITE_INPUT_SIZES of the three models
+SIZES = (224, 240, 260)  # engine.checkpoints.arch_table.LITE_INPUT_SIZES of the three models
 NATIVE = 32  # shapes images
 SHAPES_CLASSES = 100  # the shapes test split the comparison loads: 100 classes
 
@@ -41,18 +41,20 @@ def child(models: list[dict], per_class: int, batch_size: int, threads: int) -> 
     """Run the comparison of ``models`` (comparison-spec entries) here; return images, floor, peak (bytes), seconds."""
     import torch
 
-    import engine.checkpoints.compare as compare
+    import engine.checkpoints.embedding as embedding
+    from engine.checkpoints.compare import compare_checkpoints
     from engine.checkpoints.loading import load_model
+    from engine.checkpoints.request import model_source
 
     torch.set_num_threads(threads)
     for i, entry in enumerate(models, start=1):  # the floor: imports and the models' weights (the job loads them again)
-        s = compare.model_source(entry, index=i)
+        s = model_source(entry, index=i)
         load_model(s.path, arch=s.arch, num_classes=s.num_classes)
     floor = peak_rss_bytes()
     # the same shapes test split, cut to the first per_class images of each class (the job's own loader)
-    compare.load_dataset = partial(compare.load_dataset, per_class=per_class)
+    embedding.load_dataset = partial(embedding.load_dataset, per_class=per_class)
     start = time.perf_counter()
-    cmp = compare.compare_checkpoints({"models": models, "dataset": "shapes", "batch_size": batch_size, "device": "cpu"})
+    cmp = compare_checkpoints({"models": models, "dataset": "shapes", "batch_size": batch_size, "device": "cpu"})
     seconds = time.perf_counter() - start
     return {"images": len(cmp.split_labels["query"]), "floor": floor, "peak": peak_rss_bytes(), "seconds": seconds,
             "r1": {v: [round(float(x), 4) for x in r.values["recall@1"].diagonal()] for v, r in cmp.results.items()}}

@@ -9,7 +9,8 @@ config (methods, datasets, backbones, the run and gallery protocols, views) live
 - analyses: kinds, parameters with their defaults, their normalisation and storage key;
 - jobs: kinds and the payload of each request the app enqueues (``run``, ``analysis``, ``adapters``,
   ``checkpoints``);
-- experiment facts read from a stored config: ``same_set_of``, ``main_view``.
+- experiment facts read from a stored config: ``same_set_of``, ``main_view``;
+- checkpoints: the header format of the project's step checkpoints (``CHECKPOINT_FORMAT``).
 """
 from __future__ import annotations
 
@@ -151,3 +152,7 @@ def adapters_payload(old_version_id: int, new_version_id: int, *, kind: str, vie
 def checkpoints_payload(spec: dict[str, Any]) -> dict[str, Any]:
     """A ``checkpoints`` job: a comparison spec as ``ComparisonSpec.to_dict()`` gives it."""
     return {"spec": spec}
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+CHECKPOINT_FORMAT = "compatibility-lab/net/1"  # the "format" header of a step checkpoint (engine.models.checkpoint)

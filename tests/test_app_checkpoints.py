@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 from test_checkpoints_factory import save_state_dict_pt, save_step_checkpoint, write_image_folder
 
 from app.widgets import plain
-from engine.checkpoints.compare import comparison_spec
+from engine.checkpoints.request import comparison_spec
 from storage import get_engine, list_jobs, session_scope
 
 PAGE = Path(__file__).resolve().parents[1] / "app" / "app_pages" / "checkpoints.py"

@@ -1,9 +1,8 @@
 """The dashboard's Explore pages never load torch, torchvision, numba or faiss into the Streamlit process.
 
 Every module any page or helper under ``app/`` imports (at the top or inside a function; the Learn demos
-excepted, see ``app/learn/__init__.py``) is imported in a fresh interpreter and ``sys.modules`` is read.
-``ALLOWED`` names the known exceptions, each with its reason; an exception that no longer loads a heavy
-module fails the test too, so the list only shrinks. The Geometry page's nearest-neighbour call is numpy-only
+excepted, see ``app/learn/__init__.py``) is imported in a fresh interpreter and ``sys.modules`` is read; there
+are no exceptions. The Geometry page's nearest-neighbour call is numpy-only
 (``engine.analysis.neighbours``; ``tests/test_neighbours_torch_free.py`` calls it in a fresh interpreter).
 """
 from __future__ import annotations
@@ -18,15 +17,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "torchvision", "numba", "faiss")
-# (app file, engine module) -> why it still loads a heavy module
-ALLOWED = {
-    ("app/app_pages/checkpoints.py", "engine.checkpoints.archs"): "architecture table next to the torchvision "
-                                                                  "builders",
-    ("app/app_pages/checkpoints.py", "engine.checkpoints.loading"): "file sniffing next to the torch loaders",
-    ("app/app_pages/checkpoints.py", "engine.models.checkpoint"): "CHECKPOINT_FORMAT next to the torch saver",
-    ("app/app_pages/checkpoints.py", "engine.checkpoints.compare"): "the comparison-request validator lives with "
-                                                                    "the comparison (torch)",
-}
 
 
 def app_files() -> list[Path]:
@@ -59,15 +49,10 @@ def test_the_scan_sees_the_pages_and_their_imports():
     assert {"app/main.py", "app/queries.py", "app/app_pages/compatibility.py", "app/app_pages/geometry.py"} <= files
     assert not any("learn" in f for f in files)
     assert "engine.contract" in imported_modules(ROOT / "app" / "queries.py")
-    assert all(module in imported_modules(ROOT / path) for path, module in ALLOWED)  # no stale exception
 
 
 @pytest.mark.parametrize("module", sorted({m for p in app_files() for m in imported_modules(p)} | {"app.main"}))
 def test_app_imports_load_no_torch(module):
     users = sorted(str(p.relative_to(ROOT)) for p in app_files() if module in imported_modules(p))
-    allowed = {(u, module): ALLOWED[u, module] for u in users if (u, module) in ALLOWED}
     heavy = heavy_after_import(module)
-    if allowed:
-        assert heavy, f"{module} no longer loads {', '.join(HEAVY)}: remove it from ALLOWED"
-    else:
-        assert heavy == [], f"importing {module} (used by {', '.join(users) or 'the router'}) loads {heavy}"
+    assert heavy == [], f"importing {module} (used by {', '.join(users) or 'the router'}) loads {heavy}"

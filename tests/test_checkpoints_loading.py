@@ -21,7 +21,8 @@ from test_checkpoints_factory import (
 
 from engine.checkpoints.classes import aligned_columns, read_class_list
 from engine.checkpoints.cli import parse_model_arg
-from engine.checkpoints.loading import CheckpointError, load_model, parse_size
+from engine.checkpoints.files import CheckpointError, parse_size
+from engine.checkpoints.loading import load_model
 
 X = torch.rand(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
 
@@ -249,7 +250,7 @@ def test_alignment_is_the_shared_classes_in_the_gallery_models_order():
 def test_pretrained_torchvision_name_uses_the_hub_cache_and_never_downloads(tmp_path, monkeypatch):
     import torchvision
 
-    from engine.checkpoints.compare import model_source
+    from engine.checkpoints.request import model_source
 
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
     with pytest.raises(ValueError, match=r"pretrained:resnet18: the torchvision ImageNet weights are not on this machine"):

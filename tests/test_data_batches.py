@@ -14,7 +14,9 @@ from test_checkpoints_factory import save_step_checkpoint, write_image_folder
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 
-from engine.checkpoints.compare import MAX_BATCH_BYTES, ImageSource, compare_checkpoints, comparison_spec
+from engine.checkpoints.compare import compare_checkpoints
+from engine.checkpoints.embedding import MAX_BATCH_BYTES, ImageSource
+from engine.checkpoints.request import comparison_spec
 from engine.cli import main
 from engine.data.imageset import ImageSet
 from engine.data.loaders import make_loader

@@ -17,7 +17,8 @@ from torch import nn
 import run_app
 from engine.data import roots
 from engine.checkpoints import compare
-from engine.checkpoints.loading import CheckpointError, Trust, load_model
+from engine.checkpoints.files import CheckpointError, Trust
+from engine.checkpoints.loading import load_model
 from engine.checkpoints.sandbox_child import landlock_abi
 from engine.data.disk import load_cifar, load_imagefolder
 from engine.jobs.worker import run_one

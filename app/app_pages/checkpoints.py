@@ -1,6 +1,6 @@
 """Checkpoints: "here are my old and my new model — are they compatible?" (bring your own checkpoints).
 
-The page builds a comparison spec (``engine.checkpoints.compare.comparison_spec``): a sequence of
+The page builds a comparison spec (``engine.checkpoints.request.comparison_spec``): a sequence of
 checkpoints, oldest first, each from a server-side path, an upload or the offline pretrained weights,
 with its architecture, classes and preprocessing; one image set (closed-set) or a query and a gallery
 set (open-set); the views. It checks what it can without loading a model (paths lie inside the data
@@ -9,7 +9,7 @@ unless the operator allowed it, class lists match the declared class count), let
 validator judge the spec (with the dashboard's trust: ``server_trust()``), and queues a
 ``checkpoints`` job. The upload limit shown is Streamlit's ``server.maxUploadSize``, which
 ``run_app.py --max-upload-mb`` sets. The worker loads and embeds;
-nothing heavy runs here. The engine modules (they import torch) are imported on first use only.
+nothing heavy runs here: the engine modules the page uses are torch-free (``tests/test_app_imports.py``).
 """
 from __future__ import annotations
 
@@ -25,14 +25,26 @@ from streamlit.errors import StreamlitAPIException
 
 from app import queries as q
 from app.widgets import QUEUED_HINT_S, plain, status_badge
-from engine.contract import checkpoints_payload
+from engine.checkpoints.arch_table import ARCH_INPUTS
+from engine.checkpoints.files import (
+    TORCHSCRIPT_REFUSED,
+    CheckpointError,
+    human_bytes,
+    parse_size,
+    safetensors_metadata,
+    server_trust,
+    sniff,
+)
+from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES
+from engine.checkpoints.request import comparison_spec
+from engine.contract import CHECKPOINT_FORMAT, checkpoints_payload
 from engine.data.roots import OutsideRootsError, confine, torchscript_allowed
 
 url = q.db_url()
 PREFIX = "ck_"
 NO_ARCH = "TorchScript / project checkpoint: no architecture"
 SOURCES = ("Server path", "Upload", "Pretrained")
-PRETRAINED = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
+PRETRAINED = tuple(LITE_WEIGHT_PACKAGES)  # efficientnet_lite0, 1, 2
 UPLOAD_TYPES = ["pt", "pth", "safetensors", "ts", "ptl", "bin", "zip"]
 UPLOAD_DIR = ROOT / "data" / "uploads"
 BUILTIN = ("imagefolder", "digits", "shapes", "fashion", "cifar10", "cifar100")
@@ -42,12 +54,9 @@ VIEW_HELP = {"encoder": "encoder: the feature vectors (models with different fea
              "lsp": "lsp: logit vectors, centred and normalised"}
 
 
-@st.cache_data(show_spinner=False)
 def architectures() -> dict[str, dict[str, Any]]:
-    """Architecture name -> its preprocessing defaults (imports torch once)."""
-    from engine.checkpoints.archs import ARCHITECTURES
-
-    return {name: {"input_size": a.input_size, "mean": a.mean, "std": a.std} for name, a in sorted(ARCHITECTURES.items())}
+    """Architecture name -> its preprocessing defaults, by name."""
+    return {name: {"input_size": a.input_size, "mean": a.mean, "std": a.std} for name, a in sorted(ARCH_INPUTS.items())}
 
 
 # ---------------------------------------------------------------------------------------------- the sequence
@@ -151,8 +160,6 @@ def upload_limit_mb() -> int:
 def _file_problem(what: str, text: str, arch: str | None, max_bytes: int) -> str | None:
     """Cheap checks on a checkpoint file: inside the data roots, exists, fits the limit, is not TorchScript unless
     allowed, and is given an architecture iff it needs one."""
-    from engine.checkpoints.loading import TORCHSCRIPT_REFUSED, CheckpointError, human_bytes, safetensors_metadata, sniff
-
     try:
         path = confine(text, what=f"{what}: checkpoint")
     except OutsideRootsError as exc:
@@ -173,8 +180,6 @@ def _file_problem(what: str, text: str, arch: str | None, max_bytes: int) -> str
         return f"{what}: {path.name} {TORCHSCRIPT_REFUSED}."
     carries = fmt == "torchscript"
     if fmt == "safetensors":
-        from engine.models.checkpoint import CHECKPOINT_FORMAT
-
         try:
             carries = safetensors_metadata(path, max_bytes).get("format") == CHECKPOINT_FORMAT
         except CheckpointError as exc:
@@ -242,8 +247,6 @@ def _folder_problem(what: str, folder: str) -> str | None:
 
 def build_spec(archs: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
     """The validated spec (as the job payload carries it), or the problems, each one line."""
-    from engine.checkpoints.loading import parse_size
-
     s = st.session_state
     problems: list[str] = []
     try:
@@ -287,9 +290,6 @@ def build_spec(archs: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]
             "metrics": [m.strip() for m in s[PREFIX + "metrics"].split(",") if m.strip()],
             "protocol": s[PREFIX + "gallery"], "ties": s[PREFIX + "ties"], "name": s[PREFIX + "name"].strip() or None,
             "max_file_bytes": max_bytes, "batch_size": int(s[PREFIX + "batch_size"]), "device": s[PREFIX + "device"]}
-    from engine.checkpoints.compare import comparison_spec
-    from engine.checkpoints.loading import server_trust
-
     try:
         return comparison_spec(spec, trust=server_trust()).to_dict(), []
     except ValueError as exc:
@@ -314,8 +314,7 @@ st.title("Checkpoints")
 st.caption("Are my old and my new model compatible? List the checkpoints **oldest first**, choose the images to "
            "compare them on, and launch: the engine worker loads each model, embeds the images and stores the "
            "compatibility matrices. Nothing is computed in this page.")
-with st.spinner("Loading the architecture list…"):  # the first visit imports torch
-    archs = architectures()
+archs = architectures()
 arch_options = [NO_ARCH, *archs]
 
 st.subheader(f"Models ({len(order())}, oldest first)")

@@ -115,7 +115,8 @@ def spec_from_args(args: argparse.Namespace) -> dict:
 
 
 def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
-    from engine.checkpoints.compare import compare_checkpoints, comparison_json, store_comparison
+    from engine.checkpoints.compare import compare_checkpoints
+    from engine.checkpoints.store import comparison_json, store_comparison
 
     cmp = compare_checkpoints(spec_from_args(args))
     for i, (label, model) in enumerate(zip(cmp.labels, cmp.models), start=1):

