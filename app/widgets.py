@@ -116,7 +116,7 @@ def job_timing(url: str, job: dict[str, Any]) -> None:
     elif job["status"] == "running" and job["study_id"] is not None:
         left = q.study_eta_s(url, job["study_id"])
         st.caption("Whole study: " + (f"about {duration(left)} left (every method and seed, from its progress so far)."
-                                      if left is not None else "time left is estimated after the first 1%."))
+                                      if left is not None else "time left is estimated once it has made some progress."))
 
 
 def _job_state(url: str, job: dict[str, Any]) -> None:
