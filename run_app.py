@@ -1,9 +1,11 @@
-"""Start Compatibility Lab: the engine worker and the Streamlit dashboard, as two child processes.
+"""Start Compatibility Lab: two engine workers and the Streamlit dashboard, as child processes.
 
     python run_app.py                      # http://127.0.0.1:8501, opens a browser
     python run_app.py --no-browser --port 8600 --db sqlite:////srv/compatlab.db
 
-Both children get the database URL in ``COMPATLAB_DB_URL``. On a first start with an empty database
+The children get the database URL in ``COMPATLAB_DB_URL``. One worker takes every job kind; the
+other only the short lane (``--kinds analysis adapters``), so a map or a backfill curve is computed
+while a training run holds the first. On a first start with an empty database
 the ``quick-demo`` study is queued (unless ``--no-demo``). This process supervises them: a worker
 that dies (killed for memory, crashed) has its running jobs and experiments failed with the reason
 and is restarted after a back-off (1, 2, 4 ... 60 s, reset once a worker has run ``HEALTHY_S``);
@@ -24,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from engine.contract import SHORT_JOB_KINDS  # torch-free
 from engine.data import roots  # torch-free
 
 ROOT = Path(__file__).resolve().parent
@@ -101,9 +104,12 @@ def checkpoint_dir(url: str) -> Path:
 
 
 def child_commands(args: argparse.Namespace, url: str) -> dict[str, list[str]]:
-    """The two children: the engine worker and the Streamlit server (the database URL goes in the environment)."""
+    """The children: the engine worker (every job kind), the short-lane worker (analysis and adapters jobs only,
+    so they never wait behind training) and the Streamlit server (the database URL goes in the environment)."""
+    worker = [sys.executable, "-m", "engine", "worker", "--checkpoints", str(checkpoint_dir(url))]
     return {
-        "worker": [sys.executable, "-m", "engine", "worker", "--checkpoints", str(checkpoint_dir(url))],
+        "worker": worker,
+        "short-job worker": [*worker, "--kinds", *SHORT_JOB_KINDS],
         "dashboard": [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
                       "--server.address", args.host, "--server.port", str(args.port),
                       "--server.headless", "true" if args.no_browser else "false",
@@ -183,28 +189,32 @@ def supervise(commands: dict[str, list[str]], envs: dict[str, dict[str, str]], u
               processes: dict[str, subprocess.Popen]) -> int:
     """Run the children until the dashboard exits (return its code); restart a dead worker after a back-off.
 
-    ``processes`` holds the live children (the caller stops them). Returns only when the dashboard exits.
+    Every child but ``dashboard`` is a worker, supervised on its own (its own back-off). ``processes`` holds the
+    live children (the caller stops them). Returns only when the dashboard exits.
     """
     def start(name: str) -> float:
         processes[name] = subprocess.Popen(commands[name], cwd=ROOT, env=envs[name])
         return time.monotonic()
 
-    started = start("worker")
+    workers = [name for name in commands if name != "dashboard"]
+    started = {name: start(name) for name in workers}
     start("dashboard")
-    failures, restart_at = 0, None
+    failures = dict.fromkeys(workers, 0)
+    restart_at: dict[str, float | None] = dict.fromkeys(workers)
     while True:
         code = processes["dashboard"].poll()
         if code is not None:
-            print(f"the dashboard exited with code {code}; stopping the worker", file=sys.stderr, flush=True)
+            print(f"the dashboard exited with code {code}; stopping the workers", file=sys.stderr, flush=True)
             return code or 1
         now = time.monotonic()
-        if restart_at is None and (code := processes["worker"].poll()) is not None:
-            failures = 1 if now - started >= HEALTHY_S else failures + 1
-            restart_at = now + backoff_s(failures)
-            line = record_worker_death(url, processes["worker"].pid, code)
-            print(f"{line}; restarting the worker in {backoff_s(failures):g} s", file=sys.stderr, flush=True)
-        elif restart_at is not None and now >= restart_at:
-            started, restart_at = start("worker"), None
+        for name in workers:
+            if restart_at[name] is None and (code := processes[name].poll()) is not None:
+                failures[name] = 1 if now - started[name] >= HEALTHY_S else failures[name] + 1
+                restart_at[name] = now + backoff_s(failures[name])
+                line = record_worker_death(url, processes[name].pid, code)
+                print(f"{line}; restarting the {name} in {backoff_s(failures[name]):g} s", file=sys.stderr, flush=True)
+            elif restart_at[name] is not None and now >= restart_at[name]:
+                started[name], restart_at[name] = start(name), None
         time.sleep(POLL_S)
 
 
@@ -237,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     processes: dict[str, subprocess.Popen] = {}
     signal.signal(signal.SIGTERM, _interrupt)
     # the secret goes to the dashboard alone, in its environment: never on a command line
-    envs = {"worker": env, "dashboard": env if secret is None else {**env, SECRET_ENV: secret}}
+    envs = {**dict.fromkeys(commands, env), "dashboard": env if secret is None else {**env, SECRET_ENV: secret}}
     try:
         if warning:
             print(warning, file=sys.stderr, flush=True)
@@ -245,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         return supervise(commands, envs, url, processes)
     except KeyboardInterrupt:
-        print("stopping the worker and the dashboard", flush=True)
+        print("stopping the workers and the dashboard", flush=True)
         return 0
     finally:
         stop(processes)

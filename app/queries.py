@@ -17,8 +17,9 @@ import numpy as np
 import streamlit as st
 from sqlalchemy import Engine
 
-from engine.contract import analysis_key, available_views, main_view
+from engine.contract import JOB_LANES, analysis_key, available_views, main_view
 from storage import (
+    QueuePlace,
     default_db_url,
     enqueue_job,
     get_engine,
@@ -29,9 +30,11 @@ from storage import (
     list_model_versions,
     load_analysis,
     load_matrices,
+    queue_positions,
     request_cancel,
     retry_job,
     session_scope,
+    study_remaining_s,
     write_problem,
 )
 
@@ -92,12 +95,31 @@ def jobs(url: str, limit: int = 200) -> list[dict[str, Any]]:
         } for j in rows]
 
 
-def enqueue(url: str, kind: str, payload: dict[str, Any], *, experiment_id: int | None = None) -> int:
-    """Queue a job for the engine worker; returns its id."""
+def enqueue(url: str, kind: str, payload: dict[str, Any], *, experiment_id: int | None = None,
+            force: bool = False) -> int:
+    """Queue a job for the engine worker; returns its id.
+
+    Raises :class:`storage.IdenticalJob` when an identical job is queued, running or done, unless ``force``.
+    """
     with session_scope(db_engine(url)) as s:
-        job_id = enqueue_job(s, kind, payload, experiment_id=experiment_id)
+        job_id = enqueue_job(s, kind, payload, experiment_id=experiment_id, allow_identical=force)
     jobs.clear()
+    queue_places.clear()
     return job_id
+
+
+@st.cache_data(ttl=1, show_spinner=False)
+def queue_places(url: str) -> dict[int, QueuePlace]:
+    """Each queued job's lane (``engine.contract.JOB_LANES``) and position in it."""
+    with session_scope(db_engine(url)) as s:
+        return queue_positions(s, JOB_LANES, "main")
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def study_eta_s(url: str, study_id: int) -> float | None:
+    """Seconds until the whole study's queued and running jobs are done (``storage.study_remaining_s``), or None."""
+    with session_scope(db_engine(url)) as s:
+        return study_remaining_s(s, study_id)
 
 
 def cancel(url: str, job_id: int) -> str:

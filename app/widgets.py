@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 import string
 from datetime import datetime, timezone
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import streamlit as st
@@ -12,6 +12,7 @@ import streamlit as st
 from app import queries as q
 from engine.contract import analysis_key, analysis_payload
 from engine.results.conventions import SEPARATOR, convention, step_label
+from storage import IdenticalJob
 
 STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue[:material/autorenew: running]",
                 "done": ":green[:material/check_circle: done]", "failed": ":red[:material/error: failed]",
@@ -95,7 +96,30 @@ def pick_steps(versions: list[dict[str, Any]], *, key: str, columns: list | None
     return by_step[a], by_step[b]
 
 
-def _job_state(job: dict[str, Any]) -> None:
+LANE_NAMES = {"short": "short-job lane (analyses, adapters)", "main": "main lane (training, checkpoints)"}
+POLL_S = 2
+
+
+def duration(seconds: float) -> str:
+    """'45 s', '12 min', '1.5 h' for a number of seconds."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def job_timing(url: str, job: dict[str, Any]) -> None:
+    """A caption with a queued job's position in its lane, or a running study's time left (the whole study's)."""
+    place = q.queue_places(url).get(job["id"]) if job["status"] == "queued" else None
+    if place is not None:
+        ahead = f"{place.position - 1} job(s) ahead" if place.position > 1 else "next to start"
+        st.caption(f"Position {place.position} in the {LANE_NAMES.get(place.lane, place.lane)}: {ahead}.")
+    elif job["status"] == "running" and job["study_id"] is not None:
+        left = q.study_eta_s(url, job["study_id"])
+        st.caption("Whole study: " + (f"about {duration(left)} left (every method and seed, from its progress so far)."
+                                      if left is not None else "time left is estimated once it has made some progress."))
+
+
+def _job_state(url: str, job: dict[str, Any]) -> None:
     waited = (datetime.now(timezone.utc) - job["created_at"]).total_seconds()
     if job["status"] == "queued":
         hint = (" If it stays queued, is the engine worker running? `python run_app.py` starts it."
@@ -103,6 +127,59 @@ def _job_state(job: dict[str, Any]) -> None:
         st.info(f"Queued as job #{job['id']} ({q.ago(job['created_at'])}).{hint}", icon=":material/schedule:")
     else:
         st.progress(min(max(job["progress"], 0.0), 1.0), text=f"Computing… job #{job['id']}: {plain(job['message'])}")
+    job_timing(url, job)
+
+
+def _follow(url: str, match: Callable[[dict[str, Any]], bool]) -> bool:
+    """While jobs that ``match`` are queued or running, show their state (refreshed every ``POLL_S``) and redraw
+    the whole page once one finishes; False (and nothing shown) when none is active."""
+    def active() -> list[dict[str, Any]]:
+        return [j for j in q.jobs(url) if j["status"] in q.ACTIVE and match(j)]
+
+    ids = [j["id"] for j in active()]
+    if not ids:
+        return False
+
+    @st.fragment(run_every=POLL_S)
+    def poll() -> None:
+        current = active()
+        if [j["id"] for j in current] != ids:
+            st.rerun()  # one finished (or another started): redraw the page with its results
+        for job in current:
+            _job_state(url, job)
+
+    poll()
+    return True
+
+
+def follow_jobs(url: str, kind: str, *, experiment_id: int | None = None) -> bool:
+    """Poll the queued/running jobs of ``kind`` (on ``experiment_id``) and redraw the page when one is done.
+
+    One call after a page's launch button; returns whether any such job is active.
+    """
+    return _follow(url, lambda j: j["kind"] == kind and (experiment_id is None or j["experiment_id"] == experiment_id))
+
+
+@st.dialog("An identical job exists")
+def _identical(url: str, kind: str, payload: dict[str, Any], experiment_id: int | None, reason: str) -> None:
+    st.warning(plain(reason[0].upper() + reason[1:]) + ".", icon=":material/content_copy:")
+    st.caption("Its results are (or will be) on the pages already; the Overview page shows its state.")
+    left, right = st.columns(2)
+    if left.button("Launch anyway", type="primary"):
+        job_id = q.enqueue(url, kind, payload, experiment_id=experiment_id, force=True)
+        st.success(f"Queued job #{job_id}.")
+    if right.button("Keep the existing one"):
+        st.rerun()
+
+
+def launch(url: str, kind: str, payload: dict[str, Any], *, experiment_id: int | None = None) -> int | None:
+    """Queue a job and return its id; if an identical one is queued, running or done, say so in a dialog (which
+    offers to launch it anyway) and return None."""
+    try:
+        return q.enqueue(url, kind, payload, experiment_id=experiment_id)
+    except IdenticalJob as exc:
+        _identical(url, kind, payload, experiment_id, str(exc))
+        return None
 
 
 def analysis_result(url: str, experiment: dict[str, Any], kind: str, params: dict[str, Any], *,
@@ -114,14 +191,7 @@ def analysis_result(url: str, experiment: dict[str, Any], kind: str, params: dic
     if hit is not None:
         return hit
     job = q.analysis_job(url, experiment["id"], kind, key)
-    if job is not None and job["status"] in q.ACTIVE:
-        @st.fragment(run_every=2)
-        def poll() -> None:
-            current = q.analysis_job(url, experiment["id"], kind, key)
-            if current is None or current["status"] not in q.ACTIVE:
-                st.rerun()  # finished (or gone): redraw the whole page with the result
-            _job_state(current)
-        poll()
+    if job is not None and _follow(url, lambda j: j["id"] == job["id"]):
         return None
     if job is not None and job["status"] == "failed":
         st.error(f"Computing {what} failed (job #{job['id']}): {plain(job['message'])}")
@@ -136,7 +206,9 @@ def analysis_result(url: str, experiment: dict[str, Any], kind: str, params: dic
         st.info(f"Not computed yet for these settings: {what}. The engine worker computes it in the background "
                 "and this page updates when it is ready.")
     if st.button(f"Compute {what}", type="primary", key=button_key):
+        # identical launches are told above (the stored result, or the queued/running job followed); what is left
+        # is a done job that stored nothing (its experiment was re-run since): computing again is what was asked
         q.enqueue(url, "analysis", analysis_payload(experiment["id"], kind, params),
-                  experiment_id=experiment["id"])
+                  experiment_id=experiment["id"], force=True)
         st.rerun()
     return None

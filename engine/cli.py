@@ -18,7 +18,7 @@ from pathlib import Path
 
 from engine.checkpoints.cli import add_arguments as add_checkpoint_arguments
 from engine.checkpoints.cli import cmd_compare_checkpoints
-from engine.contract import same_set_of
+from engine.contract import JOB_KINDS, SHORT_JOB_KINDS, same_set_of
 from engine.data import roots
 from engine.data.export_images import add_arguments as add_export_arguments
 from engine.data.export_images import cmd_export_images
@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run queued jobs from the database (used by the dashboard)")
     w.add_argument("--once", action="store_true", help="exit when the queue is empty")
     w.add_argument("--checkpoints", type=Path, default=Path("data") / "checkpoints")
+    w.add_argument("--kinds", nargs="+", choices=JOB_KINDS, metavar="KIND",
+                   help=f"run only jobs of these kinds ({', '.join(JOB_KINDS)}; default: every kind); run_app.py "
+                        f"starts a second worker with --kinds {' '.join(SHORT_JOB_KINDS)}")
     _add_db(w, torchscript=True)
 
     ad = sub.add_parser("adapt", help="fit paper 004's adapters between two stored models; print the query/gallery table")
@@ -138,7 +141,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from storage import get_engine
 
     try:
-        serve(get_engine(args.db), once=args.once, checkpoint_dir=args.checkpoints)
+        serve(get_engine(args.db), once=args.once, checkpoint_dir=args.checkpoints, kinds=args.kinds)
     except KeyboardInterrupt:
         pass
     return 0

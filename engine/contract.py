@@ -121,6 +121,10 @@ def analysis_key(kind: str, params: dict[str, Any] | None) -> str:
 
 # ---------------------------------------------------------------------------------------------- jobs
 JOB_KINDS = ("run", "analysis", "adapters", "checkpoints")  # engine.jobs.worker.HANDLERS
+# Worker lanes: run_app.py starts a worker that takes every kind and one for the short lane only
+# (``python -m engine worker --kinds analysis adapters``), so a map or a backfill curve never waits behind training.
+SHORT_JOB_KINDS = ("analysis", "adapters")
+JOB_LANES = {"short": SHORT_JOB_KINDS, "main": ("run", "checkpoints")}
 ADAPTER_KINDS = ("perp", "lambda", "fct")  # engine.adapters.pair.KINDS: B_perp + F, B_lambda + F, F only
 
 

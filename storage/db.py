@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -89,6 +90,11 @@ def json_ready(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def json_hash(value: Any) -> str:
+    """A stable SHA-256 of a JSON-able value (dict key order does not matter): config and job payload hashes."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _json_dumps(value: Any) -> str:

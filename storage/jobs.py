@@ -2,18 +2,24 @@
 
 All functions take the caller's ``Session`` (wrap them in :func:`storage.session_scope`), except
 :func:`claim_next_job`, which must run in its own transaction and therefore takes the ``Engine``.
+
+Lanes: a worker may claim only some kinds (``claim_next_job(..., kinds=...)``), so short jobs get a worker
+of their own; :func:`queue_positions` numbers each queued job within its lane in claim order. Identical
+launches: every job stores :func:`payload_hash` of its kind and payload, and :func:`find_identical_job`
+finds one already queued, running or done.
 """
 from __future__ import annotations
 
 import secrets
 import signal
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, or_, select, update
 from sqlalchemy.orm import Session
 
-from storage.db import session_scope
+from storage.db import json_hash, session_scope
 from storage.models import FINISHED_STATUSES, JOB_STATUSES, Experiment, Job, Study
 from storage.repo import require_choice, require_row
 from storage.types import utcnow
@@ -21,6 +27,8 @@ from storage.types import utcnow
 _CLAIM_BATCH = 16
 STALE_PREFIX = "worker stopped"
 CRASH_PREFIXES = (STALE_PREFIX, "worker killed", "worker exited")
+IDENTICAL_STATUSES = ("queued", "running", "done")  # a launch identical to one of these is refused unless forced
+MIN_ETA_PROGRESS = 0.01  # below this fraction an estimate of the time left is noise
 
 
 class LeaseLost(Exception):
@@ -31,38 +39,70 @@ class LeaseLost(Exception):
         self.job_id = job_id
 
 
+class IdenticalJob(ValueError):
+    """A launch identical (same kind and payload) to a job already queued, running or done."""
+
+    def __init__(self, job: Job):
+        state = {"queued": "is already queued", "running": "is running now", "done": "has already run"}[job.status]
+        super().__init__(f"an identical {job.kind} job (#{job.id}) {state}; launch it again only to repeat it")
+        self.job_id, self.status = job.id, job.status
+
+
+def payload_hash(kind: str, payload: dict[str, Any]) -> str:
+    """The hash that makes two jobs identical: their kind and payload (key order does not matter)."""
+    return json_hash({"kind": kind, "payload": payload})
+
+
+def find_identical_job(session: Session, kind: str, payload: dict[str, Any]) -> Job | None:
+    """A job with this kind and payload that is queued, running or done (an active one first, else the newest)."""
+    rows = session.scalars(select(Job).where(Job.kind == kind, Job.payload_hash == payload_hash(kind, payload),
+                                             Job.status.in_(IDENTICAL_STATUSES))).all()
+    return min(rows, key=lambda j: (j.status == "done", -j.id), default=None)
+
+
 def enqueue_job(
     session: Session,
     kind: str,
     payload: dict[str, Any],
     experiment_id: int | None = None,
     study_id: int | None = None,
+    *,
+    allow_identical: bool = True,
 ) -> int:
-    """Queue a job for the worker; return its id."""
+    """Queue a job for the worker; return its id.
+
+    With ``allow_identical=False`` a job identical to one queued, running or done raises :class:`IdenticalJob`
+    and nothing is queued (the dashboard's launches; the user may then force it).
+    """
     if experiment_id is not None:
         require_row(session, Experiment, experiment_id)
     if study_id is not None:
         require_row(session, Study, study_id)
-    job = Job(kind=kind, payload=dict(payload), experiment_id=experiment_id, study_id=study_id, status="queued",
-              progress=0.0, message="queued", cancel_requested=False)
+    if not allow_identical and (same := find_identical_job(session, kind, payload)) is not None:
+        raise IdenticalJob(same)
+    job = Job(kind=kind, payload=dict(payload), payload_hash=payload_hash(kind, payload), experiment_id=experiment_id,
+              study_id=study_id, status="queued", progress=0.0, message="queued", cancel_requested=False)
     session.add(job)
     session.flush()
     return job.id
 
 
-def claim_next_job(engine: Engine, worker_pid: int) -> Job | None:
+def claim_next_job(engine: Engine, worker_pid: int, *, kinds: Collection[str] | None = None) -> Job | None:
     """Atomically move the oldest queued job to "running" for ``worker_pid`` and return it (``None`` if none).
+
+    ``kinds``: claim only jobs of these kinds (a lane's worker); every kind when None.
 
     Each candidate is taken with ``UPDATE ... WHERE id = :id AND status = 'queued'``; a row count of 0
     means another worker got it first, so two workers never claim the same job. The claim writes a fresh
     random ``lease``: every later update by the worker names it, so a worker that lost the job (failed
     as stale, taken over) changes nothing. Commits on return.
     """
+    queued = select(Job.id).where(Job.status == "queued")
+    if kinds is not None:
+        queued = queued.where(Job.kind.in_(list(kinds)))
     with session_scope(engine) as session:
         while True:
-            candidates = session.scalars(
-                select(Job.id).where(Job.status == "queued").order_by(Job.created_at, Job.id).limit(_CLAIM_BATCH)
-            ).all()
+            candidates = session.scalars(queued.order_by(Job.created_at, Job.id).limit(_CLAIM_BATCH)).all()
             if not candidates:
                 return None
             for job_id in candidates:
@@ -235,3 +275,64 @@ def list_jobs(
         if wanted is not None:
             query = query.where(column == wanted)
     return list(session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)))
+
+
+class QueuePlace(NamedTuple):
+    """Where a queued job waits: its lane and its 1-based position in that lane's queue."""
+
+    lane: str
+    position: int
+
+
+def queue_positions(session: Session, lanes: Mapping[str, Sequence[str]], default_lane: str) -> dict[int, QueuePlace]:
+    """Each queued job's lane (the lane listing its kind, else ``default_lane``) and position, in claim order."""
+    lane_of = {kind: lane for lane, kinds in lanes.items() for kind in kinds}
+    counts: dict[str, int] = {}
+    places = {}
+    for job_id, kind in session.execute(
+            select(Job.id, Job.kind).where(Job.status == "queued").order_by(Job.created_at, Job.id)):
+        lane = lane_of.get(kind, default_lane)
+        counts[lane] = counts.get(lane, 0) + 1
+        places[job_id] = QueuePlace(lane, counts[lane])
+    return places
+
+
+def job_remaining_s(progress: float, started_at: datetime | None, now: datetime) -> float | None:
+    """Seconds a running job still needs, from its stored progress and the time since it started (linear).
+
+    None before it has reached ``MIN_ETA_PROGRESS`` or without a start time.
+    """
+    if started_at is None or progress < MIN_ETA_PROGRESS:
+        return None
+    elapsed = max(0.0, (now - started_at).total_seconds())
+    return elapsed * (1.0 - min(progress, 1.0)) / progress
+
+
+def _took_s(session: Session, job: Job) -> float | None:
+    """How long the newest finished identical job took (the estimate of a queued job), or None."""
+    done = session.execute(
+        select(Job.started_at, Job.finished_at).where(Job.payload_hash == job.payload_hash, Job.status == "done",
+                                                      Job.started_at.is_not(None), Job.finished_at.is_not(None))
+        .order_by(Job.finished_at.desc()).limit(1)).first()
+    return None if done is None else (done.finished_at - done.started_at).total_seconds()
+
+
+def study_remaining_s(session: Session, study_id: int, *, now: datetime | None = None) -> float | None:
+    """Seconds until every queued or running job of a study is done; None when nothing is active or any job has no
+    estimate yet.
+
+    A run job trains all the study's methods and seeds, and its progress covers them all, so its estimate is the
+    whole study's, not the current method's. A running job: :func:`job_remaining_s`; a queued one (a retry): how long
+    its last identical run took.
+    """
+    now = now or utcnow()
+    active = session.scalars(select(Job).where(Job.study_id == study_id, Job.status.in_(("queued", "running")))).all()
+    if not active:
+        return None
+    total = 0.0
+    for job in active:
+        left = job_remaining_s(job.progress, job.started_at, now) if job.status == "running" else _took_s(session, job)
+        if left is None:
+            return None
+        total += left
+    return total

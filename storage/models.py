@@ -25,7 +25,7 @@ EXPERIMENT_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 JOB_STATUSES = EXPERIMENT_STATUSES
 FINISHED_STATUSES = ("done", "failed", "cancelled")
 # Columns added after the first release: ``init_db`` adds them to an existing database (storage.migrate).
-ADDED_COLUMNS = (("jobs", "lease"),)
+ADDED_COLUMNS = (("jobs", "lease"), ("jobs", "payload_hash"))
 SPLITS = ("query", "gallery", "train")
 PROTOCOLS = ("instance", "template")
 
@@ -202,6 +202,7 @@ class Job(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     kind: Mapped[str] = mapped_column(String(50))
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    payload_hash: Mapped[str | None] = mapped_column(String(64))  # storage.jobs.payload_hash: finds identical launches
     status: Mapped[str] = mapped_column(String(20), default="queued", index=True)
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     message: Mapped[str] = mapped_column(Text, default="")

@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import charts
 from app import queries as q
-from app.widgets import analysis_result, pick_experiment, pick_steps, plain, state_convention
+from app.widgets import analysis_result, follow_jobs, launch, pick_experiment, pick_steps, plain, state_convention
 from engine.contract import ADAPTER_KINDS, DEFAULT_ORDERINGS, ORDERINGS, adapter_key, adapters_payload, same_set_of
 from engine.results.conventions import metric_name
 
@@ -54,9 +54,9 @@ with st.expander("Mapping adapters (paper 004): align the two models, then backf
     same_set = same_set_of(experiment["config"])
     adapted = q.stored_analysis(url, experiment["id"], "adapters", adapters_key, q.stamp(experiment))
     if a2.button("Train adapters", key="bf_adapter_train", disabled=old["step"] >= new["step"]):
-        job_id = q.enqueue(url, "adapters", adapters_payload(old["id"], new["id"], kind=kind, view=view, same_set=same_set),
-                           experiment_id=experiment["id"])
-        st.toast(f"Adapter job #{job_id} queued; the Overview page shows its progress.")
+        launch(url, "adapters", adapters_payload(old["id"], new["id"], kind=kind, view=view, same_set=same_set),
+               experiment_id=experiment["id"])
+    follow_jobs(url, "adapters", experiment_id=experiment["id"])  # progress here; the table appears when done
     if adapted is None:
         st.caption("Not trained yet for these steps, view and adapter.")
     else:

@@ -24,7 +24,7 @@ import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from app import queries as q
-from app.widgets import QUEUED_HINT_S, plain, status_badge
+from app.widgets import QUEUED_HINT_S, launch as launch_job, plain, status_badge
 from engine.checkpoints.arch_table import ARCH_INPUTS
 from engine.checkpoints.files import (
     TORCHSCRIPT_REFUSED,
@@ -432,8 +432,8 @@ launch = c[1].button("Launch", type="primary", key=PREFIX + "launch", width="str
 if check or launch:
     spec, problems = build_spec(archs)
     result: dict[str, Any] = {"problems": problems} if problems else {"spec": spec}
-    if spec is not None and launch:
-        result["job_id"] = q.enqueue(url, "checkpoints", checkpoints_payload(spec))
+    if spec is not None and launch and (job_id := launch_job(url, "checkpoints", checkpoints_payload(spec))) is not None:
+        result["job_id"] = job_id
     st.session_state[PREFIX + "result"] = result
 
 result = st.session_state.get(PREFIX + "result")

@@ -5,7 +5,7 @@ import streamlit as st
 
 from app import forms
 from app import queries as q
-from app.widgets import plain
+from app.widgets import launch as launch_job, plain
 from engine.config import config_from_dict, dump_toml
 from engine.contract import run_payload
 from engine.presets import absent_methods_note
@@ -129,8 +129,8 @@ if check or launch:
         st.session_state[PREFIX + "result"] = {"problems": problems}
     else:
         result = {"toml": dump_toml(cfg), "name": cfg.name}
-        if launch:
-            result["job_id"] = q.enqueue(url, "run", run_payload(cfg.to_dict()))
+        if launch and (job_id := launch_job(url, "run", run_payload(cfg.to_dict()))) is not None:
+            result["job_id"] = job_id
         st.session_state[PREFIX + "result"] = result
 
 result = st.session_state.get(PREFIX + "result")

@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import queries as q
 from app.charts import number
-from app.widgets import empty_state, plain, status_badge
+from app.widgets import empty_state, job_timing, plain, status_badge
 from storage import crashed_worker
 
 STALE_S = 60
@@ -45,6 +45,7 @@ def job_card(job: dict) -> None:
         with left:
             when = f"queued {q.ago(job['created_at'])}" if active else q.ago(job["finished_at"])
             st.markdown(f"**#{job['id']} · {plain(job['label'])}** — {status_badge(job['status'])} · {when}")
+            job_timing(url, job)
             if job["status"] == "running":
                 st.progress(min(max(job["progress"], 0.0), 1.0),
                             text=f"{100 * job['progress']:.0f}% · {plain(job['message'] or 'started')}")

@@ -1,5 +1,10 @@
 """The background worker (``python -m engine worker``): claims queued jobs and runs them one at a time.
 
+``--kinds`` restricts a worker to some job kinds: ``run_app.py`` starts one worker for every kind and a
+second for the short lane (``engine.contract.SHORT_JOB_KINDS``: analysis, adapters), so a map or a
+backfill curve is computed while a training run occupies the first worker. Both claim the oldest
+queued job they may take; the claim is atomic, so two workers never run the same job.
+
 Job kinds (payload formats):
 * ``run``: ``{"config": RunConfig dict}`` or ``{"preset": NAME}``: train/evaluate a study.
 * ``analysis``: ``{"experiment_id": id, "kind": ..., "params": {...}}``: see ``engine.analysis.run``.
@@ -19,7 +24,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -108,8 +113,9 @@ class _Beat(threading.Thread):
                     return
 
 
-def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints") -> int | None:
-    """Claim and run the next queued job; return its id, or None when the queue is empty.
+def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints",
+            kinds: Collection[str] | None = None) -> int | None:
+    """Claim and run the next queued job (of ``kinds``, default any); return its id, or None when none is queued.
 
     Every write about the job names the claim's lease: once the job is no longer this worker's
     (failed as stale while the worker was paused, taken over), the next progress report or cancel
@@ -119,7 +125,7 @@ def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints") 
 
     with session_scope(db) as s:
         fail_stale_jobs(s, STALE_AFTER_S)
-    job = claim_next_job(db, os.getpid())
+    job = claim_next_job(db, os.getpid(), kinds=kinds)
     if job is None:
         return None
     handler = HANDLERS.get(job.kind)
@@ -161,11 +167,12 @@ def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints") 
     return job.id
 
 
-def serve(db: Engine, *, poll_s: float = 1.0, once: bool = False, checkpoint_dir: Path = Path("data") / "checkpoints") -> None:
-    """Run jobs until interrupted (``once``: until the queue is empty)."""
+def serve(db: Engine, *, poll_s: float = 1.0, once: bool = False, checkpoint_dir: Path = Path("data") / "checkpoints",
+          kinds: Collection[str] | None = None) -> None:
+    """Run jobs (of ``kinds``, default any) until interrupted (``once``: until none is queued)."""
     init_db(db)
     while True:
-        ran = run_one(db, checkpoint_dir=checkpoint_dir)
+        ran = run_one(db, checkpoint_dir=checkpoint_dir, kinds=kinds)
         if ran is None:
             if once:
                 return

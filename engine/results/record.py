@@ -8,8 +8,6 @@ killed run resumes (:func:`resume_experiment`) and a cancelled one is wiped (:fu
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +27,7 @@ from storage import (
     create_study,
     find_experiment_by_hash,
     init_db,
+    json_hash,
     list_model_versions,
     list_studies,
     save_feature_sets,
@@ -40,8 +39,8 @@ from storage import (
 
 
 def config_hash(config: dict) -> str:
-    """A stable hash of a JSON-able config (key order does not matter)."""
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    """A stable hash of a JSON-able config (key order does not matter); the same hash marks identical jobs."""
+    return json_hash(config)
 
 
 @dataclass(frozen=True)
