@@ -170,7 +170,7 @@ def model_versions(url: str, experiment_id: int, stamp: str) -> list[dict[str, A
             stored = list_feature_views(s, v.id, "gallery")
             out.append({"id": v.id, "step": v.step, "method": v.method, "architecture": v.architecture,
                         "num_classes": len(v.classes), "class_names": v.class_names, "feature_dim": v.feature_dim,
-                        "num_outputs": v.num_outputs, "replaced": v.replaced,
+                        "num_outputs": v.num_outputs, "replaced": v.replaced, "name": v.name,
                         "views": available_views(stored), "query_views": list_feature_views(s, v.id, "query")})
         return out
 

@@ -41,6 +41,7 @@ from engine.metrics.compatibility import CellFeatures
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, paired_bootstrap
 from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import cell_stats, per_query_from_stats
+from engine.upgrade.orders import best_by_area
 from engine.vocab import parse_metric
 from storage import json_ready
 
@@ -213,7 +214,7 @@ def backfill_needs(old: CellFeatures, new: CellFeatures, *, metric: str, old_sel
 
 def best_ordering(needs: Sequence[BackfillNeed]) -> str | None:
     """The ordering with the largest area under its curve (the first listed among equal areas)."""
-    return max(needs, key=lambda n: n.area).ordering if needs else None
+    return best_by_area({n.ordering: n.area for n in needs})
 
 
 def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] = ("old", "new"), metric: str = "recall@1",
