@@ -29,6 +29,7 @@ from storage import (
     list_model_versions,
     load_analysis,
     load_matrices,
+    rename_model_version,
     request_cancel,
     retry_job,
     session_scope,
@@ -173,6 +174,16 @@ def model_versions(url: str, experiment_id: int, stamp: str) -> list[dict[str, A
                         "num_outputs": v.num_outputs, "replaced": v.replaced, "name": v.name,
                         "views": available_views(stored), "query_views": list_feature_views(s, v.id, "query")})
         return out
+
+
+def rename_models(url: str, names: dict[int, str]) -> None:
+    """Give model versions the user's names (``{version id: name}``; blank clears) in one transaction."""
+    with session_scope(db_engine(url)) as s:
+        for version_id in names:
+            rename_model_version(s, version_id, None)  # free the names first, so v1 <-> v2 can swap
+        for version_id, name in names.items():
+            rename_model_version(s, version_id, name)
+    model_versions.clear()
 
 
 class _Missing(LookupError):

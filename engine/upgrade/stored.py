@@ -13,10 +13,10 @@ import numpy as np
 from sqlalchemy import Engine
 
 from engine.analysis.views import Progress, Version, cell_columns, load_experiment, load_view, topk_of, version_of_step
-from engine.contract import ADAPTER_KINDS, DERIVED_VIEWS, adapter_key, same_set_of
+from engine.contract import DERIVED_VIEWS, same_set_of
 from engine.metrics.compatibility import CellFeatures
 from engine.upgrade.verdict import UpgradeReport, check_upgrade
-from storage import get_model_version, load_analysis, session_scope
+from storage import get_model_version, session_scope
 
 
 @dataclass(frozen=True)
@@ -66,18 +66,6 @@ def load_pair(db: Engine, experiment_id: int, old_step: int, new_step: int, view
     return StoredPair(sets[0], sets[1], old, new, names, same_set_of(config), tuple(notes))  # type: ignore[arg-type]
 
 
-def stored_adapters(db: Engine, experiment_id: int, pair: StoredPair, view: str) -> dict[str, Any]:
-    """What the stored mapping adapters of the pair (paper 004, ``adapters`` jobs) give without backfilling, by kind."""
-    out = {}
-    with session_scope(db) as s:
-        for kind in ADAPTER_KINDS:
-            row = load_analysis(s, experiment_id, "adapters", adapter_key(pair.old_version.id, pair.new_version.id, kind, view))
-            if row is not None:
-                out[kind] = {"table": row.payload.get("table", []),
-                             "backfill": {o: c.get("area", {}) for o, c in row.payload.get("backfill", {}).items()}}
-    return out
-
-
 def check_stored(db: Engine, experiment_id: int, old_step: int, new_step: int, *, view: str = "encoder",
                  names: Sequence[str] | None = None, **settings: Any) -> tuple[UpgradeReport, StoredPair]:
     """The upgrade verdict of step ``new_step`` over ``old_step`` of a stored experiment.
@@ -90,13 +78,11 @@ def check_stored(db: Engine, experiment_id: int, old_step: int, new_step: int, *
 
 
 def compute_upgrade(db: Engine, experiment_id: int, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """The payload of an ``upgrade`` analysis: the report as JSON, the models, the stored adapters and notes."""
+    """The payload of an ``upgrade`` analysis: the report as JSON, the two models and notes."""
     progress(0.05, "loading features")
     report, pair = check_stored(db, experiment_id, params["step_a"], params["step_b"], view=params["view"],
                                 metric=params["metric"], resamples=params["resamples"], level=params["level"],
                                 seed=params["seed"])
-    progress(0.9, "reading stored adapters")
     return {"params": params, "report": report.to_json(), "notes": list(pair.notes),
             "models": [{"step": v.step, "model_version_id": v.id, "name": n}
-                       for v, n in zip((pair.old_version, pair.new_version), pair.names)],
-            "adapters": stored_adapters(db, experiment_id, pair, params["view"])}
+                       for v, n in zip((pair.old_version, pair.new_version), pair.names)]}
