@@ -102,3 +102,16 @@ def test_renaming_a_model_shows_the_new_name(app_db):
     at.button(key="up_rename").click().run()
     assert not at.exception
     assert at.success[0].value.startswith("v2\\-large \\(step 2\\) is compatible with v1")
+
+
+def test_backfilling_page_names_the_ordering_with_the_largest_area(app_db):
+    """The Backfilling page's summary names the ordering of largest M-tilde (the first metric), not the fastest to reach."""
+    from test_app_synthetic import fill_study
+
+    study = fill_study(app_db, steps=3)
+    at = open_page("backfilling")
+    at.selectbox(key="bf_experiment").set_value(1).run()  # the experiment with stored curves
+    table = at.dataframe[0].value
+    areas = dict(zip(table["ordering"], table["M̃ Recall@1 %"]))
+    best = max(areas, key=areas.get)
+    assert study and f"**{best}** has the largest area under its Recall@1 curve" in texts(at)

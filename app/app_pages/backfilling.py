@@ -124,7 +124,7 @@ elif reach is None:
     st.markdown(f"{named}, but no fraction of it reaches the new model's {first} "
                 f"({charts.percent(p['self_test'][metrics[0]])}).")
 elif reach == 0:
-    st.markdown(f"The cross-test already matches the new model's {first} "
+    st.markdown(f"{named}; the cross-test already matches the new model's {first} "
                 f"({charts.percent(p['self_test'][metrics[0]])}): no backfilling is needed.")
 else:
     st.markdown(f"{named}; it reaches the new model's {first} ({charts.percent(p['self_test'][metrics[0]])}) after "
