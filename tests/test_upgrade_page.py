@@ -115,3 +115,27 @@ def test_backfilling_page_names_the_ordering_with_the_largest_area(app_db):
     areas = dict(zip(table["ordering"], table["M̃ Recall@1 %"]))
     best = max(areas, key=areas.get)
     assert study and f"**{best}** has the largest area under its Recall@1 curve" in texts(at)
+
+
+def test_compatibility_page_shows_views_side_by_side_and_model_names(app_db):
+    """A PSP matrix next to the encoder one: one table with both views' AC / AA / ACA; matrices use the models' names."""
+    from test_app_synthetic import fill_study
+
+    from engine.metrics import average_accuracy, average_compatibility
+    from storage import list_model_versions, rename_model_version, save_matrix
+
+    study = fill_study(app_db, steps=3)
+    exp = study["experiments"]["bct"]
+    P = np.array([[0.6, np.nan, np.nan], [0.5, 0.7, np.nan], [0.65, 0.72, 0.8]])  # 1 of 3 cross-tests fails (0.5 < 0.6)
+    with session_scope(get_engine(app_db)) as s:
+        counts = np.where(np.isnan(P), 0, 10)
+        save_matrix(s, exp, metric="recall@1", protocol="instance", view="psp", values=P, valid_queries=counts,
+                    no_positive=np.zeros_like(counts), summary={"AC": 2 / 3, "AA": average_accuracy(P), "ACA": None})
+        rename_model_version(s, list_model_versions(s, exp)[0].id, "v1")
+    at = open_page("compatibility")
+    (table,) = [d.value for d in at.dataframe if "psp · AC" in d.value.columns]
+    row = table.set_index("method").loc["bct"]
+    assert row["psp · AC"] == pytest.approx(2 / 3) and row["psp · failing cross-tests"] == 1
+    assert row["psp · AA %"] == pytest.approx(100 * np.nanmean(P[np.tril_indices(3)]))
+    assert row["encoder · AC"] == pytest.approx(average_compatibility(study["matrices"]["bct"]))
+    assert "v1" in str(at.get("vega_lite_chart")[-1].proto.spec)
