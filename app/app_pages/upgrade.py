@@ -8,7 +8,7 @@ from app import queries as q
 from app.widgets import analysis_result, model_label, pick_experiment, pick_steps, plain
 from engine.contract import ADAPTER_KINDS, adapter_key, adapters_payload, same_set_of
 from engine.results.conventions import metric_name
-from engine.upgrade.words import interval, pct, sentence, share
+from engine.upgrade.words import interval, sentence, share
 
 url = q.db_url()
 METRICS = ("recall@1", "recall@5", "map")
