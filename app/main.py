@@ -44,6 +44,7 @@ require_secret()
 
 PAGES = [
     st.Page("app_pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
+    st.Page("app_pages/upgrade.py", title="Upgrade check", icon=":material/verified:"),
     st.Page("app_pages/new_experiment.py", title="New experiment", icon=":material/add_circle:"),
     st.Page("app_pages/compatibility.py", title="Compatibility", icon=":material/grid_on:"),
     st.Page("app_pages/geometry.py", title="Feature geometry", icon=":material/scatter_plot:"),

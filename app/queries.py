@@ -31,6 +31,7 @@ from storage import (
     load_analysis,
     load_matrices,
     queue_positions,
+    rename_model_version,
     request_cancel,
     retry_job,
     session_scope,
@@ -192,9 +193,19 @@ def model_versions(url: str, experiment_id: int, stamp: str) -> list[dict[str, A
             stored = list_feature_views(s, v.id, "gallery")
             out.append({"id": v.id, "step": v.step, "method": v.method, "architecture": v.architecture,
                         "num_classes": len(v.classes), "class_names": v.class_names, "feature_dim": v.feature_dim,
-                        "num_outputs": v.num_outputs, "replaced": v.replaced,
+                        "num_outputs": v.num_outputs, "replaced": v.replaced, "name": v.name,
                         "views": available_views(stored), "query_views": list_feature_views(s, v.id, "query")})
         return out
+
+
+def rename_models(url: str, names: dict[int, str]) -> None:
+    """Give model versions the user's names (``{version id: name}``; blank clears) in one transaction."""
+    with session_scope(db_engine(url)) as s:
+        for version_id in names:
+            rename_model_version(s, version_id, None)  # free the names first, so v1 <-> v2 can swap
+        for version_id, name in names.items():
+            rename_model_version(s, version_id, name)
+    model_versions.clear()
 
 
 class _Missing(LookupError):

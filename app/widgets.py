@@ -84,11 +84,17 @@ def pick_experiment(url: str, *, key: str, min_steps: int = 2) -> tuple[dict[str
     return candidates[index]
 
 
+def model_label(version: dict[str, Any]) -> str:
+    """How a model version is called on every page: its user name (``v2 (step 3)``) or ``step 3``."""
+    step = step_label(version["step"], bool(version.get("replaced")))
+    return f"{version['name']} ({step})" if version.get("name") else step
+
+
 def pick_steps(versions: list[dict[str, Any]], *, key: str, columns: list | None = None) -> tuple[dict, dict]:
     """Old and new model (step a < step b); defaults to the last two steps. A replaced step says it was retrained."""
     steps = [v["step"] for v in versions]
     by_step = {v["step"]: v for v in versions}
-    label = lambda t: step_label(t, bool(by_step[t].get("replaced")))  # noqa: E731
+    label = lambda t: model_label(by_step[t])  # noqa: E731
     col_a, col_b = columns or st.columns(2)
     a = col_a.selectbox("Old model (step a)", steps[:-1], index=len(steps) - 2, key=f"{key}_a", format_func=label)
     later = [s for s in steps if s > a]

@@ -19,7 +19,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
-from engine.vocab import RUN_PROTOCOLS
+from engine.vocab import RUN_PROTOCOLS, parse_metric
 
 # ---------------------------------------------------------------------------------------------- views
 RAW_VIEWS = ("encoder", "logits", "softmax")  # what the worker extracts and stores per model version and split
@@ -54,7 +54,7 @@ def same_set_of(config: dict[str, Any]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- analyses
-ANALYSIS_KINDS = ("projection", "backfill", "geometry")
+ANALYSIS_KINDS = ("projection", "backfill", "geometry", "upgrade")
 EMBEDDINGS = ("umap", "pca")
 ORDERINGS = ("random", "distance_mse", "distance_cosine", "distance_mse_reverse", "distance_cosine_reverse",
              "confidence")  # partial-backfilling orders (engine.analysis.backfill_orders.ORDERINGS)
@@ -71,6 +71,9 @@ ANALYSIS_DEFAULTS: dict[str, dict[str, Any]] = {
                  "orderings": list(DEFAULT_ORDERINGS), "metrics": ["recall@1", "map"],
                  "num_fractions": 21, "seed": 0},
     "geometry": {"view": "encoder", "split": "gallery", "n_pairs": 10_000, "seed": 0},
+    # engine.metrics.paired's defaults: a seeded percentile bootstrap, 1,000 resamples, 95%
+    "upgrade": {"step_a": None, "step_b": None, "view": "encoder", "metric": "recall@1", "resamples": 1000,
+                "level": 0.95, "seed": 0},
 }
 
 
@@ -91,7 +94,7 @@ def normalize_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any]
     if "step_a" in out and out["step_a"] >= out["step_b"]:
         raise ValueError(f"step_a is the old model and step_b the new one: need step_a < step_b, "
                          f"got {out['step_a']} and {out['step_b']}")
-    for name in ("max_points", "n_pairs", "num_fractions", "seed"):
+    for name in ("max_points", "n_pairs", "num_fractions", "seed", "resamples"):
         if name in out:
             out[name] = int(out[name])
     if out.get("split", "gallery") not in ("query", "gallery"):
@@ -101,6 +104,12 @@ def normalize_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any]
             raise ValueError(f"unknown embedding {out['method']!r}; use one of {', '.join(EMBEDDINGS)}")
         if out["max_points"] < 10:
             raise ValueError(f"max_points must be at least 10, got {out['max_points']}")
+    if kind == "upgrade":
+        out["metric"], out["level"] = str(out["metric"]).strip().lower(), float(out["level"])
+        parse_metric(out["metric"], pairs=False)
+        if out["resamples"] < 1 or not 0 < out["level"] < 1:
+            raise ValueError(f"upgrade needs resamples >= 1 and a level strictly between 0 and 1, "
+                             f"got {out['resamples']} and {out['level']}")
     if kind == "backfill":
         out["orderings"] = [str(o) for o in out["orderings"]]
         out["metrics"] = [str(m) for m in out["metrics"]]

@@ -25,9 +25,10 @@ EXPERIMENT_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 JOB_STATUSES = EXPERIMENT_STATUSES
 FINISHED_STATUSES = ("done", "failed", "cancelled")
 # Columns added after the first release: ``init_db`` adds them to an existing database (storage.migrate).
-ADDED_COLUMNS = (("jobs", "lease"), ("jobs", "payload_hash"))
+ADDED_COLUMNS = (("jobs", "lease"), ("jobs", "payload_hash"), ("model_versions", "name"))
 SPLITS = ("query", "gallery", "train")
 PROTOCOLS = ("instance", "template")
+MAX_MODEL_NAME = 40
 
 
 def _one_of(column: str, values: tuple[str, ...]) -> CheckConstraint:
@@ -122,6 +123,7 @@ class ModelVersion(Base):
     feature_dim: Mapped[int] = mapped_column(Integer)
     replaced: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = _created_at()
+    name: Mapped[str | None] = mapped_column(String(MAX_MODEL_NAME))  # the user's name (v1, v2, ...); None: "step N"
 
     experiment: Mapped[Experiment] = relationship(back_populates="model_versions")
     feature_sets: Mapped[list[FeatureSet]] = relationship(back_populates="model_version", **_children())

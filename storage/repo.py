@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, selectinload
 from storage.models import (
     EXPERIMENT_STATUSES,
     FINISHED_STATUSES,
+    MAX_MODEL_NAME,
     PROTOCOLS,
     SPLITS,
     Analysis,
@@ -209,6 +210,23 @@ def list_model_versions(session: Session, experiment_id: int) -> list[ModelVersi
 def get_model_version(session: Session, model_version_id: int) -> ModelVersion | None:
     """The model version with this id (``.experiment`` reachable while the session is open), or ``None``."""
     return session.get(ModelVersion, model_version_id)
+
+
+def rename_model_version(session: Session, model_version_id: int, name: str | None) -> None:
+    """Give a model version the user's name (``v1``, ``v2``, ...); ``None`` or blank clears it.
+
+    A name is 1..40 printable characters, unique among the versions of its experiment.
+    """
+    mv = require_row(session, ModelVersion, model_version_id)
+    name = None if name is None or not str(name).strip() else str(name).strip()
+    if name is not None and (len(name) > MAX_MODEL_NAME or not name.isprintable()):
+        raise ValueError(f"model name {name!r} must be 1..{MAX_MODEL_NAME} printable characters")
+    taken = session.scalar(select(ModelVersion.step).where(ModelVersion.experiment_id == mv.experiment_id,
+                                                           ModelVersion.name == name, ModelVersion.id != mv.id))
+    if name is not None and taken is not None:
+        raise ValueError(f"the model of step {taken} is already named {name!r}")
+    mv.name = name
+    session.flush()
 
 
 # --- feature sets ----------------------------------------------------------------------------

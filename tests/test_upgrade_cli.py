@@ -8,6 +8,9 @@ import pytest
 from test_upgrade import close_pair, compatible_pair, incompatible_pair
 
 from engine.cli import main
+from engine.metrics.compatibility import CellFeatures
+from engine.upgrade.verdict import check_upgrade
+from storage import add_model_version, create_experiment, get_engine, init_db, rename_model_version, save_feature_set, session_scope
 
 
 def write_folder(path, *sets, extra=None):
@@ -57,12 +60,84 @@ def test_json_target_problems_are_refused_before_any_work(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
 
 
-def test_help_says_only_features_for_now(capsys):
+def test_help_names_both_forms(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["check-upgrade", "--help"])
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "Only the --features form is available for now" in text and "--experiment ID" in text
+    assert "--features DIR" in text and "--experiment ID --old-step A --new-step B" in text
     with pytest.raises(SystemExit) as exit_:
         main(["check-upgrade"])
+    assert exit_.value.code == 2
+
+
+# ------------------------------------------------------------------------------ --experiment ID --old-step A --new-step B
+
+
+def store_pair(url: str, old: CellFeatures, new: CellFeatures, *, names=(None, None)) -> int:
+    """An experiment with two model versions (steps 1, 2) holding ``old`` / ``new`` as encoder features."""
+    db = get_engine(url)
+    init_db(db)
+    with session_scope(db) as s:
+        exp = create_experiment(s, name="pair", method="folder", config={"same_set": False}, config_hash="pair")
+        for step, cell, name in ((1, old, names[0]), (2, new, names[1])):
+            classes = sorted(set(cell.gallery_labels.tolist()))
+            mv = add_model_version(s, exp.id, step, architecture="features", method="folder", classes=classes,
+                                   num_outputs=len(classes), feature_dim=cell.query.shape[1])
+            save_feature_set(s, mv.id, "query", "encoder", cell.query.astype(np.float32), cell.query_labels)
+            save_feature_set(s, mv.id, "gallery", "encoder", cell.gallery.astype(np.float32), cell.gallery_labels)
+            if name:
+                rename_model_version(s, mv.id, name)
+        return exp.id
+
+
+@pytest.mark.parametrize("pair, code, verdict", [(compatible_pair, 0, "compatible"), (incompatible_pair, 1, "not compatible"),
+                                                 (close_pair, 3, "too close to call")])
+def test_experiment_form_exit_code_is_the_verdict(tmp_path, capsys, pair, code, verdict):
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    old, new = pair()
+    exp = store_pair(url, old, new, names=("v1", "v2"))
+    out = tmp_path / "r.json"
+    args = ["check-upgrade", "--experiment", str(exp), "--old-step", "1", "--new-step", "2", "--db", url, "--json", str(out)]
+    assert main(args) == code
+    report = json.loads(out.read_text())
+    # the same verdict as the --features form computes on the same arrays (float32 as stored)
+    as32 = lambda c: CellFeatures(c.query.astype(np.float32), c.query_labels, c.gallery.astype(np.float32), c.gallery_labels)  # noqa: E731
+    direct = check_upgrade(as32(old), as32(new), names=("v1", "v2"))
+    assert report["verdict"] == verdict == direct.verdict
+    assert report["compatibility"]["diff"] == pytest.approx(direct.compatibility.diff)
+    assert (report["old_name"], report["new_name"], report["experiment_id"]) == ("v1", "v2", exp)
+    assert capsys.readouterr().out.splitlines()[0] == report["sentence"]
+
+
+def test_experiment_form_names_default_to_steps(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    exp = store_pair(url, *compatible_pair())
+    assert main(["check-upgrade", "--experiment", str(exp), "--old-step", "1", "--new-step", "2", "--db", url]) == 0
+    assert capsys.readouterr().out.startswith("step 2 is compatible with step 1")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--experiment", "99", "--old-step", "1", "--new-step", "2"], "experiment 99 does not exist"),
+    (["--experiment", "{exp}", "--old-step", "1", "--new-step", "5"], "no model of step 5"),
+    (["--experiment", "{exp}", "--old-step", "1"], "needs --old-step A and --new-step B"),
+    (["--experiment", "{exp}", "--old-step", "2", "--new-step", "2"], "two different steps"),
+    (["--experiment", "{exp}", "--old-step", "1", "--new-step", "2", "--view", "psp"], "no 'query' features for view 'psp'"),
+    (["--experiment", "{exp}", "--old-step", "1", "--new-step", "2", "--same-set"], "--same-set goes with --features"),
+    (["--features", "{tmp}", "--old-step", "1"], "go with --experiment"),
+])
+def test_experiment_form_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    exp = store_pair(url, *compatible_pair())
+    out = tmp_path / "r.json"
+    args = [a.format(exp=exp, tmp=tmp_path) for a in args]
+    assert main(["check-upgrade", *args, "--db", url, "--json", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+    assert not out.exists()
+
+
+def test_experiment_and_features_are_exclusive(tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        main(["check-upgrade", "--experiment", "1", "--features", str(tmp_path)])
     assert exit_.value.code == 2

@@ -9,6 +9,7 @@ from app import queries as q
 from app.widgets import analysis_result, follow_jobs, launch, pick_experiment, pick_steps, plain, state_convention
 from engine.contract import ADAPTER_KINDS, DEFAULT_ORDERINGS, ORDERINGS, adapter_key, adapters_payload, same_set_of
 from engine.results.conventions import metric_name
+from engine.upgrade.orders import best_by_area
 
 url = q.db_url()
 ORDERING_HELP = {
@@ -112,16 +113,21 @@ table = pd.DataFrame(rows)
 config = {c: st.column_config.NumberColumn(format="%.2f") for c in table.columns if c.startswith("M̃")}
 config.update({c: st.column_config.NumberColumn(format="percent") for c in table.columns if ": " in c})
 st.dataframe(table, hide_index=True, width="stretch", column_config=config)
-best = min(p["curves"], key=lambda o: (p["reach"][o][metrics[0]].get("1") is None, p["reach"][o][metrics[0]].get("1") or 1))
 first = metric_name(metrics[0])
-reach = p["reach"][best][metrics[0]].get("1")
-if reach is None:
-    st.markdown(f"No ordering reaches the new model's {first} ({charts.percent(p['self_test'][metrics[0]])}).")
+best = best_by_area({o: p["area"][o][metrics[0]] for o in p["curves"]})
+reach = None if best is None else p["reach"][best][metrics[0]].get("1")
+named = "" if best is None else (f"**{best}** has the largest area under its {first} curve "
+                                 f"(M̃ {charts.percent(p['area'][best][metrics[0]])})")
+if best is None:
+    st.markdown(f"No ordering has a {first} curve to compare.")
+elif reach is None:
+    st.markdown(f"{named}, but no fraction of it reaches the new model's {first} "
+                f"({charts.percent(p['self_test'][metrics[0]])}).")
 elif reach == 0:
-    st.markdown(f"The cross-test already matches the new model's {first} "
+    st.markdown(f"{named}; the cross-test already matches the new model's {first} "
                 f"({charts.percent(p['self_test'][metrics[0]])}): no backfilling is needed.")
 else:
-    st.markdown(f"**{best}** reaches the new model's {first} ({charts.percent(p['self_test'][metrics[0]])}) after "
+    st.markdown(f"{named}; it reaches the new model's {first} ({charts.percent(p['self_test'][metrics[0]])}) after "
                 f"backfilling **{100 * reach:.0f}%** of the gallery.")
 st.caption("The fraction columns: the smallest share of the gallery to backfill for the curve to reach the new "
            "model's self-test (or 99% of it), reading the curve as piecewise linear.")

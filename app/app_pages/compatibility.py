@@ -154,6 +154,22 @@ if len(curves) and curves["step"].max() >= 3:
     right.altair_chart(charts.with_convention(charts.step_curves(
         curves, value="AA_t", title=f"AA_t: mean {metric_name(metric)} of the first t models", y_title="AA_t",
         percent_axis=True), conv, 60), width="stretch")
+
+# ---- the same models in every stored view, side by side (the view picker above chooses the matrices below)
+by_view = [{"method": e["method"], "view": m["view"], "AC": m["summary"].get("AC"),
+            "AA %": None if m["summary"].get("AA") is None else 100 * m["summary"]["AA"],
+            "ACA %": None if m["summary"].get("ACA") is None else 100 * m["summary"]["ACA"],
+            "failing cross-tests": int(np.sum(ecc_cells(m["values"]) == 0))}
+           for e in selected for m in stored[e["id"]]
+           if m["metric"] == metric and m["protocol"] == protocol and m["eval_classes"] == eval_classes]
+if len({r["view"] for r in by_view}) > 1:
+    st.subheader("Feature views side by side")
+    st.caption("Every stored view of the chosen methods: the encoder and the output-space views (PSP/LSP) of the same "
+               "models, same metric, protocol and classes.")
+    table = pd.DataFrame(by_view).pivot(index="method", columns="view", values=["AC", "AA %", "ACA %", "failing cross-tests"])
+    table.columns = [f"{v} · {k}" for k, v in table.columns]
+    st.dataframe(table[sorted(table.columns)].reset_index(), hide_index=True, width="stretch",
+                 column_config={c: st.column_config.NumberColumn(format="%.2f") for c in table.columns})
 summary_rows = [(e["method"], m["summary"]) for e, m in shown]
 with st.expander("Download the summary table"):
     from engine.results.report import render_summary_table
@@ -176,6 +192,8 @@ for start in range(0, len(shown), per_row):
         C = m["values"]
         replaced = replaced_steps(e["config"])
         names = model_names(C.shape[0], replaced)
+        given = {v["step"]: v.get("name") for v in q.model_versions(url, e["id"], q.stamp(e))}
+        names = [given.get(t) or n for t, n in enumerate(names, 1)]  # the user's names (v1, v2, ...) where given
         comparable = np.asarray(m["summary"]["comparable"], bool) if m["summary"].get("comparable") else None
         s = m["summary"]
         frame = charts.matrix_frame(C, ecc_cells(C), names, comparable, m["valid_queries"], s.get("paired"),

@@ -8,6 +8,7 @@ in :mod:`engine.contract`, where the dashboard reads them):
   re-embedded by the new model (:mod:`engine.analysis.backfill_analysis`).
 * ``geometry``: NC1-NC4, angles, drift, Definition 1 and stationarity over the steps
   (:mod:`engine.analysis.geometry`).
+* ``upgrade``: the upgrade verdict of step_b over step_a (:mod:`engine.upgrade.stored`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from engine.analysis.geometry import compute_geometry
 from engine.analysis.map import compute_projection
 from engine.analysis.views import Progress, load_experiment
 from engine.contract import analysis_key, normalize_params
+from engine.upgrade.stored import compute_upgrade
 from storage import save_analysis, session_scope
 
 
@@ -40,6 +42,8 @@ def run_analysis(db_engine: Engine, experiment_id: int, kind: str, params: dict[
         payload, array = compute_projection(db_engine, config, versions, params, report)
     elif kind == "backfill":
         payload = compute_backfill(db_engine, config, versions, params, report)
+    elif kind == "upgrade":
+        payload = compute_upgrade(db_engine, experiment_id, params, report)
     else:
         payload = compute_geometry(db_engine, config, versions, params, report)
     report(0.98, "saving")

@@ -30,6 +30,7 @@ from storage import (
     json_hash,
     list_model_versions,
     list_studies,
+    rename_model_version,
     save_feature_sets,
     save_matrix,
     session_scope,
@@ -60,6 +61,7 @@ class Version:
     checkpoint_path: str | None = None
     replaced: bool = False
     copied_from: int | None = None
+    name: str | None = None  # the user's name for the model (v1, v2, ...), e.g. a checkpoint comparison's label
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ def record_version(s: Session, experiment_id: int, step: int, version: Version) 
                            class_names=None if version.class_names is None else list(version.class_names),
                            checkpoint_path=version.checkpoint_path, replaced=version.replaced)
     save_feature_sets(s, mv.id, version.outputs, version.labels)
+    if version.name:
+        rename_model_version(s, mv.id, version.name)
     if version.copied_from is not None:
         copy_feature_sets(s, version.copied_from, mv.id, RAW_VIEWS)
     return mv.id

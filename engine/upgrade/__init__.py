@@ -1,1 +1,6 @@
-"""The engineer's question, "can I ship v2 without re-indexing?": the verdict (``verdict``) and its command (``cli``)."""
+"""The engineer's question, "can I ship v2 without re-indexing?".
+
+``verdict`` (the check on two feature sets), ``stored`` (two steps of a stored experiment; the ``upgrade`` analysis),
+``cli`` (``check-upgrade``), and the torch-free pieces the dashboard reads: ``words`` (the verdict in a sentence)
+and ``orders`` (the best backfilling ordering: largest area).
+"""

@@ -11,17 +11,23 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.contract import DEFAULT_ORDERINGS
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
+
+if TYPE_CHECKING:
+    from engine.upgrade.verdict import UpgradeReport
 
 EXIT_CODES = {"compatible": 0, "not compatible": 1, "too close to call": 3}
 DESCRIPTION = """\
 Is the new model compatible with the old one (paper 002's ECC: new queries against the old gallery score
 above the old model's self-test), with a paired percentile bootstrap over queries; is it better on its own;
 and, if not compatible, how much of the gallery to re-embed (best backfilling order by area under its curve).
-Only the --features form is available for now (step_1.npz = old, step_2.npz = new, the folder format of
-'evaluate'); --experiment ID --old-step A --new-step B and --model OLD --model NEW come later.
+Two forms: --features DIR (step_1.npz = old, step_2.npz = new, the folder format of 'evaluate') or
+--experiment ID --old-step A --new-step B [--view V] [--db URL] (two steps of any stored experiment: a training
+run, a checkpoint comparison, an evaluated folder; models are named by their stored names, else "step N").
+--model OLD --model NEW comes later.
 Exit code: 0 compatible, 1 not compatible, 3 too close to call, 2 bad input."""
 
 
@@ -29,11 +35,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``check-upgrade``."""
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--features", required=True, type=Path, metavar="DIR",
-                   help="folder with exactly step_1.npz (old) and step_2.npz (new), each with query_features, "
-                        "query_labels, gallery_features, gallery_labels of the same images")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--features", type=Path, metavar="DIR",
+                        help="folder with exactly step_1.npz (old) and step_2.npz (new), each with query_features, "
+                             "query_labels, gallery_features, gallery_labels of the same images")
+    source.add_argument("--experiment", type=int, metavar="ID", help="a stored experiment (with --old-step, --new-step)")
+    p.add_argument("--old-step", type=int, metavar="A", help="with --experiment: the old model's step")
+    p.add_argument("--new-step", type=int, metavar="B", help="with --experiment: the new model's step")
+    p.add_argument("--view", default="encoder", help="with --experiment: feature view, e.g. encoder, psp, lsp (default encoder)")
+    p.add_argument("--db", metavar="URL", help="with --experiment: database URL (default: $COMPATLAB_DB_URL or "
+                                                "sqlite:///data/compatlab.db)")
     p.add_argument("--name", action="append", dest="names", metavar="NAME",
-                   help="the models' names, old then new (give it twice; default: old, new)")
+                   help="the models' names, old then new (give it twice; default: old, new, or the stored names)")
     p.add_argument("--metric", default="recall@1", help="recall@K, map or map@K (default recall@1)")
     p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help=f"bootstrap resamples (default {DEFAULT_RESAMPLES})")
     p.add_argument("--level", type=float, default=DEFAULT_CONFIDENCE,
@@ -63,20 +76,46 @@ def _check_json_target(path: Path) -> None:
         raise ValueError(f"--json {path}: folder {path.parent} does not exist")
 
 
-def cmd_check_upgrade(args: argparse.Namespace) -> int:
-    """Print the verdict sentence and the numbers; the exit code is the verdict's."""
+def _check_folder(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict]:
+    """The --features form: step_1.npz is the old model, step_2.npz the new one."""
     from engine.checkpoints.evaluate_folder import load_feature_folder
     from engine.upgrade.verdict import check_upgrade
 
-    names = args.names or ["old", "new"]
-    if args.json is not None:
-        _check_json_target(args.json)  # refused before any work, so nothing is half-done
+    if args.old_step is not None or args.new_step is not None:
+        raise ValueError("--old-step and --new-step go with --experiment; --features compares step_1.npz and step_2.npz")
     folder = load_feature_folder(args.features)
     if len(folder.sets) != 2:
         raise ValueError(f"{args.features}: check-upgrade compares two models, step_1.npz (old) and step_2.npz (new); "
                          f"found {len(folder.sets)} step file(s)")
-    report = check_upgrade(folder.sets[0], folder.sets[1], names=names, metric=args.metric, resamples=args.resamples,
-                           level=args.level, seed=args.seed, same_set=args.same_set, orderings=DEFAULT_ORDERINGS)
+    report = check_upgrade(folder.sets[0], folder.sets[1], names=args.names or ["old", "new"], same_set=args.same_set,
+                           orderings=DEFAULT_ORDERINGS, **settings)
+    return report, {"features": str(args.features)}
+
+
+def _check_experiment(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict]:
+    """The --experiment form: two steps of a stored experiment, read through storage functions."""
+    from engine.upgrade.stored import check_stored
+    from storage import get_engine
+
+    if args.old_step is None or args.new_step is None:
+        raise ValueError("--experiment needs --old-step A and --new-step B (the stored steps to compare)")
+    if args.same_set:
+        raise ValueError("--same-set goes with --features; a stored experiment's config says whether queries are the gallery")
+    report, pair = check_stored(get_engine(args.db), args.experiment, args.old_step, args.new_step, view=args.view,
+                                names=args.names, **settings)
+    return report, {"experiment_id": args.experiment, "old_step": args.old_step, "new_step": args.new_step,
+                    "view": args.view, "notes": list(pair.notes)}
+
+
+def cmd_check_upgrade(args: argparse.Namespace) -> int:
+    """Print the verdict sentence and the numbers; the exit code is the verdict's."""
+    if args.json is not None:
+        _check_json_target(args.json)  # refused before any work, so nothing is half-done
+    settings = {"metric": args.metric, "resamples": args.resamples, "level": args.level, "seed": args.seed}
+    if args.experiment is not None:
+        report, source = _check_experiment(args, settings)
+    else:
+        report, source = _check_folder(args, settings)
     c, b = report.compatibility, report.better
     reach = lambda x: "never" if x is None else f"{x:.3f}"  # noqa: E731
     lines = [report.sentence(),
@@ -91,8 +130,8 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
               + ("  (best)" if need.ordering == report.best_ordering else "") for need in report.backfill]
     if args.json is not None:  # written before anything is printed: a failed write prints only the error
         try:
-            write_json_atomic(args.json, {"features": str(args.features), **report.to_json()})
+            write_json_atomic(args.json, {**source, **report.to_json()})
         except OSError as exc:
             raise ValueError(f"--json {args.json}: cannot write ({exc.strerror or type(exc).__name__})") from None
-    print("\n".join(lines))
+    print("\n".join(lines + [f"  note: {n}" for n in source.get("notes", [])]))
     return EXIT_CODES[report.verdict]

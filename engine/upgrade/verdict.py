@@ -36,11 +36,12 @@ import numpy as np
 from engine.analysis.backfill import backfill_curve, curve_area, fraction_to_reach
 from engine.analysis.backfill_orders import backfill_order
 from engine.contract import DEFAULT_ORDERINGS
-from engine.results.conventions import metric_name
 from engine.metrics.compatibility import CellFeatures
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, paired_bootstrap
 from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import cell_stats, per_query_from_stats
+from engine.upgrade.orders import best_by_area
+from engine.upgrade.words import sentence
 from engine.vocab import parse_metric
 from storage import json_ready
 
@@ -101,22 +102,7 @@ class UpgradeReport:
 
     def sentence(self) -> str:
         """The verdict in one sentence, then one sentence on the new model alone and, if needed, on backfilling."""
-        old, new, m = self.old_name, self.new_name, metric_name(self.metric)
-        c, b = self.compatibility, self.better
-        head = {"compatible": f"{new} is compatible with {old}",
-                "not compatible": f"{new} is not compatible with {old}",
-                "too close to call": f"Too close to call whether {new} is compatible with {old}"}[c.verdict]
-        out = [f"{head}: {new} queries against the {old} gallery score {m} {_pct(self.new_old)} vs {_pct(self.old_old)} "
-               f"for {old} alone ({_interval(c, self.level)} over {c.n} queries).",
-               f"On its own {new} scores {_pct(self.new_new)} vs {_pct(self.old_old)} ({_interval(b, self.level)}): "
-               + {"better": f"better than {old}.", "not better": f"not better than {old}.",
-                  "too close to call": f"too close to call against {old}."}[b.verdict]]
-        if self.best_ordering is not None:
-            best = next(n for n in self.backfill if n.ordering == self.best_ordering)
-            out.append(f"Backfilling in order {best.ordering} (largest area under the curve, {_pct(best.area)}) reaches "
-                       f"{old}'s self-test after {_share(best.to_old_self)} of the gallery and {new}'s after "
-                       f"{_share(best.to_new_self)}.")
-        return " ".join(out)
+        return sentence({**asdict(self), "compatibility": asdict(self.compatibility), "better": asdict(self.better)})
 
     def to_json(self) -> dict:
         """JSON-ready dict (NaN as null), with the sentence and the bootstrap's settings."""
@@ -126,18 +112,6 @@ class UpgradeReport:
         data["bootstrap"] = {"method": BOOTSTRAP, "paired_over": "queries", "resamples": self.resamples,
                              "level": self.level, "seed": self.seed}
         return data
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
-def _share(x: float | None) -> str:
-    return "never (no fraction reaches it)" if x is None else f"{100 * x:.0f}%"
-
-
-def _interval(c: Comparison, level: float) -> str:
-    return f"{100 * c.diff:+.1f} points, {100 * level:g}% CI {100 * c.lo:+.1f} to {100 * c.hi:+.1f}"
 
 
 def per_query_scores(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray, gallery_labels: np.ndarray, *,
@@ -213,7 +187,7 @@ def backfill_needs(old: CellFeatures, new: CellFeatures, *, metric: str, old_sel
 
 def best_ordering(needs: Sequence[BackfillNeed]) -> str | None:
     """The ordering with the largest area under its curve (the first listed among equal areas)."""
-    return max(needs, key=lambda n: n.area).ordering if needs else None
+    return best_by_area({n.ordering: n.area for n in needs})
 
 
 def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] = ("old", "new"), metric: str = "recall@1",

@@ -1,0 +1,102 @@
+"""Upgrade check: can the new model ship without re-indexing the gallery, and if not, how much must be re-embedded?"""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import queries as q
+from app.widgets import analysis_result, model_label, pick_experiment, pick_steps, plain
+from engine.contract import ADAPTER_KINDS, adapter_key, adapters_payload, same_set_of
+from engine.results.conventions import metric_name
+from engine.upgrade.words import interval, sentence, share
+
+url = q.db_url()
+METRICS = ("recall@1", "recall@5", "map")
+VERDICT_BOX = {"compatible": st.success, "not compatible": st.error, "too close to call": st.warning}
+ADAPTER_NAMES = {"perp": "B⊥ + F", "lambda": "B_λ + F", "fct": "FCT (F only)"}
+
+st.title("Upgrade check")
+st.caption("Paper 002's empirical compatibility criterion: new-model queries searched against the gallery the old model "
+           "embedded must score above the old model on its own. Paired over the queries, with a seeded percentile "
+           "bootstrap interval: when it straddles 0 the answer is *too close to call*.")
+st.page_link("app_pages/checkpoints.py", label="Upload your own v1 and v2 on Checkpoints; each comparison is an "
+             "experiment you can pick here", icon=":material/upload_file:")
+
+picked = pick_experiment(url, key="up_experiment")
+if picked is None:
+    st.stop()
+experiment, versions = picked
+c = st.columns(4)
+old, new = pick_steps(versions, key="up_steps", columns=[c[0], c[1]])
+metric = c[2].selectbox("Metric", METRICS, format_func=metric_name, key="up_metric")
+views = [v for v in old["views"] if v in new["views"] and v not in ("logits", "softmax")]
+main = q.main_view(experiment["method"])
+view = c[3].selectbox("View", views, index=views.index(main) if main in views else 0, key=f"up_view_{experiment['id']}")
+old_name, new_name = model_label(old), model_label(new)
+
+with st.expander("Name these models (v1, v2, ...)"):
+    n1, n2, n3 = st.columns([2, 2, 1])
+    given = (n1.text_input(f"Name of step {old['step']}", old.get("name") or "", max_chars=40, key="up_name_old"),
+             n2.text_input(f"Name of step {new['step']}", new.get("name") or "", max_chars=40, key="up_name_new"))
+    if n3.button("Save names", key="up_rename"):
+        try:
+            q.rename_models(url, {old["id"]: given[0], new["id"]: given[1]})
+            st.rerun()
+        except ValueError as exc:
+            st.error(plain(str(exc)))
+
+params = {"step_a": old["step"], "step_b": new["step"], "view": view, "metric": metric}
+result = analysis_result(url, experiment, "upgrade", params, what="the upgrade verdict", button_key="up_compute")
+if result is None:
+    st.stop()
+p = result["payload"]
+r = {**p["report"], "old_name": old_name, "new_name": new_name}  # names as they are now (renames apply at once)
+comp, better = r["compatibility"], r["better"]
+VERDICT_BOX[r["verdict"]](plain(sentence(r)))
+for note in p.get("notes", []):
+    st.info(plain(note))
+
+k = st.columns(4)
+k[0].metric(f"ECC gain ({new_name} / {old_name} − {old_name} / {old_name})", f"{100 * comp['diff']:+.1f} pts",
+            help="New-model queries against the old gallery minus the old model's self-test, in points")
+k[1].metric(f"{100 * r['level']:g}% CI of the gain", f"{100 * comp['lo']:+.1f} to {100 * comp['hi']:+.1f}")
+k[2].metric(f"{new_name} on its own vs {old_name}", f"{100 * better['diff']:+.1f} pts", better["verdict"], delta_color="off")
+k[3].metric("Queries scored", f"{comp['n']}", f"{r['n_no_positive']} without a positive" if r["n_no_positive"] else None,
+            delta_color="off")
+if comp["lo"] <= 0 <= comp["hi"]:
+    st.warning(f"Too close to call: the {100 * r['level']:g}% interval of the gain ({interval(comp, r['level'])}) "
+               "contains 0. More queries, or a larger margin, would decide it.")
+st.caption(plain(f"{metric_name(r['metric'])} · view {view} · {r['n_queries']} queries, {r['n_gallery']} gallery items"
+                 f"{' · closed-set: each query’s own image excluded' if r['same_set'] else ''} · paired percentile "
+                 f"bootstrap over queries, {r['resamples']:,} resamples, seed {r['seed']}"))
+st.dataframe(pd.DataFrame([{"query / gallery": f"{a} / {b}", f"{metric_name(r['metric'])} %": 100 * v}
+                           for a, b, v in ((old_name, old_name, r["old_old"]), (new_name, old_name, r["new_old"]),
+                                           (new_name, new_name, r["new_new"]))]), hide_index=True)
+
+if r["backfill"]:
+    st.subheader("Backfilling needed")
+    st.markdown(f"Not compatible: re-embed part of the gallery with {plain(new_name)}. The best ordering is the one with "
+                f"the **largest area** under its curve: **{plain(r['best_ordering'])}**.")
+    st.dataframe(pd.DataFrame([{"ordering": n["ordering"] + (" (best)" if n["ordering"] == r["best_ordering"] else ""),
+                                "M̃ %": 100 * n["area"], f"to reach {old_name}'s self-test": share(n["to_old_self"]),
+                                f"to reach {new_name}'s self-test": share(n["to_new_self"])} for n in r["backfill"]]),
+                 hide_index=True, column_config={"M̃ %": st.column_config.NumberColumn(format="%.2f")})
+
+    st.subheader("Without backfilling: mapping adapters (paper 004)")
+    adapters = {kind: hit["payload"] for kind in ADAPTER_KINDS
+                if (hit := q.stored_analysis(url, experiment["id"], "adapters", adapter_key(old["id"], new["id"], kind, view),
+                                             q.stamp(experiment))) is not None}
+    if adapters:
+        rows = [{"adapter": ADAPTER_NAMES.get(kind, kind), "query / gallery": row["row"],
+                 "Recall@1 %": 100 * row["recall@1"], "mAP %": 100 * row["map"]}
+                for kind, a in adapters.items() for row in a["table"]]
+        st.dataframe(pd.DataFrame(rows), hide_index=True)
+    else:
+        st.caption("No adapters stored for these two models and view yet. Fitting them trains a forward and a backward "
+                   "adapter on the stored training features; they appear here when the job is done.")
+        kind = st.selectbox("Adapter", ADAPTER_KINDS, format_func=ADAPTER_NAMES.get, key="up_adapter_kind")
+        if st.button("Fit adapters", key="up_fit_adapters"):
+            job_id = q.enqueue(url, "adapters", adapters_payload(old["id"], new["id"], kind=kind, view=view,
+                                                                 same_set=same_set_of(experiment["config"])),
+                               experiment_id=experiment["id"])
+            st.toast(f"Adapter job #{job_id} queued; the Overview page shows its progress.")

@@ -1,0 +1,46 @@
+"""The upgrade verdict in words, from its JSON form (torch-free: the Upgrade check page renders stored reports)."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from engine.results.conventions import metric_name
+
+HEADS = {"compatible": "{new} is compatible with {old}", "not compatible": "{new} is not compatible with {old}",
+         "too close to call": "Too close to call whether {new} is compatible with {old}"}
+ALONE = {"better": "better than {old}.", "not better": "not better than {old}.",
+         "too close to call": "too close to call against {old}."}
+
+
+def pct(x: float | None) -> str:
+    """A fraction as a percentage with one decimal ('–' when missing)."""
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def share(x: float | None) -> str:
+    """A fraction of the gallery to backfill, or 'never' when no fraction reaches the target."""
+    return "never (no fraction reaches it)" if x is None else f"{100 * x:.0f}%"
+
+
+def interval(c: Mapping[str, Any], level: float) -> str:
+    """A paired comparison's difference and interval, in points."""
+    return f"{100 * c['diff']:+.1f} points, {100 * level:g}% CI {100 * c['lo']:+.1f} to {100 * c['hi']:+.1f}"
+
+
+def sentence(report: Mapping[str, Any]) -> str:
+    """The verdict in one sentence, then one on the new model alone and, when not compatible, one on backfilling.
+
+    ``report`` is :meth:`engine.upgrade.verdict.UpgradeReport.to_json`'s dict (or the dataclass as a dict).
+    """
+    old, new, m, level = report["old_name"], report["new_name"], metric_name(report["metric"]), report["level"]
+    c, b = report["compatibility"], report["better"]
+    out = [f"{HEADS[c['verdict']].format(old=old, new=new)}: {new} queries against the {old} gallery score {m} "
+           f"{pct(report['new_old'])} vs {pct(report['old_old'])} for {old} alone ({interval(c, level)} over {c['n']} queries).",
+           f"On its own {new} scores {pct(report['new_new'])} vs {pct(report['old_old'])} ({interval(b, level)}): "
+           + ALONE[b["verdict"]].format(old=old)]
+    if report.get("best_ordering") is not None:
+        best = next(n for n in report["backfill"] if n["ordering"] == report["best_ordering"])
+        out.append(f"Backfilling in order {best['ordering']} (largest area under the curve, {pct(best['area'])}) reaches "
+                   f"{old}'s self-test after {share(best['to_old_self'])} of the gallery and {new}'s after "
+                   f"{share(best['to_new_self'])}.")
+    return " ".join(out)

@@ -1,0 +1,141 @@
+"""The Upgrade check page (AppTest) on hand-made stored pairs, checked against recall and a bootstrap computed by hand.
+
+The verdict is computed as the worker would (``engine.analysis.run.run_analysis``, kind ``upgrade``) and the page
+only reads it. Expectations come from ``tests/test_upgrade.py``'s numpy recall and percentile bootstrap, a
+different draw than the engine's, so interval ends are compared within the Monte-Carlo error of 1,000 resamples.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from test_app_pages import jobs, open_page, texts
+from test_upgrade import bootstrap_by_hand, close_pair, compatible_pair, hits, incompatible_pair
+from test_upgrade_cli import store_pair
+
+from engine.analysis.run import run_analysis
+from storage import get_engine, session_scope, set_experiment_status
+
+PARAMS = {"step_a": 1, "step_b": 2, "view": "encoder", "metric": "recall@1"}
+
+
+def stored(url: str, pair, *, compute: bool = True) -> int:
+    old, new = pair()
+    exp = store_pair(url, old, new, names=("v1", "v2"))
+    with session_scope(get_engine(url)) as s:
+        set_experiment_status(s, exp, "done")
+    if compute:
+        run_analysis(get_engine(url), exp, "upgrade", PARAMS)
+    return exp
+
+
+def shown(at, label_start: str) -> str:
+    (m,) = [m for m in at.metric if m.label.startswith(label_start)]
+    return m.value
+
+
+def points(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"[+-]?\d+\.\d", text)]
+
+
+def by_hand(pair) -> tuple[np.ndarray, float, float]:
+    old, new = pair()
+    d = hits(new, old) - hits(old, old)
+    lo, hi = bootstrap_by_hand(d)
+    return d, 100 * lo, 100 * hi
+
+
+def test_compatible_pair(app_db):
+    stored(app_db, compatible_pair)
+    at = open_page("upgrade")
+    d, lo, hi = by_hand(compatible_pair)
+    (box,) = at.success
+    assert box.value.startswith("v2 \\(step 2\\) is compatible with v1 \\(step 1\\)")
+    assert points(shown(at, "ECC gain")) == [pytest.approx(100 * d.mean(), abs=0.051)]
+    shown_lo, shown_hi = points(shown(at, "95% CI"))
+    assert 0 < shown_lo and (shown_lo, shown_hi) == pytest.approx((lo, hi), abs=1.2)
+    assert not at.error and "Too close to call" not in texts(at) and "Backfilling needed" not in texts(at)
+
+
+def test_incompatible_pair_names_the_best_ordering_by_area(app_db):
+    exp = stored(app_db, incompatible_pair)
+    at = open_page("upgrade")
+    d, lo, hi = by_hand(incompatible_pair)
+    assert hi < 0
+    assert len(at.error) == 1 and "v2 (step 2) is not compatible with v1 (step 1)" in texts(at)
+    assert points(shown(at, "ECC gain")) == [pytest.approx(100 * d.mean(), abs=0.051)]
+    assert points(shown(at, "95% CI"))[1] == pytest.approx(hi, abs=1.2)
+    table = at.dataframe[1].value
+    areas = dict(zip(table["ordering"], table["M̃ %"]))
+    best = max(areas, key=areas.get)
+    assert best.endswith(" (best)") and f"the **largest area** under its curve: **{best.removesuffix(' (best)')}**" in texts(at)
+    assert "Fit adapters" in [b.label for b in at.button]
+    at.button(key="up_fit_adapters").click().run()
+    (job,) = [j for j in jobs(app_db) if j.kind == "adapters"]
+    assert job.experiment_id == exp and job.payload["kind"] == "perp"
+
+
+def test_too_close_to_call_pair(app_db):
+    stored(app_db, close_pair)
+    at = open_page("upgrade")
+    d, lo, hi = by_hand(close_pair)
+    assert d.mean() == 0 and lo < 0 < hi  # ten -1 and ten +1: the interval contains 0
+    assert at.warning[0].value.startswith("Too close to call whether v2 \\(step 2\\) is compatible")
+    shown_lo, shown_hi = points(shown(at, "95% CI"))
+    assert shown_lo < 0 < shown_hi and (shown_lo, shown_hi) == pytest.approx((lo, hi), abs=6)  # steps of 5 points
+    assert "contains 0" in texts(at)
+
+
+def test_compute_button_queues_an_upgrade_analysis(app_db):
+    exp = stored(app_db, compatible_pair, compute=False)
+    at = open_page("upgrade")
+    at.button(key="up_compute").click().run()
+    (job,) = [j for j in jobs(app_db) if j.kind == "analysis"]
+    assert job.payload == {"experiment_id": exp, "kind": "upgrade", "params": PARAMS}
+
+
+def test_renaming_a_model_shows_the_new_name(app_db):
+    stored(app_db, compatible_pair)
+    at = open_page("upgrade")
+    at.text_input(key="up_name_new").set_value("v2-large")
+    at.button(key="up_rename").click().run()
+    assert not at.exception
+    assert at.success[0].value.startswith("v2\\-large \\(step 2\\) is compatible with v1")
+
+
+def test_backfilling_page_names_the_ordering_with_the_largest_area(app_db):
+    """The Backfilling page's summary names the ordering of largest M-tilde (the first metric), not the fastest to reach."""
+    from test_app_synthetic import fill_study
+
+    study = fill_study(app_db, steps=3)
+    at = open_page("backfilling")
+    at.selectbox(key="bf_experiment").set_value(1).run()  # the experiment with stored curves
+    table = at.dataframe[0].value
+    areas = dict(zip(table["ordering"], table["M̃ Recall@1 %"]))
+    best = max(areas, key=areas.get)
+    assert study and f"**{best}** has the largest area under its Recall@1 curve" in texts(at)
+
+
+def test_compatibility_page_shows_views_side_by_side_and_model_names(app_db):
+    """A PSP matrix next to the encoder one: one table with both views' AC / AA / ACA; matrices use the models' names."""
+    from test_app_synthetic import fill_study
+
+    from engine.metrics import average_accuracy, average_compatibility
+    from storage import list_model_versions, rename_model_version, save_matrix
+
+    study = fill_study(app_db, steps=3)
+    exp = study["experiments"]["bct"]
+    P = np.array([[0.6, np.nan, np.nan], [0.5, 0.7, np.nan], [0.65, 0.72, 0.8]])  # 1 of 3 cross-tests fails (0.5 < 0.6)
+    with session_scope(get_engine(app_db)) as s:
+        counts = np.where(np.isnan(P), 0, 10)
+        save_matrix(s, exp, metric="recall@1", protocol="instance", view="psp", values=P, valid_queries=counts,
+                    no_positive=np.zeros_like(counts), summary={"AC": 2 / 3, "AA": average_accuracy(P), "ACA": None})
+        rename_model_version(s, list_model_versions(s, exp)[0].id, "v1")
+    at = open_page("compatibility")
+    (table,) = [d.value for d in at.dataframe if "psp · AC" in d.value.columns]
+    row = table.set_index("method").loc["bct"]
+    assert row["psp · AC"] == pytest.approx(2 / 3) and row["psp · failing cross-tests"] == 1
+    assert row["psp · AA %"] == pytest.approx(100 * np.nanmean(P[np.tril_indices(3)]))
+    assert row["encoder · AC"] == pytest.approx(average_compatibility(study["matrices"]["bct"]))
+    assert "v1" in str(at.get("vega_lite_chart")[-1].proto.spec)
