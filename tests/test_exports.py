@@ -158,3 +158,18 @@ def test_bundle_without_a_run_config_says_why():
     assert json.loads(z.read("experiments.json"))[0]["config"]["source"] == "checkpoints"
     with pytest.raises(ValueError, match="at least one experiment"):
         study_bundle([], {}, title="x")
+
+
+def test_the_pages_offer_chart_downloads(app_db):
+    from test_app_pages import open_page
+
+    fill_study(app_db, steps=3)
+    at = open_page("compatibility")
+    keys = {b.key for b in at.get("download_button")}
+    for chart_key in ("dl_AC_t", "dl_AA_t"):
+        assert {f"{chart_key}_{fmt}" for fmt in ("png", "svg", "html", "csv")} <= keys
+    assert "cm_bundle" in keys
+    at = open_page("geometry")
+    at.selectbox(key="geo_experiment").set_value(1).run()  # the experiment with stored analyses
+    at.radio(key="geo_method").set_value("pca").run()
+    assert {"dl_map_png", "dl_map_svg", "dl_drift_png", "dl_angles_png"} <= {b.key for b in at.get("download_button")}
