@@ -54,8 +54,10 @@ def chart_data(chart: alt.TopLevelMixin) -> pd.DataFrame:
         if isinstance(data, pd.DataFrame) and not any(_within(data, f) for f in frames):
             frames.append(data)
         for attr in ("layer", "hconcat", "vconcat", "concat", "spec"):
-            child = getattr(c, attr, alt.Undefined)
-            for part in child if isinstance(child, list) else ([] if child is alt.Undefined or child is None else [child]):
+            child = getattr(c, attr, None)
+            if child is None or child is alt.Undefined:
+                continue
+            for part in child if isinstance(child, list) else [child]:
                 walk(part)
 
     walk(chart)

@@ -100,8 +100,10 @@ def summary_markdown(experiments: Sequence[Mapping[str, Any]], matrices: Mapping
     for metric, protocol, classes in keys:
         shown = []
         for e in experiments:
-            ms = [m for m in matrices.get(e["id"], ()) if (m["metric"], m["protocol"], m["eval_classes"]) == (metric, protocol, classes)]
-            pick = ([m for m in ms if m["view"] == main_view(e["method"])] or [m for m in ms if m["view"] == "encoder"] or ms)
+            ms = [m for m in matrices.get(e["id"], ())
+                  if (m["metric"], m["protocol"], m["eval_classes"]) == (metric, protocol, classes)]
+            pick = ([m for m in ms if m["view"] == main_view(e["method"])]
+                    or [m for m in ms if m["view"] == "encoder"] or ms)
             if pick:
                 shown.append((e, pick[0]))
         if not shown:
