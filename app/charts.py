@@ -1,8 +1,6 @@
 """Altair charts of the dashboard, built from plain numpy/pandas data (no Streamlit, no database)."""
 from __future__ import annotations
 
-import importlib.util
-import io
 from collections.abc import Sequence
 
 import altair as alt
@@ -47,21 +45,6 @@ def with_convention(chart: alt.TopLevelMixin, line: str, width: int = 80) -> alt
         extra["height"] = chart.height + SUBTITLE_LINE_PX * len(lines)
     return chart.properties(title=alt.TitleParams(text=title or "", subtitle=lines, anchor="start",
                                                   subtitleColor="#555555", subtitleFontSize=10), **extra)
-
-
-def can_export_images() -> bool:
-    """Altair writes PNG/SVG through vl-convert-python; HTML needs nothing."""
-    return importlib.util.find_spec("vl_convert") is not None
-
-
-def chart_bytes(chart: alt.TopLevelMixin, fmt: str) -> bytes:
-    """The chart as HTML (always) or PNG/SVG (only with vl-convert-python installed)."""
-    if fmt == "html":
-        return chart.to_html().encode()
-    buffer = io.BytesIO() if fmt == "png" else io.StringIO()
-    chart.save(buffer, format=fmt)
-    value = buffer.getvalue()
-    return value if isinstance(value, bytes) else value.encode()
 
 
 # ---------------------------------------------------------------------------------------------- matrices

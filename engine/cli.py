@@ -194,7 +194,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(render_matrix(C, title=f"{name} ({args.protocol}{', same set' if args.same_set else ''})",
                             comparable=result.comparable, ties=args.ties))
         if args.export:
-            print(render_matrix(C, fmt=args.export, title=name, comparable=result.comparable, ties=args.ties))
+            print(render_matrix(C, fmt=args.export, title=name, comparable=result.comparable, ties=args.ties,
+                                metric=name, view="external", protocol=args.protocol))
     payload = {"features": str(args.features), "protocol": args.protocol, "same_set": args.same_set,
                "metrics": result_json(result, ecc_ties=args.ties)}
     if not args.no_store:

@@ -185,7 +185,7 @@ def test_compatibility_shows_the_hand_made_matrices(study):
     charts = at.get("vega_lite_chart")
     assert len(charts) >= 4  # AC_t, AA_t and one heatmap per method
     labels = {b.proto.label for b in at.get("download_button")}
-    assert {"CSV", "Markdown", "Latex", "Chart (HTML)"} <= labels
+    assert {"CSV", "Markdown", "Latex", "PNG", "SVG", "HTML", "Download this study (zip)"} <= labels
     # switching metric shows the mAP matrices (the same cells minus 0.1)
     at.selectbox(key="cm_metric").set_value("map").run()
     assert not at.exception

@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts
+from app.exports import download_buttons
 from app import queries as q
 from app.widgets import analysis_result, follow_jobs, launch, pick_experiment, pick_steps, plain, state_convention
 from engine.contract import ADAPTER_KINDS, DEFAULT_ORDERINGS, ORDERINGS, adapter_key, adapters_payload, same_set_of
@@ -95,8 +96,10 @@ for col, metric in zip(cols, metrics):
                           "value": p["self_test"][metric]},
                          {"kind": "cross", "label": f"cross-test (nothing backfilled) {charts.percent(p['cross_test'][metric])}",
                           "value": p["cross_test"][metric]}]).dropna()
-    col.altair_chart(charts.with_convention(charts.backfill_chart(curves, refs, metric=name), conv, 70),
+    col.altair_chart(chart := charts.with_convention(charts.backfill_chart(curves, refs, metric=name), conv, 70),
                      width="stretch")
+    with col:
+        download_buttons(chart, f"backfill_{metric}", key=f"dl_backfill_{metric}")
 
 st.subheader("M̃ and the backfilling needed")
 rows = []

@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts
+from app.exports import download_buttons, study_download
 from app import queries as q
 from app.widgets import empty_state, experiment_label, plain, state_convention
 from engine.results.conventions import annotate, convention, model_names, replaced_note, replaced_steps
@@ -33,10 +34,13 @@ def ecc_cells(values: np.ndarray) -> np.ndarray:
     return ecc_pass(values)
 
 
-def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, replaced: tuple[int, ...]) -> str:
+def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, replaced: tuple[int, ...],
+           m: dict[str, Any]) -> str:
     from engine.results.report import render_matrix
 
-    return render_matrix(C, fmt=fmt, title=title, comparable=comparable, replaced=replaced)
+    return render_matrix(C, fmt=fmt, title=title, comparable=comparable, replaced=replaced, metric=m["metric"],
+                         view=m["view"], protocol=m["protocol"], eval_classes=m["eval_classes"],
+                         paired=m["summary"].get("paired") if fmt == "csv" else None)
 
 
 experiments = [e for e in q.experiments(url) if e["status"] == "done"]
@@ -63,6 +67,7 @@ everything = [m for ms in stored.values() for m in ms]
 if not everything:
     st.warning("These experiments have no stored compatibility matrices yet.")
     st.stop()
+study_download(selected, stored, title=group, key="cm_bundle")
 
 c = st.columns(4)
 metrics = sorted({m["metric"] for m in everything}, key=lambda m: (m != "recall@1", m))
@@ -148,12 +153,14 @@ curves = pd.DataFrame([{"method": e["method"], "step": t + 1, "AC_t": ac, "AA_t"
                        for t, (ac, aa) in enumerate(zip(m["summary"].get("AC_curve", []), m["summary"].get("AA_curve", [])))])
 if len(curves) and curves["step"].max() >= 3:
     left, right = st.columns(2)
-    left.altair_chart(charts.with_convention(charts.step_curves(
-        curves.dropna(subset=["AC_t"]), value="AC_t", title="AC_t: compatibility of the first t models",
-        y_title="AC_t", percent_axis=False), conv, 60), width="stretch")
-    right.altair_chart(charts.with_convention(charts.step_curves(
-        curves, value="AA_t", title=f"AA_t: mean {metric_name(metric)} of the first t models", y_title="AA_t",
-        percent_axis=True), conv, 60), width="stretch")
+    for col, value, title, pct, frame in (
+            (left, "AC_t", "AC_t: compatibility of the first t models", False, curves.dropna(subset=["AC_t"])),
+            (right, "AA_t", f"AA_t: mean {metric_name(metric)} of the first t models", True, curves)):
+        with col:
+            curve = charts.with_convention(charts.step_curves(frame, value=value, title=title, y_title=value,
+                                                              percent_axis=pct), conv, 60)
+            st.altair_chart(curve, width="stretch")
+            download_buttons(curve, f"{value}_{metric}", key=f"dl_{value}")
 
 # ---- the same models in every stored view, side by side (the view picker above chooses the matrices below)
 by_view = [{"method": e["method"], "view": m["view"], "AC": m["summary"].get("AC"),
@@ -183,7 +190,6 @@ with st.expander("Download the summary table"):
 # ---- the matrices, side by side
 st.subheader("Matrices")
 per_row = 2 if len(shown) > 1 else 1
-images = charts.can_export_images()
 defined = np.concatenate([m["values"][~np.isnan(m["values"])] for _, m in shown])
 domain = (float(defined.min()), float(defined.max())) if len(defined) else None  # one colour scale for all
 for start in range(0, len(shown), per_row):
@@ -223,20 +229,8 @@ for start in range(0, len(shown), per_row):
                 for dcol, (fmt, ext, mime) in zip(d, (("csv", "csv", "text/csv"), ("markdown", "md", "text/markdown"),
                                                       ("latex", "tex", "application/x-tex"))):
                     dcol.download_button(fmt.upper() if fmt == "csv" else fmt.capitalize(),
-                                         lambda C=C, fmt=fmt, t=title, cm=comparable, r=replaced, line=line:
-                                         annotate(export(C, fmt, t, cm, r), fmt, line),
+                                         lambda C=C, fmt=fmt, t=title, cm=comparable, r=replaced, line=line, m=m:
+                                         annotate(export(C, fmt, t, cm, r, m), fmt, line),
                                          file_name=f"{base}.{ext}", mime=mime, on_click="ignore",
                                          key=f"dl_{e['id']}_{fmt}")
-                d = st.columns(3)
-                d[0].download_button("Chart (HTML)", lambda chart=chart: charts.chart_bytes(chart, "html"),
-                                     file_name=f"{base}.html", mime="text/html", on_click="ignore", key=f"dl_{e['id']}_html")
-                if images:
-                    d[1].download_button("Chart (PNG)", lambda chart=chart: charts.chart_bytes(chart, "png"),
-                                         file_name=f"{base}.png", mime="image/png", on_click="ignore",
-                                         key=f"dl_{e['id']}_png")
-                    d[2].download_button("Chart (SVG)", lambda chart=chart: charts.chart_bytes(chart, "svg"),
-                                         file_name=f"{base}.svg", mime="image/svg+xml", on_click="ignore",
-                                         key=f"dl_{e['id']}_svg")
-                else:
-                    st.caption("PNG/SVG export needs the `vl-convert-python` package, which is not installed; "
-                               "the HTML file renders the same chart in a browser.")
+                download_buttons(chart, f"{base}_chart", key=f"dl_{e['id']}_chart")

@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts
+from app.exports import download_buttons
 from app import queries as q
 from app.widgets import analysis_result, pick_experiment, pick_steps, plain, state_convention
 from engine.contract import CLASS_MEAN, PROTOTYPE, SAMPLE
@@ -41,8 +42,10 @@ def show_stationarity(rows: list[dict], config: dict, split: str) -> None:
                                  (right, "centroid_energy", "Share of feature energy along the assigned centroid")):
         points = probe[["step", value]].dropna()
         if len(points):
-            column.altair_chart(charts.with_convention(charts.steps_chart(points, value, title), conv, 60),
+            column.altair_chart(chart := charts.with_convention(charts.steps_chart(points, value, title), conv, 60),
                                 width="stretch")
+            with column:
+                download_buttons(chart, f"probe_{value}", key=f"dl_probe_{value}")
     table = probe[[c for c in PROBE_COLUMNS if c in probe]].rename(columns=PROBE_COLUMNS)
     st.dataframe(table, hide_index=True, width="stretch", column_config={
         "cosine to own prototype": st.column_config.NumberColumn(
@@ -107,11 +110,12 @@ if result is not None:
         rows = np.unique(points["row"])
         keep = rows[np.linspace(0, len(rows) - 1, min(LINES_SHOWN, len(rows))).astype(int)]
         lines = points[points["row"].isin(keep)].assign(model_index=lambda d: d["model"].eq(names[1]).astype(int))
-    st.altair_chart(charts.with_convention(charts.projection_chart(
+    st.altair_chart(map_chart := charts.with_convention(charts.projection_chart(
         points, means if show_means else means.iloc[:0], protos if show_protos else protos.iloc[:0], lines,
         model_names=[names[0], names[1]], facet=not payload["joint"],
         title=f"{payload['embedding'].upper()} of L2-normalised {view} features · {payload['n_sampled']} of "
               f"{payload['n_rows']} {split} images per model"), conv, 110), width="stretch")
+    download_buttons(map_chart, f"map_{view}", key="dl_map")
     st.caption("Click a class in the legend to highlight it; scroll to zoom. Large ringed markers: class means; "
                "black +: fixed prototypes.")
 
@@ -120,7 +124,8 @@ if result is not None:
         if payload["drift"]:
             drift = pd.DataFrame(payload["drift"]).rename(columns={"name": "class"})
             drift["trained by old model"] = np.where(drift["seen_old"], "yes", "no")
-            st.altair_chart(charts.with_convention(charts.drift_chart(drift), conv, 60), width="stretch")
+            st.altair_chart(chart := charts.with_convention(charts.drift_chart(drift), conv, 60), width="stretch")
+            download_buttons(chart, "drift", key="dl_drift")
             seen = drift[drift["seen_old"]]
             if len(seen):
                 st.caption(f"Mean drift cosine over the old model's classes: {seen['cosine'].mean():.3f}")
@@ -133,8 +138,9 @@ if result is not None:
                               "angle": m["simplex_angle"]}
                              for i, m in enumerate(payload["collapse"]) if m.get("simplex_angle") is not None])
         if len(angles):
-            st.altair_chart(charts.with_convention(charts.angle_chart(angles, refs, model_names=[names[0], names[1]]),
-                                                   conv, 60), width="stretch")
+            st.altair_chart(chart := charts.with_convention(charts.angle_chart(angles, refs, model_names=[names[0], names[1]]),
+                                                            conv, 60), width="stretch")
+            download_buttons(chart, "angles", key="dl_angles")
 
     st.markdown("**Neural collapse** — each model on the classes it was trained on; 0 = perfect collapse")
     nc = pd.DataFrame([{
@@ -211,15 +217,19 @@ if geo is not None:
     left, right = st.columns(2)
     if "nc1" in models and models["nc1"].notna().any():
         nc1 = models[["step", "nc1"]].dropna()
-        left.altair_chart(charts.with_convention(charts.steps_chart(
+        left.altair_chart(chart := charts.with_convention(charts.steps_chart(
             nc1, "nc1", "NC1 (within-class variability) per step",
             log=bool(nc1["nc1"].max() > 50 * max(nc1["nc1"].min(), 1e-12))), conv_all, 60), width="stretch")
+        with left:
+            download_buttons(chart, "nc1_per_step", key="dl_nc1")
     pairs = pd.DataFrame(g["pairs"])
     if "mean_drift_seen" in pairs:
         drift = pairs.assign(step=pairs["new_step"])[["step", "mean_drift_seen"]].dropna()
-        right.altair_chart(charts.with_convention(charts.steps_chart(
+        right.altair_chart(chart := charts.with_convention(charts.steps_chart(
             drift, "mean_drift_seen", "Mean drift cosine vs the previous step (old classes)"), conv_all, 60),
             width="stretch")
+        with right:
+            download_buttons(chart, "drift_per_step", key="dl_drift_steps")
     names_nc = {"step": "step", "classes": "classes", "n": "images", "nc1": "NC1", "nc2_equinorm": "NC2 (norms)",
                 "nc2_equiangularity": "NC2 (angles)", "nc3": "NC3", "nc4": "NC4", "angle_mean": "mean angle (°)",
                 "simplex_angle": "simplex angle (°)"}

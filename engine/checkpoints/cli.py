@@ -131,7 +131,8 @@ def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
                                 ties=cmp.spec.ties, names=cmp.labels), end="")
             if args.export:
                 print(render_matrix(C, fmt=args.export, title=f"{view} / {metric}", comparable=result.comparable,
-                                    ties=cmp.spec.ties, names=cmp.labels))
+                                    ties=cmp.spec.ties, names=cmp.labels, metric=metric, view=view,
+                                    protocol=cmp.spec.protocol))
     for note in cmp.notes:
         print(f"note: {note}")
     experiment_id = None

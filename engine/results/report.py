@@ -1,16 +1,21 @@
 """Text renderings of compatibility matrices: terminal, CSV, Markdown and LaTeX (one source of truth).
 
 Row t = query model, column k = gallery model. A cross-test that fails the empirical compatibility
-criterion is marked (``*`` in text/CSV/Markdown, a red cell in LaTeX), as the papers shade them.
+criterion is marked (``*`` in text/Markdown, a red cell in LaTeX), as the papers shade them.
 Values are printed in percent; NaN prints as ``-`` (above the diagonal) or ``n/c`` (not comparable).
+CSV is data, not a picture of the table: one row per lower-triangle cell (``CSV_COLUMNS``), the value a plain
+fraction, the ECC verdict and the paired verdict in their own columns, and metric / view / protocol named in
+every row.
 With a stored paired test (``engine.metrics.paired``), each cross-test also carries its verdict:
 ✓ pass (ECC holds and the paired interval lies above 0), ✗ fail, ? unresolved (the interval
 straddles 0), followed by the counts; with ``gain``, the update gain of each cross-test is listed.
 """
 from __future__ import annotations
 
+import csv
 import io
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +24,9 @@ from engine.metrics import ecc_pass, summarize
 from engine.metrics.paired import SYMBOLS, count_verdicts
 
 FORMATS = ("text", "csv", "markdown", "latex")
+CSV_COLUMNS = ("query_model", "gallery_model", "query_step", "gallery_step", "cell", "value", "ecc_pass",
+               "paired_verdict", "paired_lo", "paired_hi", "update_gain", "metric", "view", "protocol", "eval_classes",
+               "ecc_ties")
 
 
 _LATEX_SYMBOLS = {"pass": "$\\checkmark$", "fail": "$\\times$", "unresolved": "?"}
@@ -66,8 +74,9 @@ def gain_line(gain: np.ndarray, names: Sequence[str]) -> str:
 
 def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparable: np.ndarray | None = None,
                   ties: str = "fail", names: Sequence[str] | None = None, paired: dict | None = None,
-                  gain: np.ndarray | None = None, replaced: Sequence[int] = ()) -> str:
-    """One matrix with its AC / AA / ACA line in the chosen format (AA and ACA in percent).
+                  gain: np.ndarray | None = None, replaced: Sequence[int] = (), metric: str = "", view: str = "",
+                  protocol: str = "", eval_classes: str = "") -> str:
+    """One matrix with its AC / AA / ACA line in the chosen format (AA and ACA in percent; CSV: ``matrix_csv``).
 
     ``paired`` is a stored paired test (``stored_summary(...)["paired"]``): verdict symbols per cell and their
     counts; ``gain`` a T x T update-gain matrix, listed under the table; ``replaced`` the steps whose model was
@@ -94,9 +103,8 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
         for line in _extra_lines(paired, gain, names, replaced):
             out.write(line + "\n")
     elif fmt == "csv":
-        out.write(",".join(head) + "\n")
-        for name, row in zip(names, cells):
-            out.write(",".join([name] + row) + "\n")
+        out.write(matrix_csv(C, names=names, comparable=comparable, ties=ties, paired=paired, gain=gain, metric=metric,
+                             view=view, protocol=protocol, eval_classes=eval_classes))
         if replaced:
             out.write(f"# {replaced_note(replaced)}\n")
     elif fmt == "markdown":
@@ -118,6 +126,48 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
         for line in _extra_lines(paired, gain, names, replaced):
             out.write(f"% {line}\n")
     return out.getvalue()
+
+
+def matrix_rows(C: np.ndarray, *, names: Sequence[str], comparable: np.ndarray | None = None, ties: str = "fail",
+                paired: dict | None = None, gain: np.ndarray | Sequence | None = None, metric: str = "", view: str = "",
+                protocol: str = "", eval_classes: str = "") -> list[dict]:
+    """The lower triangle as rows of ``CSV_COLUMNS``: numbers as floats (None where undefined), ``cell`` = self /
+    cross / n/c / undefined, ``ecc_pass`` True/False on defined cross-tests (None on the diagonal)."""
+    ecc = ecc_pass(C, ties=ties)
+    rows = []
+    for t in range(C.shape[0]):
+        for k in range(t + 1):
+            defined = not np.isnan(C[t, k])
+            if not defined:
+                cell = "n/c" if comparable is not None and not comparable[t, k] else "undefined"
+            else:
+                cell = "self" if t == k else "cross"
+            g = None if gain is None else gain[t][k]
+            rows.append({
+                "query_model": names[t], "gallery_model": names[k], "query_step": t + 1, "gallery_step": k + 1,
+                "cell": cell, "value": float(C[t, k]) if defined else None,
+                "ecc_pass": bool(ecc[t, k]) if cell == "cross" else None,
+                "paired_verdict": (paired["verdict"][t][k] or None) if paired and t != k else None,
+                "paired_lo": paired["lo"][t][k] if paired and t != k else None,
+                "paired_hi": paired["hi"][t][k] if paired and t != k else None,
+                "update_gain": None if g is None or np.isnan(g) else float(g),
+                "metric": metric, "view": view, "protocol": protocol, "eval_classes": eval_classes, "ecc_ties": ties,
+            })
+    return rows
+
+
+def csv_text(rows: Sequence[dict], columns: Sequence[str]) -> str:
+    """Rows as CSV with a header line; None is an empty cell, floats keep full precision."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows([{c: ("" if r.get(c) is None else r[c]) for c in columns} for r in rows])
+    return out.getvalue()
+
+
+def matrix_csv(C: np.ndarray, *, names: Sequence[str], **labels: Any) -> str:
+    """``matrix_rows`` as CSV (``pandas.read_csv`` reads ``value`` as float and ``ecc_pass`` as bool)."""
+    return csv_text(matrix_rows(C, names=names, **labels), CSV_COLUMNS)
 
 
 def _extra_lines(paired: dict | None, gain: np.ndarray | None, names: Sequence[str], replaced: Sequence[int]) -> list[str]:
@@ -142,6 +192,27 @@ def _mean_gain(s: dict) -> str:
     return f"{100 * vals.mean():.1f}" if len(vals) else "-"
 
 
+SUMMARY_CSV_COLUMNS = ("method", "AC", "AA", "ACA", "AC_std", "AA_std", "ACA_std", "seeds", "mean_update_gain",
+                       "paired_pass", "paired_fail", "paired_unresolved")
+
+
+def _summary_record(name: str, s: dict) -> dict:
+    """One row of the numeric summary CSV: fractions (AA, ACA and Γ not in percent), mean and sample std over
+    seeds when several, verdict counts as integers; None where undefined."""
+    spread = s.get("spread") or {}
+    many = {key: spread.get(key) for key in ("AC", "AA", "ACA") if spread.get(key) and spread[key].get("n", 0) > 1}
+    g = s.get("update_gain")
+    gains = np.array([[np.nan if v is None else v for v in row] for row in g], dtype=np.float64) if g else np.array([])
+    gains = gains[~np.isnan(gains)]
+    counts = count_verdicts(s["paired"]["verdict"]) if s.get("paired") else {}
+    return {"method": name,
+            **{key: many[key]["mean"] if key in many else s.get(key) for key in ("AC", "AA", "ACA")},
+            **{f"{key}_std": many[key]["std"] if key in many else None for key in ("AC", "AA", "ACA")},
+            "seeds": max((v["n"] for v in many.values()), default=1),
+            "mean_update_gain": float(gains.mean()) if len(gains) else None,
+            **{f"paired_{v}": counts.get(v) for v in ("pass", "fail", "unresolved")}}
+
+
 def _counts(s: dict) -> str:
     p = s.get("paired")
     if not p:
@@ -153,14 +224,14 @@ def _counts(s: dict) -> str:
 def render_summary_table(rows: Sequence[tuple[str, dict]], *, fmt: str = "markdown") -> str:
     """Paper-style table: one row per method with AC, AA (%), ACA (%), the mean update gain Γ (%) over the
     cross-tests and the paired verdicts (✓/✗/? counts). With ``"spread"`` over several seeds, AC/AA/ACA
-    print as mean ± std (sample std)."""
+    print as mean ± std (sample std). CSV is numeric (``SUMMARY_CSV_COLUMNS``, fractions, one value per cell)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if fmt == "csv":
+        return csv_text([_summary_record(name, s) for name, s in rows], SUMMARY_CSV_COLUMNS)
     body = [[name, _value(s, "AC", 1), _value(s, "AA", 100), _value(s, "ACA", 100), _mean_gain(s), _counts(s)]
             for name, s in rows]
     head = ["method", "AC", "AA", "ACA", "mean Γ", "✓/✗/?"]
-    if fmt == "csv":
-        return "\n".join(",".join(r) for r in [head] + body) + "\n"
     if fmt == "latex":
         tex_head = head[:4] + ["mean $\\Gamma$", "pass/fail/unres."]
         lines = ["\\begin{tabular}{lrrrrr}", " & ".join(tex_head) + " \\\\", "\\hline"]

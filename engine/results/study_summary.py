@@ -88,6 +88,8 @@ def print_study(summary: dict, *, fmt: str = "text", table_only: bool = False, m
                 gain = _matrix(entry["update_gain"]) if entry.get("update_gain") else None
                 seed = f", seed {info['seeds'][0]}" if len(info.get("seeds", [])) > 1 else ""
                 print(render_matrix(_matrix(entry["matrix"]), fmt=fmt, title=f"{label}: {metric}{seed}",
-                                    paired=entry.get("paired"), gain=gain, replaced=summary.get("replaced_steps", ())))
+                                    paired=entry.get("paired"), gain=gain, replaced=summary.get("replaced_steps", ()),
+                                    metric=metric, view=view, protocol=entry.get("protocol", ""),
+                                    eval_classes=entry.get("eval_classes", "")))
     print(f"{metric}, AA and ACA in %" + (f", mean ± std over {len(summary['seeds'])} seeds" if len(summary.get("seeds", [])) > 1 else "") + ":")
     print(render_summary_table(rows, fmt="markdown" if fmt == "text" else fmt))
