@@ -31,8 +31,8 @@ def _cfg(**over):
     return config_from_dict(data)
 
 
-def _ctx(tmp_path, **kw):
-    return RunContext(get_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), tmp_path / "ckpt", **kw)
+def _ctx(tmp_path, db_url=None, **kw):
+    return RunContext(get_engine(db_url or f"sqlite:///{tmp_path / 'db.sqlite'}"), tmp_path / "ckpt", **kw)
 
 
 def _count(db, model):
@@ -59,8 +59,9 @@ def test_every_method_runs_end_to_end(tmp_path, method):
     assert mats[("recall@1", view)].summary["AA"] == pytest.approx(np.nanmean(C[np.tril_indices(3)]))
 
 
-def test_stored_matrix_equals_an_independent_recomputation_from_stored_features(tmp_path):
-    ctx = _ctx(tmp_path)
+@pytest.mark.both_databases
+def test_stored_matrix_equals_an_independent_recomputation_from_stored_features(tmp_path, db_url):
+    ctx = _ctx(tmp_path, db_url)
     exp_id = run_experiment(_cfg(methods=["psp"], eval={"views": ["encoder", "psp"]}), ctx)
     with session_scope(ctx.db) as s:
         versions = list_model_versions(s, exp_id)
@@ -134,9 +135,10 @@ def test_topk_reaches_the_stored_matrix_and_the_backfill_analysis_alike(tmp_path
         assert payload["self_test"][metric] == pytest.approx(full[metric], abs=1e-12)  # fraction 1: all re-embedded
 
 
-def test_resume_after_a_kill_trains_only_the_missing_steps(tmp_path, monkeypatch):
+@pytest.mark.both_databases
+def test_resume_after_a_kill_trains_only_the_missing_steps(tmp_path, db_url, monkeypatch):
     cfg = _cfg(methods=["independent"])
-    ctx = _ctx(tmp_path)
+    ctx = _ctx(tmp_path, db_url)
     real = pipeline.train_step
     trained = []
 
@@ -227,14 +229,15 @@ def test_resumed_fine_tuning_run_matches_an_uninterrupted_one(tmp_path, monkeypa
     np.testing.assert_array_equal(last[0][1], last[1][1])
 
 
-def test_cancel_leaves_no_partial_rows(tmp_path):
+@pytest.mark.both_databases
+def test_cancel_leaves_no_partial_rows(tmp_path, db_url):
     calls = {"n": 0}
 
     def stop_in_step_two():
         calls["n"] += 1
         return calls["n"] > 30  # step 1 (about 15 batches) finishes, step 2 is cancelled
 
-    ctx = _ctx(tmp_path, should_stop=stop_in_step_two)
+    ctx = _ctx(tmp_path, db_url, should_stop=stop_in_step_two)
     with pytest.raises(Cancelled):
         run_experiment(_cfg(methods=["independent"], training={**TINY["training"], "epochs": 2}), ctx)
     assert _count(ctx.db, ModelVersion) == 0 and _count(ctx.db, FeatureSet) == 0 and _count(ctx.db, CompatibilityMatrix) == 0

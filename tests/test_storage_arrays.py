@@ -14,6 +14,8 @@ from storage import (
     session_scope,
 )
 
+pytestmark = pytest.mark.both_databases  # tests/conftest.py: SQLite and a throw-away PostgreSQL
+
 # A NaN with a non-default payload: any float conversion on the way would canonicalise it.
 ODD_NAN = np.array([0x7FF8_0000_0000_0001], dtype=np.uint64).view(np.float64)[0]
 SPECIALS = [np.nan, -0.0, 0.0, np.inf, -np.inf, 1e-300, -1.5]
@@ -65,7 +67,7 @@ def test_stored_bytes_are_plain_npy_loadable_without_pickle(engine, experiment_i
     with session_scope(engine) as session:
         save_analysis(session, experiment_id, "test", "raw", {}, features)
     with engine.connect() as connection:
-        raw = connection.execute(text("SELECT array FROM analyses")).scalar_one()
+        raw = connection.execute(text('SELECT "array" FROM analyses')).scalar_one()
     assert raw.startswith(b"\x93NUMPY")
     assert same_bits(np.load(io.BytesIO(raw), allow_pickle=False), features)
 
@@ -89,7 +91,7 @@ def test_a_pickled_blob_in_the_database_is_not_unpickled(engine, experiment_id):
     with session_scope(engine) as session:
         save_analysis(session, experiment_id, "test", "pickled", {}, np.zeros(1))
     with engine.begin() as connection:
-        connection.execute(text("UPDATE analyses SET array = :blob"), {"blob": buffer.getvalue()})
+        connection.execute(text('UPDATE analyses SET "array" = :blob'), {"blob": buffer.getvalue()})
     with pytest.raises(ValueError, match="allow_pickle"):
         with session_scope(engine) as session:
             load_analysis(session, experiment_id, "test", "pickled")

@@ -32,6 +32,8 @@ from storage import (
     worker_exit_reason,
 )
 
+pytestmark = pytest.mark.both_databases  # tests/conftest.py: SQLite and a throw-away PostgreSQL
+
 
 def enqueue(engine, count: int = 1, **links) -> list[int]:
     with session_scope(engine) as session:

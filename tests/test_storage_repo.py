@@ -36,6 +36,8 @@ from storage import (
     set_experiment_study,
 )
 
+pytestmark = pytest.mark.both_databases  # tests/conftest.py: SQLite and a throw-away PostgreSQL
+
 FEATURES = np.array([[0.0, 1.0, -0.0], [np.nan, 2.0, 3.0]], dtype=np.float32)
 LABELS = np.array([4, 7])
 
