@@ -212,6 +212,13 @@ def get_model_version(session: Session, model_version_id: int) -> ModelVersion |
     return session.get(ModelVersion, model_version_id)
 
 
+def model_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a model version (1..40 printable characters), or None."""
+    if not 1 <= len(name) <= MAX_MODEL_NAME or not name.isprintable():
+        return f"model name {name!r} must be 1..{MAX_MODEL_NAME} printable characters"
+    return None
+
+
 def rename_model_version(session: Session, model_version_id: int, name: str | None) -> None:
     """Give a model version the user's name (``v1``, ``v2``, ...); ``None`` or blank clears it.
 
@@ -219,8 +226,8 @@ def rename_model_version(session: Session, model_version_id: int, name: str | No
     """
     mv = require_row(session, ModelVersion, model_version_id)
     name = None if name is None or not str(name).strip() else str(name).strip()
-    if name is not None and (len(name) > MAX_MODEL_NAME or not name.isprintable()):
-        raise ValueError(f"model name {name!r} must be 1..{MAX_MODEL_NAME} printable characters")
+    if name is not None and model_name_problem(name):
+        raise ValueError(model_name_problem(name))
     taken = session.scalar(select(ModelVersion.step).where(ModelVersion.experiment_id == mv.experiment_id,
                                                            ModelVersion.name == name, ModelVersion.id != mv.id))
     if name is not None and taken is not None:

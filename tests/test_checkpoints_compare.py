@@ -30,6 +30,7 @@ from storage import (
     ModelVersion,
     Study,
     create_experiment,
+    list_model_versions,
     get_engine,
     init_db,
     load_matrices,
@@ -178,6 +179,16 @@ def test_json_spec_for_the_dashboard_worker(tmp_path, images, db_url):
         exp = s.scalars(select(Experiment)).one()
         assert message == f"experiment {exp.id}" and exp.name == "upgrade"
         assert exp.config["spec"]["models"][0]["preprocessing"]["input_size"] == 16
+        assert [mv.name for mv in list_model_versions(s, exp.id)] == [None, None]  # no labels, no names
+    labelled = {**spec, "name": "named", "models": [{**spec["models"][0], "label": "v1"}, {**spec["models"][1], "label": "v2"}]}
+    named_id = run_checkpoint_comparison(get_engine(db_url), labelled)
+    with session_scope(get_engine(db_url)) as s:  # the labels are the stored models' names
+        assert [mv.name for mv in list_model_versions(s, named_id)] == ["v1", "v2"]
+    for labels, problem in ((("v1", "v1"), "two models share the label 'v1'"),
+                            (("v1", "x" * 41), "must be 1..40 printable characters")):
+        bad = {**spec, "models": [{**m, "label": label} for m, label in zip(spec["models"], labels)]}
+        with pytest.raises(ValueError, match=problem):
+            run_checkpoint_comparison(get_engine(db_url), bad)
     with pytest.raises(ValueError, match=r"model 1: unknown key\(s\) weights; known keys: path, arch"):
         run_checkpoint_comparison(get_engine(db_url), {**spec, "models": [{"path": "x.pt", "weights": "y"}]})
     with pytest.raises(ValueError, match=r"comparison spec: unknown key\(s\) modles"):

@@ -16,6 +16,7 @@ from engine.checkpoints.pretrained import pretrained_path
 from engine.data.bounds import check_batch_size, check_image_size
 from engine.data.roots import confine
 from engine.vocab import DATASET_NAMES, GALLERY_PROTOCOLS, parse_metric
+from storage import model_name_problem
 
 VIEWS = ("encoder", "psp", "lsp")
 PROTOCOLS = GALLERY_PROTOCOLS
@@ -158,6 +159,13 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = 
     if not isinstance(entries, Sequence) or isinstance(entries, str) or not entries:
         raise ValueError("a comparison needs 'models': a list of at least one checkpoint, oldest first")
     models = tuple(model_source(e, index=i, trust=trust) for i, e in enumerate(entries, start=1))
+    names = [m.label for m in models if m.label]
+    for name in names:  # the labels become the stored models' names (checked now, not after the extraction)
+        if model_name_problem(name):
+            raise ValueError(model_name_problem(name))
+    if len(set(names)) < len(names):
+        raise ValueError(f"two models share the label {next(n for n in names if names.count(n) > 1)!r}; "
+                         "give each model its own name")
     dataset, query, gallery = (dataset_text(spec.get(k)) for k in ("dataset", "query_dataset", "gallery_dataset"))
     if dataset is not None and (query or gallery):
         raise ValueError("give either 'dataset' (closed-set) or 'query_dataset' and 'gallery_dataset' (open-set), not both")
