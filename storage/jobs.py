@@ -92,30 +92,45 @@ def claim_next_job(engine: Engine, worker_pid: int, *, kinds: Collection[str] | 
 
     ``kinds``: claim only jobs of these kinds (a lane's worker); every kind when None.
 
-    Each candidate is taken with ``UPDATE ... WHERE id = :id AND status = 'queued'``; a row count of 0
-    means another worker got it first, so two workers never claim the same job. The claim writes a fresh
+    On PostgreSQL the oldest queued job is selected ``FOR UPDATE SKIP LOCKED``: a row another worker is claiming
+    is skipped, not waited for, so any number of workers claim side by side. On SQLite (one writer at a time)
+    each candidate is taken with ``UPDATE ... WHERE id = :id AND status = 'queued'``; a row count of 0 means
+    another worker got it first. Either way two workers never claim the same job. The claim writes a fresh
     random ``lease``: every later update by the worker names it, so a worker that lost the job (failed
     as stale, taken over) changes nothing. Commits on return.
     """
     queued = select(Job.id).where(Job.status == "queued")
     if kinds is not None:
         queued = queued.where(Job.kind.in_(list(kinds)))
+    queued = queued.order_by(Job.created_at, Job.id)
     with session_scope(engine) as session:
+        if engine.dialect.name == "postgresql":
+            job_id = session.scalar(queued.limit(1).with_for_update(skip_locked=True))
+            return None if job_id is None or not _take(session, job_id, worker_pid) else _fresh(session, job_id)
         while True:
-            candidates = session.scalars(queued.order_by(Job.created_at, Job.id).limit(_CLAIM_BATCH)).all()
+            candidates = session.scalars(queued.limit(_CLAIM_BATCH)).all()
             if not candidates:
                 return None
             for job_id in candidates:
-                now = utcnow()
-                claimed = session.execute(
-                    update(Job)
-                    .where(Job.id == job_id, Job.status == "queued")
-                    .values(status="running", worker_pid=worker_pid, lease=secrets.token_hex(16), started_at=now,
-                            heartbeat_at=now, message="started")
-                    .execution_options(synchronize_session=False)
-                )
-                if claimed.rowcount == 1:
-                    return session.get(Job, job_id, populate_existing=True)
+                if _take(session, job_id, worker_pid):
+                    return _fresh(session, job_id)
+
+
+def _take(session: Session, job_id: int, worker_pid: int) -> bool:
+    """Move job ``job_id`` from queued to running for ``worker_pid``; False when it is no longer queued."""
+    now = utcnow()
+    claimed = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == "queued")
+        .values(status="running", worker_pid=worker_pid, lease=secrets.token_hex(16), started_at=now,
+                heartbeat_at=now, message="started")
+        .execution_options(synchronize_session=False)
+    )
+    return claimed.rowcount == 1
+
+
+def _fresh(session: Session, job_id: int) -> Job:
+    return session.get(Job, job_id, populate_existing=True)
 
 
 def _leased_update(session: Session, job_id: int, lease: str, **values: Any) -> bool:

@@ -60,23 +60,26 @@ def test_a_job_claimed_by_another_worker_in_between_is_skipped(engine):
     rival = create_engine(engine.url)
     fired = []
 
+    locking = engine.dialect.name == "postgresql"  # SELECT ... FOR UPDATE SKIP LOCKED: the rival skips our row
+    rival_gets, we_get = (second, first) if locking else (first, second)
+
     @event.listens_for(engine, "before_cursor_execute")
     def rival_claims_first(connection, cursor, statement, parameters, context, executemany):
         if statement.startswith("UPDATE jobs") and not fired:
-            fired.append(True)  # our worker has chosen its candidate; the rival commits a claim on it now
-            assert claim_next_job(rival, worker_pid=2).id == first
+            fired.append(True)  # our worker has chosen its candidate; the rival commits a claim now
+            assert claim_next_job(rival, worker_pid=2).id == rival_gets
 
     try:
         job = claim_next_job(engine, worker_pid=1)
     finally:
         event.remove(engine, "before_cursor_execute", rival_claims_first)
         rival.dispose()
-    assert fired and (job.id, job.worker_pid) == (second, 1)
-    assert get_job(engine, first).worker_pid == 2
+    assert fired and (job.id, job.worker_pid) == (we_get, 1)
+    assert get_job(engine, rival_gets).worker_pid == 2
 
 
 def test_concurrent_workers_never_share_a_job(engine):
-    job_ids = enqueue(engine, 30)
+    job_ids = enqueue(engine, 200)  # 4 workers x 200 jobs: each claimed exactly once
     claimed: list[int] = []
     lock = threading.Lock()
 
