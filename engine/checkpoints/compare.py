@@ -54,6 +54,7 @@ from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibili
 from engine.results.record import Version, record_experiment
 from engine.vocab import parse_metric
 from engine.data.roots import confine
+from engine.data.samples import SampleRefs
 
 VIEWS = ("encoder", "psp", "lsp")
 PROTOCOLS = ("instance", "template")
@@ -387,6 +388,7 @@ class Comparison:
     shared: np.ndarray  # T x T: classes shared by query model t and gallery model k (-1 above the diagonal)
     results: dict[str, MatrixResult]
     notes: list[str] = field(default_factory=list)
+    refs: dict[str, SampleRefs | None] = field(default_factory=dict)  # per split: each row's image (engine.data.samples)
 
     @property
     def protocol_name(self) -> str:
@@ -541,6 +543,7 @@ def _compare_loaded(spec: ComparisonSpec, models: list[LoadedModel], report: Pro
                for view in spec.views}
     cmp = Comparison(spec, models, labels, names, outputs, split_labels, tuple(dataset_classes), same_set, shared, results)
     cmp.notes = _notes(cmp)
+    cmp.refs = {split: source.images.refs for split, source in splits.items()}
     return cmp
 
 
@@ -564,7 +567,7 @@ def store_comparison(db: Engine, cmp: Comparison) -> int:
     versions = [Version(architecture=model.architecture, method="checkpoints", classes=range(len(names)),
                         num_outputs=len(names), feature_dim=int(out["gallery"]["encoder"].shape[1]),
                         outputs=out, labels=cmp.split_labels,  # a logits-only TorchScript model stores no encoder view
-                        class_names=names, checkpoint_path=str(model.path.resolve()))
+                        class_names=names, checkpoint_path=str(model.path.resolve()), refs=cmp.refs)
                 for model, names, out in zip(cmp.models, cmp.class_names, cmp.outputs)]
     return record_experiment(db, name=(cmp.spec.name or "checkpoints: " + " -> ".join(cmp.labels))[:200],
                              method="checkpoints", config=config, versions=versions, results=cmp.results,

@@ -23,6 +23,7 @@ from engine.data.folder import list_image_folder
 from engine.data.bounds import check_image_size
 from engine.data.imageset import DatasetNotFoundError, ImageSet, first_per_class, stratified_split
 from engine.data.roots import confine
+from engine.data.samples import dataset_refs
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 CIFAR_KINDS = {"cifar10": (CIFAR10, "CIFAR-10"), "cifar100": (CIFAR100, "CIFAR-100")}
@@ -66,7 +67,8 @@ def load_cifar(name: str, *, root: str | Path = "data", split: str = "train", ma
     targets = np.asarray(labels, dtype=np.int64)
     keep = first_per_class(targets, max_per_class)
     images = torch.from_numpy(pixels[keep].reshape(-1, 3, 32, 32).astype(np.float32) / 255.0)
-    return ImageSet(images, torch.from_numpy(targets[keep]), tuple(_read_batch(meta, title)[kind.meta["key"]]))
+    refs = dataset_refs({"dataset": name, "split": split, "root": str(root)}, keep)
+    return ImageSet(images, torch.from_numpy(targets[keep]), tuple(_read_batch(meta, title)[kind.meta["key"]]), refs=refs)
 
 
 def load_imagefolder(root: str | Path, *, image_size: int = 32, max_per_class: int | None = None) -> ImageSet:
