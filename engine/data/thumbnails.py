@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
 
 from engine.data.fashion_files import find_split, open_idx, read_idx_images
 from engine.data.roots import sqlite_folder, confine
@@ -100,8 +100,10 @@ def square(pixels: np.ndarray, size: int = THUMB_SIZE) -> Image.Image:
     """``size`` x ``size`` image of uint8 pixels (H, W[, 3]): centre-cropped square; enlarged by nearest neighbour,
     reduced with Lanczos."""
     image = Image.fromarray(pixels)
-    method = Image.Resampling.NEAREST if min(image.size) <= size else Image.Resampling.LANCZOS
-    return ImageOps.fit(image, (size, size), method=method)
+    side = min(image.size)
+    left, top = (image.width - side) // 2, (image.height - side) // 2
+    method = Image.Resampling.NEAREST if side <= size else Image.Resampling.LANCZOS
+    return image.crop((left, top, left + side, top + side)).resize((size, size), method)
 
 
 def _key(source: dict[str, Any], i: int, size: int) -> str:
