@@ -3,6 +3,7 @@ thumbnails equal to independently decoded and resized images; the disk cache; ol
 from __future__ import annotations
 
 import io
+import pickle
 import sys
 from pathlib import Path
 
@@ -68,6 +69,28 @@ def test_builtin_references_are_stored_and_render_the_loaded_pixels(name, engine
     pngs = row_thumbnails(engine, version_id, "gallery", [0, 1, 2], cache_dir=tmp_path / "thumbs")
     for png, row in zip(pngs, range(3)):
         np.testing.assert_array_equal(png_pixels(png), expected(chosen.batch([row])[0].numpy()))
+
+
+def test_cifar_references_render_the_loaded_pixels_and_name_torchvisions_files(engine, tmp_path):
+    from torchvision.datasets import CIFAR10, CIFAR100
+
+    from engine.data.cifar_files import FILES
+
+    for name, kind in (("cifar10", CIFAR10), ("cifar100", CIFAR100)):
+        assert FILES[name] == (kind.base_folder, {"train": tuple(f for f, _ in kind.train_list),
+                                                  "test": tuple(f for f, _ in kind.test_list)})
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for file in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        data = rng.integers(0, 256, (6, 3072), dtype=np.uint8)
+        (folder / file).write_bytes(pickle.dumps({"data": data, "labels": [0, 1, 2, 0, 1, 2]}))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"c{i}" for i in range(10)]}))
+    images = load_dataset("cifar10", root=tmp_path, split="train").subset([29, 3, 14])  # batches 5, 1, 3
+    version_id = store(engine, {"gallery": images.refs}, len(images))
+    pngs = row_thumbnails(engine, version_id, "gallery", [0, 1, 2], cache_dir=tmp_path / "thumbs")
+    for row, png in enumerate(pngs):
+        np.testing.assert_array_equal(png_pixels(png), expected(images.batch([row])[0].numpy()))
 
 
 def test_image_folder_references_render_the_file_cropped_and_reduced(engine, tmp_path):

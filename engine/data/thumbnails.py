@@ -7,8 +7,8 @@ neighbour so their pixels stay visible, larger ones centre-cropped to a square a
 ``cache_dir`` under the SHA-256 of the reference: a later request reads the file and decodes nothing. Images
 never enter the database. numpy and Pillow only, so the dashboard calls it in its own process.
 
-CIFAR-10/100 references are stored but not rendered yet: their batches are read by the unpickler of
-``engine.data.disk``, which loads torch (the caption says so).
+CIFAR-10/100 batches are read whole by the restricted unpickler of ``engine.data.cifar_files`` (uint8, up to the
+batch that holds the last item asked for: at most the split's files, 30-150 MB), then cached per item.
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from engine.data.cifar_files import FILES as CIFAR_FILES
+from engine.data.cifar_files import read_batch
 from engine.data.fashion_files import find_split, open_idx, read_idx_images
 from engine.data.roots import sqlite_folder, confine
 from engine.data.shapes import render_class
@@ -71,6 +73,24 @@ def _shapes(source: dict[str, Any], ids: np.ndarray) -> list[np.ndarray | None]:
     return out
 
 
+def _cifar(source: dict[str, Any], ids: np.ndarray) -> list[np.ndarray | None]:
+    folder_name, splits = CIFAR_FILES[source["dataset"]]
+    folder = confine(source["root"], what="CIFAR root") / folder_name
+    out: list[np.ndarray | None] = [None] * len(ids)
+    start = 0
+    for file in splits[source["split"]]:
+        if start > ids.max():
+            break
+        path = folder / file
+        if not path.is_file():
+            return out
+        rows = np.asarray(read_batch(path, source["dataset"])["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        for r in np.flatnonzero((ids >= start) & (ids < start + len(rows))):
+            out[r] = rows[ids[r] - start].transpose(1, 2, 0)
+        start += len(rows)
+    return out
+
+
 def _files(source: dict[str, Any], ids: np.ndarray) -> list[np.ndarray | None]:
     out: list[np.ndarray | None] = []
     for i in ids:
@@ -83,7 +103,8 @@ def _files(source: dict[str, Any], ids: np.ndarray) -> list[np.ndarray | None]:
     return out
 
 
-DECODERS: dict[str, Decoder] = {"digits": _digits, "fashion": _fashion, "shapes": _shapes, "files": _files}
+DECODERS: dict[str, Decoder] = {"digits": _digits, "fashion": _fashion, "shapes": _shapes, "cifar10": _cifar,
+                                 "cifar100": _cifar, "files": _files}
 
 
 def kind_of(source: dict[str, Any]) -> str:
