@@ -25,7 +25,12 @@ EXPERIMENT_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 JOB_STATUSES = EXPERIMENT_STATUSES
 FINISHED_STATUSES = ("done", "failed", "cancelled")
 # Columns added after the first release: ``init_db`` adds them to an existing database (storage.migrate).
-ADDED_COLUMNS = (("jobs", "lease"), ("jobs", "payload_hash"), ("model_versions", "name"))
+ADDED_COLUMNS = (
+    ("jobs", "lease"),
+    ("jobs", "payload_hash"),
+    ("model_versions", "name"),
+    ("feature_sets", "image_source"),
+)
 SPLITS = ("query", "gallery", "train")
 PROTOCOLS = ("instance", "template")
 MAX_MODEL_NAME = 40
@@ -149,6 +154,8 @@ class FeatureSet(Base):
     created_at: Mapped[datetime] = _created_at()  # when the current contents were written
 
     model_version: Mapped[ModelVersion] = relationship(back_populates="feature_sets")
+    # where the rows' images come from (engine.data.samples): ``image_ids[i]`` indexes this source; None: unknown
+    image_source: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
 
 class CompatibilityMatrix(Base):

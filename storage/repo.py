@@ -269,22 +269,27 @@ def save_feature_set(
     features: np.ndarray,
     labels: np.ndarray,
     image_ids: np.ndarray | None = None,
+    image_source: dict[str, Any] | None = None,
 ) -> int:
     """Store the features of (model version, split, view), replacing any earlier ones; return the row id.
 
-    Inputs are validated before anything is written (``ValueError``). The write is a single INSERT or
-    UPDATE, so a failure leaves the previous features intact and never a duplicate.
+    ``image_source`` (a JSON-able dict, ``engine.data.samples``) says what ``image_ids`` index: with it,
+    ``image_ids`` are needed. Inputs are validated before anything is written (``ValueError``). The write is a
+    single INSERT or UPDATE, so a failure leaves the previous features intact and never a duplicate.
     """
     require_choice("split", split, SPLITS)
     if not view:
         raise ValueError("view must be a non-empty name such as 'encoder', 'psp' or 'F(old)'")
     features, labels, image_ids = _check_feature_arrays(features, labels, image_ids)
+    if image_source is not None and (image_ids is None or image_ids.dtype.kind not in "iu"):
+        raise ValueError("an image_source needs integer image_ids (one index into the source per feature row)")
     require_row(session, ModelVersion, model_version_id)
     key = {"model_version_id": model_version_id, "split": split, "view": view}
     values = {
         "features": features,
         "labels": labels,
         "image_ids": image_ids,
+        "image_source": image_source,
         "dim": int(features.shape[1]),
         "count": int(features.shape[0]),
     }
@@ -296,15 +301,19 @@ def save_feature_sets(
     model_version_id: int,
     features: Mapping[str, Mapping[str, np.ndarray]],
     labels: Mapping[str, np.ndarray],
+    images: Mapping[str, tuple[dict[str, Any], np.ndarray]] | None = None,
 ) -> None:
-    """Store ``features[split][view]`` with ``labels[split]`` for every split and view (see :func:`save_feature_set`).
+    """Store ``features[split][view]`` with ``labels[split]`` for every split and view (see :func:`save_feature_set`),
+    and ``images[split]`` = ``(image_source, image_ids)`` where given.
 
     An ``(N, 0)`` array (a model without that output) is not stored.
     """
+    images = images or {}
     for split, views in features.items():
+        source, ids = images.get(split, (None, None))
         for view, array in views.items():
             if np.shape(array)[1]:
-                save_feature_set(session, model_version_id, split, view, array, labels[split])
+                save_feature_set(session, model_version_id, split, view, array, labels[split], ids, source)
 
 
 def copy_feature_sets(session: Session, source_version_id: int, target_version_id: int, views: Sequence[str]) -> None:
@@ -312,7 +321,8 @@ def copy_feature_sets(session: Session, source_version_id: int, target_version_i
     source = require_row(session, ModelVersion, source_version_id)
     for fs in source.feature_sets:
         if fs.view in views:
-            save_feature_set(session, target_version_id, fs.split, fs.view, fs.features, fs.labels, fs.image_ids)
+            save_feature_set(session, target_version_id, fs.split, fs.view, fs.features, fs.labels, fs.image_ids,
+                             fs.image_source)
 
 
 def list_feature_views(session: Session, model_version_id: int, split: str) -> list[str]:
@@ -337,6 +347,17 @@ def load_feature_set(
             f"stored views: {stored or 'none'}"
         )
     return row.features, row.labels, row.image_ids
+
+
+def load_image_refs(session: Session, model_version_id: int, split: str) -> tuple[dict[str, Any], np.ndarray] | None:
+    """``(image_source, image_ids)`` of the model version's ``split`` rows, or None when none were stored."""
+    require_choice("split", split, SPLITS)
+    query = (select(FeatureSet.image_source, FeatureSet.image_ids)
+             .where(FeatureSet.model_version_id == model_version_id, FeatureSet.split == split,
+                    FeatureSet.image_source.is_not(None))
+             .order_by(FeatureSet.id).limit(1))
+    row = session.execute(query).first()
+    return None if row is None else (row.image_source, row.image_ids)
 
 
 # --- compatibility matrices ------------------------------------------------------------------

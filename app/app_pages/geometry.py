@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import charts
+from app import charts, images
 from app.exports import download_buttons
 from app import queries as q
 from app.widgets import analysis_result, pick_experiment, pick_steps, plain, state_convention
@@ -56,6 +56,84 @@ def show_stationarity(rows: list[dict], config: dict, split: str) -> None:
         "centroid turn (°)": st.column_config.NumberColumn(
             format="%.1f", help="angle between this step's assigned-prototype centroid and the previous step's"),
     })
+
+
+def pick_query(steps: list[int], by_step: dict[int, dict], default_step: int) -> tuple[int, int, int]:
+    """(query model step, query row, k): the row comes from ``st.session_state["geometry_query"]`` (a stored query
+    row, e.g. a clicked map point) when set, else from the class + sample pickers."""
+    c = st.columns([1, 2, 2, 1])
+    q_step = c[0].selectbox("Query model", steps, index=steps.index(default_step), key="nn_query_step")
+    version = by_step[q_step]
+    labels = images.labels(url, version["id"], "query")
+    names = version["class_names"] or []
+
+    def name(label: int) -> str:
+        return names[label] if label < len(names) else f"class {label}"
+
+    present = sorted({int(v) for v in labels})
+    chosen = st.session_state.get("geometry_query")
+    if chosen is not None and chosen != st.session_state.get("nn_applied_query") and 0 <= int(chosen) < len(labels):
+        st.session_state["nn_applied_query"] = chosen  # a new query from outside: point the pickers at it
+        st.session_state["nn_class"] = int(labels[int(chosen)])
+        st.session_state["nn_sample"] = int(chosen)
+    label = c[1].selectbox("Query class", present, format_func=name, key="nn_class")
+    rows = [int(r) for r in np.flatnonzero(labels == label)]
+    if st.session_state.get("nn_sample") not in rows:
+        st.session_state["nn_sample"] = rows[0]
+    row = c[2].selectbox("Query image", rows, key="nn_sample",
+                         format_func=lambda r: f"{rows.index(r) + 1} of {len(rows)} in its class (row {r})")
+    k = c[3].slider("Neighbours", 1, 20, 5, key="nn_k")
+    return q_step, int(row), int(k)
+
+
+def show_gallery(nn: dict, pictures: list[bytes | None], title: str) -> None:
+    """One gallery's neighbours: images (or class names) with hit/miss and cosine distance under each."""
+    hits = sum(n["hit"] for n in nn["neighbours"])
+    st.markdown(f"**{title}** · {hits}/{len(nn['neighbours'])} hits · {nn['n_positives']} positives among "
+                f"{nn['n_gallery']} images" + (" · query's own image excluded" if nn["same_set"] else ""))
+    captions = [f"{'✓ hit' if n['hit'] else '✗ miss'} · {n['name']} · d={1 - n['similarity']:.3f}"  # plain text
+                for n in nn["neighbours"]]
+    if all(p is not None for p in pictures) and pictures:
+        st.image(pictures, caption=captions, width=72)
+    else:
+        for n, caption in zip(nn["neighbours"], captions):
+            st.text(f"#{n['rank']}  {caption}")
+
+
+def show_neighbours(experiment: dict, versions: list[dict], old: dict, new: dict, view: str) -> None:
+    """The query image and its neighbours in the old and in the new gallery, side by side."""
+    st.subheader("Nearest neighbours across models")
+    st.caption("The query, embedded by the query model, searched in the gallery embedded by the old model and in the "
+               "gallery embedded by the new model (the two steps chosen above). ✓ = same class as the query; "
+               "d = cosine distance (1 - cosine similarity).")
+    state_convention(experiment["config"], metrics="cosine similarity", views=view, gallery="instance",
+                     eval_classes="all", ecc=False)
+    steps = [v["step"] for v in versions]
+    by_step = {v["step"]: v for v in versions}
+    q_step, row, k = pick_query(steps, by_step, new["step"])
+    galleries = ((old, f"old gallery (step {old['step']})"), (new, f"new gallery (step {new['step']})"))
+    results = []
+    try:
+        for gallery, _ in galleries:
+            results.append(q.neighbours(url, by_step[q_step]["id"], gallery["id"], view, row, k))
+    except ValueError as exc:
+        st.warning(plain(exc))
+        return
+    note = images.images_note(url, by_step[q_step]["id"], "query")
+    if note:
+        st.caption(note + " Neighbours are shown by class name.")
+    query = results[0]["query"]
+    left, *sides = st.columns([1, 3, 3])
+    with left:
+        st.markdown("**Query**")
+        picture = images.thumbnails(url, by_step[q_step]["id"], "query", (row,))[0]
+        if picture is not None:
+            st.image(picture, width=96)
+        st.caption(f"{plain(query['name'])} · row {query['index']} · model step {q_step}")
+    for side, nn, (gallery, title) in zip(sides, results, galleries):
+        with side:
+            rows = tuple(n["gallery_index"] for n in nn["neighbours"])
+            show_gallery(nn, images.thumbnails(url, gallery["id"], "gallery", rows) if not note else [], title)
 
 
 st.title("Feature geometry")
@@ -172,37 +250,9 @@ if result is not None:
     else:
         st.caption("Needs old and new features of the same dimension.")
 
-# ---- cross-model nearest neighbours: computed directly (one similarity row), not a job
+# ---- cross-model nearest neighbours: computed directly (one similarity row each), not a job
 st.divider()
-st.subheader("Nearest neighbours across models")
-st.caption("A query embedded by the new model searched in the gallery embedded by the old model. Images are not "
-           "stored in the database, so neighbours are shown by label and class name only.")
-state_convention(experiment["config"], metrics="cosine similarity", views=view, gallery="instance", eval_classes="all",
-                 ecc=False)
-c = st.columns([1, 1, 1, 1])
-steps = [v["step"] for v in versions]
-by_step = {v["step"]: v for v in versions}
-q_step = c[0].selectbox("Query model", steps, index=steps.index(new["step"]), key="nn_query_step")
-g_step = c[1].selectbox("Gallery model", steps, index=steps.index(old["step"]), key="nn_gallery_step")
-index = c[2].number_input("Query index", min_value=0, value=0, step=1, key="nn_index")
-k = c[3].slider("Neighbours", 1, 20, 5, key="nn_k")
-try:
-    nn = q.neighbours(url, by_step[q_step]["id"], by_step[g_step]["id"], view, int(index), int(k))
-except ValueError as exc:
-    st.warning(plain(exc))
-else:
-    query = nn["query"]
-    hits = sum(n["hit"] for n in nn["neighbours"])
-    st.markdown(f"Query #{query['index']}: class **{plain(query['name'])}** (label {query['label']}) · "
-                f"{hits}/{len(nn['neighbours'])} "
-                f"hits · {nn['n_positives']} positives among {nn['n_gallery']} gallery images"
-                + (" · own image excluded (closed-set)" if nn["same_set"] else ""))
-    st.dataframe(pd.DataFrame([{"rank": n["rank"], "hit": n["hit"], "class": n["name"], "label": n["label"],
-                                "gallery index": n["gallery_index"], "cosine similarity": n["similarity"]}
-                               for n in nn["neighbours"]]),
-                 hide_index=True, width="stretch",
-                 column_config={"hit": st.column_config.CheckboxColumn("same class as the query", width="small"),
-                                "cosine similarity": st.column_config.NumberColumn(format="%.4f")})
+show_neighbours(experiment, versions, old, new, view)
 
 # ---- neural collapse over every step
 st.divider()

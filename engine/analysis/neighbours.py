@@ -1,10 +1,14 @@
-"""Cross-model nearest neighbours of one query, computed from stored features with numpy.
+"""Cross-model nearest neighbours of one query, computed from stored features with numpy, and the thumbnails of
+stored rows (from their sample references, ``engine.data.thumbnails``).
 
-The dashboard calls :func:`nearest_neighbours` in its own process: this module and what it imports load
-no torch, torchvision, numba or faiss (``tests/test_neighbours_torch_free.py``).
+The dashboard calls :func:`nearest_neighbours`, :func:`row_thumbnails` and :func:`row_thumbnail_uris` in its own
+process: this module and what it imports load no torch, torchvision, numba or faiss
+(``tests/test_neighbours_torch_free.py``).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,6 +17,8 @@ from sqlalchemy import Engine
 from engine.analysis.arrays import unit
 from engine.analysis.views import cell_columns, load_cell_versions, load_view, topk_of
 from engine.contract import same_set_of
+from engine.data.thumbnails import THUMB_SIZE, can_render, data_uri, kind_of, thumbnails
+from storage import list_feature_views, load_feature_set, load_image_refs, session_scope
 
 
 def nearest_neighbours(db: Engine, query_version_id: int, gallery_version_id: int, view: str, query_index: int,
@@ -55,3 +61,44 @@ def nearest_neighbours(db: Engine, query_version_id: int, gallery_version_id: in
         "query_step": vq.step,
         "gallery_step": vg.step,
     }
+
+
+def images_note(db: Engine, model_version_id: int, split: str) -> str | None:
+    """Why the rows of (model version, split) have no thumbnails, in one sentence; None when they can have them."""
+    with session_scope(db) as s:
+        refs = load_image_refs(s, model_version_id, split)
+    if refs is None:
+        return ("This experiment was stored before sample references existed (or from a feature folder), so its "
+                "images are unknown; run it again to see them.")
+    if not can_render(refs[0]):
+        return f"Thumbnails of {kind_of(refs[0])} images are not rendered yet (their files are read with torch)."
+    return None
+
+
+def row_thumbnails(db: Engine, model_version_id: int, split: str, rows: Sequence[int], *, cache_dir: Path,
+                   size: int = THUMB_SIZE) -> list[bytes | None]:
+    """PNG thumbnails of stored rows ``rows`` of (model version, split); None where no image can be had."""
+    with session_scope(db) as s:
+        refs = load_image_refs(s, model_version_id, split)
+    if refs is None:
+        return [None] * len(rows)
+    source, ids = refs
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) and not 0 <= rows.min() <= rows.max() < len(ids):
+        raise ValueError(f"rows must lie in 0..{len(ids) - 1} (the stored {split} rows), got {rows.min()}..{rows.max()}")
+    return thumbnails(source, np.asarray(ids)[rows], cache_dir=cache_dir, size=size)
+
+
+def row_thumbnail_uris(db: Engine, model_version_id: int, split: str, rows: Sequence[int], *, cache_dir: Path,
+                       size: int = 32) -> list[str | None]:
+    """``data:image/png;base64,...`` URIs of :func:`row_thumbnails` (for a Vega tooltip's ``image`` field)."""
+    return [data_uri(png) for png in row_thumbnails(db, model_version_id, split, rows, cache_dir=cache_dir, size=size)]
+
+
+def split_labels(db: Engine, model_version_id: int, split: str) -> np.ndarray:
+    """The labels of the stored rows of (model version, split), row by row."""
+    with session_scope(db) as s:
+        views = list_feature_views(s, model_version_id, split)
+        if not views:
+            raise ValueError(f"model version {model_version_id} has no stored {split!r} rows")
+        return np.asarray(load_feature_set(s, model_version_id, split, views[0])[1])

@@ -40,6 +40,7 @@ from engine.data.folder import check_stop
 from engine.features import DERIVED_VIEWS, RAW_VIEWS, cell_features
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
 from engine.run.device import pick_device
+from engine.data.samples import SampleRefs
 
 Progress = Callable[[float, str], None]
 
@@ -59,6 +60,7 @@ class Comparison:
     shared: np.ndarray  # T x T: classes shared by query model t and gallery model k (-1 above the diagonal)
     results: dict[str, MatrixResult]
     notes: list[str] = field(default_factory=list)
+    refs: dict[str, SampleRefs | None] = field(default_factory=dict)  # per split: each row's image (engine.data.samples)
 
     @property
     def protocol_name(self) -> str:
@@ -206,6 +208,7 @@ def _compare_loaded(spec: ComparisonSpec, models: list[LoadedModel], report: Pro
                for view in spec.views}
     cmp = Comparison(spec, models, labels, names, outputs, split_labels, tuple(dataset_classes), same_set, shared, results)
     cmp.notes = _notes(cmp)
+    cmp.refs = {split: source.images.refs for split, source in splits.items()}
     return cmp
 
 

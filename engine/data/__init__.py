@@ -4,7 +4,7 @@ Public API, by module. The package imports nothing, so that the torch-free modul
 load without torch: import each name from the module named in brackets.
 
 Images (``imageset``, ``folder``, ``loaders``; size bounds in the torch-free ``bounds``)
-  ``ImageSet(images, labels, class_names, mean=None, std=None)``  frozen; (N,C,H,W) uint8 pixels or float32, (N,) int64;
+  ``ImageSet(images, labels, class_names, mean=None, std=None, refs=None)``  frozen; (N,C,H,W) uint8 pixels or float32, (N,) int64;
       ``.batch(indices, size=None)`` / ``.batches(batch_size, size=None)`` float32 (resized per batch),
       ``.subset(indices)``, ``.select_classes(classes)`` (labels kept), ``.normalized(mean, std)``, ``.as_dataset()``
   ``list_image_folder(root, *, layout, max_files, max_folders, should_stop) -> FolderImages``  bounded, cancellable
@@ -38,5 +38,10 @@ Scenarios (``scenario``, torch-free)
 
 Files and paths (torch-free)
   ``roots``  where the server may read files from (``confine``); ``splits``  the class-incremental split arithmetic;
-  ``fashion_files``  where Debian's Fashion-MNIST files are; ``export_images``  a dataset written as a class-folder tree
+  ``fashion_files``  where Debian's Fashion-MNIST files are, and their IDX reader; ``cifar_files``  CIFAR batch
+  files and their restricted unpickler; ``export_images``  a dataset written as a class-folder tree
+
+Sample references and thumbnails (torch-free)
+  ``samples``  ``SampleRefs(source, ids)``: where each image of an ``ImageSet`` comes from (``ImageSet.refs``)
+  ``thumbnails``  ``thumbnails(source, ids, *, cache_dir, size=64) -> list[PNG bytes | None]``, cached on disk
 """

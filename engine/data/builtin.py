@@ -9,6 +9,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from engine.data.imageset import ImageSet, first_per_class, stratified_split
+from engine.data.samples import dataset_refs
 
 DIGITS_TEST_FRACTION = 0.3
 
@@ -29,4 +30,5 @@ def make_digits(*, split: str = "train", seed: int = 0, test_fraction: float = D
     chosen = train if split == "train" else test
     chosen = chosen[first_per_class(labels[chosen], max_per_class)]
     images = (bunch.images[chosen] / 16.0).astype(np.float32)[:, None]
-    return ImageSet(torch.from_numpy(images), torch.from_numpy(labels[chosen]), tuple(str(d) for d in range(10)))
+    return ImageSet(torch.from_numpy(images), torch.from_numpy(labels[chosen]), tuple(str(d) for d in range(10)),
+                    refs=dataset_refs({"dataset": "digits"}, chosen))

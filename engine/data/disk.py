@@ -1,8 +1,8 @@
 """Datasets read from disk: CIFAR-10/100 in torchvision's layout and any ImageFolder tree.
 
 Every root is confined to the data roots (``engine.data.roots.confine``) before it is looked at, and no
-error lists what a folder holds. CIFAR batches are unpickled by :class:`CifarUnpickler`, which only
-rebuilds dicts, lists, strings, numbers and numpy arrays (nothing in the file can run code).
+error lists what a folder holds. CIFAR batches are unpickled by ``engine.data.cifar_files.CifarUnpickler``, which
+only rebuilds dicts, lists, strings, numbers and numpy arrays (nothing in the file can run code).
 Nothing is downloaded unless ``download=True``. Each loader reads the chosen split into memory as an
 ``ImageSet`` (CIFAR: float32 in [0, 1]; image folders: uint8 pixels, decoded in chunks); CIFAR-10's
 train split takes 50,000 x 3 x 32 x 32 x 4 bytes = 614 MB, so ``max_per_class`` is there to load less
@@ -11,7 +11,6 @@ in file order).
 """
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,9 @@ from engine.data.folder import list_image_folder
 from engine.data.bounds import check_image_size
 from engine.data.imageset import DatasetNotFoundError, ImageSet, first_per_class, stratified_split
 from engine.data.roots import confine
+from engine.data.cifar_files import FILES as CIFAR_FILES
+from engine.data.cifar_files import read_batch
+from engine.data.samples import dataset_refs
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 CIFAR_KINDS = {"cifar10": (CIFAR10, "CIFAR-10"), "cifar100": (CIFAR100, "CIFAR-100")}
@@ -46,8 +48,9 @@ def load_cifar(name: str, *, root: str | Path = "data", split: str = "train", ma
     root = confine(root, what=f"{title} root")
     if download:
         kind(str(root), train=split == "train", download=True)
-    folder = root / kind.base_folder
-    batches = [folder / file for file, _md5 in (kind.train_list if split == "train" else kind.test_list)]
+    folder_name, splits = CIFAR_FILES[name]
+    folder = root / folder_name
+    batches = [folder / file for file in splits[split]]
     meta = folder / kind.meta["filename"]
     missing = [str(p.relative_to(root)) for p in [*batches, meta] if not p.is_file()]
     if missing:
@@ -56,7 +59,7 @@ def load_cifar(name: str, *, root: str | Path = "data", split: str = "train", ma
             f"{CIFAR_URL} and extract it into {root}, or pass download=True")
     data, labels = [], []
     for path in batches:
-        entry = _read_batch(path, title)
+        entry = read_batch(path, title)
         data.append(np.asarray(entry["data"], dtype=np.uint8))
         labels.extend(entry["labels"] if "labels" in entry else entry["fine_labels"])
     pixels = np.concatenate(data)
@@ -66,7 +69,8 @@ def load_cifar(name: str, *, root: str | Path = "data", split: str = "train", ma
     targets = np.asarray(labels, dtype=np.int64)
     keep = first_per_class(targets, max_per_class)
     images = torch.from_numpy(pixels[keep].reshape(-1, 3, 32, 32).astype(np.float32) / 255.0)
-    return ImageSet(images, torch.from_numpy(targets[keep]), tuple(_read_batch(meta, title)[kind.meta["key"]]))
+    refs = dataset_refs({"dataset": name, "split": split, "root": str(root)}, keep)
+    return ImageSet(images, torch.from_numpy(targets[keep]), tuple(read_batch(meta, title)[kind.meta["key"]]), refs=refs)
 
 
 def load_imagefolder(root: str | Path, *, image_size: int = 32, max_per_class: int | None = None) -> ImageSet:
@@ -109,28 +113,3 @@ def load_imagefolder_split(*, root: str | Path, split: str = "train", seed: int 
                          f"{len(test_classes)}, {len(set(train_classes) ^ set(test_classes))} in only one of them), so "
                          f"their labels would not match; give every class a folder in both")
     return load_imagefolder(train_dir if split == "train" else test_dir, image_size=size, max_per_class=max_per_class)
-
-
-class CifarUnpickler(pickle.Unpickler):
-    """Unpickles what a CIFAR batch holds (dicts, lists, str/bytes, numbers, numpy arrays) and refuses any other global."""
-
-    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}  # encode: bytes in protocol 2
-
-    def find_class(self, module: str, name: str) -> object:
-        if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"it would call {module}.{name}, which a CIFAR batch never holds; nothing "
-                                         "from it was run")
-        return super().find_class(module, name)
-
-
-def _read_batch(path: Path, title: str) -> dict:
-    try:
-        with open(path, "rb") as handle:
-            entry = CifarUnpickler(handle, encoding="latin1").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
-        raise ValueError(f"{title} file {path} could not be read ({' '.join(str(exc).split())[:200]}); delete it and "
-                         "extract the archive again") from None
-    if not isinstance(entry, dict):
-        raise ValueError(f"{title} file {path} holds a {type(entry).__name__}, not a CIFAR batch; extract the archive again")
-    return entry

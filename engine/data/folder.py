@@ -25,6 +25,7 @@ from torchvision.transforms import functional as TF
 
 from engine.data.bounds import check_image_size
 from engine.data.imageset import DatasetNotFoundError, ImageSet, IndexLike, as_float
+from engine.data.samples import SampleRefs, file_refs
 
 MAX_FOLDER_FILES = 500_000  # images listed at most (the file names alone stay well under 100 MB)
 MAX_FOLDER_DIRS = 50_000  # folders walked at most (bounds symlink loops and trees without images)
@@ -44,6 +45,11 @@ class FolderImages:
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    @property
+    def refs(self) -> SampleRefs:
+        """A reference to each listed file (``engine.data.samples``)."""
+        return file_refs(str(self.root), self.paths)
 
     def pixels(self, indices: IndexLike, size: int) -> torch.Tensor:
         """uint8 (n, 3, size, size) images of ``indices``: RGB, shorter side resized to ``size``, centre crop."""
@@ -66,7 +72,7 @@ class FolderImages:
         out = torch.empty((len(chosen), 3, size, size), dtype=torch.uint8)
         for start in range(0, len(chosen), DECODE_CHUNK):
             out[start:start + DECODE_CHUNK] = self.pixels(chosen[start:start + DECODE_CHUNK], size)
-        return ImageSet(out, self.labels[torch.from_numpy(chosen)], self.class_names)
+        return ImageSet(out, self.labels[torch.from_numpy(chosen)], self.class_names, refs=self.refs.take(chosen))
 
 
 def list_image_folder(root: str | Path, *, layout: str, max_files: int = MAX_FOLDER_FILES,

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
 from engine.data.bounds import check_batch_size
+from engine.data.samples import SampleRefs
 
 IndexLike = torch.Tensor | np.ndarray | Sequence[int]
 
@@ -47,7 +48,8 @@ class ImageSet:
     ``mean``/``std`` record a normalisation that was applied; ``batch`` gives float32 either way.
     ``labels`` is (N,) int64 with ``class_names[labels[i]]`` naming image i.
     Selecting classes keeps the labels as they are (no relabelling), so class ids stay the ids a
-    scenario and a classifier use.
+    scenario and a classifier use. ``refs`` (optional, one per image) say where each image comes from;
+    selections keep them aligned.
     """
 
     images: torch.Tensor
@@ -55,6 +57,7 @@ class ImageSet:
     class_names: tuple[str, ...]
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    refs: SampleRefs | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "class_names", tuple(self.class_names))
@@ -69,6 +72,8 @@ class ImageSet:
             raise ValueError("mean and std must be given together or not at all")
         if self.mean is not None and self.images.dtype == torch.uint8:
             raise ValueError("uint8 images are raw pixels; normalise them with .normalized(), which makes them float32")
+        if self.refs is not None and len(self.refs) != len(self.labels):
+            raise ValueError(f"refs must hold one reference per image ({len(self.labels)}), got {len(self.refs)}")
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -110,7 +115,8 @@ class ImageSet:
     def subset(self, indices: IndexLike) -> ImageSet:
         """The images at ``indices``, in that order."""
         index = _index(indices)
-        return replace(self, images=self.images[index], labels=self.labels[index])
+        refs = None if self.refs is None else self.refs.take(index.numpy())
+        return replace(self, images=self.images[index], labels=self.labels[index], refs=refs)
 
     def select_classes(self, classes: Sequence[int]) -> ImageSet:
         """Only the images whose label is in ``classes``, in their original order, labels unchanged."""

@@ -39,7 +39,8 @@ def _real(path: str | Path) -> Path:
     return Path(os.path.realpath(Path(os.path.expanduser(str(path))).absolute()))
 
 
-def _sqlite_folder(url: str) -> Path | None:
+def sqlite_folder(url: str) -> Path | None:
+    """The resolved folder of a SQLite URL's database file; None for other backends, memory or a bad URL."""
     from sqlalchemy import make_url
     from sqlalchemy.exc import ArgumentError
 
@@ -56,7 +57,7 @@ def _sqlite_folder(url: str) -> Path | None:
 def data_roots() -> tuple[Path, ...]:
     """The configured data roots, resolved, without duplicates (see the module docstring)."""
     roots = [_real("data")]
-    folder = _sqlite_folder(os.environ.get(DB_URL_ENV, "").strip())
+    folder = sqlite_folder(os.environ.get(DB_URL_ENV, "").strip())
     if folder is not None:
         roots.append(folder)
     roots += [_real(p) for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p.strip()]
@@ -104,7 +105,7 @@ def export(args: argparse.Namespace) -> None:
     """Put ``--data-root`` (and a ``--db`` SQLite file's folder) and ``--allow-torchscript`` into this process's
     environment, which its children inherit."""
     extra = [str(_real(p)) for p in getattr(args, "data_roots", None) or []]
-    folder = _sqlite_folder(getattr(args, "db", None) or "")  # --db: that database's folder, as $COMPATLAB_DB_URL's
+    folder = sqlite_folder(getattr(args, "db", None) or "")  # --db: that database's folder, as $COMPATLAB_DB_URL's
     if folder is not None:
         extra.append(str(folder))
     if extra:

@@ -15,11 +15,14 @@ about 70% self-test Recall@1 (test split as query and gallery), still climbing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from engine.data.imageset import ImageSet
+from engine.data.samples import dataset_refs
+
+if TYPE_CHECKING:
+    from engine.data.imageset import ImageSet
 
 SIZE = 32
 DEFAULT_NUM_CLASSES = 100
@@ -163,15 +166,21 @@ def make_shapes(*, num_classes: int = DEFAULT_NUM_CLASSES, per_class: int = 100,
 
     Labels are 0..num_classes-1 in generator order; ``class_names`` carry the generator ids, so a
     held-out set (``first_class=100``) is a dataset of its own, like CIFAR-10 next to CIFAR-100.
-    Images are ordered class by class.
+    Images are ordered class by class. (torch loads here only: ``render_class`` is numpy, so thumbnails need no torch.)
     """
+    import torch
+
+    from engine.data.imageset import ImageSet
+
     if num_classes < 1 or per_class < 1 or first_class < 0 or seed < 0:
         raise ValueError(f"shapes needs num_classes >= 1, per_class >= 1, first_class >= 0 and seed >= 0; "
                          f"got {num_classes}, {per_class}, {first_class}, {seed}")
     ids = range(first_class, first_class + num_classes)
     images = np.concatenate([render_class(c, per_class, split, seed) for c in ids])
     labels = np.repeat(np.arange(num_classes, dtype=np.int64), per_class)
-    return ImageSet(torch.from_numpy(images), torch.from_numpy(labels), tuple(class_name(c, seed) for c in ids))
+    refs = dataset_refs({"dataset": "shapes", "split": split, "seed": seed, "first_class": first_class,
+                         "per_class": per_class}, np.arange(len(labels)))
+    return ImageSet(torch.from_numpy(images), torch.from_numpy(labels), tuple(class_name(c, seed) for c in ids), refs=refs)
 
 
 def _background(p: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:

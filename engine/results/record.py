@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from engine.contract import RAW_VIEWS
+from engine.data.samples import SampleRefs
 from engine.metrics.compatibility import MatrixResult, stored_summary
 from storage import (
     add_model_version,
@@ -48,7 +49,8 @@ def config_hash(config: dict) -> str:
 class Version:
     """One model version to record: what the model is, and its outputs ``{split: {view: array}}`` with
     ``labels[split]`` (an ``(N, 0)`` output is not stored), or ``copied_from``: the stored model version
-    whose raw outputs it shares (a method evaluated on another method's models)."""
+    whose raw outputs it shares (a method evaluated on another method's models). ``refs[split]``: where each
+    row's image comes from (``engine.data.samples``), stored beside the features; a split without refs has none."""
 
     architecture: str
     method: str
@@ -62,6 +64,7 @@ class Version:
     replaced: bool = False
     copied_from: int | None = None
     name: str | None = None  # the user's name for the model (v1, v2, ...), e.g. a checkpoint comparison's label
+    refs: Mapping[str, SampleRefs | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,8 @@ def record_version(s: Session, experiment_id: int, step: int, version: Version) 
                            feature_dim=version.feature_dim,
                            class_names=None if version.class_names is None else list(version.class_names),
                            checkpoint_path=version.checkpoint_path, replaced=version.replaced)
-    save_feature_sets(s, mv.id, version.outputs, version.labels)
+    compact = {split: r.compact() for split, r in (version.refs or {}).items() if r is not None}
+    save_feature_sets(s, mv.id, version.outputs, version.labels, {split: (r.source, r.ids) for split, r in compact.items()})
     if version.name:
         rename_model_version(s, mv.id, version.name)
     if version.copied_from is not None:

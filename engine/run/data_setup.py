@@ -52,7 +52,7 @@ class RunData:
 
 
 def _remap(images: ImageSet, rank: np.ndarray, names: tuple[str, ...]) -> ImageSet:
-    return ImageSet(images.images, torch.from_numpy(rank[images.labels.numpy()]), names, images.mean, images.std)
+    return ImageSet(images.images, torch.from_numpy(rank[images.labels.numpy()]), names, images.mean, images.std, images.refs)
 
 
 def _options(cfg: RunConfig, split: str, per_class: int, **extra) -> dict:

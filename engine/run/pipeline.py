@@ -123,7 +123,8 @@ def _store_step(db: Engine, exp_id: int, step: int, net: Net, method: Method, cf
     version = Version(architecture=cfg.model.backbone, method=method.name, classes=range(seen),
                       num_outputs=net.head.num_outputs, feature_dim=net.feature_dim,
                       outputs={split: {v: out[v] for v in RAW_VIEWS} for split, out in outputs.items()}, labels=labels,
-                      class_names=data.class_names[:seen], checkpoint_path=str(ckpt), replaced=replaced)
+                      class_names=data.class_names[:seen], checkpoint_path=str(ckpt), replaced=replaced,
+                      refs={split: images.refs for split, images in sets.items()})
     with session_scope(db) as s:  # the step's model version and its feature sets: one transaction
         record_version(s, exp_id, step, version)
 

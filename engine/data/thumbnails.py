@@ -1,0 +1,173 @@
+"""Thumbnails of stored samples, rendered on demand from their references and cached on disk (torch-free).
+
+A reference (``engine.data.samples``) names a dataset item or an image file; :func:`thumbnails` decodes only the
+items asked for (a Fashion-MNIST read stops after the last one, a ``shapes`` class is generated up to the image
+asked for, a file is opened alone), makes a ``size`` x ``size`` PNG (small images are enlarged with nearest
+neighbour so their pixels stay visible, larger ones centre-cropped to a square and reduced), and keeps it in
+``cache_dir`` under the SHA-256 of the reference: a later request reads the file and decodes nothing. Images
+never enter the database. numpy and Pillow only, so the dashboard calls it in its own process.
+
+CIFAR-10/100 batches are read whole by the restricted unpickler of ``engine.data.cifar_files`` (uint8, up to the
+batch that holds the last item asked for: at most the split's files, 30-150 MB), then cached per item.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from engine.data.cifar_files import FILES as CIFAR_FILES
+from engine.data.cifar_files import read_batch
+from engine.data.fashion_files import find_split, open_idx, read_idx_images
+from engine.data.roots import sqlite_folder, confine
+from engine.data.shapes import render_class
+
+THUMB_SIZE = 64
+MAX_PER_CALL = 20_000  # thumbnails one call may render (bounds the work of one request)
+Decoder = Callable[[dict[str, Any], np.ndarray], list[np.ndarray | None]]
+
+
+def thumbnail_dir(db_url: str) -> Path:
+    """Where thumbnails are cached: ``thumbnails/`` beside a SQLite file (as checkpoints), else ``data/thumbnails``."""
+    folder = sqlite_folder(db_url)
+    return (folder if folder is not None else Path("data")) / "thumbnails"
+
+
+def _digits(source: dict[str, Any], ids: np.ndarray) -> list[np.ndarray | None]:
+    from sklearn.datasets import load_digits  # 1,797 8x8 images bundled with scikit-learn
+
+    images = load_digits().images
+    return [np.rint(images[i] / 16.0 * 255).astype(np.uint8) for i in ids]
+
+
+def _fashion(source: dict[str, Any], ids: np.ndarray) -> list[np.ndarray | None]:
+    found = find_split(confine(source["root"], what="Fashion-MNIST root"), source["split"])
+    if found is None:
+        return [None] * len(ids)
+    with open_idx(found[0], ndim=3) as (_, dims):
+        count = dims[0]
+    keep = np.unique(ids)
+    if len(keep) and not 0 <= keep[0] <= keep[-1] < count:
+        raise ValueError(f"Fashion-MNIST {source['split']} has images 0..{count - 1}, not {int(keep[-1])}")
+    pixels = read_idx_images(found[0], keep, count=count)
+    return [pixels[np.searchsorted(keep, i), 0] for i in ids]
+
+
+def _shapes(source: dict[str, Any], ids: np.ndarray) -> list[np.ndarray | None]:
+    per_class, first = int(source["per_class"]), int(source["first_class"])
+    out: list[np.ndarray | None] = [None] * len(ids)
+    for c in np.unique(ids // per_class):  # one generator pass per class, up to the last image asked for
+        rows = np.flatnonzero(ids // per_class == c)
+        drawn = render_class(first + int(c), int(ids[rows].max() % per_class) + 1, source["split"], int(source["seed"]))
+        for r in rows:
+            out[r] = np.rint(drawn[ids[r] % per_class].transpose(1, 2, 0) * 255).astype(np.uint8)
+    return out
+
+
+def _cifar(source: dict[str, Any], ids: np.ndarray) -> list[np.ndarray | None]:
+    folder_name, splits = CIFAR_FILES[source["dataset"]]
+    folder = confine(source["root"], what="CIFAR root") / folder_name
+    out: list[np.ndarray | None] = [None] * len(ids)
+    start = 0
+    for file in splits[source["split"]]:
+        if start > ids.max():
+            break
+        path = folder / file
+        if not path.is_file():
+            return out
+        rows = np.asarray(read_batch(path, source["dataset"])["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        for r in np.flatnonzero((ids >= start) & (ids < start + len(rows))):
+            out[r] = rows[ids[r] - start].transpose(1, 2, 0)
+        start += len(rows)
+    return out
+
+
+def _files(source: dict[str, Any], ids: np.ndarray) -> list[np.ndarray | None]:
+    out: list[np.ndarray | None] = []
+    for i in ids:
+        try:
+            path = confine(Path(source["root"]) / source["files"][i], what="image")
+            with Image.open(path) as image:
+                out.append(np.asarray(image.convert("RGB")))
+        except (OSError, ValueError, IndexError, Image.DecompressionBombError):
+            out.append(None)  # moved, deleted, unreadable, or outside the data roots now
+    return out
+
+
+DECODERS: dict[str, Decoder] = {"digits": _digits, "fashion": _fashion, "shapes": _shapes, "cifar10": _cifar,
+                                 "cifar100": _cifar, "files": _files}
+
+
+def kind_of(source: dict[str, Any]) -> str:
+    """The decoder name of a source: its dataset, or ``files``."""
+    return "files" if "files" in source else str(source.get("dataset"))
+
+
+def can_render(source: dict[str, Any] | None) -> bool:
+    """Whether thumbnails of this source can be made here."""
+    return source is not None and kind_of(source) in DECODERS
+
+
+def square(pixels: np.ndarray, size: int = THUMB_SIZE) -> Image.Image:
+    """``size`` x ``size`` image of uint8 pixels (H, W[, 3]): centre-cropped square; enlarged by nearest neighbour,
+    reduced with Lanczos."""
+    image = Image.fromarray(pixels)
+    side = min(image.size)
+    left, top = (image.width - side) // 2, (image.height - side) // 2
+    method = Image.Resampling.NEAREST if side <= size else Image.Resampling.LANCZOS
+    return image.crop((left, top, left + side, top + side)).resize((size, size), method)
+
+
+def _key(source: dict[str, Any], i: int, size: int) -> str:
+    item = ({"root": source["root"], "file": source["files"][i]} if "files" in source
+            else {"source": source, "index": int(i)})
+    return hashlib.sha256(json.dumps({**item, "size": size}, sort_keys=True).encode()).hexdigest()
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Cache ``data`` at ``path`` atomically (readers see the whole file or none); a read-only disk is no error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the thumbnail is still returned; it is rendered again next time
+
+
+def thumbnails(source: dict[str, Any] | None, ids: Sequence[int] | np.ndarray, *, cache_dir: Path,
+               size: int = THUMB_SIZE) -> list[bytes | None]:
+    """PNG bytes of the items ``ids`` of ``source`` (None where no image can be had), from the cache or decoded."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if len(ids) > MAX_PER_CALL:
+        raise ValueError(f"{len(ids)} thumbnails asked for at once; at most {MAX_PER_CALL} per call")
+    if not 8 <= size <= 512:
+        raise ValueError(f"thumbnail size must be 8..512 px, got {size}")
+    if not can_render(source):
+        return [None] * len(ids)
+    paths = [Path(cache_dir) / key[:2] / f"{key}.png" for key in (_key(source, int(i), size) for i in ids)]
+    out: list[bytes | None] = [p.read_bytes() if p.is_file() else None for p in paths]
+    missing = [r for r, data in enumerate(out) if data is None]
+    if missing:
+        for r, pixels in zip(missing, DECODERS[kind_of(source)](source, ids[missing])):
+            if pixels is not None:
+                buffer = io.BytesIO()
+                square(pixels, size).save(buffer, format="PNG")
+                out[r] = buffer.getvalue()
+                _write(paths[r], out[r])
+    return out
+
+
+def data_uri(png: bytes | None) -> str | None:
+    """A ``data:image/png;base64,...`` URI (what a Vega tooltip's ``image`` field shows), or None."""
+    return None if png is None else "data:image/png;base64," + base64.b64encode(png).decode("ascii")
