@@ -83,7 +83,7 @@ def test_same_set_exclusion_by_id_with_shards_out_of_order():
     shards = _split(g, gl, [0, 1, 60, 60, 133, 200])[::-1]  # ids keep their gallery rows, shards arrive reversed
     for kw in (dict(map_k=4), dict(want_ap=False)):
         single = cell_stats(g, gl, g, gl, same_set=True, **kw)
-        _assert_same(single, sharded_cell_stats(g, gl, shards, exclude_ids=np.arange(200), max_block=300, **kw))
+        _assert_same(single, sharded_cell_stats(g, gl, shards, exclude_ids=np.arange(200), max_block=3000, **kw))
         assert single.n_positives[7] == 0
 
 
