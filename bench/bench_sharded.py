@@ -18,6 +18,7 @@ import multiprocessing as mp
 import resource
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,7 @@ def _shards(folder: Path, n: int):
         start += len(x)
 
 
-def _run(variant: str, folder: Path, n: int, out: mp.Queue) -> None:
+def _run(variant: str, folder: Path, n: int) -> dict:
     from engine.metrics.retrieval import retrieval_metrics
     from engine.metrics.sharded import Shard, sharded_retrieval_metrics
 
@@ -67,17 +68,13 @@ def _run(variant: str, folder: Path, n: int, out: mp.Queue) -> None:
         m = retrieval_metrics(q, ql, g, gl, **kw)
     else:
         m = sharded_retrieval_metrics(q, ql, lambda: _shards(folder, n), **kw)
-    out.put(dict(variant=variant, seconds=time.perf_counter() - t0, before_mb=before, peak_mb=_rss_mb(), metrics=m))
+    return dict(variant=variant, seconds=time.perf_counter() - t0, before_mb=before, peak_mb=_rss_mb(), metrics=m)
 
 
 def run(variant: str, folder: Path, n: int) -> dict:
-    ctx = mp.get_context("spawn")
-    q: mp.Queue = ctx.Queue()
-    p = ctx.Process(target=_run, args=(variant, folder, n, q))
-    p.start()
-    res = q.get()
-    p.join()
-    return res
+    """One variant in a fresh process, so that its peak RSS is its own."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(_run, variant, folder, n).result()
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ import numba
 import numpy as np
 import torch
 
-from engine.metrics.ranking import QueryStats
+from engine.metrics.ranking import QueryStats, _ap_from_counts, _bucket_table, _place
 from engine.metrics.retrieval import Protocol, Ties, cell_stats, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
 from engine.metrics.validate import check_features, check_labels
@@ -112,16 +112,6 @@ def _codes(classes: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return np.where(classes[at] == labels, at, -1).astype(np.int64)
 
 
-@numba.njit(inline="always")
-def _bucket(x, lowest, scale, nb):  # pragma: no cover - compiled
-    f = (x - lowest) * scale
-    if not f >= 0:
-        return 0
-    if f >= nb:
-        return nb
-    return np.intp(f)
-
-
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _count_kernel(sims, row0, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt):  # pragma: no cover - compiled
     """Add one (block x shard) of negatives to each query's counts: >= / > best positive, and cnt[m] (see docstring)."""
@@ -134,8 +124,8 @@ def _count_kernel(sims, row0, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, w
             continue
         row = sims[r]
         c = qcode[i]
-        best = pos[a + p - 1]
-        lowest = pos[a]
+        mine = pos[a: a + p]
+        best = mine[p - 1]
         ge = 0
         gt = 0
         if not want_cnt:
@@ -146,94 +136,65 @@ def _count_kernel(sims, row0, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, w
             neg_ge[i] += ge
             neg_gt[i] += gt
             continue
-        # buckets over [lowest, best]: a bucket without positives only needs a count (see ranking._stats_kernel)
-        nb = min(16 * p, 4 * width) + 16
-        scale = np.float32(nb / (np.float64(best) - np.float64(lowest))) if best > lowest else np.float32(0.0)
-        if not np.isfinite(scale):
-            scale = np.float32(0.0)
-        in_bucket = np.zeros(nb + 1, np.int32)
-        for k in range(p):
-            in_bucket[_bucket(pos[a + k], lowest, scale, nb)] += 1
-        below = np.empty(nb + 1, np.int64)
-        acc = 0
-        for k in range(nb + 1):
-            below[k] = acc
-            acc += in_bucket[k]
+        nb, scale, in_bucket, below = _bucket_table(mine, width)
         hist = np.zeros(nb + 1, np.int64)
+        counts = cnt[a + i: a + i + p + 1]  # this query's cnt[0..p]
         for j in range(width):
             v = row[j]
-            if v < lowest or gcode[j] == c:  # below every positive (or excluded: -inf), or a positive
+            if v < mine[0] or gcode[j] == c:  # below every positive (or excluded: -inf), or a positive
                 continue
             if v >= best:
                 ge += 1
                 gt += v > best
-                continue
-            k = _bucket(v, lowest, scale, nb)
-            if in_bucket[k] == 0:
-                hist[k] += 1
             else:
-                m = below[k]
-                while pos[a + m] <= v:  # ends before p because v < best
-                    m += 1
-                cnt[a + i + m] += 1
+                _place(v, mine, scale, nb, in_bucket, below, hist, counts)
         for k in range(nb + 1):
-            cnt[a + i + below[k]] += hist[k]
-        cnt[a + i + p] += ge
+            counts[below[k]] += hist[k]
+        counts[p] += ge
         neg_ge[i] += ge
         neg_gt[i] += gt
 
 
 @numba.njit(parallel=True, cache=True)
 def _ap_kernel(offsets, pos, cnt, map_k):  # pragma: no cover - compiled
-    """AP and AP@k of each query from its sorted positives and cnt, walking tie groups from the top."""
+    """AP and AP@k of each query from its sorted positives and its cnt."""
     n = len(offsets) - 1
     ap = np.full(n, np.nan)
     ap_k = np.full(n, np.nan)
     for q in numba.prange(n):
-        a = offsets[q]
-        p = offsets[q + 1] - a
-        if p == 0:
-            continue
-        total = 0.0
-        total_k = 0.0
-        suffix = 0
-        m = p
-        i = p - 1
-        while i >= 0:
-            g0 = i
-            while g0 > 0 and pos[a + g0 - 1] == pos[a + i]:
-                g0 -= 1
-            while m > i:
-                suffix += cnt[a + q + m]
-                m -= 1
-            pos_ge = p - g0
-            precision = pos_ge / (pos_ge + suffix)
-            size = i - g0 + 1
-            total += size * precision
-            if map_k > 0 and pos_ge + suffix <= map_k:
-                total_k += size * precision
-            i = g0 - 1
-        ap[q] = total / p
-        if map_k > 0:
-            ap_k[q] = total_k / min(p, map_k)
+        a, b = offsets[q], offsets[q + 1]
+        if b > a:
+            ap[q], ap_k[q] = _ap_from_counts(pos[a:b], cnt[a + q: b + q + 1], map_k)
     return ap, ap_k
 
 
-def _gather_positives(q: torch.Tensor, qcode: np.ndarray, classes: np.ndarray, each_pass, exclude_ids, max_block: int):
-    """Pass 1: each query's positive similarities, sorted ascending, as (offsets, values); and the items seen."""
-    who, vals, seen = [], [], 0
-    hits = np.zeros(len(q), np.int64) if exclude_ids is not None else None
+def _nonempty(each_pass, d: int) -> Iterator[Shard]:
+    """The checked shards of one pass, empty ones skipped."""
     for index, raw in each_pass():
-        shard = _checked(index, raw, q.shape[1])
-        if shard is None:
-            continue
-        seen += len(shard.ids)
+        shard = _checked(index, raw, d)
+        if shard is not None:
+            yield shard
+
+
+def _pass(q, classes, each_pass, exclude_ids, max_block: int, hits, seen: list[int]):
+    """One pass over the gallery: ``(gallery label codes, query rows, sims)`` per block; appends the items read to ``seen``."""
+    seen.append(0)
+    for shard in _nonempty(each_pass, q.shape[1]):
+        seen[-1] += len(shard.ids)
         gcode = _codes(classes, shard.labels)
         for rows, sims in _blocks(q, shard, exclude_ids, max_block, hits):
-            r, c = np.nonzero((qcode[rows, None] == gcode[None, :]) & (sims != -np.inf))
-            who.append((r + rows.start).astype(np.int64))
-            vals.append(sims[r, c])
-    if seen == 0:
+            yield gcode, rows, sims
+
+
+def _gather_positives(q: torch.Tensor, qcode: np.ndarray, classes: np.ndarray, each_pass, exclude_ids, max_block: int, seen: list[int]):
+    """Pass 1: each query's positive similarities, sorted ascending, as (offsets, values)."""
+    who, vals = [], []
+    hits = np.zeros(len(q), np.int64) if exclude_ids is not None else None
+    for gcode, rows, sims in _pass(q, classes, each_pass, exclude_ids, max_block, hits, seen):
+        r, c = np.nonzero((qcode[rows, None] == gcode[None, :]) & (sims != -np.inf))
+        who.append((r + rows.start).astype(np.int64))
+        vals.append(sims[r, c])
+    if seen[0] == 0:
         raise ValueError("gallery features are empty: no shard has an item")
     if hits is not None and hits.max(initial=0) > 1:
         raise ValueError(f"gallery id {exclude_ids[np.argmax(hits)]} appears in more than one shard")
@@ -241,16 +202,13 @@ def _gather_positives(q: torch.Tensor, qcode: np.ndarray, classes: np.ndarray, e
     vals_all = np.concatenate(vals) if vals else np.zeros(0, np.float32)
     order = np.lexsort((vals_all, who_all))
     offsets = np.concatenate([[0], np.cumsum(np.bincount(who_all, minlength=len(q)))]).astype(np.int64)
-    return offsets, np.ascontiguousarray(vals_all[order], dtype=np.float32), seen
+    return offsets, np.ascontiguousarray(vals_all[order], dtype=np.float32)
 
 
 def _class_sums(each_pass, d: int) -> tuple[np.ndarray, np.ndarray]:
     """Template pass: the sum of each class's unit features over all shards, as (classes, sums)."""
     classes, sums = None, torch.zeros(0, d)
-    for index, raw in each_pass():
-        shard = _checked(index, raw, d)
-        if shard is None:
-            continue
+    for shard in _nonempty(each_pass, d):
         merged = np.unique(shard.labels) if classes is None else np.union1d(classes, shard.labels)
         total = torch.zeros(len(merged), d)
         if classes is not None:
@@ -297,23 +255,17 @@ def sharded_cell_stats(
     q = unit_rows(query, CPU)
     classes = np.unique(query_labels)
     qcode = _codes(classes, query_labels)
-    offsets, pos, seen = _gather_positives(q, qcode, classes, each_pass, exclude_ids, max_block)
+    seen: list[int] = []
+    offsets, pos = _gather_positives(q, qcode, classes, each_pass, exclude_ids, max_block, seen)
     want_cnt = bool(want_ap or map_k)
     cnt = np.zeros(offsets[-1] + len(q) if want_cnt else 0, np.int64)
     neg_ge, neg_gt = np.zeros(len(q), np.int64), np.zeros(len(q), np.int64)
-    seen_again = 0
     threads = torch.get_num_threads()  # numba's OpenMP layer can reset torch's thread count
-    for index, raw in each_pass():
-        shard = _checked(index, raw, q.shape[1])
-        if shard is None:
-            continue
-        seen_again += len(shard.ids)
-        gcode = _codes(classes, shard.labels)
-        for rows, sims in _blocks(q, shard, exclude_ids, max_block, None):
-            _count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt)
-            torch.set_num_threads(threads)
-    if seen_again != seen:
-        raise ValueError(f"the shards changed between the two passes ({seen} then {seen_again} items); "
+    for gcode, rows, sims in _pass(q, classes, each_pass, exclude_ids, max_block, None, seen):
+        _count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt)
+        torch.set_num_threads(threads)
+    if seen[1] != seen[0]:
+        raise ValueError(f"the shards changed between the two passes ({seen[0]} then {seen[1]} items); "
                          "they must yield the same gallery each time")
     n_pos = np.diff(offsets)
     if want_cnt:
