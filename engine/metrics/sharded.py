@@ -3,8 +3,8 @@
 The result is the :class:`~engine.metrics.ranking.QueryStats` that :func:`engine.metrics.retrieval.cell_stats`
 computes on the whole gallery, so Recall@k, mAP and mAP@k follow from :func:`metrics_from_stats` unchanged.
 Memory holds one block of (query rows x shard items) similarities (at most ``max_block`` entries, or one
-query row when a shard is wider), the queries, and per-query state of the size of each query's positives;
-never the gallery.
+query row when a shard is wider), about two shards (the one being read while the last is released), the
+queries, and per-query state of the size of each query's positives (values and counts); never the gallery.
 
 Route: two counting passes over the shards (no top-k heaps). Every statistic is a count that adds up
 across shards once each query's positives are known:
@@ -21,9 +21,9 @@ single-shot wherever the similarities are the same floats; the BLAS product of a
 last bit differently from that of a (block x gallery), so items within one float32 ulp may order differently.
 
 Exclusion is by global id: ``exclude_ids[i]`` is the gallery id of query ``i``'s own item (``-1``: none),
-what ``same_set=True`` means for a gallery whose ids are the query rows. Template galleries are a third pass
-in front: class sums are accumulated over the shards (memory: classes x d), then searched single-shot.
-The shards are read twice, so ``shards`` is a list or a function returning a fresh iterable.
+what ``same_set=True`` means for a gallery whose ids are the query rows. Template galleries take one pass
+instead: class sums are accumulated over the shards (memory: classes x d), then searched single-shot.
+Instance galleries are read twice, so ``shards`` is a list or a function returning a fresh iterable.
 """
 from __future__ import annotations
 
