@@ -132,18 +132,7 @@ def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
         # positive in a lower bucket is below v and every one in a higher bucket above it. A bucket
         # that holds no positive therefore gives all its negatives the same m (positives in lower
         # buckets) and only needs a count; in a bucket with positives each negative is placed exactly.
-        nb = min(16 * p, 4 * width) + 16
-        scale = np.float32(nb / (np.float64(best) - np.float64(lowest))) if best > lowest else np.float32(0.0)
-        if not np.isfinite(scale):  # positives a few subnormals apart: one bucket, every negative placed exactly
-            scale = np.float32(0.0)
-        in_bucket = np.zeros(nb + 1, np.int32)
-        for i in range(p):
-            in_bucket[_bucket(pos[i], lowest, scale, nb)] += 1
-        below = np.empty(nb + 1, np.int32)  # positives in lower buckets
-        acc = 0
-        for i in range(nb + 1):
-            below[i] = acc
-            acc += in_bucket[i]
+        nb, scale, in_bucket, below = _bucket_table(pos, width)
         hist = np.zeros(nb + 1, np.int32)
         cnt = np.zeros(p + 1, np.int64)
         ge = 0
@@ -160,14 +149,7 @@ def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
                     ge += 1
                     gt += v > best
                     continue
-                k = _bucket(v, lowest, scale, nb)
-                if in_bucket[k] == 0:
-                    hist[k] += 1
-                else:
-                    m = below[k]
-                    while m < p and pos[m] <= v:  # ends before p because v < best
-                        m += 1
-                    cnt[m] += 1
+                _place(v, pos, scale, nb, in_bucket, below, hist, cnt)
         for i in range(nb + 1):
             cnt[below[i]] += hist[i]
         cnt[p] = ge
@@ -176,30 +158,7 @@ def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
         bad[r] = nonfinite
         if nonfinite:
             continue
-        # walk tie groups of positives from the highest down; suffix = negatives >= group value
-        total = 0.0
-        total_k = 0.0
-        suffix = 0
-        m = p  # upper bound of the current group value
-        i = p - 1
-        while i >= 0:
-            g0 = i
-            while g0 > 0 and pos[g0 - 1] == pos[i]:
-                g0 -= 1
-            # group occupies [g0, i]; its upper bound is i + 1; negatives >= value: cnt[i+1..p]
-            while m > i:
-                suffix += cnt[m]
-                m -= 1
-            pos_ge = p - g0
-            precision = pos_ge / (pos_ge + suffix)
-            size = i - g0 + 1
-            total += size * precision
-            if map_k > 0 and pos_ge + suffix <= map_k:
-                total_k += size * precision
-            i = g0 - 1
-        ap[r] = total / p
-        if map_k > 0:
-            ap_k[r] = total_k / min(p, map_k)
+        ap[r], ap_k[r] = _ap_from_counts(pos, cnt, map_k)
     return n_pos, neg_ge, neg_gt, ap, ap_k, bad
 
 
@@ -268,3 +227,68 @@ def stats_torch(sims: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, *,
     else:
         ap_k = torch.full((n,), float("nan"), dtype=torch.float64, device=dev)
     return QueryStats(to_np(n_pos).astype(np.int64), to_np(neg_ge).astype(np.int64), to_np(neg_gt).astype(np.int64), to_np(ap), to_np(ap_k))
+
+
+# Pieces of the ranking kernel, shared with the sharded search (engine.metrics.sharded) ------------------------
+
+
+@numba.njit(inline="always")
+def _bucket_table(pos, width):  # pragma: no cover - compiled
+    """Buckets over [lowest, best] of the ascending positives ``pos``: (nb, scale, positives per bucket, positives below)."""
+    p = len(pos)
+    best = pos[p - 1]
+    lowest = pos[0]
+    nb = min(16 * p, 4 * width) + 16
+    scale = np.float32(nb / (np.float64(best) - np.float64(lowest))) if best > lowest else np.float32(0.0)
+    if not np.isfinite(scale):  # positives a few subnormals apart: one bucket, every negative placed exactly
+        scale = np.float32(0.0)
+    in_bucket = np.zeros(nb + 1, np.int32)
+    for i in range(p):
+        in_bucket[_bucket(pos[i], lowest, scale, nb)] += 1
+    below = np.empty(nb + 1, np.int32)  # positives in lower buckets
+    acc = 0
+    for i in range(nb + 1):
+        below[i] = acc
+        acc += in_bucket[i]
+    return nb, scale, in_bucket, below
+
+
+@numba.njit(inline="always")
+def _place(v, pos, scale, nb, in_bucket, below, hist, cnt):  # pragma: no cover - compiled
+    """Count a negative ``lowest <= v < best``: in its bucket's histogram, or exactly in ``cnt`` where the bucket has positives."""
+    k = _bucket(v, pos[0], scale, nb)
+    if in_bucket[k] == 0:
+        hist[k] += 1
+    else:
+        m = below[k]
+        while m < len(pos) and pos[m] <= v:  # ends before len(pos) because v < best
+            m += 1
+        cnt[m] += 1
+
+
+@numba.njit(inline="always")
+def _ap_from_counts(pos, cnt, map_k):  # pragma: no cover - compiled
+    """AP and AP@k (NaN when map_k is 0) from the ascending positives and cnt[m] = negatives with exactly m positives <= them."""
+    p = len(pos)
+    # walk tie groups of positives from the highest down; suffix = negatives >= group value
+    total = 0.0
+    total_k = 0.0
+    suffix = 0
+    m = p  # upper bound of the current group value
+    i = p - 1
+    while i >= 0:
+        g0 = i
+        while g0 > 0 and pos[g0 - 1] == pos[i]:
+            g0 -= 1
+        # group occupies [g0, i]; its upper bound is i + 1; negatives >= value: cnt[i+1..p]
+        while m > i:
+            suffix += cnt[m]
+            m -= 1
+        pos_ge = p - g0
+        precision = pos_ge / (pos_ge + suffix)
+        size = i - g0 + 1
+        total += size * precision
+        if map_k > 0 and pos_ge + suffix <= map_k:
+            total_k += size * precision
+        i = g0 - 1
+    return total / p, (total_k / min(p, map_k) if map_k > 0 else np.nan)
