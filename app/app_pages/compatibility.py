@@ -9,7 +9,7 @@ import streamlit as st
 
 from app import charts
 from app import queries as q
-from app.widgets import empty_state, experiment_label, plain, state_convention
+from app.widgets import empty_state, experiment_label, plain, state_convention, summary_columns, table
 from engine.results.conventions import annotate, convention, model_names, replaced_note, replaced_steps
 
 url = q.db_url()
@@ -123,9 +123,7 @@ def view_label(e: dict[str, Any], m: dict[str, Any]) -> str:
 
 
 summary = pd.DataFrame([{
-    "method": e["method"], "view": view_label(e, m), "steps": m["values"].shape[0], "AC": m["summary"].get("AC"),
-    "AA %": None if m["summary"].get("AA") is None else 100 * m["summary"]["AA"],
-    "ACA %": None if m["summary"].get("ACA") is None else 100 * m["summary"]["ACA"],
+    "method": e["method"], "view": view_label(e, m), "steps": m["values"].shape[0], **charts.summary_percent(m["summary"]),
     "mean Γ %": mean_gain(m["summary"]),
     "paired ✓/✗/?": verdict_counts(m["summary"]),
     "queries without a positive": int(np.nansum(np.tril(m["no_positive"]))),
@@ -133,9 +131,7 @@ summary = pd.DataFrame([{
 st.subheader(f"{metric_name(metric)} · {protocol} gallery · {eval_classes} classes")
 conv = state_convention(selected[0]["config"], metrics=metric, views=[m["view"] for _, m in shown], gallery=protocol,
                         eval_classes=eval_classes)
-st.dataframe(summary, hide_index=True, width="stretch", column_config={
-    "AC": st.column_config.NumberColumn(format="%.2f"), "AA %": st.column_config.NumberColumn(format="%.2f"),
-    "ACA %": st.column_config.NumberColumn(format="%.2f"),
+table(summary, column_config={**summary_columns(),
     "mean Γ %": st.column_config.NumberColumn(format="%.1f", help="Update gain (CoReS Eq. 3) averaged over the cross-tests: "
                                               "(cross-test - old self-test) / (new self-test - old self-test)"),
     "paired ✓/✗/?": st.column_config.TextColumn(help="Cross-tests whose paired bootstrap interval (cross - self, same "
@@ -150,7 +146,7 @@ if len(curves) and curves["step"].max() >= 3:
     left, right = st.columns(2)
     left.altair_chart(charts.with_convention(charts.step_curves(
         curves.dropna(subset=["AC_t"]), value="AC_t", title="AC_t: compatibility of the first t models",
-        y_title="AC_t", percent_axis=False), conv, 60), width="stretch")
+        y_title="AC_t", percent_axis=True), conv, 60), width="stretch")
     right.altair_chart(charts.with_convention(charts.step_curves(
         curves, value="AA_t", title=f"AA_t: mean {metric_name(metric)} of the first t models", y_title="AA_t",
         percent_axis=True), conv, 60), width="stretch")
@@ -193,8 +189,7 @@ for start in range(0, len(shown), per_row):
             if replaced:
                 st.caption(replaced_note(replaced))
             fails = int((frame["status"] == "fail").sum())
-            st.markdown(f"**AC** {charts.number(s.get('AC'))} · **AA** {charts.percent(s.get('AA'), 2)} · "
-                        f"**ACA** {charts.percent(s.get('ACA'), 2)} · {fails} failing cross-test(s)"
+            st.markdown(f"{charts.summary_line(s)} · {fails} failing cross-test(s)"
                         + (f" · paired ✓/✗/? {verdict_counts(s)}" if s.get("paired") else ""))
             gains = frame.dropna(subset=["gain"])
             if len(gains):
