@@ -19,7 +19,7 @@ OLD_NEW_COLOURS = ("#f58518", "#4c78a8")  # old model orange, new model blue, on
 SERIES_COLOURS = ("#009e73", "#cc79a7", "#0072b2", "#d55e00", "#56b4e9", "#e69f00", "#000000", "#999999")
 SERIES_DASHES = ([1, 0], [6, 3], [2, 2], [8, 3, 2, 3], [12, 4], [3, 5])
 SERIES_SHAPES = ("circle", "square", "triangle-up", "diamond", "cross", "triangle-down")
-SERIES_SPREAD = 0.12  # total width (in steps) over which coinciding step curves are spread apart
+SERIES_SPREAD = 0.2  # total width (in steps) over which coinciding step curves are spread apart
 SUMMARY_METRICS = ("AC", "AA", "ACA")  # shown in percent in every table: "AC %", "AA %", "ACA %"
 SUBTITLE_LINE_PX = 14  # height of one 10-px subtitle line
 

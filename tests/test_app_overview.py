@@ -65,7 +65,7 @@ def test_tables_show_dashes_not_none(app_db):
     fresh = rows["just-started"]
     assert all(fresh[c] is None or math.isnan(fresh[c]) for c in ("AC %", "AA %", "ACA %"))
     assert rows["synthetic/bct"]["AC %"] == pytest.approx(100.0)  # hand_matrix(good=True): every cross-test passes
-    assert f"{MISSING}: not computed yet" in texts(at)
+    assert f"a dash ({MISSING}) means not computed yet" in texts(at)
 
 
 def test_no_empty_bordered_boxes(app_db):

@@ -155,7 +155,7 @@ def live() -> None:
             "steps": st.column_config.NumberColumn("steps", width="small"),
             "experiment": st.column_config.TextColumn("experiment", width="medium"),
             **summary_columns()},
-            caption=f"AC, AA and ACA in percent, on Recall@1 in the method's main view; {MISSING}: not computed "
+            caption=f"AC, AA and ACA in percent, on Recall@1 in the method's main view; a dash ({MISSING}) means not computed "
                     "yet (a running experiment, or one without a stored matrix)."
             if rows[["AC %", "AA %", "ACA %", "study", "view", "finished"]].isna().any(axis=None) else
             "AC, AA and ACA in percent, on Recall@1 in the method's main view.")
