@@ -13,6 +13,12 @@ FAIL_FILL = "#f8d0cc"
 OLD_NEW_SHAPES = ("circle", "triangle-up")
 CLASS_SCHEME = "tableau20"
 OLD_NEW_COLOURS = ("#f58518", "#4c78a8")  # old model orange, new model blue, on every chart
+# methods and orderings: Okabe-Ito hues that stay apart for colour-blind readers and never reuse the old/new pair
+SERIES_COLOURS = ("#009e73", "#cc79a7", "#0072b2", "#d55e00", "#56b4e9", "#e69f00", "#000000", "#999999")
+SERIES_DASHES = ([1, 0], [6, 3], [2, 2], [8, 3, 2, 3], [12, 4], [3, 5])
+SERIES_SHAPES = ("circle", "square", "triangle-up", "diamond", "cross", "triangle-down")
+SERIES_SPREAD = 0.2  # total width (in steps) over which coinciding step curves are spread apart
+SUMMARY_METRICS = ("AC", "AA", "ACA")  # shown in percent in every table: "AC %", "AA %", "ACA %"
 SUBTITLE_LINE_PX = 14  # height of one 10-px subtitle line
 
 
@@ -23,6 +29,63 @@ def percent(value: float | None, digits: int = 1) -> str:
 
 def number(value: float | None, digits: int = 2) -> str:
     return "–" if value is None or (isinstance(value, float) and np.isnan(value)) else f"{value:.{digits}f}"
+
+
+def summary_percent(summary: dict) -> dict[str, float | None]:
+    """AC, AA and ACA of a stored summary in one unit, percent (``"AC %"`` ...); None where not defined.
+
+    The papers print AC as a fraction next to AA / ACA in percent; one unit per table reads without a legend.
+    """
+    out: dict[str, float | None] = {}
+    for name in SUMMARY_METRICS:
+        value = summary.get(name)
+        out[f"{name} %"] = None if value is None or not np.isfinite(value) else 100 * float(value)
+    return out
+
+
+def summary_line(summary: dict, digits: int = 1) -> str:
+    """``AC 33.3% · AA 45.2% · ACA 12.0%`` (markdown, bold names), the same unit as the tables."""
+    return " · ".join(f"**{name}** {percent(summary.get(name), digits)}" for name in SUMMARY_METRICS)
+
+
+def percent_format(values: Sequence[float], ticks: int = 5) -> str:
+    """A d3 percent format with enough decimals that ``ticks`` ticks over the values' range get distinct labels."""
+    finite = np.asarray([v for v in values if v is not None], float)
+    finite = finite[np.isfinite(finite)]
+    spread = float(finite.max() - finite.min()) if len(finite) else 1.0
+    step = 100 * spread / ticks  # percentage points between two ticks
+    digits = 0 if step >= 1 or step == 0 else min(3, int(np.ceil(-np.log10(step))))
+    return f".{digits}%"
+
+
+def series_encodings(names: Sequence[str], field: str, title: str) -> dict:
+    """Colour, dash and marker shape per series, fixed by the series' order: curves that coincide stay apart."""
+    names = list(dict.fromkeys(names))
+    n = len(names)
+    return {
+        "color": alt.Color(f"{field}:N", title=title, scale=alt.Scale(domain=names, range=[
+            SERIES_COLOURS[i % len(SERIES_COLOURS)] for i in range(n)])),
+        "strokeDash": alt.StrokeDash(f"{field}:N", title=title, scale=alt.Scale(domain=names, range=[
+            SERIES_DASHES[i % len(SERIES_DASHES)] for i in range(n)])),
+        "shape": alt.Shape(f"{field}:N", title=title, scale=alt.Scale(domain=names, range=[
+            SERIES_SHAPES[i % len(SERIES_SHAPES)] for i in range(n)])),
+    }
+
+
+def spread_steps(frame: pd.DataFrame, field: str) -> pd.DataFrame:
+    """``frame`` with ``step_shown``: each series' steps moved by a small, fixed offset so equal curves do not hide."""
+    names = list(dict.fromkeys(frame[field]))
+    n = len(names)
+    offsets = {name: (i - (n - 1) / 2) * (SERIES_SPREAD / max(n - 1, 1)) for i, name in enumerate(names)}
+    return frame.assign(step_shown=frame["step"].astype(float) + frame[field].map(offsets).astype(float))
+
+
+def step_axis(steps: Sequence[float], title: str | None = "step") -> alt.X:
+    """A quantitative step axis with one tick per whole step (no 1, 1, 2, 2 labels), padded by half a step."""
+    lo, hi = (float(min(steps)), float(max(steps))) if len(steps) else (1.0, 2.0)
+    return alt.X("step_shown:Q", title=title, scale=alt.Scale(domain=[lo - 0.5, hi + 0.5], nice=False, zero=False),
+                 axis=alt.Axis(tickMinStep=1, format="d", labelAngle=0,
+                               values=list(range(int(lo), int(hi) + 1)) if hi - lo <= 20 else alt.Undefined))
 
 
 def wrap(line: str, width: int = 80, separator: str = " · ") -> list[str]:
@@ -117,14 +180,20 @@ def matrix_heatmap(frame: pd.DataFrame, names: Sequence[str], *, title: str, met
         title=title, width=alt.Step(cell), height=alt.Step(cell))
 
 
-def step_curves(frame: pd.DataFrame, *, value: str, title: str, y_title: str, percent_axis: bool) -> alt.Chart:
-    """AC_t or AA_t over steps, one line per method."""
-    axis = alt.Axis(format=".0%") if percent_axis else alt.Axis(format=".2f")
-    return alt.Chart(frame).mark_line(point=True).encode(
-        x=alt.X("step:O", title="after step t (first t models)", axis=alt.Axis(labelAngle=0)),
+def step_curves(frame: pd.DataFrame, *, value: str, title: str, y_title: str, percent_axis: bool = True) -> alt.Chart:
+    """AC_t or AA_t over steps, one line per method (in percent, as the tables).
+
+    Methods differ by colour, dash and marker, and each is moved sideways by a fraction of a step, so
+    methods with equal curves (e.g. every AC_t = 100%) stay visible; the tooltip gives the true step.
+    """
+    values = frame[value].tolist()
+    axis = alt.Axis(format=percent_format(values)) if percent_axis else alt.Axis(format=".2f", tickMinStep=0.01)
+    return alt.Chart(spread_steps(frame, "method")).mark_line(point=alt.OverlayMarkDef(size=60, filled=True)).encode(
+        x=step_axis(frame["step"].tolist(), "after step t (first t models)"),
         y=alt.Y(f"{value}:Q", title=y_title, axis=axis, scale=alt.Scale(zero=False)),
-        color=alt.Color("method:N", title="method"),
-        tooltip=["method", "step", alt.Tooltip(f"{value}:Q", format=".3f")],
+        **series_encodings(frame["method"].tolist(), "method", "method"),
+        tooltip=["method", alt.Tooltip("step:Q", format="d"),
+                 alt.Tooltip(f"{value}:Q", format=".1%" if percent_axis else ".3f")],
     ).properties(title=title, height=260)
 
 
@@ -193,8 +262,8 @@ def angle_chart(frame: pd.DataFrame, references: pd.DataFrame, *, model_names: S
 def steps_chart(frame: pd.DataFrame, value: str, title: str, *, log: bool = False) -> alt.Chart:
     """One value per step (a line); ``log`` for values spanning orders of magnitude."""
     scale = alt.Scale(type="log") if log else alt.Scale(zero=False)
-    return alt.Chart(frame).mark_line(point=True).encode(
-        x=alt.X("step:O", axis=alt.Axis(labelAngle=0)),
+    return alt.Chart(frame.assign(step_shown=frame["step"].astype(float))).mark_line(point=True).encode(
+        x=step_axis(frame["step"].tolist()),
         y=alt.Y(f"{value}:Q", title=value + (" (log scale)" if log else ""), scale=scale),
         tooltip=["step", alt.Tooltip(f"{value}:Q", format=".3f")]).properties(title=title, height=220)
 
@@ -206,9 +275,10 @@ def backfill_chart(curves: pd.DataFrame, references: pd.DataFrame, *, metric: st
     """Metric vs fraction backfilled, one line per ordering; dashed: the new model's self-test."""
     x = alt.X("fraction:Q", title="fraction of the gallery backfilled", axis=alt.Axis(format=".0%"),
               scale=alt.Scale(domain=[0, 1]))
-    lines = alt.Chart(curves).mark_line(point=alt.OverlayMarkDef(size=25)).encode(
-        x=x, y=alt.Y("value:Q", title=metric, axis=alt.Axis(format=".1%"), scale=alt.Scale(zero=False)),
-        color=alt.Color("ordering:N", title="ordering"),
+    lines = alt.Chart(curves).mark_line(point=alt.OverlayMarkDef(size=40, filled=True)).encode(
+        x=x, y=alt.Y("value:Q", title=metric, axis=alt.Axis(format=percent_format(
+            [*curves["value"], *references["value"]])), scale=alt.Scale(zero=False)),
+        **series_encodings(curves["ordering"].tolist(), "ordering", "ordering"),
         tooltip=["ordering", alt.Tooltip("fraction:Q", format=".0%"), alt.Tooltip("value:Q", format=".2%")],
     )
     rules = alt.Chart(references).mark_rule(strokeDash=[6, 4], color="black").encode(

@@ -18,6 +18,7 @@ STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue
                 "done": ":green[:material/check_circle: done]", "failed": ":red[:material/error: failed]",
                 "cancelled": ":gray[:material/block: cancelled]"}
 QUEUED_HINT_S = 20
+MISSING = "–"  # what a table shows for a value that is not defined (never the word None)
 _ESCAPED = str.maketrans({c: "\\" + c for c in string.punctuation})
 _JOINER = "\u2060"  # an invisible word joiner: breaks GFM's autolinking of bare URLs and e-mail addresses
 _AUTOLINKED = re.compile(r"(?<=:)(?=//)|(?<=www)(?=\.)|(?<=@)", re.IGNORECASE)
@@ -34,6 +35,21 @@ def plain(text: object) -> str:
     label; widget options, dataframes, st.code and chart titles show text as it is and need nothing.
     """
     return _AUTOLINKED.sub(_JOINER, str(text)).translate(_ESCAPED)
+
+
+def summary_columns() -> dict[str, Any]:
+    """Column formats for ``app.charts.summary_percent``'s AC % / AA % / ACA %: one unit, one decimal, a help each."""
+    helps = {"AC %": "Share of the cross-tests passing the empirical compatibility criterion",
+             "AA %": "Mean of the lower triangle (self- and cross-tests)",
+             "ACA %": "Sum of the passing cross-tests over all cross-tests (failing ones count 0)"}
+    return {name: st.column_config.NumberColumn(name, format="%.1f", help=text) for name, text in helps.items()}
+
+
+def table(frame: Any, *, caption: str | None = None, **kwargs: Any) -> None:
+    """A dataframe as wide as the page, without its index, missing values as ``MISSING`` (and what they mean)."""
+    st.dataframe(frame, hide_index=True, width="stretch", placeholder=MISSING, **kwargs)
+    if caption:
+        st.caption(caption)
 
 
 def state_convention(config: dict[str, Any], *, extra: Sequence[str] = (), **what: Any) -> str:

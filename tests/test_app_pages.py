@@ -78,11 +78,11 @@ def test_overview_shows_ac_aa_aca(study):
         C = study["matrices"][method]
         from engine.metrics import average_accuracy, average_compatibility, average_compatibility_accuracy
 
-        assert rows[method]["AC"] == pytest.approx(average_compatibility(C))
+        assert rows[method]["AC %"] == pytest.approx(100 * average_compatibility(C))
         assert rows[method]["AA %"] == pytest.approx(100 * average_accuracy(C))
         assert rows[method]["ACA %"] == pytest.approx(100 * average_compatibility_accuracy(C))
         assert rows[method]["steps"] == 3 and rows[method]["status"] == "done"
-    assert rows["bct"]["AC"] == 1.0 and rows["independent"]["AC"] == 0.0
+    assert rows["bct"]["AC %"] == 100.0 and rows["independent"]["AC %"] == 0.0
 
 
 def test_overview_cancel_and_retry_change_job_rows(app_db):
@@ -178,9 +178,9 @@ def test_compatibility_shows_the_hand_made_matrices(study):
     at = open_page("compatibility")
     summary = at.dataframe[0].value
     rows = {r["method"]: r for _, r in summary.iterrows()}
-    assert rows["bct"]["AC"] == 1.0 and rows["independent"]["AC"] == 0.0
+    assert rows["bct"]["AC %"] == 100.0 and rows["independent"]["AC %"] == 0.0
     page = texts(at)
-    assert "AC 1.00" in page.replace("**", "") and "AC 0.00" in page.replace("**", "")
+    assert "AC 100.0%" in page.replace("**", "") and "AC 0.0%" in page.replace("**", "")
     assert "3 failing cross-test(s)" in page and "0 failing cross-test(s)" in page  # 3 x 3: three cross-tests
     charts = at.get("vega_lite_chart")
     assert len(charts) >= 4  # AC_t, AA_t and one heatmap per method

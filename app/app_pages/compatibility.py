@@ -10,7 +10,7 @@ import streamlit as st
 from app import charts
 from app.exports import download_buttons, study_download
 from app import queries as q
-from app.widgets import empty_state, experiment_label, plain, state_convention
+from app.widgets import empty_state, experiment_label, plain, state_convention, summary_columns, table
 from engine.results.conventions import annotate, convention, model_names, replaced_note, replaced_steps
 
 url = q.db_url()
@@ -128,9 +128,7 @@ def view_label(e: dict[str, Any], m: dict[str, Any]) -> str:
 
 
 summary = pd.DataFrame([{
-    "method": e["method"], "view": view_label(e, m), "steps": m["values"].shape[0], "AC": m["summary"].get("AC"),
-    "AA %": None if m["summary"].get("AA") is None else 100 * m["summary"]["AA"],
-    "ACA %": None if m["summary"].get("ACA") is None else 100 * m["summary"]["ACA"],
+    "method": e["method"], "view": view_label(e, m), "steps": m["values"].shape[0], **charts.summary_percent(m["summary"]),
     "mean Γ %": mean_gain(m["summary"]),
     "paired ✓/✗/?": verdict_counts(m["summary"]),
     "queries without a positive": int(np.nansum(np.tril(m["no_positive"]))),
@@ -138,9 +136,7 @@ summary = pd.DataFrame([{
 st.subheader(f"{metric_name(metric)} · {protocol} gallery · {eval_classes} classes")
 conv = state_convention(selected[0]["config"], metrics=metric, views=[m["view"] for _, m in shown], gallery=protocol,
                         eval_classes=eval_classes)
-st.dataframe(summary, hide_index=True, width="stretch", column_config={
-    "AC": st.column_config.NumberColumn(format="%.2f"), "AA %": st.column_config.NumberColumn(format="%.2f"),
-    "ACA %": st.column_config.NumberColumn(format="%.2f"),
+table(summary, column_config={**summary_columns(),
     "mean Γ %": st.column_config.NumberColumn(format="%.1f", help="Update gain (CoReS Eq. 3) averaged over the cross-tests: "
                                               "(cross-test - old self-test) / (new self-test - old self-test)"),
     "paired ✓/✗/?": st.column_config.TextColumn(help="Cross-tests whose paired bootstrap interval (cross - self, same "
@@ -153,19 +149,18 @@ curves = pd.DataFrame([{"method": e["method"], "step": t + 1, "AC_t": ac, "AA_t"
                        for t, (ac, aa) in enumerate(zip(m["summary"].get("AC_curve", []), m["summary"].get("AA_curve", [])))])
 if len(curves) and curves["step"].max() >= 3:
     left, right = st.columns(2)
-    for col, value, title, pct, frame in (
-            (left, "AC_t", "AC_t: compatibility of the first t models", False, curves.dropna(subset=["AC_t"])),
-            (right, "AA_t", f"AA_t: mean {metric_name(metric)} of the first t models", True, curves)):
+    for col, value, title, frame in (
+            (left, "AC_t", "AC_t: compatibility of the first t models", curves.dropna(subset=["AC_t"])),
+            (right, "AA_t", f"AA_t: mean {metric_name(metric)} of the first t models", curves)):
         with col:
             curve = charts.with_convention(charts.step_curves(frame, value=value, title=title, y_title=value,
-                                                              percent_axis=pct), conv, 60)
+                                                              percent_axis=True), conv, 60)
             st.altair_chart(curve, width="stretch")
             download_buttons(curve, f"{value}_{metric}", key=f"dl_{value}")
 
 # ---- the same models in every stored view, side by side (the view picker above chooses the matrices below)
-by_view = [{"method": e["method"], "view": m["view"], "AC": m["summary"].get("AC"),
-            "AA %": None if m["summary"].get("AA") is None else 100 * m["summary"]["AA"],
-            "ACA %": None if m["summary"].get("ACA") is None else 100 * m["summary"]["ACA"],
+by_view = [{"method": e["method"], "view": m["view"],
+            **{f"{k} %": None if m["summary"].get(k) is None else 100 * m["summary"][k] for k in ("AC", "AA", "ACA")},
             "failing cross-tests": int(np.sum(ecc_cells(m["values"]) == 0))}
            for e in selected for m in stored[e["id"]]
            if m["metric"] == metric and m["protocol"] == protocol and m["eval_classes"] == eval_classes]
@@ -173,10 +168,10 @@ if len({r["view"] for r in by_view}) > 1:
     st.subheader("Feature views side by side")
     st.caption("Every stored view of the chosen methods: the encoder and the output-space views (PSP/LSP) of the same "
                "models, same metric, protocol and classes.")
-    table = pd.DataFrame(by_view).pivot(index="method", columns="view", values=["AC", "AA %", "ACA %", "failing cross-tests"])
-    table.columns = [f"{v} · {k}" for k, v in table.columns]
-    st.dataframe(table[sorted(table.columns)].reset_index(), hide_index=True, width="stretch",
-                 column_config={c: st.column_config.NumberColumn(format="%.2f") for c in table.columns})
+    side = pd.DataFrame(by_view).pivot(index="method", columns="view", values=["AC %", "AA %", "ACA %", "failing cross-tests"])
+    side.columns = [f"{v} · {k}" for k, v in side.columns]
+    table(side[sorted(side.columns)].reset_index(),
+          column_config={c: st.column_config.NumberColumn(format="%.1f") for c in side.columns})
 summary_rows = [(e["method"], m["summary"]) for e, m in shown]
 with st.expander("Download the summary table"):
     from engine.results.report import render_summary_table
@@ -217,8 +212,7 @@ for start in range(0, len(shown), per_row):
             if replaced:
                 st.caption(replaced_note(replaced))
             fails = int((frame["status"] == "fail").sum())
-            st.markdown(f"**AC** {charts.number(s.get('AC'))} · **AA** {charts.percent(s.get('AA'), 2)} · "
-                        f"**ACA** {charts.percent(s.get('ACA'), 2)} · {fails} failing cross-test(s)"
+            st.markdown(f"{charts.summary_line(s)} · {fails} failing cross-test(s)"
                         + (f" · paired ✓/✗/? {verdict_counts(s)}" if s.get("paired") else ""))
             gains = frame.dropna(subset=["gain"])
             if len(gains):

@@ -1,4 +1,5 @@
-"""Overview: jobs with progress / cancel / retry, and every experiment with AC / AA / ACA at a glance."""
+"""Overview: what the tool answers and where to start, jobs with progress / cancel / retry, and every experiment
+with AC / AA / ACA (in percent) at a glance."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -7,15 +8,36 @@ import pandas as pd
 import streamlit as st
 
 from app import queries as q
-from app.charts import number
-from app.widgets import empty_state, job_timing, plain, status_badge
+from app.charts import number, summary_percent
+from app.learn import LEARN_PAGES
+from app.widgets import MISSING, empty_state, job_timing, plain, status_badge, summary_columns, table
 from storage import crashed_worker
 
 STALE_S = 60
 FINISHED_SHOWN = 15
 
+# (heading, what it answers, page, link label, icon) of the three ways in
+ENTRY_POINTS = (
+    ("Run the demo", "Train a short sequence of models with six methods and compare them (the *quick-demo* preset, "
+     "a few minutes on a CPU).", "app_pages/new_experiment.py", "New experiment", ":material/add_circle:"),
+    ("Check my upgrade", "Pick an old and a new model (two steps of an experiment, or v1 and v2 uploaded on the "
+     "Checkpoints page) and see whether the new one can search the old gallery, or how much of it to re-embed.",
+     "app_pages/upgrade.py", "Upgrade check", ":material/verified:"),
+    ("Learn", "Five small interactive demos: what compatibility means, the probability simplex, stationarity, "
+     "and aligning two feature spaces.", f"learn/{LEARN_PAGES[0][0]}", LEARN_PAGES[0][1], LEARN_PAGES[0][2]),
+)
+
 url = q.db_url()
 st.title("Overview")
+st.markdown("**Can a new model search the gallery that the old model embedded, without re-embedding it?** "
+            "Compatibility Lab trains or loads sequences of models, tests every new-query / old-gallery pair "
+            "against the papers' compatibility criterion, and shows how much of the gallery to backfill when a "
+            "pair fails.")
+for column, (heading, text, target, label, icon) in zip(st.columns(len(ENTRY_POINTS)), ENTRY_POINTS):
+    with column.container(border=True, height="stretch"):
+        st.markdown(f"**{heading}**")
+        st.caption(text)
+        st.page_link(target, label=label, icon=icon)
 st.caption("Jobs run in the engine worker, not in this page: closing the browser does not stop them. "
            "This page refreshes every 2 seconds.")
 
@@ -84,6 +106,7 @@ def job_card(job: dict) -> None:
 
 
 def experiment_rows(experiments: list[dict]) -> pd.DataFrame:
+    """One row per experiment; AC / AA / ACA in percent (None until the experiment has a matrix)."""
     rows = []
     for e in experiments:
         stamp = q.stamp(e)
@@ -92,12 +115,10 @@ def experiment_rows(experiments: list[dict]) -> pd.DataFrame:
         s = main["summary"] if main else {}
         data = e["config"].get("dataset", {}).get("name", "features" if e["method"] == "features" else "?")
         rows.append({
-            "id": e["id"], "study": e["study"] or "—", "experiment": e["name"], "method": e["method"],
+            "id": e["id"], "study": e["study"] or None, "experiment": e["name"], "method": e["method"],
             "dataset": data, "status": e["status"], "steps": len(versions),
-            "view": main["view"] if main else "", "AC": s.get("AC"),
-            "AA %": None if s.get("AA") is None else 100 * s["AA"],
-            "ACA %": None if s.get("ACA") is None else 100 * s["ACA"],
-            "finished": q.ago(e["finished_at"]) if e["finished_at"] else "",
+            "view": main["view"] if main else None, **summary_percent(s),
+            "finished": q.ago(e["finished_at"]) if e["finished_at"] else None,
         })
     return pd.DataFrame(rows)
 
@@ -129,17 +150,16 @@ def live() -> None:
 
     st.subheader("Experiments")
     if experiments:
-        st.dataframe(
-            experiment_rows(experiments), hide_index=True, width="stretch",
-            column_config={
-                "id": st.column_config.NumberColumn("id", width="small"),
-                "AC": st.column_config.NumberColumn("AC", format="%.2f",
-                                                    help="Fraction of cross-tests passing the empirical compatibility "
-                                                         "criterion (Recall@1, the method's main view)"),
-                "AA %": st.column_config.NumberColumn("AA %", format="%.1f", help="Mean of the lower triangle"),
-                "ACA %": st.column_config.NumberColumn("ACA %", format="%.1f",
-                                                       help="Accuracy of the compatible cross-tests only"),
-            })
+        rows = experiment_rows(experiments)
+        table(rows, column_config={
+            "id": st.column_config.NumberColumn("id", width="small"),
+            "steps": st.column_config.NumberColumn("steps", width="small"),
+            "experiment": st.column_config.TextColumn("experiment", width="medium"),
+            **summary_columns()},
+            caption=f"AC, AA and ACA in percent, on Recall@1 in the method's main view; a dash ({MISSING}) means not computed "
+                    "yet (a running experiment, or one without a stored matrix)."
+            if rows[["AC %", "AA %", "ACA %", "study", "view", "finished"]].isna().any(axis=None) else
+            "AC, AA and ACA in percent, on Recall@1 in the method's main view.")
         if any(e["status"] == "done" for e in experiments):
             links = st.columns(4)
             links[0].caption("Explore the results:")
@@ -160,12 +180,12 @@ def live() -> None:
             job_card(job)
     if finished:
         with st.expander(f"Recent jobs ({len(finished)})"):
-            st.dataframe(pd.DataFrame([{
-                "id": j["id"], "job": j["label"], "status": j["status"], "message": j["message"],
-                "finished": q.ago(j["finished_at"]), "took": number(
+            table(pd.DataFrame([{
+                "id": j["id"], "job": j["label"], "status": j["status"], "message": j["message"] or None,
+                "finished": q.ago(j["finished_at"]) if j["finished_at"] else None, "took": number(
                     (j["finished_at"] - j["started_at"]).total_seconds(), 0) + " s"
-                if j["finished_at"] and j["started_at"] else "",
-            } for j in finished]), hide_index=True, width="stretch")
+                if j["finished_at"] and j["started_at"] else None,
+            } for j in finished]), column_config={"id": st.column_config.NumberColumn("id", width="small")})
 
 
 live()
