@@ -1,7 +1,7 @@
 """The explorer's side of the feature map: what to show, what a click or a box picks, which classes match.
 
 Pure pandas functions over the map's sample points (columns ``x, y, model, class, label, row`` and, for
-maps computed since they were stored, ``hit`` and ``drift``); no Streamlit, no database, no torch.
+maps computed since they were stored, ``hit`` and ``drift``, -1 where not defined); no Streamlit, no database, no torch.
 """
 from __future__ import annotations
 
@@ -21,13 +21,15 @@ ImageUris = Callable[[pd.DataFrame], Sequence[str | None]]  # rows of the map ->
 
 def has_explorer_columns(points: pd.DataFrame) -> bool:
     """Whether the stored map carries the per-point hit and drift (maps stored before them do not)."""
-    return {"hit", "drift"} <= set(points.columns) and bool(points["hit"].notna().any())
+    return {"hit", "drift"} <= set(points.columns) and bool((points["hit"] >= 0).any())
 
 
 def with_colour_columns(points: pd.DataFrame, model_names: Sequence[str]) -> pd.DataFrame:
     """``points`` plus ``retrieval``: per image, its top-1 retrieval by the old model (old/old) and by the new
     query in the old gallery (new/old), as one of :data:`RETRIEVAL_ORDER` shared by both of its points."""
     out = points.copy()
+    if "drift" in out:
+        out["drift"] = out["drift"].where(out["drift"] >= 0)  # -1 = not defined
     if not has_explorer_columns(points):
         out["retrieval"] = "not stored"
         return out

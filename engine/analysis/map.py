@@ -9,7 +9,7 @@ mean), NC1-NC4 and the angles between centred class means per model, and the sam
 Each sampled point also carries, for the explorer's colour-by, whether its image is retrieved correctly
 (the nearest other image of the split in the old model's space has its class: old/old for the old model's
 point, new-query/old-gallery for the new one's) and its feature drift (1 - cosine between its old and new
-feature); both are NaN where old and new features do not share a space.
+feature); both are -1 where old and new features do not share a space, and for class means and prototypes.
 """
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def compute_projection(db: Engine, config: dict[str, Any], versions: list[Versio
         notes.append(f"too few points for {params['method'].upper()}: used {used.upper()}")
 
     progress(0.6, "top-1 retrieval and drift per point")
-    hit_old = hit_new = drift_rows = np.full(len(rows), np.nan)
+    hit_old = hit_new = drift_rows = np.full(len(rows), -1.0)  # -1: not defined (no shared space)
     if joint and len(labels) >= 2:
         hit_old = top1_hits(f_old[rows], f_old, labels, rows).astype(np.float64)
         hit_new = top1_hits(f_new[rows], f_old, labels, rows).astype(np.float64)
@@ -143,7 +143,7 @@ def compute_projection(db: Engine, config: dict[str, Any], versions: list[Versio
              (p_xy, 1, PROTOTYPE, proto_classes))  # no row, hit or drift
     blocks = [(xy_old, 0, SAMPLE, labels[rows], rows, hit_old, drift_rows),
               (xy_new, 1, SAMPLE, labels[rows], rows, hit_new, drift_rows),
-              *[(xy, model, kind, lab, np.full(len(lab), -1), *[np.full(len(lab), np.nan)] * 2)
+              *[(xy, model, kind, lab, *[np.full(len(lab), -1.0)] * 3)
                 for xy, model, kind, lab in marks]]
     array = np.vstack([np.column_stack([xy, np.full(len(xy), model), np.full(len(xy), kind), *rest])
                        for xy, model, kind, *rest in blocks if len(xy)]).astype(np.float64)
