@@ -44,14 +44,16 @@ def with_colour_columns(points: pd.DataFrame, model_names: Sequence[str]) -> pd.
 
 def display_sample(points: pd.DataFrame, limit: int = DISPLAY_LIMIT, seed: int = 0) -> tuple[pd.DataFrame, str]:
     """At most ``limit`` images per model, the same images for every model, sampled per class in proportion
-    (every class keeps at least one image); returns the points and a note ('' when nothing was dropped)."""
+    (largest remainders; every class keeps at least one image); returns the points and a note ('' when nothing was dropped)."""
     images = points.drop_duplicates("row")[["row", "class"]]
     if len(images) <= limit:
         return points, ""
+    groups = [group["row"].to_numpy() for _, group in images.groupby("class", sort=True)]
+    quota = np.array([len(g) for g in groups]) * (limit / len(images))
+    sizes = np.floor(quota).astype(int)
+    sizes[np.argsort(sizes - quota)[: limit - sizes.sum()]] += 1  # largest remainders: exactly ``limit`` in all
     rng = np.random.default_rng(seed)
-    share = limit / len(images)
-    keep = [rng.choice(group["row"].to_numpy(), size=max(1, int(round(share * len(group)))), replace=False)
-            for _, group in images.groupby("class", sort=True)]
+    keep = [rng.choice(g, size=max(1, n), replace=False) for g, n in zip(groups, sizes)]
     rows = np.concatenate(keep)
     shown = points[points["row"].isin(rows)]
     note = (f"showing {len(rows):,} of {len(images):,} points per model, sampled per class (seed {seed}); "

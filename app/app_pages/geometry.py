@@ -9,7 +9,7 @@ from app import charts
 from app import queries as q
 from app import map_explore as mx
 from app.widgets import analysis_result, pick_experiment, pick_steps, plain, state_convention
-from engine.contract import CLASS_MEAN, PROTOTYPE, SAMPLE, same_set_of
+from engine.contract import CLASS_MEAN, PROTOTYPE, SAMPLE
 
 url = q.db_url()
 LINES_SHOWN = 150
@@ -19,25 +19,24 @@ PROBE_COLUMNS = {"step": "step", "classes": "classes", "prototypes": "prototypes
                  "centroid_turn": "centroid turn (°)", "note": "note"}
 
 
-def set_query_from_click(event: object, split: str, same_set: bool) -> None:
-    """A new click on the map makes its image the query (``geometry_query``: its stored row in ``split``)."""
+def set_query_from_click(event: object, split: str) -> None:
+    """A new click on the map makes its image the query: ``geometry_query`` (its stored row) and
+    ``geometry_query_split`` (the map's split), read by the neighbours section."""
     row = mx.clicked_row(event)
     if row is None or row == st.session_state.get("geo_last_click"):
         return  # no click, or the same selection seen on an earlier rerun: leave a query typed since alone
     st.session_state["geo_last_click"] = row
     st.session_state["geometry_query"] = row
     st.session_state["geometry_query_split"] = split
-    if split == "query" or same_set:  # the row is also a query index of the neighbours below
-        st.session_state["nn_index"] = row
 
 
 def show_map(points: pd.DataFrame, means: pd.DataFrame, protos: pd.DataFrame, lines: pd.DataFrame, *,
-             payload: dict, model_names: list[str], conv: str, same_set: bool, title: str,
+             payload: dict, model_names: list[str], conv: str, title: str,
              image_uris: mx.ImageUris | None = None) -> None:
     """The explorer's map: colour-by, class search and highlight, display sampling, click-to-query and the list of
     the points in a box; ``image_uris`` (rows -> image URIs) adds thumbnails to that list."""
     split = payload["params"]["split"]
-    set_query_from_click(st.session_state.get("geo_map"), split, same_set)
+    set_query_from_click(st.session_state.get("geo_map"), split)
     points = mx.with_colour_columns(points, model_names)
     classes = list(points.sort_values("label")["class"].drop_duplicates())
     e = st.columns([1, 1, 1])
@@ -173,7 +172,7 @@ if result is not None:
         keep = rows[np.linspace(0, len(rows) - 1, min(LINES_SHOWN, len(rows))).astype(int)]
         lines = points[points["row"].isin(keep)].assign(model_index=lambda d: d["model"].eq(names[1]).astype(int))
     show_map(points, means if show_means else means.iloc[:0], protos if show_protos else protos.iloc[:0], lines,
-             payload=payload, model_names=[names[0], names[1]], conv=conv, same_set=same_set_of(experiment["config"]),
+             payload=payload, model_names=[names[0], names[1]], conv=conv,
              title=f"{payload['embedding'].upper()} of L2-normalised {view} features · {payload['n_sampled']:,} of "
                    f"{payload['n_rows']:,} {split} images per model")
 
