@@ -180,7 +180,8 @@ def class_palette(n: int) -> list[str]:
 def _map_colour(points: pd.DataFrame, colour_by: str, model_names: Sequence[str]) -> alt.Color:
     """The colour channel of the map for one colour-by column (``app.map_explore.COLOUR_BY``)."""
     if colour_by == "model":
-        return alt.Color("model:N", title="model", scale=alt.Scale(domain=list(model_names), range=list(OLD_NEW_COLOURS)))
+        return alt.Color("model:N", title="model",
+                         scale=alt.Scale(domain=list(model_names), range=list(OLD_NEW_COLOURS)))
     if colour_by == "retrieval":
         domain = [d for d in RETRIEVAL_COLOURS if d in set(points["retrieval"])]
         return alt.Color("retrieval:N", title="top-1 retrieval (old gallery)", sort=domain,
@@ -189,7 +190,8 @@ def _map_colour(points: pd.DataFrame, colour_by: str, model_names: Sequence[str]
         return alt.Color("drift:Q", title="drift (1 - cos old, new)", scale=alt.Scale(scheme="viridis"))
     order = list(points.sort_values("label")["class"].drop_duplicates())
     columns = -(-len(order) // LEGEND_ROWS)
-    return alt.Color("class:N", title="class", sort=order, scale=alt.Scale(domain=order, range=class_palette(len(order))),
+    return alt.Color("class:N", title="class", sort=order,
+                     scale=alt.Scale(domain=order, range=class_palette(len(order))),
                      legend=alt.Legend(symbolLimit=len(order) + 1, columns=columns, labelLimit=160))
 
 
@@ -201,7 +203,8 @@ def projection_chart(points: pd.DataFrame, means: pd.DataFrame, prototypes: pd.D
     means ringed, prototypes as +. Classes in ``highlight`` keep their colour and the others fade; the points
     of image ``query_row`` are ringed. Selections for ``st.altair_chart(on_select=...)``: ``pick`` (click a
     point: its ``row`` and ``model``) and ``box`` (shift + drag: an x/y interval); drag pans, the wheel zooms."""
-    points, means = (d.assign(highlighted=d["class"].isin(highlight) if len(highlight) else True) for d in (points, means))
+    points, means = (d.assign(highlighted=d["class"].isin(highlight) if len(highlight) else True)
+                     for d in (points, means))
     colour = _map_colour(points, colour_by, model_names)
     faded = lambda c: alt.condition(alt.datum.highlighted, c, alt.value(FADED))  # noqa: E731
     legend_pick = alt.selection_point(fields=["class"], bind="legend") if colour_by == "class" else None
@@ -211,7 +214,9 @@ def projection_chart(points: pd.DataFrame, means: pd.DataFrame, prototypes: pd.D
     shape = alt.Shape("model:N", title="model", scale=alt.Scale(domain=list(model_names), range=list(OLD_NEW_SHAPES)))
     x = alt.X("x:Q", title=None, axis=alt.Axis(labels=False, ticks=False, grid=False))
     y = alt.Y("y:Q", title=None, axis=alt.Axis(labels=False, ticks=False, grid=False))
-    seen = lambda on, off: alt.value(on) if legend_pick is None else alt.condition(legend_pick, alt.value(on), alt.value(off))  # noqa: E731
+
+    def seen(on: float, off: float):  # noqa: ANN202  opacity: dimmed outside the class picked in the legend
+        return alt.value(on) if legend_pick is None else alt.condition(legend_pick, alt.value(on), alt.value(off))
     tooltip = [c for c in ("image", "class", "model", "row", "retrieval") if c in points]
     if "drift" in points and points["drift"].notna().any():
         tooltip.append(alt.Tooltip("drift:Q", format=".3f", title="drift (1 - cos)"))
@@ -237,8 +242,8 @@ def projection_chart(points: pd.DataFrame, means: pd.DataFrame, prototypes: pd.D
                 x=x, y=y, color=faded(mean_colour), shape=shape, opacity=seen(1.0, 0.1),
                 tooltip=[alt.Tooltip("class:N"), alt.Tooltip("model:N", title="class mean of")]))
         if len(keep(prototypes)):
-            out.append(alt.Chart(keep(prototypes)).mark_point(shape="cross", filled=True, size=320, color="black").encode(
-                x=x, y=y, tooltip=[alt.Tooltip("class:N", title="fixed prototype of")]))
+            out.append(alt.Chart(keep(prototypes)).mark_point(shape="cross", filled=True, size=320,
+                                                              color="black").encode(x=x, y=y, tooltip=[alt.Tooltip("class:N", title="fixed prototype of")]))
         return alt.layer(*out)
 
     rows_of_legend = min(points["class"].nunique(), LEGEND_ROWS) if colour_by == "class" else 4
@@ -248,7 +253,8 @@ def projection_chart(points: pd.DataFrame, means: pd.DataFrame, prototypes: pd.D
         with warnings.catch_warnings():  # Altair merges the selections both views share, as intended
             warnings.simplefilter("ignore", UserWarning)
             return alt.hconcat(*views).resolve_scale(x="independent", y="independent").properties(title=title)
-    return layers(lambda d: d, "pan").properties(title=title, height=max(560, 18 * rows_of_legend + 60))  # legend never cut
+    height = max(560, 18 * rows_of_legend + 60)  # the legend is never cut
+    return layers(lambda d: d, "pan").properties(title=title, height=height)
 
 
 def drift_chart(frame: pd.DataFrame) -> alt.Chart:

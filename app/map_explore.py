@@ -44,7 +44,8 @@ def with_colour_columns(points: pd.DataFrame, model_names: Sequence[str]) -> pd.
 
 def display_sample(points: pd.DataFrame, limit: int = DISPLAY_LIMIT, seed: int = 0) -> tuple[pd.DataFrame, str]:
     """At most ``limit`` images per model, the same images for every model, sampled per class in proportion
-    (largest remainders; every class keeps at least one image); returns the points and a note ('' when nothing was dropped)."""
+    (largest remainders; every class keeps at least one image); returns the points and a note ('' when nothing
+    was dropped)."""
     images = points.drop_duplicates("row")[["row", "class"]]
     if len(images) <= limit:
         return points, ""

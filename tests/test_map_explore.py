@@ -66,7 +66,8 @@ def test_projection_stores_hit_and_drift(db_url):
         points = samples[samples["model"] == model]
         rows = points["row"].astype(int).to_numpy()
         np.testing.assert_array_equal(points["hit"], full_top1(feats)[rows])
-        np.testing.assert_allclose(points["drift"], paired_cosine_distances(f_old[rows], f_new[rows]), atol=1e-6)  # float32 features
+        expected = paired_cosine_distances(f_old[rows], f_new[rows])
+        np.testing.assert_allclose(points["drift"], expected, atol=1e-6)  # float32 features
     assert 0 < samples["hit"].mean() < 1  # the synthetic study has hits and misses
     marks = frame[frame["kind"].isin([CLASS_MEAN, PROTOTYPE])]
     assert (marks[["row", "hit", "drift"]] == -1).all().all()
@@ -213,9 +214,9 @@ def test_a_large_stored_map_is_sampled_for_display_with_a_note(study):
         payload.update(n_rows=n, n_sampled=n,
                        classes=[{"label": c, "name": f"class-{c}", "seen_old": True, "seen_new": True}
                                 for c in range(classes)])
-        block = lambda m: np.column_stack([rng.normal(size=(n, 2)), np.full(n, m), np.full(n, SAMPLE), labels,  # noqa: E731
-                                           np.arange(n), rng.integers(0, 2, n), rng.uniform(0, 1, n)])
-        save_analysis(s, exp, "projection", key, payload, np.vstack([block(0), block(1)]))
+        blocks = [np.column_stack([rng.normal(size=(n, 2)), np.full(n, m), np.full(n, SAMPLE), labels, np.arange(n),
+                                   rng.integers(0, 2, n), rng.uniform(0, 1, n)]) for m in (0, 1)]
+        save_analysis(s, exp, "projection", key, payload, np.vstack(blocks))
     at = open_map(study["url"])
     assert "Showing 5,000 of 12,000 points per model, sampled per class" in texts(at)
     spec, frame = drawn(at)
