@@ -62,16 +62,19 @@ def show_map(points: pd.DataFrame, means: pd.DataFrame, protos: pd.DataFrame, li
     drawn, note = mx.display_sample(points, mx.DISPLAY_LIMIT, payload["params"].get("seed", 0))
     if note:
         st.info(note[0].upper() + note[1:])
-    query = st.session_state.get("geometry_query")
+    query = st.session_state.get("geometry_query") if st.session_state.get("geometry_query_split") == split else None
     chart = charts.projection_chart(drawn, means, protos, lines, model_names=model_names, facet=not payload["joint"],
                                     colour_by=column, highlight=highlight, title=title,
-                                    query_row=query if st.session_state.get("geometry_query_split") == split else None,
+                                    query_row=query,
                                     pick=mx.PICK, box=mx.BOX)
     event = st.altair_chart(charts.with_convention(chart, conv, 110), width="stretch", on_select="rerun",
                             selection_mode=[mx.PICK, mx.BOX], key="geo_map")
-    st.caption("Click a point to make it the query (ringed; the neighbours below follow); shift + drag to select a "
+    st.caption("Click a point to make it the query (ringed); shift + drag to select a "
                "box, double-click to clear; drag to pan, scroll to zoom; click a legend entry to pick a class. "
                "Large ringed markers: class means; black +: fixed prototypes.")
+    if query is not None and (points["row"] == query).any():
+        name = points.loc[points["row"] == query, "class"].iloc[0]
+        st.caption(f"Query: {split} image #{query} ({plain(name)}), ringed on the map.")
     selected = mx.boxed_points(event, points)
     if len(selected):
         st.markdown(f"**Selected in the box**: {selected['row'].nunique():,} images, {len(selected):,} points")
