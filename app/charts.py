@@ -1,7 +1,8 @@
 """Altair charts of the dashboard, built from plain numpy/pandas data (no Streamlit, no database)."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 
 import altair as alt
 import numpy as np
@@ -200,37 +201,112 @@ def step_curves(frame: pd.DataFrame, *, value: str, title: str, y_title: str, pe
 # ---------------------------------------------------------------------------------------------- geometry
 
 
-def projection_chart(points: pd.DataFrame, means: pd.DataFrame, prototypes: pd.DataFrame, lines: pd.DataFrame, *,
-                     model_names: Sequence[str], title: str, facet: bool) -> alt.TopLevelMixin:
-    """Old and new features in one 2-D map: colour = class, shape = model; class means ringed, prototypes as +."""
-    pick = alt.selection_point(fields=["class"], bind="legend")
+RETRIEVAL_COLOURS = {"both correct": "#54a24b", "lost by the update": "#e45756", "gained by the update": "#4c78a8",
+                     "both wrong": "#9d755d", "not stored": "#bab0ac"}
+FADED = "#d9d9d9"  # points outside the searched / highlighted classes
+LEGEND_ROWS = 20  # legend entries per column before another column starts (no entry is ever dropped)
+# drag pans, the wheel zooms, shift + drag draws the box (Vega-Lite has point and interval selections, no lasso)
+PAN = "[mousedown[!event.shiftKey], window:mouseup] > window:mousemove!"
+BOX_DRAG = "[mousedown[event.shiftKey], window:mouseup] > window:mousemove!"
+
+
+def class_palette(n: int) -> list[str]:
+    """``n`` distinct colours: Tableau 10 / 20 up to 20 classes, beyond that hues around the colour wheel by the
+    golden angle in three lightness bands, so neighbouring classes in the legend never look alike."""
+    import colorsys
+
+    if n <= 10:
+        return ["#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d",
+                "#bab0ac"][:n]
+    if n <= 20:
+        return ["#4c78a8", "#9ecae9", "#f58518", "#ffbf79", "#54a24b", "#88d27a", "#b79a20", "#f2cf5b", "#439894",
+                "#83bcb6", "#e45756", "#ff9d98", "#79706e", "#bab0ac", "#d67195", "#fcbfd2", "#b279a2", "#d6a5c9",
+                "#9e765f", "#d8b5a5"][:n]
+    colours = []
+    for i in range(n):
+        r, g, b = colorsys.hls_to_rgb((i * 0.381966) % 1.0, (0.38, 0.55, 0.70)[i % 3], 0.75)
+        colours.append(f"#{round(255 * r):02x}{round(255 * g):02x}{round(255 * b):02x}")
+    return colours
+
+
+def _map_colour(points: pd.DataFrame, colour_by: str, model_names: Sequence[str]) -> alt.Color:
+    """The colour channel of the map for one colour-by column (``app.map_explore.COLOUR_BY``)."""
+    if colour_by == "model":
+        return alt.Color("model:N", title="model",
+                         scale=alt.Scale(domain=list(model_names), range=list(OLD_NEW_COLOURS)))
+    if colour_by == "retrieval":
+        domain = [d for d in RETRIEVAL_COLOURS if d in set(points["retrieval"])]
+        return alt.Color("retrieval:N", title="top-1 retrieval (old gallery)", sort=domain,
+                         scale=alt.Scale(domain=domain, range=[RETRIEVAL_COLOURS[d] for d in domain]))
+    if colour_by == "drift":
+        return alt.Color("drift:Q", title="drift (1 - cos old, new)", scale=alt.Scale(scheme="viridis"))
     order = list(points.sort_values("label")["class"].drop_duplicates())
-    colour = alt.Color("class:N", title="class", scale=alt.Scale(scheme=CLASS_SCHEME, domain=order), sort=order,
-                       legend=alt.Legend(symbolLimit=40, columns=1 if points["class"].nunique() <= 20 else 2))
+    columns = -(-len(order) // LEGEND_ROWS)
+    return alt.Color("class:N", title="class", sort=order,
+                     scale=alt.Scale(domain=order, range=class_palette(len(order))),
+                     legend=alt.Legend(symbolLimit=len(order) + 1, columns=columns, labelLimit=160))
+
+
+def projection_chart(points: pd.DataFrame, means: pd.DataFrame, prototypes: pd.DataFrame, lines: pd.DataFrame, *,
+                     model_names: Sequence[str], title: str, facet: bool, colour_by: str = "class",
+                     highlight: Sequence[str] = (), query_row: int | None = None,
+                     pick: str = "pick", box: str = "box") -> alt.TopLevelMixin:
+    """Old and new features in one 2-D map: colour = ``colour_by`` (a column of ``points``), shape = model; class
+    means ringed, prototypes as +. Classes in ``highlight`` keep their colour and the others fade; the points
+    of image ``query_row`` are ringed. Selections for ``st.altair_chart(on_select=...)``: ``pick`` (click a
+    point: its ``row`` and ``model``) and ``box`` (shift + drag: an x/y interval); drag pans, the wheel zooms."""
+    points, means = (d.assign(highlighted=d["class"].isin(highlight) if len(highlight) else True)
+                     for d in (points, means))
+    colour = _map_colour(points, colour_by, model_names)
+    faded = lambda c: alt.condition(alt.datum.highlighted, c, alt.value(FADED))  # noqa: E731
+    legend_pick = alt.selection_point(fields=["class"], bind="legend") if colour_by == "class" else None
+    click = alt.selection_point(name=pick, fields=["row", "model"], on="click", toggle=False, clear="dblclick")
+    brush = alt.selection_interval(name=box, encodings=["x", "y"], on=BOX_DRAG, zoom=False, translate=BOX_DRAG,
+                                   clear="dblclick")
     shape = alt.Shape("model:N", title="model", scale=alt.Scale(domain=list(model_names), range=list(OLD_NEW_SHAPES)))
     x = alt.X("x:Q", title=None, axis=alt.Axis(labels=False, ticks=False, grid=False))
     y = alt.Y("y:Q", title=None, axis=alt.Axis(labels=False, ticks=False, grid=False))
-    layers = []
-    if len(lines):
-        layers.append(alt.Chart(lines).mark_line(strokeWidth=0.8, opacity=0.35, color="#777777").encode(
-            x=x, y=y, detail="row:N", order="model_index:Q"))
-    layers.append(alt.Chart(points).mark_point(filled=True, size=28).encode(
-        x=x, y=y, color=colour, shape=shape,
-        opacity=alt.condition(pick, alt.value(0.7), alt.value(0.05)),
-        tooltip=["class", "model", "row"],
-    ).add_params(pick))
-    if len(means):
-        layers.append(alt.Chart(means).mark_point(filled=True, size=260, stroke="black", strokeWidth=1.5).encode(
-            x=x, y=y, color=colour, shape=shape, opacity=alt.condition(pick, alt.value(1.0), alt.value(0.1)),
-            tooltip=[alt.Tooltip("class:N"), alt.Tooltip("model:N", title="class mean of")]))
-    if len(prototypes):
-        layers.append(alt.Chart(prototypes).mark_point(shape="cross", filled=True, size=320, color="black").encode(
-            x=x, y=y, tooltip=[alt.Tooltip("class:N", title="fixed prototype of")]))
-    chart = alt.layer(*layers)
-    if facet:  # separate maps: different spaces
-        chart = chart.properties(width=430, height=430).facet(column=alt.Column("model:N", title=None))
-        return chart.resolve_scale(x="independent", y="independent").properties(title=title)
-    return chart.properties(title=title, height=560).interactive()
+
+    def seen(on: float, off: float):  # noqa: ANN202  opacity: dimmed outside the class picked in the legend
+        return alt.value(on) if legend_pick is None else alt.condition(legend_pick, alt.value(on), alt.value(off))
+    tooltip = [c for c in ("image", "class", "model", "row", "retrieval") if c in points]
+    if "drift" in points and points["drift"].notna().any():
+        tooltip.append(alt.Tooltip("drift:Q", format=".3f", title="drift (1 - cos)"))
+    params = [click, brush] + ([legend_pick] if legend_pick is not None else [])
+    mean_colour = colour if colour_by == "class" else alt.value("#555555")
+
+    def layers(keep: Callable[[pd.DataFrame], pd.DataFrame], pan: str) -> alt.LayerChart:
+        """The map's layers on the rows ``keep`` leaves of each table (all of them, or one model's)."""
+        pan_zoom = alt.selection_interval(name=pan, bind="scales", on=PAN, translate=PAN)
+        out = []
+        if len(keep(lines)):
+            out.append(alt.Chart(keep(lines)).mark_line(strokeWidth=0.8, opacity=0.35, color="#777777").encode(
+                x=x, y=y, detail="row:N", order="model_index:Q"))
+        out.append(alt.Chart(keep(points)).mark_point(filled=True, size=28).encode(
+            x=x, y=y, color=faded(colour), shape=shape, order=alt.Order("highlighted:N"),
+            opacity=seen(0.75, 0.08), tooltip=tooltip).add_params(*params, pan_zoom))
+        query = keep(points[points["row"] == query_row])
+        if len(query):
+            out.append(alt.Chart(query).mark_point(size=420, strokeWidth=2.5, color="black", filled=False).encode(
+                x=x, y=y, shape=shape, tooltip=[alt.Tooltip("class:N", title="query"), "model", "row"]))
+        if len(keep(means)):
+            out.append(alt.Chart(keep(means)).mark_point(filled=True, size=260, stroke="black", strokeWidth=1.5).encode(
+                x=x, y=y, color=faded(mean_colour), shape=shape, opacity=seen(1.0, 0.1),
+                tooltip=[alt.Tooltip("class:N"), alt.Tooltip("model:N", title="class mean of")]))
+        if len(keep(prototypes)):
+            out.append(alt.Chart(keep(prototypes)).mark_point(shape="cross", filled=True, size=320,
+                                                              color="black").encode(x=x, y=y, tooltip=[alt.Tooltip("class:N", title="fixed prototype of")]))
+        return alt.layer(*out)
+
+    rows_of_legend = min(points["class"].nunique(), LEGEND_ROWS) if colour_by == "class" else 4
+    if facet:  # separate maps: different spaces, one per model, sharing the click and box selections
+        views = [layers(lambda d, m=m: d[d["model"] == m] if "model" in d else d.iloc[:0], f"pan_{i}").properties(
+            width=430, height=430, title=m) for i, m in enumerate(model_names)]
+        with warnings.catch_warnings():  # Altair merges the selections both views share, as intended
+            warnings.simplefilter("ignore", UserWarning)
+            return alt.hconcat(*views).resolve_scale(x="independent", y="independent").properties(title=title)
+    height = max(560, 18 * rows_of_legend + 60)  # the legend is never cut
+    return layers(lambda d: d, "pan").properties(title=title, height=height)
 
 
 def drift_chart(frame: pd.DataFrame) -> alt.Chart:

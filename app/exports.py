@@ -26,12 +26,13 @@ def can_export_images() -> bool:
 
 def chart_bytes(chart: alt.TopLevelMixin, fmt: str) -> bytes:
     """The chart as ``png``, ``svg`` or self-contained ``html`` (scripts inline, no http(s) source)."""
-    if fmt == "html":
-        return chart.to_html(inline=True).encode()
-    if fmt not in ("png", "svg"):
+    if fmt not in ("png", "svg", "html"):
         raise ValueError(f"unknown chart format {fmt!r}; use png, svg or html")
-    buffer = io.BytesIO() if fmt == "png" else io.StringIO()
-    chart.save(buffer, format=fmt)
+    with alt.data_transformers.disable_max_rows():  # the map draws up to 10,000 points; Altair stops at 5,000
+        if fmt == "html":
+            return chart.to_html(inline=True).encode()
+        buffer = io.BytesIO() if fmt == "png" else io.StringIO()
+        chart.save(buffer, format=fmt)
     value = buffer.getvalue()
     return value if isinstance(value, bytes) else value.encode()
 

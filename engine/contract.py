@@ -62,7 +62,7 @@ DEFAULT_ORDERINGS = ("random", "distance_mse", "distance_cosine")
 REACH_SHARES = (1.0, 0.99, 0.95)  # "fraction needed to reach this share of the new model's self-test"
 # map point kinds (column "kind" of the projection array)
 SAMPLE, CLASS_MEAN, PROTOTYPE = 0, 1, 2
-PROJECTION_COLUMNS = ("x", "y", "model", "kind", "label", "row")
+PROJECTION_COLUMNS = ("x", "y", "model", "kind", "label", "row", "hit", "drift")  # hit: 0/1 top-1, drift: 1 - cos; -1 = none
 
 ANALYSIS_DEFAULTS: dict[str, dict[str, Any]] = {
     "projection": {"step_a": None, "step_b": None, "view": "encoder", "split": "gallery", "method": "umap",

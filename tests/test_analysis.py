@@ -128,7 +128,7 @@ def test_projection_pca_numbers(experiment):
     run_analysis(db, exp_id, "projection", params)
     payload, array = _load(db, exp_id, "projection", params)
 
-    assert payload["columns"] == ["x", "y", "model", "kind", "label", "row"]
+    assert payload["columns"] == ["x", "y", "model", "kind", "label", "row", "hit", "drift"]
     assert payload["joint"] and payload["embedding"] == "pca"
     samples = array[array[:, 3] == SAMPLE]
     old_rows = samples[samples[:, 2] == 0][:, 5].astype(int)

@@ -34,14 +34,14 @@ def test_overview_says_what_it_answers_and_offers_three_ways_in(app_db):
         assert f"**{heading}**" in [m.value for m in at.markdown], heading
     # the link's target is the page's URL path: its file name without .py
     assert links["New experiment"] == "new_experiment"
-    assert links["Checkpoints"] == "checkpoints"  # the upgrade check page is linked once merged
+    assert links["Upgrade check"] == "upgrade"
     assert links[LEARN_PAGES[0][1]] == LEARN_PAGES[0][0].removesuffix(".py")
     assert len(links) == 3  # nothing else links away before there are results
 
 
 def test_entry_links_open_their_pages(app_db):
     at = overview()
-    targets = ["app_pages/new_experiment.py", "app_pages/checkpoints.py", f"learn/{LEARN_PAGES[0][0]}"]
+    targets = ["app_pages/new_experiment.py", "app_pages/upgrade.py", f"learn/{LEARN_PAGES[0][0]}"]
     for target in targets:
         at.switch_page(target).run()
         assert not at.exception, (target, at.exception)

@@ -5,6 +5,11 @@ in 2-D (UMAP, or PCA as the fast option), with the class means and, for fixed-pr
 encoder view, the prototypes; the payload adds per-class drift (cosine between the old and new class
 mean), NC1-NC4 and the angles between centred class means per model, and the sampled Definition-1 check
 (:mod:`engine.analysis.geometry`).
+
+Each sampled point also carries, for the explorer's colour-by, whether its image is retrieved correctly
+(the nearest other image of the split in the old model's space has its class: old/old for the old model's
+point, new-query/old-gallery for the new one's) and its feature drift (1 - cosine between its old and new
+feature); both are -1 where old and new features do not share a space, and for class means and prototypes.
 """
 from __future__ import annotations
 
@@ -27,6 +32,27 @@ def sample_rows(n: int, max_points: int, seed: int) -> np.ndarray:
     if n <= max_points:
         return np.arange(n)
     return np.sort(np.random.default_rng(seed).choice(n, size=max_points, replace=False))
+
+
+SIMILARITY_BYTES = 1 << 26  # one block of the top-1 search holds at most 64 MiB of float32 similarities
+
+
+def top1_hits(queries: np.ndarray, gallery: np.ndarray, labels: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Whether the gallery row nearest (cosine) to ``queries[i]``, other than row ``rows[i]`` itself, has label
+    ``labels[rows[i]]``; ``queries`` are the features of ``rows``, ``gallery`` those of every row.
+
+    Memory is bounded by blocks of queries (:data:`SIMILARITY_BYTES`); ties go to the lower gallery row.
+    """
+    g = unit(gallery).astype(np.float32)
+    q = unit(queries).astype(np.float32)
+    block = max(1, SIMILARITY_BYTES // (4 * max(len(g), 1)))
+    hits = np.zeros(len(rows), bool)
+    for start in range(0, len(rows), block):
+        own = rows[start:start + block]
+        sims = q[start:start + block] @ g.T
+        sims[np.arange(len(own)), own] = -np.inf  # never the image itself
+        hits[start:start + block] = labels[np.argmax(sims, axis=1)] == labels[own]
+    return hits
 
 
 def embed_2d(fit: np.ndarray, others: Sequence[np.ndarray], *, method: str, seed: int
@@ -105,16 +131,22 @@ def compute_projection(db: Engine, config: dict[str, Any], versions: list[Versio
     if used != params["method"]:
         notes.append(f"too few points for {params['method'].upper()}: used {used.upper()}")
 
+    progress(0.6, "top-1 retrieval and drift per point")
+    hit_old = hit_new = drift_rows = np.full(len(rows), -1.0)  # -1: not defined (no shared space)
+    if joint and len(labels) >= 2:
+        hit_old = top1_hits(f_old[rows], f_old, labels, rows).astype(np.float64)
+        hit_new = top1_hits(f_new[rows], f_old, labels, rows).astype(np.float64)
+        drift_rows = 1.0 - np.sum(unit(f_old[rows]) * unit(f_new[rows]), axis=1)
+
     mean_labels = classes if len(classes) >= 2 else classes[:1]
-    blocks = [
-        (xy_old, 0, SAMPLE, labels[rows], rows),
-        (xy_new, 1, SAMPLE, labels[rows], rows),
-        (m_old, 0, CLASS_MEAN, mean_labels, np.full(len(mean_labels), -1)),
-        (m_new, 1, CLASS_MEAN, mean_labels, np.full(len(mean_labels), -1)),
-        (p_xy, 1, PROTOTYPE, proto_classes, np.full(len(proto_classes), -1)),
-    ]
-    array = np.vstack([np.column_stack([xy, np.full(len(xy), model), np.full(len(xy), kind), lab, row])
-                       for xy, model, kind, lab, row in blocks if len(xy)]).astype(np.float64)
+    marks = ((m_old, 0, CLASS_MEAN, mean_labels), (m_new, 1, CLASS_MEAN, mean_labels),
+             (p_xy, 1, PROTOTYPE, proto_classes))  # no row, hit or drift
+    blocks = [(xy_old, 0, SAMPLE, labels[rows], rows, hit_old, drift_rows),
+              (xy_new, 1, SAMPLE, labels[rows], rows, hit_new, drift_rows),
+              *[(xy, model, kind, lab, *[np.full(len(lab), -1.0)] * 3)
+                for xy, model, kind, lab in marks]]
+    array = np.vstack([np.column_stack([xy, np.full(len(xy), model), np.full(len(xy), kind), *rest])
+                       for xy, model, kind, *rest in blocks if len(xy)]).astype(np.float64)
 
     progress(0.7, "drift, angles and collapse")
     drift = None
@@ -140,6 +172,8 @@ def compute_projection(db: Engine, config: dict[str, Any], versions: list[Versio
         "classes": [{"label": int(c), "name": new.name(int(c)), "seen_old": int(c) in old.classes,
                      "seen_new": int(c) in new.classes} for c in classes],
         "prototypes": int(len(proto_classes)),
+        "hit_rule": ("top-1 among the other images of the split, in the old model's gallery space: old point = "
+                     "old/old, new point = new-query/old-gallery; ties go to the lower row"),
         "prototype_note": proto_note,
         "drift": drift,
         "definition1": check,
