@@ -1,8 +1,10 @@
 """End to end in a real browser: ``python run_app.py`` (worker + dashboard) driven with Playwright + Chromium.
 
 Launches a tiny study from the New-experiment form (digits, 2 steps, 1 epoch, 1 method), waits for the
-engine worker to finish it, then opens every page, computes a feature map and backfilling curves through
-the worker, and checks that no page shows an exception and every chart has a size. Screenshots go to
+engine worker to finish it, then opens every page, computes a feature map, the upgrade verdict and backfilling
+curves through the worker, hovers a map point (its thumbnail shows in the tooltip), clicks it (the neighbours
+follow, with images), downloads the map as PNG, and checks that no page shows an exception and every chart has
+a size. Screenshots go to
 ``$COMPATLAB_SCREENSHOTS`` (default: ``screenshots/`` at the repository root, git-ignored).
 
 Needs /usr/bin/chromium (``apt-get install chromium``) and the ``playwright`` package; Playwright never
@@ -35,7 +37,7 @@ UI_TIMEOUT_MS = 120_000  # generous: other processes may load the CPU while the 
 POLL_S = 0.5  # interval between two looks at the database (not a wait for something to happen)
 BEACON = "http://127.0.0.1:9/beacon.png"  # a port nothing listens on: a rendered <img> would try to fetch it
 MARKDOWN_NAME = f"![b]({BEACON}) **bold** <img src={BEACON}>"
-PAGES = {"overview": "", "new_experiment": "new_experiment", "compatibility": "compatibility",
+PAGES = {"overview": "", "upgrade": "upgrade", "new_experiment": "new_experiment", "compatibility": "compatibility",
          "geometry": "geometry", "backfilling": "backfilling", "checkpoints": "checkpoints",
          # the Learn section
          "learn_definition1": "definition1", "learn_simplex": "simplex", "learn_stationarity": "stationarity",
@@ -56,6 +58,7 @@ if _missing():
     pytest.skip(_missing(), allow_module_level=True)
 
 from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import TimeoutError as PlaywrightTimeout  # noqa: E402
 
 from storage import create_experiment, get_engine, list_jobs, session_scope, set_experiment_status  # noqa: E402
 
@@ -199,6 +202,23 @@ def result_shown(page: Page, url: str, text: str, prepare=None) -> None:
     settle(page)
 
 
+def hover_until_thumbnail(page: Page, chart, steps: int = 24) -> tuple[float, float]:
+    """Move the mouse over a grid on ``chart`` until the Vega tooltip shows an image; that position."""
+    expect(chart.locator("canvas, svg").first).to_be_visible(timeout=UI_TIMEOUT_MS)
+    box = chart.locator("canvas, svg").first.bounding_box()
+    tooltip_image = page.locator("#vg-tooltip-element img")
+    for i in range(1, steps):
+        for j in range(1, steps):
+            x, y = box["x"] + box["width"] * j / steps, box["y"] + box["height"] * i / steps
+            page.mouse.move(x, y)
+            try:  # Vega draws the tooltip on the next frame
+                tooltip_image.first.wait_for(state="visible", timeout=250)
+                return x, y
+            except PlaywrightTimeout:
+                continue
+    pytest.fail("no point of the map showed a thumbnail in its tooltip")
+
+
 def test_every_page_opens_on_an_empty_database(server, browser, shots):
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     for name, path in PAGES.items():
@@ -266,6 +286,28 @@ def test_launch_a_tiny_study_and_explore_it(server, browser, shots):
     wait_for_job(server["db"], "analysis", ANALYSIS_TIMEOUT_S, server["log"], analysis="projection")
     result_shown(page, geometry, "Neural collapse", pick_pca)
     check_page(page, "geometry", shots)
+    x, y = hover_until_thumbnail(page, page.locator(".st-key-geo_map"))
+    page.screenshot(path=str(shots / "geometry_hover_thumbnail.png"))
+    page.mouse.click(x, y)  # the clicked image becomes the query of the neighbours section
+    expect(page.get_by_text("ringed on the map")).to_be_visible(timeout=UI_TIMEOUT_MS)
+    settle(page)
+    neighbours = page.locator('[data-testid="stImage"]')
+    expect(neighbours.first).to_be_visible(timeout=UI_TIMEOUT_MS)
+    assert neighbours.count() >= 3, "the query and its neighbours in both galleries are shown as images"
+    check_page(page, "geometry_clicked_query", shots)
+    with page.expect_download(timeout=UI_TIMEOUT_MS) as download:
+        page.locator(".st-key-dl_map_png button").click()
+    png = Path(download.value.path()).read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000, "the map downloads as a PNG"
+
+    upgrade = f"{base}/upgrade"
+    page.goto(upgrade)
+    settle(page)
+    page.get_by_role("button", name="Compute the upgrade verdict").click()
+    wait_for_job(server["db"], "analysis", ANALYSIS_TIMEOUT_S, server["log"], analysis="upgrade")
+    result_shown(page, upgrade, "Queries scored")
+    expect(page.locator('[data-testid="stAlert"]').first).to_be_visible(timeout=UI_TIMEOUT_MS)  # the verdict
+    check_page(page, "upgrade_check", shots)
 
     backfilling = f"{base}/backfilling"
     page.goto(backfilling)
