@@ -72,16 +72,18 @@ def _file_stem(name: str) -> str:
 
 
 def download_buttons(chart: alt.TopLevelMixin, name: str, *, key: str) -> None:
-    """PNG, SVG, HTML and CSV (the chart's data) download buttons in one row under a chart."""
+    """A small "Download" menu under a chart: PNG, SVG, HTML and CSV (the chart's data) buttons in one row."""
     stem = _file_stem(name)
     images = can_export_images()
     makers = {"png": lambda: chart_bytes(chart, "png"), "svg": lambda: chart_bytes(chart, "svg"),
               "html": lambda: chart_bytes(chart, "html"),
               "csv": lambda: chart_data(chart).to_csv(index=False).encode()}
-    for col, (fmt, make) in zip(st.columns(len(makers)), makers.items()):
-        col.download_button(fmt.upper(), make, file_name=f"{stem}.{fmt}", mime=FORMATS[fmt], on_click="ignore",
-                            key=f"{key}_{fmt}", disabled=fmt != "csv" and not images,
-                            help=None if images or fmt == "csv" else "needs the vl-convert-python package")
+    with st.popover("Download", icon=":material/download:", help="this chart as PNG, SVG, HTML (works offline) or "
+                    "CSV (its data)"):
+        for col, (fmt, make) in zip(st.columns(len(makers)), makers.items()):
+            col.download_button(fmt.upper(), make, file_name=f"{stem}.{fmt}", mime=FORMATS[fmt], on_click="ignore",
+                                key=f"{key}_{fmt}", disabled=fmt != "csv" and not images,
+                                help=None if images or fmt == "csv" else "needs the vl-convert-python package")
 
 
 def study_download(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[int, Sequence[Mapping[str, Any]]], *,

@@ -23,10 +23,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from app import charts  # noqa: E402
-from app import map_explore as mx  # noqa: E402
+from app import charts
+from app import map_explore as mx
 
 MODELS = ["step 1 (old)", "step 2 (new)"]
 

@@ -147,8 +147,8 @@ def test_geometry_and_backfilling_state_their_conventions(hand_study):
         "Convention: cosine similarity · encoder view · closed-set, own image excluded · instance gallery · "
         f"all test classes · {SEEDS}",  # nearest neighbours
         f"Convention: encoder view · {seeds}"]  # across all steps
-    (query,) = [m.value for m in at.markdown if m.value.startswith("Query #")]
-    assert f"class **{BEACON} c" in unplain(query) and BEACON not in query  # the class name, escaped
+    (query,) = [c.value for c in at.caption if "· model step" in c.value]  # under the query image
+    assert unplain(query).startswith(f"{BEACON} c") and BEACON not in query  # the class name, escaped
 
     at = open_page("backfilling")
     at.selectbox(key="bf_experiment").set_value(1).run()

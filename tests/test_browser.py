@@ -202,21 +202,49 @@ def result_shown(page: Page, url: str, text: str, prepare=None) -> None:
     settle(page)
 
 
-def hover_until_thumbnail(page: Page, chart, steps: int = 24) -> tuple[float, float]:
-    """Move the mouse over a grid on ``chart`` until the Vega tooltip shows an image; that position."""
+# Pixels of the chart's canvas drawn in colour (the points; lines and axes are grey), as page coordinates, spread
+# over the chart: where to hover to find a point without knowing the chart's scales.
+COLOURED_PIXELS = """(canvas) => {
+  const ctx = canvas.getContext('2d');
+  const {width, height} = canvas;
+  const data = ctx.getImageData(0, 0, width, height).data;
+  const rect = canvas.getBoundingClientRect();
+  const found = [];
+  for (let y = 0; y < height; y += 3) for (let x = 0; x < width; x += 3) {
+    const i = 4 * (y * width + x);
+    const [r, g, b, a] = [data[i], data[i + 1], data[i + 2], data[i + 3]];
+    if (a > 200 && Math.max(r, g, b) - Math.min(r, g, b) > 60)
+      found.push([rect.left + x * rect.width / width, rect.top + y * rect.height / height]);
+  }
+  const step = Math.max(1, Math.floor(found.length / 150));
+  return found.filter((_, k) => k % step === 0);
+}"""
+
+
+def hover_spots(chart) -> list[tuple[float, float]]:
+    """Where the chart drew points: the symbols of an SVG rendering, else the coloured pixels of its canvas."""
+    symbols = chart.locator("svg g.mark-symbol path")
+    if symbols.count():
+        boxes = (symbols.nth(i).bounding_box() for i in range(0, symbols.count(), max(1, symbols.count() // 150)))
+        return [(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2) for b in boxes if b]
+    canvas = chart.locator("canvas").first
+    return canvas.evaluate(COLOURED_PIXELS) if canvas.count() else []
+
+
+def hover_until_thumbnail(page: Page, chart) -> tuple[float, float]:
+    """Hover the points of ``chart`` until the Vega tooltip shows an image; that position."""
     expect(chart.locator("canvas, svg").first).to_be_visible(timeout=UI_TIMEOUT_MS)
-    box = chart.locator("canvas, svg").first.bounding_box()
     tooltip_image = page.locator("#vg-tooltip-element img")
-    for i in range(1, steps):
-        for j in range(1, steps):
-            x, y = box["x"] + box["width"] * j / steps, box["y"] + box["height"] * i / steps
-            page.mouse.move(x, y)
-            try:  # Vega draws the tooltip on the next frame
-                tooltip_image.first.wait_for(state="visible", timeout=250)
-                return x, y
-            except PlaywrightTimeout:
-                continue
-    pytest.fail("no point of the map showed a thumbnail in its tooltip")
+    spots = hover_spots(chart)
+    assert spots, "the map drew no point"
+    for x, y in spots:
+        page.mouse.move(x, y)
+        try:  # Vega draws the tooltip on the next frame
+            tooltip_image.first.wait_for(state="visible", timeout=250)
+            return x, y
+        except PlaywrightTimeout:
+            continue
+    pytest.fail(f"none of {len(spots)} points of the map showed a thumbnail in its tooltip")
 
 
 def test_every_page_opens_on_an_empty_database(server, browser, shots):
@@ -286,6 +314,7 @@ def test_launch_a_tiny_study_and_explore_it(server, browser, shots):
     wait_for_job(server["db"], "analysis", ANALYSIS_TIMEOUT_S, server["log"], analysis="projection")
     result_shown(page, geometry, "Neural collapse", pick_pca)
     check_page(page, "geometry", shots)
+    page.locator(".st-key-geo_map").scroll_into_view_if_needed()
     x, y = hover_until_thumbnail(page, page.locator(".st-key-geo_map"))
     page.screenshot(path=str(shots / "geometry_hover_thumbnail.png"))
     page.mouse.click(x, y)  # the clicked image becomes the query of the neighbours section
@@ -295,6 +324,7 @@ def test_launch_a_tiny_study_and_explore_it(server, browser, shots):
     expect(neighbours.first).to_be_visible(timeout=UI_TIMEOUT_MS)
     assert neighbours.count() >= 3, "the query and its neighbours in both galleries are shown as images"
     check_page(page, "geometry_clicked_query", shots)
+    page.locator('[data-testid="stPopover"] button').first.click()  # the map's download menu (the page's first chart)
     with page.expect_download(timeout=UI_TIMEOUT_MS) as download:
         page.locator(".st-key-dl_map_png button").click()
     png = Path(download.value.path()).read_bytes()

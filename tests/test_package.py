@@ -36,9 +36,9 @@ def sys_path_edits(source: str) -> list[int]:
     return sorted(lines)
 
 
-def requirement_pins() -> list[str]:
-    """requirements.txt's requirement lines, comments dropped."""
-    lines = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
+def requirement_pins(name: str = "requirements.txt") -> list[str]:
+    """A requirements file's requirement lines, comments dropped."""
+    lines = [line.split("#")[0].strip() for line in (ROOT / name).read_text().splitlines()]
     return [line for line in lines if line]
 
 
@@ -68,10 +68,13 @@ def test_the_package_finder_names_every_source_folder_and_no_other():
 
 
 def test_dependencies_come_from_requirements_txt_in_a_form_setuptools_reads():
-    assert PYPROJECT["project"]["dynamic"] == ["dependencies"]
-    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["dependencies"] == {"file": ["requirements.txt"]}
-    pins = requirement_pins()
-    assert pins and all("==" in pin and not pin.startswith("-") for pin in pins), pins  # no -r / --index-url lines
+    assert PYPROJECT["project"]["dynamic"] == ["dependencies", "optional-dependencies"]
+    dynamic = PYPROJECT["tool"]["setuptools"]["dynamic"]
+    assert dynamic["dependencies"] == {"file": ["requirements.txt"]}
+    assert dynamic["optional-dependencies"] == {"postgresql": {"file": ["requirements-postgresql.txt"]}}
+    for name in ("requirements.txt", "requirements-postgresql.txt"):
+        pins = requirement_pins(name)
+        assert pins and all("==" in pin and not pin.startswith("-") for pin in pins), pins  # no -r / --index-url lines
 
 
 def test_console_scripts_name_the_cli_and_the_launcher():
@@ -94,7 +97,9 @@ def test_the_installed_distribution_is_this_checkout_with_its_scripts_and_pins()
     import engine.cli
 
     assert scripts["compatlab"].load() is engine.cli.main
-    assert dist.requires == requirement_pins()
+    assert [r for r in dist.requires if "extra ==" not in r] == requirement_pins()
+    assert [r for r in dist.requires if "extra ==" in r] == [f'{pin}; extra == "postgresql"'
+                                                             for pin in requirement_pins("requirements-postgresql.txt")]
 
 
 def test_python_dash_m_engine_runs_the_cli():

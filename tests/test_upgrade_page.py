@@ -133,9 +133,9 @@ def test_compatibility_page_shows_views_side_by_side_and_model_names(app_db):
                     no_positive=np.zeros_like(counts), summary={"AC": 2 / 3, "AA": average_accuracy(P), "ACA": None})
         rename_model_version(s, list_model_versions(s, exp)[0].id, "v1")
     at = open_page("compatibility")
-    (table,) = [d.value for d in at.dataframe if "psp · AC" in d.value.columns]
-    row = table.set_index("method").loc["bct"]
-    assert row["psp · AC"] == pytest.approx(2 / 3) and row["psp · failing cross-tests"] == 1
+    (table,) = [d.value for d in at.dataframe if "psp · AC %" in d.value.columns]
+    row = table.set_index("method").loc["bct"]  # every table in percent (AC included)
+    assert row["psp · AC %"] == pytest.approx(100 * 2 / 3) and row["psp · failing cross-tests"] == 1
     assert row["psp · AA %"] == pytest.approx(100 * np.nanmean(P[np.tril_indices(3)]))
-    assert row["encoder · AC"] == pytest.approx(average_compatibility(study["matrices"]["bct"]))
+    assert row["encoder · AC %"] == pytest.approx(100 * average_compatibility(study["matrices"]["bct"]))
     assert "v1" in str(at.get("vega_lite_chart")[-1].proto.spec)
