@@ -71,7 +71,8 @@ st.caption(plain(f"{metric_name(r['metric'])} · view {view} · {r['n_queries']}
                  f"bootstrap over queries, {r['resamples']:,} resamples, seed {r['seed']}"))
 st.dataframe(pd.DataFrame([{"query / gallery": f"{a} / {b}", f"{metric_name(r['metric'])} %": 100 * v}
                            for a, b, v in ((old_name, old_name, r["old_old"]), (new_name, old_name, r["new_old"]),
-                                           (new_name, new_name, r["new_new"]))]), hide_index=True)
+                                           (new_name, new_name, r["new_new"]))]), hide_index=True,
+             column_config={f"{metric_name(r['metric'])} %": st.column_config.NumberColumn(format="%.1f")})
 
 if r["backfill"]:
     st.subheader("Backfilling needed")
