@@ -1,104 +1,25 @@
 """Feature geometry: old and new features in one 2-D map, drift, angles, neural collapse, nearest neighbours."""
 from __future__ import annotations
 
-import altair as alt
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import charts, images
+from app import charts
 from app import map_explore as mx
 from app import queries as q
 from app.exports import download_buttons
+from app.map_view import map_thumbnails, show_map
+from app.neighbours_view import show_neighbours
 from app.widgets import analysis_result, pick_experiment, pick_steps, plain, state_convention
-from engine.contract import CLASS_MEAN, PROTOTYPE, SAMPLE, same_set_of
+from engine.contract import CLASS_MEAN, PROTOTYPE, SAMPLE
 
 url = q.db_url()
 LINES_SHOWN = 150
-HOVER_IMAGES = 2_000  # drawn images per model up to which the map's tooltip carries thumbnails
 
 PROBE_COLUMNS = {"step": "step", "classes": "classes", "prototypes": "prototypes",
                  "prototype_cosine": "cosine to own prototype", "centroid_energy": "energy along centroid",
                  "centroid_turn": "centroid turn (°)", "note": "note"}
-
-
-def set_query_from_click(event: object, split: str) -> None:
-    """A new click on the map makes its image the query: ``geometry_query`` (its stored row) and
-    ``geometry_query_split`` (the map's split), read by the neighbours section."""
-    row = mx.clicked_row(event)
-    if row is None or row == st.session_state.get("geo_last_click"):
-        return  # no click, or the same selection seen on an earlier rerun: leave a query typed since alone
-    st.session_state["geo_last_click"] = row
-    st.session_state["geometry_query"] = row
-    st.session_state["geometry_query_split"] = split
-
-
-def map_thumbnails(version_id: int, split: str) -> mx.ImageUris | None:
-    """Rows of the map -> thumbnail URIs, from the stored image references of ``version_id``; None without them."""
-    if images.images_note(url, version_id, split):
-        return None
-    return lambda frame: images.thumbnail_uris(url, version_id, split, tuple(int(r) for r in frame["row"]))
-
-
-def show_map(points: pd.DataFrame, means: pd.DataFrame, protos: pd.DataFrame, lines: pd.DataFrame, *,
-             payload: dict, model_names: list[str], conv: str, title: str,
-             image_uris: mx.ImageUris | None = None) -> alt.TopLevelMixin:
-    """The explorer's map: colour-by, class search and highlight, display sampling, click-to-query and the list of
-    the points in a box; ``image_uris`` (rows -> image URIs) adds thumbnails to that list and, on maps of at most
-    ``HOVER_IMAGES`` drawn images per model, to the hover tooltip. Returns the chart drawn (for its downloads)."""
-    split = payload["params"]["split"]
-    set_query_from_click(st.session_state.get("geo_map"), split)
-    points = mx.with_colour_columns(points, model_names)
-    classes = list(points.sort_values("label")["class"].drop_duplicates())
-    e = st.columns([1, 1, 1])
-    colour_by = e[0].selectbox("Colour by", list(mx.COLOUR_BY), key="geo_colour",
-                               help="retrieved across models: is the nearest other image of the split, in the old "
-                                    "model's gallery, of the same class for the old model (old/old) and for the new "
-                                    "query (new/old)? drift: 1 - cosine between an image's old and new feature")
-    search = e[1].text_input("Find classes", key="geo_search", placeholder="part of a class name",
-                             help="matching classes keep their colour; the others fade")
-    one = e[2].selectbox("Highlight class", [None, *classes], key="geo_highlight",
-                         format_func=lambda c: "all classes" if c is None else c)
-    matches = mx.matching_classes(classes, search)
-    highlight = list(dict.fromkeys(matches + ([one] if one else [])))
-    if search.strip():
-        shown_names = ", ".join(matches[:12]) + (f" and {len(matches) - 12} more" if len(matches) > 12 else "")
-        st.caption(f"{len(matches)} class(es) match {search.strip()!r}: {plain(shown_names)}" if matches
-                   else f"No class matches {search.strip()!r}.")
-    column = mx.COLOUR_BY[colour_by]
-    if column in ("retrieval", "drift") and not mx.has_explorer_columns(points):
-        st.caption("This map was stored without per-point retrieval and drift (computed before they existed, or old "
-                   "and new features do not share a space): colouring by class.")
-        column = "class"
-    drawn, note = mx.display_sample(points, mx.DISPLAY_LIMIT, payload["params"].get("seed", 0))
-    if note:
-        st.info(note[0].upper() + note[1:])
-    if image_uris is not None and drawn["row"].nunique() <= HOVER_IMAGES:
-        drawn = drawn.assign(image=list(image_uris(drawn)))  # a Vega tooltip shows a field named "image"
-    elif image_uris is not None:
-        st.caption(f"Hover thumbnails appear on maps of at most {HOVER_IMAGES:,} images per model (each travels "
-                   "inside the chart); the box list below shows them at any size.")
-    query = st.session_state.get("geometry_query") if st.session_state.get("geometry_query_split") == split else None
-    chart = charts.projection_chart(drawn, means, protos, lines, model_names=model_names, facet=not payload["joint"],
-                                    colour_by=column, highlight=highlight, title=title,
-                                    query_row=query,
-                                    pick=mx.PICK, box=mx.BOX)
-    chart = charts.with_convention(chart, conv, 110)
-    event = st.altair_chart(chart, width="stretch", on_select="rerun",
-                            selection_mode=[mx.PICK, mx.BOX], key="geo_map")
-    st.caption("Click a point to make it the query (ringed; the nearest neighbours below follow it); shift + drag to select a "
-               "box, double-click to clear; drag to pan, scroll to zoom; click a legend entry to pick a class. "
-               "Large ringed markers: class means; black +: fixed prototypes.")
-    if query is not None and (points["row"] == query).any():
-        name = points.loc[points["row"] == query, "class"].iloc[0]
-        st.caption(f"Query: {split} image #{query} ({plain(name)}), ringed on the map.")
-    selected = mx.boxed_points(event, points)
-    if len(selected):
-        st.markdown(f"**Selected in the box**: {selected['row'].nunique():,} images, {len(selected):,} points")
-        st.dataframe(mx.selection_table(selected, image_uris), hide_index=True, width="stretch", height=260,
-                     column_config={"image": st.column_config.ImageColumn("image", width="small"),
-                                    "drift": st.column_config.NumberColumn("drift (1 - cos)", format="%.3f")})
-    return chart
 
 
 def show_stationarity(rows: list[dict], config: dict, split: str) -> None:
@@ -138,86 +59,6 @@ def show_stationarity(rows: list[dict], config: dict, split: str) -> None:
         "centroid turn (°)": st.column_config.NumberColumn(
             format="%.1f", help="angle between this step's assigned-prototype centroid and the previous step's"),
     })
-
-
-def pick_query(steps: list[int], by_step: dict[int, dict], default_step: int, same_set: bool) -> tuple[int, int, int]:
-    """(query model step, query row, k): the row comes from ``st.session_state["geometry_query"]`` (a stored query
-    row, e.g. a clicked map point) when set, else from the class + sample pickers."""
-    c = st.columns([1, 2, 2, 1])
-    q_step = c[0].selectbox("Query model", steps, index=steps.index(default_step), key="nn_query_step")
-    version = by_step[q_step]
-    labels = images.labels(url, version["id"], "query")
-    names = version["class_names"] or []
-
-    def name(label: int) -> str:
-        return names[label] if label < len(names) else f"class {label}"
-
-    present = sorted({int(v) for v in labels})
-    chosen = st.session_state.get("geometry_query")
-    if st.session_state.get("geometry_query_split", "query") != "query" and not same_set:
-        chosen = None  # a row of another image set (an open-set gallery map)
-    if chosen is not None and chosen != st.session_state.get("nn_applied_query") and 0 <= int(chosen) < len(labels):
-        st.session_state["nn_applied_query"] = chosen  # a new query from outside: point the pickers at it
-        st.session_state["nn_class"] = int(labels[int(chosen)])
-        st.session_state["nn_sample"] = int(chosen)
-    label = c[1].selectbox("Query class", present, format_func=name, key="nn_class")
-    rows = [int(r) for r in np.flatnonzero(labels == label)]
-    if st.session_state.get("nn_sample") not in rows:
-        st.session_state["nn_sample"] = rows[0]
-    row = c[2].selectbox("Query image", rows, key="nn_sample",
-                         format_func=lambda r: f"{rows.index(r) + 1} of {len(rows)} in its class (row {r})")
-    k = c[3].slider("Neighbours", 1, 20, 5, key="nn_k")
-    return q_step, int(row), int(k)
-
-
-def show_gallery(nn: dict, pictures: list[bytes | None], title: str) -> None:
-    """One gallery's neighbours: images (or class names) with hit/miss and cosine distance under each."""
-    hits = sum(n["hit"] for n in nn["neighbours"])
-    st.markdown(f"**{title}** · {hits}/{len(nn['neighbours'])} hits · {nn['n_positives']} positives among "
-                f"{nn['n_gallery']} images" + (" · query's own image excluded" if nn["same_set"] else ""))
-    captions = [f"{'✓ hit' if n['hit'] else '✗ miss'} · {n['name']} · d={1 - n['similarity']:.3f}"  # plain text
-                for n in nn["neighbours"]]
-    if all(p is not None for p in pictures) and pictures:
-        st.image(pictures, caption=captions, width=72)
-    else:
-        for n, caption in zip(nn["neighbours"], captions):
-            st.text(f"#{n['rank']}  {caption}")
-
-
-def show_neighbours(experiment: dict, versions: list[dict], old: dict, new: dict, view: str) -> None:
-    """The query image and its neighbours in the old and in the new gallery, side by side."""
-    st.subheader("Nearest neighbours across models")
-    st.caption("The query, embedded by the query model, searched in the gallery embedded by the old model and in the "
-               "gallery embedded by the new model (the two steps chosen above). ✓ = same class as the query; "
-               "d = cosine distance (1 - cosine similarity).")
-    state_convention(experiment["config"], metrics="cosine similarity", views=view, gallery="instance",
-                     eval_classes="all", ecc=False)
-    steps = [v["step"] for v in versions]
-    by_step = {v["step"]: v for v in versions}
-    q_step, row, k = pick_query(steps, by_step, new["step"], same_set_of(experiment["config"]))
-    galleries = ((old, f"old gallery (step {old['step']})"), (new, f"new gallery (step {new['step']})"))
-    results = []
-    try:
-        for gallery, _ in galleries:
-            results.append(q.neighbours(url, by_step[q_step]["id"], gallery["id"], view, row, k))
-    except ValueError as exc:
-        st.warning(plain(exc))
-        return
-    note = images.images_note(url, by_step[q_step]["id"], "query")
-    if note:
-        st.caption(note + " Neighbours are shown by class name.")
-    query = results[0]["query"]
-    left, *sides = st.columns([1, 3, 3])
-    with left:
-        st.markdown("**Query**")
-        picture = images.thumbnails(url, by_step[q_step]["id"], "query", (row,))[0]
-        if picture is not None:
-            st.image(picture, width=96)
-        st.caption(f"{plain(query['name'])} · row {query['index']} · model step {q_step}")
-    for side, nn, (gallery, title) in zip(sides, results, galleries):
-        with side:
-            rows = tuple(n["gallery_index"] for n in nn["neighbours"])
-            show_gallery(nn, images.thumbnails(url, gallery["id"], "gallery", rows) if not note else [], title)
 
 
 st.title("Feature geometry")
@@ -278,7 +119,7 @@ if result is not None:
                          lines, payload=payload, model_names=[names[0], names[1]], conv=conv,
                          title=f"{payload['embedding'].upper()} of L2-normalised {view} features · "
                                f"{payload['n_sampled']:,} of {payload['n_rows']:,} {split} images per model",
-                         image_uris=map_thumbnails(old["id"], split))
+                         image_uris=map_thumbnails(url, old["id"], split))
     download_buttons(map_chart, f"map_{view}", key="dl_map")
 
     left, right = st.columns(2)
@@ -336,7 +177,7 @@ if result is not None:
 
 # ---- cross-model nearest neighbours: computed directly (one similarity row each), not a job
 st.divider()
-show_neighbours(experiment, versions, old, new, view)
+show_neighbours(url, experiment, versions, old, new, view)
 
 # ---- neural collapse over every step
 st.divider()
