@@ -1,0 +1,285 @@
+"""The Checkpoints page's form state and checks (Streamlit session state, no torch): the sequence of models
+(added, moved, removed), what each model's fields say, and the request built from them
+(``engine.checkpoints.request.comparison_spec`` judges it). The page (``app/app_pages/checkpoints.py``) draws it."""
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from engine.checkpoints.arch_table import ARCH_INPUTS
+from engine.checkpoints.files import (
+    TORCHSCRIPT_REFUSED,
+    CheckpointError,
+    human_bytes,
+    parse_size,
+    safetensors_metadata,
+    server_trust,
+    sniff,
+)
+from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES
+from engine.checkpoints.request import comparison_spec
+from engine.contract import CHECKPOINT_FORMAT
+from engine.data.roots import OutsideRootsError, confine, torchscript_allowed
+from engine.vocab import DATASET_NAMES, RUN_PROTOCOLS
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFIX = "ck_"
+NO_ARCH = "TorchScript / project checkpoint: no architecture"
+SOURCES = ("Server path", "Upload", "Pretrained")
+PRETRAINED = tuple(LITE_WEIGHT_PACKAGES)  # efficientnet_lite0, 1, 2
+UPLOAD_TYPES = ["pt", "pth", "safetensors", "ts", "ptl", "bin", "zip"]
+UPLOAD_DIR = ROOT / "data" / "uploads"
+BUILTIN = ("imagefolder", *(name for name in DATASET_NAMES if name != "imagefolder"))  # a folder first
+CLOSED, OPEN = RUN_PROTOCOLS
+VIEW_HELP = {"encoder": "encoder: the feature vectors (models with different feature sizes are not comparable)",
+             "psp": "psp: class-probability vectors, centred and normalised (compares any two models through shared classes)",
+             "lsp": "lsp: logit vectors, centred and normalised"}
+
+
+def architectures() -> dict[str, dict[str, Any]]:
+    """Architecture name -> its preprocessing defaults, by name."""
+    return {name: {"input_size": a.input_size, "mean": a.mean, "std": a.std} for name, a in sorted(ARCH_INPUTS.items())}
+
+
+# ---------------------------------------------------------------------------------------------- the sequence
+
+
+def _k(model_id: int, name: str) -> str:
+    """The session-state key of a model's field."""
+    return f"{PREFIX}{model_id}_{name}"
+
+
+MODEL_DEFAULTS: dict[str, Any] = {"source": SOURCES[0], "path": "", "pretrained": PRETRAINED[0], "arch": NO_ARCH,
+                                  "num_classes": 0, "classes": "", "input_size": 0, "mean": "", "std": "", "label": ""}
+FORM_DEFAULTS: dict[str, Any] = {"protocol": CLOSED, "dataset": "imagefolder", "root": "", "query": "",
+                                 "gallery_folder": "", "views": ["encoder", "psp", "lsp"], "gallery": "instance",
+                                 "name": "", "metrics": "recall@1, map", "ties": "fail", "max_size": "2GB",
+                                 "batch_size": 64, "device": "auto"}
+
+
+def _defaults(model_ids: list[int]) -> None:
+    """Every field's value, also for widgets not shown this run (Streamlit forgets those)."""
+    for name, value in FORM_DEFAULTS.items():
+        st.session_state.setdefault(PREFIX + name, list(value) if isinstance(value, list) else value)
+    for model_id in model_ids:
+        for name, value in MODEL_DEFAULTS.items():
+            st.session_state.setdefault(_k(model_id, name), value)
+
+
+def _new_model(source: str = SOURCES[0], pretrained: str | None = None) -> int:
+    model_id = st.session_state.get(PREFIX + "next", 0)
+    st.session_state[PREFIX + "next"] = model_id + 1
+    for name, value in {**MODEL_DEFAULTS, "source": source, "pretrained": pretrained or PRETRAINED[0]}.items():
+        st.session_state[_k(model_id, name)] = value
+    return model_id
+
+
+def order() -> list[int]:
+    return st.session_state[PREFIX + "order"]
+
+
+def add_model() -> None:
+    order().append(_new_model())
+
+
+def remove_model(model_id: int) -> None:
+    order().remove(model_id)
+
+
+def move(model_id: int, by: int) -> None:
+    ids = order()
+    i = ids.index(model_id)
+    j = min(max(i + by, 0), len(ids) - 1)
+    ids[i], ids[j] = ids[j], ids[i]
+
+
+def pretrained_sequence() -> None:
+    st.session_state[PREFIX + "order"] = [_new_model("Pretrained", name) for name in PRETRAINED]
+    st.session_state.pop(PREFIX + "result", None)
+
+
+def start_sequence() -> None:
+    """On a session's first visit two empty models; every visit: every field's default value."""
+    if PREFIX + "order" not in st.session_state:
+        st.session_state[PREFIX + "order"] = []
+        add_model()
+        add_model()
+    _defaults(order())
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def safe_filename(name: str) -> str:
+    """The last path component of an uploaded file's name, reduced to letters, digits, ``.``, ``_`` and ``-``."""
+    base = str(name).replace("\\", "/").rsplit("/", 1)[-1]
+    base = re.sub(r"_+(?=\.)", "", re.sub(r"[^A-Za-z0-9._-]+", "_", base)).strip("._-")[-100:]
+    return base or "checkpoint"
+
+
+def save_upload(uploaded: Any) -> Path:
+    """Write an uploaded checkpoint to ``data/uploads/<sha256 prefix>_<safe name>`` (once per content)."""
+    data = uploaded.getvalue()
+    target = UPLOAD_DIR / f"{hashlib.sha256(data).hexdigest()[:16]}_{safe_filename(uploaded.name)}"
+    if not target.is_file():
+        UPLOAD_DIR.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        partial.write_bytes(data)
+        partial.replace(target)
+    return target
+
+
+def class_names(text: str) -> list[str] | None:
+    """One name per line, or comma-separated on one line; None when empty."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    if len(lines) == 1 and "," in lines[0]:
+        lines = [part.strip() for part in lines[0].split(",") if part.strip()]
+    return lines or None
+
+
+def upload_limit_mb() -> int:
+    """The upload limit Streamlit enforces (``server.maxUploadSize``, set by ``run_app.py --max-upload-mb``)."""
+    return int(st.get_option("server.maxUploadSize"))
+
+
+def _file_problem(what: str, text: str, arch: str | None, max_bytes: int) -> str | None:
+    """Cheap checks on a checkpoint file: inside the data roots, exists, fits the limit, is not TorchScript unless
+    allowed, and is given an architecture iff it needs one."""
+    try:
+        path = confine(text, what=f"{what}: checkpoint")
+    except OutsideRootsError as exc:
+        return f"{exc}."
+    if not path.is_file():
+        return f"{what}: {path} {'is not a file' if path.exists() else 'not found on the server'}."
+    size = path.stat().st_size
+    if size == 0:
+        return f"{what}: {path} is empty (0 bytes)."
+    if size > max_bytes:
+        return (f"{what}: {path} is {human_bytes(size)}, over the {human_bytes(max_bytes)} limit "
+                "(raise 'Largest checkpoint' under Advanced).")
+    try:
+        fmt = sniff(path)
+    except CheckpointError as exc:
+        return f"{what}: {exc}"
+    if fmt == "torchscript" and not torchscript_allowed():
+        return f"{what}: {path.name} {TORCHSCRIPT_REFUSED}."
+    carries = fmt == "torchscript"
+    if fmt == "safetensors":
+        try:
+            carries = safetensors_metadata(path, max_bytes).get("format") == CHECKPOINT_FORMAT
+        except CheckpointError as exc:
+            return f"{what}: {exc}"
+    kind = "a TorchScript archive" if fmt == "torchscript" else "a Compatibility Lab checkpoint"
+    if carries and arch:
+        return f"{what}: {path.name} is {kind}, which carries its own architecture: choose '{NO_ARCH}'."
+    if not carries and not arch:
+        return f"{what}: {path.name} is a plain state_dict: choose its architecture."
+    return None
+
+
+def model_entry(position: int, model_id: int, max_bytes: int, archs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The spec dict of one model of the form, and the first problem found (None when it looks usable)."""
+    s = st.session_state
+    what = f"Model {position}"
+    source, arch = s[_k(model_id, "source")], s[_k(model_id, "arch")]
+    arch = None if arch == NO_ARCH else arch
+    label = s[_k(model_id, "label")].strip() or None
+    if source == "Pretrained":
+        path, arch, label = f"pretrained:{s[_k(model_id, 'pretrained')]}", None, label or s[_k(model_id, "pretrained")]
+    elif source == "Upload":
+        uploaded = s.get(_k(model_id, "upload"))
+        if uploaded is None:
+            return {}, f"{what}: choose a checkpoint file to upload (or switch to 'Server path')."
+        if uploaded.size > upload_limit_mb() * 1_000_000:
+            return {}, (f"{what}: {uploaded.name} is over the {upload_limit_mb()} MB upload limit: copy it to the "
+                        "server (inside a data root) and give its path instead.")
+        path, label = str(save_upload(uploaded)), label or Path(safe_filename(uploaded.name)).stem
+    else:
+        path = s[_k(model_id, "path")].strip()
+        if not path:
+            return {}, f"{what}: give the checkpoint's path on the server (or upload it)."
+    if arch is not None and arch not in archs:
+        return {}, f"{what}: unknown architecture {arch!r}; choose one from the list."
+    num_classes = int(s[_k(model_id, "num_classes")]) or None
+    classes = class_names(s[_k(model_id, "classes")])
+    if classes is not None and num_classes is not None and len(classes) != num_classes:
+        return {}, (f"{what}: the class list has {len(classes)} names but {num_classes} classes were declared "
+                    "(one name per output, in output order).")
+    entry = {"path": path, "arch": arch, "num_classes": num_classes, "classes": classes, "label": label,
+             "preprocessing": {"input_size": int(s[_k(model_id, "input_size")]) or None,
+                               "mean": s[_k(model_id, "mean")].strip() or None,
+                               "std": s[_k(model_id, "std")].strip() or None}}
+    if source != "Pretrained":
+        problem = _file_problem(what, path, arch, max_bytes)
+        if problem:
+            return entry, problem
+    return entry, None
+
+
+def _folder_problem(what: str, folder: str) -> str | None:
+    if not folder:
+        return f"{what}: give the image folder (one sub-folder of images per class)."
+    try:
+        path = confine(folder, what=f"{what}: folder")
+    except OutsideRootsError as exc:
+        return f"{exc}."
+    if not path.is_dir():
+        return f"{what}: folder {folder} not found on the server."
+    if not any(p.is_dir() for p in path.iterdir()):
+        return f"{what}: {folder} has no class sub-folders (expected FOLDER/<class>/<image>)."
+    return None
+
+
+def build_spec(archs: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+    """The validated spec (as the job payload carries it), or the problems, each one line."""
+    s = st.session_state
+    problems: list[str] = []
+    try:
+        max_bytes = parse_size(s[PREFIX + "max_size"])
+    except ValueError as exc:
+        return None, [f"Largest checkpoint: {exc}."]
+    ids = order()
+    if not ids:
+        return None, ["Add at least one checkpoint (two or more to compare an old and a new model)."]
+    models = []
+    for position, model_id in enumerate(ids, start=1):
+        entry, problem = model_entry(position, model_id, max_bytes, archs)
+        models.append(entry)
+        if problem:
+            problems.append(problem)
+    dataset: dict[str, Any] = {}
+    if s[PREFIX + "protocol"] == CLOSED:
+        name, root = s[PREFIX + "dataset"], s[PREFIX + "root"].strip()
+        if name == "imagefolder":
+            problem = _folder_problem("Images", root)
+            if problem:
+                problems.append(problem)
+        elif root and name in ("cifar10", "cifar100"):
+            try:
+                confine(root, what="Images: CIFAR root")
+            except OutsideRootsError as exc:
+                problems.append(f"{exc}.")
+        dataset["dataset"] = f"{name}:{root}" if root and name in ("imagefolder", "cifar10", "cifar100") else name
+    else:
+        for split, key, what in (("query", "query", "Query images"), ("gallery", "gallery_folder", "Gallery images")):
+            folder = s[PREFIX + key].strip()
+            problem = _folder_problem(what, folder)
+            if problem:
+                problems.append(problem)
+            dataset[f"{split}_dataset"] = f"imagefolder:{folder}"
+    if not s[PREFIX + "views"]:
+        problems.append("Choose at least one view (encoder, psp or lsp).")
+    if problems:
+        return None, problems
+    spec = {"models": models, **dataset, "views": list(s[PREFIX + "views"]),
+            "metrics": [m.strip() for m in s[PREFIX + "metrics"].split(",") if m.strip()],
+            "protocol": s[PREFIX + "gallery"], "ties": s[PREFIX + "ties"], "name": s[PREFIX + "name"].strip() or None,
+            "max_file_bytes": max_bytes, "batch_size": int(s[PREFIX + "batch_size"]), "device": s[PREFIX + "device"]}
+    try:
+        return comparison_spec(spec, trust=server_trust()).to_dict(), []
+    except ValueError as exc:
+        return None, [" ".join(str(exc).split())]
