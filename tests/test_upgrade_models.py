@@ -82,6 +82,19 @@ def test_the_same_model_twice_is_not_compatible_with_equal_cells(tmp_path, pair,
     assert capsys.readouterr().out.splitlines()[0] == report["sentence"]
 
 
+def test_open_set_query_and_gallery_folders(tmp_path, pair):
+    models, _ = pair
+    query = write_image_folder(tmp_path / "q", classes=4, per_class=3, seed=1)
+    gallery = write_image_folder(tmp_path / "g", classes=3, per_class=4, seed=2)  # no class_3: 3 queries lack a positive
+    out = tmp_path / "r.json"
+    argv = ["check-upgrade", *[a for m in models for a in ("--model", m)], "--query-dataset", f"imagefolder:{query}",
+            "--gallery-dataset", f"imagefolder:{gallery}", "--input-size", "16", "--resamples", "200", "--json", str(out)]
+    assert main(argv) in (0, 1, 3)
+    report = json.loads(out.read_text())
+    assert (report["same_set"], report["n_queries"], report["n_no_positive"], report["n_gallery"]) == (False, 12, 3, 12)
+    assert report["compatibility"]["n"] == 9
+
+
 @pytest.mark.parametrize("view", ["encoder", "psp"])
 def test_db_stores_the_comparison_and_the_experiment_form_gives_the_same_report(tmp_path, pair, db_url, capsys, view):
     models, dataset = pair
