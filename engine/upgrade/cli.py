@@ -26,7 +26,7 @@ DESCRIPTION = """\
 Is the new model compatible with the old one (paper 002's ECC: new queries against the old gallery score
 above the old model's self-test), with a paired percentile bootstrap over queries; is it better on its own;
 and, if not compatible, how much of the gallery to re-embed (best backfilling order by area under its curve).
-Two forms: --features DIR (step_1.npz = old, step_2.npz = new, the folder format of 'evaluate') or
+Three forms: --features DIR (step_1.npz = old, step_2.npz = new, the folder format of 'evaluate') or
 --experiment ID --old-step A --new-step B [--view V] [--db URL] (two steps of any stored experiment: a training
 run, a checkpoint comparison, an evaluated folder; models are named by their stored names, else "step N"), or
 --model OLD --model NEW --dataset NAME[:ROOT] (or --query-dataset and --gallery-dataset) [--view V] [--db URL]: two
