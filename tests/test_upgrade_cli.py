@@ -66,6 +66,7 @@ def test_help_names_both_forms(capsys):
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "--features DIR" in text and "--experiment ID --old-step A --new-step B" in text
+    assert "--model OLD --model NEW --dataset NAME[:ROOT]" in text
     with pytest.raises(SystemExit) as exit_:
         main(["check-upgrade"])
     assert exit_.value.code == 2

@@ -41,20 +41,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``compare-checkpoints`` (``--db`` is added by ``engine.cli``)."""
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = MODEL_HELP
-    p.add_argument("--model", action="append", required=True, dest="models", metavar="SPEC",
-                   help="PATH, PATH::NUM_CLASSES, PATH:ARCH[:NUM_CLASSES] or pretrained:NAME (repeat, oldest first)")
-    p.add_argument("--classes", action="append", metavar="FILE|A,B,...|-",
-                   help="class list of each model, once per --model in the same order ('-': output i is class i)")
-    p.add_argument("--dataset", metavar="NAME[:ROOT]",
-                   help="closed-set: the images are query and gallery (own image excluded), e.g. imagefolder:PATH")
-    p.add_argument("--query-dataset", metavar="NAME[:ROOT]", help="open-set: query images (with --gallery-dataset)")
-    p.add_argument("--gallery-dataset", metavar="NAME[:ROOT]", help="open-set: gallery images, labels matched by class name")
+    add_model_arguments(p)
     p.add_argument("--view", action="append", dest="views", choices=("encoder", "psp", "lsp"),
                    help="feature view (repeatable; default encoder, psp and lsp)")
     p.add_argument("--metric", action="append", dest="metrics", metavar="NAME",
                    help="recall@K, map or map@K (repeatable; default recall@1 and map)")
     p.add_argument("--protocol", choices=("instance", "template"), default="instance", help="gallery items or class templates")
     p.add_argument("--ties", choices=("fail", "pass"), default="fail", help="ECC on a tie: strict > (fail) or >= (pass)")
+    p.add_argument("--name", help="experiment name in the database (default: the model names)")
+    p.add_argument("--json", type=Path, metavar="OUT", help="write the matrices, AC/AA/ACA and notes as JSON")
+    p.add_argument("--export", choices=FORMATS[1:], help="also print the matrices as CSV, Markdown or LaTeX")
+    p.add_argument("--no-store", action="store_true", help="do not write to the database")
+
+
+def add_model_arguments(p: argparse.ArgumentParser, *, model_group: argparse._ActionsContainer | None = None) -> None:
+    """The checkpoint and image options (``--model``, ``--classes``, datasets, preprocessing, loading), shared with
+    ``check-upgrade --model``; ``--model`` goes into ``model_group`` when given (else it is required)."""
+    (model_group or p).add_argument("--model", action="append", required=model_group is None, dest="models",
+                                    metavar="SPEC", help="PATH, PATH::NUM_CLASSES, PATH:ARCH[:NUM_CLASSES] or "
+                                                         "pretrained:NAME (repeat, oldest first)")
+    p.add_argument("--classes", action="append", metavar="FILE|A,B,...|-",
+                   help="class list of each model, once per --model in the same order ('-': output i is class i)")
+    p.add_argument("--dataset", metavar="NAME[:ROOT]",
+                   help="closed-set: the images are query and gallery (own image excluded), e.g. imagefolder:PATH")
+    p.add_argument("--query-dataset", metavar="NAME[:ROOT]", help="open-set: query images (with --gallery-dataset)")
+    p.add_argument("--gallery-dataset", metavar="NAME[:ROOT]", help="open-set: gallery images, labels matched by class name")
     p.add_argument("--input-size", type=int, metavar="PX",
                    help="image size for every model (default: each architecture's own, e.g. 224 for torchvision, "
                         "240 for efficientnet_lite1; TorchScript and project models: the dataset's, 32 px for an image folder)")
@@ -65,10 +76,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-size", default="2GB", metavar="SIZE", help="largest checkpoint file accepted (default 2GB)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--name", help="experiment name in the database (default: the model names)")
-    p.add_argument("--json", type=Path, metavar="OUT", help="write the matrices, AC/AA/ACA and notes as JSON")
-    p.add_argument("--export", choices=FORMATS[1:], help="also print the matrices as CSV, Markdown or LaTeX")
-    p.add_argument("--no-store", action="store_true", help="do not write to the database")
 
 
 def parse_model_arg(text: str) -> dict:
@@ -95,8 +102,8 @@ def parse_model_arg(text: str) -> dict:
     return {"path": path, "arch": arch or None, "num_classes": int(num) if num else None}
 
 
-def spec_from_args(args: argparse.Namespace) -> dict:
-    """The JSON-able comparison spec the command line describes."""
+def models_spec_from_args(args: argparse.Namespace) -> dict:
+    """The models, images and loading part of a comparison spec (the options of :func:`add_model_arguments`)."""
     models = [parse_model_arg(m) for m in args.models]
     if args.classes is not None:
         if len(args.classes) != len(models):
@@ -109,9 +116,14 @@ def spec_from_args(args: argparse.Namespace) -> dict:
     for model in models:
         model["preprocessing"] = {"input_size": args.input_size, "mean": args.mean, "std": args.std}
     return {"models": models, "dataset": args.dataset, "query_dataset": args.query_dataset,
-            "gallery_dataset": args.gallery_dataset, "views": args.views, "metrics": args.metrics,
-            "protocol": args.protocol, "ties": args.ties, "name": args.name, "max_file_bytes": args.max_size,
-            "batch_size": args.batch_size, "device": args.device}
+            "gallery_dataset": args.gallery_dataset, "max_file_bytes": args.max_size, "batch_size": args.batch_size,
+            "device": args.device}
+
+
+def spec_from_args(args: argparse.Namespace) -> dict:
+    """The JSON-able comparison spec the command line describes."""
+    return {**models_spec_from_args(args), "views": args.views, "metrics": args.metrics, "protocol": args.protocol,
+            "ties": args.ties, "name": args.name}
 
 
 def cmd_compare_checkpoints(args: argparse.Namespace) -> int:

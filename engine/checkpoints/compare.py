@@ -67,7 +67,8 @@ class Comparison:
         return "closed-set" if self.same_set else "open-set"
 
 
-def _model_labels(sources: Sequence[ModelSource]) -> list[str]:
+def model_labels(sources: Sequence[ModelSource]) -> list[str]:
+    """Short model names: each source's label, else its file stem (``stem#i`` when two stems are the same)."""
     stems = [s.label or Path(s.path).stem for s in sources]
     return [f"{stem}#{i}" if stems.count(stem) > 1 else stem for i, stem in enumerate(stems, start=1)]
 
@@ -166,7 +167,7 @@ def compare_checkpoints(spec: ComparisonSpec | Mapping[str, Any], *, progress: P
 
 def _compare_loaded(spec: ComparisonSpec, models: list[LoadedModel], report: Progress,
                     should_stop: Callable[[], bool] | None) -> Comparison:
-    labels = _model_labels(spec.models)
+    labels = model_labels(spec.models)
     splits, same_set = _splits(spec, should_stop)
     sizes = [s.input_size or m.input_size for s, m in zip(spec.models, models)]
     check_batch_bytes(spec.batch_size, sizes)

@@ -13,7 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.checkpoints.cli import add_model_arguments, models_spec_from_args
 from engine.contract import DEFAULT_ORDERINGS
+from engine.data import roots
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
 
 if TYPE_CHECKING:
@@ -24,10 +26,13 @@ DESCRIPTION = """\
 Is the new model compatible with the old one (paper 002's ECC: new queries against the old gallery score
 above the old model's self-test), with a paired percentile bootstrap over queries; is it better on its own;
 and, if not compatible, how much of the gallery to re-embed (best backfilling order by area under its curve).
-Two forms: --features DIR (step_1.npz = old, step_2.npz = new, the folder format of 'evaluate') or
+Three forms: --features DIR (step_1.npz = old, step_2.npz = new, the folder format of 'evaluate') or
 --experiment ID --old-step A --new-step B [--view V] [--db URL] (two steps of any stored experiment: a training
-run, a checkpoint comparison, an evaluated folder; models are named by their stored names, else "step N").
---model OLD --model NEW comes later.
+run, a checkpoint comparison, an evaluated folder; models are named by their stored names, else "step N"), or
+--model OLD --model NEW --dataset NAME[:ROOT] (or --query-dataset and --gallery-dataset) [--view V] [--db URL]: two
+checkpoints embed the images once, with compare-checkpoints' model specs and image options (see
+'python -m engine compare-checkpoints --help'); models are named by --name, else their file names; with --db the
+comparison is stored as compare-checkpoints stores it and the report names the experiment (steps 1 and 2).
 Exit code: 0 compatible, 1 not compatible, 3 too close to call, 2 bad input."""
 
 
@@ -40,11 +45,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help="folder with exactly step_1.npz (old) and step_2.npz (new), each with query_features, "
                              "query_labels, gallery_features, gallery_labels of the same images")
     source.add_argument("--experiment", type=int, metavar="ID", help="a stored experiment (with --old-step, --new-step)")
+    add_model_arguments(p, model_group=source)  # --model, --classes, --dataset, ...: compare-checkpoints' own options
     p.add_argument("--old-step", type=int, metavar="A", help="with --experiment: the old model's step")
     p.add_argument("--new-step", type=int, metavar="B", help="with --experiment: the new model's step")
-    p.add_argument("--view", default="encoder", help="with --experiment: feature view, e.g. encoder, psp, lsp (default encoder)")
+    p.add_argument("--view", default="encoder",
+                   help="with --experiment or --model: feature view, e.g. encoder, psp, lsp (default encoder)")
     p.add_argument("--db", metavar="URL", help="with --experiment: database URL (default: $COMPATLAB_DB_URL or "
-                                                "sqlite:///data/compatlab.db)")
+                                                "sqlite:///data/compatlab.db); with --model: store the comparison there "
+                                                "(nothing is stored without --db)")
     p.add_argument("--name", action="append", dest="names", metavar="NAME",
                    help="the models' names, old then new (give it twice; default: old, new, or the stored names)")
     p.add_argument("--metric", default="recall@1", help="recall@K, map or map@K (default recall@1)")
@@ -54,6 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the bootstrap and of the random backfilling order")
     p.add_argument("--same-set", action="store_true", help="queries are the gallery images: exclude each query's own image")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the report as JSON (atomically)")
+    roots.add_arguments(p)
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -76,11 +85,21 @@ def _check_json_target(path: Path) -> None:
         raise ValueError(f"--json {path}: folder {path.parent} does not exist")
 
 
+MODEL_OPTIONS = ("classes", "dataset", "query_dataset", "gallery_dataset", "input_size", "mean", "std")
+
+
+def _refuse_model_options(args: argparse.Namespace, form: str) -> None:
+    given = [f"--{o.replace('_', '-')}" for o in MODEL_OPTIONS if getattr(args, o) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} go(es) with --model; {form} reads features that are already embedded")
+
+
 def _check_folder(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict]:
     """The --features form: step_1.npz is the old model, step_2.npz the new one."""
     from engine.checkpoints.evaluate_folder import load_feature_folder
     from engine.upgrade.verdict import check_upgrade
 
+    _refuse_model_options(args, "--features")
     if args.old_step is not None or args.new_step is not None:
         raise ValueError("--old-step and --new-step go with --experiment; --features compares step_1.npz and step_2.npz")
     folder = load_feature_folder(args.features)
@@ -101,10 +120,38 @@ def _check_experiment(args: argparse.Namespace, settings: dict) -> tuple[Upgrade
         raise ValueError("--experiment needs --old-step A and --new-step B (the stored steps to compare)")
     if args.same_set:
         raise ValueError("--same-set goes with --features; a stored experiment's config says whether queries are the gallery")
+    _refuse_model_options(args, "--experiment")
     report, pair = check_stored(get_engine(args.db), args.experiment, args.old_step, args.new_step, view=args.view,
                                 names=args.names, **settings)
     return report, {"experiment_id": args.experiment, "old_step": args.old_step, "new_step": args.new_step,
                     "view": args.view, "notes": list(pair.notes)}
+
+
+def _check_models(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict]:
+    """The --model form: two checkpoints embed the images once (compare-checkpoints' pipeline); stored with --db."""
+    from engine.upgrade.models import check_models
+
+    if len(args.models) != 2:
+        raise ValueError(f"check-upgrade compares two models: --model OLD --model NEW; got {len(args.models)} --model")
+    if args.old_step is not None or args.new_step is not None:
+        raise ValueError("--old-step and --new-step go with --experiment; --model OLD --model NEW are steps 1 and 2")
+    if args.same_set:
+        raise ValueError("--same-set goes with --features; with --model, --dataset is closed-set (own image excluded) and "
+                         "--query-dataset with --gallery-dataset open-set")
+    spec = models_spec_from_args(args)
+    db = None
+    if args.db is not None:
+        from storage import get_engine
+
+        db = get_engine(args.db)
+    report, cmp, experiment_id = check_models(spec, view=args.view, names=args.names, db=db, **settings)
+    notes = list(cmp.notes)
+    if experiment_id is not None:
+        notes.append(f"stored as experiment {experiment_id} (steps 1 = {cmp.labels[0]}, 2 = {cmp.labels[1]}): the "
+                     "dashboard's Upgrade check shows this report")
+    return report, {"models": [m.path for m in cmp.spec.models], "dataset": cmp.spec.dataset,
+                    "query_dataset": cmp.spec.query_dataset, "gallery_dataset": cmp.spec.gallery_dataset,
+                    "view": args.view, "experiment_id": experiment_id, "notes": notes}
 
 
 def cmd_check_upgrade(args: argparse.Namespace) -> int:
@@ -114,6 +161,8 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
     settings = {"metric": args.metric, "resamples": args.resamples, "level": args.level, "seed": args.seed}
     if args.experiment is not None:
         report, source = _check_experiment(args, settings)
+    elif args.models is not None:
+        report, source = _check_models(args, settings)
     else:
         report, source = _check_folder(args, settings)
     c, b = report.compatibility, report.better

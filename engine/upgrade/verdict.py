@@ -190,6 +190,21 @@ def best_ordering(needs: Sequence[BackfillNeed]) -> str | None:
     return best_by_area({n.ordering: n.area for n in needs})
 
 
+def check_settings(names: Sequence[str], *, metric: str, resamples: int, level: float) -> tuple[tuple[str, str], str]:
+    """The checked names and the normalised metric of :func:`check_upgrade`; ``ValueError`` with one sentence otherwise.
+
+    Callers that must embed images first (``check-upgrade --model``) call it before that work.
+    """
+    checked = check_names(names)
+    metric = str(metric).strip().lower()
+    parse_metric(metric, pairs=False)
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
+        raise ValueError(f"resamples must be a positive integer, got {resamples!r}")
+    if not 0 < level < 1:
+        raise ValueError(f"the confidence level must lie strictly between 0 and 1, got {level!r}")
+    return checked, metric
+
+
 def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] = ("old", "new"), metric: str = "recall@1",
                   resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_SEED,
                   same_set: bool = False, orderings: Sequence[str] = DEFAULT_ORDERINGS) -> UpgradeReport:
@@ -198,13 +213,7 @@ def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] 
     Both bootstraps draw from a generator seeded by ``seed``. Raises ``ValueError`` with one sentence for
     any input it cannot judge.
     """
-    old_name, new_name = check_names(names)
-    metric = str(metric).strip().lower()
-    parse_metric(metric, pairs=False)
-    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
-        raise ValueError(f"resamples must be a positive integer, got {resamples!r}")
-    if not 0 < level < 1:
-        raise ValueError(f"the confidence level must lie strictly between 0 and 1, got {level!r}")
+    (old_name, new_name), metric = check_settings(names, metric=metric, resamples=resamples, level=level)
     _check_pair(old, new, (old_name, new_name))
 
     def cell(q: CellFeatures, g: CellFeatures) -> np.ndarray:
