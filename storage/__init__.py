@@ -10,6 +10,7 @@ from storage.db import (
     session_scope,
     write_problem,
 )
+from storage.featurestore import FeatureShard
 from storage.jobs import (
     IdenticalJob,
     LeaseLost,
@@ -59,6 +60,7 @@ from storage.repo import (
     find_experiment_by_hash,
     get_experiment,
     get_model_version,
+    iter_feature_shards,
     list_experiments,
     list_feature_views,
     list_model_versions,
@@ -119,6 +121,8 @@ __all__ = [
     "get_experiment",
     "get_model_version",
     "heartbeat",
+    "iter_feature_shards",
+    "FeatureShard",
     "init_db",
     "IdenticalJob",
     "is_cancel_requested",

@@ -30,6 +30,9 @@ ADDED_COLUMNS = (
     ("jobs", "payload_hash"),
     ("model_versions", "name"),
     ("feature_sets", "image_source"),
+    ("feature_sets", "store_uri"),
+    ("feature_sets", "store_key"),
+    ("feature_sets", "store_layout"),
 )
 SPLITS = ("query", "gallery", "train")
 PROTOCOLS = ("instance", "template")
@@ -156,6 +159,10 @@ class FeatureSet(Base):
     model_version: Mapped[ModelVersion] = relationship(back_populates="feature_sets")
     # where the rows' images come from (engine.data.samples): ``image_ids[i]`` indexes this source; None: unknown
     image_source: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # storage.featurestore: where the arrays live when not in the blobs above (None: a blob row, as before the store)
+    store_uri: Mapped[str | None] = mapped_column(String(1000))
+    store_key: Mapped[str | None] = mapped_column(String(500))
+    store_layout: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
 
 class CompatibilityMatrix(Base):

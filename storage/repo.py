@@ -5,13 +5,15 @@ Every function takes the caller's ``Session`` and never commits: wrap calls in
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, selectinload
 
+from storage import featurestore
+from storage.featurestore import FeatureShard
 from storage.models import (
     EXPERIMENT_STATUSES,
     FINISHED_STATUSES,
@@ -145,6 +147,7 @@ def set_experiment_study(session: Session, experiment_id: int, study_id: int) ->
 def clear_experiment(session: Session, experiment_id: int) -> None:
     """Delete an experiment's model versions (with their feature sets), matrices and analyses; keep its row."""
     experiment = require_row(session, Experiment, experiment_id)
+    _forget_feature_files(session, experiment_id)
     for row in [*experiment.model_versions, *experiment.matrices, *experiment.analyses]:
         session.delete(row)
     session.flush()
@@ -158,6 +161,7 @@ def delete_experiment(session: Session, experiment_id: int) -> bool:
     experiment = session.get(Experiment, experiment_id)
     if experiment is None:
         return False
+    _forget_feature_files(session, experiment_id)
     session.delete(experiment)
     session.flush()
     return True
@@ -261,6 +265,24 @@ def _check_feature_arrays(
     return features, labels, image_ids
 
 
+def _stored_values(
+    session: Session, model_version_id: int, split: str, features: np.ndarray, labels: np.ndarray,
+    image_ids: np.ndarray | None
+) -> dict[str, Any]:
+    """The row's array columns: the blobs, or (with a feature store) the pointer and zero-row placeholders."""
+    uri = featurestore.store_uri(session)
+    if uri is None:
+        return {"features": features, "labels": labels, "image_ids": image_ids, "store_uri": None, "store_key": None,
+                "store_layout": None}
+    pointer = featurestore.write(session, uri, model_version_id, split, features, labels, image_ids)
+    return {"features": features[:0], "labels": labels[:0], "image_ids": None, "store_uri": pointer.uri,
+            "store_key": pointer.key, "store_layout": pointer.layout}
+
+
+def _where(model_version_id: int, split: str, view: str) -> tuple[Any, ...]:
+    return FeatureSet.model_version_id == model_version_id, FeatureSet.split == split, FeatureSet.view == view
+
+
 def save_feature_set(
     session: Session,
     model_version_id: int,
@@ -274,8 +296,9 @@ def save_feature_set(
     """Store the features of (model version, split, view), replacing any earlier ones; return the row id.
 
     ``image_source`` (a JSON-able dict, ``engine.data.samples``) says what ``image_ids`` index: with it,
-    ``image_ids`` are needed. Inputs are validated before anything is written (``ValueError``). The write is a
-    single INSERT or UPDATE, so a failure leaves the previous features intact and never a duplicate.
+    ``image_ids`` are needed. Inputs are validated before anything is written (``ValueError``). The arrays go to
+    the feature store when there is one (``storage.featurestore``), else into the row. The row write is a single
+    INSERT or UPDATE, so a failure leaves the previous features intact and never a duplicate.
     """
     require_choice("split", split, SPLITS)
     if not view:
@@ -284,16 +307,18 @@ def save_feature_set(
     if image_source is not None and (image_ids is None or image_ids.dtype.kind not in "iu"):
         raise ValueError("an image_source needs integer image_ids (one index into the source per feature row)")
     require_row(session, ModelVersion, model_version_id)
-    key = {"model_version_id": model_version_id, "split": split, "view": view}
+    old = session.execute(select(FeatureSet.store_uri, FeatureSet.store_key)
+                          .where(*_where(model_version_id, split, view))).first()
     values = {
-        "features": features,
-        "labels": labels,
-        "image_ids": image_ids,
+        **_stored_values(session, model_version_id, split, features, labels, image_ids),
         "image_source": image_source,
         "dim": int(features.shape[1]),
         "count": int(features.shape[0]),
     }
-    return _upsert(session, FeatureSet, key, values)
+    row_id = _upsert(session, FeatureSet, {"model_version_id": model_version_id, "split": split, "view": view}, values)
+    if old is not None and old.store_key is not None:
+        featurestore.forget(session, old.store_uri, old.store_key)
+    return row_id
 
 
 def save_feature_sets(
@@ -316,13 +341,22 @@ def save_feature_sets(
                 save_feature_set(session, model_version_id, split, view, array, labels[split], ids, source)
 
 
+def _pointer(row: Any) -> featurestore.Pointer | None:
+    return None if row.store_key is None else featurestore.Pointer(row.store_uri, row.store_key, row.store_layout)
+
+
+def _arrays(session: Session, row: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(features, labels, image_ids)`` of a feature-set row: from the store, or from its blobs (rows from before)."""
+    pointer = _pointer(row)
+    return (row.features, row.labels, row.image_ids) if pointer is None else featurestore.read(session, pointer)
+
+
 def copy_feature_sets(session: Session, source_version_id: int, target_version_id: int, views: Sequence[str]) -> None:
     """Copy the source model version's feature sets of ``views`` (every split, image ids included) to the target."""
     source = require_row(session, ModelVersion, source_version_id)
     for fs in source.feature_sets:
         if fs.view in views:
-            save_feature_set(session, target_version_id, fs.split, fs.view, fs.features, fs.labels, fs.image_ids,
-                             fs.image_source)
+            save_feature_set(session, target_version_id, fs.split, fs.view, *_arrays(session, fs), fs.image_source)
 
 
 def list_feature_views(session: Session, model_version_id: int, split: str) -> list[str]:
@@ -332,13 +366,10 @@ def list_feature_views(session: Session, model_version_id: int, split: str) -> l
     return sorted(session.scalars(query))
 
 
-def load_feature_set(
-    session: Session, model_version_id: int, split: str, view: str
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``(features, labels, image_ids)`` of (model version, split, view); ``ValueError`` naming the stored views."""
-    query = select(FeatureSet.features, FeatureSet.labels, FeatureSet.image_ids).where(
-        FeatureSet.model_version_id == model_version_id, FeatureSet.split == split, FeatureSet.view == view
-    )
+def _feature_row(session: Session, model_version_id: int, split: str, view: str) -> Any:
+    """The (model version, split, view) row's array columns and pointer; ``ValueError`` naming the stored views."""
+    query = select(FeatureSet.features, FeatureSet.labels, FeatureSet.image_ids, FeatureSet.store_uri,
+                   FeatureSet.store_key, FeatureSet.store_layout).where(*_where(model_version_id, split, view))
     row = session.execute(query).first()
     if row is None:
         stored = list_feature_views(session, model_version_id, split) if split in SPLITS else []
@@ -346,18 +377,49 @@ def load_feature_set(
             f"no {split!r} features with view {view!r} for model version {model_version_id}; "
             f"stored views: {stored or 'none'}"
         )
-    return row.features, row.labels, row.image_ids
+    return row
+
+
+def load_feature_set(
+    session: Session, model_version_id: int, split: str, view: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(features, labels, image_ids)`` of (model version, split, view); ``ValueError`` naming the stored views."""
+    return _arrays(session, _feature_row(session, model_version_id, split, view))
+
+
+def iter_feature_shards(session: Session, model_version_id: int, split: str, view: str) -> Iterator[FeatureShard]:
+    """The set's rows as ``engine.metrics.sharded.Shard``-compatible pieces ``(features, labels, ids)``, in order,
+    one shard read at a time (``ids`` = row positions in the set). A row from before the store is sliced likewise.
+
+    The row is looked up now (``ValueError`` when absent); the shards are read as the iterator advances.
+    """
+    row = _feature_row(session, model_version_id, split, view)
+    pointer = _pointer(row)
+    return featurestore.blob_shards(row.features, row.labels) if pointer is None else featurestore.shards(session, pointer)
 
 
 def load_image_refs(session: Session, model_version_id: int, split: str) -> tuple[dict[str, Any], np.ndarray] | None:
     """``(image_source, image_ids)`` of the model version's ``split`` rows, or None when none were stored."""
     require_choice("split", split, SPLITS)
-    query = (select(FeatureSet.image_source, FeatureSet.image_ids)
+    query = (select(FeatureSet.image_source, FeatureSet.image_ids, FeatureSet.store_uri, FeatureSet.store_key,
+                    FeatureSet.store_layout)
              .where(FeatureSet.model_version_id == model_version_id, FeatureSet.split == split,
                     FeatureSet.image_source.is_not(None))
              .order_by(FeatureSet.id).limit(1))
     row = session.execute(query).first()
-    return None if row is None else (row.image_source, row.image_ids)
+    if row is None:
+        return None
+    pointer = _pointer(row)
+    ids = row.image_ids if row.image_ids is not None or pointer is None else featurestore.read_image_ids(session, pointer)
+    return row.image_source, ids
+
+
+def _forget_feature_files(session: Session, experiment_id: int) -> None:
+    """Delete the stored files of the experiment's feature sets once the session commits."""
+    query = (select(FeatureSet.store_uri, FeatureSet.store_key).join(FeatureSet.model_version)
+             .where(ModelVersion.experiment_id == experiment_id, FeatureSet.store_key.is_not(None)))
+    for row in session.execute(query):
+        featurestore.forget(session, row.store_uri, row.store_key)
 
 
 # --- compatibility matrices ------------------------------------------------------------------

@@ -71,8 +71,9 @@ def test_dependencies_come_from_requirements_txt_in_a_form_setuptools_reads():
     assert PYPROJECT["project"]["dynamic"] == ["dependencies", "optional-dependencies"]
     dynamic = PYPROJECT["tool"]["setuptools"]["dynamic"]
     assert dynamic["dependencies"] == {"file": ["requirements.txt"]}
-    assert dynamic["optional-dependencies"] == {"postgresql": {"file": ["requirements-postgresql.txt"]}}
-    for name in ("requirements.txt", "requirements-postgresql.txt"):
+    assert dynamic["optional-dependencies"] == {"postgresql": {"file": ["requirements-postgresql.txt"]},
+                                                "s3": {"file": ["requirements-s3.txt"]}}
+    for name in ("requirements.txt", "requirements-postgresql.txt", "requirements-s3.txt"):
         pins = requirement_pins(name)
         assert pins and all("==" in pin and not pin.startswith("-") for pin in pins), pins  # no -r / --index-url lines
 
@@ -98,8 +99,8 @@ def test_the_installed_distribution_is_this_checkout_with_its_scripts_and_pins()
 
     assert scripts["compatlab"].load() is engine.cli.main
     assert [r for r in dist.requires if "extra ==" not in r] == requirement_pins()
-    assert [r for r in dist.requires if "extra ==" in r] == [f'{pin}; extra == "postgresql"'
-                                                             for pin in requirement_pins("requirements-postgresql.txt")]
+    assert [r for r in dist.requires if "extra ==" in r] == [f'{pin}; extra == "{extra}"' for extra in ("postgresql", "s3")
+                                                             for pin in requirement_pins(f"requirements-{extra}.txt")]
 
 
 def test_python_dash_m_engine_runs_the_cli():

@@ -64,9 +64,12 @@ def count(engine, model) -> int:
 
 
 def feature_rows(engine) -> list[tuple]:
+    """Every feature set's id, contents (from the store or the row's blobs) and count."""
     with session_scope(engine) as session:
-        rows = session.execute(select(FeatureSet.id, FeatureSet.features, FeatureSet.labels, FeatureSet.count))
-        return [(row.id, row.features.tobytes(), row.labels.tobytes(), row.count) for row in rows]
+        rows = session.execute(select(FeatureSet.id, FeatureSet.model_version_id, FeatureSet.split, FeatureSet.view,
+                                      FeatureSet.count))
+        loaded = [(row.id, load_feature_set(session, *row[1:4]), row.count) for row in rows]
+        return [(row_id, features.tobytes(), labels.tobytes(), n) for row_id, (features, labels, _), n in loaded]
 
 
 # --- experiments -----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from engine.data.registry import load_dataset
 from engine.data.samples import SampleRefs
 from engine.results.record import Version, record_version, start_experiment
 from engine.run.pipeline import RunContext, run_experiment
-from storage import FeatureSet, get_engine, init_db, list_model_versions, load_image_refs, session_scope
+from storage import FeatureSet, get_engine, init_db, list_model_versions, load_feature_set, load_image_refs, session_scope
 from storage.migrate import add_missing_columns
 
 MAIN = Path(__file__).resolve().parents[1] / "app" / "main.py"
@@ -131,8 +131,7 @@ def test_pipeline_and_checkpoint_comparison_write_references(tmp_path):
     with session_scope(ctx.db) as s:
         version = list_model_versions(s, exp_id)[-1]
         source, ids = load_image_refs(s, version.id, "gallery")
-        labels = s.scalar(select(FeatureSet.labels).where(FeatureSet.model_version_id == version.id,
-                                                          FeatureSet.split == "gallery", FeatureSet.view == "encoder"))
+        labels = load_feature_set(s, version.id, "gallery", "encoder")[1]  # from the feature store
     assert source == {"dataset": "digits"}
     # the references point at images of the stored classes: digit = class name at the stored label's position
     from sklearn.datasets import load_digits
