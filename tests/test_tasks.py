@@ -4,8 +4,12 @@ a cell fanned out over blocks and shards equals the single-shot metrics. SQLite 
 import multiprocessing
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +17,7 @@ import pytest
 
 from engine.jobs.tasks import fan_out_cell, run_one_task, run_tasks
 from engine.metrics.retrieval import retrieval_metrics
-from storage import Job, add_model_version, create_experiment, get_engine, save_feature_set, session_scope
+from storage import Job, add_model_version, create_experiment, get_engine, init_db, save_feature_set, session_scope
 from storage.models import Task
 from storage.tasks import NewTask, claim_task, complete_task, create_task_job, job_result, task_board
 from test_sharded import _cell  # exact float32 similarities with many ties, queries without positives
@@ -127,6 +131,31 @@ def test_a_failing_task_stops_after_its_bound_and_fails_its_job_with_the_error(e
         assert job_result(s, job_id) is None
 
 
+def test_a_lease_that_expires_on_the_last_attempt_fails_the_task_and_its_job(engine):
+    job_id = _job(engine, 2, max_attempts=1)
+    task = claim_task(engine, "gone:1", has_gpu=False, lease_s=5)
+    later = task.lease_until + timedelta(seconds=1)
+    other = claim_task(engine, "w:2", has_gpu=False, lease_s=5, now=later)
+    assert other is None  # the expired task is failed, not retried; its job's other task is cancelled with it
+    assert [(t.state, t.attempts) for t in _tasks(engine, job_id)] == [("failed", 1), ("cancelled", 0)]
+    assert "worker gone:1 stopped answering (lease expired) on attempt 1 of 1" in _get_job(engine, job_id).error
+
+
+def test_worker_tasks_command_runs_a_cell_until_none_is_left(tmp_path):
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    db = get_engine(url)
+    init_db(db)
+    q, ql, g, gl = _cell(seed=5, n=60, nq=20)
+    ids = _store(db, {"query": (q, ql), "gallery": (g, gl)})
+    job_id = fan_out_cell(db, query=ids["query"], gallery=ids["gallery"], ks=(1,), block_rows=8, shard_rows=25)
+    done = subprocess.run([sys.executable, "-m", "engine", "worker", "--tasks", "--once", "--db", url],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with session_scope(db) as s:
+        assert job_result(s, job_id)["metrics"] == pytest.approx(retrieval_metrics(q, ql, g, gl, ks=(1,)), abs=1e-12)
+        assert {l.worker.split(":")[0] for l in task_board(s, job_id).lines} == {socket.gethostname()}
+
+
 def test_dependencies_gpu_tasks_and_the_task_board(engine):
     with session_scope(engine) as s:
         job_id = create_task_job(s, {}, [NewTask("search", {"n": 0}), NewTask("search", {"n": 1}, needs_gpu=True),
@@ -169,9 +198,9 @@ def test_a_fanned_out_cell_equals_the_single_shot_metrics(engine, same_set):
         q, ql = g, gl
     ids = _store(engine, {"query": (q, ql), "gallery": (g, gl)})
     job_id = fan_out_cell(engine, query=ids["gallery" if same_set else "query"], gallery=ids["gallery"],
-                          same_set=same_set, ks=(1, 5), map_at=10, block_rows=33, shard_rows=70)  # uneven blocks, shards
-    with session_scope(engine) as s:
-        assert task_board(s, job_id).counts == {"queued": (3 if not same_set else 10) * 5 * 2 + 1}
+                          same_set=same_set, ks=(1, 5), map_at=10, block_rows=130 if same_set else 33, shard_rows=70)
+    with session_scope(engine) as s:  # 3 uneven query blocks x 5 gallery shards (4 x 70 + 20), two passes, one reduce
+        assert task_board(s, job_id).counts == {"queued": 3 * 5 * 2 + 1}
     while run_one_task(engine, "w", has_gpu=False) is not None:
         pass
     with session_scope(engine) as s:
