@@ -17,7 +17,7 @@ import pytest
 
 from engine.jobs.tasks import fan_out_cell, run_one_task, run_tasks
 from engine.metrics.retrieval import retrieval_metrics
-from storage import Job, add_model_version, create_experiment, get_engine, init_db, save_feature_set, session_scope
+from storage import Job, add_model_version, create_experiment, fail_stale_jobs, get_engine, init_db, save_feature_set, session_scope
 from storage.models import Task
 from storage.tasks import NewTask, claim_task, complete_task, create_task_job, job_result, task_board
 from test_sharded import _cell  # exact float32 similarities with many ties, queries without positives
@@ -139,6 +139,13 @@ def test_a_lease_that_expires_on_the_last_attempt_fails_the_task_and_its_job(eng
     assert other is None  # the expired task is failed, not retried; its job's other task is cancelled with it
     assert [(t.state, t.attempts) for t in _tasks(engine, job_id)] == [("failed", 1), ("cancelled", 0)]
     assert "worker gone:1 stopped answering (lease expired) on attempt 1 of 1" in _get_job(engine, job_id).error
+
+
+def test_a_task_job_waiting_for_workers_is_not_failed_as_stale(engine):
+    job_id = _job(engine, 1)
+    with session_scope(engine) as s:
+        assert fail_stale_jobs(s, 1.0, now=_get_job(engine, job_id).heartbeat_at + timedelta(hours=1)) == []
+    assert _get_job(engine, job_id).status == "running"
 
 
 def test_worker_tasks_command_runs_a_cell_until_none_is_left(tmp_path):

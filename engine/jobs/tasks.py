@@ -28,7 +28,8 @@ from sqlalchemy import Engine, select
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import Ties, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
-from engine.metrics.sharded import CPU, Shard, _ap_kernel, _blocks, _checked, _codes, _count_kernel, _gather_positives, group_by_query
+from engine.metrics.sharded import (CPU, Shard, _ap_kernel, _blocks, _checked, _codes, _count_kernel, _gather_positives,
+                                    group_by_query)
 from storage import FeatureSet, Job, init_db, session_scope
 from storage.models import Task
 from storage.tasks import (
