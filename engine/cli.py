@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--kinds", nargs="+", choices=JOB_KINDS, metavar="KIND",
                    help=f"run only jobs of these kinds ({', '.join(JOB_KINDS)}; default: every kind); run_app.py "
                         f"starts a second worker with --kinds {' '.join(SHORT_JOB_KINDS)}")
+    w.add_argument("--tasks", action="store_true",
+                   help="run tasks of fanned-out cells instead of jobs (any number of machines, one database)")
     _add_db(w, torchscript=True)
 
     ad = sub.add_parser("adapt", help="fit paper 004's adapters between two stored models; print the query/gallery table")
@@ -141,6 +143,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from storage import get_engine
 
     try:
+        if args.tasks:
+            from engine.jobs.tasks import serve_tasks
+
+            serve_tasks(get_engine(args.db), once=args.once)
+            return 0
         serve(get_engine(args.db), once=args.once, checkpoint_dir=args.checkpoints, kinds=args.kinds)
     except KeyboardInterrupt:
         pass

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, or_, select, update
 from sqlalchemy.orm import Session
 
 from storage.db import json_hash, session_scope
-from storage.models import FINISHED_STATUSES, JOB_STATUSES, Experiment, Job, Study
+from storage.models import FINISHED_STATUSES, JOB_STATUSES, TASKS_JOB_KIND, Experiment, Job, Study
 from storage.repo import require_choice, require_row
 from storage.types import utcnow
 
@@ -215,11 +215,12 @@ def fail_stale_jobs(session: Session, max_age_s: float, *, now: datetime | None 
     """Fail running jobs whose last heartbeat is older than ``max_age_s`` seconds; return their ids.
 
     The message says how long the worker has been silent and what it last reported. The job's
-    running experiments (its own, and those of its study) are failed with the same text.
+    running experiments (its own, and those of its study) are failed with the same text. A task job
+    (storage.tasks) is left alone: its tasks carry their own leases, and it may wait for workers.
     """
     now = now or utcnow()
     failed = []
-    for job in session.scalars(select(Job).where(Job.status == "running")):
+    for job in session.scalars(select(Job).where(Job.status == "running", Job.kind != TASKS_JOB_KIND)):
         last_seen = job.heartbeat_at or job.started_at or job.created_at
         silent_s = (now - last_seen).total_seconds()
         if silent_s > max_age_s:

@@ -19,7 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from storage.types import NpyArray, UTCDateTime, utcnow
+from storage.types import NpyArray, NpzArrays, UTCDateTime, utcnow
 
 EXPERIMENT_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 JOB_STATUSES = EXPERIMENT_STATUSES
@@ -229,6 +229,49 @@ class Job(Base):
     lease: Mapped[str | None] = mapped_column(String(64))  # fresh random token per claim; see storage.jobs
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = _created_at()
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+TASK_STATES = ("queued", "running", "done", "failed", "cancelled")
+TASK_KINDS = ("search", "reduce")  # engine.jobs.tasks.TASK_HANDLERS
+TASKS_JOB_KIND = "cell"  # a job whose work is its tasks (storage.tasks): no worker claims the job itself
+
+
+class Task(Base):
+    """One piece of a job that any worker may take (storage.tasks): claimable once ``deps_left`` is 0.
+
+    ``upstream`` lists the tasks this one waits for, ``downstream`` those waiting for it; finishing it counts each of them down by one.
+    A claim writes a fresh ``lease`` valid until ``lease_until`` (extended by heartbeats); a running task
+    whose lease has passed is claimable again. ``result``/``arrays`` are written with the state "done".
+    """
+
+    __tablename__ = "tasks"
+    __table_args__ = (
+        _one_of("state", TASK_STATES),
+        CheckConstraint("deps_left >= 0", name="deps_left_nonnegative"),
+        CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True, nullable=False)
+    kind: Mapped[str] = mapped_column(String(50))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(20), default="queued", index=True)
+    deps_left: Mapped[int] = mapped_column(Integer, default=0)
+    upstream: Mapped[list[int]] = mapped_column(JSON, default=list)  # the tasks it waits for, in the creator's order
+    downstream: Mapped[list[int]] = mapped_column(JSON, default=list)
+    needs_gpu: Mapped[bool] = mapped_column(Boolean, default=False)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    worker: Mapped[str | None] = mapped_column(String(200))  # host:pid of the last claim
+    lease: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    error: Mapped[str | None] = mapped_column(Text)  # the last attempt's error
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    arrays: Mapped[dict[str, np.ndarray] | None] = mapped_column(NpzArrays)
     created_at: Mapped[datetime] = _created_at()
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

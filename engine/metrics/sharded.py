@@ -198,10 +198,15 @@ def _gather_positives(q: torch.Tensor, qcode: np.ndarray, classes: np.ndarray, e
         raise ValueError("gallery features are empty: no shard has an item")
     if hits is not None and hits.max(initial=0) > 1:
         raise ValueError(f"gallery id {exclude_ids[np.argmax(hits)]} appears in more than one shard")
+    return group_by_query(who, vals, len(q))
+
+
+def group_by_query(who: list[np.ndarray], vals: list[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positive similarities ``vals`` of queries ``who`` (lists of parts) as (offsets, values sorted per query)."""
     who_all = np.concatenate(who) if who else np.zeros(0, np.int64)
     vals_all = np.concatenate(vals) if vals else np.zeros(0, np.float32)
     order = np.lexsort((vals_all, who_all))
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(who_all, minlength=len(q)))]).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(who_all, minlength=n))]).astype(np.int64)
     return offsets, np.ascontiguousarray(vals_all[order], dtype=np.float32)
 
 

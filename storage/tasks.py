@@ -1,0 +1,283 @@
+"""Tasks: one job's work split into pieces that any number of workers, on any machines, share through the database.
+
+A job of kind ``TASKS_JOB_KIND`` is created "running" with its tasks (:func:`create_task_job`); no worker claims
+the job itself. A task is claimable when it is queued with no dependency left (``deps_left`` counts the unfinished
+tasks it waits for), or running under a lease that has expired (its worker died or hangs). GPU tasks go only to
+workers that say they have one. Claims (:func:`claim_task`) take the engine, as :func:`storage.jobs.claim_next_job`:
+``FOR UPDATE SKIP LOCKED`` on PostgreSQL, the conditional ``UPDATE`` on SQLite; either way one claim wins.
+
+Every later write names the claim's lease. A task's result is written in the same transaction that marks it done
+(:func:`complete_task`), so a worker that lost its lease writes nothing and a half-done task shows no result.
+A failed attempt queues the task again until ``max_attempts`` attempts; then the task fails, its job fails with
+its error, and the job's other unfinished tasks are cancelled. When the last task is done the job is done.
+"""
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+import numpy as np
+from sqlalchemy import Engine, and_, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from storage.db import session_scope
+from storage.models import TASK_KINDS, TASKS_JOB_KIND, Job, Task
+from storage.repo import require_choice
+from storage.types import utcnow
+
+_CLAIM_BATCH = 16
+DEFAULT_MAX_ATTEMPTS = 3
+UNFINISHED = ("queued", "running")
+
+
+@dataclass(frozen=True)
+class NewTask:
+    """A task to create: ``after`` holds the indexes (in the list given to :func:`create_task_job`) it waits for."""
+
+    kind: str
+    payload: dict[str, Any]
+    after: tuple[int, ...] = ()
+    needs_gpu: bool = False
+
+
+@dataclass
+class TaskLine:
+    """One line of a job's task board: how many tasks of a kind are in a state, on a worker (None: no worker)."""
+
+    state: str
+    kind: str
+    worker: str | None
+    count: int
+    task_ids: list[int] = field(default_factory=list)
+
+
+def create_task_job(session: Session, payload: dict[str, Any], tasks: Sequence[NewTask], *,
+                    max_attempts: int = DEFAULT_MAX_ATTEMPTS, message: str = "") -> int:
+    """Create a running job of kind ``TASKS_JOB_KIND`` and its tasks; return the job id.
+
+    ``ValueError`` (nothing created) for an unknown kind, a dependency that is not an earlier task, or no task.
+    """
+    if not tasks:
+        raise ValueError("a task job needs at least one task")
+    if max_attempts < 1:
+        raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+    for index, task in enumerate(tasks):
+        require_choice("task kind", task.kind, TASK_KINDS)
+        if any(not 0 <= before < index for before in task.after) or len(set(task.after)) != len(task.after):
+            raise ValueError(f"task {index} waits for {list(task.after)}: a task may wait only for distinct earlier tasks")
+    now = utcnow()
+    job = Job(kind=TASKS_JOB_KIND, payload=dict(payload), status="running", progress=0.0, started_at=now,
+              heartbeat_at=now, message=message or f"{len(tasks)} tasks queued", cancel_requested=False)
+    session.add(job)
+    session.flush()
+    rows = [Task(job_id=job.id, kind=t.kind, payload=dict(t.payload), state="queued", deps_left=len(t.after),
+                 upstream=[], downstream=[], needs_gpu=t.needs_gpu, attempts=0, max_attempts=max_attempts) for t in tasks]
+    session.add_all(rows)
+    session.flush()
+    for row, task in zip(rows, tasks):
+        row.upstream = [rows[before].id for before in task.after]
+        for before in task.after:
+            rows[before].downstream = [*rows[before].downstream, row.id]
+    session.flush()
+    return job.id
+
+
+def _claimable(now: datetime, has_gpu: bool):
+    """Queued with nothing left to wait for, or running under an expired lease; of a running job; GPU if needed."""
+    ready = or_(and_(Task.state == "queued", Task.deps_left == 0),
+                and_(Task.state == "running", Task.lease_until < now))
+    live_jobs = select(Job.id).where(Job.status == "running", Job.cancel_requested.is_(False))
+    condition = and_(ready, Task.job_id.in_(live_jobs))
+    return condition if has_gpu else and_(condition, Task.needs_gpu.is_(False))
+
+
+def claim_task(engine: Engine, worker: str, *, has_gpu: bool, lease_s: float, now: datetime | None = None) -> Task | None:
+    """Take the oldest claimable task for ``worker`` (``host:pid``) under a fresh lease of ``lease_s`` seconds.
+
+    None when nothing is claimable. A task whose lease expired after its last allowed attempt is failed (with its
+    job) instead of being claimed again. Commits on return.
+    """
+    if not lease_s > 0:
+        raise ValueError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
+    now = now or utcnow()
+    candidates = select(Task.id).where(_claimable(now, has_gpu)).order_by(Task.id)
+    with session_scope(engine) as session:
+        while True:
+            if engine.dialect.name == "postgresql":
+                ids = session.scalars(candidates.limit(1).with_for_update(skip_locked=True)).all()
+            else:
+                ids = session.scalars(candidates.limit(_CLAIM_BATCH)).all()
+            if not ids:
+                return None
+            for task_id in ids:
+                task = session.get(Task, task_id, populate_existing=True)
+                if task.state == "running" and task.attempts >= task.max_attempts:
+                    session.rollback()  # release the row: failing locks the job first, as every job-wide write does
+                    _give_up(session, task_id, now)
+                    session.commit()
+                    break
+                taken = _take(session, task_id, worker, has_gpu, lease_s, now)
+                if taken is not None:
+                    return taken
+
+
+def _take(session: Session, task_id: int, worker: str, has_gpu: bool, lease_s: float, now: datetime) -> Task | None:
+    """Claim ``task_id`` if it is still claimable (None when another worker got it first)."""
+    claimed = session.execute(
+        update(Task).where(Task.id == task_id, _claimable(now, has_gpu))
+        .values(state="running", worker=worker, lease=secrets.token_hex(16), lease_until=now + timedelta(seconds=lease_s),
+                heartbeat_at=now, started_at=now, attempts=Task.attempts + 1)
+        .execution_options(synchronize_session=False))
+    return session.get(Task, task_id, populate_existing=True) if claimed.rowcount == 1 else None
+
+
+def _give_up(session: Session, task_id: int, now: datetime) -> None:
+    """Fail a task whose lease expired on its last allowed attempt (if it still has), and its job."""
+    task = session.get(Task, task_id, populate_existing=True)
+    _lock_job(session, task.job_id)
+    error = f"worker {task.worker} stopped answering (lease expired) on attempt {task.attempts} of {task.max_attempts}"
+    _fail(session, task, task.lease, error, now, Task.lease_until < now)
+
+
+def _leased(task_id: int, lease: str):
+    return and_(Task.id == task_id, Task.lease == lease, Task.state == "running")
+
+
+def extend_lease(session: Session, task_id: int, lease: str, lease_s: float) -> bool:
+    """Heartbeat: the lease runs ``lease_s`` seconds from now; False when the task is no longer this lease's."""
+    now = utcnow()
+    result = session.execute(update(Task).where(_leased(task_id, lease))
+                             .values(heartbeat_at=now, lease_until=now + timedelta(seconds=lease_s))
+                             .execution_options(synchronize_session=False))
+    return result.rowcount == 1
+
+
+def _lock_job(session: Session, job_id: int, **values: Any) -> None:
+    """Update (and so lock) the job row first: a job's completions and failures take turns, so the last one sees all."""
+    session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow(), **values)
+                    .execution_options(synchronize_session=False))
+
+
+def complete_task(session: Session, task_id: int, lease: str, *, result: dict[str, Any] | None = None,
+                  arrays: dict[str, np.ndarray] | None = None) -> bool:
+    """Mark the task done with its result, count its downstream tasks down, and finish the job after its last task.
+
+    False (nothing written) when the task is no longer this lease's.
+    """
+    job_id = session.scalar(select(Task.job_id).where(Task.id == task_id))
+    if job_id is None:
+        return False
+    _lock_job(session, job_id)
+    now = utcnow()
+    done = session.execute(update(Task).where(_leased(task_id, lease))
+                           .values(state="done", result=result, arrays=arrays, finished_at=now, lease_until=None)
+                           .execution_options(synchronize_session=False))
+    if done.rowcount != 1:
+        return False
+    downstream = session.scalar(select(Task.downstream).where(Task.id == task_id)) or []
+    if downstream:
+        session.execute(update(Task).where(Task.id.in_(downstream)).values(deps_left=Task.deps_left - 1)
+                        .execution_options(synchronize_session=False))
+    counts = dict(session.execute(select(Task.state, func.count()).where(Task.job_id == job_id).group_by(Task.state)).all())
+    total, finished = sum(counts.values()), counts.get("done", 0)
+    values: dict[str, Any] = {"progress": finished / total, "message": f"{finished} of {total} tasks done"}
+    if finished == total:
+        values |= {"status": "done", "progress": 1.0, "finished_at": now,
+                   "message": str((result or {}).get("message", "done"))[:500]}
+    session.execute(update(Job).where(Job.id == job_id, Job.status == "running").values(**values)
+                    .execution_options(synchronize_session=False))
+    return True
+
+
+def fail_task(session: Session, task_id: int, lease: str, error: str) -> str | None:
+    """Record a failed attempt: queued again while attempts are left, else failed with its job.
+
+    Returns the task's new state, or None when the task is no longer this lease's.
+    """
+    task = session.get(Task, task_id, populate_existing=True)
+    if task is None or task.lease != lease or task.state != "running":
+        return None
+    _lock_job(session, task.job_id)
+    if task.attempts < task.max_attempts:
+        retried = session.execute(update(Task).where(_leased(task_id, lease))
+                                  .values(state="queued", error=error, lease=None, lease_until=None)
+                                  .execution_options(synchronize_session=False))
+        return "queued" if retried.rowcount == 1 else None
+    return "failed" if _fail(session, task, lease, error, utcnow()) else None
+
+
+def _fail(session: Session, task: Task, lease: str | None, error: str, now: datetime, *conditions: Any) -> bool:
+    """Fail the task (while it runs under ``lease``) and its job with the error; cancel the job's unfinished tasks.
+
+    The caller has locked the job row (:func:`_lock_job`) first.
+    """
+    failed = session.execute(update(Task).where(_leased(task.id, lease), *conditions)
+                             .values(state="failed", error=error, finished_at=now, lease_until=None)
+                             .execution_options(synchronize_session=False))
+    if failed.rowcount != 1:
+        return False
+    text = f"task {task.id} ({task.kind}) failed after {task.attempts} attempt(s): {error}"
+    session.execute(update(Task).where(Task.job_id == task.job_id, Task.state.in_(UNFINISHED))
+                    .values(state="cancelled", finished_at=now, lease=None, lease_until=None)
+                    .execution_options(synchronize_session=False))
+    session.execute(update(Job).where(Job.id == task.job_id, Job.status == "running")
+                    .values(status="failed", error=text, message=text.splitlines()[0][:500], finished_at=now)
+                    .execution_options(synchronize_session=False))
+    return True
+
+
+def task_arrays(session: Session, task_ids: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    """The stored arrays of done tasks, in the order of ``task_ids``; ``ValueError`` if one is not done."""
+    rows = dict(session.execute(select(Task.id, Task.arrays).where(Task.id.in_(list(task_ids)), Task.state == "done")).all())
+    missing = [i for i in task_ids if i not in rows]
+    if missing:
+        raise ValueError(f"tasks {missing} are not done; their results are not available")
+    return [rows[i] or {} for i in task_ids]
+
+
+def unfinished_tasks(session: Session) -> int:
+    """How many tasks of running jobs are queued or running (a worker told to stop when idle waits for these)."""
+    live = select(Job.id).where(Job.status == "running")
+    return session.scalar(select(func.count()).select_from(Task)
+                          .where(Task.state.in_(UNFINISHED), Task.job_id.in_(live))) or 0
+
+
+def job_result(session: Session, job_id: int) -> dict[str, Any] | None:
+    """The result of a task job's last task (its reduce) once the job is done; None before."""
+    job = session.get(Job, job_id)
+    if job is None or job.status != "done":
+        return None
+    return session.scalar(select(Task.result).where(Task.job_id == job_id).order_by(Task.id.desc()).limit(1))
+
+
+class TaskBoard(NamedTuple):
+    """Where a job's tasks are: counts by state, and lines by (state, kind, worker)."""
+
+    counts: dict[str, int]
+    lines: list[TaskLine]
+
+
+def task_board(session: Session, job_id: int) -> TaskBoard:
+    """A job's tasks by state and worker (queued, waiting or not; running on which worker; done; failed with errors).
+
+    For the dashboard: lines are ordered running, queued, failed, cancelled, done, then by kind and worker.
+    """
+    order = {"running": 0, "queued": 1, "failed": 2, "cancelled": 3, "done": 4}
+    lines: dict[tuple[str, str, str | None], TaskLine] = {}
+    counts: dict[str, int] = {}
+    for task_id, state, kind, worker in session.execute(
+            select(Task.id, Task.state, Task.kind, Task.worker).where(Task.job_id == job_id).order_by(Task.id)):
+        shown = worker if state != "queued" else None
+        line = lines.setdefault((state, kind, shown), TaskLine(state, kind, shown, 0))
+        line.count += 1
+        line.task_ids.append(task_id)
+        counts[state] = counts.get(state, 0) + 1
+    ranked = sorted(lines.values(), key=lambda l: (order[l.state], l.kind, l.worker or ""))
+    return TaskBoard(counts, ranked)
+
+
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "NewTask", "TaskBoard", "TaskLine", "claim_task", "complete_task",
+           "create_task_job", "extend_lease", "fail_task", "job_result", "task_arrays", "task_board", "unfinished_tasks"]
