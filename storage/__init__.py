@@ -49,6 +49,7 @@ from storage.models import (
     Job,
     ModelVersion,
     Study,
+    Task,
 )
 from storage.repo import (
     add_model_version,
@@ -66,6 +67,7 @@ from storage.repo import (
     list_model_versions,
     list_studies,
     load_analysis,
+    feature_set_rows,
     load_feature_set,
     load_image_refs,
     load_matrices,
@@ -91,6 +93,7 @@ __all__ = [
     "Experiment",
     "FeatureSet",
     "Job",
+    "Task",
     "LeaseLost",
     "ModelVersion",
     "NpyArray",
@@ -137,6 +140,7 @@ __all__ = [
     "QueuePlace",
     "queue_positions",
     "load_analysis",
+    "feature_set_rows",
     "load_feature_set",
     "load_image_refs",
     "load_matrices",

@@ -398,6 +398,28 @@ def iter_feature_shards(session: Session, model_version_id: int, split: str, vie
     return featurestore.blob_shards(row.features, row.labels) if pointer is None else featurestore.shards(session, pointer)
 
 
+def feature_set_rows(session: Session, feature_set_id: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``lo:hi`` of feature set ``feature_set_id`` as ``(features, labels)``, read shard by shard up to ``hi``
+    (memory: the rows asked for plus one shard), from the store or from the blobs of a row from before it."""
+    query = select(FeatureSet.features, FeatureSet.labels, FeatureSet.dim, FeatureSet.store_uri, FeatureSet.store_key,
+                   FeatureSet.store_layout).where(FeatureSet.id == feature_set_id)
+    row = session.execute(query).first()
+    if row is None:
+        raise ValueError(f"no feature set {feature_set_id} in the database")
+    pointer = _pointer(row)
+    pieces = featurestore.blob_shards(row.features, row.labels) if pointer is None else featurestore.shards(session, pointer)
+    features, labels, start = [np.zeros((0, row.dim), np.float32)], [np.zeros(0, np.int64)], 0
+    for shard in pieces:
+        end = start + len(shard.labels)
+        if end > lo and start < hi:
+            features.append(shard.features[max(lo - start, 0):hi - start])
+            labels.append(shard.labels[max(lo - start, 0):hi - start])
+        if end >= hi:
+            break
+        start = end
+    return np.concatenate(features), np.concatenate(labels)
+
+
 def load_image_refs(session: Session, model_version_id: int, split: str) -> tuple[dict[str, Any], np.ndarray] | None:
     """``(image_source, image_ids)`` of the model version's ``split`` rows, or None when none were stored."""
     require_choice("split", split, SPLITS)

@@ -16,6 +16,7 @@ from storage import (
     copy_feature_sets,
     create_experiment,
     delete_experiment,
+    feature_set_rows,
     get_engine,
     init_db,
     iter_feature_shards,
@@ -100,6 +101,25 @@ def test_shards_feed_the_sharded_metrics_like_the_whole_gallery(engine, small_sh
     sharded = sharded_retrieval_metrics(query, qlabels, pieces, ks=(1, 3))
     whole = retrieval_metrics(query, qlabels, gallery, labels, ks=(1, 3))
     assert sharded == pytest.approx(whole)
+
+
+def test_a_row_range_reads_the_same_rows_from_the_store_and_from_an_in_memory_blob(engine, small_shards, tmp_path):
+    gallery, labels, _ = arrays(11, seed=3)
+    memory = get_engine("sqlite://")  # an in-memory database keeps blobs (no folder beside it)
+    init_db(memory)
+    for db in (engine, memory):
+        version = new_version(db)
+        with session_scope(db) as s:
+            save_feature_set(s, version, "gallery", "encoder", gallery, labels)
+            fid = s.scalar(select(FeatureSet.id).where(FeatureSet.model_version_id == version))
+        with session_scope(db) as s:
+            for lo, hi in ((0, 11), (3, 9), (4, 8), (10, 11), (5, 5), (9, 20)):  # shards hold 4 rows: 0-3, 4-7, 8-10
+                rows, row_labels = feature_set_rows(s, fid, lo, hi)
+                np.testing.assert_array_equal(rows, gallery[lo:hi])
+                np.testing.assert_array_equal(row_labels, labels[lo:hi])
+            with pytest.raises(ValueError, match="no feature set 999"):
+                feature_set_rows(s, 999, 0, 1)
+    assert pointer_row(engine, 1).store_key is not None
 
 
 def test_a_write_that_fails_midway_leaves_nothing_visible_and_the_old_set_intact(engine, tmp_path, monkeypatch,

@@ -30,8 +30,7 @@ from engine.metrics.retrieval import Ties, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
 from engine.metrics.sharded import (CPU, Shard, _ap_kernel, _blocks, _checked, _codes, _count_kernel, _gather_positives,
                                     group_by_query)
-from storage import FeatureSet, Job, init_db, session_scope
-from storage.models import Task
+from storage import FeatureSet, Job, Task, feature_set_rows, init_db, session_scope
 from storage.tasks import (
     NewTask,
     claim_task,
@@ -63,10 +62,7 @@ def _ranges(n: int, size: int) -> list[tuple[int, int]]:
 
 def feature_rows(session, feature_set_id: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows ``lo:hi`` of a stored feature set as (features, labels): the shard source of every task."""
-    row = session.execute(select(FeatureSet.features, FeatureSet.labels).where(FeatureSet.id == feature_set_id)).first()
-    if row is None:
-        raise ValueError(f"no feature set {feature_set_id} in the database")
-    return row.features[lo:hi], row.labels[lo:hi]
+    return feature_set_rows(session, feature_set_id, lo, hi)
 
 
 def fan_out_cell(db: Engine, *, query: int, gallery: int, same_set: bool = False, ks: tuple[int, ...] = (1, 5),
