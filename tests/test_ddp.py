@@ -66,24 +66,26 @@ def test_every_rank_ends_with_the_same_parameters(tmp_path):
 @needs_two
 def test_two_processes_store_what_one_process_stores_with_the_same_effective_batch(tmp_path):
     """1 process x batch 64 against 2 processes x batch 32: the same global batches, gradients and BatchNorm
-    statistics, so the same models up to float32 summation order (all-reduce of two half-batch sums against
-    one 64-sample reduction, ~1e-7 per step, grown by SGD): features agree to 1e-4 absolute, not bit for bit."""
+    statistics, so the same models up to float32 summation order (all-reduce of two half-batch sums against one
+    64-sample reduction, ~1e-7 per step, grown by momentum SGD to ~1e-4 on features of size ~1): they agree to
+    1e-3 absolute, not bit for bit, while one process with batch 32 (another effective batch) is far off."""
     stored = []
-    for nproc, batch in ((1, 64), (2, 32)):
-        ctx = RunContext(get_engine(f"sqlite:///{tmp_path / f'{nproc}.sqlite'}"), tmp_path / f"ckpt{nproc}", nproc=nproc)
+    for nproc, batch in ((1, 64), (2, 32), (1, 32)):
+        name = f"{nproc}x{batch}"
+        ctx = RunContext(get_engine(f"sqlite:///{tmp_path / name}.sqlite"), tmp_path / name, nproc=nproc)
         exp_id = run_experiment(_cfg(batch, **DISTILL), ctx)
         with session_scope(ctx.db) as s:
             versions = list_model_versions(s, exp_id)
             stored.append({(v.step, split, view): load_feature_set(s, v.id, split, view)[:2]
                            for v in versions for split in ("query", "gallery") for view in ("encoder", "logits")})
-        assert sorted(p.name for p in (tmp_path / f"ckpt{nproc}").rglob("*.safetensors")) == ["step_1.safetensors",
-                                                                                             "step_2.safetensors"]
-    one, two = stored
+        checkpoints = sorted(p.name for p in (tmp_path / name).rglob("*.safetensors"))
+        assert checkpoints == ["step_1.safetensors", "step_2.safetensors"]  # written once, by the calling process
+    one, two, other_batch = stored
     assert one.keys() == two.keys() and len(one) == 8
     for key in one:
         np.testing.assert_array_equal(one[key][1], two[key][1])  # labels
-        np.testing.assert_allclose(two[key][0], one[key][0], rtol=0, atol=1e-4, err_msg=str(key))
-    assert not np.allclose(one[(1, "query", "encoder")][0], one[(2, "query", "encoder")][0])  # the steps differ
+        np.testing.assert_allclose(two[key][0], one[key][0], rtol=0, atol=1e-3, err_msg=str(key))
+    assert max(np.abs(other_batch[k][0] - one[k][0]).max() for k in one) > 1e-2  # the tolerance tells batches apart
 
 
 @pytest.mark.parametrize("nproc", [0, -1, available_processes(torch.device("cpu")) + 1])
