@@ -13,6 +13,7 @@ from engine.methods.base import StepContext
 from engine.run.data_setup import prepare_run_data
 from engine.run.ddp import GroupBatchNorm, available_processes, train_step_parallel
 from engine.run.pipeline import RunContext, run_experiment
+from engine.run.training import Cancelled
 from storage import get_engine, list_model_versions, load_feature_set, session_scope
 
 TINY = {
@@ -86,6 +87,23 @@ def test_two_processes_store_what_one_process_stores_with_the_same_effective_bat
         np.testing.assert_array_equal(one[key][1], two[key][1])  # labels
         np.testing.assert_allclose(two[key][0], one[key][0], rtol=0, atol=1e-3, err_msg=str(key))
     assert max(np.abs(other_batch[k][0] - one[k][0]).max() for k in one) > 1e-2  # the tolerance tells batches apart
+
+
+@needs_two
+def test_a_stop_asked_reaches_every_rank_and_the_caller_gets_cancelled(tmp_path):
+    cfg = _cfg(32, methods=["independent"])
+    data = prepare_run_data(cfg)
+    method = build_method("independent")
+    step = data.scenario.steps[0]
+    net = pipeline._new_model(method, cfg, data, len(step.seen_classes), 1)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    images, labels = data.train_images(step, False, seed=0)
+    ctx = StepContext(step=1, seen_classes=tuple(range(5)), new_classes=tuple(range(5)))
+    with pytest.raises(Cancelled, match="cancelled during step 1, epoch 1"):
+        train_step_parallel(net, method, images, labels, ctx, cfg.training, device=torch.device("cpu"), seed=0,
+                            augment_images=False, nproc=2, rank_states=tmp_path, hooks=pipeline.Hooks(should_stop=lambda: True))
+    assert not list(tmp_path.iterdir())  # no rank wrote weights
+    assert all(torch.equal(net.state_dict()[k], v) for k, v in before.items())  # the caller's model is untouched
 
 
 @pytest.mark.parametrize("nproc", [0, -1, available_processes(torch.device("cpu")) + 1])

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.multiprocessing.spawn import ProcessException
 
 from engine.config import TrainingConfig
 from engine.methods.base import Method, StepContext
@@ -224,6 +225,8 @@ def train_step_parallel(
         np.save(folder / "labels.npy", labels.numpy())
         job = _RankJob(net, method, ctx, cfg, device.type, seed, augment_images, nproc, tmp,
                        str(rank_states) if rank_states else None)
+        if hooks.should_stop and hooks.should_stop():
+            stop.set()  # the ranks stop at their first batch
         procs = torch.multiprocessing.start_processes(_rank_main, args=(job, messages, stop), nprocs=nproc,
                                                       join=False, start_method="spawn")
         try:
@@ -233,7 +236,7 @@ def train_step_parallel(
                 relay()
                 if not finished and hooks.should_stop and hooks.should_stop():
                     stop.set()
-        except torch.multiprocessing.ProcessException as exc:
+        except ProcessException as exc:
             relay()
             raise _rank_error(errors, exc) from None
         finally:
