@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="format of the printed tables")
         r.add_argument("--checkpoints", type=Path, default=Path("data") / "checkpoints", help="checkpoint folder")
         r.add_argument("--quiet", action="store_true", help="no progress bar")
+        r.add_argument("--nproc", type=int, default=1, metavar="N",
+                       help="train each step data-parallel in N processes (one per GPU on CUDA, gloo on CPU)")
         _add_db(r)
 
     w = sub.add_parser("worker", help="run queued jobs from the database (used by the dashboard)")
@@ -114,17 +116,20 @@ def _run_config(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from engine.run.ddp import check_nproc
+    from engine.run.device import pick_device
     from engine.run.pipeline import RunContext, check_study, run_study
     from engine.run.progress import TerminalProgress
     from engine.results.study_summary import print_study, study_summary
     from storage import get_engine, init_db
 
     cfg = _run_config(args)
+    check_nproc(args.nproc, pick_device(cfg.device))
     data = check_study(cfg)  # everything refusable is refused before the database is touched
     db = get_engine(args.db)
     init_db(db)
     bar = None if args.quiet else TerminalProgress()
-    study_id, ids = run_study(cfg, RunContext(db, args.checkpoints, bar), data=data)
+    study_id, ids = run_study(cfg, RunContext(db, args.checkpoints, bar, nproc=args.nproc), data=data)
     if bar:
         bar.close()
     summary = study_summary(db, study_id, ids)

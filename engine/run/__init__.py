@@ -2,5 +2,5 @@
 
 ``pipeline`` (run_config: data -> per step train -> embed once -> cells -> record), ``training`` (the explicit
 loop), ``data_setup`` (datasets and scenario of a config), ``progress`` (terminal progress lines),
-``device`` (CPU/GPU choice).
+``device`` (CPU/GPU choice), ``ddp`` (one step trained data-parallel over N processes).
 """

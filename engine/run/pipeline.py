@@ -15,6 +15,7 @@ that experiment's checkpoints and raw outputs and are evaluated under their own 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shutil
 import time
 from collections.abc import Callable
@@ -47,6 +48,7 @@ from engine.results.record import (
     resume_experiment,
     set_status,
 )
+from engine.run.ddp import train_step_parallel
 from engine.run.training import Cancelled, Hooks, train_step
 from storage import LeaseLost, ModelVersion, get_experiment, init_db, list_model_versions, load_feature_set, session_scope
 
@@ -63,6 +65,7 @@ class RunContext:
     should_stop: Callable[[], bool] | None = None
     study_id: int | None = None
     on_study: Callable[[int], None] | None = None  # told the study's id once it exists (the worker links its job)
+    nproc: int = 1  # processes that train each step data-parallel (engine.run.ddp); this one alone writes
 
 
 def views_for(method: Method, cfg: RunConfig) -> tuple[str, ...]:
@@ -223,7 +226,8 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
                 report(min(frac, 0.99), f"{method.name}: step {_step.index}/{len(steps)}, epoch {epoch}/{epochs}, "
                                         f"loss {parts.get('loss', float('nan')):.3f}, ETA {eta:.0f} s")
 
-            train_step(net, method, images, labels, sctx, cfg.training, device=device, seed=cfg.seed + step.index,
+            train = train_step if ctx.nproc == 1 else functools.partial(train_step_parallel, nproc=ctx.nproc)
+            train(net, method, images, labels, sctx, cfg.training, device=device, seed=cfg.seed + step.index,
                        augment_images=data.augment, hooks=Hooks(on_epoch=on_epoch, should_stop=ctx.should_stop))
             net = net.cpu()
             save_checkpoint(net, ckpt, extra={"experiment": exp_id, "step": step.index, "method": method.name})
@@ -341,7 +345,7 @@ def run_study(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = None) -
         if i % len(cfg.methods) == 0:
             data = checked if seed == cfg.seed else prepare_run_data(one)
             trained = {}
-        sub = RunContext(ctx.db, ctx.checkpoint_dir, lambda f, m, i=i: outer((i + f) / len(runs), m), ctx.should_stop, study_id)
+        sub = dataclasses.replace(ctx, progress=lambda f, m, i=i: outer((i + f) / len(runs), m), study_id=study_id, on_study=None)
         if keys[method] in trained:
             ids.append(reuse_experiment(one.for_method(method), sub, trained[keys[method]], data=data))
         else:

@@ -8,6 +8,10 @@ On CUDA the step's training images are copied to the GPU once when they take at 
 augmentation and host-to-device copy otherwise bound the loop), and conv networks run in
 channels_last. Batch order and augmentation come from the same CPU generator either way, so a run
 sees the same batches on any device.
+
+Data-parallel training (:mod:`engine.run.ddp`) calls the same loop once per rank with a :class:`Shard`: the
+model is wrapped in ``DistributedDataParallel``, every rank draws the same global batches (``batch_size`` per
+rank times the world size) and keeps every ``world``-th sample of each, as ``DistributedSampler`` does.
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from engine.config import TrainingConfig
 from engine.data.loaders import crop_flip
@@ -46,6 +52,34 @@ class Hooks:
     on_epoch: Callable[[int, int, dict[str, float]], None] | None = None  # (epoch, epochs, mean loss parts)
     on_batch: Callable[[int, int], None] | None = None  # (batch index, batches per epoch)
     should_stop: Callable[[], bool] | None = None
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's place in a data-parallel group (an initialised ``torch.distributed`` process group)."""
+
+    rank: int = 0
+    world: int = 1
+
+
+STOP_EVERY = 10  # batches between two stop checks of a data-parallel group (each one is a collective)
+
+
+def _all_ranks(values: torch.Tensor, shard: Shard, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
+    """``values`` reduced over the ranks (itself on one process)."""
+    if shard.world > 1:
+        dist.all_reduce(values, op=op)
+    return values
+
+
+def _stop_asked(hooks: Hooks, shard: Shard, batch_index: int, device: torch.device) -> bool:
+    """Whether to stop before this batch: ``hooks.should_stop``, agreed by every rank of a group."""
+    if shard.world > 1 and batch_index % STOP_EVERY:
+        return False
+    asked = bool(hooks.should_stop and hooks.should_stop())
+    if shard.world == 1:
+        return asked
+    return bool(_all_ranks(torch.tensor([float(asked)], device=device), shard, dist.ReduceOp.MAX).item())
 
 
 def make_optimizer(net: Net, cfg: TrainingConfig) -> torch.optim.Optimizer:
@@ -109,6 +143,7 @@ def train_step(
     augment_images: bool,
     hooks: Hooks | None = None,
     resident: bool | None = None,
+    shard: Shard = Shard(),
 ) -> list[dict[str, float]]:
     """Train ``net`` in place on (images, labels) for ``cfg.epochs`` epochs; return per-epoch mean loss parts.
 
@@ -116,13 +151,15 @@ def train_step(
     generator seeded with ``seed`` and the last incomplete batch is dropped (contrastive losses need
     at least two samples); :func:`epoch_batches` balances them when ``method.balances_replay(ctx)``.
     The learning rate starts from ``method.step_lr(cfg.lr, ctx)`` and follows ``cfg.lr_schedule``. ``resident`` keeps the images on ``device`` for the whole step (None:
-    when :func:`fits_on_device`).
+    when :func:`fits_on_device`). ``shard``: this rank of a data-parallel group; ``cfg.batch_size`` is then per
+    rank, the loss parts are averaged over the ranks, and a stop asked on any rank stops them all at the same batch.
     """
     hooks = hooks or Hooks()
-    if len(labels) < 2:
-        raise ValueError(f"step {ctx.step} has {len(labels)} training image(s); at least 2 are needed")
+    if len(labels) < 2 * shard.world:
+        raise ValueError(f"step {ctx.step} has {len(labels)} training image(s); at least {2 * shard.world} are needed")
     fmt = torch.channels_last if device.type == "cuda" and images.dim() == 4 else torch.contiguous_format
     net.to(device, memory_format=fmt).train()
+    model = net if shard.world == 1 else DistributedDataParallel(net, device_ids=[device] if device.type == "cuda" else None)
     old = ctx.old_model.to(device, memory_format=fmt).eval() if ctx.old_model is not None else None
     targets = net.head.class_to_output(labels)
     keep_on_device = fits_on_device(images, device) if resident is None else resident
@@ -131,28 +168,29 @@ def train_step(
     opt = make_optimizer(net, cfg)
     use_amp = cfg.amp and device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
-    gen = torch.Generator().manual_seed(seed)
-    batch = min(cfg.batch_size, len(labels))
+    gen = torch.Generator().manual_seed(seed)  # batch order: the same on every rank
+    aug_gen = gen if shard.world == 1 else torch.Generator().manual_seed(seed + 100_003 * (shard.rank + 1))
+    batch = min(cfg.batch_size, len(labels) // shard.world)
     memory = torch.isin(labels, torch.tensor(ctx.replay_classes, dtype=labels.dtype)) if method.balances_replay(ctx) else None
     base_lr = method.step_lr(cfg.lr, ctx)
     history = []
     for epoch in range(cfg.epochs):
         for group in opt.param_groups:
             group["lr"] = base_lr * lr_factor(epoch, cfg)
-        batches = epoch_batches(len(labels), batch, gen, memory)
+        batches = [b[shard.rank::shard.world] for b in epoch_batches(len(labels), batch * shard.world, gen, memory)]
         n_batches = len(batches)
         sums: dict[str, float] = {}
         for b, idx in enumerate(batches):
-            if hooks.should_stop and hooks.should_stop():
+            if _stop_asked(hooks, shard, b, device):
                 raise Cancelled(f"cancelled during step {ctx.step}, epoch {epoch + 1}")
             idx = idx.to(images.device)
             x = images[idx]
             if augment_images:
-                x = crop_flip(x, gen)  # random crop (padding size/8) + horizontal flip, on the images' device
+                x = crop_flip(x, aug_gen)  # random crop (padding size/8) + horizontal flip, on the images' device
             x = x.to(device, non_blocking=True).contiguous(memory_format=fmt)
             y = targets[idx].to(device, non_blocking=True)
             with torch.autocast(device.type, enabled=use_amp):
-                out = net(x)
+                out = model(x)
                 old_out = None
                 if old is not None:
                     with torch.no_grad():
@@ -168,7 +206,11 @@ def train_step(
                 sums[k] = sums.get(k, 0.0) + float(v)
             if hooks.on_batch:
                 hooks.on_batch(b, n_batches)
-        means = {k: v / max(n_batches, 1) for k, v in sums.items()}
+        names = list(sums)  # the same order on every rank: the same method fills it
+        totals = [sums[k] for k in names]
+        if shard.world > 1:
+            totals = _all_ranks(torch.tensor(totals, dtype=torch.float64, device=device), shard).tolist()
+        means = {k: v / max(n_batches * shard.world, 1) for k, v in zip(names, totals)}
         history.append(means)
         if hooks.on_epoch:
             hooks.on_epoch(epoch + 1, cfg.epochs, means)
