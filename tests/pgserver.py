@@ -40,20 +40,18 @@ class Server:
     def create_database(self) -> str:
         """A new empty database; its URL."""
         name = f"t_{uuid.uuid4().hex[:12]}"
-        admin = create_engine(self.url(), isolation_level="AUTOCOMMIT")
-        try:
-            with admin.connect() as conn:
-                conn.execute(text(f'CREATE DATABASE "{name}"'))
-        finally:
-            admin.dispose()
+        self._admin(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
     def drop_database(self, url: str) -> None:
-        name = url.rsplit("/", 1)[1]
+        self._admin(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+
+    def _admin(self, statement: str) -> None:
+        """One statement on the maintenance database, outside a transaction (CREATE/DROP DATABASE need that)."""
         admin = create_engine(self.url(), isolation_level="AUTOCOMMIT")
         try:
             with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                conn.execute(text(statement))
         finally:
             admin.dispose()
 

@@ -324,6 +324,8 @@ def test_launch_a_tiny_study_and_explore_it(server, browser, shots):
     expect(neighbours.first).to_be_visible(timeout=UI_TIMEOUT_MS)
     assert neighbours.count() >= 3, "the query and its neighbours in both galleries are shown as images"
     check_page(page, "geometry_clicked_query", shots)
+    page.get_by_text("Nearest neighbours across models").scroll_into_view_if_needed()
+    page.screenshot(path=str(shots / "geometry_neighbours.png"))
     page.locator('[data-testid="stPopover"] button').first.click()  # the map's download menu (the page's first chart)
     with page.expect_download(timeout=UI_TIMEOUT_MS) as download:
         page.locator(".st-key-dl_map_png button").click()

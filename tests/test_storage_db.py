@@ -24,7 +24,8 @@ from storage import (
     session_scope,
 )
 
-TABLES = {"studies", "experiments", "model_versions", "feature_sets", "compatibility_matrices", "analyses", "jobs"}
+TABLES = {"studies", "experiments", "model_versions", "feature_sets", "compatibility_matrices", "analyses", "jobs",
+          "tasks"}
 
 
 def test_sqlite_connections_use_wal_foreign_keys_and_a_busy_timeout(engine):

@@ -173,6 +173,16 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
     return out
 
 
+def _open_experiment(ctx: RunContext, cfg: RunConfig, method: str) -> tuple[Resumed, Callable[[float, str], None]]:
+    """The config's experiment (created, resumed or already finished: then said so) and the progress callback."""
+    init_db(ctx.db)
+    resumed = _resume(ctx.db, cfg, method, ctx.study_id)
+    report = ctx.progress or (lambda f, m: None)
+    if resumed.finished:
+        report(1.0, f"{method}: reusing finished experiment {resumed.experiment_id}")
+    return resumed, report
+
+
 def _resume(db: Engine, cfg: RunConfig, method: str, study_id: int | None) -> Resumed:
     """The experiment to continue (or reuse when finished) for this config (:func:`engine.results.record.resume_experiment`)."""
     return resume_experiment(db, name=f"{cfg.name}/{method}/seed {cfg.seed}", method=method, config=cfg.to_dict(),
@@ -185,13 +195,10 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
         raise ValueError("run_experiment takes a single-method config; use run_study for several methods")
     method = build_method(cfg.methods[0], **cfg.method_params.get(cfg.methods[0], {}))
     device = pick_device(cfg.device)
-    init_db(ctx.db)
     data = data or prepare_run_data(cfg)
-    resumed = _resume(ctx.db, cfg, method.name, ctx.study_id)
+    resumed, report = _open_experiment(ctx, cfg, method.name)
     exp_id, done = resumed.experiment_id, resumed.done_steps
-    report = ctx.progress or (lambda f, m: None)
     if resumed.finished:
-        report(1.0, f"{method.name}: reusing finished experiment {exp_id}")
         return exp_id
     steps = data.scenario.steps
     ckpt_dir = ctx.checkpoint_dir / f"experiment_{exp_id}"
@@ -264,12 +271,9 @@ def reuse_experiment(cfg: RunConfig, ctx: RunContext, source_id: int, *, data: R
     their own. ``source_id`` must be finished.
     """
     method = build_method(cfg.methods[0], **cfg.method_params.get(cfg.methods[0], {}))
-    init_db(ctx.db)
-    resumed = _resume(ctx.db, cfg, method.name, ctx.study_id)
+    resumed, report = _open_experiment(ctx, cfg, method.name)
     exp_id, done = resumed.experiment_id, resumed.done_steps
-    report = ctx.progress or (lambda f, m: None)
     if resumed.finished:
-        report(1.0, f"{method.name}: reusing finished experiment {exp_id}")
         return exp_id
     ckpt_dir = ctx.checkpoint_dir / f"experiment_{exp_id}"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
