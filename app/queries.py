@@ -38,6 +38,8 @@ from storage import (
     study_remaining_s,
     write_problem,
 )
+from storage.models import TASKS_JOB_KIND
+from storage.tasks import TaskBoard, task_board as task_board_rows
 
 ACTIVE = ("queued", "running")
 RESULT_TTL = 3600
@@ -79,6 +81,9 @@ def _job_label(kind: str, payload: dict[str, Any]) -> str:
         p = payload.get("params", {})
         steps = f"steps {p['step_a']}→{p['step_b']}, " if "step_a" in p else ""
         return f"{payload.get('kind', '?')} of experiment {payload.get('experiment_id', '?')} ({steps}{p.get('view', 'encoder')})"
+    if kind == TASKS_JOB_KIND:
+        same = " (same set)" if payload.get("same_set") else ""
+        return f"cell: query set #{payload.get('query', '?')} x gallery set #{payload.get('gallery', '?')}{same}"
     return kind
 
 
@@ -94,6 +99,13 @@ def jobs(url: str, limit: int = 200) -> list[dict[str, Any]]:
             "created_at": j.created_at, "started_at": j.started_at, "finished_at": j.finished_at,
             "heartbeat_at": j.heartbeat_at,
         } for j in rows]
+
+
+@st.cache_data(ttl=1, show_spinner=False)
+def task_board(url: str, job_id: int) -> TaskBoard:
+    """Where a task job's tasks are (``storage.tasks.task_board``): counts by state, lines by state, kind and worker."""
+    with session_scope(db_engine(url)) as s:
+        return task_board_rows(s, job_id)
 
 
 def enqueue(url: str, kind: str, payload: dict[str, Any], *, experiment_id: int | None = None,

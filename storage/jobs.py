@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from storage.db import json_hash, session_scope
 from storage.models import FINISHED_STATUSES, JOB_STATUSES, TASKS_JOB_KIND, Experiment, Job, Study
 from storage.repo import require_choice, require_row
+from storage.tasks import cancel_task_job
 from storage.types import utcnow
 
 _CLAIM_BATCH = 16
@@ -182,6 +183,9 @@ def request_cancel(session: Session, job_id: int) -> str:
     if job.status == "queued":
         job.status, job.finished_at, job.message = "cancelled", utcnow(), "cancelled before it started"
         job.cancel_requested = True
+    elif job.status == "running" and job.kind == TASKS_JOB_KIND:
+        session.flush()
+        return cancel_task_job(session, job_id)  # its queued tasks at once, the job once no task runs
     elif job.status == "running":
         job.cancel_requested = True
     session.flush()

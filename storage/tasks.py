@@ -10,6 +10,10 @@ Every later write names the claim's lease. A task's result is written in the sam
 (:func:`complete_task`), so a worker that lost its lease writes nothing and a half-done task shows no result.
 A failed attempt queues the task again until ``max_attempts`` attempts; then the task fails, its job fails with
 its error, and the job's other unfinished tasks are cancelled. When the last task is done the job is done.
+
+Cancel (:func:`cancel_task_job`, through :func:`storage.jobs.request_cancel`): the job's queued tasks are cancelled at
+once and no task of it is claimed again; a running task is cancelled when its worker next renews its lease, completes
+or fails it (nothing it computed is written), or when its lease expires; the job ends "cancelled" once none runs.
 """
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ class TaskLine:
     worker: str | None
     count: int
     task_ids: list[int] = field(default_factory=list)
+    error: str | None = None  # the first error among these tasks (failed ones; retried ones keep their last)
 
 
 def create_task_job(session: Session, payload: dict[str, Any], tasks: Sequence[NewTask], *,
@@ -97,7 +102,7 @@ def _claimable(now: datetime, has_gpu: bool):
 def claim_task(engine: Engine, worker: str, *, has_gpu: bool, lease_s: float, now: datetime | None = None) -> Task | None:
     """Take the oldest claimable task for ``worker`` (``host:pid``) under a fresh lease of ``lease_s`` seconds.
 
-    None when nothing is claimable. A task whose lease expired after its last allowed attempt is failed (with its
+    None when nothing is claimable. Task jobs asked to stop are settled first (:func:`settle_cancelled_jobs`). A task whose lease expired after its last allowed attempt is failed (with its
     job) instead of being claimed again. Commits on return.
     """
     if not lease_s > 0:
@@ -105,6 +110,8 @@ def claim_task(engine: Engine, worker: str, *, has_gpu: bool, lease_s: float, no
     now = now or utcnow()
     candidates = select(Task.id).where(_claimable(now, has_gpu)).order_by(Task.id)
     with session_scope(engine) as session:
+        if settle_cancelled_jobs(session, now):
+            session.commit()
         while True:
             if engine.dialect.name == "postgresql":
                 ids = session.scalars(candidates.limit(1).with_for_update(skip_locked=True)).all()
@@ -147,12 +154,69 @@ def _leased(task_id: int, lease: str):
 
 
 def extend_lease(session: Session, task_id: int, lease: str, lease_s: float) -> bool:
-    """Heartbeat: the lease runs ``lease_s`` seconds from now; False when the task is no longer this lease's."""
+    """Heartbeat: the lease runs ``lease_s`` seconds from now; False when the task is no longer this lease's.
+
+    A task whose job was asked to stop is cancelled instead (False): its worker stops and writes nothing.
+    """
     now = utcnow()
-    result = session.execute(update(Task).where(_leased(task_id, lease))
+    live = select(Job.id).where(Job.cancel_requested.is_(False))
+    result = session.execute(update(Task).where(_leased(task_id, lease), Task.job_id.in_(live))
                              .values(heartbeat_at=now, lease_until=now + timedelta(seconds=lease_s))
                              .execution_options(synchronize_session=False))
-    return result.rowcount == 1
+    if result.rowcount == 1:
+        return True
+    _cancelled_under(session, task_id, lease, now)
+    return False
+
+
+def _cancelled_under(session: Session, task_id: int, lease: str, now: datetime) -> bool:
+    """If the task's job was asked to stop: cancel the task (while it runs under ``lease``), settle the job, True."""
+    job_id = session.scalar(select(Task.job_id).where(Task.id == task_id))
+    if job_id is None or not session.scalar(select(Job.cancel_requested).where(Job.id == job_id)):
+        return False
+    _lock_job(session, job_id)
+    session.execute(update(Task).where(_leased(task_id, lease))
+                    .values(state="cancelled", finished_at=now, lease_until=None)
+                    .execution_options(synchronize_session=False))
+    _settle_cancel(session, job_id, now)
+    return True
+
+
+def _settle_cancel(session: Session, job_id: int, now: datetime) -> str:
+    """Cancel a stopping job's queued tasks and its running ones whose lease expired; end the job "cancelled" once
+    none runs. The caller has locked the job row. Returns the job's status."""
+    session.execute(update(Task).where(Task.job_id == job_id, or_(
+                        Task.state == "queued", and_(Task.state == "running", Task.lease_until < now)))
+                    .values(state="cancelled", finished_at=now, lease=None, lease_until=None)
+                    .execution_options(synchronize_session=False))
+    running = session.scalar(select(func.count()).select_from(Task)
+                             .where(Task.job_id == job_id, Task.state == "running")) or 0
+    if running == 0:
+        session.execute(update(Job).where(Job.id == job_id, Job.status == "running")
+                        .values(status="cancelled", finished_at=now, message="cancelled")
+                        .execution_options(synchronize_session=False))
+    else:
+        session.execute(update(Job).where(Job.id == job_id, Job.status == "running")
+                        .values(message=f"cancel requested: waiting for {running} running task(s) to stop")
+                        .execution_options(synchronize_session=False))
+    return session.scalar(select(Job.status).where(Job.id == job_id))
+
+
+def cancel_task_job(session: Session, job_id: int) -> str:
+    """Ask a running task job to stop (see the module docstring); returns the job's status afterwards."""
+    _lock_job(session, job_id, cancel_requested=True)
+    return _settle_cancel(session, job_id, utcnow())
+
+
+def settle_cancelled_jobs(session: Session, now: datetime | None = None) -> list[int]:
+    """Settle every running task job asked to stop (its tasks' leases may have expired since); return their ids."""
+    now = now or utcnow()
+    ids = session.scalars(select(Job.id).where(Job.kind == TASKS_JOB_KIND, Job.status == "running",
+                                               Job.cancel_requested.is_(True))).all()
+    for job_id in ids:
+        _lock_job(session, job_id)
+        _settle_cancel(session, job_id, now)
+    return list(ids)
 
 
 def _lock_job(session: Session, job_id: int, **values: Any) -> None:
@@ -172,6 +236,8 @@ def complete_task(session: Session, task_id: int, lease: str, *, result: dict[st
         return False
     _lock_job(session, job_id)
     now = utcnow()
+    if _cancelled_under(session, task_id, lease, now):
+        return False
     done = session.execute(update(Task).where(_leased(task_id, lease))
                            .values(state="done", result=result, arrays=arrays, finished_at=now, lease_until=None)
                            .execution_options(synchronize_session=False))
@@ -195,12 +261,15 @@ def complete_task(session: Session, task_id: int, lease: str, *, result: dict[st
 def fail_task(session: Session, task_id: int, lease: str, error: str) -> str | None:
     """Record a failed attempt: queued again while attempts are left, else failed with its job.
 
-    Returns the task's new state, or None when the task is no longer this lease's.
+    Returns the task's new state ("cancelled" when its job was asked to stop), or None when the task is no longer
+    this lease's.
     """
     task = session.get(Task, task_id, populate_existing=True)
     if task is None or task.lease != lease or task.state != "running":
         return None
     _lock_job(session, task.job_id)
+    if _cancelled_under(session, task_id, lease, utcnow()):
+        return "cancelled"
     if task.attempts < task.max_attempts:
         retried = session.execute(update(Task).where(_leased(task_id, lease))
                                   .values(state="queued", error=error, lease=None, lease_until=None)
@@ -268,16 +337,18 @@ def task_board(session: Session, job_id: int) -> TaskBoard:
     order = {"running": 0, "queued": 1, "failed": 2, "cancelled": 3, "done": 4}
     lines: dict[tuple[str, str, str | None], TaskLine] = {}
     counts: dict[str, int] = {}
-    for task_id, state, kind, worker in session.execute(
-            select(Task.id, Task.state, Task.kind, Task.worker).where(Task.job_id == job_id).order_by(Task.id)):
+    for task_id, state, kind, worker, error in session.execute(
+            select(Task.id, Task.state, Task.kind, Task.worker, Task.error).where(Task.job_id == job_id).order_by(Task.id)):
         shown = worker if state != "queued" else None
         line = lines.setdefault((state, kind, shown), TaskLine(state, kind, shown, 0))
         line.count += 1
         line.task_ids.append(task_id)
+        line.error = line.error or error
         counts[state] = counts.get(state, 0) + 1
     ranked = sorted(lines.values(), key=lambda l: (order[l.state], l.kind, l.worker or ""))
     return TaskBoard(counts, ranked)
 
 
-__all__ = ["DEFAULT_MAX_ATTEMPTS", "NewTask", "TaskBoard", "TaskLine", "claim_task", "complete_task",
-           "create_task_job", "extend_lease", "fail_task", "job_result", "task_arrays", "task_board", "unfinished_tasks"]
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "NewTask", "TaskBoard", "TaskLine", "cancel_task_job", "claim_task", "complete_task",
+           "create_task_job", "extend_lease", "fail_task", "job_result", "settle_cancelled_jobs", "task_arrays",
+           "task_board", "unfinished_tasks"]

@@ -10,7 +10,7 @@ import streamlit as st
 from app import queries as q
 from app.charts import number, summary_percent
 from app.learn import LEARN_PAGES
-from app.widgets import MISSING, empty_state, job_timing, plain, status_badge, summary_columns, table
+from app.widgets import MISSING, empty_state, job_heading, job_timing, plain, summary_columns, table
 from storage import crashed_worker
 
 STALE_S = 60
@@ -66,7 +66,7 @@ def job_card(job: dict) -> None:
         left, right = st.columns([5, 1], vertical_alignment="center")
         with left:
             when = f"queued {q.ago(job['created_at'])}" if active else q.ago(job["finished_at"])
-            st.markdown(f"**#{job['id']} · {plain(job['label'])}** — {status_badge(job['status'])} · {when}")
+            job_heading(url, job, when)
             job_timing(url, job)
             if job["status"] == "running":
                 st.progress(min(max(job["progress"], 0.0), 1.0),

@@ -185,7 +185,8 @@ TASK_HANDLERS: dict[str, Handler] = {"search": _search, "reduce": _reduce}
 
 
 class _LeaseBeat(threading.Thread):
-    """Extends a task's lease every third of it while its handler runs; stops when the lease is lost."""
+    """Extends a task's lease every third of it while its handler runs; stops when the lease is lost or the task's
+    job was asked to stop (the renewal cancels the task: the handler's result is then written nowhere)."""
 
     def __init__(self, db: Engine, task: Task, lease_s: float):
         super().__init__(daemon=True)
