@@ -4,7 +4,7 @@ Query and gallery feature sets are written once (chunk by chunk through a memory
 ``storage.save_feature_set`` into the file store, on SQLite (store beside the database file) and on a throw-away
 PostgreSQL from tests/pgserver.py when one can be started (store: a temporary folder via
 $COMPATLAB_FEATURE_STORE). For each worker count the cell is fanned out (``engine.jobs.tasks.fan_out_cell``) and
-N fresh processes run ``run_tasks(..., until_idle=True)``; the wall time runs from the first worker's start to
+N fresh processes (each with cores / N threads) run ``run_tasks(..., until_idle=True)``; the wall time runs from the first worker's start to
 the last one's exit, each worker reports its own peak RSS, and the metrics of 1 and 2 workers must agree.
 
     python bench/bench_tasks.py                                        # 1,000,000 x 128 gallery, 10,000 queries
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import resource
 import tempfile
 import time
 from pathlib import Path
@@ -25,16 +24,25 @@ import numpy as np
 SPAWN = mp.get_context("spawn")  # fresh processes: each worker's peak RSS is its own
 
 
-def _worker(url: str, name: str, store: str | None, out: mp.Queue) -> None:
-    if store:
-        os.environ["COMPATLAB_FEATURE_STORE"] = store
+def _mb(field: str) -> float:
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field + ":")) / 1024
+
+
+def _worker(url: str, name: str, threads: int, out: mp.Queue) -> None:
+    """Run tasks until none is left; report (name, tasks run, RSS after imports, peak RSS) in MB."""
     import threading
+
+    import numba
+    import torch
 
     from engine.jobs.tasks import run_tasks
     from storage import get_engine
 
+    torch.set_num_threads(threads)
+    numba.set_num_threads(threads)
+    base = _mb("VmRSS")
     ran = run_tasks(get_engine(url), name, False, threading.Event(), poll_s=0.05, until_idle=True)
-    out.put((name, ran, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+    out.put((name, ran, base, _mb("VmHWM")))
 
 
 def _save(db, folder: Path, n: int, dim: int, classes: int, rng: np.random.Generator, centres: np.ndarray,
@@ -79,7 +87,8 @@ def bench(url: str, store: str | None, args: argparse.Namespace, folder: Path) -
         job = fan_out_cell(db, query=query, gallery=gallery, ks=(1, 5), map_at=10, block_rows=args.block_rows,
                            shard_rows=args.shard_rows)
         out = SPAWN.Queue()
-        procs = [SPAWN.Process(target=_worker, args=(url, f"w{i}", store, out)) for i in range(n)]
+        threads = max(1, (os.cpu_count() or 1) // n)  # one machine: the workers share its cores
+        procs = [SPAWN.Process(target=_worker, args=(url, f"w{i}", threads, out)) for i in range(n)]
         t = time.perf_counter()
         for p in procs:
             p.start()
@@ -89,7 +98,8 @@ def bench(url: str, store: str | None, args: argparse.Namespace, folder: Path) -
         times[n] = time.perf_counter() - t
         with session_scope(db) as s:
             results[n] = job_result(s, job)["metrics"]
-        shown = ", ".join(f"{name} {tasks} tasks peak RSS {rss:.0f} MB" for name, tasks, rss in reports)
+        shown = ", ".join(f"{name}: {tasks} tasks, peak RSS {peak:.0f} MB ({peak - base:+.0f} MB over its imports)"
+                          for name, tasks, base, peak in reports)
         print(f"  {n} worker(s): {times[n]:.1f} s  ({shown})")
     same = all(abs(results[1][k] - results[2][k]) <= 1e-12 for k in results[1])
     print(f"  1 worker / 2 workers time ratio: {times[1] / times[2]:.2f}x; same metrics: {same}; "
@@ -126,7 +136,7 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             print("PostgreSQL + file store:")
-            bench(server.url(server.create_database()), str(Path(tmp) / "store"), args, Path(tmp))
+            bench(server.create_database(), str(Path(tmp) / "store"), args, Path(tmp))
     finally:
         server.stop()
 
