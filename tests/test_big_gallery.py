@@ -4,8 +4,8 @@ SQLite refuses a value over SQLITE_MAX_LENGTH (10**9 bytes by default) and Postg
 old one-blob row topped out below 2**30 bytes: 300,000 x 1024 float32 is 1.23e9 bytes. The gallery is
 generated chunk by chunk into a memory-mapped file (``save_feature_set`` takes one array: a memmap never
 holds the whole set in anonymous memory), then a separate process evaluates it shard by shard through
-``iter_feature_shards`` + ``sharded_retrieval_metrics`` and reports its peak RSS growth
-(VmHWM reset after the imports and a warm-up: one shard being read, the last one, its unit copy, a block).
+``iter_feature_shards`` + ``sharded_retrieval_metrics`` and reports its peak RSS growth (VmHWM, reset after the
+imports and a warm-up), which must stay under a few 64 MiB store shards (about 280 MB measured).
 
 The answer is known by construction: query ``j`` has one positive, a noisy copy (cosine ~0.89), and
 ``j % 7`` decoys of other classes closer to it (cosine ~0.995); the rest of the gallery is random directions
