@@ -28,8 +28,8 @@ from sqlalchemy import Engine, select
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import Ties, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
-from engine.metrics.sharded import (CPU, Shard, _ap_kernel, _blocks, _checked, _codes, _count_kernel, _gather_positives,
-                                    group_by_query)
+from engine.metrics.sharded import (CPU, Shard, ap_kernel, checked_shard, count_kernel, gather_positives, group_by_query,
+                                    label_codes, shard_blocks)
 from storage import FeatureSet, Job, Task, feature_set_rows, init_db, session_scope
 from storage.tasks import (
     NewTask,
@@ -116,14 +116,14 @@ def _query_block(db: Engine, spec: dict[str, Any], block: list[int]):
         feats, labels = feature_rows(s, spec["query"], lo, hi)
     classes = np.unique(labels)
     exclude = np.arange(lo, hi, dtype=np.int64) if spec["same_set"] else None
-    return unit_rows(feats, CPU), labels, classes, _codes(classes, labels), exclude
+    return unit_rows(feats, CPU), labels, classes, label_codes(classes, labels), exclude
 
 
 def _gallery_shard(db: Engine, spec: dict[str, Any], shard: list[int], d: int) -> Shard:
     lo, hi = shard
     with session_scope(db) as s:
         feats, labels = feature_rows(s, spec["gallery"], lo, hi)
-    return _checked(lo, Shard(feats, labels, np.arange(lo, hi, dtype=np.int64)), d)
+    return checked_shard(lo, Shard(feats, labels, np.arange(lo, hi, dtype=np.int64)), d)
 
 
 def _merged_positives(db: Engine, pass1_ids: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -144,15 +144,15 @@ def _search(db: Engine, task: Task) -> tuple[dict[str, Any] | None, dict[str, np
     q, _, classes, qcode, exclude = _query_block(db, spec, task.payload["block"])
     shard = _gallery_shard(db, spec, task.payload["shard"], q.shape[1])
     if task.payload["pass"] == 1:
-        offsets, pos = _gather_positives(q, qcode, classes, lambda: enumerate([shard]), exclude, DEFAULT_BLOCK, [])
+        offsets, pos = gather_positives(q, qcode, classes, lambda: enumerate([shard]), exclude, DEFAULT_BLOCK, [])
         return None, {"offsets": offsets, "pos": pos}
     offsets, pos = _merged_positives(db, task.upstream, len(q))
     want_cnt = _wants_counts(spec)
     cnt = np.zeros(offsets[-1] + len(q) if want_cnt else 0, np.int64)
     neg_ge, neg_gt = np.zeros(len(q), np.int64), np.zeros(len(q), np.int64)
-    gcode = _codes(classes, shard.labels)
-    for rows, sims in _blocks(q, shard, exclude, DEFAULT_BLOCK, None):
-        _count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt)
+    gcode = label_codes(classes, shard.labels)
+    for rows, sims in shard_blocks(q, shard, exclude, DEFAULT_BLOCK, None):
+        count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt)
     return None, {"cnt": cnt, "neg_ge": neg_ge, "neg_gt": neg_gt}
 
 
@@ -171,7 +171,7 @@ def _reduce(db: Engine, task: Task) -> tuple[dict[str, Any], None]:
         with session_scope(db) as s:
             counts = task_arrays(s, ids[2])
         total = {key: sum(c[key] for c in counts) for key in ("cnt", "neg_ge", "neg_gt")}
-        ap, ap_k = (_ap_kernel(offsets, pos, total["cnt"], map_k) if want_cnt
+        ap, ap_k = (ap_kernel(offsets, pos, total["cnt"], map_k) if want_cnt
                     else (np.full(hi - lo, np.nan), np.full(hi - lo, np.nan)))
         parts.append(QueryStats(np.diff(offsets), total["neg_ge"], total["neg_gt"], ap, ap_k))
     metrics = metrics_from_stats(QueryStats.concat(parts), ks=tuple(spec["ks"]), map_at=spec["map_at"],

@@ -62,7 +62,7 @@ def _passes(shards: ShardSource) -> Callable[[], Iterator[tuple[int, Shard]]]:
     return lambda: enumerate(shards() if callable(shards) else shards)
 
 
-def _checked(index: int, shard: Shard, d: int) -> Shard | None:
+def checked_shard(index: int, shard: Shard, d: int) -> Shard | None:
     """The shard with array fields (None when empty), or ValueError naming the shard."""
     if not isinstance(shard, Shard):
         shard = Shard(*shard)
@@ -87,7 +87,8 @@ def _similarities(q: torch.Tensor, g: torch.Tensor, out: torch.Tensor) -> np.nda
     return torch.mm(q, g.T, out=out[: len(q), : len(g)]).numpy()
 
 
-def _blocks(q: torch.Tensor, shard: Shard, exclude_ids: np.ndarray | None, max_block: int, hits: np.ndarray | None):
+def shard_blocks(q: torch.Tensor, shard: Shard, exclude_ids: np.ndarray | None, max_block: int,
+                 hits: np.ndarray | None) -> Iterator[tuple[slice, np.ndarray]]:
     """``(rows, sims)`` of each query block against one shard, own items set to -inf (counted in ``hits``)."""
     g = unit_rows(shard.features, CPU)
     step = max(1, max_block // len(g))
@@ -106,14 +107,14 @@ def _blocks(q: torch.Tensor, shard: Shard, exclude_ids: np.ndarray | None, max_b
         yield rows, sims
 
 
-def _codes(classes: np.ndarray, labels: np.ndarray) -> np.ndarray:
+def label_codes(classes: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """Each label's index among the sorted distinct query labels ``classes`` (-1 when no query has it)."""
     at = np.clip(np.searchsorted(classes, labels), 0, len(classes) - 1)
     return np.where(classes[at] == labels, at, -1).astype(np.int64)
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
-def _count_kernel(sims, row0, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt):  # pragma: no cover - compiled
+def count_kernel(sims, row0, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt):  # pragma: no cover - compiled
     """Add one (block x shard) of negatives to each query's counts: >= / > best positive, and cnt[m] (see docstring)."""
     n, width = sims.shape
     for r in numba.prange(n):
@@ -156,7 +157,7 @@ def _count_kernel(sims, row0, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, w
 
 
 @numba.njit(parallel=True, cache=True)
-def _ap_kernel(offsets, pos, cnt, map_k):  # pragma: no cover - compiled
+def ap_kernel(offsets, pos, cnt, map_k):  # pragma: no cover - compiled
     """AP and AP@k of each query from its sorted positives and its cnt."""
     n = len(offsets) - 1
     ap = np.full(n, np.nan)
@@ -171,7 +172,7 @@ def _ap_kernel(offsets, pos, cnt, map_k):  # pragma: no cover - compiled
 def _nonempty(each_pass, d: int) -> Iterator[Shard]:
     """The checked shards of one pass, empty ones skipped."""
     for index, raw in each_pass():
-        shard = _checked(index, raw, d)
+        shard = checked_shard(index, raw, d)
         if shard is not None:
             yield shard
 
@@ -181,12 +182,13 @@ def _pass(q, classes, each_pass, exclude_ids, max_block: int, hits, seen: list[i
     seen.append(0)
     for shard in _nonempty(each_pass, q.shape[1]):
         seen[-1] += len(shard.ids)
-        gcode = _codes(classes, shard.labels)
-        for rows, sims in _blocks(q, shard, exclude_ids, max_block, hits):
+        gcode = label_codes(classes, shard.labels)
+        for rows, sims in shard_blocks(q, shard, exclude_ids, max_block, hits):
             yield gcode, rows, sims
 
 
-def _gather_positives(q: torch.Tensor, qcode: np.ndarray, classes: np.ndarray, each_pass, exclude_ids, max_block: int, seen: list[int]):
+def gather_positives(q: torch.Tensor, qcode: np.ndarray, classes: np.ndarray, each_pass: Callable[[], Iterator[tuple[int, Shard]]],
+                     exclude_ids: np.ndarray | None, max_block: int, seen: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """Pass 1: each query's positive similarities, sorted ascending, as (offsets, values)."""
     who, vals = [], []
     hits = np.zeros(len(q), np.int64) if exclude_ids is not None else None
@@ -259,22 +261,22 @@ def sharded_cell_stats(
         return cell_stats(query, query_labels, sums, classes, map_k=map_k, want_ap=want_ap, max_block=max_block, backend="torch")
     q = unit_rows(query, CPU)
     classes = np.unique(query_labels)
-    qcode = _codes(classes, query_labels)
+    qcode = label_codes(classes, query_labels)
     seen: list[int] = []
-    offsets, pos = _gather_positives(q, qcode, classes, each_pass, exclude_ids, max_block, seen)
+    offsets, pos = gather_positives(q, qcode, classes, each_pass, exclude_ids, max_block, seen)
     want_cnt = bool(want_ap or map_k)
     cnt = np.zeros(offsets[-1] + len(q) if want_cnt else 0, np.int64)
     neg_ge, neg_gt = np.zeros(len(q), np.int64), np.zeros(len(q), np.int64)
     threads = torch.get_num_threads()  # numba's OpenMP layer can reset torch's thread count
     for gcode, rows, sims in _pass(q, classes, each_pass, exclude_ids, max_block, None, seen):
-        _count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt)
+        count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt)
         torch.set_num_threads(threads)
     if seen[1] != seen[0]:
         raise ValueError(f"the shards changed between the two passes ({seen[0]} then {seen[1]} items); "
                          "they must yield the same gallery each time")
     n_pos = np.diff(offsets)
     if want_cnt:
-        ap, ap_k = _ap_kernel(offsets, pos, cnt, int(map_k))
+        ap, ap_k = ap_kernel(offsets, pos, cnt, int(map_k))
     else:
         ap, ap_k = np.full(len(q), np.nan), np.full(len(q), np.nan)
     return QueryStats(n_pos, neg_ge, neg_gt, ap, ap_k)
@@ -302,4 +304,5 @@ def sharded_retrieval_metrics(
     return metrics_from_stats(stats, ks=ks, map_at=map_at, want_map=compute_map, ties=ties)
 
 
-__all__ = ["Shard", "ShardSource", "sharded_cell_stats", "sharded_retrieval_metrics"]
+__all__ = ["Shard", "ShardSource", "ap_kernel", "checked_shard", "count_kernel", "gather_positives", "group_by_query",
+           "label_codes", "shard_blocks", "sharded_cell_stats", "sharded_retrieval_metrics"]
