@@ -106,6 +106,17 @@ def bench(url: str, store: str | None, args: argparse.Namespace, folder: Path) -
           f"recall@1 {results[1]['recall@1']:.4f}, mAP {results[1]['map']:.4f}")
 
 
+def _load_pgserver():
+    """The tests' throw-away PostgreSQL helper (tests/pgserver.py), loaded from its file: tests/ is not a package."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tests" / "pgserver.py"
+    spec = importlib.util.spec_from_file_location("pgserver", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gallery", type=int, default=1_000_000)
@@ -123,11 +134,7 @@ def main() -> None:
         bench(f"sqlite:///{Path(tmp) / 'bench.db'}", None, args, Path(tmp))
     if args.no_postgres:
         return
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import pgserver
-
+    pgserver = _load_pgserver()
     try:
         server = pgserver.start()
     except pgserver.Unavailable as err:

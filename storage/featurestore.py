@@ -349,21 +349,25 @@ def read_image_ids(session: Session, pointer: Pointer) -> np.ndarray | None:
     return _column(table, "image_id", pointer.layout["image_ids"])
 
 
-def shards(session: Session, pointer: Pointer) -> Iterator[FeatureShard]:
-    """The set's shards in row order, each read (and verified) when the iterator reaches it.
+def shards(session: Session, pointer: Pointer, *, from_row: int = 0) -> Iterator[FeatureShard]:
+    """The set's shards in row order, each read (and verified) when the iterator reaches it; ``from_row``: start
+    with the shard holding that row (the ones before it are not read).
 
     Memory: one shard plus the set's labels. The store is located now; the session may close before iterating.
     """
     fs, base, dtype, out_dtype = _locate(session, pointer)
-    return _stored_shards(fs, base, dtype, out_dtype, pointer.layout)
+    return _stored_shards(fs, base, dtype, out_dtype, pointer.layout, from_row)
 
 
 def _stored_shards(fs: Any, base: str, dtype: np.dtype, out_dtype: np.dtype,
-                   layout: dict[str, Any]) -> Iterator[FeatureShard]:
+                   layout: dict[str, Any], from_row: int = 0) -> Iterator[FeatureShard]:
     labels = _column(_read_rows(fs, base, layout).read(columns=["label"]), "label", layout["labels"])
     start, dim = 0, layout["shape"][1]
     for index, shard in enumerate(layout["shards"]):
         rows = shard["rows"]
+        if start + rows <= from_row:  # before the rows asked for: skipped unread
+            start += rows
+            continue
         features = np.empty((rows, dim), out_dtype)
         _read_npy(fs, f"{base}/shard-{index:05d}.npy", shard["sha256"], features.shape, dtype, features)
         yield FeatureShard(features, labels[start:start + rows].copy(), np.arange(start, start + rows, dtype=np.int64))

@@ -399,24 +399,25 @@ def iter_feature_shards(session: Session, model_version_id: int, split: str, vie
 
 
 def feature_set_rows(session: Session, feature_set_id: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``lo:hi`` of feature set ``feature_set_id`` as ``(features, labels)``, read shard by shard up to ``hi``
-    (memory: the rows asked for plus one shard), from the store or from the blobs of a row from before it."""
+    """Rows ``lo:hi`` of feature set ``feature_set_id`` as ``(features, labels)``: from the store, only the shards
+    holding them (memory: the rows asked for, twice while joined, plus one shard), or from a row's blobs from before."""
     query = select(FeatureSet.features, FeatureSet.labels, FeatureSet.dim, FeatureSet.store_uri, FeatureSet.store_key,
                    FeatureSet.store_layout).where(FeatureSet.id == feature_set_id)
     row = session.execute(query).first()
     if row is None:
         raise ValueError(f"no feature set {feature_set_id} in the database")
     pointer = _pointer(row)
-    pieces = featurestore.blob_shards(row.features, row.labels) if pointer is None else featurestore.shards(session, pointer)
-    features, labels, start = [np.zeros((0, row.dim), np.float32)], [np.zeros(0, np.int64)], 0
-    for shard in pieces:
-        end = start + len(shard.labels)
-        if end > lo and start < hi:
-            features.append(shard.features[max(lo - start, 0):hi - start])
-            labels.append(shard.labels[max(lo - start, 0):hi - start])
-        if end >= hi:
+    if pointer is None:
+        return row.features[lo:hi], row.labels[lo:hi]
+    features, labels = [np.zeros((0, row.dim), np.float32)], [np.zeros(0, np.int64)]
+    for shard in featurestore.shards(session, pointer, from_row=lo):  # the shards before ``lo`` are not read
+        if not len(shard.ids):
+            continue
+        start = int(shard.ids[0])
+        if start >= hi:
             break
-        start = end
+        features.append(shard.features[max(lo - start, 0):hi - start])
+        labels.append(shard.labels[max(lo - start, 0):hi - start])
     return np.concatenate(features), np.concatenate(labels)
 
 
