@@ -19,7 +19,9 @@ from sqlalchemy import Engine
 
 from engine.contract import JOB_LANES, analysis_key, available_views, main_view
 from storage import (
+    TASKS_JOB_KIND,
     QueuePlace,
+    TaskBoard,
     default_db_url,
     enqueue_job,
     get_engine,
@@ -36,10 +38,9 @@ from storage import (
     retry_job,
     session_scope,
     study_remaining_s,
+    task_board as task_board_rows,
     write_problem,
 )
-from storage.models import TASKS_JOB_KIND
-from storage.tasks import TaskBoard, task_board as task_board_rows
 
 ACTIVE = ("queued", "running")
 RESULT_TTL = 3600

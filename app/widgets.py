@@ -12,9 +12,7 @@ import streamlit as st
 from app import queries as q
 from engine.contract import analysis_key, analysis_payload
 from engine.results.conventions import SEPARATOR, convention, step_label
-from storage import IdenticalJob
-from storage.models import TASKS_JOB_KIND
-from storage.tasks import TaskBoard
+from storage import TASKS_JOB_KIND, IdenticalJob, TaskBoard
 
 STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue[:material/autorenew: running]",
                 "done": ":green[:material/check_circle: done]", "failed": ":red[:material/error: failed]",

@@ -41,6 +41,7 @@ from storage.models import (
     JOB_STATUSES,
     PROTOCOLS,
     SPLITS,
+    TASKS_JOB_KIND,
     Analysis,
     Base,
     CompatibilityMatrix,
@@ -80,6 +81,7 @@ from storage.repo import (
     set_experiment_status,
     set_experiment_study,
 )
+from storage.tasks import TaskBoard, task_board
 from storage.types import NpyArray, UTCDateTime
 
 __all__ = [
@@ -87,6 +89,7 @@ __all__ = [
     "JOB_STATUSES",
     "PROTOCOLS",
     "SPLITS",
+    "TASKS_JOB_KIND",
     "Analysis",
     "Base",
     "CompatibilityMatrix",
@@ -94,6 +97,8 @@ __all__ = [
     "FeatureSet",
     "Job",
     "Task",
+    "TaskBoard",
+    "task_board",
     "LeaseLost",
     "ModelVersion",
     "NpyArray",
