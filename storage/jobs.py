@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from storage.db import json_hash, session_scope
 from storage.models import FINISHED_STATUSES, JOB_STATUSES, TASKS_JOB_KIND, Experiment, Job, Study
-from storage.repo import require_choice, require_row
+from storage.rows import require_choice, require_row
 from storage.tasks import cancel_task_job
 from storage.types import utcnow
 

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from storage.db import session_scope
 from storage.models import TASK_KINDS, TASKS_JOB_KIND, Job, Task
-from storage.repo import require_choice
+from storage.rows import require_choice
 from storage.types import utcnow
 
 _CLAIM_BATCH = 16
