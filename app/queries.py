@@ -83,8 +83,13 @@ def _job_label(kind: str, payload: dict[str, Any]) -> str:
         steps = f"steps {p['step_a']}→{p['step_b']}, " if "step_a" in p else ""
         return f"{payload.get('kind', '?')} of experiment {payload.get('experiment_id', '?')} ({steps}{p.get('view', 'encoder')})"
     if kind == TASKS_JOB_KIND:
-        same = " (same set)" if payload.get("same_set") else ""
-        return f"cell: query set #{payload.get('query', '?')} x gallery set #{payload.get('gallery', '?')}{same}"
+        cells = payload.get("cells") or [payload]  # a matrix's cells (engine.jobs.search_tasks), or one older cell
+        if payload.get("label"):
+            return f"{payload['label']}: {len(cells)} cells"
+        if len(cells) > 1:
+            return f"{len(cells)} cells"
+        same = " (same set)" if cells[0].get("same_set") else ""
+        return f"cell: query set #{cells[0].get('query', '?')} x gallery set #{cells[0].get('gallery', '?')}{same}"
     return kind
 
 

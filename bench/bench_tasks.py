@@ -3,7 +3,7 @@
 Query and gallery feature sets are written once (chunk by chunk through a memory-mapped file) with
 ``storage.save_feature_set`` into the file store, on SQLite (store beside the database file) and on a throw-away
 PostgreSQL from tests/pgserver.py when one can be started (store: a temporary folder via
-$COMPATLAB_FEATURE_STORE). For each worker count the cell is fanned out (``engine.jobs.tasks.fan_out_cell``) and
+$COMPATLAB_FEATURE_STORE). For each worker count the cell is fanned out (``engine.jobs.search_tasks.fan_out_cell``) and
 N fresh processes (each with cores / N threads) run ``run_tasks(..., until_idle=True)``; the wall time runs from the first worker's start to
 the last one's exit, each worker reports its own peak RSS, and the metrics of 1 and 2 workers must agree.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -66,7 +67,7 @@ def _save(db, folder: Path, n: int, dim: int, classes: int, rng: np.random.Gener
 def bench(url: str, store: str | None, args: argparse.Namespace, folder: Path) -> None:
     if store:
         os.environ["COMPATLAB_FEATURE_STORE"] = store
-    from engine.jobs.tasks import fan_out_cell
+    from engine.jobs.search_tasks import fan_out_cell
     from storage import add_model_version, create_experiment, get_engine, init_db, session_scope
     from storage.tasks import job_result
 
@@ -113,6 +114,7 @@ def _load_pgserver():
     path = Path(__file__).resolve().parents[1] / "tests" / "pgserver.py"
     spec = importlib.util.spec_from_file_location("pgserver", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
     spec.loader.exec_module(module)
     return module
 
@@ -126,12 +128,14 @@ def main() -> None:
     parser.add_argument("--shard-rows", type=int, default=100_000, help="gallery rows per search task")
     parser.add_argument("--block-rows", type=int, default=2_000, help="query rows per search task")
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    parser.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only")
     args = parser.parse_args()
     print(f"cell: {args.gallery:,} x {args.dim} gallery, {args.queries:,} queries, {args.classes:,} classes; "
           f"tasks of {args.block_rows:,} queries x {args.shard_rows:,} gallery rows; {os.cpu_count()} CPU cores")
-    with tempfile.TemporaryDirectory() as tmp:
-        print("SQLite + file store:")
-        bench(f"sqlite:///{Path(tmp) / 'bench.db'}", None, args, Path(tmp))
+    if not args.no_sqlite:
+        with tempfile.TemporaryDirectory() as tmp:
+            print("SQLite + file store:")
+            bench(f"sqlite:///{Path(tmp) / 'bench.db'}", None, args, Path(tmp))
     if args.no_postgres:
         return
     pgserver = _load_pgserver()

@@ -21,6 +21,7 @@ from engine.checkpoints.cli import cmd_compare_checkpoints
 from engine.contract import JOB_KINDS, SHORT_JOB_KINDS, same_set_of
 from engine.data import roots
 from engine.data.export_images import add_arguments as add_export_arguments
+from engine.jobs.fan_out import FanOut, check_task_metrics
 from engine.data.export_images import cmd_export_images
 from engine.results.report import FORMATS, render_matrix
 from engine.upgrade.cli import add_arguments as add_upgrade_arguments
@@ -63,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--quiet", action="store_true", help="no progress bar")
         r.add_argument("--nproc", type=int, default=1, metavar="N",
                        help="train each step data-parallel in N processes (one per GPU on CUDA, gloo on CPU)")
+        r.add_argument("--tasks", action="store_true",
+                       help="evaluate each matrix through tasks that any 'worker --tasks' (any machine) may share")
+        r.add_argument("--task-block-rows", type=int, default=FanOut.block_rows, metavar="N",
+                       help="with --tasks: query rows per search task")
+        r.add_argument("--task-shard-rows", type=int, default=FanOut.shard_rows, metavar="N",
+                       help="with --tasks: gallery rows per search task")
         _add_db(r)
 
     w = sub.add_parser("worker", help="run queued jobs from the database (used by the dashboard)")
@@ -125,11 +132,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = _run_config(args)
     check_nproc(args.nproc, pick_device(cfg.device))
+    fan_out = FanOut(args.task_block_rows, args.task_shard_rows) if args.tasks else None
+    if fan_out is not None:
+        check_task_metrics(cfg.eval.metrics, cfg.eval.gallery)
     data = check_study(cfg)  # everything refusable is refused before the database is touched
     db = get_engine(args.db)
     init_db(db)
     bar = None if args.quiet else TerminalProgress()
-    study_id, ids = run_study(cfg, RunContext(db, args.checkpoints, bar, nproc=args.nproc), data=data)
+    study_id, ids = run_study(cfg, RunContext(db, args.checkpoints, bar, nproc=args.nproc, fan_out=fan_out), data=data)
     if bar:
         bar.close()
     summary = study_summary(db, study_id, ids)

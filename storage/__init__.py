@@ -12,6 +12,7 @@ from storage.db import (
 )
 from storage.feature_sets import (
     copy_feature_sets,
+    feature_set_ref,
     feature_set_rows,
     iter_feature_shards,
     list_feature_views,
@@ -147,6 +148,7 @@ __all__ = [
     "QueuePlace",
     "queue_positions",
     "load_analysis",
+    "feature_set_ref",
     "feature_set_rows",
     "load_feature_set",
     "load_image_refs",

@@ -155,6 +155,14 @@ def _feature_row(session: Session, model_version_id: int, split: str, view: str)
     return row
 
 
+def feature_set_ref(session: Session, model_version_id: int, split: str, view: str) -> tuple[int, int]:
+    """``(id, dim)`` of the (model version, split, view) set, without reading its arrays; ``ValueError`` when absent."""
+    row = session.execute(select(FeatureSet.id, FeatureSet.dim).where(*_where(model_version_id, split, view))).first()
+    if row is None:
+        _feature_row(session, model_version_id, split, view)  # raises, naming the stored views
+    return int(row.id), int(row.dim)
+
+
 def load_feature_set(
     session: Session, model_version_id: int, split: str, view: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

@@ -90,17 +90,22 @@ def create_task_job(session: Session, payload: dict[str, Any], tasks: Sequence[N
     return job.id
 
 
-def _claimable(now: datetime, has_gpu: bool):
-    """Queued with nothing left to wait for, or running under an expired lease; of a running job; GPU if needed."""
+def _claimable(now: datetime, has_gpu: bool, job_id: int | None = None):
+    """Queued with nothing left to wait for, or running under an expired lease; of a running job (``job_id``'s when
+    given); GPU if needed."""
     ready = or_(and_(Task.state == "queued", Task.deps_left == 0),
                 and_(Task.state == "running", Task.lease_until < now))
     live_jobs = select(Job.id).where(Job.status == "running", Job.cancel_requested.is_(False))
+    if job_id is not None:
+        live_jobs = live_jobs.where(Job.id == job_id)
     condition = and_(ready, Task.job_id.in_(live_jobs))
     return condition if has_gpu else and_(condition, Task.needs_gpu.is_(False))
 
 
-def claim_task(engine: Engine, worker: str, *, has_gpu: bool, lease_s: float, now: datetime | None = None) -> Task | None:
-    """Take the oldest claimable task for ``worker`` (``host:pid``) under a fresh lease of ``lease_s`` seconds.
+def claim_task(engine: Engine, worker: str, *, has_gpu: bool, lease_s: float, now: datetime | None = None,
+               job_id: int | None = None) -> Task | None:
+    """Take the oldest claimable task (of job ``job_id`` when given) for ``worker`` (``host:pid``) under a fresh lease
+    of ``lease_s`` seconds.
 
     None when nothing is claimable. Task jobs asked to stop are settled first (:func:`settle_cancelled_jobs`). A task whose lease expired after its last allowed attempt is failed (with its
     job) instead of being claimed again. Commits on return.
@@ -108,7 +113,7 @@ def claim_task(engine: Engine, worker: str, *, has_gpu: bool, lease_s: float, no
     if not lease_s > 0:
         raise ValueError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
     now = now or utcnow()
-    candidates = select(Task.id).where(_claimable(now, has_gpu)).order_by(Task.id)
+    candidates = select(Task.id).where(_claimable(now, has_gpu, job_id)).order_by(Task.id)
     with session_scope(engine) as session:
         if settle_cancelled_jobs(session, now):
             session.commit()
@@ -305,6 +310,13 @@ def task_arrays(session: Session, task_ids: Sequence[int]) -> list[dict[str, np.
     if missing:
         raise ValueError(f"tasks {missing} are not done; their results are not available")
     return [rows[i] or {} for i in task_ids]
+
+
+def results_of_kind(session: Session, job_id: int, kind: str) -> list[tuple[dict[str, Any], dict[str, np.ndarray]]]:
+    """``(result, arrays)`` of each done task of one kind of a job, in creation order (e.g. every cell's reduce)."""
+    query = (select(Task.result, Task.arrays).where(Task.job_id == job_id, Task.kind == kind, Task.state == "done")
+             .order_by(Task.id))
+    return [(result or {}, arrays or {}) for result, arrays in session.execute(query).all()]
 
 
 def unfinished_tasks(session: Session) -> int:

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.jobs.tasks import fan_out_cell, run_one_task, run_tasks
+from engine.jobs.search_tasks import fan_out_cell
+from engine.jobs.tasks import run_one_task, run_tasks
 from engine.metrics.retrieval import retrieval_metrics
 from storage import Job, add_model_version, create_experiment, fail_stale_jobs, get_engine, init_db, save_feature_set, session_scope
 from storage.models import Task

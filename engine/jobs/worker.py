@@ -6,7 +6,8 @@ backfill curve is computed while a training run occupies the first worker. Both 
 queued job they may take; the claim is atomic, so two workers never run the same job.
 
 Job kinds (payload formats):
-* ``run``: ``{"config": RunConfig dict}`` or ``{"preset": NAME}``: train/evaluate a study.
+* ``run``: ``{"config": RunConfig dict}`` or ``{"preset": NAME}``, optionally ``"tasks": {"block_rows": N,
+  "shard_rows": N}`` (evaluate through tasks, ``engine.jobs.matrix``): train/evaluate a study.
 * ``analysis``: ``{"experiment_id": id, "kind": ..., "params": {...}}``: see ``engine.analysis.run``.
 * ``checkpoints``: ``{"spec": {...}}``: see ``engine.checkpoints.compare`` (bring-your-own models).
 * ``adapters``: the fields of ``engine.jobs.adapt.AdapterJob`` (old/new model version ids, kind, view, ...).
@@ -63,11 +64,14 @@ STALE_AFTER_S = _env_seconds("COMPATLAB_STALE_AFTER_S", 60.0)
 def _run_job(db: Engine, payload: dict, progress: Callable[[float, str], None], should_stop: Callable[[], bool],
              checkpoint_dir: Path, on_study: Callable[[int], None] | None = None) -> str:
     from engine.config import config_from_dict
+    from engine.jobs.fan_out import FanOut
     from engine.run.pipeline import RunContext, run_study
     from engine.presets import preset_config
 
     cfg = preset_config(payload["preset"]) if "preset" in payload else config_from_dict(payload["config"])
-    study_id, ids = run_study(cfg, RunContext(db, checkpoint_dir, progress, should_stop, on_study=on_study))
+    fan_out = FanOut(**payload["tasks"]) if payload.get("tasks") else None
+    study_id, ids = run_study(cfg, RunContext(db, checkpoint_dir, progress, should_stop, on_study=on_study,
+                                              fan_out=fan_out))
     return f"study {study_id}: experiments {', '.join(map(str, ids))}"
 
 

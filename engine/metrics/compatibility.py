@@ -9,6 +9,9 @@ C[k, k] item by item (:mod:`engine.metrics.paired`): the per-query outcomes (hit
 outcomes (verification) come from the same single pass that gives the cell's value. Both cells use
 gallery model k; their queries are paired by ``CellFeatures.query_ids`` when given, by position
 otherwise. Only the diagonal's outcome vectors are kept (memory T x queries per metric).
+
+A cell may also arrive as :class:`CellStats`: its per-query statistics computed elsewhere (e.g. by many workers,
+:mod:`engine.jobs.matrix`); everything after the neighbour pass is then the same code.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.metrics.ranking import QueryStats
 from engine.metrics.paired import PairedOptions, count_verdicts, paired_bootstrap, shared_items, verdict
 from engine.metrics.retrieval import VERIFICATION, Protocol, Ties, cell_stats, parse_metric, per_query_from_stats
 from engine.metrics.summary import summarize, update_gain
@@ -42,6 +46,14 @@ class CellFeatures:
 
 
 @dataclass(frozen=True)
+class CellStats:
+    """A cell whose neighbour pass ran elsewhere: per-query statistics in query order (None: not comparable)."""
+
+    stats: QueryStats | None
+    query_ids: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
 class MatrixResult:
     """Matrices of several metrics over the same cells; NaN above the diagonal and where undefined."""
 
@@ -59,7 +71,7 @@ def _empty_paired(T: int, options: PairedOptions) -> dict:
             "resamples": options.resamples, "seed": options.seed, "confidence": options.confidence}
 
 
-def _cell_outcomes(c: CellFeatures, metrics: Sequence[str], parsed: list, *, protocol: Protocol, same_set: bool,
+def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: list, *, protocol: Protocol, same_set: bool,
                    ties: Ties, backend) -> tuple[dict[str, float], dict[str, np.ndarray], int, int]:
     """One cell: each metric's value and per-item outcome vector (NaN = undefined), valid and no-positive counts."""
     ks = tuple(sorted({k for kind, k in parsed if kind == "recall"}))
@@ -69,8 +81,9 @@ def _cell_outcomes(c: CellFeatures, metrics: Sequence[str], parsed: list, *, pro
     vectors: dict[str, np.ndarray] = {}
     n_valid = n_no_pos = 0
     if any(kind in ("recall", "map") for kind, _ in parsed):
-        stats = cell_stats(c.query, c.query_labels, c.gallery, c.gallery_labels, protocol=protocol, same_set=same_set,
-                           map_k=map_k, want_ap=want_map, backend=backend, top_k=max(ks, default=1))
+        stats = c.stats if isinstance(c, CellStats) else cell_stats(
+            c.query, c.query_labels, c.gallery, c.gallery_labels, protocol=protocol, same_set=same_set, map_k=map_k,
+            want_ap=want_map, backend=backend, top_k=max(ks, default=1))
         valid, per_query = per_query_from_stats(stats, ks=ks, map_at=map_k or None, want_map=("map", None) in parsed, ties=ties)
         n_valid, n_no_pos = int(valid.sum()), int((~valid).sum())
         for name, (kind, at) in zip(metrics, parsed):
@@ -79,11 +92,13 @@ def _cell_outcomes(c: CellFeatures, metrics: Sequence[str], parsed: list, *, pro
                 vectors[name], values[name] = vec, float(np.nanmean(vec)) if n_valid else float("nan")
     for name, (kind, _) in zip(metrics, parsed):
         if kind == VERIFICATION:
+            if isinstance(c, CellStats):
+                raise ValueError("verification needs the cell's features, not its retrieval statistics")
             values[name], correct = pair_verification(c.query, c.query_labels, c.gallery, c.gallery_labels, same_set=same_set)
             vectors[name] = correct.astype(np.float64)
     return values, vectors, n_valid, n_no_pos
 
-CellSource = Sequence["CellFeatures | Mapping[str, np.ndarray]"] | Callable[[int, int], CellFeatures]
+CellSource = Sequence["CellFeatures | Mapping[str, np.ndarray]"] | Callable[[int, int], "CellFeatures | CellStats"]
 
 
 def compatibility_matrices(
@@ -102,7 +117,7 @@ def compatibility_matrices(
 
     ``source`` is either one feature set per model (row t's queries meet column k's gallery) or a
     callable ``cell(t, k) -> CellFeatures`` (0-based) for views whose query side depends on the
-    gallery model, such as PSP/LSP.
+    gallery model, such as PSP/LSP, or ``-> CellStats`` for cells searched elsewhere.
     """
     if callable(source):
         if num_models is None:
@@ -128,7 +143,7 @@ def compatibility_matrices(
     cells = [(t, k) for t in range(T) for k in range(t + 1)]
     for i, (t, k) in enumerate(cells):
         c = cell(t, k)
-        if np.asarray(c.query).shape[1] == np.asarray(c.gallery).shape[1]:  # otherwise not comparable: left NaN
+        if _comparable(c):  # otherwise left NaN
             out, vectors, valid[t, k], no_pos[t, k] = _cell_outcomes(c, metrics, parsed, protocol=protocol,
                                                                      same_set=same_set, ties=ties, backend=backend)
             for name in metrics:
@@ -141,6 +156,12 @@ def compatibility_matrices(
         if progress:
             progress(i + 1, len(cells))
     return MatrixResult(values, valid, no_pos, comparable, tests)
+
+
+def _comparable(c: CellFeatures | CellStats) -> bool:
+    if isinstance(c, CellStats):
+        return c.stats is not None
+    return np.asarray(c.query).shape[1] == np.asarray(c.gallery).shape[1]
 
 
 def _pair_cell(tests: dict, t: int, k: int, ids: np.ndarray | None, vectors: dict[str, np.ndarray],

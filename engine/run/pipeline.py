@@ -30,6 +30,9 @@ from engine.config import RunConfig
 from engine.run.data_setup import RunData, prepare_run_data
 from engine.run.device import pick_device
 from engine.features import DERIVED_VIEWS, RAW_VIEWS, cell_features, extract_outputs
+from engine.jobs.fan_out import FanOut, check_task_metrics
+from engine.jobs.matrix import TaskJobStopped, matrix_by_tasks
+from engine.jobs.search_tasks import CellSpec
 from engine.methods import build_method
 from engine.methods.base import Method, StepContext, resolve_init_seed
 from engine.metrics import PairedOptions
@@ -50,7 +53,16 @@ from engine.results.record import (
 )
 from engine.run.ddp import train_step_parallel
 from engine.run.training import Cancelled, Hooks, train_step
-from storage import LeaseLost, ModelVersion, get_experiment, init_db, list_model_versions, load_feature_set, session_scope
+from storage import (
+    LeaseLost,
+    ModelVersion,
+    feature_set_ref,
+    get_experiment,
+    init_db,
+    list_model_versions,
+    load_feature_set,
+    session_scope,
+)
 
 Progress = Callable[[float, str], None]
 
@@ -66,6 +78,7 @@ class RunContext:
     study_id: int | None = None
     on_study: Callable[[int], None] | None = None  # told the study's id once it exists (the worker links its job)
     nproc: int = 1  # processes that train each step data-parallel (engine.run.ddp); this one alone writes
+    fan_out: FanOut | None = None  # evaluate each matrix through tasks any `worker --tasks` may share (engine.jobs.matrix)
 
 
 def views_for(method: Method, cfg: RunConfig) -> tuple[str, ...]:
@@ -158,15 +171,47 @@ def _view_cells(db: Engine, versions: list[ModelVersion], view: str, eval_classe
     return cell
 
 
-def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method, *, same_set: bool) -> dict[str, dict]:
-    """Compute and store every (metric, view) matrix; return {view: {metric: summary}}."""
+def _view_cell_specs(db: Engine, versions: list[ModelVersion], view: str, eval_classes: str, topk: int | None,
+                     same_set: bool) -> Callable[[int, int], CellSpec | None]:
+    """The cells of :func:`_view_cells` as task cells (stored set ids; rows selected and views derived by the tasks)."""
+    raw = DERIVED_VIEWS.get(view, view)
+    with session_scope(db) as s:
+        refs = {(i, split): feature_set_ref(s, v.id, split, raw) for i, v in enumerate(versions) for split in ("query", "gallery")}
+
+    def cell(t: int, k: int) -> CellSpec | None:
+        (query, dq), (gallery, dg) = refs[(t, "query")], refs[(k, "gallery")]
+        ck = len(versions[k].classes)
+        derived = view in DERIVED_VIEWS
+        if not derived and dq != dg:
+            return None  # not comparable
+        return CellSpec(query, gallery, view=view, query_columns=ck if derived else None,
+                        gallery_columns=ck if derived else None, topk=topk if derived else None,
+                        below=ck if eval_classes == "seen" else None, same_set=same_set)
+
+    return cell
+
+
+def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method, *, same_set: bool,
+                        fan_out: FanOut | None = None, should_stop: Callable[[], bool] | None = None) -> dict[str, dict]:
+    """Compute and store every (metric, view) matrix; return {view: {metric: summary}}.
+
+    ``fan_out``: through tasks that any ``worker --tasks`` may share (this process runs them too); the same matrices.
+    """
     with session_scope(db) as s:
         versions = list_model_versions(s, exp_id)
     out: dict[str, dict] = {}
     for view in views_for(method, cfg):
-        cells = _view_cells(db, versions, view, cfg.eval.eval_classes, cfg.eval.topk)
-        result = compatibility_matrices(cells, num_models=len(versions), metrics=cfg.eval.metrics,
-                                        protocol=cfg.eval.gallery, same_set=same_set, paired=PairedOptions())
+        if fan_out is not None:
+            specs = _view_cell_specs(db, versions, view, cfg.eval.eval_classes, cfg.eval.topk, same_set)
+            try:
+                result = matrix_by_tasks(db, specs, len(versions), metrics=cfg.eval.metrics, paired=PairedOptions(),
+                                         fan_out=fan_out, label=f"experiment {exp_id}, {view}", should_stop=should_stop)
+            except TaskJobStopped as stopped:
+                raise (Cancelled(str(stopped)) if stopped.cancelled else RuntimeError(str(stopped))) from None
+        else:
+            cells = _view_cells(db, versions, view, cfg.eval.eval_classes, cfg.eval.topk)
+            result = compatibility_matrices(cells, num_models=len(versions), metrics=cfg.eval.metrics,
+                                            protocol=cfg.eval.gallery, same_set=same_set, paired=PairedOptions())
         with session_scope(db) as s:
             record_matrices(s, exp_id, result, protocol=cfg.eval.gallery, view=view, eval_classes=cfg.eval.eval_classes)
         out[view] = {m: {"matrix": result.values[m], **stored_summary(result, m)} for m in result.values}
@@ -255,7 +300,8 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
 
 def _finish(ctx: RunContext, exp_id: int, cfg: RunConfig, method: Method, data: RunData) -> int:
     """Evaluate every view of a trained (or copied) experiment and mark it done."""
-    evaluate_experiment(ctx.db, exp_id, cfg, method, same_set=data.same_set)
+    evaluate_experiment(ctx.db, exp_id, cfg, method, same_set=data.same_set, fan_out=ctx.fan_out,
+                        should_stop=ctx.should_stop)
     with session_scope(ctx.db) as s:
         finish(s, exp_id)
     (ctx.progress or (lambda f, m: None))(1.0, f"{method.name}: done")
@@ -299,6 +345,9 @@ def reuse_experiment(cfg: RunConfig, ctx: RunContext, source_id: int, *, data: R
         return _finish(ctx, exp_id, cfg, method, data)
     except LeaseLost:
         raise
+    except Cancelled:
+        discard_experiment(ctx.db, exp_id, ckpt_dir)
+        raise
     except BaseException as exc:
         fail(ctx.db, exp_id, exc)
         raise
@@ -334,6 +383,8 @@ def run_study(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = None) -
     is ``scenario.class_order_seed``'s for every seed. Experiment ids are ordered seed by seed.
     ``data``: what :func:`check_study` returned for ``cfg`` (checked here when not given).
     """
+    if ctx.fan_out is not None:
+        check_task_metrics(cfg.eval.metrics, cfg.eval.gallery)
     checked = data or check_study(cfg)
     init_db(ctx.db)
     study_id = open_study(ctx.db, name=cfg.name, kind="compare", config=cfg.to_dict())

@@ -1,0 +1,104 @@
+"""A compatibility matrix evaluated through tasks: N workers share one matrix.
+
+:func:`matrix_by_tasks` fans every comparable cell out as search and reduce tasks
+(:func:`engine.jobs.search_tasks.fan_out_cells`), takes part in the job itself (:func:`run_task_job`: the process
+that asked runs the job's tasks too, so one machine alone finishes it; any ``python -m engine worker --tasks`` on
+any machine pointed at the same database and feature store helps), then reads each cell's per-query statistics
+and builds the :class:`~engine.metrics.compatibility.MatrixResult` with the same code as an in-process
+evaluation (paired tests included). Cells are exact, so the matrices equal the in-process ones.
+
+Only what the task graph computes: instance galleries, Recall@k, mAP and mAP@k (:func:`check_task_metrics`).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from sqlalchemy import Engine
+
+from engine.jobs.fan_out import FanOut, check_task_metrics
+from engine.jobs.search_tasks import STATS_FIELDS, CellSpec, fan_out_cells
+from engine.jobs.tasks import LEASE_S, run_one_task, worker_name
+from engine.metrics.compatibility import CellStats, MatrixResult, compatibility_matrices
+from engine.metrics.paired import PairedOptions
+from engine.metrics.ranking import QueryStats
+from engine.metrics.retrieval import parse_metric
+from storage import Job, session_scope
+from storage.tasks import cancel_task_job, results_of_kind, task_board
+
+
+class TaskJobStopped(Exception):
+    """The task job ended without a result: cancelled (``cancelled`` True) or failed (the message says why)."""
+
+    def __init__(self, message: str, *, cancelled: bool = False):
+        super().__init__(message)
+        self.cancelled = cancelled
+
+
+def run_task_job(db: Engine, job_id: int, *, should_stop: Callable[[], bool] | None = None,
+                 progress: Callable[[int, int], None] | None = None, poll_s: float = 0.5) -> None:
+    """Run ``job_id``'s tasks in this process until the job is done (other workers may take some meanwhile).
+
+    ``should_stop`` asks the job to stop (:func:`storage.tasks.cancel_task_job`). Raises :class:`TaskJobStopped`
+    when the job fails (with its error) or is cancelled; any other exception cancels the job before propagating.
+    """
+    worker, has_gpu = worker_name(), torch.cuda.is_available()
+    try:
+        while True:
+            if should_stop is not None and should_stop():
+                with session_scope(db) as s:
+                    cancel_task_job(s, job_id)
+            with session_scope(db) as s:
+                job = s.get(Job, job_id)
+                status, error, stopping = job.status, job.error, job.cancel_requested
+                counts = task_board(s, job_id).counts
+            if progress is not None:
+                progress(counts.get("done", 0), sum(counts.values()))
+            if status == "done":
+                return
+            if status == "failed":
+                raise TaskJobStopped(f"task job {job_id} failed: {(error or 'no error recorded').splitlines()[0]}")
+            if status == "cancelled":
+                raise TaskJobStopped(f"task job {job_id} was cancelled", cancelled=True)
+            if stopping or run_one_task(db, worker, has_gpu=has_gpu, lease_s=LEASE_S, job_id=job_id) is None:
+                time.sleep(poll_s)  # the rest is running elsewhere, or waits for it
+    except TaskJobStopped:
+        raise
+    except BaseException:
+        with session_scope(db) as s:
+            cancel_task_job(s, job_id)
+        raise
+
+
+def cell_results(db: Engine, job_id: int) -> list[CellStats]:
+    """Each cell's per-query statistics and query row ids, in the order the cells were fanned out."""
+    with session_scope(db) as s:
+        reduces = results_of_kind(s, job_id, "reduce")
+    by_cell = {result["cell"]: arrays for result, arrays in reduces}
+    return [CellStats(QueryStats(*(by_cell[i][f] for f in STATS_FIELDS)), by_cell[i]["ids"]) for i in sorted(by_cell)]
+
+
+def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], num_models: int, *,
+                    metrics: Sequence[str], ties: str = "pessimistic", paired: PairedOptions | None = None,
+                    fan_out: FanOut = FanOut(), label: str = "", should_stop: Callable[[], bool] | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> MatrixResult:
+    """Every lower-triangle cell ``cells(t, k)`` (None: not comparable) through tasks; see the module docstring."""
+    check_task_metrics(metrics, "instance")
+    parsed = [parse_metric(m) for m in metrics]
+    ks = tuple(sorted({k for kind, k in parsed if kind == "recall"})) or (1,)
+    map_k = next((k for kind, k in parsed if kind == "map" and k), None)
+    specs = {(t, k): cells(t, k) for t in range(num_models) for k in range(t + 1)}
+    positions = [tk for tk, spec in specs.items() if spec is not None]
+    results: dict[tuple[int, int], CellStats] = {}
+    if positions:
+        job_id = fan_out_cells(db, [specs[tk] for tk in positions], ks=ks, map_at=map_k, ties=ties,
+                               compute_map=any(kind == "map" for kind, _ in parsed), block_rows=fan_out.block_rows,
+                               shard_rows=fan_out.shard_rows, label=label)
+        run_task_job(db, job_id, should_stop=should_stop, progress=progress)
+        results = dict(zip(positions, cell_results(db, job_id)))
+    return compatibility_matrices(lambda t, k: results.get((t, k), CellStats(None)), num_models=num_models,
+                                  metrics=metrics, ties=ties, paired=paired)
+
+
+__all__ = ["TaskJobStopped", "cell_results", "matrix_by_tasks", "run_task_job"]
