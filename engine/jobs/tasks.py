@@ -25,6 +25,7 @@ from typing import Any, Protocol, get_args
 import numpy as np
 from sqlalchemy import Engine, select
 
+from engine.jobs.extract_tasks import commit_task, extract_task
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import Ties, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
@@ -181,7 +182,7 @@ def _reduce(db: Engine, task: Task) -> tuple[dict[str, Any], None]:
 
 
 Handler = Callable[[Engine, Task], tuple[dict[str, Any] | None, dict[str, np.ndarray] | None]]
-TASK_HANDLERS: dict[str, Handler] = {"search": _search, "reduce": _reduce}
+TASK_HANDLERS: dict[str, Handler] = {"search": _search, "reduce": _reduce, "extract": extract_task, "commit": commit_task}
 
 
 class _LeaseBeat(threading.Thread):
