@@ -1,6 +1,9 @@
 """engine.jobs.extract_tasks: one checkpoint's embedding of an image set fanned out over tasks equals the single-process
 extraction (uneven parts), labels and image ids included; a failed attempt's file is never referenced and its retry
 completes; nothing is visible before the commit; bad inputs are one-line errors before anything is written."""
+import multiprocessing
+import os
+import signal
 import threading
 from pathlib import Path
 
@@ -13,8 +16,9 @@ from engine.checkpoints.compare import compare_checkpoints
 from engine.cli import main
 from engine.jobs.extract_tasks import extract_task, fan_out_extract
 from engine.jobs.tasks import TASK_HANDLERS, run_one_task, run_tasks
-from storage import (FeatureSet, Job, add_model_version, create_experiment, load_feature_set, load_image_refs,
-                     session_scope)
+from storage import (FeatureSet, Job, add_model_version, create_experiment, get_engine, load_feature_set,
+                     load_image_refs, session_scope)
+from storage import featurestore
 from storage.featurestore import STORE_ENV
 from storage.models import Task
 
@@ -109,6 +113,42 @@ def test_an_attempt_that_fails_after_writing_leaves_an_unreferenced_file_and_its
         referenced = {p["file"] for layout in s.scalars(select(FeatureSet.store_layout)) for p in layout["shards"]}
         attempts = s.scalar(select(Task.attempts).where(Task.kind == "extract").order_by(Task.id).offset(1).limit(1))
     assert not orphans & referenced and len(referenced) == 3 * 5 and attempts == 2  # ... and never referenced
+    _check_stored(engine, mv, model, images)
+
+
+def _half_then_die(fs, path, array):
+    """featurestore._write_npy in a worker killed mid-write: half the bytes reach the disk, then SIGKILL."""
+    data = np.ascontiguousarray(array).tobytes()
+    with fs.open(path, "wb") as out:
+        out.write(data[:len(data) // 2])
+        out.flush()
+        os.fsync(out.fileno())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _victim(url: str) -> None:
+    featurestore._write_npy = _half_then_die  # in this child process only
+    run_one_task(get_engine(url), "victim", has_gpu=False, lease_s=1.0)
+
+
+@pytest.mark.both_databases
+def test_a_worker_killed_mid_write_leaves_no_referenced_half_file_and_its_task_is_retried(engine, db_url, store, inputs):
+    model, images = inputs
+    mv = _model_version(engine)
+    fan_out_extract(engine, model_version_id=mv, model=model, images=images, split="gallery", rows_per_task=7)
+    victim = multiprocessing.get_context("spawn").Process(target=_victim, args=(db_url,))  # no fork after torch ran
+    victim.start()
+    victim.join(timeout=120)
+    assert victim.exitcode == -signal.SIGKILL
+    [half] = [p for p in store.rglob(".tmp-*")]
+    assert 0 < half.stat().st_size
+    ran = run_tasks(engine, "survivor", False, threading.Event(), poll_s=0.05, until_idle=True)  # after the 1 s lease
+    assert ran == 6 and half.exists()
+    with session_scope(engine) as s:
+        first = s.scalar(select(Task).where(Task.kind == "extract").order_by(Task.id).limit(1))
+        assert (first.attempts, first.worker, first.state) == (2, "survivor", "done")
+        referenced = {p["file"] for layout in s.scalars(select(FeatureSet.store_layout)) for p in layout["shards"]}
+    assert half.name not in referenced and all(not name.startswith(".tmp") for name in referenced)
     _check_stored(engine, mv, model, images)
 
 
