@@ -101,7 +101,7 @@ def test_an_attempt_that_fails_after_writing_leaves_an_unreferenced_file_and_its
     handlers = {**TASK_HANDLERS, "extract": dies_after_writing}
     while True:  # every extract task (and the retry); stop before the commit
         with session_scope(engine) as s:
-            left = dict(s.execute(select(Task.kind, func.count()).where(Task.state != "done").group_by(Task.kind)).all())
+            left = set(s.scalars(select(Task.kind).where(Task.state != "done")))
         if "extract" not in left:
             break
         run_one_task(engine, "w", has_gpu=False, handlers=handlers)
@@ -209,3 +209,14 @@ def test_cli_prints_the_job_id_and_refuses_in_one_line(engine, db_url, store, in
     assert main([a if a != images else "nosuch:x" for a in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: unknown dataset") and err.count("\n") == 1
+
+
+def test_the_overview_names_an_extract_job(engine, store, inputs):
+    from app.queries import _job_label
+
+    model, images = inputs
+    mv = _model_version(engine)
+    job_id = fan_out_extract(engine, model_version_id=mv, model=model, images=images, split="query")
+    with session_scope(engine) as s:
+        job = s.get(Job, job_id)
+        assert _job_label(job.kind, job.payload) == f"extract: {images} by model version #{mv} (query)"

@@ -48,9 +48,10 @@ DEFAULT_ROWS_PER_TASK = 10_000
 @contextmanager
 def _opened(spec: Mapping[str, Any]) -> Iterator[tuple[LoadedModel, ModelSource, ImageSource]]:
     """The spec's model (closed on exit: a TorchScript model's process stops) and its image source."""
-    source = model_source(spec["model"], trust=Trust(**spec["trust"]))
+    trust = Trust(**spec["trust"])
+    source = model_source(spec["model"], trust=trust)
     model = load_model(source.path, arch=source.arch, num_classes=source.num_classes,
-                       max_bytes=spec["max_file_bytes"], trust=Trust(**spec["trust"]))
+                       max_bytes=spec["max_file_bytes"], trust=trust)
     try:
         yield model, source, ImageSource(spec["images"])
     finally:
@@ -162,7 +163,8 @@ def extract_task(db: Engine, task: Task) -> tuple[dict[str, Any], None]:
         probe(model, source, next(_batches(model, source, images, lo, lo + 1, 1)))
         raw = extract(model, _batches(model, source, images, lo, hi, spec["batch_size"]), pick_device("auto"))
     with session_scope(db) as s:
-        parts = {view: featurestore.write_part(s, spec["store_uri"], _view_key(spec, view), f"part-{lo:012d}", raw[view])
+        parts = {view: featurestore.write_part(s, spec["store_uri"], _view_key(spec, view), f"part-{lo:012d}",
+                                               raw[view])
                  for view in RAW_VIEWS if raw[view].shape[1]}  # a logits-only model has no encoder view
     return {"parts": parts, "message": f"rows {lo}:{hi} embedded"}, None
 
