@@ -5,6 +5,7 @@ import multiprocessing
 import os
 import signal
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +15,14 @@ from test_checkpoints_factory import save_state_dict_pt, write_image_folder
 
 from engine.checkpoints.compare import compare_checkpoints
 from engine.cli import main
-from engine.jobs.extract_tasks import extract_task, fan_out_extract
+from engine.jobs.extract_tasks import commit_task, extract_task, fan_out_extract
 from engine.jobs.tasks import TASK_HANDLERS, run_one_task, run_tasks
 from storage import (FeatureSet, Job, add_model_version, create_experiment, get_engine, load_feature_set,
                      load_image_refs, session_scope)
 from storage import featurestore
 from storage.featurestore import STORE_ENV
 from storage.models import Task
+from storage.tasks import claim_task
 
 CLASSES, PER_CLASS = 3, 10  # 30 images; 7 rows per task: parts of 7, 7, 7, 7 and 2
 
@@ -156,16 +158,16 @@ def test_a_commit_that_lost_its_lease_writes_nothing(engine, store, inputs):
     model, images = inputs
     mv = _model_version(engine)
     fan_out_extract(engine, model_version_id=mv, model=model, images=images, split="gallery", rows_per_task=15)
-    while run_one_task(engine, "w", has_gpu=False) is not None:
-        pass
-    assert _feature_count(engine) == 3  # the normal run stored three views; now replay the commit under a stale lease
+    assert run_one_task(engine, "w", has_gpu=False) and run_one_task(engine, "w", has_gpu=False)  # the two parts
+    slow = claim_task(engine, "slow", has_gpu=False, lease_s=5)
+    fast = claim_task(engine, "fast", has_gpu=False, lease_s=5, now=slow.lease_until + timedelta(seconds=1))
+    assert (slow.kind, fast.id) == ("commit", slow.id)  # the slow worker's lease expired: the commit was taken over
+    commit_task(engine, slow)
+    assert _feature_count(engine) == 0 and not any(store.rglob("rows-*"))
+    commit_task(engine, fast)
+    assert _feature_count(engine) == 3 and len(list(store.rglob("rows-*.parquet"))) == 3
     with session_scope(engine) as s:
-        commit = s.scalar(select(Task).where(Task.kind == "commit"))
-        s.expunge(commit)
-        s.execute(FeatureSet.__table__.delete())
-    commit.lease = "stale"
-    TASK_HANDLERS["commit"](engine, commit)
-    assert _feature_count(engine) == 0
+        assert s.get(Task, fast.id).state == "done"
 
 
 @pytest.mark.parametrize("change, message", [
