@@ -82,6 +82,9 @@ def _job_label(kind: str, payload: dict[str, Any]) -> str:
         p = payload.get("params", {})
         steps = f"steps {p['step_a']}→{p['step_b']}, " if "step_a" in p else ""
         return f"{payload.get('kind', '?')} of experiment {payload.get('experiment_id', '?')} ({steps}{p.get('view', 'encoder')})"
+    if kind == TASKS_JOB_KIND and payload.get("kind") == "extract":  # engine.jobs.extract_tasks
+        return (f"extract: {payload.get('images', '?')} by model version #{payload.get('model_version_id', '?')} "
+                f"({payload.get('split', '?')})")
     if kind == TASKS_JOB_KIND:
         cells = payload.get("cells") or [payload]  # a matrix's cells (engine.jobs.search_tasks), or one older cell
         if payload.get("label"):

@@ -4,7 +4,8 @@ Commands: ``run`` (train/evaluate a config or preset; several methods = a study)
 (the same, printing the paper-style methods table), ``evaluate`` (matrices for a folder of
 features), ``compare-checkpoints`` (your own models on an image folder), ``adapt`` (paper 004's
 adapters between two stored models), ``export-images`` (a dataset split as PNG class folders),
-``worker`` (the background job runner), ``presets``, ``check-upgrade`` (the upgrade verdict of two
+``worker`` (the background job runner), ``extract-tasks`` (one checkpoint's embedding of an image set, queued as
+tasks for many workers; prints the job id), ``presets``, ``check-upgrade`` (the upgrade verdict of two
 models' features; exit 0/1/3). Every refused input prints one
 line ``error: ...`` on stderr and exits with code 2.
 """
@@ -94,6 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--lam", type=float, default=12.0, help="lambda of the lambda-orthogonality regulariser")
     _add_db(ad)
 
+    ex = sub.add_parser("extract-tasks", help="queue one checkpoint's embedding of an image set as tasks for many workers")
+    ex.add_argument("--model-version", type=int, required=True, metavar="ID", help="the model version the features belong to")
+    ex.add_argument("--checkpoint", required=True, metavar="FILE", help="checkpoint file (or pretrained:NAME)")
+    ex.add_argument("--arch", help="architecture of a plain state_dict (see compare-checkpoints)")
+    ex.add_argument("--num-classes", type=int, metavar="N")
+    ex.add_argument("--input-size", type=int, metavar="PX", help="image size the model takes (default: its own)")
+    ex.add_argument("--images", required=True, metavar="TEXT", help="NAME[:ROOT], e.g. imagefolder:/data/gallery")
+    ex.add_argument("--split", required=True, help="query, gallery or train")
+    ex.add_argument("--rows-per-task", type=int, default=10_000, metavar="N")
+    ex.add_argument("--batch-size", type=int, default=64)
+    ex.add_argument("--needs-gpu", action="store_true", help="only workers with a GPU take the extract tasks")
+    _add_db(ex)
+
     cc = sub.add_parser("compare-checkpoints", help="compare your own checkpoints (TorchScript, state_dict, safetensors)")
     add_checkpoint_arguments(cc)
     _add_db(cc)
@@ -169,6 +183,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_extract_tasks(args: argparse.Namespace) -> int:
+    from engine.jobs.extract_tasks import fan_out_extract
+    from storage import get_engine, init_db
+
+    db = get_engine(args.db)
+    init_db(db)
+    model = {"path": args.checkpoint, "arch": args.arch, "num_classes": args.num_classes,
+             "preprocessing": {"input_size": args.input_size}}
+    print(fan_out_extract(db, model_version_id=args.model_version, model=model, images=args.images, split=args.split,
+                          rows_per_task=args.rows_per_task, batch_size=args.batch_size, needs_gpu=args.needs_gpu))
+    return 0
+
+
 def cmd_adapt(args: argparse.Namespace) -> int:
     from engine.jobs.adapt import AdapterJob, run_adapters
     from storage import get_engine, get_experiment, list_model_versions, session_scope
@@ -236,7 +263,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "compare": cmd_run, "evaluate": cmd_evaluate, "worker": cmd_worker, "presets": cmd_presets,
-            "adapt": cmd_adapt,
+            "adapt": cmd_adapt, "extract-tasks": cmd_extract_tasks,
             "compare-checkpoints": cmd_compare_checkpoints, "export-images": cmd_export_images,
             "check-upgrade": cmd_check_upgrade}
 

@@ -20,6 +20,7 @@ from storage.feature_sets import (
     load_image_refs,
     save_feature_set,
     save_feature_sets,
+    save_stored_feature_set,
 )
 from storage.featurestore import FeatureShard
 from storage.jobs import (
@@ -160,6 +161,7 @@ __all__ = [
     "save_analysis",
     "save_feature_set",
     "save_feature_sets",
+    "save_stored_feature_set",
     "save_matrix",
     "session_scope",
     "set_experiment_status",

@@ -82,18 +82,36 @@ def save_feature_set(
     if image_source is not None and (image_ids is None or image_ids.dtype.kind not in "iu"):
         raise ValueError("an image_source needs integer image_ids (one index into the source per feature row)")
     require_row(session, ModelVersion, model_version_id)
+    values = _stored_values(session, model_version_id, split, features, labels, image_ids)
+    return _upsert_feature_set(session, model_version_id, split, view, values, image_source)
+
+
+def _upsert_feature_set(session: Session, model_version_id: int, split: str, view: str, values: dict[str, Any],
+                        image_source: dict[str, Any] | None) -> int:
+    """Write the row (one INSERT or UPDATE); the replaced set's files go once the session commits."""
     old = session.execute(select(FeatureSet.store_uri, FeatureSet.store_key)
                           .where(*_where(model_version_id, split, view))).first()
-    values = {
-        **_stored_values(session, model_version_id, split, features, labels, image_ids),
-        "image_source": image_source,
-        "dim": int(features.shape[1]),
-        "count": int(features.shape[0]),
-    }
+    count, dim = (values["store_layout"]["shape"] if values["store_layout"] is not None
+                  else values["features"].shape)
+    values = {**values, "image_source": image_source, "dim": int(dim), "count": int(count)}
     row_id = upsert(session, FeatureSet, {"model_version_id": model_version_id, "split": split, "view": view}, values)
-    if old is not None and old.store_key is not None:
+    if old is not None and old.store_key is not None and (old.store_uri, old.store_key) != (values["store_uri"],
+                                                                                             values["store_key"]):
         featurestore.forget(session, old.store_uri, old.store_key)
     return row_id
+
+
+def save_stored_feature_set(session: Session, model_version_id: int, split: str, view: str,
+                            pointer: featurestore.Pointer, image_source: dict[str, Any] | None = None) -> int:
+    """Point (model version, split, view) at a set already in the store (``featurestore.commit_parts``), replacing
+    any earlier one; return the row id. ``image_source``: as :func:`save_feature_set`."""
+    require_choice("split", split, SPLITS)
+    require_row(session, ModelVersion, model_version_id)
+    layout = pointer.layout
+    values = {"features": np.zeros((0, layout["shape"][1]), np.dtype(layout["read_dtype"])),
+              "labels": np.zeros(0, np.dtype(layout["labels"])), "image_ids": None, "store_uri": pointer.uri,
+              "store_key": pointer.key, "store_layout": layout}
+    return _upsert_feature_set(session, model_version_id, split, view, values, image_source)
 
 
 def save_feature_sets(

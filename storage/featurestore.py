@@ -23,6 +23,12 @@ points at the files, so a killed or failing writer leaves no visible shard and n
 rollback the new files are deleted; after a commit the files of the set it replaced (or deleted) are. A killed
 writer can leave an unreferenced ``.tmp-*`` folder or key, never a half-read set.
 
+Sets assembled from parts (extract tasks, ``engine.jobs.extract_tasks``). Many writers each put one part of rows
+under the set's key as ``<name>-<token>.npy`` (:func:`write_part`: a fresh name per attempt, renamed into place when
+complete), then one writer lists them in order (:func:`commit_parts`: the shards carry their ``file``) and adds
+``rows-<token>.parquet`` (``rows_file``) before the pointer commits. A killed attempt's file stays unreferenced in
+the set's folder and is deleted with it.
+
 Existing databases: read both. Rows written before the store (``store_key`` NULL) load from their blobs as
 before; every new write goes to the store (no migration step, no rewrite of old rows). Every shard read is checked
 against its recorded shape, dtype and sha256 (a changed or truncated file is a one-line ``ValueError``).
@@ -159,6 +165,11 @@ def _write_npy(fs: Any, path: str, array: np.ndarray) -> str:
     return _write_file(fs, path, [_npy_header(array), memoryview(array).cast("B")])
 
 
+def _shard_path(base: str, index: int, shard: dict[str, Any]) -> str:
+    """A shard's file: ``shard-<index>.npy``, or the ``file`` named by a set assembled from parts."""
+    return f"{base}/{shard.get('file') or f'shard-{index:05d}.npy'}"
+
+
 def _check_header(file: _Hashed, path: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
     fmt = np.lib.format
     version = fmt.read_magic(file)
@@ -191,7 +202,7 @@ def _read_rows(fs: Any, base: str, layout: dict[str, Any]) -> Any:
     """The verified Parquet of a set (``pyarrow.parquet.ParquetFile``)."""
     import pyarrow.parquet as pq
 
-    path = f"{base}/{ROWS_FILE}"
+    path = f"{base}/{layout.get('rows_file', ROWS_FILE)}"
     try:
         data = fs.cat_file(path)
     except FileNotFoundError:
@@ -230,10 +241,22 @@ def _rows_table(labels: np.ndarray, image_ids: np.ndarray | None) -> Any:
     return pa.table(columns)
 
 
-def _write_files(fs: Any, base: str, features: np.ndarray, labels: np.ndarray, image_ids: np.ndarray | None,
-                 dtype: np.dtype) -> dict[str, Any]:
+def _write_rows(fs: Any, path: str, labels: np.ndarray, image_ids: np.ndarray | None) -> dict[str, Any]:
+    """Write the Parquet of a set's rows; return the layout's row fields (label and image id dtypes, sha256)."""
     import pyarrow.parquet as pq
 
+    buffer = io.BytesIO()
+    pq.write_table(_rows_table(labels, image_ids), buffer)
+    return {"labels": labels.dtype.str, "image_ids": None if image_ids is None else image_ids.dtype.str,
+            "rows_sha256": _write_file(fs, path, [buffer.getvalue()])}
+
+
+def _read_dtype(stored: np.dtype, given: np.dtype) -> str:
+    return (np.dtype(np.float32) if stored != given else stored).str
+
+
+def _write_files(fs: Any, base: str, features: np.ndarray, labels: np.ndarray, image_ids: np.ndarray | None,
+                 dtype: np.dtype) -> dict[str, Any]:
     count, dim = features.shape
     per_shard = _shard_rows(dim, dtype.itemsize)
     fs.makedirs(base, exist_ok=True)
@@ -241,12 +264,8 @@ def _write_files(fs: Any, base: str, features: np.ndarray, labels: np.ndarray, i
     for index, start in enumerate(range(0, count, per_shard)):
         block = features[start:start + per_shard].astype(dtype, copy=False)
         shards.append({"rows": len(block), "sha256": _write_npy(fs, f"{base}/shard-{index:05d}.npy", block)})
-    buffer = io.BytesIO()
-    pq.write_table(_rows_table(labels, image_ids), buffer)
-    return {"dtype": dtype.str, "read_dtype": (np.dtype(np.float32) if dtype != features.dtype else dtype).str,
-            "shape": [count, dim], "shards": shards, "labels": labels.dtype.str,
-            "image_ids": None if image_ids is None else image_ids.dtype.str,
-            "rows_sha256": _write_file(fs, f"{base}/{ROWS_FILE}", [buffer.getvalue()])}
+    return {"dtype": dtype.str, "read_dtype": _read_dtype(dtype, features.dtype), "shape": [count, dim],
+            "shards": shards, **_write_rows(fs, f"{base}/{ROWS_FILE}", labels, image_ids)}
 
 
 def write(session: Session, uri: str, model_version_id: int, split: str, features: np.ndarray, labels: np.ndarray,
@@ -268,6 +287,56 @@ def write(session: Session, uri: str, model_version_id: int, split: str, feature
         _remove(fs, staging)
         raise
     _pending(session)["written"].append((fs, final))
+    return Pointer(uri, key, layout)
+
+
+def write_part(session: Session, uri: str, key: str, name: str, features: np.ndarray) -> dict[str, Any]:
+    """Write one part (consecutive rows) of a set being assembled under ``key`` of root ``uri``; return its entry
+    for :func:`commit_parts` (``file``, ``rows``, ``sha256``, ``dtype``, ``read_dtype``, ``dim``).
+
+    The file gets a fresh name ``<name>-<token>.npy`` (locally written as ``.tmp-*`` and renamed when complete), so
+    a retry never overwrites an attempt's file; nothing references it until the set is committed.
+    """
+    if features.ndim != 2:
+        raise ValueError(f"a part must be a 2-D array (rows x dim), got shape {features.shape}")
+    fs, root = _filesystem(session, uri)
+    dtype, folder, file = _stored_dtype(features), f"{root}/{key}", f"{name}-{uuid.uuid4().hex}.npy"
+    local = _is_local(fs)
+    staging = f"{folder}/.tmp-{file}" if local else f"{folder}/{file}"
+    fs.makedirs(folder, exist_ok=True)
+    try:
+        sha256 = _write_npy(fs, staging, features.astype(dtype, copy=False))
+        if local:
+            os.replace(staging, f"{folder}/{file}")
+    except BaseException:
+        _remove(fs, staging)
+        raise
+    return {"file": file, "rows": len(features), "sha256": sha256, "dtype": dtype.str,
+            "read_dtype": _read_dtype(dtype, features.dtype), "dim": int(features.shape[1])}
+
+
+def commit_parts(session: Session, uri: str, key: str, parts: list[dict[str, Any]], labels: np.ndarray,
+                 image_ids: np.ndarray | None) -> Pointer:
+    """The pointer of the set whose parts (:func:`write_part` entries, in row order) lie under ``key``.
+
+    Writes the set's rows Parquet under a fresh name (deleted again if the session rolls back); the caller writes
+    the pointer in the same transaction. ``ValueError`` when the parts disagree or do not cover the labels.
+    """
+    if not parts:
+        raise ValueError(f"the set at {key} has no parts")
+    kinds = {(p["dtype"], p["read_dtype"], p["dim"]) for p in parts}
+    if len(kinds) != 1:
+        raise ValueError(f"the parts at {key} disagree on dtype or width: {sorted(kinds)}")
+    count = sum(p["rows"] for p in parts)
+    if count != len(labels) or (image_ids is not None and len(image_ids) != count):
+        raise ValueError(f"the parts at {key} hold {count} rows but the set has {len(labels)} labels")
+    fs, root = _filesystem(session, uri)
+    (dtype, read_dtype, dim), = kinds
+    rows_file = f"rows-{uuid.uuid4().hex}.parquet"
+    layout = {"dtype": dtype, "read_dtype": read_dtype, "shape": [count, dim], "rows_file": rows_file,
+              "shards": [{k: p[k] for k in ("file", "rows", "sha256")} for p in parts]}
+    layout |= _write_rows(fs, f"{root}/{key}/{rows_file}", labels, image_ids)
+    _pending(session)["written"].append((fs, f"{root}/{key}/{rows_file}"))
     return Pointer(uri, key, layout)
 
 
@@ -334,7 +403,7 @@ def read(session: Session, pointer: Pointer) -> tuple[np.ndarray, np.ndarray, np
     start = 0
     for index, shard in enumerate(pointer.layout["shards"]):
         rows = shard["rows"]
-        _read_npy(fs, f"{base}/shard-{index:05d}.npy", shard["sha256"], (rows, dim), dtype,
+        _read_npy(fs, _shard_path(base, index, shard), shard["sha256"], (rows, dim), dtype,
                   features[start:start + rows])
         start += rows
     table = _read_rows(fs, base, pointer.layout).read()
@@ -369,7 +438,7 @@ def _stored_shards(fs: Any, base: str, dtype: np.dtype, out_dtype: np.dtype,
             start += rows
             continue
         features = np.empty((rows, dim), out_dtype)
-        _read_npy(fs, f"{base}/shard-{index:05d}.npy", shard["sha256"], features.shape, dtype, features)
+        _read_npy(fs, _shard_path(base, index, shard), shard["sha256"], features.shape, dtype, features)
         yield FeatureShard(features, labels[start:start + rows].copy(), np.arange(start, start + rows, dtype=np.int64))
         start += rows
 

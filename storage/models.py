@@ -235,7 +235,7 @@ class Job(Base):
 
 
 TASK_STATES = ("queued", "running", "done", "failed", "cancelled")
-TASK_KINDS = ("search", "reduce")  # engine.jobs.tasks.TASK_HANDLERS
+TASK_KINDS = ("search", "reduce", "extract", "commit")  # engine.jobs.tasks.TASK_HANDLERS
 TASKS_JOB_KIND = "cell"  # a job whose work is its tasks (storage.tasks): no worker claims the job itself
 
 

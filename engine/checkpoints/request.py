@@ -35,6 +35,10 @@ class ModelSource:
     std: tuple[float, ...] | None = None
     label: str | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as :func:`model_source` accepts it (preprocessing nested)."""
+        return _model_dict(self)
+
 
 @dataclass(frozen=True)
 class ComparisonSpec:

@@ -3,7 +3,8 @@
 :func:`run_one_task` claims one task under a lease, runs its kind's handler (``TASK_HANDLERS``) while a thread
 renews the lease, and writes the handler's result with the task's "done" (nothing when the lease was lost or the
 job was cancelled meanwhile). ``python -m engine worker --tasks`` runs :func:`run_tasks` on any machine pointed at
-the same database. The task kinds: ``search`` and ``reduce`` (:mod:`engine.jobs.search_tasks`).
+the same database. The task kinds: ``search`` and ``reduce`` (:mod:`engine.jobs.search_tasks`), ``extract`` and
+``commit`` (:mod:`engine.jobs.extract_tasks`).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 from sqlalchemy import Engine
 
+from engine.jobs.extract_tasks import commit_task, extract_task
 from engine.jobs.search_tasks import reduce_task, search_task
 from storage import Task, init_db, session_scope
 from storage.tasks import claim_task, complete_task, extend_lease, fail_task, unfinished_tasks
@@ -36,7 +38,8 @@ def worker_name() -> str:
 
 
 Handler = Callable[[Engine, Task], tuple[dict[str, Any] | None, dict[str, np.ndarray] | None]]
-TASK_HANDLERS: dict[str, Handler] = {"search": search_task, "reduce": reduce_task}
+TASK_HANDLERS: dict[str, Handler] = {"search": search_task, "reduce": reduce_task, "extract": extract_task,
+                                      "commit": commit_task}
 
 
 class _LeaseBeat(threading.Thread):

@@ -1,0 +1,192 @@
+"""One image set embedded by one checkpoint, fanned out over many workers: :func:`fan_out_extract`.
+
+The job's tasks:
+
+1. ``extract`` per row range ``(lo, hi)``: load the model (on the worker's GPU when it has one), decode only those
+   images a batch at a time, embed them (the raw views ``encoder``, ``logits``, ``softmax``, as
+   :func:`engine.checkpoints.embedding.extract` gives them) and write each view's part to the feature store under the
+   job's key for that view (``featurestore.write_part``: a fresh file name per attempt). The task's result is only the
+   parts' shard entries.
+2. ``commit`` (waits for every extract task): in one transaction, under its lease, marks itself done and writes one
+   ``FeatureSet`` per view whose pointer lists the parts in row order, with the rows Parquet (labels and image ids
+   of the whole set). Until then no row points at any part, so a killed or retried attempt's file is never read.
+
+The stored sets are what the single-process path (``record_experiment`` after ``extract``) stores for the same
+images and model, up to float tolerance (batches are cut at other rows). Workers run these tasks with
+``python -m engine worker --tasks``; the store must be one every worker reaches (``$COMPATLAB_FEATURE_STORE``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import torch
+from sqlalchemy import Engine, select
+
+from engine.checkpoints.embedding import ImageSource, check_batch_bytes, extract, model_batch, probe
+from engine.checkpoints.files import DEFAULT_MAX_BYTES, LOCAL, Trust
+from engine.checkpoints.loading import LoadedModel, load_model
+from engine.checkpoints.request import ModelSource, model_source
+from engine.data.bounds import check_batch_size
+from engine.features import RAW_VIEWS
+from engine.run.device import pick_device
+from storage import Job, ModelVersion, save_stored_feature_set, session_scope
+from storage import featurestore
+from storage.models import SPLITS, Task
+from storage.rows import require_choice
+from storage.tasks import DEFAULT_MAX_ATTEMPTS, NewTask, complete_task, create_task_job
+
+DEFAULT_ROWS_PER_TASK = 10_000
+
+
+@contextmanager
+def _opened(spec: Mapping[str, Any]) -> Iterator[tuple[LoadedModel, ModelSource, ImageSource]]:
+    """The spec's model (closed on exit: a TorchScript model's process stops) and its image source."""
+    trust = Trust(**spec["trust"])
+    source = model_source(spec["model"], trust=trust)
+    model = load_model(source.path, arch=source.arch, num_classes=source.num_classes,
+                       max_bytes=spec["max_file_bytes"], trust=trust)
+    try:
+        yield model, source, ImageSource(spec["images"])
+    finally:
+        if hasattr(model.net, "close"):
+            model.net.close()
+
+
+def _batches(model: LoadedModel, source: ModelSource, images: ImageSource, lo: int, hi: int,
+             batch_size: int) -> Iterator[torch.Tensor]:
+    """The model's input batches of rows ``lo:hi``, decoded one batch at a time."""
+    size = source.input_size or model.input_size
+    for start in range(lo, hi, batch_size):
+        yield model_batch(images.batch(slice(start, min(start + batch_size, hi)), size), model, source)
+
+
+def _rows(images: ImageSource) -> tuple[np.ndarray, dict[str, Any] | None, np.ndarray | None, str]:
+    """The set's labels, image source and ids (as the single-process path stores them) and their fingerprint."""
+    labels = images.images.labels.numpy().astype(np.int64)
+    refs = images.images.refs
+    refs = None if refs is None else refs.compact()
+    digest = hashlib.sha256(labels.tobytes())
+    if refs is not None:
+        digest.update(json.dumps(refs.source, sort_keys=True).encode())
+        digest.update(refs.ids.tobytes())
+    return labels, None if refs is None else refs.source, None if refs is None else refs.ids, digest.hexdigest()
+
+
+def _checked_rows(spec: Mapping[str, Any], images: ImageSource) -> tuple[np.ndarray, dict[str, Any] | None,
+                                                                         np.ndarray | None]:
+    labels, image_source, ids, fingerprint = _rows(images)
+    if fingerprint != spec["fingerprint"]:
+        raise ValueError(f"the images of {spec['images']!r} changed since the job was queued ({len(labels)} images, "
+                         f"{spec['count']} then); queue the extraction again")
+    return labels, image_source, ids
+
+
+def _view_key(spec: Mapping[str, Any], view: str) -> str:
+    return f"{spec['key']}-{view}"
+
+
+def fan_out_extract(db: Engine, *, model_version_id: int, model: Mapping[str, Any] | ModelSource, images: str,
+                    split: str, rows_per_task: int = DEFAULT_ROWS_PER_TASK, batch_size: int = 64,
+                    needs_gpu: bool = False, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+                    max_file_bytes: int = DEFAULT_MAX_BYTES, trust: Trust = LOCAL) -> int:
+    """Queue the embedding of ``images`` (``"NAME[:ROOT]"``, e.g. ``"fashion:/data"`` or ``"imagefolder:/path"``) by
+    ``model`` (a checkpoint as :func:`engine.checkpoints.request.model_source` takes it) as the raw-view feature
+    sets of (``model_version_id``, ``split``); one extract task per ``rows_per_task`` images, then a commit task.
+    Return the job id.
+
+    The model is loaded and run on one image, the images are listed and every number checked first: any refusal is
+    a one-line ``ValueError`` before anything is written. The tasks run with ``trust`` (recorded in the job).
+    """
+    require_choice("split", split, SPLITS)
+    batch_size = check_batch_size(batch_size)
+    if isinstance(rows_per_task, bool) or not isinstance(rows_per_task, int) or rows_per_task < 1:
+        raise ValueError(f"rows_per_task must be a positive integer, got {rows_per_task!r}")
+    source = model if isinstance(model, ModelSource) else model_source(model, trust=trust)
+    with session_scope(db) as s:
+        if s.get(ModelVersion, model_version_id) is None:
+            raise ValueError(f"no model version {model_version_id} in the database")
+        uri = featurestore.store_uri(s)
+    if uri is None:
+        raise ValueError(f"extract tasks write to a feature store every worker reaches; set ${featurestore.STORE_ENV} "
+                         "(a shared folder or an s3:// URL)")
+    spec = {"kind": "extract", "model_version_id": model_version_id, "model": source.to_dict(), "images": images,
+            "split": split, "batch_size": batch_size, "max_file_bytes": max_file_bytes, "trust": asdict(trust),
+            "store_uri": uri, "key": f"mv{model_version_id}/{split}/{uuid.uuid4().hex}"}
+    with _opened(spec) as (loaded, src, image_source):
+        _, _, _, spec["fingerprint"] = _rows(image_source)
+        count = spec["count"] = len(image_source.images)
+        if count == 0:
+            raise ValueError(f"{images!r} holds no images")
+        size = src.input_size or loaded.input_size
+        check_batch_bytes(batch_size, [size])
+        probe(loaded, src, next(_batches(loaded, src, image_source, 0, 1, 1)))
+        _check_part_bytes(loaded, src, image_source, rows_per_task)
+    ranges = [(lo, min(count, lo + rows_per_task)) for lo in range(0, count, rows_per_task)]
+    tasks = [NewTask("extract", {"rows": [lo, hi]}, needs_gpu=needs_gpu) for lo, hi in ranges]
+    tasks.append(NewTask("commit", {}, after=tuple(range(len(ranges)))))
+    with session_scope(db) as s:
+        return create_task_job(s, spec, tasks, max_attempts=max_attempts,
+                               message=f"{count} images in {len(ranges)} extract tasks queued")
+
+
+def _check_part_bytes(model: LoadedModel, source: ModelSource, images: ImageSource, rows_per_task: int) -> None:
+    """A task's part of the widest view must fit one store shard (``featurestore.SHARD_BYTES``)."""
+    with torch.inference_mode():
+        out = model.net.eval()(next(_batches(model, source, images, 0, 1, 1)))
+    width = max(int(out.features.shape[1]), int(out.logits.shape[1]))
+    if rows_per_task * width * 4 > featurestore.SHARD_BYTES:
+        limit = featurestore.SHARD_BYTES // (width * 4)
+        raise ValueError(f"rows_per_task={rows_per_task} makes {rows_per_task * width * 4 / 2**20:.0f} MiB parts of "
+                         f"the {width}-d outputs, over the store's {featurestore.SHARD_BYTES // 2**20} MiB shards; "
+                         f"use rows_per_task <= {limit}")
+
+
+def _spec(db: Engine, task: Task) -> dict[str, Any]:
+    with session_scope(db) as s:
+        return dict(s.get(Job, task.job_id).payload)
+
+
+def extract_task(db: Engine, task: Task) -> tuple[dict[str, Any], None]:
+    """Embed rows ``lo:hi`` and write each raw view's part; the result lists the parts (memory: those rows' outputs
+    plus one input batch)."""
+    spec = _spec(db, task)
+    lo, hi = task.payload["rows"]
+    with _opened(spec) as (model, source, images):
+        _checked_rows(spec, images)
+        probe(model, source, next(_batches(model, source, images, lo, lo + 1, 1)))
+        raw = extract(model, _batches(model, source, images, lo, hi, spec["batch_size"]), pick_device("auto"))
+    with session_scope(db) as s:
+        parts = {view: featurestore.write_part(s, spec["store_uri"], _view_key(spec, view), f"part-{lo:012d}",
+                                               raw[view])
+                 for view in RAW_VIEWS if raw[view].shape[1]}  # a logits-only model has no encoder view
+    return {"parts": parts, "message": f"rows {lo}:{hi} embedded"}, None
+
+
+def commit_task(db: Engine, task: Task) -> tuple[dict[str, Any], None]:
+    """Write the feature sets of every view from the parts, in one transaction that also marks this task done."""
+    spec = _spec(db, task)
+    labels, image_source, ids = _checked_rows(spec, ImageSource(spec["images"]))
+    with session_scope(db) as s:
+        results = dict(s.execute(select(Task.id, Task.result).where(Task.id.in_(task.upstream))).all())
+    parts = [results[i]["parts"] for i in task.upstream]  # upstream: the extract tasks in row order
+    views = [v for v in RAW_VIEWS if v in parts[0]]
+    message = f"{len(labels)} images embedded: {', '.join(views)} of model version {spec['model_version_id']}"
+    result = {"views": views, "count": len(labels), "message": message}
+    with session_scope(db) as s:
+        if not complete_task(s, task.id, task.lease, result=result):
+            return result, None  # the lease was lost (or the job cancelled): another attempt commits, or none
+        for view in views:
+            pointer = featurestore.commit_parts(s, spec["store_uri"], _view_key(spec, view), [p[view] for p in parts],
+                                                labels, ids)
+            save_stored_feature_set(s, spec["model_version_id"], spec["split"], view, pointer, image_source)
+    return result, None
+
+
+__all__ = ["DEFAULT_ROWS_PER_TASK", "commit_task", "extract_task", "fan_out_extract"]
