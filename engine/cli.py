@@ -22,7 +22,7 @@ from engine.checkpoints.cli import cmd_compare_checkpoints
 from engine.contract import JOB_KINDS, SHORT_JOB_KINDS, same_set_of
 from engine.data import roots
 from engine.data.export_images import add_arguments as add_export_arguments
-from engine.jobs.fan_out import FanOut, check_task_metrics
+from engine.jobs.fan_out import FanOut, check_task_gallery
 from engine.data.export_images import cmd_export_images
 from engine.results.report import FORMATS, render_matrix
 from engine.upgrade.cli import add_arguments as add_upgrade_arguments
@@ -148,7 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_nproc(args.nproc, pick_device(cfg.device))
     fan_out = FanOut(args.task_block_rows, args.task_shard_rows) if args.tasks else None
     if fan_out is not None:
-        check_task_metrics(cfg.eval.metrics, cfg.eval.gallery)
+        check_task_gallery(cfg.eval.gallery)
     data = check_study(cfg)  # everything refusable is refused before the database is touched
     db = get_engine(args.db)
     init_db(db)

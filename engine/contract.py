@@ -14,11 +14,13 @@ config (methods, datasets, backbones, the run and gallery protocols, views) live
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import numbers
 from collections.abc import Sequence
 from typing import Any
 
+from engine.jobs.fan_out import FanOut, check_task_gallery
 from engine.vocab import RUN_PROTOCOLS, parse_metric
 
 # ---------------------------------------------------------------------------------------------- views
@@ -142,9 +144,13 @@ def adapter_key(old_version_id: int, new_version_id: int, kind: str, view: str) 
     return f"{old_version_id}->{new_version_id}:{kind}:{view}"
 
 
-def run_payload(config: dict[str, Any]) -> dict[str, Any]:
-    """A ``run`` job: one RunConfig dict (``RunConfig.to_dict()``)."""
-    return {"config": config}
+def run_payload(config: dict[str, Any], fan_out: FanOut | None = None) -> dict[str, Any]:
+    """A ``run`` job: one RunConfig dict (``RunConfig.to_dict()``); ``fan_out``: evaluate through tasks
+    (``engine.jobs.matrix``), refused here for what tasks do not compute."""
+    if fan_out is None:
+        return {"config": config}
+    check_task_gallery(config["eval"]["gallery"])
+    return {"config": config, "tasks": dataclasses.asdict(fan_out)}
 
 
 def analysis_payload(experiment_id: int, kind: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -160,6 +160,21 @@ def test_new_experiment_errors_are_shown_and_nothing_is_queued(app_db):
     assert jobs(app_db) == []
 
 
+def test_new_experiment_can_evaluate_through_tasks(app_db):
+    at = open_page("new_experiment")
+    at.checkbox(key="ne_fan_out").check()
+    at.radio(key="ne_gallery").set_value("template")
+    at.button[1].click().run()  # template galleries are searched in one process: refused, nothing queued
+    assert "needs the instance gallery" in " ".join(e.value for e in at.error) and jobs(app_db) == []
+    at.radio(key="ne_gallery").set_value("instance")
+    at.button[1].click().run()
+    assert not at.error, [e.value for e in at.error]
+    (job,) = jobs(app_db)
+    from engine.jobs.fan_out import FanOut
+
+    assert job.payload["tasks"] == {"block_rows": FanOut.block_rows, "shard_rows": FanOut.shard_rows}
+
+
 def test_preset_fills_the_form(app_db):
     at = open_page("new_experiment")
     at.selectbox(key="ne_preset_choice").set_value("psp-cifar100-5steps").run()

@@ -8,6 +8,7 @@ from app import queries as q
 from app.widgets import launch as launch_job, plain
 from engine.config import config_from_dict, dump_toml
 from engine.contract import run_payload
+from engine.jobs.fan_out import FanOut
 from engine.presets import absent_methods_note
 from engine.vocab import BACKBONE_NAMES, METHOD_NAMES
 
@@ -74,6 +75,10 @@ with st.form("new_experiment", border=True):
                     help="Real data, open-set: e.g. cifar10 (its train split = queries, test split = gallery)")
     c[2].number_input("Open-set classes (shapes)", min_value=1, step=1, key=PREFIX + "open_set_classes")
     c[3].checkbox("Download CIFAR if missing", key=PREFIX + "download")
+    st.checkbox("Evaluate through tasks", key=PREFIX + "fan_out",
+                help="Each compatibility matrix is split into search tasks that any `python -m engine worker --tasks` "
+                     "(any machine on this database) may share; the worker running this job takes part too. Exact: "
+                     "the same matrices. Instance gallery only.")
     with st.expander("Images per class (shapes)"):
         c = st.columns(2)
         c[0].number_input("Training images per class", min_value=1, step=1, key=PREFIX + "train_per_class")
@@ -129,7 +134,11 @@ if check or launch:
         st.session_state[PREFIX + "result"] = {"problems": problems}
     else:
         result = {"toml": dump_toml(cfg), "name": cfg.name}
-        if launch and (job_id := launch_job(url, "run", run_payload(cfg.to_dict()))) is not None:
+        try:
+            payload = run_payload(cfg.to_dict(), FanOut() if st.session_state.get(PREFIX + "fan_out") else None)
+        except ValueError as exc:
+            payload, result = None, {"problems": [str(exc)]}
+        if launch and payload and (job_id := launch_job(url, "run", payload)) is not None:
             result["job_id"] = job_id
         st.session_state[PREFIX + "result"] = result
 

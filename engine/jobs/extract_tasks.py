@@ -36,9 +36,7 @@ from engine.checkpoints.request import ModelSource, model_source
 from engine.data.bounds import check_batch_size
 from engine.features import RAW_VIEWS
 from engine.run.device import pick_device
-from storage import Job, ModelVersion, save_stored_feature_set, session_scope
-from storage import featurestore
-from storage.models import SPLITS, Task
+from storage import SPLITS, Job, ModelVersion, Task, featurestore, save_stored_feature_set, session_scope
 from storage.rows import require_choice
 from storage.tasks import DEFAULT_MAX_ATTEMPTS, NewTask, complete_task, create_task_job
 

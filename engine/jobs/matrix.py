@@ -7,7 +7,8 @@ any machine pointed at the same database and feature store helps), then reads ea
 and builds the :class:`~engine.metrics.compatibility.MatrixResult` with the same code as an in-process
 evaluation (paired tests included). Cells are exact, so the matrices equal the in-process ones.
 
-Only what the task graph computes: instance galleries, Recall@k, mAP and mAP@k (:func:`check_task_metrics`).
+The task graph searches instance galleries for Recall@k, mAP and mAP@k; pair verification (paper 002) is computed
+in this process from the cells' features (``features``), as an in-process evaluation does.
 """
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ from collections.abc import Callable, Sequence
 import torch
 from sqlalchemy import Engine
 
-from engine.jobs.fan_out import FanOut, check_task_metrics
+from engine.jobs.fan_out import FanOut
 from engine.jobs.search_tasks import STATS_FIELDS, CellSpec, fan_out_cells
 from engine.jobs.tasks import LEASE_S, run_one_task, worker_name
-from engine.metrics.compatibility import CellStats, MatrixResult, compatibility_matrices
+from engine.metrics.compatibility import CellFeatures, CellStats, MatrixResult, compatibility_matrices
 from engine.metrics.paired import PairedOptions
 from engine.metrics.ranking import QueryStats
-from engine.metrics.retrieval import parse_metric
+from engine.metrics.retrieval import VERIFICATION, parse_metric
 from storage import Job, session_scope
 from storage.tasks import cancel_task_job, results_of_kind, task_board
 
@@ -82,10 +83,20 @@ def cell_results(db: Engine, job_id: int) -> list[CellStats]:
 def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], num_models: int, *,
                     metrics: Sequence[str], ties: str = "pessimistic", paired: PairedOptions | None = None,
                     fan_out: FanOut = FanOut(), label: str = "", should_stop: Callable[[], bool] | None = None,
-                    progress: Callable[[int, int], None] | None = None) -> MatrixResult:
-    """Every lower-triangle cell ``cells(t, k)`` (None: not comparable) through tasks; see the module docstring."""
-    check_task_metrics(metrics, "instance")
+                    progress: Callable[[int, int], None] | None = None,
+                    features: Callable[[int, int], CellFeatures] | None = None, same_set: bool = False) -> MatrixResult:
+    """Every lower-triangle cell ``cells(t, k)`` (None: not comparable) through tasks; see the module docstring.
+
+    ``features(t, k)``: the cell's features, read only when a metric needs them (pair verification, which samples its
+    pairs by ``same_set`` as the cells' ``CellSpec.same_set`` leaves each query's own item out).
+    """
     parsed = [parse_metric(m) for m in metrics]
+    verification = any(kind == VERIFICATION for kind, _ in parsed)
+    if verification and features is None:
+        raise ValueError("pair verification needs the cells' features: pass features=")
+    if all(kind == VERIFICATION for kind, _ in parsed):  # nothing to search
+        return compatibility_matrices(features, num_models=num_models, metrics=metrics, ties=ties, paired=paired,
+                                      same_set=same_set)
     ks = tuple(sorted({k for kind, k in parsed if kind == "recall"})) or (1,)
     map_k = next((k for kind, k in parsed if kind == "map" and k), None)
     specs = {(t, k): cells(t, k) for t in range(num_models) for k in range(t + 1)}
@@ -97,8 +108,15 @@ def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], nu
                                shard_rows=fan_out.shard_rows, label=label)
         run_task_job(db, job_id, should_stop=should_stop, progress=progress)
         results = dict(zip(positions, cell_results(db, job_id)))
-    return compatibility_matrices(lambda t, k: results.get((t, k), CellStats(None)), num_models=num_models,
-                                  metrics=metrics, ties=ties, paired=paired)
+
+    def cell(t: int, k: int) -> CellStats:
+        if (t, k) not in results:
+            return CellStats(None)
+        done = results[(t, k)]
+        return CellStats(done.stats, done.query_ids, features(t, k) if verification else None)
+
+    return compatibility_matrices(cell, num_models=num_models, metrics=metrics, ties=ties, paired=paired,
+                                  same_set=same_set)
 
 
 __all__ = ["TaskJobStopped", "cell_results", "matrix_by_tasks", "run_task_job"]

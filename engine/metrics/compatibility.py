@@ -47,10 +47,12 @@ class CellFeatures:
 
 @dataclass(frozen=True)
 class CellStats:
-    """A cell whose neighbour pass ran elsewhere: per-query statistics in query order (None: not comparable)."""
+    """A cell whose neighbour pass ran elsewhere: per-query statistics in query order (None: not comparable), and
+    the cell's features when a metric needs them (pair verification)."""
 
     stats: QueryStats | None
     query_ids: np.ndarray | None = None
+    features: CellFeatures | None = None
 
 
 @dataclass(frozen=True)
@@ -92,9 +94,10 @@ def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: 
                 vectors[name], values[name] = vec, float(np.nanmean(vec)) if n_valid else float("nan")
     for name, (kind, _) in zip(metrics, parsed):
         if kind == VERIFICATION:
-            if isinstance(c, CellStats):
-                raise ValueError("verification needs the cell's features, not its retrieval statistics")
-            values[name], correct = pair_verification(c.query, c.query_labels, c.gallery, c.gallery_labels, same_set=same_set)
+            f = c.features if isinstance(c, CellStats) else c
+            if f is None:
+                raise ValueError("pair verification needs the cell's features, not only its retrieval statistics")
+            values[name], correct = pair_verification(f.query, f.query_labels, f.gallery, f.gallery_labels, same_set=same_set)
             vectors[name] = correct.astype(np.float64)
     return values, vectors, n_valid, n_no_pos
 

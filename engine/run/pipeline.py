@@ -30,7 +30,7 @@ from engine.config import RunConfig
 from engine.run.data_setup import RunData, prepare_run_data
 from engine.run.device import pick_device
 from engine.features import DERIVED_VIEWS, RAW_VIEWS, cell_features, extract_outputs
-from engine.jobs.fan_out import FanOut, check_task_metrics
+from engine.jobs.fan_out import FanOut, check_task_gallery
 from engine.jobs.matrix import TaskJobStopped, matrix_by_tasks
 from engine.jobs.search_tasks import CellSpec
 from engine.methods import build_method
@@ -203,9 +203,11 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
     for view in views_for(method, cfg):
         if fan_out is not None:
             specs = _view_cell_specs(db, versions, view, cfg.eval.eval_classes, cfg.eval.topk, same_set)
+            features = _view_cells(db, versions, view, cfg.eval.eval_classes, cfg.eval.topk)  # read for verification only
             try:
                 result = matrix_by_tasks(db, specs, len(versions), metrics=cfg.eval.metrics, paired=PairedOptions(),
-                                         fan_out=fan_out, label=f"experiment {exp_id}, {view}", should_stop=should_stop)
+                                         fan_out=fan_out, label=f"experiment {exp_id}, {view}", should_stop=should_stop,
+                                         features=features, same_set=same_set)
             except TaskJobStopped as stopped:
                 raise (Cancelled(str(stopped)) if stopped.cancelled else RuntimeError(str(stopped))) from None
         else:
@@ -384,7 +386,7 @@ def run_study(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = None) -
     ``data``: what :func:`check_study` returned for ``cfg`` (checked here when not given).
     """
     if ctx.fan_out is not None:
-        check_task_metrics(cfg.eval.metrics, cfg.eval.gallery)
+        check_task_gallery(cfg.eval.gallery)
     checked = data or check_study(cfg)
     init_db(ctx.db)
     study_id = open_study(ctx.db, name=cfg.name, kind="compare", config=cfg.to_dict())
