@@ -22,8 +22,8 @@ from engine.checkpoints.cli import cmd_compare_checkpoints
 from engine.contract import JOB_KINDS, SHORT_JOB_KINDS, same_set_of
 from engine.data import roots
 from engine.data.export_images import add_arguments as add_export_arguments
-from engine.jobs.fan_out import FanOut, check_task_gallery
 from engine.data.export_images import cmd_export_images
+from engine.jobs.fan_out import FanOut, check_task_gallery
 from engine.results.report import FORMATS, render_matrix
 from engine.upgrade.cli import add_arguments as add_upgrade_arguments
 from engine.upgrade.cli import cmd_check_upgrade
@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"run only jobs of these kinds ({', '.join(JOB_KINDS)}; default: every kind); run_app.py "
                         f"starts a second worker with --kinds {' '.join(SHORT_JOB_KINDS)}")
     w.add_argument("--tasks", action="store_true",
-                   help="run tasks of fanned-out cells instead of jobs (any number of machines, one database)")
+                   help="run tasks of fanned-out jobs (matrix cells, extractions) instead of jobs (any number of "
+                        "machines, one database)")
     _add_db(w, torchscript=True)
 
     ad = sub.add_parser("adapt", help="fit paper 004's adapters between two stored models; print the query/gallery table")
