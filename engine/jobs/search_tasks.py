@@ -208,7 +208,9 @@ def reduce_task(db: Engine, task: Task) -> tuple[dict[str, Any], dict[str, np.nd
                                  ties=spec["ties"])
     shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
     arrays = {name: getattr(stats, name) for name in STATS_FIELDS} | {"ids": np.concatenate(kept)}
-    return {"cell": task.payload["cell"], "metrics": metrics, "message": f"cell done: {shown}"}, arrays
+    index, count = task.payload["cell"], len(spec["cells"])
+    which = f"cell {index + 1} of {count}" if count > 1 else "cell"
+    return {"cell": index, "metrics": metrics, "message": f"{which} done: {shown}"}, arrays
 
 
 __all__ = ["STATS_FIELDS", "CellSpec", "fan_out_cell", "fan_out_cells", "reduce_task", "search_task"]
