@@ -10,6 +10,7 @@ from typing import Any
 
 import streamlit as st
 
+from app.queries import db_url
 from engine.checkpoints.arch_table import ARCH_INPUTS
 from engine.checkpoints.files import (
     TORCHSCRIPT_REFUSED,
@@ -23,7 +24,7 @@ from engine.checkpoints.files import (
 from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES
 from engine.checkpoints.request import comparison_spec
 from engine.contract import CHECKPOINT_FORMAT
-from engine.data.roots import OutsideRootsError, confine, torchscript_allowed
+from engine.data.roots import OutsideRootsError, confine, sqlite_folder, torchscript_allowed
 from engine.vocab import DATASET_NAMES, RUN_PROTOCOLS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +33,6 @@ NO_ARCH = "TorchScript / project checkpoint: no architecture"
 SOURCES = ("Server path", "Upload", "Pretrained")
 PRETRAINED = tuple(LITE_WEIGHT_PACKAGES)  # efficientnet_lite0, 1, 2
 UPLOAD_TYPES = ["pt", "pth", "safetensors", "ts", "ptl", "bin", "zip"]
-UPLOAD_DIR = ROOT / "data" / "uploads"
 BUILTIN = ("imagefolder", *(name for name in DATASET_NAMES if name != "imagefolder"))  # a folder first
 CLOSED, OPEN = RUN_PROTOCOLS
 VIEW_HELP = {"encoder": "encoder: the feature vectors (models with different feature sizes are not comparable)",
@@ -121,12 +121,18 @@ def safe_filename(name: str) -> str:
     return base or "checkpoint"
 
 
-def save_upload(uploaded: Any) -> Path:
-    """Write an uploaded checkpoint to ``data/uploads/<sha256 prefix>_<safe name>`` (once per content)."""
+def upload_dir(url: str) -> Path:
+    """Where uploads are kept: beside a SQLite database (with its checkpoints and features; a data root), else in
+    the project's ``data/uploads``."""
+    return (sqlite_folder(url) or ROOT / "data") / "uploads"
+
+
+def save_upload(uploaded: Any, folder: Path) -> Path:
+    """Write an uploaded checkpoint to ``folder/<sha256 prefix>_<safe name>`` (once per content)."""
     data = uploaded.getvalue()
-    target = UPLOAD_DIR / f"{hashlib.sha256(data).hexdigest()[:16]}_{safe_filename(uploaded.name)}"
+    target = folder / f"{hashlib.sha256(data).hexdigest()[:16]}_{safe_filename(uploaded.name)}"
     if not target.is_file():
-        UPLOAD_DIR.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
         partial.write_bytes(data)
         partial.replace(target)
@@ -146,13 +152,20 @@ def upload_limit_mb() -> int:
     return int(st.get_option("server.maxUploadSize"))
 
 
+def _confined(text: str, what: str) -> tuple[Path | None, str | None]:
+    """The path resolved inside the data roots, or None and the one-line problem (it names no folder content)."""
+    try:
+        return confine(text, what=what), None
+    except OutsideRootsError as exc:
+        return None, f"{exc}."
+
+
 def _file_problem(what: str, text: str, arch: str | None, max_bytes: int) -> str | None:
     """Cheap checks on a checkpoint file: inside the data roots, exists, fits the limit, is not TorchScript unless
     allowed, and is given an architecture iff it needs one."""
-    try:
-        path = confine(text, what=f"{what}: checkpoint")
-    except OutsideRootsError as exc:
-        return f"{exc}."
+    path, problem = _confined(text, f"{what}: checkpoint")
+    if path is None:
+        return problem
     if not path.is_file():
         return f"{what}: {path} {'is not a file' if path.exists() else 'not found on the server'}."
     size = path.stat().st_size
@@ -197,7 +210,7 @@ def model_entry(position: int, model_id: int, max_bytes: int, archs: dict[str, A
         if uploaded.size > upload_limit_mb() * 1_000_000:
             return {}, (f"{what}: {uploaded.name} is over the {upload_limit_mb()} MB upload limit: copy it to the "
                         "server (inside a data root) and give its path instead.")
-        path, label = str(save_upload(uploaded)), label or Path(safe_filename(uploaded.name)).stem
+        path, label = str(save_upload(uploaded, upload_dir(db_url()))), label or Path(safe_filename(uploaded.name)).stem
     else:
         path = s[_k(model_id, "path")].strip()
         if not path:
@@ -223,10 +236,9 @@ def model_entry(position: int, model_id: int, max_bytes: int, archs: dict[str, A
 def _folder_problem(what: str, folder: str) -> str | None:
     if not folder:
         return f"{what}: give the image folder (one sub-folder of images per class)."
-    try:
-        path = confine(folder, what=f"{what}: folder")
-    except OutsideRootsError as exc:
-        return f"{exc}."
+    path, problem = _confined(folder, f"{what}: folder")
+    if path is None:
+        return problem
     if not path.is_dir():
         return f"{what}: folder {folder} not found on the server."
     if not any(p.is_dir() for p in path.iterdir()):
@@ -259,10 +271,9 @@ def build_spec(archs: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]
             if problem:
                 problems.append(problem)
         elif root and name in ("cifar10", "cifar100"):
-            try:
-                confine(root, what="Images: CIFAR root")
-            except OutsideRootsError as exc:
-                problems.append(f"{exc}.")
+            problem = _confined(root, "Images: CIFAR root")[1]
+            if problem:
+                problems.append(problem)
         dataset["dataset"] = f"{name}:{root}" if root and name in ("imagefolder", "cifar10", "cifar100") else name
     else:
         for split, key, what in (("query", "query", "Query images"), ("gallery", "gallery_folder", "Gallery images")):

@@ -12,7 +12,6 @@ line ``error: ...`` on stderr and exits with code 2.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from engine.data import roots
 from engine.data.export_images import add_arguments as add_export_arguments
 from engine.data.export_images import cmd_export_images
 from engine.jobs.fan_out import FanOut, check_task_gallery
+from engine.results.json_file import write_json_atomic
 from engine.results.report import FORMATS, render_matrix
 from engine.upgrade.cli import add_arguments as add_upgrade_arguments
 from engine.upgrade.cli import cmd_check_upgrade
@@ -163,8 +163,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print()
         print_study(summary, fmt=args.export, table_only=args.command == "compare", metric=metric)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(summary, indent=2))
+        write_json_atomic(args.json, summary)
     return 0
 
 
@@ -258,8 +257,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                                             config=config, sets=folder.sets, result=result, protocol=args.protocol)
         print(f"stored as experiment {payload['experiment_id']}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=2))
+        write_json_atomic(args.json, payload)
     return 0
 
 

@@ -155,3 +155,23 @@ def test_pretrained_sequence_fills_three_models(app_db):
     spec = jobs(app_db)[0]["payload"]["spec"]
     assert [m["label"] for m in spec["models"]] == ["efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2"]
     assert comparison_spec(spec).to_dict() == spec
+
+
+def test_uploads_are_kept_beside_the_database_inside_the_data_roots(tmp_path, monkeypatch):
+    import hashlib
+    from types import SimpleNamespace
+
+    from app.checkpoint_form import ROOT, save_upload, upload_dir
+    from engine.data.roots import confine
+
+    url = f"sqlite:///{tmp_path / 'lab' / 'compatlab.db'}"
+    monkeypatch.setenv("COMPATLAB_DB_URL", url)
+    folder = upload_dir(url)
+    assert folder == (tmp_path / "lab" / "uploads").resolve()
+    data = b"weights, not a program"
+    first = save_upload(SimpleNamespace(name="../../v2 model.pt", getvalue=lambda: data), folder)
+    assert first == folder / f"{hashlib.sha256(data).hexdigest()[:16]}_v2_model.pt" and first.read_bytes() == data
+    assert save_upload(SimpleNamespace(name="v2 model.pt", getvalue=lambda: data), folder) == first  # once per content
+    assert sorted(p.name for p in folder.iterdir()) == [first.name]  # no .part left behind
+    assert confine(first, what="checkpoint") == first  # the database's folder is a data root
+    assert upload_dir("postgresql+psycopg://u@db/lab") == ROOT / "data" / "uploads"

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from engine.results.json_file import write_json_atomic
 from engine.results.report import FORMATS, render_matrix
 
 MODEL_HELP = """\
@@ -154,6 +154,5 @@ def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
         experiment_id = store_comparison(get_engine(args.db), cmp)
         print(f"stored as experiment {experiment_id}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(comparison_json(cmp, experiment_id), indent=2))
+        write_json_atomic(args.json, comparison_json(cmp, experiment_id))
     return 0

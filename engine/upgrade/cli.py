@@ -7,15 +7,13 @@ same folder and renamed, so OUT is either the whole report or untouched.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.checkpoints.cli import add_model_arguments, models_spec_from_args
 from engine.contract import DEFAULT_ORDERINGS
 from engine.data import roots
+from engine.results.json_file import write_json_atomic
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
 
 if TYPE_CHECKING:
@@ -63,19 +61,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--same-set", action="store_true", help="queries are the gallery images: exclude each query's own image")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the report as JSON (atomically)")
     roots.add_arguments(p)
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
-    text = json.dumps(data, indent=2, allow_nan=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _check_json_target(path: Path) -> None:
@@ -179,7 +164,7 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
               + ("  (best)" if need.ordering == report.best_ordering else "") for need in report.backfill]
     if args.json is not None:  # written before anything is printed: a failed write prints only the error
         try:
-            write_json_atomic(args.json, {**source, **report.to_json()})
+            write_json_atomic(args.json, {**source, **report.to_json()}, allow_nan=False)
         except OSError as exc:
             raise ValueError(f"--json {args.json}: cannot write ({exc.strerror or type(exc).__name__})") from None
     print("\n".join(lines + [f"  note: {n}" for n in source.get("notes", [])]))
