@@ -326,6 +326,11 @@ def unfinished_tasks(session: Session) -> int:
                           .where(Task.state.in_(UNFINISHED), Task.job_id.in_(live))) or 0
 
 
+def job_payload(session: Session, job_id: int) -> dict[str, Any]:
+    """A task job's payload: what its fan-out recorded for every task (cells, a model and images, ...)."""
+    return dict(session.get(Job, job_id).payload)
+
+
 def job_result(session: Session, job_id: int) -> dict[str, Any] | None:
     """The result of a task job's last task (its reduce) once the job is done; None before."""
     job = session.get(Job, job_id)

@@ -36,9 +36,9 @@ from engine.checkpoints.request import ModelSource, model_source
 from engine.data.bounds import check_batch_size
 from engine.features import RAW_VIEWS
 from engine.run.device import pick_device
-from storage import SPLITS, Job, ModelVersion, Task, featurestore, save_stored_feature_set, session_scope
+from storage import SPLITS, ModelVersion, Task, featurestore, save_stored_feature_set, session_scope
 from storage.rows import require_choice
-from storage.tasks import DEFAULT_MAX_ATTEMPTS, NewTask, complete_task, create_task_job
+from storage.tasks import DEFAULT_MAX_ATTEMPTS, NewTask, complete_task, create_task_job, job_payload
 
 DEFAULT_ROWS_PER_TASK = 10_000
 
@@ -148,7 +148,7 @@ def _check_part_bytes(model: LoadedModel, source: ModelSource, images: ImageSour
 
 def _spec(db: Engine, task: Task) -> dict[str, Any]:
     with session_scope(db) as s:
-        return dict(s.get(Job, task.job_id).payload)
+        return job_payload(s, task.job_id)
 
 
 def extract_task(db: Engine, task: Task) -> tuple[dict[str, Any], None]:

@@ -26,7 +26,7 @@ from engine.metrics.paired import PairedOptions
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import VERIFICATION, parse_metric
 from storage import Job, session_scope
-from storage.tasks import cancel_task_job, results_of_kind, task_board
+from storage.tasks import cancel_task_job, results_of_kind
 
 
 class TaskJobStopped(Exception):
@@ -37,8 +37,7 @@ class TaskJobStopped(Exception):
         self.cancelled = cancelled
 
 
-def run_task_job(db: Engine, job_id: int, *, should_stop: Callable[[], bool] | None = None,
-                 progress: Callable[[int, int], None] | None = None, poll_s: float = 0.5) -> None:
+def run_task_job(db: Engine, job_id: int, *, should_stop: Callable[[], bool] | None = None, poll_s: float = 0.5) -> None:
     """Run ``job_id``'s tasks in this process until the job is done (other workers may take some meanwhile).
 
     ``should_stop`` asks the job to stop (:func:`storage.tasks.cancel_task_job`). Raises :class:`TaskJobStopped`
@@ -53,9 +52,6 @@ def run_task_job(db: Engine, job_id: int, *, should_stop: Callable[[], bool] | N
             with session_scope(db) as s:
                 job = s.get(Job, job_id)
                 status, error, stopping = job.status, job.error, job.cancel_requested
-                counts = task_board(s, job_id).counts
-            if progress is not None:
-                progress(counts.get("done", 0), sum(counts.values()))
             if status == "done":
                 return
             if status == "failed":
@@ -83,7 +79,6 @@ def cell_results(db: Engine, job_id: int) -> list[CellStats]:
 def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], num_models: int, *,
                     metrics: Sequence[str], ties: str = "pessimistic", paired: PairedOptions | None = None,
                     fan_out: FanOut = FanOut(), label: str = "", should_stop: Callable[[], bool] | None = None,
-                    progress: Callable[[int, int], None] | None = None,
                     features: Callable[[int, int], CellFeatures] | None = None, same_set: bool = False) -> MatrixResult:
     """Every lower-triangle cell ``cells(t, k)`` (None: not comparable) through tasks; see the module docstring.
 
@@ -106,7 +101,7 @@ def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], nu
         job_id = fan_out_cells(db, [specs[tk] for tk in positions], ks=ks, map_at=map_k, ties=ties,
                                compute_map=any(kind == "map" for kind, _ in parsed), block_rows=fan_out.block_rows,
                                shard_rows=fan_out.shard_rows, label=label)
-        run_task_job(db, job_id, should_stop=should_stop, progress=progress)
+        run_task_job(db, job_id, should_stop=should_stop)
         results = dict(zip(positions, cell_results(db, job_id)))
 
     def cell(t: int, k: int) -> CellStats:

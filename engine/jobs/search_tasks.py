@@ -29,8 +29,8 @@ from engine.metrics.retrieval import Ties, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
 from engine.metrics.sharded import CPU, Shard, ap_kernel, checked_shard, count_kernel, gather_positives, group_by_query, \
     label_codes, shard_blocks
-from storage import FeatureSet, Job, Task, feature_set_rows, session_scope
-from storage.tasks import NewTask, create_task_job, task_arrays
+from storage import FeatureSet, Task, feature_set_rows, session_scope
+from storage.tasks import NewTask, create_task_job, job_payload, task_arrays
 
 STATS_FIELDS = tuple(QueryStats.__dataclass_fields__)
 
@@ -124,7 +124,7 @@ def fan_out_cell(db: Engine, *, query: int, gallery: int, same_set: bool = False
 
 def _job_spec(db: Engine, task: Task) -> tuple[dict[str, Any], CellSpec]:
     with session_scope(db) as s:
-        spec = dict(s.get(Job, task.job_id).payload)
+        spec = job_payload(s, task.job_id)
     return spec, CellSpec(**spec["cells"][task.payload["cell"]])
 
 
