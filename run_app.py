@@ -11,14 +11,13 @@ that dies (killed for memory, crashed) has its running jobs and experiments fail
 and is restarted after a back-off (1, 2, 4 ... 60 s, reset once a worker has run ``HEALTHY_S``);
 Ctrl-C / SIGTERM, or the dashboard exiting, stops everything.
 
-Binding beyond loopback needs a shared secret (``--secret-file`` or ``$COMPATLAB_SECRET``); the
-dashboard asks for it before any page renders. The secret reaches the dashboard in its environment,
-never on a command line.
+Binding beyond loopback needs a shared secret (``--secret-file`` or ``$COMPATLAB_SECRET``, at least 16
+characters); the dashboard's gate (``app/gate.py``) asks for it before Streamlit serves anything. The secret
+reaches the dashboard in its environment, never on a command line.
 """
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import signal
 import subprocess
@@ -26,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from app.gate import SECRET_ENV, check_secret, is_loopback  # stdlib only
 from engine.contract import SHORT_JOB_KINDS  # torch-free
 from engine.data import roots  # torch-free
 
@@ -35,7 +35,6 @@ BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 60.0
 HEALTHY_S = 120.0  # a worker that ran this long before dying restarts after the shortest back-off again
 POLL_S = 0.5
-SECRET_ENV = "COMPATLAB_SECRET"
 MAX_UPLOAD_MB = 500  # Streamlit's server.maxUploadSize; the Checkpoints page shows the value Streamlit enforces
 
 
@@ -118,18 +117,9 @@ def child_commands(args: argparse.Namespace, url: str) -> dict[str, list[str]]:
     }
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is reachable from this machine only: ``localhost``, 127.0.0.0/8 or ::1."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def read_secret(args: argparse.Namespace) -> str | None:
-    """The shared secret from ``--secret-file`` (surrounding whitespace stripped) or ``$COMPATLAB_SECRET``."""
+    """The shared secret from ``--secret-file`` (surrounding whitespace stripped) or ``$COMPATLAB_SECRET``;
+    ValueError when it is shorter than ``app.gate.MIN_SECRET_CHARS``."""
     if args.secret_file:
         try:
             secret = Path(args.secret_file).read_text(encoding="utf-8").strip()
@@ -137,8 +127,9 @@ def read_secret(args: argparse.Namespace) -> str | None:
             raise ValueError(f"cannot read the secret file {args.secret_file}: {exc}") from None
         if not secret:
             raise ValueError(f"the secret file {args.secret_file} is empty")
-        return secret
-    return os.environ.get(SECRET_ENV, "").strip() or None
+        return check_secret(secret)
+    secret = os.environ.get(SECRET_ENV, "").strip()
+    return check_secret(secret) if secret else None
 
 
 def check_binding(args: argparse.Namespace, secret: str | None) -> str | None:

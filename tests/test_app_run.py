@@ -117,13 +117,13 @@ def test_network_hosts_refuse_to_start_without_a_secret(host, db_url, capsys):
 def test_a_secret_allows_a_network_host_with_a_warning(tmp_path, monkeypatch):
     monkeypatch.delenv(run_app.SECRET_ENV, raising=False)
     secret = tmp_path / "secret"
-    secret.write_text("  s3cret\n")
+    secret.write_text("  s3cret-s3cret-s3cret\n")
     args = run_app.parse_args(["--host", "0.0.0.0", "--port", "8600", "--secret-file", str(secret)])
-    assert run_app.read_secret(args) == "s3cret"
-    assert "reachable from the network" in run_app.check_binding(args, "s3cret")
+    assert run_app.read_secret(args) == "s3cret-s3cret-s3cret"
+    assert "reachable from the network" in run_app.check_binding(args, "s3cret-s3cret-s3cret")
     assert "s3cret" not in " ".join(run_app.child_commands(args, "sqlite:////x.db")["dashboard"])
-    monkeypatch.setenv(run_app.SECRET_ENV, "from-env")
-    assert run_app.read_secret(run_app.parse_args(["--host", "0.0.0.0"])) == "from-env"
+    monkeypatch.setenv(run_app.SECRET_ENV, "from-env-from-env-from-env")
+    assert run_app.read_secret(run_app.parse_args(["--host", "0.0.0.0"])) == "from-env-from-env-from-env"
     secret.write_text(" \n")
     with pytest.raises(ValueError, match="is empty"):
         run_app.read_secret(args)
@@ -134,7 +134,7 @@ def test_a_secret_allows_a_network_host_with_a_warning(tmp_path, monkeypatch):
 def test_the_secret_reaches_only_the_dashboard_and_only_through_its_environment(monkeypatch, db_url, tmp_path):
     monkeypatch.delenv(run_app.SECRET_ENV, raising=False)
     secret = tmp_path / "secret"
-    secret.write_text("s3cret")
+    secret.write_text("s3cret-s3cret-s3cret")
     _children(monkeypatch, "import time; time.sleep(120)", "import sys; sys.exit(0)")
     seen = []
     real_popen = subprocess.Popen
@@ -142,7 +142,7 @@ def test_the_secret_reaches_only_the_dashboard_and_only_through_its_environment(
                         lambda cmd, **k: seen.append((cmd, k["env"])) or real_popen(cmd, **k))
     run_app.main(["--no-demo", "--db", db_url, "--secret-file", str(secret)])
     (worker_cmd, worker_env), (dash_cmd, dash_env) = seen
-    assert dash_env[run_app.SECRET_ENV] == "s3cret" and run_app.SECRET_ENV not in worker_env
+    assert dash_env[run_app.SECRET_ENV] == "s3cret-s3cret-s3cret" and run_app.SECRET_ENV not in worker_env
     assert "s3cret" not in " ".join(worker_cmd + dash_cmd)
 
 
