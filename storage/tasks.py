@@ -22,6 +22,10 @@ which waits for its result): the claim records its (host, boot id, pid), and the
 (:func:`fail_orphaned_task_jobs`), so nobody finishes work nobody waits for. A job without an owner (extract tasks
 queued from the command line) runs until its tasks end.
 
+Parts. A job whose tasks write files into the feature store names their folders in its payload (``store_uri`` and
+``part_folders``, keys under it); when the job fails or is cancelled those folders are deleted once that commits
+(:func:`storage.featurestore.sweep_parts`), so a cancelled or failed job leaves no orphaned parts.
+
 Time. Every lease deadline and heartbeat is the database's time (:func:`storage.clock.db_now`), never a worker's
 clock: a worker whose clock runs ahead does not see a fresh lease as expired. ``now`` arguments (tests) are
 database times too.
@@ -39,6 +43,7 @@ from sqlalchemy import Engine, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from storage.clock import db_now
+from storage import featurestore
 from storage.db import session_scope
 from storage.identity import identity
 from storage.models import TASK_KINDS, TASKS_JOB_KIND, Experiment, Job, Task
@@ -222,9 +227,11 @@ def _settle_cancel(session: Session, job_id: int, now: datetime) -> str:
     running = session.scalar(select(func.count()).select_from(Task)
                              .where(Task.job_id == job_id, Task.state == "running")) or 0
     if running == 0:
-        session.execute(update(Job).where(Job.id == job_id, Job.status == "running")
-                        .values(status="cancelled", finished_at=now, message="cancelled")
-                        .execution_options(synchronize_session=False))
+        ended = session.execute(update(Job).where(Job.id == job_id, Job.status == "running")
+                                .values(status="cancelled", finished_at=now, message="cancelled")
+                                .execution_options(synchronize_session=False))
+        if ended.rowcount == 1:
+            _discard_parts(session, job_id)
     else:
         session.execute(update(Job).where(Job.id == job_id, Job.status == "running")
                         .values(message=f"cancel requested: waiting for {running} running task(s) to stop")
@@ -280,6 +287,7 @@ def fail_orphaned_task_jobs(session: Session, now: datetime | None = None) -> li
         session.execute(update(Job).where(Job.id == job_id)
                         .values(status="failed", error=text, message=text[:500], finished_at=now)
                         .execution_options(synchronize_session=False))
+        _discard_parts(session, job_id)
         if job.experiment_id is not None:
             session.execute(update(Experiment).where(Experiment.id == job.experiment_id,
                                                      Experiment.status == "running")
@@ -287,6 +295,13 @@ def fail_orphaned_task_jobs(session: Session, now: datetime | None = None) -> li
                             .execution_options(synchronize_session=False))
         failed.append(job_id)
     return failed
+
+
+def _discard_parts(session: Session, job_id: int) -> None:
+    """Delete, once the session commits, the part folders a job that ended without a result names (module docstring)."""
+    payload = session.scalar(select(Job.payload).where(Job.id == job_id)) or {}
+    for key in payload.get("part_folders") or ():
+        featurestore.sweep_parts(session, payload["store_uri"], key)
 
 
 def _lock_job(session: Session, job_id: int, now: datetime, **values: Any) -> None:
@@ -363,9 +378,11 @@ def _fail(session: Session, task: Task, lease: str | None, error: str, now: date
     session.execute(update(Task).where(Task.job_id == task.job_id, Task.state.in_(UNFINISHED))
                     .values(state="cancelled", finished_at=now, lease=None, lease_until=None)
                     .execution_options(synchronize_session=False))
-    session.execute(update(Job).where(Job.id == task.job_id, Job.status == "running")
-                    .values(status="failed", error=text, message=text.splitlines()[0][:500], finished_at=now)
-                    .execution_options(synchronize_session=False))
+    ended = session.execute(update(Job).where(Job.id == task.job_id, Job.status == "running")
+                            .values(status="failed", error=text, message=text.splitlines()[0][:500], finished_at=now)
+                            .execution_options(synchronize_session=False))
+    if ended.rowcount == 1:
+        _discard_parts(session, task.job_id)
     return True
 
 
