@@ -149,13 +149,18 @@ def backoff_s(failures: int) -> float:
 
 
 def record_worker_death(url: str, pid: int, returncode: int) -> str:
-    """Fail the jobs the dead worker ``pid`` was running (and their experiments) with the reason; return a line."""
+    """Fail the jobs the dead worker ``pid`` was running (and their experiments) with the reason; return a line.
+
+    Only jobs claimed by this machine's ``pid`` in this boot (host, boot id, pid): on a database shared with other
+    machines, their workers' jobs under the same pid are left alone (their own leases and heartbeats tell).
+    """
     from storage import fail_jobs_of_worker, get_engine, session_scope, worker_exit_reason
+    from storage.identity import identity
 
     reason = worker_exit_reason(returncode)
     try:
         with session_scope(get_engine(url)) as s:
-            jobs = fail_jobs_of_worker(s, pid, reason)
+            jobs = fail_jobs_of_worker(s, identity(pid), reason)
     except Exception as exc:  # the database is unreachable: say so, keep supervising
         return f"{reason}; could not mark its jobs failed: {type(exc).__name__}: {exc}"
     return f"{reason}; failed job(s): {', '.join(f'#{j}' for j in jobs)}" if jobs else reason

@@ -26,8 +26,9 @@ writer can leave an unreferenced ``.tmp-*`` folder or key, never a half-read set
 Sets assembled from parts (extract tasks, ``engine.jobs.extract_tasks``). Many writers each put one part of rows
 under the set's key as ``<name>-<token>.npy`` (:func:`write_part`: a fresh name per attempt, renamed into place when
 complete), then one writer lists them in order (:func:`commit_parts`: the shards carry their ``file``) and adds
-``rows-<token>.parquet`` (``rows_file``) before the pointer commits. A killed attempt's file stays unreferenced in
-the set's folder and is deleted with it.
+``rows-<token>.parquet`` (``rows_file``) before the pointer commits. Files of attempts that failed, were cancelled or
+lost their lease are swept (:func:`sweep_parts`): the unreferenced ones when the set commits, the whole folder when
+the job fails or is cancelled.
 
 Existing databases: read both. Rows written before the store (``store_key`` NULL) load from their blobs as
 before; every new write goes to the store (no migration step, no rewrite of old rows). Every shard read is checked
@@ -39,7 +40,7 @@ import hashlib
 import io
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -350,6 +351,23 @@ def forget(session: Session, uri: str, key: str) -> None:
     except ValueError:
         return
     _pending(session)["replaced"].append((fs, f"{root}/{key}"))
+
+
+def sweep_parts(session: Session, uri: str, key: str, keep: Collection[str] = ()) -> int:
+    """Delete, once the session commits, the files under ``key`` that ``keep`` does not name (the whole folder when
+    ``keep`` is empty): parts of attempts that were cancelled, failed or lost their lease, or of a job that ended
+    without a set. Return how many files (or folders) are due. A key that could leave the root, or a root this
+    process cannot reach, is left alone."""
+    if not key or key.startswith("/") or "://" in key or ".." in key.split("/"):
+        return 0
+    try:
+        fs, root = _filesystem(session, uri)
+        folder = f"{root}/{key}"
+        doomed = [folder] if not keep else [p for p in fs.ls(folder, detail=False) if p.rsplit("/", 1)[-1] not in keep]
+    except (ValueError, FileNotFoundError):
+        return 0
+    _pending(session)["replaced"].extend((fs, path) for path in doomed)
+    return len(doomed)
 
 
 def _remove(fs: Any, path: str) -> None:

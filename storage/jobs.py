@@ -7,6 +7,10 @@ Lanes: a worker may claim only some kinds (``claim_next_job(..., kinds=...)``), 
 of their own; :func:`queue_positions` numbers each queued job within its lane in claim order. Identical
 launches: every job stores :func:`payload_hash` of its kind and payload, and :func:`find_identical_job`
 finds one already queued, running or done.
+
+Time and identity: heartbeats and staleness are read from the database's clock (:func:`storage.clock.db_now`), never
+the worker's, so a worker whose clock is off cannot fail a healthy job. A claim records the claiming process's
+(host, boot id, pid) (:mod:`storage.identity`): a supervisor that saw its child die fails only that child's jobs.
 """
 from __future__ import annotations
 
@@ -19,14 +23,15 @@ from typing import Any, NamedTuple
 from sqlalchemy import Engine, or_, select, update
 from sqlalchemy.orm import Session
 
+from storage.clock import db_now
 from storage.db import json_hash, session_scope
+from storage.identity import WorkerIdentity, identity
 from storage.models import FINISHED_STATUSES, JOB_STATUSES, TASKS_JOB_KIND, Experiment, Job, Study
 from storage.rows import require_choice, require_row
-from storage.tasks import cancel_task_job
+from storage.tasks import STALE_PREFIX, cancel_task_job, fail_orphaned_task_jobs
 from storage.types import utcnow
 
 _CLAIM_BATCH = 16
-STALE_PREFIX = "worker stopped"
 CRASH_PREFIXES = (STALE_PREFIX, "worker killed", "worker exited")
 IDENTICAL_STATUSES = ("queued", "running", "done")  # a launch identical to one of these is refused unless forced
 MIN_ETA_PROGRESS = 0.01  # below this fraction an estimate of the time left is noise
@@ -82,14 +87,19 @@ def enqueue_job(
     if not allow_identical and (same := find_identical_job(session, kind, payload)) is not None:
         raise IdenticalJob(same)
     job = Job(kind=kind, payload=dict(payload), payload_hash=payload_hash(kind, payload), experiment_id=experiment_id,
-              study_id=study_id, status="queued", progress=0.0, message="queued", cancel_requested=False)
+              study_id=study_id, status="queued", progress=0.0, message="queued", cancel_requested=False,
+              created_at=db_now(session))  # the queue's order: one clock for every machine
     session.add(job)
     session.flush()
     return job.id
 
 
-def claim_next_job(engine: Engine, worker_pid: int, *, kinds: Collection[str] | None = None) -> Job | None:
+def claim_next_job(engine: Engine, worker_pid: int | WorkerIdentity, *,
+                   kinds: Collection[str] | None = None) -> Job | None:
     """Atomically move the oldest queued job to "running" for ``worker_pid`` and return it (``None`` if none).
+
+    ``worker_pid``: a process of this machine, or a full :class:`~storage.identity.WorkerIdentity`; the claim records
+    its host, boot id and pid.
 
     ``kinds``: claim only jobs of these kinds (a lane's worker); every kind when None.
 
@@ -104,27 +114,28 @@ def claim_next_job(engine: Engine, worker_pid: int, *, kinds: Collection[str] | 
     if kinds is not None:
         queued = queued.where(Job.kind.in_(list(kinds)))
     queued = queued.order_by(Job.created_at, Job.id)
+    worker = worker_pid if isinstance(worker_pid, WorkerIdentity) else identity(worker_pid)
     with session_scope(engine) as session:
         if engine.dialect.name == "postgresql":
             job_id = session.scalar(queued.limit(1).with_for_update(skip_locked=True))
-            return None if job_id is None or not _take(session, job_id, worker_pid) else _fresh(session, job_id)
+            return None if job_id is None or not _take(session, job_id, worker) else _fresh(session, job_id)
         while True:
             candidates = session.scalars(queued.limit(_CLAIM_BATCH)).all()
             if not candidates:
                 return None
             for job_id in candidates:
-                if _take(session, job_id, worker_pid):
+                if _take(session, job_id, worker):
                     return _fresh(session, job_id)
 
 
-def _take(session: Session, job_id: int, worker_pid: int) -> bool:
-    """Move job ``job_id`` from queued to running for ``worker_pid``; False when it is no longer queued."""
-    now = utcnow()
+def _take(session: Session, job_id: int, worker: WorkerIdentity) -> bool:
+    """Move job ``job_id`` from queued to running for ``worker``; False when it is no longer queued."""
+    now = db_now(session)
     claimed = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status == "queued")
-        .values(status="running", worker_pid=worker_pid, lease=secrets.token_hex(16), started_at=now,
-                heartbeat_at=now, message="started")
+        .values(status="running", worker_pid=worker.pid, worker_host=worker.host, worker_boot_id=worker.boot_id,
+                lease=secrets.token_hex(16), started_at=now, heartbeat_at=now, message="started")
         .execution_options(synchronize_session=False)
     )
     return claimed.rowcount == 1
@@ -148,12 +159,13 @@ def update_job_progress(session: Session, job_id: int, progress: float, message:
     """Record progress in [0, 1] and a message, and beat the heart; False if the job is no longer this lease's."""
     if not 0.0 <= progress <= 1.0:
         raise ValueError(f"progress must be a fraction in [0, 1], got {progress!r}")
-    return _leased_update(session, job_id, lease, progress=float(progress), message=message, heartbeat_at=utcnow())
+    return _leased_update(session, job_id, lease, progress=float(progress), message=message,
+                          heartbeat_at=db_now(session))
 
 
 def heartbeat(session: Session, job_id: int, *, lease: str) -> bool:
     """Tell the queue the worker is alive; False if the job is no longer this lease's."""
-    return _leased_update(session, job_id, lease, heartbeat_at=utcnow())
+    return _leased_update(session, job_id, lease, heartbeat_at=db_now(session))
 
 
 def finish_job(session: Session, job_id: int, message: str = "done", *, lease: str, status: str = "done") -> bool:
@@ -162,7 +174,7 @@ def finish_job(session: Session, job_id: int, message: str = "done", *, lease: s
     False (and nothing changed) when the job is no longer this lease's.
     """
     require_choice("final status", status, ("done", "cancelled"))
-    now = utcnow()
+    now = db_now(session)
     values: dict[str, Any] = {"progress": 1.0} if status == "done" else {}
     return _leased_update(session, job_id, lease, status=status, message=message, finished_at=now, heartbeat_at=now,
                           **values)
@@ -174,14 +186,14 @@ def fail_job(session: Session, job_id: int, error: str, message: str | None = No
     False (and nothing changed) when the job is no longer this lease's.
     """
     values: dict[str, Any] = {} if message is None else {"message": message}
-    return _leased_update(session, job_id, lease, status="failed", error=error, finished_at=utcnow(), **values)
+    return _leased_update(session, job_id, lease, status="failed", error=error, finished_at=db_now(session), **values)
 
 
 def request_cancel(session: Session, job_id: int) -> str:
     """Ask for a job to stop; a queued job is cancelled at once. Returns the job's status afterwards."""
     job = require_row(session, Job, job_id)
     if job.status == "queued":
-        job.status, job.finished_at, job.message = "cancelled", utcnow(), "cancelled before it started"
+        job.status, job.finished_at, job.message = "cancelled", db_now(session), "cancelled before it started"
         job.cancel_requested = True
     elif job.status == "running" and job.kind == TASKS_JOB_KIND:
         session.flush()
@@ -218,12 +230,14 @@ def _fail_running_job(session: Session, job: Job, reason: str, now: datetime) ->
 def fail_stale_jobs(session: Session, max_age_s: float, *, now: datetime | None = None) -> list[int]:
     """Fail running jobs whose last heartbeat is older than ``max_age_s`` seconds; return their ids.
 
-    The message says how long the worker has been silent and what it last reported. The job's
-    running experiments (its own, and those of its study) are failed with the same text. A task job
-    (storage.tasks) is left alone: its tasks carry their own leases, and it may wait for workers.
+    Ages are measured by the database's clock (``now``: a database time, for tests). The message says how long the
+    worker has been silent and what it last reported. The job's running experiments (its own, and those of its
+    study) are failed with the same text. A task job (storage.tasks) is not judged by its heartbeat (its tasks
+    carry their own leases, and it may wait for workers) but by its owner's lease: an owned task job whose owner
+    stopped renewing is failed (:func:`storage.tasks.fail_orphaned_task_jobs`).
     """
-    now = now or utcnow()
-    failed = []
+    now = now or db_now(session)
+    failed = fail_orphaned_task_jobs(session, now)
     for job in session.scalars(select(Job).where(Job.status == "running", Job.kind != TASKS_JOB_KIND)):
         last_seen = job.heartbeat_at or job.started_at or job.created_at
         silent_s = (now - last_seen).total_seconds()
@@ -234,13 +248,18 @@ def fail_stale_jobs(session: Session, max_age_s: float, *, now: datetime | None 
     return failed
 
 
-def fail_jobs_of_worker(session: Session, worker_pid: int, reason: str) -> list[int]:
+def fail_jobs_of_worker(session: Session, worker_pid: int | WorkerIdentity, reason: str) -> list[int]:
     """Fail the jobs still running under ``worker_pid`` (a worker that died) with ``reason``; return their ids.
 
-    Their running experiments (own and of their study) are failed with the same text.
+    ``worker_pid``: a process of this machine (this host and boot), or a full identity. Only jobs claimed by that
+    very (host, boot id, pid) are failed: the same pid on another machine sharing the database, or before a
+    reboot, is another process. Their running experiments (own and of their study) are failed with the same text.
     """
-    now = utcnow()
-    jobs = list(session.scalars(select(Job).where(Job.status == "running", Job.worker_pid == worker_pid)))
+    worker = worker_pid if isinstance(worker_pid, WorkerIdentity) else identity(worker_pid)
+    now = db_now(session)
+    jobs = list(session.scalars(select(Job).where(Job.status == "running", Job.worker_pid == worker.pid,
+                                                  Job.worker_host == worker.host,
+                                                  Job.worker_boot_id == worker.boot_id)))
     for job in jobs:
         _fail_running_job(session, job, reason, now)
     session.flush()

@@ -33,6 +33,9 @@ ADDED_COLUMNS = (
     ("feature_sets", "store_uri"),
     ("feature_sets", "store_key"),
     ("feature_sets", "store_layout"),
+    ("jobs", "worker_host"),
+    ("jobs", "worker_boot_id"),
+    ("jobs", "lease_until"),
 )
 SPLITS = ("query", "gallery", "train")
 PROTOCOLS = ("instance", "template")
@@ -226,7 +229,10 @@ class Job(Base):
     experiment_id: Mapped[int | None] = mapped_column(ForeignKey("experiments.id", ondelete="SET NULL"), index=True)
     study_id: Mapped[int | None] = mapped_column(ForeignKey("studies.id", ondelete="SET NULL"), index=True)
     worker_pid: Mapped[int | None] = mapped_column(Integer)
+    worker_host: Mapped[str | None] = mapped_column(String(200))  # with worker_boot_id and worker_pid: who claimed it
+    worker_boot_id: Mapped[str | None] = mapped_column(String(64))  # (storage.identity), or who owns a task job
     lease: Mapped[str | None] = mapped_column(String(64))  # fresh random token per claim; see storage.jobs
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)  # a task job's owner lease (storage.tasks)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = _created_at()

@@ -14,6 +14,21 @@ its error, and the job's other unfinished tasks are cancelled. When the last tas
 Cancel (:func:`cancel_task_job`, through :func:`storage.jobs.request_cancel`): the job's queued tasks are cancelled at
 once and no task of it is claimed again; a running task is cancelled when its worker next renews its lease, completes
 or fails it (nothing it computed is written), or when its lease expires; the job ends "cancelled" once none runs.
+
+Owner. A job created with ``owner_lease_s`` belongs to the process that created it (``python -m engine run --tasks``,
+which waits for its result): the claim records its (host, boot id, pid), and the owner renews the job's
+``lease_until`` (:func:`renew_owner_lease`). When the owner dies its lease runs out, and the next worker that looks
+(:func:`claim_task`, :func:`storage.jobs.fail_stale_jobs`) fails the job and its experiment and cancels its tasks
+(:func:`fail_orphaned_task_jobs`), so nobody finishes work nobody waits for. A job without an owner (extract tasks
+queued from the command line) runs until its tasks end.
+
+Parts. A job whose tasks write files into the feature store names their folders in its payload (``store_uri`` and
+``part_folders``, keys under it); when the job fails or is cancelled those folders are deleted once that commits
+(:func:`storage.featurestore.sweep_parts`), so a cancelled or failed job leaves no orphaned parts.
+
+Time. Every lease deadline and heartbeat is the database's time (:func:`storage.clock.db_now`), never a worker's
+clock: a worker whose clock runs ahead does not see a fresh lease as expired. ``now`` arguments (tests) are
+database times too.
 """
 from __future__ import annotations
 
@@ -27,14 +42,17 @@ import numpy as np
 from sqlalchemy import Engine, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from storage.clock import db_now
+from storage import featurestore
 from storage.db import session_scope
-from storage.models import TASK_KINDS, TASKS_JOB_KIND, Job, Task
+from storage.identity import identity
+from storage.models import TASK_KINDS, TASKS_JOB_KIND, Experiment, Job, Task
 from storage.rows import require_choice
-from storage.types import utcnow
 
 _CLAIM_BATCH = 16
 DEFAULT_MAX_ATTEMPTS = 3
 UNFINISHED = ("queued", "running")
+STALE_PREFIX = "worker stopped"  # a job failed because whoever ran it went silent (storage.jobs.crashed_worker)
 
 
 @dataclass(frozen=True)
@@ -60,9 +78,13 @@ class TaskLine:
 
 
 def create_task_job(session: Session, payload: dict[str, Any], tasks: Sequence[NewTask], *,
-                    max_attempts: int = DEFAULT_MAX_ATTEMPTS, message: str = "") -> int:
+                    max_attempts: int = DEFAULT_MAX_ATTEMPTS, message: str = "", experiment_id: int | None = None,
+                    owner_lease_s: float | None = None) -> int:
     """Create a running job of kind ``TASKS_JOB_KIND`` and its tasks; return the job id.
 
+    ``experiment_id``: the experiment the job computes for (failed with it when its owner dies).
+    ``owner_lease_s``: this process owns the job under a lease of that many seconds (see the module docstring);
+    read the lease token from the job's ``lease`` and renew it with :func:`renew_owner_lease`.
     ``ValueError`` (nothing created) for an unknown kind, a dependency that is not an earlier task, or no task.
     """
     if not tasks:
@@ -73,9 +95,16 @@ def create_task_job(session: Session, payload: dict[str, Any], tasks: Sequence[N
         require_choice("task kind", task.kind, TASK_KINDS)
         if any(not 0 <= before < index for before in task.after) or len(set(task.after)) != len(task.after):
             raise ValueError(f"task {index} waits for {list(task.after)}: a task may wait only for distinct earlier tasks")
-    now = utcnow()
+    if owner_lease_s is not None and not owner_lease_s > 0:
+        raise ValueError(f"owner_lease_s must be a positive number of seconds, got {owner_lease_s!r}")
+    now = db_now(session)
     job = Job(kind=TASKS_JOB_KIND, payload=dict(payload), status="running", progress=0.0, started_at=now,
-              heartbeat_at=now, message=message or f"{len(tasks)} tasks queued", cancel_requested=False)
+              heartbeat_at=now, message=message or f"{len(tasks)} tasks queued", cancel_requested=False,
+              experiment_id=experiment_id, created_at=now)
+    if owner_lease_s is not None:
+        owner = identity()
+        job.worker_pid, job.worker_host, job.worker_boot_id = owner.pid, owner.host, owner.boot_id
+        job.lease, job.lease_until = secrets.token_hex(16), now + timedelta(seconds=owner_lease_s)
     session.add(job)
     session.flush()
     rows = [Task(job_id=job.id, kind=t.kind, payload=dict(t.payload), state="queued", deps_left=len(t.after),
@@ -107,15 +136,16 @@ def claim_task(engine: Engine, worker: str, *, has_gpu: bool, lease_s: float, no
     """Take the oldest claimable task (of job ``job_id`` when given) for ``worker`` (``host:pid``) under a fresh lease
     of ``lease_s`` seconds.
 
-    None when nothing is claimable. Task jobs asked to stop are settled first (:func:`settle_cancelled_jobs`). A task whose lease expired after its last allowed attempt is failed (with its
-    job) instead of being claimed again. Commits on return.
+    None when nothing is claimable. Task jobs asked to stop are settled first (:func:`settle_cancelled_jobs`), and
+    task jobs whose owner died are failed (:func:`fail_orphaned_task_jobs`). A task whose lease expired after its
+    last allowed attempt is failed (with its job) instead of being claimed again. Commits on return.
     """
     if not lease_s > 0:
         raise ValueError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
-    now = now or utcnow()
-    candidates = select(Task.id).where(_claimable(now, has_gpu, job_id)).order_by(Task.id)
     with session_scope(engine) as session:
-        if settle_cancelled_jobs(session, now):
+        now = now or db_now(session)
+        candidates = select(Task.id).where(_claimable(now, has_gpu, job_id)).order_by(Task.id)
+        if settle_cancelled_jobs(session, now) + fail_orphaned_task_jobs(session, now):
             session.commit()
         while True:
             if engine.dialect.name == "postgresql":
@@ -149,7 +179,7 @@ def _take(session: Session, task_id: int, worker: str, has_gpu: bool, lease_s: f
 def _give_up(session: Session, task_id: int, now: datetime) -> None:
     """Fail a task whose lease expired on its last allowed attempt (if it still has), and its job."""
     task = session.get(Task, task_id, populate_existing=True)
-    _lock_job(session, task.job_id)
+    _lock_job(session, task.job_id, now)
     error = f"worker {task.worker} stopped answering (lease expired) on attempt {task.attempts} of {task.max_attempts}"
     _fail(session, task, task.lease, error, now, Task.lease_until < now)
 
@@ -163,7 +193,7 @@ def extend_lease(session: Session, task_id: int, lease: str, lease_s: float) -> 
 
     A task whose job was asked to stop is cancelled instead (False): its worker stops and writes nothing.
     """
-    now = utcnow()
+    now = db_now(session)
     live = select(Job.id).where(Job.cancel_requested.is_(False))
     result = session.execute(update(Task).where(_leased(task_id, lease), Task.job_id.in_(live))
                              .values(heartbeat_at=now, lease_until=now + timedelta(seconds=lease_s))
@@ -179,7 +209,7 @@ def _cancelled_under(session: Session, task_id: int, lease: str, now: datetime) 
     job_id = session.scalar(select(Task.job_id).where(Task.id == task_id))
     if job_id is None or not session.scalar(select(Job.cancel_requested).where(Job.id == job_id)):
         return False
-    _lock_job(session, job_id)
+    _lock_job(session, job_id, now)
     session.execute(update(Task).where(_leased(task_id, lease))
                     .values(state="cancelled", finished_at=now, lease_until=None)
                     .execution_options(synchronize_session=False))
@@ -197,9 +227,11 @@ def _settle_cancel(session: Session, job_id: int, now: datetime) -> str:
     running = session.scalar(select(func.count()).select_from(Task)
                              .where(Task.job_id == job_id, Task.state == "running")) or 0
     if running == 0:
-        session.execute(update(Job).where(Job.id == job_id, Job.status == "running")
-                        .values(status="cancelled", finished_at=now, message="cancelled")
-                        .execution_options(synchronize_session=False))
+        ended = session.execute(update(Job).where(Job.id == job_id, Job.status == "running")
+                                .values(status="cancelled", finished_at=now, message="cancelled")
+                                .execution_options(synchronize_session=False))
+        if ended.rowcount == 1:
+            _discard_parts(session, job_id)
     else:
         session.execute(update(Job).where(Job.id == job_id, Job.status == "running")
                         .values(message=f"cancel requested: waiting for {running} running task(s) to stop")
@@ -209,24 +241,72 @@ def _settle_cancel(session: Session, job_id: int, now: datetime) -> str:
 
 def cancel_task_job(session: Session, job_id: int) -> str:
     """Ask a running task job to stop (see the module docstring); returns the job's status afterwards."""
-    _lock_job(session, job_id, cancel_requested=True)
-    return _settle_cancel(session, job_id, utcnow())
+    now = db_now(session)
+    _lock_job(session, job_id, now, cancel_requested=True)
+    return _settle_cancel(session, job_id, now)
 
 
 def settle_cancelled_jobs(session: Session, now: datetime | None = None) -> list[int]:
     """Settle every running task job asked to stop (its tasks' leases may have expired since); return their ids."""
-    now = now or utcnow()
+    now = now or db_now(session)
     ids = session.scalars(select(Job.id).where(Job.kind == TASKS_JOB_KIND, Job.status == "running",
                                                Job.cancel_requested.is_(True))).all()
     for job_id in ids:
-        _lock_job(session, job_id)
+        _lock_job(session, job_id, now)
         _settle_cancel(session, job_id, now)
     return list(ids)
 
 
-def _lock_job(session: Session, job_id: int, **values: Any) -> None:
+def renew_owner_lease(session: Session, job_id: int, lease: str, lease_s: float) -> bool:
+    """The owner's heartbeat: its lease on the task job runs ``lease_s`` seconds from now (the database's time);
+    False when the job no longer runs under ``lease`` (finished, failed, or failed as orphaned)."""
+    now = db_now(session)
+    renewed = session.execute(update(Job).where(Job.id == job_id, Job.lease == lease, Job.status == "running")
+                              .values(lease_until=now + timedelta(seconds=lease_s))
+                              .execution_options(synchronize_session=False))
+    return renewed.rowcount == 1
+
+
+def fail_orphaned_task_jobs(session: Session, now: datetime | None = None) -> list[int]:
+    """Fail every running task job whose owner's lease expired (the owner died), with its experiment; cancel its
+    unfinished tasks. Return the failed jobs' ids."""
+    now = now or db_now(session)
+    orphaned = select(Job.id).where(Job.kind == TASKS_JOB_KIND, Job.status == "running", Job.lease_until < now)
+    failed = []
+    for job_id in session.scalars(orphaned).all():
+        _lock_job(session, job_id, now)
+        job = session.get(Job, job_id, populate_existing=True)
+        if job.status != "running" or job.lease_until is None or job.lease_until >= now:
+            continue  # renewed or ended meanwhile
+        silent = (now - job.lease_until).total_seconds()
+        text = (f"{STALE_PREFIX} (the process that owns task job {job_id}, {job.worker_host}:{job.worker_pid}, let "
+                f"its lease expire {silent:.0f} s ago); its unfinished tasks were cancelled")
+        session.execute(update(Task).where(Task.job_id == job_id, Task.state.in_(UNFINISHED))
+                        .values(state="cancelled", finished_at=now, lease=None, lease_until=None)
+                        .execution_options(synchronize_session=False))
+        session.execute(update(Job).where(Job.id == job_id)
+                        .values(status="failed", error=text, message=text[:500], finished_at=now)
+                        .execution_options(synchronize_session=False))
+        _discard_parts(session, job_id)
+        if job.experiment_id is not None:
+            session.execute(update(Experiment).where(Experiment.id == job.experiment_id,
+                                                     Experiment.status == "running")
+                            .values(status="failed", error=text, finished_at=now)
+                            .execution_options(synchronize_session=False))
+        failed.append(job_id)
+    return failed
+
+
+def _discard_parts(session: Session, job_id: int) -> None:
+    """Delete, once the session commits, the part folders a job that ended without a result names (module docstring)."""
+    payload = session.scalar(select(Job.payload).where(Job.id == job_id)) or {}
+    for key in payload.get("part_folders") or ():
+        featurestore.sweep_parts(session, payload["store_uri"], key)
+
+
+def _lock_job(session: Session, job_id: int, now: datetime, **values: Any) -> None:
     """Update (and so lock) the job row first: a job's completions and failures take turns, so the last one sees all."""
-    session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow(), **values)
+    session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=now, **values)
                     .execution_options(synchronize_session=False))
 
 
@@ -239,8 +319,8 @@ def complete_task(session: Session, task_id: int, lease: str, *, result: dict[st
     job_id = session.scalar(select(Task.job_id).where(Task.id == task_id))
     if job_id is None:
         return False
-    _lock_job(session, job_id)
-    now = utcnow()
+    now = db_now(session)
+    _lock_job(session, job_id, now)
     if _cancelled_under(session, task_id, lease, now):
         return False
     done = session.execute(update(Task).where(_leased(task_id, lease))
@@ -272,15 +352,16 @@ def fail_task(session: Session, task_id: int, lease: str, error: str) -> str | N
     task = session.get(Task, task_id, populate_existing=True)
     if task is None or task.lease != lease or task.state != "running":
         return None
-    _lock_job(session, task.job_id)
-    if _cancelled_under(session, task_id, lease, utcnow()):
+    now = db_now(session)
+    _lock_job(session, task.job_id, now)
+    if _cancelled_under(session, task_id, lease, now):
         return "cancelled"
     if task.attempts < task.max_attempts:
         retried = session.execute(update(Task).where(_leased(task_id, lease))
                                   .values(state="queued", error=error, lease=None, lease_until=None)
                                   .execution_options(synchronize_session=False))
         return "queued" if retried.rowcount == 1 else None
-    return "failed" if _fail(session, task, lease, error, utcnow()) else None
+    return "failed" if _fail(session, task, lease, error, now) else None
 
 
 def _fail(session: Session, task: Task, lease: str | None, error: str, now: datetime, *conditions: Any) -> bool:
@@ -297,9 +378,11 @@ def _fail(session: Session, task: Task, lease: str | None, error: str, now: date
     session.execute(update(Task).where(Task.job_id == task.job_id, Task.state.in_(UNFINISHED))
                     .values(state="cancelled", finished_at=now, lease=None, lease_until=None)
                     .execution_options(synchronize_session=False))
-    session.execute(update(Job).where(Job.id == task.job_id, Job.status == "running")
-                    .values(status="failed", error=text, message=text.splitlines()[0][:500], finished_at=now)
-                    .execution_options(synchronize_session=False))
+    ended = session.execute(update(Job).where(Job.id == task.job_id, Job.status == "running")
+                            .values(status="failed", error=text, message=text.splitlines()[0][:500], finished_at=now)
+                            .execution_options(synchronize_session=False))
+    if ended.rowcount == 1:
+        _discard_parts(session, task.job_id)
     return True
 
 
@@ -367,5 +450,5 @@ def task_board(session: Session, job_id: int) -> TaskBoard:
 
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "NewTask", "TaskBoard", "TaskLine", "cancel_task_job", "claim_task", "complete_task",
-           "create_task_job", "extend_lease", "fail_task", "job_result", "settle_cancelled_jobs", "task_arrays",
-           "task_board", "unfinished_tasks"]
+           "create_task_job", "extend_lease", "fail_orphaned_task_jobs", "fail_task", "job_result", "renew_owner_lease",
+           "settle_cancelled_jobs", "task_arrays", "task_board", "unfinished_tasks"]

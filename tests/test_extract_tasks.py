@@ -1,6 +1,6 @@
 """engine.jobs.extract_tasks: one checkpoint's embedding of an image set fanned out over tasks equals the single-process
 extraction (uneven parts), labels and image ids included; a failed attempt's file is never referenced and its retry
-completes; nothing is visible before the commit; bad inputs are one-line errors before anything is written."""
+completes; the commit sweeps unreferenced parts, a cancelled or failed job leaves none; nothing is visible before the commit; bad inputs are one-line errors before anything is written."""
 import multiprocessing
 import os
 import signal
@@ -115,6 +115,8 @@ def test_an_attempt_that_fails_after_writing_leaves_an_unreferenced_file_and_its
         referenced = {p["file"] for layout in s.scalars(select(FeatureSet.store_layout)) for p in layout["shards"]}
         attempts = s.scalar(select(Task.attempts).where(Task.kind == "extract").order_by(Task.id).offset(1).limit(1))
     assert not orphans & referenced and len(referenced) == 3 * 5 and attempts == 2  # ... and never referenced
+    assert not any(any(store.rglob(name)) for name in orphans)  # the commit swept them
+    assert sorted(p.name for p in store.rglob("*.npy")) == sorted(referenced)
     _check_stored(engine, mv, model, images)
 
 
@@ -145,13 +147,48 @@ def test_a_worker_killed_mid_write_leaves_no_referenced_half_file_and_its_task_i
     [half] = [p for p in store.rglob(".tmp-*")]
     assert 0 < half.stat().st_size
     ran = run_tasks(engine, "survivor", False, threading.Event(), poll_s=0.05, until_idle=True)  # after the 1 s lease
-    assert ran == 6 and half.exists()
+    assert ran == 6 and not half.exists()  # the commit swept the killed attempt's file
     with session_scope(engine) as s:
         first = s.scalar(select(Task).where(Task.kind == "extract").order_by(Task.id).limit(1))
         assert (first.attempts, first.worker, first.state) == (2, "survivor", "done")
         referenced = {p["file"] for layout in s.scalars(select(FeatureSet.store_layout)) for p in layout["shards"]}
     assert half.name not in referenced and all(not name.startswith(".tmp") for name in referenced)
     _check_stored(engine, mv, model, images)
+
+
+def _job_files(store: Path) -> list[Path]:
+    return [p for p in store.rglob("*") if p.is_file()]
+
+
+@pytest.mark.both_databases
+def test_a_cancelled_extract_job_leaves_no_part_files(engine, store, inputs):
+    from storage import request_cancel
+
+    model, images = inputs
+    job_id = fan_out_extract(engine, model_version_id=_model_version(engine), model=model, images=images,
+                             split="gallery", rows_per_task=7)
+    assert run_one_task(engine, "w", has_gpu=False) and run_one_task(engine, "w", has_gpu=False)  # two parts written
+    assert len(_job_files(store)) == 2 * 3  # two parts of each raw view
+    with session_scope(engine) as s:
+        assert request_cancel(s, job_id) == "cancelled"
+    assert _job_files(store) == [] and _feature_count(engine) == 0
+
+
+@pytest.mark.both_databases
+def test_a_failed_extract_job_leaves_no_part_files(engine, store, inputs):
+    model, images = inputs
+    job_id = fan_out_extract(engine, model_version_id=_model_version(engine), model=model, images=images,
+                             split="gallery", rows_per_task=7, max_attempts=1)
+
+    def fails_after_writing(db, task):
+        extract_task(db, task)
+        raise RuntimeError("failed after writing its parts")
+
+    assert run_one_task(engine, "w", has_gpu=False)  # the first part is written and done
+    assert run_one_task(engine, "w", has_gpu=False, handlers={**TASK_HANDLERS, "extract": fails_after_writing})
+    with session_scope(engine) as s:
+        assert s.get(Job, job_id).status == "failed"
+    assert _job_files(store) == [] and _feature_count(engine) == 0
 
 
 def test_a_commit_that_lost_its_lease_writes_nothing(engine, store, inputs):

@@ -9,7 +9,9 @@ The job's tasks:
    parts' shard entries.
 2. ``commit`` (waits for every extract task): in one transaction, under its lease, marks itself done and writes one
    ``FeatureSet`` per view whose pointer lists the parts in row order, with the rows Parquet (labels and image ids
-   of the whole set). Until then no row points at any part, so a killed or retried attempt's file is never read.
+   of the whole set). Until then no row points at any part, so a killed or retried attempt's file is never read;
+   the commit sweeps the parts it did not take, and a job that fails or is cancelled loses all of them
+   (``part_folders`` in its payload, :func:`storage.featurestore.sweep_parts`).
 
 The stored sets are what the single-process path (``record_experiment`` after ``extract``) stores for the same
 images and model, up to float tolerance (batches are cut at other rows). Workers run these tasks with
@@ -117,6 +119,7 @@ def fan_out_extract(db: Engine, *, model_version_id: int, model: Mapping[str, An
     spec = {"kind": "extract", "model_version_id": model_version_id, "model": source.to_dict(), "images": images,
             "split": split, "batch_size": batch_size, "max_file_bytes": max_file_bytes, "trust": asdict(trust),
             "store_uri": uri, "key": f"mv{model_version_id}/{split}/{uuid.uuid4().hex}"}
+    spec["part_folders"] = [_view_key(spec, view) for view in RAW_VIEWS]  # swept if the job fails or is cancelled
     with _opened(spec) as (loaded, src, image_source):
         _, _, _, spec["fingerprint"] = _rows(image_source)
         count = spec["count"] = len(image_source.images)
@@ -184,6 +187,8 @@ def commit_task(db: Engine, task: Task) -> tuple[dict[str, Any], None]:
             pointer = featurestore.commit_parts(s, spec["store_uri"], _view_key(spec, view), [p[view] for p in parts],
                                                 labels, ids)
             save_stored_feature_set(s, spec["model_version_id"], spec["split"], view, pointer, image_source)
+            kept = {shard["file"] for shard in pointer.layout["shards"]} | {pointer.layout["rows_file"]}
+            featurestore.sweep_parts(s, spec["store_uri"], _view_key(spec, view), kept)  # other attempts' parts
     return result, None
 
 

@@ -7,11 +7,17 @@ any machine pointed at the same database and feature store helps), then reads ea
 and builds the :class:`~engine.metrics.compatibility.MatrixResult` with the same code as an in-process
 evaluation (paired tests included). Cells are exact, so the matrices equal the in-process ones.
 
+The process that fans the job out owns it (``storage.tasks``, "Owner"): while it waits, a thread renews its lease on
+the job every third of ``$COMPATLAB_OWNER_LEASE_S`` (default 60 s); if it dies, the first worker that sees the lease
+expired (by the database's clock) fails the job and its experiment and cancels its tasks.
+
 The task graph searches instance galleries for Recall@k, mAP and mAP@k; pair verification (paper 002) is computed
 in this process from the cells' features (``features``), as an in-process evaluation does.
 """
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -26,7 +32,9 @@ from engine.metrics.paired import PairedOptions
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import VERIFICATION, parse_metric
 from storage import Job, session_scope
-from storage.tasks import cancel_task_job, results_of_kind
+from storage.tasks import cancel_task_job, renew_owner_lease, results_of_kind
+
+OWNER_LEASE_ENV = "COMPATLAB_OWNER_LEASE_S"
 
 
 class TaskJobStopped(Exception):
@@ -37,13 +45,44 @@ class TaskJobStopped(Exception):
         self.cancelled = cancelled
 
 
-def run_task_job(db: Engine, job_id: int, *, should_stop: Callable[[], bool] | None = None, poll_s: float = 0.5) -> None:
+def owner_lease_s() -> float:
+    """Seconds a task job outlives its owner's last renewal: ``$COMPATLAB_OWNER_LEASE_S``, else the task lease."""
+    raw = os.environ.get(OWNER_LEASE_ENV, "").strip()
+    try:
+        value = float(raw) if raw else LEASE_S
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"${OWNER_LEASE_ENV} must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+class _OwnerBeat(threading.Thread):
+    """Renews the owner's lease on a task job every third of it; ends when told or when the lease is lost."""
+
+    def __init__(self, db: Engine, job_id: int, lease: str, lease_s: float):
+        super().__init__(daemon=True)
+        self.db, self.job_id, self.lease, self.lease_s, self.done = db, job_id, lease, lease_s, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.lease_s / 3):
+            with session_scope(self.db) as s:
+                if not renew_owner_lease(s, self.job_id, self.lease, self.lease_s):
+                    return
+
+
+def run_task_job(db: Engine, job_id: int, *, should_stop: Callable[[], bool] | None = None, poll_s: float = 0.5,
+                 owner_lease: str | None = None) -> None:
     """Run ``job_id``'s tasks in this process until the job is done (other workers may take some meanwhile).
 
-    ``should_stop`` asks the job to stop (:func:`storage.tasks.cancel_task_job`). Raises :class:`TaskJobStopped`
-    when the job fails (with its error) or is cancelled; any other exception cancels the job before propagating.
+    ``should_stop`` asks the job to stop (:func:`storage.tasks.cancel_task_job`). ``owner_lease``: this process owns
+    the job under that lease and renews it meanwhile. Raises :class:`TaskJobStopped` when the job fails (with its
+    error) or is cancelled; any other exception cancels the job before propagating.
     """
     worker, has_gpu = worker_name(), torch.cuda.is_available()
+    beat = None if owner_lease is None else _OwnerBeat(db, job_id, owner_lease, owner_lease_s())
+    if beat is not None:
+        beat.start()
     try:
         while True:
             if should_stop is not None and should_stop():
@@ -66,6 +105,9 @@ def run_task_job(db: Engine, job_id: int, *, should_stop: Callable[[], bool] | N
         with session_scope(db) as s:
             cancel_task_job(s, job_id)
         raise
+    finally:
+        if beat is not None:
+            beat.done.set()
 
 
 def cell_results(db: Engine, job_id: int) -> list[CellStats]:
@@ -79,8 +121,11 @@ def cell_results(db: Engine, job_id: int) -> list[CellStats]:
 def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], num_models: int, *,
                     metrics: Sequence[str], ties: str = "pessimistic", paired: PairedOptions | None = None,
                     fan_out: FanOut = FanOut(), label: str = "", should_stop: Callable[[], bool] | None = None,
-                    features: Callable[[int, int], CellFeatures] | None = None, same_set: bool = False) -> MatrixResult:
+                    features: Callable[[int, int], CellFeatures] | None = None, same_set: bool = False,
+                    experiment_id: int | None = None) -> MatrixResult:
     """Every lower-triangle cell ``cells(t, k)`` (None: not comparable) through tasks; see the module docstring.
+
+    ``experiment_id``: the experiment the matrix is for, failed with the task job if this process dies.
 
     ``features(t, k)``: the cell's features, read only when a metric needs them (pair verification, which samples its
     pairs by ``same_set`` as the cells' ``CellSpec.same_set`` leaves each query's own item out).
@@ -100,8 +145,11 @@ def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], nu
     if positions:
         job_id = fan_out_cells(db, [specs[tk] for tk in positions], ks=ks, map_at=map_k, ties=ties,
                                compute_map=any(kind == "map" for kind, _ in parsed), block_rows=fan_out.block_rows,
-                               shard_rows=fan_out.shard_rows, label=label)
-        run_task_job(db, job_id, should_stop=should_stop)
+                               shard_rows=fan_out.shard_rows, label=label, experiment_id=experiment_id,
+                               owner_lease_s=owner_lease_s())
+        with session_scope(db) as s:
+            lease = s.get(Job, job_id).lease
+        run_task_job(db, job_id, should_stop=should_stop, owner_lease=lease)
         results = dict(zip(positions, cell_results(db, job_id)))
 
     def cell(t: int, k: int) -> CellStats:
@@ -114,4 +162,4 @@ def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], nu
                                   same_set=same_set)
 
 
-__all__ = ["TaskJobStopped", "cell_results", "matrix_by_tasks", "run_task_job"]
+__all__ = ["OWNER_LEASE_ENV", "TaskJobStopped", "cell_results", "matrix_by_tasks", "owner_lease_s", "run_task_job"]

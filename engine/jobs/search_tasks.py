@@ -84,11 +84,12 @@ def _check_cell(s, cell: CellSpec) -> tuple[int, int]:
 def fan_out_cells(db: Engine, cells: list[CellSpec], *, ks: tuple[int, ...] = (1, 5), map_at: int | None = None,
                   ties: str = "pessimistic", compute_map: bool = True, block_rows: int = 10_000,
                   shard_rows: int = 100_000, needs_gpu: bool = False, max_attempts: int = 3,
-                  label: str = "") -> int:
+                  label: str = "", experiment_id: int | None = None, owner_lease_s: float | None = None) -> int:
     """Queue every cell as search and reduce tasks of one job; return the job id.
 
     The reduce of ``cells[i]`` is the job's i-th reduce task. Every refusal is a ``ValueError`` before anything is
-    written. ``label``: how the dashboard names the job (e.g. "experiment 3, view psp").
+    written. ``label``: how the dashboard names the job (e.g. "experiment 3, view psp"). ``experiment_id`` and
+    ``owner_lease_s``: as :func:`storage.tasks.create_task_job` (this process owns the job).
     """
     ks = tuple(int(k) for k in ks)
     if not ks or any(k < 1 for k in ks) or (map_at is not None and map_at < 1):
@@ -113,8 +114,8 @@ def fan_out_cells(db: Engine, cells: list[CellSpec], *, ks: tuple[int, ...] = (1
             tasks.append(NewTask("reduce", {"cell": index}, after=tuple(range(first, len(tasks)))))
         spec = {"cells": [asdict(c) for c in cells], "ks": list(ks), "map_at": map_at, "ties": ties,
                 "compute_map": compute_map, "label": label}
-        return create_task_job(s, spec, tasks, max_attempts=max_attempts,
-                               message=f"{len(cells)} cell(s), {len(tasks)} tasks queued")
+        return create_task_job(s, spec, tasks, max_attempts=max_attempts, experiment_id=experiment_id,
+                               owner_lease_s=owner_lease_s, message=f"{len(cells)} cell(s), {len(tasks)} tasks queued")
 
 
 def fan_out_cell(db: Engine, *, query: int, gallery: int, same_set: bool = False, **options: Any) -> int:

@@ -207,7 +207,7 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
             try:
                 result = matrix_by_tasks(db, specs, len(versions), metrics=cfg.eval.metrics, paired=PairedOptions(),
                                          fan_out=fan_out, label=f"experiment {exp_id}, {view}", should_stop=should_stop,
-                                         features=features, same_set=same_set)
+                                         features=features, same_set=same_set, experiment_id=exp_id)
             except TaskJobStopped as stopped:
                 raise (Cancelled(str(stopped)) if stopped.cancelled else RuntimeError(str(stopped))) from None
         else:
