@@ -7,7 +7,8 @@ started together (``run_app.py``: its engine workers). The user's choice replace
 
 torch, OpenBLAS, MKL and OpenMP read their counts from the environment when they load, so a parent puts
 :func:`thread_env` into a child's environment before the child starts; :func:`apply` sets them in a process
-that has already loaded the libraries (the worker) and reports what each library then uses.
+that has already loaded the libraries (the worker) and reports what each library then uses. A count from the
+environment above the cores is capped at the cores by torch and OpenBLAS; :func:`apply` is not.
 """
 from __future__ import annotations
 

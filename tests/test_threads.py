@@ -2,6 +2,7 @@
 gets from run_app.py, and a real worker reporting torch's thread count."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -102,6 +103,20 @@ def test_a_worker_started_as_run_app_starts_it_uses_the_count(tmp_path, count):
     assert blas in (count, -1)  # -1: no BLAS library loaded to ask
 
 
+@pytest.mark.parametrize("count", sorted({1, max(1, threads.available_cores() // 2)}))
+def test_the_environment_alone_sets_every_library(count):
+    """The dashboard (the Learn pages compute there) gets only the environment: torch, numba and numpy's BLAS read it
+    when they load (torch and OpenBLAS cap it at the cores, so only counts up to them are checked)."""
+    code = ("import json, numpy, numba, torch; from threadpoolctl import threadpool_info; "
+            "print(json.dumps([torch.get_num_threads(), numba.get_num_threads(), "
+            "[p['num_threads'] for p in threadpool_info() if p['user_api'] == 'blas']]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
+                         env={**_worker_env(), **threads.thread_env(count)}, timeout=600).stdout
+    torch_threads, numba_threads, blas = json.loads(out.strip().splitlines()[-1])
+    assert torch_threads == numba_threads == count
+    assert blas and set(blas) == {count}, "numpy's BLAS"
+
+
 def test_a_worker_given_threads_uses_them(tmp_path):
     requested, torch_threads, numba_threads, blas = _worker_threads(tmp_path, _worker_env(), "--threads", "3")
     assert requested == torch_threads == numba_threads == 3
@@ -125,8 +140,6 @@ _WRITE_ENV = ("import json, os, sys; json.dump({k: os.environ.get(k) for k in sy
 def _run_app_child_threads(monkeypatch, folder: Path, db_url, *argv: str) -> dict[str, dict[str, str]]:
     """Run run_app.main with two fake workers and a fake dashboard (writing into the new ``folder``); each child's
     thread variables."""
-    import json
-
     folder.mkdir()
     keys = [threads.THREADS_ENV, *threads.LIBRARY_ENVS]
     files = {name: folder / f"{name}.json" for name in ("worker", "short", "dashboard")}
