@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -47,15 +46,6 @@ def _wait_for(what: str, check: Callable[[], T], logs: list[Path]) -> T:
             pytest.fail(f"timed out waiting for {what}\n{tails}")
         time.sleep(0.2)
     return value
-
-
-def _healthy(port: int) -> bool:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(f"http://127.0.0.1:{port}/_stcore/health", timeout=5) as r:
-            return r.status == 200 and r.read().strip() == b"ok"
-    except OSError:
-        return False
 
 
 def _group_gone(pgid: int) -> bool:
@@ -113,7 +103,9 @@ def test_the_readme_command_starts_headless_without_a_terminal_or_a_browser(tmp_
     proc, out, err = _start_readme_command(tmp_path, port, _bare_env(home))
     logs = [out, err]
     try:
-        _wait_for("the dashboard's health endpoint", lambda: _healthy(port) or proc.poll() is not None, logs)
+        url = f"http://127.0.0.1:{port}"
+        _wait_for("the dashboard's health endpoint", lambda: run_app.dashboard_ready(url) or proc.poll() is not None,
+                  logs)
         assert proc.poll() is None, f"run_app.py exited with {proc.returncode}\n{err.read_text()[-3000:]}"
         # both workers report the thread count they use (torch.get_num_threads() in each)
         counts = _wait_for("both workers' thread lines", lambda: (found := re.findall(

@@ -124,17 +124,18 @@ def test_a_worker_given_threads_uses_them(tmp_path):
 
 
 def test_a_worker_with_a_bad_count_exits_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "engine", "worker", "--once", "--db", f"sqlite:///{tmp_path / 'x.db'}"],
+    db = tmp_path / "x.db"
+    proc = subprocess.run([sys.executable, "-m", "engine", "worker", "--once", "--db", f"sqlite:///{db}"],
                           capture_output=True, text=True, cwd=ROOT, env={**_worker_env(), threads.THREADS_ENV: "many"},
                           timeout=600)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: $COMPATLAB_THREADS must be a whole number of threads (1 or more), got 'many'"
-    assert not (tmp_path / "x.db").exists(), "a refused start leaves nothing behind"
+    assert not db.exists(), "a refused start leaves nothing behind"
 
 
 # run_app.py: what its children receive (fake children write their environment and exit)
-_WRITE_ENV = ("import json, os, sys; json.dump({k: os.environ.get(k) for k in sys.argv[2:]}, open(sys.argv[1] + '.tmp', 'w'));"
-              " os.replace(sys.argv[1] + '.tmp', sys.argv[1])")  # whole, or not there
+_WRITE_ENV = ("import json, os, sys; json.dump({k: os.environ.get(k) for k in sys.argv[2:]}, "
+              "open(sys.argv[1] + '.tmp', 'w')); os.replace(sys.argv[1] + '.tmp', sys.argv[1])")  # whole, or not there
 
 
 def _run_app_child_threads(monkeypatch, folder: Path, db_url, *argv: str) -> dict[str, dict[str, str]]:
@@ -144,7 +145,8 @@ def _run_app_child_threads(monkeypatch, folder: Path, db_url, *argv: str) -> dic
     keys = [threads.THREADS_ENV, *threads.LIBRARY_ENVS]
     files = {name: folder / f"{name}.json" for name in ("worker", "short", "dashboard")}
     workers_done = [str(files["worker"]), str(files["short"])]
-    wait_then_write = f"import os, time\nwhile not all(map(os.path.exists, {workers_done!r})): time.sleep(0.05)\n{_WRITE_ENV}"
+    wait_then_write = (f"import os, time\nwhile not all(map(os.path.exists, {workers_done!r})): time.sleep(0.05)\n"
+                       f"{_WRITE_ENV}")
     monkeypatch.setattr(run_app, "child_commands", lambda args, url: {
         "worker": [sys.executable, "-c", _WRITE_ENV, str(files["worker"]), *keys],
         "short-job worker": [sys.executable, "-c", _WRITE_ENV, str(files["short"]), *keys],
