@@ -2,8 +2,9 @@
 
 The rule: ``cores // processes`` threads per process, at least 1, where ``cores`` are the CPUs this process
 may run on (``os.sched_getaffinity`` where the platform has it) and ``processes`` the computing processes
-started together (``run_app.py``: its engine workers). The user's choice replaces the rule: ``--threads N``
-(``run_app.py``, ``python -m engine worker``), else ``$COMPATLAB_THREADS``.
+started together (``run_app.py``: its engine workers; a worker on its own keeps the libraries' defaults, every
+core). The user's choice replaces the rule: ``--threads N`` (``run_app.py``, ``python -m engine worker``), else
+``$COMPATLAB_THREADS``.
 
 torch, OpenBLAS, MKL and OpenMP read their counts from the environment when they load, so a parent puts
 :func:`thread_env` into a child's environment before the child starts; :func:`apply` sets them in a process

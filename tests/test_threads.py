@@ -123,6 +123,17 @@ def test_a_worker_given_threads_uses_them(tmp_path):
     assert blas in (3, -1)
 
 
+def test_a_worker_on_its_own_keeps_torchs_default(tmp_path):
+    env = _worker_env()
+    default = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                             capture_output=True, text=True, cwd=ROOT, env=env, check=True).stdout.strip()
+    db = tmp_path / "lab.db"
+    proc = subprocess.run([sys.executable, "-m", "engine", "worker", "--once", "--db", f"sqlite:///{db}"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(rf"worker \d+: torch's default {default} compute thread\(s\)", proc.stdout), proc.stdout
+
+
 def test_a_worker_with_a_bad_count_exits_2(tmp_path):
     db = tmp_path / "x.db"
     proc = subprocess.run([sys.executable, "-m", "engine", "worker", "--once", "--db", f"sqlite:///{db}"],
