@@ -1,6 +1,6 @@
 """Start Compatibility Lab: two engine workers and the Streamlit dashboard, as child processes.
 
-    python run_app.py                      # http://127.0.0.1:8501, opens a browser
+    python run_app.py                      # http://127.0.0.1:8501, opens a browser when one can be opened
     python run_app.py --no-browser --port 8600 --db sqlite:////srv/compatlab.db
 
 The children get the database URL in ``COMPATLAB_DB_URL``. One worker takes every job kind; the
@@ -10,6 +10,11 @@ the ``quick-demo`` study is queued (unless ``--no-demo``). This process supervis
 that dies (killed for memory, crashed) has its running jobs and experiments failed with the reason
 and is restarted after a back-off (1, 2, 4 ... 60 s, reset once a worker has run ``HEALTHY_S``);
 Ctrl-C / SIGTERM, or the dashboard exiting, stops everything.
+
+The dashboard always runs headless (no first-run e-mail prompt, no notices, whether or not there is a terminal);
+this process opens the browser itself once the dashboard answers its health check. No usage statistics are sent
+and Streamlit looks up no outside address. Every child computes with ``cores // workers`` torch / BLAS / numba
+threads (``engine.threads``; ``--threads N`` or ``$COMPATLAB_THREADS`` to choose).
 
 Binding beyond loopback needs a shared secret (``--secret-file`` or ``$COMPATLAB_SECRET``, at least 16
 characters); the dashboard's gate (``app/gate.py``) asks for it before Streamlit serves anything. The secret
@@ -22,10 +27,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
+import webbrowser
 from pathlib import Path
 
 from app.gate import SECRET_ENV, check_secret, is_loopback  # stdlib only
+from engine import threads  # torch-free
 from engine.contract import SHORT_JOB_KINDS  # torch-free
 from engine.data import roots  # torch-free
 
@@ -36,6 +45,12 @@ BACKOFF_MAX_S = 60.0
 HEALTHY_S = 120.0  # a worker that ran this long before dying restarts after the shortest back-off again
 POLL_S = 0.5
 MAX_UPLOAD_MB = 500  # Streamlit's server.maxUploadSize; the Checkpoints page shows the value Streamlit enforces
+# Streamlit's one outside lookup, answered locally: get_external_ip (checkip.amazonaws.com) serves the "External
+# URL" line for a wildcard address (browser.serverAddress skips it) and the origin check of a cross-origin
+# WebSocket, which no option skips; None there refuses that origin, as Streamlit does offline.
+STREAMLIT_OFFLINE = "import streamlit.net_util as net; net.get_external_ip = lambda: None"
+STREAMLIT_MAIN = (f"{STREAMLIT_OFFLINE}; import sys; from streamlit.web.cli import main; "
+                  "sys.exit(main(prog_name='streamlit'))")  # = python -m streamlit
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--secret-file", metavar="PATH",
                    help=f"file holding the shared secret visitors must enter (or set ${SECRET_ENV})")
     p.add_argument("--no-browser", action="store_true", help="do not open a browser (servers)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help=f"torch / BLAS / numba threads of each worker and the dashboard (default: "
+                        f"${threads.THREADS_ENV}, else the cores this machine gives us // the number of workers)")
     p.add_argument("--db", metavar="URL", help="database URL (default: $COMPATLAB_DB_URL or sqlite:///data/compatlab.db)")
     p.add_argument("--no-demo", action="store_true", help="do not queue the quick-demo study on an empty database")
     p.add_argument("--max-upload-mb", type=int, default=MAX_UPLOAD_MB, metavar="MB",
@@ -54,6 +72,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.max_upload_mb < 1:
         p.error("--max-upload-mb must be at least 1")
+    try:
+        args.threads = threads.requested(args.threads)  # --threads, else $COMPATLAB_THREADS, else None (the rule)
+    except ValueError as exc:
+        p.error(str(exc))
     roots.export(args)  # --data-root / --allow-torchscript reach both children through the environment
     return args
 
@@ -102,6 +124,60 @@ def checkpoint_dir(url: str) -> Path:
     return (path.parent if path is not None else ROOT / "data") / "checkpoints"
 
 
+def browser_host(host: str) -> str:
+    """The host part of the dashboard's address in a browser: ``localhost`` for a wildcard address, IPv6 in brackets."""
+    if host in ("", "0.0.0.0", "::"):
+        return "localhost"
+    return f"[{host}]" if ":" in host else host
+
+
+def dashboard_url(args: argparse.Namespace) -> str:
+    """The address to open the dashboard at (and to ask for its health) from this machine."""
+    return f"http://{browser_host(args.host)}:{args.port}"
+
+
+def dashboard_command(args: argparse.Namespace) -> list[str]:
+    """Streamlit, headless whatever the terminal (no e-mail prompt, notice or advert: this process opens the browser),
+    no usage statistics, the address to show set (so no external IP is looked up for it)."""
+    return [sys.executable, "-c", STREAMLIT_MAIN, "run", str(ROOT / "app" / "main.py"),
+            "--server.address", args.host, "--server.port", str(args.port),
+            "--server.headless", "true", "--server.showEmailPrompt", "false",
+            "--browser.gatherUsageStats", "false", "--browser.serverAddress", browser_host(args.host),
+            "--server.maxUploadSize", str(args.max_upload_mb), "--client.toolbarMode", "minimal"]
+
+
+def dashboard_ready(url: str) -> bool:
+    """Whether the dashboard at ``url`` answers its health check (directly: never through a proxy)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"{url}/_stcore/health", timeout=5) as response:
+            return response.status == 200 and response.read().strip() == b"ok"
+    except OSError:
+        return False
+
+
+def can_open_browser() -> bool:
+    """Whether a browser window can be opened here: on macOS and Windows, or with a display or ``$BROWSER`` set
+    (never a text browser taking over the terminal)."""
+    if sys.platform in ("darwin", "win32"):
+        return True
+    return any(os.environ.get(name) for name in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER"))
+
+
+def open_browser_when_ready(url: str, stop: threading.Event) -> None:
+    """Open ``url`` in the user's browser once the dashboard answers (unless ``stop`` is set first); a browser that
+    fails to open is said in one line, not an error."""
+    while not dashboard_ready(url):
+        if stop.wait(POLL_S):
+            return
+    try:
+        opened = webbrowser.open(url)
+    except (webbrowser.Error, OSError):
+        opened = False
+    if not opened and not stop.is_set():
+        print(f"could not open a browser; open {url}", flush=True)
+
+
 def child_commands(args: argparse.Namespace, url: str) -> dict[str, list[str]]:
     """The children: the engine worker (every job kind), the short-lane worker (analysis and adapters jobs only,
     so they never wait behind training) and the Streamlit server (the database URL goes in the environment)."""
@@ -109,11 +185,7 @@ def child_commands(args: argparse.Namespace, url: str) -> dict[str, list[str]]:
     return {
         "worker": worker,
         "short-job worker": [*worker, "--kinds", *SHORT_JOB_KINDS],
-        "dashboard": [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
-                      "--server.address", args.host, "--server.port", str(args.port),
-                      "--server.headless", "true" if args.no_browser else "false",
-                      "--server.maxUploadSize", str(args.max_upload_mb),
-                      "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"],
+        "dashboard": dashboard_command(args),
     }
 
 
@@ -240,20 +312,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"empty database: queued the quick-demo study (job #{job})", flush=True)
 
     commands = child_commands(args, url)
+    # cores // workers threads in each child (set before it loads torch or numpy); the dashboard computes only for
+    # the Learn pages, in short bursts, so it is not counted and gets the same number
+    workers = sum(name != "dashboard" for name in commands)
+    env.update(threads.thread_env(threads.per_process(processes=workers, override=args.threads)))
     processes: dict[str, subprocess.Popen] = {}
     signal.signal(signal.SIGTERM, _interrupt)
     # the secret goes to the dashboard alone, in its environment: never on a command line
     envs = {**dict.fromkeys(commands, env), "dashboard": env if secret is None else {**env, SECRET_ENV: secret}}
+    browser_stop = threading.Event()
     try:
         if warning:
             print(warning, file=sys.stderr, flush=True)
-        print(f"Compatibility Lab: http://{args.host}:{args.port}  (database {mask_url(url)}; Ctrl-C stops)",
-              flush=True)
+        print(f"Compatibility Lab: {dashboard_url(args)}  (database {mask_url(url)}; Ctrl-C stops)", flush=True)
+        if not args.no_browser and can_open_browser():
+            threading.Thread(target=open_browser_when_ready, args=(dashboard_url(args), browser_stop), daemon=True,
+                             name="open-browser").start()
         return supervise(commands, envs, url, processes)
     except KeyboardInterrupt:
         print("stopping the workers and the dashboard", flush=True)
         return 0
     finally:
+        browser_stop.set()
         stop(processes)
 
 

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--tasks", action="store_true",
                    help="run tasks of fanned-out jobs (matrix cells, extractions) instead of jobs (any number of "
                         "machines, one database)")
+    w.add_argument("--threads", type=int, metavar="N",
+                   help="torch / BLAS / numba threads (default: $COMPATLAB_THREADS, else the libraries' own defaults, "
+                        "every core; run_app.py gives each of its workers cores // workers)")
     _add_db(w, torchscript=True)
 
     ad = sub.add_parser("adapt", help="fit paper 004's adapters between two stored models; print the query/gallery table")
@@ -168,9 +171,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from engine import threads
     from engine.jobs.worker import serve
     from storage import get_engine
 
+    count = threads.requested(args.threads)  # run_app.py gives its workers $COMPATLAB_THREADS
+    if count is None:  # on its own: the libraries' defaults (every core) stay as they are
+        import torch
+
+        print(f"worker {os.getpid()}: torch's default {torch.get_num_threads()} compute thread(s) (--threads N or "
+              f"${threads.THREADS_ENV} to choose)", flush=True)
+    else:
+        used = threads.apply(count)
+        print(f"worker {os.getpid()}: {count} compute thread(s) "
+              f"({', '.join(f'{lib} {n}' for lib, n in used.items())})", flush=True)
     try:
         if args.tasks:
             from engine.jobs.tasks import serve_tasks

@@ -1,0 +1,84 @@
+"""How many compute threads each process uses (torch, BLAS / OpenMP, numba); torch-free (stdlib only).
+
+The rule: ``cores // processes`` threads per process, at least 1, where ``cores`` are the CPUs this process
+may run on (``os.sched_getaffinity`` where the platform has it) and ``processes`` the computing processes
+started together (``run_app.py``: its engine workers; a worker on its own keeps the libraries' defaults, every
+core). The user's choice replaces the rule: ``--threads N`` (``run_app.py``, ``python -m engine worker``), else
+``$COMPATLAB_THREADS``.
+
+torch, OpenBLAS, MKL and OpenMP read their counts from the environment when they load, so a parent puts
+:func:`thread_env` into a child's environment before the child starts; :func:`apply` sets them in a process
+that has already loaded the libraries (the worker) and reports what each library then uses. A count from the
+environment above the cores is capped at the cores by torch and OpenBLAS; :func:`apply` is not.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+THREADS_ENV = "COMPATLAB_THREADS"
+# OpenMP (torch's intra-op pool, numba's omp layer), the BLAS libraries numpy or torch may load, and numba
+LIBRARY_ENVS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+                "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+
+def available_cores() -> int:
+    """The CPUs this process may run on (its affinity mask where the platform has one, else every CPU)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def parse_count(value: str | int, *, source: str) -> int:
+    """A thread count given by the user (``source`` names where, for the error): a whole number >= 1."""
+    try:
+        count = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{source} must be a whole number of threads (1 or more), got {value!r}") from None
+    if count < 1:
+        raise ValueError(f"{source} must be a whole number of threads (1 or more), got {value!r}")
+    return count
+
+
+def requested(flag: int | None, environ: Mapping[str, str] | None = None) -> int | None:
+    """The user's thread count: ``--threads`` if given, else ``$COMPATLAB_THREADS`` if set, else None (the rule).
+
+    Raises ValueError with one line for a count below 1 or a variable that is not a whole number."""
+    if flag is not None:
+        return parse_count(flag, source="--threads")
+    value = (os.environ if environ is None else environ).get(THREADS_ENV, "").strip()
+    return parse_count(value, source=f"${THREADS_ENV}") if value else None
+
+
+def per_process(*, processes: int, cores: int | None = None, override: int | None = None) -> int:
+    """Threads for each of ``processes`` computing processes on ``cores`` CPUs: ``override`` when given, else
+    ``cores // processes`` and at least 1."""
+    if override is not None:
+        return parse_count(override, source="the thread count")
+    if processes < 1:
+        raise ValueError(f"processes must be 1 or more, got {processes}")
+    return max(1, (available_cores() if cores is None else cores) // processes)
+
+
+def thread_env(count: int) -> dict[str, str]:
+    """The environment that gives a child process ``count`` threads in every library (and tells it the count)."""
+    return {THREADS_ENV: str(count), **dict.fromkeys(LIBRARY_ENVS, str(count))}
+
+
+def apply(count: int) -> dict[str, int]:
+    """Use ``count`` threads in this process's torch, numba and loaded BLAS / OpenMP libraries, and in the children
+    it starts (environment); return what each library reports afterwards (``blas`` absent when none is loaded)."""
+    os.environ.update(thread_env(count))  # first: numba sizes its pool from $NUMBA_NUM_THREADS when it loads
+    import numba
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    torch.set_num_threads(count)
+    numba.set_num_threads(min(count, numba.config.NUMBA_NUM_THREADS))  # the pool numba made when it loaded
+    threadpool_limits(limits=count)
+    used = {"torch": torch.get_num_threads(), "numba": numba.get_num_threads()}
+    blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+    if blas:
+        used["blas"] = max(blas)
+    return used
