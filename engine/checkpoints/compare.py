@@ -148,7 +148,9 @@ def compare_checkpoints(spec: ComparisonSpec | Mapping[str, Any], *, progress: P
                         should_stop: Callable[[], bool] | None = None, trust: Trust = LOCAL) -> Comparison:
     """Load and validate every checkpoint, embed the images and compute the matrices; store nothing.
 
-    TorchScript models run in their contained processes, which are stopped before this returns.
+    ``progress(fraction, message)``: 0 while the request, the files, the images and a probe batch per model are
+    checked, then after every embedded batch. TorchScript models run in their contained processes, which are stopped
+    before this returns.
     """
     spec = comparison_spec(spec, trust=trust)
     report = progress or (lambda f, m: None)
