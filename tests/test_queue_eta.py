@@ -14,8 +14,6 @@ from storage import (
     claim_next_job,
     enqueue_job,
     finish_job,
-    get_engine,
-    init_db,
     lane_starts_s,
     queue_start_estimates,
     session_scope,
@@ -25,15 +23,15 @@ from storage.types import utcnow
 
 
 @pytest.fixture
-def db(tmp_path):
-    engine = get_engine(f"sqlite:///{tmp_path / 'queue.db'}")
-    init_db(engine)
+def db(engine):
+    """A fresh database: SQLite, and PostgreSQL too for tests marked ``both_databases``."""
     return engine
 
 
 # ------------------------------------------------------------------------------------------------ claim order
 
 
+@pytest.mark.both_databases
 def test_a_comparison_queued_behind_the_demo_is_claimed_first(db):
     """The demo runs on the general worker and a second training run waits; a comparison queued after both is taken
     by the short lane's worker at once, and by the general worker before the older run once that worker is free."""
@@ -100,6 +98,7 @@ def _job(s, kind: str, payload: dict, *, status: str, now, progress: float = 0.0
     return job.id
 
 
+@pytest.mark.both_databases
 def test_queued_jobs_start_after_their_lanes_running_job_and_the_jobs_ahead(db):
     now = utcnow()
     with session_scope(db) as s:
