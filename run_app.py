@@ -4,8 +4,8 @@
     python run_app.py --no-browser --port 8600 --db sqlite:////srv/compatlab.db
 
 The children get the database URL in ``COMPATLAB_DB_URL``. One worker takes every job kind; the
-other only the short lane (``--kinds analysis adapters``), so a map or a backfill curve is computed
-while a training run holds the first. On a first start with an empty database
+other only the short lane (``--kinds analysis adapters checkpoints``), so a map, an upgrade verdict or a
+checkpoint comparison is computed while a training run holds the first. On a first start with an empty database
 the ``quick-demo`` study is queued (unless ``--no-demo``). This process supervises them: a worker
 that dies (killed for memory, crashed) has its running jobs and experiments failed with the reason
 and is restarted after a back-off (1, 2, 4 ... 60 s, reset once a worker has run ``HEALTHY_S``);
@@ -179,8 +179,8 @@ def open_browser_when_ready(url: str, stop: threading.Event) -> None:
 
 
 def child_commands(args: argparse.Namespace, url: str) -> dict[str, list[str]]:
-    """The children: the engine worker (every job kind), the short-lane worker (analysis and adapters jobs only,
-    so they never wait behind training) and the Streamlit server (the database URL goes in the environment)."""
+    """The children: the engine worker (every job kind), the short-lane worker (analysis, adapters and checkpoints
+    jobs only, so they never wait behind training) and the Streamlit server (the database URL goes in the environment)."""
     worker = [sys.executable, "-m", "engine", "worker", "--checkpoints", str(checkpoint_dir(url))]
     return {
         "worker": worker,

@@ -17,7 +17,7 @@ import numpy as np
 import streamlit as st
 from sqlalchemy import Engine
 
-from engine.contract import JOB_LANES, analysis_key, available_views, main_view
+from engine.contract import JOB_LANES, JOB_PRIORITY, analysis_key, available_views, main_view
 from storage import (
     TASKS_JOB_KIND,
     QueuePlace,
@@ -33,6 +33,7 @@ from storage import (
     load_analysis,
     load_matrices,
     queue_positions,
+    queue_start_estimates,
     rename_model_version,
     request_cancel,
     retry_job,
@@ -127,6 +128,7 @@ def enqueue(url: str, kind: str, payload: dict[str, Any], *, experiment_id: int 
         job_id = enqueue_job(s, kind, payload, experiment_id=experiment_id, allow_identical=force)
     jobs.clear()
     queue_places.clear()
+    queue_starts_s.clear()
     return job_id
 
 
@@ -134,7 +136,14 @@ def enqueue(url: str, kind: str, payload: dict[str, Any], *, experiment_id: int 
 def queue_places(url: str) -> dict[int, QueuePlace]:
     """Each queued job's lane (``engine.contract.JOB_LANES``) and position in it."""
     with session_scope(db_engine(url)) as s:
-        return queue_positions(s, JOB_LANES, "main")
+        return queue_positions(s, JOB_LANES, "main", priority=JOB_PRIORITY)
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def queue_starts_s(url: str) -> dict[int, float | None]:
+    """Each queued job's expected start in seconds from now, None when unknown (``storage.queue_start_estimates``)."""
+    with session_scope(db_engine(url)) as s:
+        return queue_start_estimates(s, JOB_LANES, "main", priority=JOB_PRIORITY)
 
 
 @st.cache_data(ttl=2, show_spinner=False)

@@ -12,7 +12,7 @@ import streamlit as st
 from app import queries as q
 from engine.contract import analysis_key, analysis_payload
 from engine.results.conventions import SEPARATOR, convention, step_label
-from storage import TASKS_JOB_KIND, IdenticalJob, TaskBoard
+from storage import TASKS_JOB_KIND, IdenticalJob, QueuePlace, TaskBoard
 
 STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue[:material/autorenew: running]",
                 "done": ":green[:material/check_circle: done]", "failed": ":red[:material/error: failed]",
@@ -118,7 +118,8 @@ def pick_steps(versions: list[dict[str, Any]], *, key: str, columns: list | None
     return by_step[a], by_step[b]
 
 
-LANE_NAMES = {"short": "short-job lane (analyses, adapters)", "main": "main lane (training, checkpoints)"}
+LANE_NAMES = {"short": "short-job lane (analyses, upgrade checks, adapters, checkpoint comparisons)",
+              "main": "main lane (training)"}
 POLL_S = 2
 
 
@@ -129,12 +130,25 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
+def queue_caption(place: QueuePlace, starts_in_s: float | None) -> str:
+    """A queued job's caption: its lane, its position there and when it should start (or that there is no basis
+    for a number yet)."""
+    ahead = f"{place.position - 1} job(s) ahead" if place.position > 1 else "next to start"
+    if starts_in_s is None:
+        when = ("start time unknown (the job(s) before it have not reported enough progress yet, or have never run "
+                "before)")
+    elif starts_in_s < 10:
+        when = "starts within seconds"
+    else:
+        when = f"starts in about {duration(starts_in_s)} (estimate: the running job's progress, earlier identical runs)"
+    return f"Position {place.position} in the {LANE_NAMES.get(place.lane, place.lane)}: {ahead}; {when}."
+
+
 def job_timing(url: str, job: dict[str, Any]) -> None:
     """A caption with a queued job's position in its lane, or a running study's time left (the whole study's)."""
     place = q.queue_places(url).get(job["id"]) if job["status"] == "queued" else None
     if place is not None:
-        ahead = f"{place.position - 1} job(s) ahead" if place.position > 1 else "next to start"
-        st.caption(f"Position {place.position} in the {LANE_NAMES.get(place.lane, place.lane)}: {ahead}.")
+        st.caption(queue_caption(place, q.queue_starts_s(url).get(job["id"])))
     elif job["status"] == "running" and job["study_id"] is not None:
         left = q.study_eta_s(url, job["study_id"])
         st.caption("Whole study: " + (f"about {duration(left)} left (every method and seed, from its progress so far)."

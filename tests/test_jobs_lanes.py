@@ -16,7 +16,7 @@ import pytest
 
 import run_app
 from engine.config import config_from_dict
-from engine.contract import JOB_LANES, SHORT_JOB_KINDS, analysis_key, analysis_payload
+from engine.contract import JOB_LANES, JOB_PRIORITY, SHORT_JOB_KINDS, analysis_key, analysis_payload
 from engine.jobs.worker import run_one
 from storage import (
     IdenticalJob,
@@ -81,8 +81,6 @@ def test_a_map_job_is_done_while_a_training_run_holds_the_main_worker(db, tmp_pa
         run_id = enqueue_job(s, "run", {"config": config_from_dict(TINY).to_dict()})
     exp_id = _stored_experiment(db)
     params = {"step_a": 1, "step_b": 2, "method": "pca"}
-    with session_scope(db) as s:
-        map_id = enqueue_job(s, "analysis", analysis_payload(exp_id, "projection", params), experiment_id=exp_id)
 
     training, release = threading.Event(), threading.Event()
     import engine.run.training as training_module
@@ -100,6 +98,8 @@ def test_a_map_job_is_done_while_a_training_run_holds_the_main_worker(db, tmp_pa
     try:
         assert training.wait(WAIT_S), "the main worker never started training"
         assert _job(db, run_id).status == "running"
+        with session_scope(db) as s:  # queued now: a free general worker would take it before a run (priority)
+            map_id = enqueue_job(s, "analysis", analysis_payload(exp_id, "projection", params), experiment_id=exp_id)
 
         assert run_one(db, kinds=SHORT_JOB_KINDS) == map_id  # the short lane's worker
         assert _job(db, map_id).status == "done"
@@ -141,7 +141,7 @@ def test_the_worker_command_takes_kinds_and_refuses_unknown_ones(db, capsys):
 def test_run_app_starts_a_short_job_worker_beside_the_main_one(monkeypatch):
     commands = run_app.child_commands(run_app.parse_args([]), "sqlite:////srv/lab/x.db")
     assert commands["worker"][1:] == ["-m", "engine", "worker", "--checkpoints", "/srv/lab/checkpoints"]
-    assert commands["short-job worker"] == [*commands["worker"], "--kinds", "analysis", "adapters"]
+    assert commands["short-job worker"] == [*commands["worker"], "--kinds", "analysis", "adapters", "checkpoints"]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
@@ -185,8 +185,12 @@ def test_queue_positions_count_each_lane_in_claim_order(db):
     with session_scope(db) as s:
         fail_job(s, failed.id, "boom", lease=failed.lease)  # finished: no place either
         places = queue_positions(s, JOB_LANES, "main")
-    assert places == {ids[2]: QueuePlace("main", 1), ids[3]: QueuePlace("short", 1), ids[4]: QueuePlace("main", 2),
-                      ids[5]: QueuePlace("short", 2), ids[6]: QueuePlace("main", 3)}
+        by_priority = queue_positions(s, JOB_LANES, "main", priority=JOB_PRIORITY)
+    assert places == {ids[2]: QueuePlace("short", 1), ids[3]: QueuePlace("short", 2), ids[4]: QueuePlace("main", 1),
+                      ids[5]: QueuePlace("short", 3), ids[6]: QueuePlace("main", 2)}
+    # with the workers' priorities the analysis and the adapters go before the older comparison
+    assert by_priority == {**places, ids[3]: QueuePlace("short", 1), ids[5]: QueuePlace("short", 2),
+                           ids[2]: QueuePlace("short", 3)}
 
 
 # ------------------------------------------------------------------------------------------------ ETA

@@ -28,9 +28,11 @@ def test_overview_shows_lane_positions_and_the_whole_study_eta(app_db):
         s.execute(update(Job).where(Job.id == job.id).values(started_at=utcnow() - timedelta(seconds=200)))
     shown = texts(open_page("overview"))
     assert "Whole study: about 5 min left" in shown
-    assert "Position 1 in the main lane (training, checkpoints): next to start." in shown
-    assert "Position 2 in the main lane (training, checkpoints): 1 job(s) ahead." in shown  # #1 runs, #2 waits
-    assert "Position 1 in the short-job lane (analyses, adapters): next to start." in shown
+    # #2 starts when the demo's 300 s are over; #3 waits behind #2, which has never run (no duration known)
+    assert "Position 1 in the main lane (training): next to start; starts in about 5 min" in shown
+    assert "Position 2 in the main lane (training): 1 job(s) ahead; start time unknown" in shown
+    assert ("Position 1 in the short-job lane (analyses, upgrade checks, adapters, checkpoint comparisons): next to "
+            "start; starts within seconds.") in shown  # nothing runs in the short lane
 
 
 def test_an_identical_launch_is_told_and_not_queued(app_db):

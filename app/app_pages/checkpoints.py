@@ -42,7 +42,7 @@ from app.checkpoint_form import (
     start_sequence,
     upload_limit_mb,
 )
-from app.widgets import QUEUED_HINT_S, launch as launch_job, plain, status_badge
+from app.widgets import QUEUED_HINT_S, launch as launch_job, plain, queue_caption, status_badge
 from engine.contract import checkpoints_payload
 
 url = q.db_url()
@@ -220,6 +220,8 @@ def recent_comparisons() -> None:
         models = job["payload"].get("spec", {}).get("models", [])
         names = " → ".join(m.get("label") or Path(m.get("path", "?")).stem for m in models)
         line = f"**#{job['id']}** {plain(names)} — {status_badge(job['status'])} · {q.ago(job['created_at'])}"
+        if job["status"] == "queued" and (place := q.queue_places(url).get(job["id"])) is not None:
+            line += " · " + queue_caption(place, q.queue_starts_s(url).get(job["id"]))
         if job["status"] == "queued" and (datetime.now(timezone.utc) - job["created_at"]).total_seconds() > QUEUED_HINT_S:
             line += " · still waiting: is the engine worker running? (`python run_app.py` starts it)"
         elif job["status"] == "running":

@@ -7,10 +7,11 @@ The request (torch-free; the dashboard validates with it before queuing a ``chec
   ``request``  ``comparison_spec(spec, *, trust=LOCAL) -> ComparisonSpec``  strict, one-sentence ``ValueError``;
       ``ComparisonSpec(models, dataset | query_dataset + gallery_dataset, views, metrics, protocol, ties, name,
       max_file_bytes, batch_size, device)``, ``.to_dict()``  the job payload; ``model_source(entry, *, index, trust)
-      -> ModelSource(path, arch, num_classes, classes, input_size, mean, std, label)``; ``parse_dataset("NAME[:ROOT]")``
+      -> ModelSource(path, arch, num_classes, classes, input_size, mean, std, label, pretrained)``,
+      ``.load_trust(trust)``; ``parse_dataset("NAME[:ROOT]")``
   ``arch_table``  ``ARCH_INPUTS``  architecture name -> ``ArchInputs(input_size, mean, std, in_channels)``
   ``pretrained``  ``pretrained_path(name) -> (file, arch, 1000)`` for ``pretrained:NAME`` (nothing is downloaded);
-      ``LITE_WEIGHT_PACKAGES``
+      ``LITE_WEIGHT_PACKAGES``, ``lite_weights_path`` (from the package's install record), ``trusted_by_name``
   ``classes``  ``read_class_list``, ``index_names``, ``aligned_columns``: how PSP/LSP's "first C^k outputs" is
       realised for models whose classes differ in order or content
 

@@ -127,10 +127,18 @@ def spec_from_args(args: argparse.Namespace) -> dict:
 
 
 def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
+    """Compare, print the matrices (stdout) and store. Progress goes to stderr as it happens (one flushed line per
+    step when stderr is not a terminal) from the first embedding step on: the checks before it (the request, the
+    files, the images, a probe batch per model) report at 0, so a refused input still prints one line only."""
     from engine.checkpoints.compare import compare_checkpoints
     from engine.checkpoints.store import comparison_json, store_comparison
+    from engine.run.progress import TerminalProgress
 
-    cmp = compare_checkpoints(spec_from_args(args))
+    bar = TerminalProgress()
+    try:
+        cmp = compare_checkpoints(spec_from_args(args), progress=lambda f, message: bar(f, message) if f > 0 else None)
+    finally:
+        bar.close()
     for i, (label, model) in enumerate(zip(cmp.labels, cmp.models), start=1):
         dim = cmp.outputs[i - 1]["gallery"]["encoder"].shape[1]
         print(f"M{i} {label}: {model.kind} {model.architecture}, {model.num_outputs} outputs, "

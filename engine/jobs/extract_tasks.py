@@ -51,7 +51,7 @@ def _opened(spec: Mapping[str, Any]) -> Iterator[tuple[LoadedModel, ModelSource,
     trust = Trust(**spec["trust"])
     source = model_source(spec["model"], trust=trust)
     model = load_model(source.path, arch=source.arch, num_classes=source.num_classes,
-                       max_bytes=spec["max_file_bytes"], trust=trust)
+                       max_bytes=spec["max_file_bytes"], trust=source.load_trust(trust))
     try:
         yield model, source, ImageSource(spec["images"])
     finally:

@@ -1,9 +1,11 @@
 """The background worker (``python -m engine worker``): claims queued jobs and runs them one at a time.
 
 ``--kinds`` restricts a worker to some job kinds: ``run_app.py`` starts one worker for every kind and a
-second for the short lane (``engine.contract.SHORT_JOB_KINDS``: analysis, adapters), so a map or a
-backfill curve is computed while a training run occupies the first worker. Both claim the oldest
-queued job they may take; the claim is atomic, so two workers never run the same job.
+second for the short lane (``engine.contract.SHORT_JOB_KINDS``: analysis, adapters, checkpoints), so a map,
+an upgrade verdict or a checkpoint comparison is computed while a training run occupies the first worker.
+Both claim the queued job they may take in ``engine.contract.JOB_PRIORITY`` order (analyses and adapters,
+then comparisons, then training; the oldest among equals); the claim is atomic, so two workers never run
+the same job.
 
 Job kinds (payload formats):
 * ``run``: ``{"config": RunConfig dict}`` or ``{"preset": NAME}``, optionally ``"tasks": {"block_rows": N,
@@ -30,6 +32,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
+from engine.contract import JOB_PRIORITY
 from storage import (
     LeaseLost,
     claim_next_job,
@@ -129,7 +132,7 @@ def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints",
 
     with session_scope(db) as s:
         fail_stale_jobs(s, STALE_AFTER_S)
-    job = claim_next_job(db, os.getpid(), kinds=kinds)
+    job = claim_next_job(db, os.getpid(), kinds=kinds, priority=JOB_PRIORITY)
     if job is None:
         return None
     handler = HANDLERS.get(job.kind)
