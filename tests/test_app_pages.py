@@ -97,6 +97,7 @@ def test_overview_cancel_and_retry_change_job_rows(app_db):
     page = texts(at)
     assert "step 2/3, epoch 1/2" in page, "a failed job shows its last message"
     at.button(key=f"cancel_{queued}").click().run()
+    at.button(key=f"cancel_all_{queued}").click().run()  # the confirmation (tests/test_app_cancel.py)
     assert not at.exception
     at.button(key=f"retry_{failed}").click().run()
     assert not at.exception
