@@ -75,7 +75,9 @@ everything = [m for ms in stored.values() for m in ms]
 if not everything:
     st.warning("These experiments have no stored compatibility matrices yet.")
     st.stop()
-study_download(selected, stored, title=group, key="cm_bundle")
+study_download(selected, stored, title=group, key="cm_bundle",
+               names={e["id"]: {v["step"]: v.get("name") for v in q.model_versions(url, e["id"], q.stamp(e))}
+                      for e in selected})
 
 c = st.columns(4)
 metrics = sorted({m["metric"] for m in everything}, key=lambda m: (m != "recall@1", m))
@@ -190,7 +192,7 @@ if len(curves) and curves["step"].max() >= 3:
             (left, "AC_t", f"AC_t: compatibility of the first t models{over}", curves.dropna(subset=["AC_t"])),
             (right, "AA_t", f"AA_t: mean {metric_name(metric)} of the first t models{over}", curves)):
         with col:
-            curve = charts.with_convention(charts.step_curves(frame, value=value, title=title, y_title=value,
+            curve = charts.with_convention(charts.step_curves(frame, value=value, title=title, y_title=charts.axis_title(value),
                                                               percent_axis=True), conv, 60)
             st.altair_chart(curve, width="stretch")
             download_buttons(curve, f"{value}_{metric}", key=f"dl_{value}")

@@ -34,6 +34,11 @@ main = q.main_view(experiment["method"])
 view = c[3].selectbox("View", views, index=views.index(main) if main in views else 0, key=f"up_view_{experiment['id']}")
 old_name, new_name = model_label(old), model_label(new)
 
+
+def arrow(diff: float) -> str:
+    """A metric's delta arrow for a signed difference: up, down, or none for 0."""
+    return "up" if diff > 0 else "down" if diff < 0 else "off"
+
 with st.expander("Name these models (v1, v2, ...)"):
     n1, n2, n3 = st.columns([2, 2, 1])
     given = (n1.text_input(f"Name of step {old['step']}", old.get("name") or "", max_chars=40, key="up_name_old"),
@@ -57,12 +62,14 @@ for note in p.get("notes", []):
     st.info(plain(note))
 
 k = st.columns(4)
-k[0].metric(f"ECC gain ({new_name} / {old_name} − {old_name} / {old_name})", f"{100 * comp['diff']:+.1f} pts",
+k[0].metric(plain(f"ECC gain ({new_name} / {old_name} − {old_name} / {old_name})"), f"{100 * comp['diff']:+.1f} pts",
             help="New-model queries against the old gallery minus the old model's self-test, in points")
 k[1].metric(f"{100 * r['level']:g}% CI of the gain", f"{100 * comp['lo']:+.1f} to {100 * comp['hi']:+.1f}")
-k[2].metric(f"{new_name} on its own vs {old_name}", f"{100 * better['diff']:+.1f} pts", better["verdict"], delta_color="off")
+# a word as the delta: its arrow follows the sign of the difference (a text delta would always point up)
+k[2].metric(plain(f"{new_name} on its own vs {old_name}"), f"{100 * better['diff']:+.1f} pts", better["verdict"],
+            delta_color="off", delta_arrow=arrow(better["diff"]))
 k[3].metric("Queries scored", f"{comp['n']}", f"{r['n_no_positive']} without a positive" if r["n_no_positive"] else None,
-            delta_color="off")
+            delta_color="off", delta_arrow="off")
 if comp["lo"] <= 0 <= comp["hi"]:
     st.warning(f"Too close to call: the {100 * r['level']:g}% interval of the gain ({interval(comp, r['level'])}) "
                "contains 0. More queries, or a larger margin, would decide it.")
