@@ -1,5 +1,6 @@
 """Hostile names (markdown, HTML, javascript links, very long) stored in a hand-made database never reach a page's
-markdown raw (issue 24, item 4): every page is walked and every element that Streamlit renders as markdown is read."""
+markdown raw (issue 24, item 4): every page is walked and every element that Streamlit renders as markdown is read;
+its tables draw missing values as a dash, never None (issue 23, item 7)."""
 from __future__ import annotations
 
 import re
@@ -12,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 from engine.analysis.run import run_analysis
 from storage import enqueue_job, get_engine, list_model_versions, rename_model_version, session_scope
 from storage.models import CompatibilityMatrix, Experiment, Study
+from app.widgets import MISSING
 from test_app_pages import unplain
 from test_app_synthetic import fill_study
 
@@ -68,6 +70,9 @@ def test_no_raw_markup_reaches_markdown(hostile, page):
         pickers[0].set_value(next(i for i, o in enumerate(pickers[0].options) if "(independent)" in o)).run()
         assert not at.exception, at.exception
         texts += markdown_texts(at)
+    for frame in at.dataframe:  # tables: a missing value is drawn as a dash, never the word None
+        assert frame.proto.placeholder == MISSING, f"{page}: a table without the dash placeholder"
+        assert not frame.value.map(lambda v: isinstance(v, str) and v.strip() == "None").any(axis=None), page
     for text in texts:
         for raw in RAW:  # unescaped: not right after plain()'s backslash
             assert not re.search(r"(?<!\\)" + re.escape(raw), text), f"{page}: raw {raw!r} in {text[:300]!r}"

@@ -5,7 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app import queries as q
-from app.widgets import analysis_result, model_label, pick_experiment, pick_steps, plain
+from app.widgets import MISSING, analysis_result, model_label, pick_experiment, pick_steps, plain
 from engine.contract import ADAPTER_KINDS, adapter_key, adapters_payload, same_set_of
 from engine.results.conventions import metric_name
 from engine.upgrade.words import interval, sentence, share
@@ -78,7 +78,7 @@ st.caption(plain(f"{metric_name(r['metric'])} · view {view} · {r['n_queries']}
                  f"bootstrap over queries, {r['resamples']:,} resamples, seed {r['seed']}"))
 st.dataframe(pd.DataFrame([{"query / gallery": f"{a} / {b}", f"{metric_name(r['metric'])} %": 100 * v}
                            for a, b, v in ((old_name, old_name, r["old_old"]), (new_name, old_name, r["new_old"]),
-                                           (new_name, new_name, r["new_new"]))]), hide_index=True,
+                                           (new_name, new_name, r["new_new"]))]), hide_index=True, placeholder=MISSING,
              column_config={f"{metric_name(r['metric'])} %": st.column_config.NumberColumn(format="%.1f")})
 
 if r["backfill"]:
@@ -88,7 +88,8 @@ if r["backfill"]:
     st.dataframe(pd.DataFrame([{"ordering": n["ordering"] + (" (best)" if n["ordering"] == r["best_ordering"] else ""),
                                 "M̃ %": 100 * n["area"], f"to reach {old_name}'s self-test": share(n["to_old_self"]),
                                 f"to reach {new_name}'s self-test": share(n["to_new_self"])} for n in r["backfill"]]),
-                 hide_index=True, column_config={"M̃ %": st.column_config.NumberColumn(format="%.2f")})
+                 hide_index=True, placeholder=MISSING,
+                 column_config={"M̃ %": st.column_config.NumberColumn(format="%.2f")})
 
     st.subheader("Without backfilling: mapping adapters (paper 004)")
     adapters = {kind: hit["payload"] for kind in ADAPTER_KINDS
@@ -98,7 +99,7 @@ if r["backfill"]:
         rows = [{"adapter": ADAPTER_NAMES.get(kind, kind), "query / gallery": row["row"],
                  "Recall@1 %": 100 * row["recall@1"], "mAP %": 100 * row["map"]}
                 for kind, a in adapters.items() for row in a["table"]]
-        st.dataframe(pd.DataFrame(rows), hide_index=True)
+        st.dataframe(pd.DataFrame(rows), hide_index=True, placeholder=MISSING)
     else:
         st.caption("No adapters stored for these two models and view yet. Fitting them trains a forward and a backward "
                    "adapter on the stored training features; they appear here when the job is done.")
