@@ -78,3 +78,37 @@ def test_dataset_files_problem_names_the_missing_files(tmp_path, monkeypatch):
     # the open-set dataset is checked too
     config = {"dataset": {"name": "cifar10", "root": str(tmp_path)}, "eval": {"open_set_dataset": "cifar100"}}
     assert config_files_problem(config).startswith("CIFAR-100 not found")
+
+
+def test_the_on_its_own_badge_points_the_way_of_its_difference(app_db):
+    """A word as a metric's delta ("not better") used to get an up arrow whatever the sign of the difference."""
+    from streamlit.proto.Metric_pb2 import Metric
+
+    out = fill_study(app_db, steps=3, analyses=False)
+    db = get_engine(app_db)
+    for experiment_id in out["experiments"].values():
+        run_analysis(db, experiment_id, "upgrade", {"step_a": 2, "step_b": 3, "view": "encoder", "metric": "recall@1"})
+    at = open_page("upgrade")
+    pick = at.selectbox(key="up_experiment")
+    seen = set()
+    for index in range(len(pick.options)):
+        at.selectbox(key="up_experiment").set_value(index).run()
+        assert not at.exception
+        alone = next(m for m in at.metric if "on its own vs" in m.label)
+        diff = float(alone.value.split()[0])
+        expected = Metric.UP if diff > 0 else Metric.DOWN if diff < 0 else Metric.NONE
+        assert alone.proto.direction == expected, (alone.value, alone.proto.direction)
+        seen.add(expected)
+    assert seen, "the metric was shown"
+
+
+def test_axis_titles_are_words_not_field_names():
+    import pandas as pd
+
+    from app import charts
+
+    frame = pd.DataFrame({"step": [1, 2, 3], "prototype_cosine": [0.9, 0.8, 0.7], "mean_drift_seen": [0.1, 0.2, 0.3]})
+    for field in ("prototype_cosine", "mean_drift_seen"):
+        title = charts.steps_chart(frame, field, "t").to_dict()["encoding"]["y"]["title"]
+        assert title == charts.AXIS_TITLES[field] and "_" not in title
+    assert charts.axis_title("some_new_field") == "some new field"

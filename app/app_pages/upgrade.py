@@ -67,7 +67,7 @@ k[0].metric(plain(f"ECC gain ({new_name} / {old_name} − {old_name} / {old_name
 k[1].metric(f"{100 * r['level']:g}% CI of the gain", f"{100 * comp['lo']:+.1f} to {100 * comp['hi']:+.1f}")
 # a word as the delta: its arrow follows the sign of the difference (a text delta would always point up)
 k[2].metric(plain(f"{new_name} on its own vs {old_name}"), f"{100 * better['diff']:+.1f} pts", better["verdict"],
-            delta_color="off", delta_arrow=arrow(better["diff"]))
+            delta_color="off", delta_arrow=arrow(round(100 * better["diff"], 1)))  # the shown number's sign
 k[3].metric("Queries scored", f"{comp['n']}", f"{r['n_no_positive']} without a positive" if r["n_no_positive"] else None,
             delta_color="off", delta_arrow="off")
 if comp["lo"] <= 0 <= comp["hi"]:
