@@ -20,6 +20,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 from engine import vocab
 from engine.data.splits import check_replacements, check_split
 from engine.vocab import INIT_SEEDS
+from storage import name_problem
 
 
 @dataclass(frozen=True)
@@ -217,8 +218,6 @@ MAX_RUN_NAME = 160  # leaves room for "/method/seed N" in the experiment names (
 
 def _name(v: str) -> str | None:
     """A run's name: what every page, export and the bundle's study.toml show (``storage.name_problem``)."""
-    from storage import name_problem
-
     if not v.strip():
         return f"must be a non-empty text, got {v!r}"
     return name_problem(v, what="", limit=MAX_RUN_NAME)
