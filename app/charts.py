@@ -194,7 +194,7 @@ def step_curves(frame: pd.DataFrame, *, value: str, title: str, y_title: str, pe
         y=alt.Y(f"{value}:Q", title=y_title, axis=axis, scale=alt.Scale(zero=False)),
         **series_encodings(frame["method"].tolist(), "method", "method"),
         tooltip=["method", alt.Tooltip("step:Q", format="d"),
-                 alt.Tooltip(f"{value}:Q", format=".1%" if percent_axis else ".3f")],
+                 alt.Tooltip(f"{value}:Q", format=".1%" if percent_axis else ".3f", title=y_title)],
     ).properties(title=title, height=260)
 
 
@@ -335,13 +335,25 @@ def angle_chart(frame: pd.DataFrame, references: pd.DataFrame, *, model_names: S
         title="Angles between class means (◆ = regular simplex)", height=160)
 
 
+# what a chart's axis says for a stored field (never the field's name)
+AXIS_TITLES = {"prototype_cosine": "cos(feature, class prototype)", "centroid_energy": "share of energy on the centroid",
+               "nc1": "NC1 (within-class variability)", "mean_drift_seen": "mean cos(old, new) of old classes",
+               "AC_t": "AC of the first t models", "AA_t": "AA of the first t models"}
+
+
+def axis_title(field: str) -> str:
+    """A human axis title for a stored field (``AXIS_TITLES``), the field with spaces for one not listed."""
+    return AXIS_TITLES.get(field, field.replace("_", " "))
+
+
 def steps_chart(frame: pd.DataFrame, value: str, title: str, *, log: bool = False) -> alt.Chart:
     """One value per step (a line); ``log`` for values spanning orders of magnitude."""
     scale = alt.Scale(type="log") if log else alt.Scale(zero=False)
     return alt.Chart(frame.assign(step_shown=frame["step"].astype(float))).mark_line(point=True).encode(
         x=step_axis(frame["step"].tolist()),
-        y=alt.Y(f"{value}:Q", title=value + (" (log scale)" if log else ""), scale=scale),
-        tooltip=["step", alt.Tooltip(f"{value}:Q", format=".3f")]).properties(title=title, height=220)
+        y=alt.Y(f"{value}:Q", title=axis_title(value) + (" (log scale)" if log else ""), scale=scale),
+        tooltip=["step", alt.Tooltip(f"{value}:Q", format=".3f", title=axis_title(value))]).properties(title=title,
+                                                                                                        height=220)
 
 
 # ---------------------------------------------------------------------------------------------- backfilling

@@ -67,6 +67,17 @@ def chart_data(chart: alt.TopLevelMixin) -> pd.DataFrame:
     return pd.concat([f.assign(layer=i) for i, f in enumerate(frames, start=1)], ignore_index=True)
 
 
+def csv_bytes(frame: pd.DataFrame) -> bytes:
+    """A data frame as CSV whose text cells (and headers) a spreadsheet will not run as formulas
+    (``engine.results.report.safe_cell``); numbers stay numbers."""
+    from engine.results.report import safe_cell
+
+    safe = frame.rename(columns=lambda c: safe_cell(str(c)))
+    text = safe.select_dtypes(include=["object", "string"]).columns
+    safe[text] = safe[text].map(safe_cell)
+    return safe.to_csv(index=False).encode()
+
+
 def _file_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "chart"
 
@@ -77,7 +88,7 @@ def download_buttons(chart: alt.TopLevelMixin, name: str, *, key: str) -> None:
     images = can_export_images()
     makers = {"png": lambda: chart_bytes(chart, "png"), "svg": lambda: chart_bytes(chart, "svg"),
               "html": lambda: chart_bytes(chart, "html"),
-              "csv": lambda: chart_data(chart).to_csv(index=False).encode()}
+              "csv": lambda: csv_bytes(chart_data(chart))}
     with st.popover("Download", icon=":material/download:", help="this chart as PNG, SVG, HTML (works offline) or "
                     "CSV (its data)"):
         for col, (fmt, make) in zip(st.columns(len(makers)), makers.items()):
@@ -87,11 +98,11 @@ def download_buttons(chart: alt.TopLevelMixin, name: str, *, key: str) -> None:
 
 
 def study_download(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[int, Sequence[Mapping[str, Any]]], *,
-                   title: str, key: str) -> None:
+                   title: str, key: str, names: Mapping[int, Mapping[int, str | None]] | None = None) -> None:
     """A "Download this study" button: the zip of ``engine.results.bundle`` (config TOML, matrices CSV/JSON,
-    summary Markdown), built when pressed."""
+    summary Markdown), built when pressed; ``names``: experiment id -> {step: the user's model name}."""
     from engine.results.bundle import study_bundle
 
-    st.download_button("Download this study (zip)", lambda: study_bundle(experiments, matrices, title=title),
+    st.download_button("Download this study (zip)", lambda: study_bundle(experiments, matrices, title=title, names=names),
                        file_name=f"{_file_stem(title)}.zip", mime="application/zip", on_click="ignore", key=key,
                        help="study.toml to rerun it, matrices.csv / matrices.json, summary.md")

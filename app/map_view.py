@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import charts, images
 from app import map_explore as mx
-from app.widgets import plain
+from app.widgets import MISSING, plain
 
 HOVER_IMAGES = 2_000  # drawn images per model up to which the map's tooltip carries thumbnails
 
@@ -86,7 +86,8 @@ def show_map(points: pd.DataFrame, means: pd.DataFrame, protos: pd.DataFrame, li
     selected = mx.boxed_points(event, points)
     if len(selected):
         st.markdown(f"**Selected in the box**: {selected['row'].nunique():,} images, {len(selected):,} points")
-        st.dataframe(mx.selection_table(selected, image_uris), hide_index=True, width="stretch", height=260,
+        st.dataframe(mx.selection_table(selected, image_uris), hide_index=True, placeholder=MISSING, width="stretch",
+                     height=260,
                      column_config={"image": st.column_config.ImageColumn("image", width="small"),
                                     "drift": st.column_config.NumberColumn("drift (1 - cos)", format="%.3f")})
     return chart

@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import images
 from app import queries as q
-from app.widgets import plain, state_convention
+from app.widgets import model_label, plain, state_convention
 from engine.contract import same_set_of
 
 
@@ -44,7 +44,7 @@ def pick_query(url: str, steps: list[int], by_step: dict[int, dict], default_ste
 def show_gallery(nn: dict, pictures: list[bytes | None], title: str) -> None:
     """One gallery's neighbours: images (or class names) with hit/miss and cosine distance under each."""
     hits = sum(n["hit"] for n in nn["neighbours"])
-    st.markdown(f"**{title}** · {hits}/{len(nn['neighbours'])} hits · {nn['n_positives']} positives among "
+    st.markdown(f"**{plain(title)}** · {hits}/{len(nn['neighbours'])} hits · {nn['n_positives']} positives among "
                 f"{nn['n_gallery']} images" + (" · query's own image excluded" if nn["same_set"] else ""))
     captions = [f"{'✓ hit' if n['hit'] else '✗ miss'} · {n['name']} · d={1 - n['similarity']:.3f}"  # plain text
                 for n in nn["neighbours"]]
@@ -66,7 +66,7 @@ def show_neighbours(url: str, experiment: dict, versions: list[dict], old: dict,
     steps = [v["step"] for v in versions]
     by_step = {v["step"]: v for v in versions}
     q_step, row, k = pick_query(url, steps, by_step, new["step"], same_set_of(experiment["config"]))
-    galleries = ((old, f"old gallery (step {old['step']})"), (new, f"new gallery (step {new['step']})"))
+    galleries = ((old, f"old gallery ({model_label(old)})"), (new, f"new gallery ({model_label(new)})"))
     results = []
     try:
         for gallery, _ in galleries:

@@ -1,4 +1,4 @@
-"""What the pages read, and the three writes the app makes (enqueue, cancel, retry a job).
+"""What the pages read, and the writes the app makes (enqueue, cancel or retry a job, cancel one experiment, name models).
 
 Reads go through the storage repository in short transactions and return plain values (dicts,
 numpy arrays) that ``st.cache_data`` can keep. Every cached function takes the database URL first,
@@ -22,6 +22,7 @@ from storage import (
     TASKS_JOB_KIND,
     QueuePlace,
     TaskBoard,
+    cancel_experiment as cancel_experiment_row,
     default_db_url,
     enqueue_job,
     get_engine,
@@ -158,6 +159,14 @@ def cancel(url: str, job_id: int) -> str:
     with session_scope(db_engine(url)) as s:
         status = request_cancel(s, job_id)
     jobs.clear()
+    return status
+
+
+def cancel_experiment(url: str, experiment_id: int) -> str:
+    """Stop one running experiment of a study run (the run goes on with the others); returns its status afterwards."""
+    with session_scope(db_engine(url)) as s:
+        status = cancel_experiment_row(s, experiment_id)
+    experiments.clear()
     return status
 
 

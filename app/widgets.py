@@ -256,12 +256,16 @@ def analysis_result(url: str, experiment: dict[str, Any], kind: str, params: dic
     """The stored analysis for ``params``; otherwise its job's progress (polled) or a button to compute it."""
     key = analysis_key(kind, params)
     stamp = q.stamp(experiment)
+    # the job first, then the result: a job seen finished stored its result before it finished, so the read after
+    # it sees the result (read the other way round, a job finishing in between looked as if it stored nothing)
+    job = q.analysis_job(url, experiment["id"], kind, key)
     hit = q.stored_analysis(url, experiment["id"], kind, key, stamp)
     if hit is not None:
         return hit
-    job = q.analysis_job(url, experiment["id"], kind, key)
     if job is not None and _follow(url, lambda j: j["id"] == job["id"]):
         return None
+    if job is not None and job["status"] in q.ACTIVE:
+        st.rerun()  # it finished between the two reads of the job list: read everything again
     if job is not None and job["status"] == "failed":
         st.error(f"Computing {what} failed (job #{job['id']}): {plain(job['message'])}")
         if job.get("error"):
@@ -270,10 +274,11 @@ def analysis_result(url: str, experiment: dict[str, Any], kind: str, params: dic
     elif job is not None and job["status"] == "cancelled":
         st.warning(f"Computing {what} was cancelled (job #{job['id']}).")
     elif job is not None and job["status"] == "done":
-        st.warning(f"Job #{job['id']} finished but stored no {what}; compute it again.")
+        st.warning(f"Job #{job['id']} computed {what}, but it is no longer stored (its experiment was run again "
+                   "since); compute it again.")
     else:
-        st.info(f"Not computed yet for these settings: {what}. The engine worker computes it in the background "
-                "and this page updates when it is ready.")
+        st.info(f"Not computed yet for these settings: {what}. Press *Compute* to have the engine worker compute it; "
+                "this page shows it when it is ready.")
     if st.button(f"Compute {what}", type="primary", key=button_key):
         # identical launches are told above (the stored result, or the queued/running job followed); what is left
         # is a done job that stored nothing (its experiment was re-run since): computing again is what was asked

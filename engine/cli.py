@@ -247,6 +247,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from engine.checkpoints.evaluate_folder import evaluate_folder, load_feature_folder, result_json
 
     metrics = tuple(args.metrics or ("recall@1", "map"))
+    if not args.no_store:  # the name every page shows: refused now, not after the evaluation
+        from storage import name_problem
+
+        if problem := name_problem(args.name or args.features.name, what="experiment name"):
+            raise ValueError(problem)
     folder = load_feature_folder(args.features)
     if not args.no_store:  # a database that cannot take the result is refused before computing it
         from storage import get_engine, init_db

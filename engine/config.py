@@ -20,6 +20,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 from engine import vocab
 from engine.data.splits import check_replacements, check_split
 from engine.vocab import INIT_SEEDS
+from storage import name_problem
 
 
 @dataclass(frozen=True)
@@ -212,11 +213,21 @@ def _text(v: str) -> str | None:
     return None if v.strip() else f"must be a non-empty text, got {v!r}"
 
 
+MAX_RUN_NAME = 160  # leaves room for "/method/seed N" in the experiment names (storage.MAX_NAME)
+
+
+def _name(v: str) -> str | None:
+    """A run's name: what every page, export and the bundle's study.toml show (``storage.name_problem``)."""
+    if not v.strip():
+        return f"must be a non-empty text, got {v!r}"
+    return name_problem(v, what="", limit=MAX_RUN_NAME)
+
+
 _POSITIVE = _number(1)
 _COUNT = _number(0)
 # key -> rule; a list or tuple value is checked item by item.
 RULES: dict[str, Rule] = {
-    "name": _text, "methods": _method, "seed": _number(0, 2**32 - 1),
+    "name": _name, "methods": _method, "seed": _number(0, 2**32 - 1),
     "seeds": _number(0, 2**32 - 1), "device": _device,
     "dataset.name": _choice("dataset", vocab.DATASET_NAMES), "dataset.root": _text,
     "dataset.num_classes": _number(1, 100_000), "dataset.train_per_class": _number(1, 100_000),
@@ -372,6 +383,9 @@ def load_config(path: str | Path) -> RunConfig:
         raise ValueError(f"{path}: {exc}") from None
 
 
+TOML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
 def dump_toml(cfg: RunConfig) -> str:
     """A TOML rendering of ``cfg`` (None values are left out: they mean 'default')."""
 
@@ -380,8 +394,9 @@ def dump_toml(cfg: RunConfig) -> str:
             return "true" if v else "false"
         if isinstance(v, (int, float)):
             return repr(v)
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, str):  # a TOML basic string: backslash, quote and control characters escaped
+            return '"' + "".join(TOML_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 32 or ord(c) == 127 else c)
+                                 for c in v) + '"'
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
         if isinstance(v, dict):

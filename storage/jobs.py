@@ -215,6 +215,17 @@ def request_cancel(session: Session, job_id: int) -> str:
     return job.status
 
 
+def cancel_experiment(session: Session, experiment_id: int) -> str:
+    """Stop one running experiment of a study run and let the run go on with its other methods and seeds: it is
+    marked cancelled at once, and the run discards what it wrote at its next check. Returns its status afterwards
+    (unchanged when it is not running)."""
+    experiment = require_row(session, Experiment, experiment_id)
+    if experiment.status == "running":
+        experiment.status, experiment.finished_at = "cancelled", utcnow()
+        session.flush()
+    return experiment.status
+
+
 def is_cancel_requested(session: Session, job_id: int, *, lease: str | None = None) -> bool:
     """Whether someone asked this job to stop (the worker polls this between steps).
 
@@ -349,15 +360,30 @@ def queue_positions(session: Session, lanes: Mapping[str, Sequence[str]], defaul
     return places
 
 
-def job_remaining_s(progress: float, started_at: datetime | None, now: datetime) -> float | None:
+def job_remaining_s(progress: float, started_at: datetime | None, now: datetime, *, base: float = 0.0) -> float | None:
     """Seconds a running job still needs, from its stored progress and the time since it started (linear).
 
-    None before it has reached ``MIN_ETA_PROGRESS`` or without a start time.
+    ``base``: the share of the progress the job reached without working for it (a retried study reuses the
+    experiments that had finished), so the rate is ``(progress - base) / elapsed`` and only what is left counts.
+    None before the job has made ``MIN_ETA_PROGRESS`` of its own progress or without a start time.
     """
-    if started_at is None or progress < MIN_ETA_PROGRESS:
+    if started_at is None or progress - base < MIN_ETA_PROGRESS:
         return None
     elapsed = max(0.0, (now - started_at).total_seconds())
-    return elapsed * (1.0 - min(progress, 1.0)) / progress
+    return elapsed * (1.0 - min(progress, 1.0)) / (progress - base)
+
+
+def reused_share(session: Session, job: Job) -> float:
+    """The share of a study run job's progress that it found done: the study's experiments (one per method and
+    seed, from the study's config) that had finished before the job started, over all of them; 0 for other jobs."""
+    study = session.get(Study, job.study_id) if job.kind == "run" and job.study_id is not None else None
+    methods = (study.config or {}).get("methods") if study is not None else None
+    if not methods or job.started_at is None:
+        return 0.0
+    runs = len(methods) * max(1, len(study.config.get("seeds") or ()))
+    before = session.scalars(select(Experiment.finished_at).where(
+        Experiment.study_id == study.id, Experiment.status == "done", Experiment.finished_at.is_not(None))).all()
+    return min(1.0, sum(when <= job.started_at for when in before) / runs)
 
 
 def _took_s(session: Session, job: Job) -> float | None:
@@ -374,8 +400,9 @@ def study_remaining_s(session: Session, study_id: int, *, now: datetime | None =
     estimate yet.
 
     A run job trains all the study's methods and seeds, and its progress covers them all, so its estimate is the
-    whole study's, not the current method's. A running job: :func:`job_remaining_s`; a queued one (a retry): how long
-    its last identical run took.
+    whole study's, not the current method's. A running job: :func:`job_remaining_s` of the progress it made itself
+    (a retry's reused experiments, :func:`reused_share`, are not counted as speed); a queued one (a retry): how
+    long its last identical run took.
     """
     now = now or utcnow()
     active = session.scalars(select(Job).where(Job.study_id == study_id, Job.status.in_(("queued", "running")))).all()
@@ -383,7 +410,8 @@ def study_remaining_s(session: Session, study_id: int, *, now: datetime | None =
         return None
     total = 0.0
     for job in active:
-        left = job_remaining_s(job.progress, job.started_at, now) if job.status == "running" else _took_s(session, job)
+        left = (job_remaining_s(job.progress, job.started_at, now, base=reused_share(session, job))
+                if job.status == "running" else _took_s(session, job))
         if left is None:
             return None
         total += left

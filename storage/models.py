@@ -40,6 +40,7 @@ ADDED_COLUMNS = (
 SPLITS = ("query", "gallery", "train")
 PROTOCOLS = ("instance", "template")
 MAX_MODEL_NAME = 40
+MAX_NAME = 200  # experiment and study names (their columns' length)
 
 
 def _one_of(column: str, values: tuple[str, ...]) -> CheckConstraint:
@@ -80,7 +81,7 @@ class Study(Base):
     __tablename__ = "studies"
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(MAX_NAME))
     kind: Mapped[str] = mapped_column(String(50))  # "compare", "checkpoints", ...
     config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = _created_at()
@@ -96,7 +97,7 @@ class Experiment(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     study_id: Mapped[int | None] = mapped_column(ForeignKey("studies.id", ondelete="SET NULL"), index=True)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(MAX_NAME))
     method: Mapped[str] = mapped_column(String(100))
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     config_hash: Mapped[str] = mapped_column(String(128), index=True)

@@ -18,6 +18,7 @@ from storage.models import (
     EXPERIMENT_STATUSES,
     FINISHED_STATUSES,
     MAX_MODEL_NAME,
+    MAX_NAME,
     PROTOCOLS,
     Analysis,
     CompatibilityMatrix,
@@ -32,7 +33,9 @@ from storage.types import storable_array, utcnow
 
 
 def create_study(session: Session, *, name: str, kind: str, config: dict[str, Any] | None = None) -> Study:
-    """Add a study (a group of experiments run side by side)."""
+    """Add a study (a group of experiments run side by side); ``ValueError`` for a name :func:`name_problem` refuses."""
+    if problem := name_problem(name, what="study name"):
+        raise ValueError(problem)
     study = Study(name=name, kind=kind, config=config or {})
     session.add(study)
     session.flush()
@@ -53,7 +56,9 @@ def create_experiment(
     config_hash: str,
     study_id: int | None = None,
 ) -> Experiment:
-    """Add a queued experiment."""
+    """Add a queued experiment; ``ValueError`` for a name :func:`name_problem` refuses."""
+    if problem := name_problem(name, what="experiment name"):
+        raise ValueError(problem)
     if study_id is not None:
         require_row(session, Study, study_id)
     experiment = Experiment(
@@ -180,11 +185,23 @@ def get_model_version(session: Session, model_version_id: int) -> ModelVersion |
     return session.get(ModelVersion, model_version_id)
 
 
+def name_problem(name: str, *, what: str = "name", limit: int = MAX_NAME) -> str | None:
+    """Why ``name`` cannot name something people see (an experiment, a study, a model), or None.
+
+    A name is 1..``limit`` printable characters: no control characters (Unicode Cc), no format characters (Cf:
+    bidi marks, zero-width joiners), no line or paragraph separators, so it shows as written on every page, in
+    every export and in the study bundle's ``study.toml``. The message shows at most the first 60 characters.
+    """
+    if 1 <= len(name) <= limit and name.isprintable():
+        return None
+    shown = repr(name[:60]) + (f"... ({len(name):,} characters)" if len(name) > 60 else "")
+    return (f"{what} must be 1..{limit} printable characters (no control, format or bidi characters), "
+            f"got {shown}").strip()
+
+
 def model_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name a model version (1..40 printable characters), or None."""
-    if not 1 <= len(name) <= MAX_MODEL_NAME or not name.isprintable():
-        return f"model name {name!r} must be 1..{MAX_MODEL_NAME} printable characters"
-    return None
+    """Why ``name`` cannot name a model version (:func:`name_problem`, at most 40 characters), or None."""
+    return name_problem(name, what="model name", limit=MAX_MODEL_NAME)
 
 
 def rename_model_version(session: Session, model_version_id: int, name: str | None) -> None:

@@ -97,6 +97,7 @@ def test_overview_cancel_and_retry_change_job_rows(app_db):
     page = texts(at)
     assert "step 2/3, epoch 1/2" in page, "a failed job shows its last message"
     at.button(key=f"cancel_{queued}").click().run()
+    at.button(key=f"cancel_all_{queued}").click().run()  # the confirmation (tests/test_app_cancel.py)
     assert not at.exception
     at.button(key=f"retry_{failed}").click().run()
     assert not at.exception
@@ -175,12 +176,20 @@ def test_new_experiment_can_evaluate_through_tasks(app_db):
     assert job.payload["tasks"] == {"block_rows": FanOut.block_rows, "shard_rows": FanOut.shard_rows}
 
 
-def test_preset_fills_the_form(app_db):
+def test_preset_fills_the_form(app_db, tmp_path, monkeypatch):
     at = open_page("new_experiment")
     at.selectbox(key="ne_preset_choice").set_value("psp-cifar100-5steps").run()
     assert at.number_input(key="ne_epochs").value == 120
     assert at.selectbox(key="ne_dataset").value == "cifar100"
     assert at.multiselect(key="ne_methods").value == ["independent", "psp", "lsp", "bct", "cores", "etf"]
+    # Check refuses what the CLI refuses: CIFAR-100 absent from the root (issue 23: it said "The config is valid")
+    monkeypatch.setenv("COMPATLAB_DATA_ROOTS", str(tmp_path))
+    at.text_input(key="ne_root").set_value(str(tmp_path))
+    at.button[0].click().run()
+    assert f"CIFAR-100 not found under {tmp_path}" in unplain(" ".join(e.value for e in at.error)) and jobs(app_db) == []
+    for name in ("train", "test", "meta"):  # the files' presence is what Check looks at (the run reads them)
+        (tmp_path / "cifar-100-python").mkdir(exist_ok=True)
+        (tmp_path / "cifar-100-python" / name).write_bytes(b"")
     at.button[0].click().run()  # "Check": valid, not queued
     assert not at.error and jobs(app_db) == []
     assert "temperature = 12.0" in at.code[0].value  # the preset's method hyper-parameters

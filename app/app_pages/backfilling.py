@@ -7,7 +7,8 @@ import streamlit as st
 from app import charts
 from app.exports import download_buttons
 from app import queries as q
-from app.widgets import analysis_result, follow_jobs, launch, pick_experiment, pick_steps, plain, state_convention
+from app.widgets import (MISSING, analysis_result, follow_jobs, launch, pick_experiment, pick_steps, plain,
+                         state_convention)
 from engine.contract import ADAPTER_KINDS, DEFAULT_ORDERINGS, ORDERINGS, adapter_key, adapters_payload, same_set_of
 from engine.results.conventions import metric_name
 from engine.upgrade.orders import best_by_area
@@ -67,11 +68,11 @@ with st.expander("Mapping adapters (paper 004): align the two models, then backf
                          eval_classes="all", ecc=False)
         table = pd.DataFrame([{"query / gallery": r["row"], "Recall@1 %": 100 * r["recall@1"], "mAP %": 100 * r["map"]}
                               for r in ap["table"]])
-        st.dataframe(table, hide_index=True, column_config={c: st.column_config.NumberColumn(format="%.2f")
-                                                            for c in ("Recall@1 %", "mAP %")})
+        st.dataframe(table, hide_index=True, placeholder=MISSING,
+                     column_config={c: st.column_config.NumberColumn(format="%.2f") for c in ("Recall@1 %", "mAP %")})
         st.dataframe(pd.DataFrame([{"ordering": o, "M̃ Recall@1 %": 100 * c["area"]["recall@1"],
                                     "M̃ mAP %": 100 * c["area"]["map"]} for o, c in ap["backfill"].items()]),
-                     hide_index=True)
+                     hide_index=True, placeholder=MISSING)
 
 result = analysis_result(url, experiment, "backfill", params, what="the backfilling curves", button_key="bf_compute")
 if result is None:
@@ -115,7 +116,7 @@ for o in p["curves"]:
 table = pd.DataFrame(rows)
 config = {c: st.column_config.NumberColumn(format="%.2f") for c in table.columns if c.startswith("M̃")}
 config.update({c: st.column_config.NumberColumn(format="percent") for c in table.columns if ": " in c})
-st.dataframe(table, hide_index=True, width="stretch", column_config=config)
+st.dataframe(table, hide_index=True, placeholder=MISSING, width="stretch", column_config=config)
 first = metric_name(metrics[0])
 best = best_by_area({o: p["area"][o][metrics[0]] for o in p["curves"]})
 reach = None if best is None else p["reach"][best][metrics[0]].get("1")

@@ -14,7 +14,6 @@ nothing heavy runs here: the engine modules the page uses are torch-free (``test
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import streamlit as st
@@ -43,6 +42,7 @@ from app.checkpoint_form import (
     upload_limit_mb,
 )
 from app.widgets import QUEUED_HINT_S, launch as launch_job, plain, queue_caption, status_badge
+from engine.checkpoints.request import source_name
 from engine.contract import checkpoints_payload
 
 url = q.db_url()
@@ -218,7 +218,7 @@ def recent_comparisons() -> None:
     st.subheader("Recent comparisons")
     for job in mine:
         models = job["payload"].get("spec", {}).get("models", [])
-        names = " → ".join(m.get("label") or Path(m.get("path", "?")).stem for m in models)
+        names = " → ".join(source_name(m.get("label"), m.get("path", "?")) for m in models)
         line = f"**#{job['id']}** {plain(names)} — {status_badge(job['status'])} · {q.ago(job['created_at'])}"
         if job["status"] == "queued" and (place := q.queue_places(url).get(job["id"])) is not None:
             line += " · " + queue_caption(place, q.queue_starts_s(url).get(job["id"]))

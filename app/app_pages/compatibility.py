@@ -1,4 +1,7 @@
-"""Compatibility: the lower-triangular matrices (failing cross-tests marked), AC / AA / ACA and their curves."""
+"""Compatibility: the lower-triangular matrices (failing cross-tests marked), AC / AA / ACA and their curves.
+
+A study run with several seeds shows one row per method and view (mean and sample std over its seeds) and its
+heatmaps averaged over the seeds (each seed's verdict per cross-test in a table) or one per seed."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,12 +13,14 @@ import streamlit as st
 from app import charts
 from app.exports import download_buttons, study_download
 from app import queries as q
-from app.widgets import empty_state, experiment_label, plain, state_convention, summary_columns, table
+from app.widgets import MISSING, empty_state, experiment_label, plain, state_convention, summary_columns, table
 from engine.results.conventions import annotate, convention, model_names, replaced_note, replaced_steps
+from engine.results.report import seed_spread
 
 url = q.db_url()
 MAIN = "main view of each method"
 METRIC_NAMES = {"recall@1": "Recall@1", "map": "mAP"}
+AVERAGED, PER_SEED = "averaged over the seeds", "one per seed"
 
 st.title("Compatibility")
 st.caption("Row = query model (new), column = gallery model (old). A cross-test passes the empirical compatibility "
@@ -35,12 +40,13 @@ def ecc_cells(values: np.ndarray) -> np.ndarray:
 
 
 def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, replaced: tuple[int, ...],
-           m: dict[str, Any]) -> str:
+           m: dict[str, Any], names: list[str], paired: dict[str, Any] | None) -> str:
+    """A matrix rendered for download, its models named as on the page (the user's names where given)."""
     from engine.results.report import render_matrix
 
-    return render_matrix(C, fmt=fmt, title=title, comparable=comparable, replaced=replaced, metric=m["metric"],
-                         view=m["view"], protocol=m["protocol"], eval_classes=m["eval_classes"],
-                         paired=m["summary"].get("paired") if fmt == "csv" else None)
+    return render_matrix(C, fmt=fmt, title=title, comparable=comparable, replaced=replaced, names=names,
+                         metric=m["metric"], view=m["view"], protocol=m["protocol"], eval_classes=m["eval_classes"],
+                         paired=paired if fmt == "csv" else None)
 
 
 experiments = [e for e in q.experiments(url) if e["status"] == "done"]
@@ -48,26 +54,30 @@ if not experiments:
     empty_state(url, "finished experiments")
     st.stop()
 
-# ---- what to show: a study (its methods side by side) or a single experiment
+# ---- what to show: a study (its methods side by side, every seed) or a single experiment
 groups: dict[str, list[dict[str, Any]]] = {}
 for e in experiments:
     label = f"Study: {e['study']} (#{e['study_id']})" if e["study_id"] is not None else f"Experiment: {experiment_label(e)}"
     groups.setdefault(label, []).append(e)
 group = st.selectbox("Study or experiment", list(groups), key="cm_group",
-                     format_func=lambda g: f"{g} — {len(groups[g])} method(s)" if g.startswith("Study") else g)
-members = sorted(groups[group], key=lambda e: e["id"])
-by_label = {f"{e['method']} (#{e['id']})": e for e in members}
-chosen = st.multiselect("Methods", list(by_label), default=list(by_label), key=f"cm_methods_{group}")
+                     format_func=lambda g: f"{g} — {len(groups[g])} experiment(s)" if g.startswith("Study") else g)
+by_method: dict[str, list[dict[str, Any]]] = {}
+for e in sorted(groups[group], key=lambda e: e["id"]):
+    by_method.setdefault(e["method"], []).append(e)
+chosen = st.multiselect("Methods", list(by_method), default=list(by_method), key=f"cm_methods_{group}",
+                        help="Each method with every seed the study ran")
 if not chosen:
     st.info("Choose at least one method.")
     st.stop()
-selected = [by_label[m] for m in chosen]
+selected = [e for method in chosen for e in by_method[method]]
 stored = {e["id"]: q.matrices(url, e["id"], q.stamp(e)) for e in selected}
 everything = [m for ms in stored.values() for m in ms]
 if not everything:
     st.warning("These experiments have no stored compatibility matrices yet.")
     st.stop()
-study_download(selected, stored, title=group, key="cm_bundle")
+study_download(selected, stored, title=group, key="cm_bundle",
+               names={e["id"]: {v["step"]: v.get("name") for v in q.model_versions(url, e["id"], q.stamp(e))}
+                      for e in selected})
 
 c = st.columns(4)
 metrics = sorted({m["metric"] for m in everything}, key=lambda m: (m != "recall@1", m))
@@ -93,15 +103,20 @@ def matrix_for(e: dict[str, Any]) -> dict[str, Any] | None:
 
 
 shown = [(e, matrix_for(e)) for e in selected]
-missing = [e for e, m in shown if m is None]
+missing = sorted({e["method"] for e, m in shown if m is None})
 shown = [(e, m) for e, m in shown if m is not None]
 if missing:
-    st.caption("No matrix for this metric / protocol / view: " + ", ".join(e["method"] for e in missing))
+    st.caption("No matrix for this metric / protocol / view: " + plain(", ".join(missing)))
 if not shown:
     st.warning("No stored matrix matches these choices; try another view or protocol.")
     st.stop()
 
-# ---- summary table and curves
+
+# ---- summary table and curves: one row per method and view, mean ± std over its seeds
+def seed_of(e: dict[str, Any]) -> str:
+    return str(e["config"].get("seed", "?"))
+
+
 def mean_gain(summary: dict[str, Any]) -> float | None:
     """The update gain Γ in %, averaged over the defined cross-tests (None when not stored or undefined)."""
     g = np.array([[np.nan if v is None else v for v in row] for row in summary.get("update_gain") or []], dtype=float)
@@ -109,15 +124,15 @@ def mean_gain(summary: dict[str, Any]) -> float | None:
     return float(100 * g.mean()) if g.size else None
 
 
-def verdict_counts(summary: dict[str, Any]) -> str:
-    """``pass/fail/unresolved`` counts of the stored paired test, or ``-`` for matrices stored without one."""
+def verdict_total(summaries: list[dict[str, Any]]) -> str:
+    """``pass/fail/unresolved`` counts of the stored paired tests, added over the seeds that have one, or the
+    missing-value dash when none has."""
     from engine.metrics.paired import count_verdicts
 
-    p = summary.get("paired")
-    if not p:
-        return "-"
-    n = count_verdicts(p["verdict"])
-    return f"{n['pass']}/{n['fail']}/{n['unresolved']}"
+    counts = [count_verdicts(s["paired"]["verdict"]) for s in summaries if s.get("paired")]
+    if not counts:
+        return MISSING
+    return "/".join(str(sum(n[v] for n in counts)) for v in ("pass", "fail", "unresolved"))
 
 
 def view_label(e: dict[str, Any], m: dict[str, Any]) -> str:
@@ -127,52 +142,87 @@ def view_label(e: dict[str, Any], m: dict[str, Any]) -> str:
     return m["view"]
 
 
-summary = pd.DataFrame([{
-    "method": e["method"], "view": view_label(e, m), "steps": m["values"].shape[0], **charts.summary_percent(m["summary"]),
-    "mean Γ %": mean_gain(m["summary"]),
-    "paired ✓/✗/?": verdict_counts(m["summary"]),
-    "queries without a positive": int(np.nansum(np.tril(m["no_positive"]))),
-} for e, m in shown])
+runs: dict[tuple[str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}  # (method, view) -> its seeds
+for e, m in shown:
+    runs.setdefault((e["method"], view_label(e, m)), []).append((e, m))
+many_seeds = any(len(r) > 1 for r in runs.values())
+
+
+def summary_row(method: str, view: str, seeds: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """A method and view over its seeds: AC / AA / ACA in % as mean and sample std, Γ averaged, verdicts added."""
+    row: dict[str, Any] = {"method": method, "view": view, "seeds": len(seeds),
+                           "steps": seeds[0][1]["values"].shape[0]}
+    for name in ("AC", "AA", "ACA"):
+        spread = seed_spread([m["summary"].get(name) for _, m in seeds])
+        row[f"{name} %"] = None if spread["mean"] is None else 100 * spread["mean"]
+        row[f"{name} % std"] = None if spread["std"] is None else 100 * spread["std"]
+    row["mean Γ %"] = seed_spread([mean_gain(m["summary"]) for _, m in seeds])["mean"]
+    row["paired ✓/✗/?"] = verdict_total([m["summary"] for _, m in seeds])
+    row["queries without a positive"] = int(sum(np.nansum(np.tril(m["no_positive"])) for _, m in seeds))
+    return row
+
+
+summary = pd.DataFrame([summary_row(method, view, seeds) for (method, view), seeds in runs.items()])
 st.subheader(f"{metric_name(metric)} · {protocol} gallery · {eval_classes} classes")
 conv = state_convention(selected[0]["config"], metrics=metric, views=[m["view"] for _, m in shown], gallery=protocol,
                         eval_classes=eval_classes)
+std_help = "Sample standard deviation over the seeds (n − 1); a dash for a single seed"
 table(summary, column_config={**summary_columns(),
-    "mean Γ %": st.column_config.NumberColumn(format="%.1f", help="Update gain (CoReS Eq. 3) averaged over the cross-tests: "
-                                              "(cross-test - old self-test) / (new self-test - old self-test)"),
+    **{f"{name} % std": st.column_config.NumberColumn(f"{name} % std", format="%.1f", help=std_help)
+       for name in ("AC", "AA", "ACA")},
+    "seeds": st.column_config.NumberColumn("seeds", width="small", help="Runs of the method (one per seed) in the row; "
+                                           "AC / AA / ACA are their mean"),
+    "mean Γ %": st.column_config.NumberColumn(format="%.1f", help="Update gain (CoReS Eq. 3) averaged over the cross-tests "
+                                              "(and the seeds): (cross-test - old self-test) / (new self-test - old self-test)"),
     "paired ✓/✗/?": st.column_config.TextColumn(help="Cross-tests whose paired bootstrap interval (cross - self, same "
-                                                 "queries) lies above 0 / below 0 / straddles 0"),
+                                                 "queries) lies above 0 / below 0 / straddles 0, added over the seeds"),
     "queries without a positive": st.column_config.NumberColumn(
         help="Queries whose class has no image in the gallery, summed over the cells; they are left out of the means"),
-})
+}, caption="AC / AA / ACA: mean over the seeds, with their sample standard deviation." if many_seeds else None)
 curves = pd.DataFrame([{"method": e["method"], "step": t + 1, "AC_t": ac, "AA_t": aa}
                        for e, m in shown
-                       for t, (ac, aa) in enumerate(zip(m["summary"].get("AC_curve", []), m["summary"].get("AA_curve", [])))])
+                       for t, (ac, aa) in enumerate(zip(m["summary"].get("AC_curve", []), m["summary"].get("AA_curve", [])))],
+                      columns=["method", "step", "AC_t", "AA_t"])
+curves[["AC_t", "AA_t"]] = curves[["AC_t", "AA_t"]].astype(float)
+curves = curves.groupby(["method", "step"], as_index=False, sort=False)[["AC_t", "AA_t"]].mean()  # over the seeds
 if len(curves) and curves["step"].max() >= 3:
+    over = " (mean over the seeds)" if many_seeds else ""
     left, right = st.columns(2)
     for col, value, title, frame in (
-            (left, "AC_t", "AC_t: compatibility of the first t models", curves.dropna(subset=["AC_t"])),
-            (right, "AA_t", f"AA_t: mean {metric_name(metric)} of the first t models", curves)):
+            (left, "AC_t", f"AC_t: compatibility of the first t models{over}", curves.dropna(subset=["AC_t"])),
+            (right, "AA_t", f"AA_t: mean {metric_name(metric)} of the first t models{over}", curves)):
         with col:
-            curve = charts.with_convention(charts.step_curves(frame, value=value, title=title, y_title=value,
+            curve = charts.with_convention(charts.step_curves(frame, value=value, title=title, y_title=charts.axis_title(value),
                                                               percent_axis=True), conv, 60)
             st.altair_chart(curve, width="stretch")
             download_buttons(curve, f"{value}_{metric}", key=f"dl_{value}")
 
 # ---- the same models in every stored view, side by side (the view picker above chooses the matrices below)
 by_view = [{"method": e["method"], "view": m["view"],
-            **{f"{k} %": None if m["summary"].get(k) is None else 100 * m["summary"][k] for k in ("AC", "AA", "ACA")},
+            **{f"{k} %": np.nan if m["summary"].get(k) is None else 100 * m["summary"][k] for k in ("AC", "AA", "ACA")},
             "failing cross-tests": int(np.sum(ecc_cells(m["values"]) == 0))}
            for e in selected for m in stored[e["id"]]
            if m["metric"] == metric and m["protocol"] == protocol and m["eval_classes"] == eval_classes]
 if len({r["view"] for r in by_view}) > 1:
     st.subheader("Feature views side by side")
     st.caption("Every stored view of the chosen methods: the encoder and the output-space views (PSP/LSP) of the same "
-               "models, same metric, protocol and classes.")
-    side = pd.DataFrame(by_view).pivot(index="method", columns="view", values=["AC %", "AA %", "ACA %", "failing cross-tests"])
+               "models, same metric, protocol and classes" + (", each the mean over the seeds." if many_seeds else "."))
+    values = ["AC %", "AA %", "ACA %", "failing cross-tests"]
+    side = pd.DataFrame(by_view).astype({v: float for v in values}).groupby(["method", "view"], sort=False)[values] \
+        .mean().unstack("view")
     side.columns = [f"{v} · {k}" for k, v in side.columns]
     table(side[sorted(side.columns)].reset_index(),
           column_config={c: st.column_config.NumberColumn(format="%.1f") for c in side.columns})
-summary_rows = [(e["method"], m["summary"]) for e, m in shown]
+
+
+def spread_summary(seeds: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """The first seed's stored summary with the AC / AA / ACA spread over every seed (for the report tables)."""
+    return {**seeds[0][1]["summary"],
+            "spread": {k: seed_spread([m["summary"].get(k) for _, m in seeds]) for k in ("AC", "AA", "ACA")}}
+
+
+summary_rows = [(method if len(runs) == len({k[0] for k in runs}) else f"{method} ({view})", spread_summary(seeds))
+                for (method, view), seeds in runs.items()]
 with st.expander("Download the summary table"):
     from engine.results.report import render_summary_table
 
@@ -182,25 +232,83 @@ with st.expander("Download the summary table"):
         col.download_button(f"Summary ({fmt})", annotate(render_summary_table(summary_rows, fmt=fmt), fmt, conv),
                             file_name=f"summary_{metric}.{ext}", mime=mime, on_click="ignore", key=f"sum_{fmt}")
 
-# ---- the matrices, side by side
+
+# ---- the matrices, side by side: one per seed, or each method's mean over its seeds
+def stacked_mean(arrays: list[np.ndarray]) -> np.ndarray:
+    """The cell-wise mean over the seeds' matrices; NaN where no seed defines the cell."""
+    stack = np.stack([np.asarray(a, dtype=float) for a in arrays])
+    count = (~np.isnan(stack)).sum(axis=0)
+    return np.where(count > 0, np.nansum(stack, axis=0) / np.maximum(count, 1), np.nan)
+
+
+def given_names(e: dict[str, Any], steps: int) -> list[str]:
+    """The models' names: the user's (v1, v2, ...) where given, else M1, M2, ... (a replaced step marked)."""
+    given = {v["step"]: v.get("name") for v in q.model_versions(url, e["id"], q.stamp(e))}
+    return [given.get(t) or n for t, n in enumerate(model_names(steps, replaced_steps(e["config"])), 1)]
+
+
+def seed_verdicts(seeds: list[tuple[dict[str, Any], dict[str, Any]]], names: list[str]) -> pd.DataFrame:
+    """One row per cross-test, one column per seed: ✓ / ✗ (the compatibility criterion) and the value in %, the
+    paired verdict in brackets where stored; then how many seeds pass."""
+    marks = {"pass": "✓", "fail": "✗", "unresolved": "?"}
+    T = seeds[0][1]["values"].shape[0]
+    rows = []
+    for t in range(1, T):
+        for k in range(t):
+            row: dict[str, Any] = {"cross-test": f"{names[t]} → {names[k]}"}
+            passes = defined = 0
+            for e, m in seeds:
+                value = m["values"][t, k]
+                if np.isnan(value):
+                    row[f"seed {seed_of(e)}"] = None
+                    continue
+                ok = bool(ecc_cells(m["values"])[t, k])
+                passes, defined = passes + ok, defined + 1
+                paired = m["summary"].get("paired")
+                extra = f" (paired {marks[paired['verdict'][t][k]]})" if paired and paired["verdict"][t][k] in marks else ""
+                row[f"seed {seed_of(e)}"] = f"{'✓' if ok else '✗'} {100 * value:.1f}{extra}"
+            row["seeds passing"] = f"{passes} of {defined}" if defined else None
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
 st.subheader("Matrices")
-per_row = 2 if len(shown) > 1 else 1
-defined = np.concatenate([m["values"][~np.isnan(m["values"])] for _, m in shown])
+mode = PER_SEED
+if many_seeds:
+    mode = st.radio("Heatmaps", (AVERAGED, PER_SEED), horizontal=True, key="cm_seed_mode",
+                    help="Averaged: each cell is the mean over the seeds, judged by the compatibility criterion, with "
+                         "every seed's verdict in the table under it. One per seed: each run's own matrix.")
+panels: list[dict[str, Any]] = []
+for (method, view), seeds in runs.items():
+    shapes = {m["values"].shape for _, m in seeds}
+    if mode == AVERAGED and len(seeds) > 1 and len(shapes) == 1:
+        e, m = seeds[0]
+        gains = [m2["summary"].get("update_gain") for _, m2 in seeds]
+        gain = stacked_mean([np.array([[np.nan if v is None else v for v in r] for r in g]) for g in gains]) \
+            if all(gains) else None
+        panels.append({"e": e, "m": m, "C": stacked_mean([m2["values"] for _, m2 in seeds]), "seeds": seeds,
+                       "title": f"{method} · {m['view']} · mean of {len(seeds)} seeds", "paired": None, "gain": gain,
+                       "valid": None, "key": f"avg_{e['id']}"})
+    else:
+        for e, m in seeds:
+            seed = f" · seed {seed_of(e)}" if many_seeds else ""
+            panels.append({"e": e, "m": m, "C": m["values"], "seeds": None, "title": f"{method}{seed} · {m['view']}",
+                           "paired": m["summary"].get("paired"), "gain": m["summary"].get("update_gain"),
+                           "valid": m["valid_queries"], "key": str(e["id"])})
+
+per_row = 2 if len(panels) > 1 else 1
+defined = np.concatenate([p["C"][~np.isnan(p["C"])] for p in panels])
 domain = (float(defined.min()), float(defined.max())) if len(defined) else None  # one colour scale for all
-for start in range(0, len(shown), per_row):
+for start in range(0, len(panels), per_row):
     cols = st.columns(per_row)
-    for col, (e, m) in zip(cols, shown[start:start + per_row]):
-        C = m["values"]
+    for col, p in zip(cols, panels[start:start + per_row]):
+        e, m, C = p["e"], p["m"], p["C"]
         replaced = replaced_steps(e["config"])
-        names = model_names(C.shape[0], replaced)
-        given = {v["step"]: v.get("name") for v in q.model_versions(url, e["id"], q.stamp(e))}
-        names = [given.get(t) or n for t, n in enumerate(names, 1)]  # the user's names (v1, v2, ...) where given
+        names = given_names(e, C.shape[0])
         comparable = np.asarray(m["summary"]["comparable"], bool) if m["summary"].get("comparable") else None
-        s = m["summary"]
-        frame = charts.matrix_frame(C, ecc_cells(C), names, comparable, m["valid_queries"], s.get("paired"),
-                                    s.get("update_gain"))
-        title = f"{e['method']} · {m['view']}"
-        chart = charts.matrix_heatmap(frame, names, title=title, metric=metric_name(metric),
+        ecc = ecc_cells(C)
+        frame = charts.matrix_frame(C, ecc, names, comparable, p["valid"], p["paired"], p["gain"])
+        chart = charts.matrix_heatmap(frame, names, title=p["title"], metric=metric_name(metric),
                                       size=None if per_row == 1 else 400, domain=domain)
         with col:
             line = convention(e["config"], metrics=metric, views=m["view"], gallery=m["protocol"],
@@ -212,19 +320,28 @@ for start in range(0, len(shown), per_row):
             if replaced:
                 st.caption(replaced_note(replaced))
             fails = int((frame["status"] == "fail").sum())
-            st.markdown(f"{charts.summary_line(s)} · {fails} failing cross-test(s)"
-                        + (f" · paired ✓/✗/? {verdict_counts(s)}" if s.get("paired") else ""))
+            if p["seeds"] is None:
+                s = m["summary"]
+                st.markdown(f"{charts.summary_line(s)} · {fails} failing cross-test(s)"
+                            + (f" · paired ✓/✗/? {verdict_total([s])}" if s.get("paired") else ""))
+            else:
+                from engine.metrics import summarize
+
+                st.markdown(f"Mean matrix: {charts.summary_line(summarize(C))} · {fails} failing cross-test(s)")
+                st.caption("Each seed's verdict per cross-test (✓ passes the criterion, ✗ fails; the value in %):")
+                table(seed_verdicts(p["seeds"], names))
             gains = frame.dropna(subset=["gain"])
             if len(gains):
-                st.caption("Update gain Γ: " + ", ".join(f"{r.query}→{r.gallery} {100 * r.gain:.1f} %" for r in gains.itertuples()))
+                st.caption("Update gain Γ: " + plain(", ".join(f"{r.query}→{r.gallery} {100 * r.gain:.1f} %"
+                                                               for r in gains.itertuples())))
             with st.expander("Download"):
-                base = f"{e['name'].replace('/', '_')}_{metric}_{m['view']}"
+                base = f"{e['name'].replace('/', '_')}_{metric}_{m['view']}" + ("_mean" if p["seeds"] else "")
                 d = st.columns(3)
                 for dcol, (fmt, ext, mime) in zip(d, (("csv", "csv", "text/csv"), ("markdown", "md", "text/markdown"),
                                                       ("latex", "tex", "application/x-tex"))):
                     dcol.download_button(fmt.upper() if fmt == "csv" else fmt.capitalize(),
-                                         lambda C=C, fmt=fmt, t=title, cm=comparable, r=replaced, line=line, m=m:
-                                         annotate(export(C, fmt, t, cm, r, m), fmt, line),
+                                         lambda C=C, fmt=fmt, t=p["title"], cm=comparable, r=replaced, line=line, m=m,
+                                         n=names, pr=p["paired"]: annotate(export(C, fmt, t, cm, r, m, n, pr), fmt, line),
                                          file_name=f"{base}.{ext}", mime=mime, on_click="ignore",
-                                         key=f"dl_{e['id']}_{fmt}")
-                download_buttons(chart, f"{base}_chart", key=f"dl_{e['id']}_chart")
+                                         key=f"dl_{p['key']}_{fmt}")
+                download_buttons(chart, f"{base}_chart", key=f"dl_{p['key']}_chart")

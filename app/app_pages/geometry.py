@@ -11,7 +11,7 @@ from app import queries as q
 from app.exports import download_buttons
 from app.map_view import map_thumbnails, show_map
 from app.neighbours_view import show_neighbours
-from app.widgets import analysis_result, pick_experiment, pick_steps, plain, state_convention
+from app.widgets import MISSING, analysis_result, pick_experiment, pick_steps, plain, state_convention
 from engine.contract import CLASS_MEAN, PROTOTYPE, SAMPLE
 
 url = q.db_url()
@@ -50,7 +50,7 @@ def show_stationarity(rows: list[dict], config: dict, split: str) -> None:
             with column:
                 download_buttons(chart, f"probe_{value}", key=f"dl_probe_{value}")
     table = probe[[c for c in PROBE_COLUMNS if c in probe]].rename(columns=PROBE_COLUMNS)
-    st.dataframe(table, hide_index=True, width="stretch", column_config={
+    st.dataframe(table, hide_index=True, placeholder=MISSING, width="stretch", column_config={
         "cosine to own prototype": st.column_config.NumberColumn(
             format="%.3f", help="mean over the images of the trained classes of cos(feature, its class prototype)"),
         "energy along centroid": st.column_config.NumberColumn(
@@ -151,7 +151,7 @@ if result is not None:
         "NC2 (norms)": m.get("nc2_equinorm"), "NC2 (angles)": m.get("nc2_equiangularity"),
         "NC3": m.get("nc3"), "NC4": m.get("nc4"),
     } for i, m in enumerate(payload["collapse"])])
-    st.dataframe(nc, hide_index=True, width="stretch", column_config={
+    st.dataframe(nc, hide_index=True, placeholder=MISSING, width="stretch", column_config={
         "NC1": st.column_config.NumberColumn(format="%.3f", help="within-class variability vs between-class spread"),
         "NC2 (norms)": st.column_config.NumberColumn(format="%.3f", help="equinorm: spread of the class-mean norms"),
         "NC2 (angles)": st.column_config.NumberColumn(format="%.3f", help="equiangularity: distance from a simplex"),
@@ -209,7 +209,7 @@ if geo is not None:
                 "nc2_equiangularity": "NC2 (angles)", "nc3": "NC3", "nc4": "NC4", "angle_mean": "mean angle (°)",
                 "simplex_angle": "simplex angle (°)"}
     table = models[[c for c in names_nc if c in models]].rename(columns=names_nc)
-    st.dataframe(table, hide_index=True, width="stretch",
+    st.dataframe(table, hide_index=True, placeholder=MISSING, width="stretch",
                  column_config={c: st.column_config.NumberColumn(format="%.3f")
                                 for c in table.columns if c not in ("step", "classes", "images")})
     if len(pairs):
@@ -217,7 +217,7 @@ if geo is not None:
                       "mean_drift_all": "drift (all classes)", "1a_fraction": "Definition 1a",
                       "1b_fraction": "Definition 1b", "note": "note"}
         table = pairs[[c for c in names_pair if c in pairs]].rename(columns=names_pair)
-        st.dataframe(table, hide_index=True, width="stretch", column_config={
+        st.dataframe(table, hide_index=True, placeholder=MISSING, width="stretch", column_config={
             "drift (old classes)": st.column_config.NumberColumn(format="%.3f"),
             "drift (all classes)": st.column_config.NumberColumn(format="%.3f"),
             "Definition 1a": st.column_config.NumberColumn(format="percent"),

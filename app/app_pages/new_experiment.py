@@ -8,6 +8,7 @@ from app import queries as q
 from app.widgets import launch as launch_job, plain
 from engine.config import config_from_dict, dump_toml
 from engine.contract import run_payload
+from engine.data.files_present import config_files_problem
 from engine.jobs.fan_out import FanOut
 from engine.presets import absent_methods_note
 from engine.vocab import BACKBONE_NAMES, METHOD_NAMES
@@ -130,6 +131,8 @@ if check or launch:
             cfg = config_from_dict(forms.form_to_config(values, st.session_state[PREFIX + "base"]))
         except ValueError as exc:
             problems.append(str(exc))
+    if cfg is not None and (missing := config_files_problem(cfg.to_dict())):
+        problems.append(missing)  # what the CLI refuses too (it finds out by loading the data)
     if problems:
         st.session_state[PREFIX + "result"] = {"problems": problems}
     else:

@@ -55,13 +55,57 @@ def crash_warning(job: dict) -> str:
             "the worker down the same way (out of memory: choose smaller images, input size or batch size).")
 
 
+def running_experiments(job: dict) -> list[dict]:
+    """The experiments a running study job is training now: each can be stopped on its own."""
+    if job["kind"] != "run" or job["study_id"] is None or job["status"] != "running":
+        return []
+    return [e for e in q.experiments(url) if e["study_id"] == job["study_id"] and e["status"] == "running"]
+
+
+def confirm_cancel(job: dict) -> None:
+    """The confirmation of a Cancel: stop the whole job (a study: every method and seed still to run), or only the
+    experiment a study is training now (the study goes on with the next method or seed), or keep it running."""
+    key = f"confirm_cancel_{job['id']}"
+
+    @st.dialog(f"Cancel job #{job['id']}?", on_dismiss=lambda: st.session_state.pop(key, None))
+    def dialog() -> None:
+        st.markdown(f"**{plain(job['label'])}** — {job['status']}")
+        one = running_experiments(job)
+        whole = "Stop the whole study" if job["study_id"] is not None else "Cancel the job"
+        if job["status"] == "queued":
+            st.caption("It has not started: cancelling removes it from the queue.")
+        elif job["study_id"] is not None:
+            st.caption("Stopping the whole study discards the experiment in training and runs none of the methods or "
+                       "seeds still to come; finished experiments are kept, and Retry resumes from them. Stopping one "
+                       "method discards only that experiment; the study goes on with the others.")
+        else:
+            st.caption("The worker stops at its next check; what the job had not finished is discarded.")
+        if st.button(whole, key=f"cancel_all_{job['id']}", type="primary", icon=":material/stop_circle:"):
+            st.session_state.pop(key, None)
+            status = q.cancel(url, job["id"])
+            notify(f"Job #{job['id']}: {'cancelled' if status == 'cancelled' else 'cancel requested'}")
+        for e in one:
+            seed = e["config"].get("seed")
+            if st.button(f"Stop only {plain(e['method'])} (seed {seed}, experiment #{e['id']})",
+                         key=f"cancel_experiment_{e['id']}"):
+                st.session_state.pop(key, None)
+                q.cancel_experiment(url, e["id"])
+                notify(f"Experiment #{e['id']} ({e['method']}, seed {seed}) cancelled; the study goes on")
+        if st.button("Keep it running", key=f"cancel_keep_{job['id']}"):
+            st.session_state.pop(key, None)
+            st.rerun()
+
+    dialog()
+
+
 def job_card(job: dict) -> None:
     """A queued or running job (progress, Cancel) or a failed / cancelled one (last message, error, Retry).
 
-    Retry of a job whose worker died asks for confirmation first and says why.
+    Cancel asks first (:func:`confirm_cancel`); Retry of a job whose worker died asks first and says why.
     """
     active = job["status"] in q.ACTIVE
     confirm_key = f"confirm_retry_{job['id']}"
+    cancel_key = f"confirm_cancel_{job['id']}"
     with st.container(border=True):
         left, right = st.columns([5, 1], vertical_alignment="center")
         with left:
@@ -89,9 +133,10 @@ def job_card(job: dict) -> None:
                            else "Cancel requested — the worker stops at the next epoch.")
         with right:
             if active and st.button("Cancel", key=f"cancel_{job['id']}", disabled=job["cancel_requested"],
-                                    help="Stop this job; a queued job is cancelled at once"):
-                status = q.cancel(url, job["id"])
-                notify(f"Job #{job['id']}: {'cancelled' if status == 'cancelled' else 'cancel requested'}")
+                                    help="Stop this job, or one method of a study, after a confirmation"):
+                st.session_state[cancel_key] = True
+            if active and st.session_state.get(cancel_key) and not job["cancel_requested"]:
+                confirm_cancel(job)
             if not active and st.session_state.get(confirm_key):
                 if st.button("Retry anyway", key=f"retry_anyway_{job['id']}", type="primary"):
                     st.session_state.pop(confirm_key)

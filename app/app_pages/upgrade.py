@@ -5,7 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app import queries as q
-from app.widgets import analysis_result, model_label, pick_experiment, pick_steps, plain
+from app.widgets import MISSING, analysis_result, model_label, pick_experiment, pick_steps, plain
 from engine.contract import ADAPTER_KINDS, adapter_key, adapters_payload, same_set_of
 from engine.results.conventions import metric_name
 from engine.upgrade.words import interval, sentence, share
@@ -34,6 +34,11 @@ main = q.main_view(experiment["method"])
 view = c[3].selectbox("View", views, index=views.index(main) if main in views else 0, key=f"up_view_{experiment['id']}")
 old_name, new_name = model_label(old), model_label(new)
 
+
+def arrow(diff: float) -> str:
+    """A metric's delta arrow for a signed difference: up, down, or none for 0."""
+    return "up" if diff > 0 else "down" if diff < 0 else "off"
+
 with st.expander("Name these models (v1, v2, ...)"):
     n1, n2, n3 = st.columns([2, 2, 1])
     given = (n1.text_input(f"Name of step {old['step']}", old.get("name") or "", max_chars=40, key="up_name_old"),
@@ -57,12 +62,14 @@ for note in p.get("notes", []):
     st.info(plain(note))
 
 k = st.columns(4)
-k[0].metric(f"ECC gain ({new_name} / {old_name} − {old_name} / {old_name})", f"{100 * comp['diff']:+.1f} pts",
+k[0].metric(plain(f"ECC gain ({new_name} / {old_name} − {old_name} / {old_name})"), f"{100 * comp['diff']:+.1f} pts",
             help="New-model queries against the old gallery minus the old model's self-test, in points")
 k[1].metric(f"{100 * r['level']:g}% CI of the gain", f"{100 * comp['lo']:+.1f} to {100 * comp['hi']:+.1f}")
-k[2].metric(f"{new_name} on its own vs {old_name}", f"{100 * better['diff']:+.1f} pts", better["verdict"], delta_color="off")
+# a word as the delta: its arrow follows the sign of the difference (a text delta would always point up)
+k[2].metric(plain(f"{new_name} on its own vs {old_name}"), f"{100 * better['diff']:+.1f} pts", better["verdict"],
+            delta_color="off", delta_arrow=arrow(round(100 * better["diff"], 1)))  # the shown number's sign
 k[3].metric("Queries scored", f"{comp['n']}", f"{r['n_no_positive']} without a positive" if r["n_no_positive"] else None,
-            delta_color="off")
+            delta_color="off", delta_arrow="off")
 if comp["lo"] <= 0 <= comp["hi"]:
     st.warning(f"Too close to call: the {100 * r['level']:g}% interval of the gain ({interval(comp, r['level'])}) "
                "contains 0. More queries, or a larger margin, would decide it.")
@@ -71,7 +78,7 @@ st.caption(plain(f"{metric_name(r['metric'])} · view {view} · {r['n_queries']}
                  f"bootstrap over queries, {r['resamples']:,} resamples, seed {r['seed']}"))
 st.dataframe(pd.DataFrame([{"query / gallery": f"{a} / {b}", f"{metric_name(r['metric'])} %": 100 * v}
                            for a, b, v in ((old_name, old_name, r["old_old"]), (new_name, old_name, r["new_old"]),
-                                           (new_name, new_name, r["new_new"]))]), hide_index=True,
+                                           (new_name, new_name, r["new_new"]))]), hide_index=True, placeholder=MISSING,
              column_config={f"{metric_name(r['metric'])} %": st.column_config.NumberColumn(format="%.1f")})
 
 if r["backfill"]:
@@ -81,7 +88,8 @@ if r["backfill"]:
     st.dataframe(pd.DataFrame([{"ordering": n["ordering"] + (" (best)" if n["ordering"] == r["best_ordering"] else ""),
                                 "M̃ %": 100 * n["area"], f"to reach {old_name}'s self-test": share(n["to_old_self"]),
                                 f"to reach {new_name}'s self-test": share(n["to_new_self"])} for n in r["backfill"]]),
-                 hide_index=True, column_config={"M̃ %": st.column_config.NumberColumn(format="%.2f")})
+                 hide_index=True, placeholder=MISSING,
+                 column_config={"M̃ %": st.column_config.NumberColumn(format="%.2f")})
 
     st.subheader("Without backfilling: mapping adapters (paper 004)")
     adapters = {kind: hit["payload"] for kind in ADAPTER_KINDS
@@ -91,7 +99,7 @@ if r["backfill"]:
         rows = [{"adapter": ADAPTER_NAMES.get(kind, kind), "query / gallery": row["row"],
                  "Recall@1 %": 100 * row["recall@1"], "mAP %": 100 * row["map"]}
                 for kind, a in adapters.items() for row in a["table"]]
-        st.dataframe(pd.DataFrame(rows), hide_index=True)
+        st.dataframe(pd.DataFrame(rows), hide_index=True, placeholder=MISSING)
     else:
         st.caption("No adapters stored for these two models and view yet. Fitting them trains a forward and a backward "
                    "adapter on the stored training features; they appear here when the job is done.")

@@ -34,7 +34,7 @@ from engine.checkpoints.classes import aligned_columns, index_names
 from engine.checkpoints.embedding import ImageSource, check_batch_bytes, common_labels, extract, model_batch, probe
 from engine.checkpoints.files import LOCAL, Trust, server_trust
 from engine.checkpoints.loading import LoadedModel, load_model
-from engine.checkpoints.request import ComparisonSpec, ModelSource, comparison_spec
+from engine.checkpoints.request import ComparisonSpec, ModelSource, comparison_spec, source_name
 from engine.checkpoints.store import store_comparison
 from engine.data.folder import check_stop
 from engine.features import DERIVED_VIEWS, RAW_VIEWS, cell_features
@@ -68,8 +68,8 @@ class Comparison:
 
 
 def model_labels(sources: Sequence[ModelSource]) -> list[str]:
-    """Short model names: each source's label, else its file stem (``stem#i`` when two stems are the same)."""
-    stems = [s.label or Path(s.path).stem for s in sources]
+    """Short model names: each source's label, else its file stem (``source_name``; ``stem#i`` when two are the same)."""
+    stems = [source_name(s.label, s.path) for s in sources]
     return [f"{stem}#{i}" if stems.count(stem) > 1 else stem for i, stem in enumerate(stems, start=1)]
 
 

@@ -6,20 +6,30 @@ before queuing the job, and ``engine.checkpoints.compare`` runs what it accepts.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import PurePath
 from typing import Any
 
 from engine.checkpoints.classes import read_class_list
 from engine.checkpoints.files import DEFAULT_MAX_BYTES, LOCAL, Trust, parse_size
 from engine.checkpoints.pretrained import pretrained_path, trusted_by_name
+from engine.config import MAX_RUN_NAME
 from engine.data.bounds import check_batch_size, check_image_size
 from engine.data.roots import confine
 from engine.vocab import DATASET_NAMES, GALLERY_PROTOCOLS, parse_metric
-from storage import model_name_problem
+from storage import model_name_problem, name_problem
 
 VIEWS = ("encoder", "psp", "lsp")
 PROTOCOLS = GALLERY_PROTOCOLS
+UPLOAD_PREFIX = re.compile(r"^[0-9a-f]{16}_(?=.)")  # the content-hash prefix of a saved upload (app.checkpoint_form)
+
+
+def source_name(label: str | None, path: str) -> str:
+    """What a model is called when the user named none: its label, else its file's stem without an upload's
+    content-hash prefix (``1a2b...9f_resnet18.pt`` -> ``resnet18``)."""
+    return label or UPLOAD_PREFIX.sub("", PurePath(str(path)).stem)
 
 
 @dataclass(frozen=True)
@@ -175,6 +185,8 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = 
         raise ValueError(f"a comparison spec must be a dict, got {type(spec).__name__}")
     known = [f.name for f in fields(ComparisonSpec)]
     _unknown("comparison spec", spec, known)
+    if spec.get("name") and (problem := name_problem(str(spec["name"]), what="comparison name", limit=MAX_RUN_NAME)):
+        raise ValueError(problem)  # the experiment's name on every page and export
     entries = spec.get("models")
     if not isinstance(entries, Sequence) or isinstance(entries, str) or not entries:
         raise ValueError("a comparison needs 'models': a list of at least one checkpoint, oldest first")

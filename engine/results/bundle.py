@@ -57,18 +57,24 @@ def study_config(experiments: Sequence[Mapping[str, Any]]) -> dict[str, Any] | N
             "seeds": seeds if len(seeds) > 1 else []}
 
 
-def _names(e: Mapping[str, Any], steps: int) -> list[str]:
-    return model_names(steps, replaced_steps(e["config"]))
+Given = Mapping[int, Mapping[int, str | None]]  # experiment id -> {step: the user's name of that model}
 
 
-def _csv_rows(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[dict]:
+def _names(e: Mapping[str, Any], steps: int, given: Given) -> list[str]:
+    """The models' names: the user's where given, else M1, M2, ... (a replaced step marked)."""
+    mine = given.get(e["id"], {})
+    return [mine.get(t) or n for t, n in enumerate(model_names(steps, replaced_steps(e["config"])), 1)]
+
+
+def _csv_rows(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[int, Sequence[Mapping[str, Any]]],
+              given: Given) -> list[dict]:
     rows = []
     for e in experiments:
         for m in matrices.get(e["id"], ()):
             C = np.asarray(m["values"], dtype=np.float64)
             s = m["summary"]
             comparable = np.asarray(s["comparable"], bool) if s.get("comparable") else None
-            cells = matrix_rows(C, names=_names(e, C.shape[0]), comparable=comparable,
+            cells = matrix_rows(C, names=_names(e, C.shape[0], given), comparable=comparable,
                                 ties=e["config"].get("eval", {}).get("ties", "fail"), paired=s.get("paired"),
                                 gain=s.get("update_gain"), metric=m["metric"], view=m["view"],
                                 protocol=m["protocol"], eval_classes=m["eval_classes"])
@@ -77,9 +83,10 @@ def _csv_rows(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[int, S
     return rows
 
 
-def _matrices_json(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[int, Sequence[Mapping[str, Any]]]) -> list:
+def _matrices_json(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[int, Sequence[Mapping[str, Any]]],
+                   given: Given) -> list:
     return json_ready([{"experiment_id": e["id"], "method": e["method"], "seed": e["config"].get("seed"),
-                        "models": _names(e, np.asarray(m["values"]).shape[0]),
+                        "models": _names(e, np.asarray(m["values"]).shape[0], given),
                         **{k: m[k] for k in ("metric", "view", "protocol", "eval_classes")},
                         "values": np.asarray(m["values"], dtype=np.float64), "valid_queries": m["valid_queries"],
                         "no_positive": m["no_positive"], "summary": m["summary"]}
@@ -91,7 +98,7 @@ def _label(e: Mapping[str, Any], m: Mapping[str, Any]) -> str:
 
 
 def summary_markdown(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[int, Sequence[Mapping[str, Any]]],
-                     *, title: str) -> str:
+                     *, title: str, given: Given | None = None) -> str:
     """Per (metric, gallery protocol, evaluation classes): the convention, the methods table and each main-view
     matrix, as the Compatibility page and ``python -m engine compare`` render them."""
     parts = [f"# {title}\n"]
@@ -120,13 +127,15 @@ def summary_markdown(experiments: Sequence[Mapping[str, Any]], matrices: Mapping
             parts.append(render_matrix(C, fmt="markdown", title=_label(e, m), paired=s.get("paired"), gain=gain,
                                        comparable=np.asarray(s["comparable"], bool) if s.get("comparable") else None,
                                        ties=e["config"].get("eval", {}).get("ties", "fail"),
-                                       replaced=replaced_steps(e["config"])))
+                                       replaced=replaced_steps(e["config"]), names=_names(e, C.shape[0], given or {})))
     return "\n".join(parts)
 
 
 def study_bundle(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[int, Sequence[Mapping[str, Any]]], *,
-                 title: str) -> bytes:
-    """The zip of ``BUNDLE_FILES`` for these experiments (``matrices``: experiment id -> its stored matrices)."""
+                 title: str, names: Given | None = None) -> bytes:
+    """The zip of ``BUNDLE_FILES`` for these experiments (``matrices``: experiment id -> its stored matrices;
+    ``names``: experiment id -> {step: the user's model name}, used wherever a model is named)."""
+    given = names or {}
     if not experiments:
         raise ValueError("a study bundle needs at least one experiment")
     config = study_config(experiments)
@@ -150,7 +159,7 @@ def study_bundle(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[int
             z.writestr("study.toml", toml)
         z.writestr("experiments.json", json.dumps(json_ready(
             [{k: e[k] for k in ("id", "name", "method", "config")} for e in experiments]), indent=2, allow_nan=False))
-        z.writestr("matrices.csv", csv_text(_csv_rows(experiments, matrices), BUNDLE_CSV_COLUMNS))
-        z.writestr("matrices.json", json.dumps(_matrices_json(experiments, matrices), indent=1, allow_nan=False))
-        z.writestr("summary.md", summary_markdown(experiments, matrices, title=title))
+        z.writestr("matrices.csv", csv_text(_csv_rows(experiments, matrices, given), BUNDLE_CSV_COLUMNS))
+        z.writestr("matrices.json", json.dumps(_matrices_json(experiments, matrices, given), indent=1, allow_nan=False))
+        z.writestr("summary.md", summary_markdown(experiments, matrices, title=title, given=given))
     return buffer.getvalue()

@@ -27,6 +27,7 @@ from storage import (
     create_experiment,
     create_study,
     find_experiment_by_hash,
+    get_experiment,
     init_db,
     json_hash,
     list_model_versions,
@@ -163,6 +164,13 @@ def set_status(db: Engine, experiment_id: int, status: str) -> None:
     """Set the experiment's status in its own transaction."""
     with session_scope(db) as s:
         set_experiment_status(s, experiment_id, status)
+
+
+def experiment_cancelled(db: Engine, experiment_id: int) -> bool:
+    """Whether someone cancelled this one experiment (``storage.cancel_experiment``) while its run goes on."""
+    with session_scope(db) as s:
+        exp = get_experiment(s, experiment_id)
+        return exp is not None and exp.status == "cancelled"
 
 
 def fail(db: Engine, experiment_id: int, exc: BaseException) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import io
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -156,12 +157,32 @@ def matrix_rows(C: np.ndarray, *, names: Sequence[str], comparable: np.ndarray |
     return rows
 
 
+def seed_spread(values: Sequence[float | None]) -> dict:
+    """Mean and sample standard deviation over seeds: ``{"mean", "std", "n"}`` (None where undefined; std None for
+    one seed; None and NaN values are left out and not counted)."""
+    v = np.array([np.nan if x is None else x for x in values], dtype=np.float64)
+    v = v[~np.isnan(v)]
+    return {"mean": float(v.mean()) if len(v) else None, "std": float(v.std(ddof=1)) if len(v) > 1 else None, "n": int(len(v))}
+
+
+FORMULA_STARTS = ("=", "+", "-", "@")
+
+
+def safe_cell(value: Any) -> Any:
+    """A CSV cell a spreadsheet will not run: text starting with ``= + - @`` or a control character (tab, CR, ...)
+    gets a leading ``'`` (OWASP's advice for CSV injection); numbers, booleans and other text are unchanged."""
+    if isinstance(value, str) and value and (value.startswith(FORMULA_STARTS) or unicodedata.category(value[0]) == "Cc"):
+        return "'" + value
+    return value
+
+
 def csv_text(rows: Sequence[dict], columns: Sequence[str]) -> str:
-    """Rows as CSV with a header line; None is an empty cell, floats keep full precision."""
+    """Rows as CSV with a header line; None is an empty cell, floats keep full precision, text that a spreadsheet
+    would read as a formula neutralised (:func:`safe_cell`)."""
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
+    writer = csv.DictWriter(out, fieldnames=[safe_cell(c) for c in columns], lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
-    writer.writerows([{c: ("" if r.get(c) is None else r[c]) for c in columns} for r in rows])
+    writer.writerows([{safe_cell(c): ("" if r.get(c) is None else safe_cell(r[c])) for c in columns} for r in rows])
     return out.getvalue()
 
 

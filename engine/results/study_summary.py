@@ -8,15 +8,8 @@ from engine.contract import main_view
 from engine.results.conventions import replaced_steps
 from engine.methods import METHODS
 from engine.methods.base import resolve_init_seed
-from engine.results.report import render_matrix, render_summary_table
+from engine.results.report import render_matrix, render_summary_table, seed_spread as _spread
 from storage import get_experiment, load_matrices, session_scope
-
-
-def _spread(values: list) -> dict:
-    """Mean and sample standard deviation over seeds (None where undefined; std None for one seed)."""
-    v = np.array([np.nan if x is None else x for x in values], dtype=np.float64)
-    v = v[~np.isnan(v)]
-    return {"mean": float(v.mean()) if len(v) else None, "std": float(v.std(ddof=1)) if len(v) > 1 else None, "n": int(len(v))}
 
 
 def study_summary(db: Engine, study_id: int, experiment_ids: list[int]) -> dict:

@@ -43,6 +43,7 @@ from engine.results.record import (
     Resumed,
     Version,
     discard,
+    experiment_cancelled,
     fail,
     finish,
     open_study,
@@ -247,6 +248,9 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
     exp_id, done = resumed.experiment_id, resumed.done_steps
     if resumed.finished:
         return exp_id
+    job_stop = ctx.should_stop
+    # the whole job, or this one experiment (cancelled on its own from the Overview page), stops at the next check
+    ctx = dataclasses.replace(ctx, should_stop=lambda: bool(job_stop and job_stop()) or experiment_cancelled(ctx.db, exp_id))
     steps = data.scenario.steps
     ckpt_dir = ctx.checkpoint_dir / f"experiment_{exp_id}"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -383,7 +387,8 @@ def run_study(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = None) -
 
     Each seed draws its own data (per-class samples, batch order) and initialisation; the class order
     is ``scenario.class_order_seed``'s for every seed. Experiment ids are ordered seed by seed.
-    ``data``: what :func:`check_study` returned for ``cfg`` (checked here when not given).
+    ``data``: what :func:`check_study` returned for ``cfg`` (checked here when not given). An experiment cancelled
+    on its own (its status set to cancelled while it runs) is discarded and left out of the ids; the others run.
     """
     if ctx.fan_out is not None:
         check_task_gallery(cfg.eval.gallery)
@@ -405,7 +410,13 @@ def run_study(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = None) -
         sub = dataclasses.replace(ctx, progress=lambda f, m, i=i: outer((i + f) / len(runs), m), study_id=study_id, on_study=None)
         if keys[method] in trained:
             ids.append(reuse_experiment(one.for_method(method), sub, trained[keys[method]], data=data))
-        else:
+            continue
+        try:
             ids.append(run_experiment(one.for_method(method), sub, data=data))
-            trained[keys[method]] = ids[-1]
+        except Cancelled:
+            if ctx.should_stop is not None and ctx.should_stop():
+                raise  # the whole study was cancelled
+            outer((i + 1) / len(runs), f"{method}: cancelled on its own (seed {seed}); the study goes on")
+            continue  # only this experiment was: the next method or seed runs
+        trained[keys[method]] = ids[-1]
     return study_id, ids

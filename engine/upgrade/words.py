@@ -22,6 +22,13 @@ def share(x: float | None) -> str:
     return "never (no fraction reaches it)" if x is None else f"{100 * x:.0f}%"
 
 
+def reach(x: float | None, who: str) -> str:
+    """What backfilling reaches: ``reaches v1's self-test after 30% of the gallery``, or that no fraction does."""
+    if x is None:
+        return f"never reaches {who}'s self-test (no fraction of the gallery does)"
+    return f"reaches {who}'s self-test after {100 * x:.0f}% of the gallery"
+
+
 def interval(c: Mapping[str, Any], level: float) -> str:
     """A paired comparison's difference and interval, in points."""
     return f"{100 * c['diff']:+.1f} points, {100 * level:g}% CI {100 * c['lo']:+.1f} to {100 * c['hi']:+.1f}"
@@ -40,7 +47,6 @@ def sentence(report: Mapping[str, Any]) -> str:
            + ALONE[b["verdict"]].format(old=old)]
     if report.get("best_ordering") is not None:
         best = next(n for n in report["backfill"] if n["ordering"] == report["best_ordering"])
-        out.append(f"Backfilling in order {best['ordering']} (largest area under the curve, {pct(best['area'])}) reaches "
-                   f"{old}'s self-test after {share(best['to_old_self'])} of the gallery and {new}'s after "
-                   f"{share(best['to_new_self'])}.")
+        out.append(f"Backfilling in order {best['ordering']} (largest area under the curve, {pct(best['area'])}) "
+                   f"{reach(best['to_old_self'], old)} and {reach(best['to_new_self'], new)}.")
     return " ".join(out)
