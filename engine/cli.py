@@ -23,7 +23,7 @@ from engine.data import roots
 from engine.data.export_images import add_arguments as add_export_arguments
 from engine.data.export_images import cmd_export_images
 from engine.jobs.fan_out import FanOut, check_task_gallery
-from engine.results.json_file import write_json_atomic
+from engine.results.json_file import json_target, write_json_atomic
 from engine.results.report import FORMATS, render_matrix
 from engine.upgrade.cli import add_arguments as add_upgrade_arguments
 from engine.upgrade.cli import cmd_check_upgrade
@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     roots.export(args)
     try:
+        if getattr(args, "json", None) is not None:
+            json_target(args.json)  # a --json that could not be written is refused before any work
         return COMMANDS[args.command](args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
