@@ -24,6 +24,7 @@ from engine.data.export_images import add_arguments as add_export_arguments
 from engine.data.export_images import cmd_export_images
 from engine.jobs.fan_out import FanOut, check_task_gallery
 from engine.results.json_file import json_target, write_json_atomic
+from engine.results.names import check_experiment_name
 from engine.results.report import FORMATS, render_matrix
 from engine.upgrade.cli import add_arguments as add_upgrade_arguments
 from engine.upgrade.cli import cmd_check_upgrade
@@ -233,6 +234,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from engine.checkpoints.evaluate_folder import evaluate_folder, load_feature_folder, result_json
 
     metrics = tuple(args.metrics or ("recall@1", "map"))
+    if not args.no_store and args.name is None:  # the folder's name is the experiment's: a column must hold it
+        check_experiment_name(args.features.name, "the folder name (the default --name)")
     folder = load_feature_folder(args.features)
     if not args.no_store:  # a database that cannot take the result is refused before computing it
         from storage import get_engine, init_db
@@ -273,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "json", None) is not None:
             json_target(args.json)  # a --json that could not be written is refused before any work
+        if args.command in ("evaluate", "compare-checkpoints") and args.name is not None:
+            check_experiment_name(args.name)
         return COMMANDS[args.command](args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
