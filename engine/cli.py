@@ -138,6 +138,17 @@ def _run_config(args: argparse.Namespace):
     return config_from_dict(data)
 
 
+def _check_checkpoint_folder(path: Path) -> None:
+    """``--checkpoints`` must be a folder or creatable as one (checked, not created, before any row is written)."""
+    for folder in (path, *path.absolute().parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise ValueError(f"--checkpoints {path}: {folder} is not a folder")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise ValueError(f"--checkpoints {path}: {folder} is not writable")
+            return
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from engine.run.ddp import check_nproc
     from engine.run.device import pick_device
@@ -151,6 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     fan_out = FanOut(args.task_block_rows, args.task_shard_rows) if args.tasks else None
     if fan_out is not None:
         check_task_gallery(cfg.eval.gallery)
+    _check_checkpoint_folder(args.checkpoints)
     data = check_study(cfg)  # everything refusable is refused before the database is touched
     db = get_engine(args.db)
     init_db(db)

@@ -198,3 +198,11 @@ def test_float16_features_are_read_without_a_warning_line(tmp_path, capsys):
     steps({"query_features": _good()["query_features"].astype(np.float16)})(folder)
     assert main(["evaluate", "--features", str(folder), "--no-store"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_checkpoints_under_a_file_are_refused_before_any_row(tmp_path, capsys):
+    path = tmp_path / "c.toml"
+    path.write_text(_toml(BASE))
+    (tmp_path / "ckfile").write_text("x")
+    _refused_in_one_line(["run", str(path), "--quiet", "--checkpoints", str(tmp_path / "ckfile" / "sub")],
+                         f"sqlite:///{tmp_path / 'c.db'}", "ckfile is not a folder", capsys)
