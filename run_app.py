@@ -9,7 +9,8 @@ checkpoint comparison is computed while a training run holds the first. On a fir
 the ``quick-demo`` study is queued (unless ``--no-demo``). This process supervises them: a worker
 that dies (killed for memory, crashed) has its running jobs and experiments failed with the reason
 and is restarted after a back-off (1, 2, 4 ... 60 s, reset once a worker has run ``HEALTHY_S``);
-Ctrl-C / SIGTERM, or the dashboard exiting, stops everything.
+Ctrl-C / SIGTERM, or the dashboard exiting, stops everything. On a read-only database only the dashboard
+starts: it shows the stored results with Launch disabled (no worker could store anything).
 
 The dashboard always runs headless (no first-run e-mail prompt, no notices, whether or not there is a terminal);
 this process opens the browser itself once the dashboard answers its health check. No usage statistics are sent
@@ -288,7 +289,8 @@ def supervise(commands: dict[str, list[str]], envs: dict[str, dict[str, str]], u
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from storage import DatabaseUnavailable, default_db_url, get_engine, init_db, mask_url
+    from storage import DatabaseUnavailable, default_db_url, get_engine, init_db, mask_url, write_problem
+    from storage.db import READ_ONLY
 
     try:
         secret = read_secret(args)
@@ -299,8 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     try:  # a bad URL, a missing driver, a read-only or corrupt file: one line, password masked
         get_engine(args.db or default_db_url())
         url = absolute_url(args.db or default_db_url())
-        init_db(get_engine(url))  # before the children start: a database from an older version gains its new columns once
-        job = None if args.no_demo else queue_demo_if_empty(url)
+        init_db(get_engine(url), writable=False)  # before the children start: an older database gains its new columns once
+        read_only = write_problem(get_engine(url))
+        if read_only is not None and READ_ONLY not in read_only:  # locked, unreachable...: refused as before
+            raise DatabaseUnavailable(read_only)
+        job = None if args.no_demo or read_only else queue_demo_if_empty(url)
     except DatabaseUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -316,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     # the Learn pages, in short bursts, so it is not counted and gets the same number
     workers = sum(name != "dashboard" for name in commands)
     env.update(threads.thread_env(threads.per_process(processes=workers, override=args.threads)))
+    if read_only:  # the dashboard alone: it shows the stored results and disables Launch; a worker could write nothing
+        commands = {"dashboard": commands["dashboard"]}
+        print(f"{read_only}; showing the stored results with Launch disabled (no workers started)", flush=True)
     processes: dict[str, subprocess.Popen] = {}
     signal.signal(signal.SIGTERM, _interrupt)
     # the secret goes to the dashboard alone, in its environment: never on a command line

@@ -23,7 +23,7 @@ from engine.data import roots
 from engine.data.export_images import add_arguments as add_export_arguments
 from engine.data.export_images import cmd_export_images
 from engine.jobs.fan_out import FanOut, check_task_gallery
-from engine.results.json_file import write_json_atomic
+from engine.results.json_file import json_target, write_json_atomic
 from engine.results.report import FORMATS, render_matrix
 from engine.upgrade.cli import add_arguments as add_upgrade_arguments
 from engine.upgrade.cli import cmd_check_upgrade
@@ -140,6 +140,17 @@ def _run_config(args: argparse.Namespace):
     return config_from_dict(data)
 
 
+def _check_checkpoint_folder(path: Path) -> None:
+    """``--checkpoints`` must be a folder or creatable as one (checked, not created, before any row is written)."""
+    for folder in (path, *path.absolute().parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise ValueError(f"--checkpoints {path}: {folder} is not a folder")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise ValueError(f"--checkpoints {path}: {folder} is not writable")
+            return
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from engine.run.ddp import check_nproc
     from engine.run.device import pick_device
@@ -153,6 +164,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     fan_out = FanOut(args.task_block_rows, args.task_shard_rows) if args.tasks else None
     if fan_out is not None:
         check_task_gallery(cfg.eval.gallery)
+    _check_checkpoint_folder(args.checkpoints)
     data = check_study(cfg)  # everything refusable is refused before the database is touched
     db = get_engine(args.db)
     init_db(db)
@@ -247,10 +259,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from engine.checkpoints.evaluate_folder import evaluate_folder, load_feature_folder, result_json
 
     metrics = tuple(args.metrics or ("recall@1", "map"))
-    if not args.no_store:  # the name every page shows: refused now, not after the evaluation
+    if not args.no_store and args.name is None:  # the folder's name is the experiment's: a column must hold it
         from storage import name_problem
 
-        if problem := name_problem(args.name or args.features.name, what="experiment name"):
+        if problem := name_problem(args.features.name, what="the folder name (the default --name)"):
             raise ValueError(problem)
     folder = load_feature_folder(args.features)
     if not args.no_store:  # a database that cannot take the result is refused before computing it
@@ -290,6 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     roots.export(args)
     try:
+        if getattr(args, "json", None) is not None:
+            json_target(args.json)  # a --json that could not be written is refused before any work
+        if args.command in ("evaluate", "compare-checkpoints") and args.name is not None:
+            from storage import name_problem  # the name every page shows: refused now, not after the work
+
+            if problem := name_problem(args.name, what="--name"):
+                raise ValueError(problem)
         return COMMANDS[args.command](args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

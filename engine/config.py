@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import stat
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -224,30 +226,32 @@ def _name(v: str) -> str | None:
 
 
 _POSITIVE = _number(1)
+MAX_CLASSES = 100_000
+MAX_GENERATED_IMAGES = 250_000  # shapes: classes x (train_per_class + test_per_class), about 3 GB as float32
 _COUNT = _number(0)
 # key -> rule; a list or tuple value is checked item by item.
 RULES: dict[str, Rule] = {
     "name": _name, "methods": _method, "seed": _number(0, 2**32 - 1),
     "seeds": _number(0, 2**32 - 1), "device": _device,
     "dataset.name": _choice("dataset", vocab.DATASET_NAMES), "dataset.root": _text,
-    "dataset.num_classes": _number(1, 100_000), "dataset.train_per_class": _number(1, 100_000),
+    "dataset.num_classes": _number(1, MAX_CLASSES), "dataset.train_per_class": _number(1, 100_000),
     "dataset.test_per_class": _number(1, 100_000), "dataset.max_per_class": _number(1, 1_000_000),
     "dataset.image_size": _number(1, 1024),
     "eval.protocol": _choice("protocol", vocab.RUN_PROTOCOLS), "eval.open_set_classes": _number(1, 100_000),
     "eval.open_set_dataset": _open_set_dataset, "eval.eval_classes": _choice("eval_classes", vocab.EVAL_CLASSES),
     "eval.gallery": _choice("gallery protocol", vocab.GALLERY_PROTOCOLS), "eval.metrics": _metric,
     "eval.topk": _POSITIVE, "eval.train_features_per_class": _number(0, 100_000), "eval.views": _view,
-    "scenario.initial_classes": _POSITIVE, "scenario.increment": _COUNT, "scenario.num_steps": _number(1, 10_000),
+    "scenario.initial_classes": _number(1, MAX_CLASSES), "scenario.increment": _number(0, MAX_CLASSES), "scenario.num_steps": _number(1, 10_000),
     "scenario.class_order_seed": _number(0, 2**32 - 1), "scenario.training": _choice("training mode", vocab.TRAINING_MODES),
-    "scenario.replay_per_class": _COUNT, "scenario.replacement_steps": _number(2),
+    "scenario.replay_per_class": _number(0, 100_000), "scenario.replacement_steps": _number(2),
     "model.backbone": _choice("backbone", vocab.BACKBONE_NAMES), "model.width": _number(1, 2048),
     "model.feature_dim": _number(1, 65_536), "model.dsimplex_classes": _number(2, 10_000),
     "model.init_seed": _choice("init_seed", INIT_SEEDS),
     "training.epochs": _number(1, 100_000), "training.batch_size": _number(1, 4096),
-    "training.optimizer": _choice("optimizer", vocab.OPTIMIZERS), "training.lr": _number(0, low_open=True),
-    "training.momentum": _number(0, 1, high_open=True), "training.weight_decay": _COUNT,
+    "training.optimizer": _choice("optimizer", vocab.OPTIMIZERS), "training.lr": _number(0, 100, low_open=True),
+    "training.momentum": _number(0, 1, high_open=True), "training.weight_decay": _number(0, 100),
     "training.lr_schedule": _choice("lr_schedule", vocab.LR_SCHEDULES), "training.lr_milestones": _POSITIVE,
-    "training.lr_gamma": _number(0, low_open=True), "training.num_workers": _number(0, 64),
+    "training.lr_gamma": _number(0, 100, low_open=True), "training.num_workers": _number(0, 64),
 }
 
 
@@ -313,6 +317,8 @@ def _check_scenario(cfg: RunConfig) -> None:
         raise ValueError(f"config key eval.topk = {topk} exceeds the {s.initial_classes} outputs the first model's "
                          f"PSP/LSP keep (scenario.initial_classes); use at most {s.initial_classes}")
     classes = vocab.DATASET_CLASSES.get(name, cfg.dataset.num_classes if name == "shapes" else None)
+    if name == "shapes":
+        _check_generated(cfg)
     steps = s.num_steps
     if classes is not None:
         try:
@@ -326,6 +332,20 @@ def _check_scenario(cfg: RunConfig) -> None:
         check_replacements(s.replacement_steps, steps or max(s.replacement_steps, default=2))
     except ValueError as exc:
         raise ValueError(f"config key scenario.replacement_steps = {list(s.replacement_steps)!r}: {exc}") from None
+
+
+def _check_generated(cfg: RunConfig) -> None:
+    """The shapes images a run would generate, bounded before any is drawn."""
+    d, s, e = cfg.dataset, cfg.scenario, cfg.eval
+    classes = d.num_classes or (s.initial_classes + s.increment * (s.num_steps - 1) if s.num_steps else 0)
+    classes += e.open_set_classes if e.protocol == "open-set" and e.open_set_dataset is None else 0
+    if classes > MAX_CLASSES:
+        raise ValueError(f"config asks dataset shapes for {classes} classes (scenario and open-set); at most {MAX_CLASSES}")
+    images = classes * (d.train_per_class + d.test_per_class)
+    if images > MAX_GENERATED_IMAGES:
+        raise ValueError(f"config asks dataset shapes for {images} images ({classes} classes x "
+                         f"{d.train_per_class + d.test_per_class} per class); at most {MAX_GENERATED_IMAGES}: "
+                         f"lower dataset.train_per_class / test_per_class or the classes")
 
 
 def _check_method_params(cfg: RunConfig) -> None:
@@ -346,6 +366,20 @@ def _check_method_params(cfg: RunConfig) -> None:
                 raise ValueError(f"config key method_params.{method}.{key} {problem}")
 
 
+def _check_text(value: Any, where: str, depth: int = 0) -> None:
+    """No NUL character in any key or text (databases refuse them) and no nesting deeper than a config has (the
+    ``name`` itself is checked by ``_name``)."""
+    if depth > 8:
+        raise ValueError(f"config key {where} is nested too deeply")
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError(f"config key {where or 'name'} contains a NUL character")
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and "\x00" in key:
+            raise ValueError(f"config key {where + '.' if where else ''}{key!r} contains a NUL character")
+        _check_text(item, f"{where}.{key}" if where else str(key), depth + 1)
+
+
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """Build and validate a RunConfig; ValueError, one line naming the key, for an unknown key, a wrong type, a value
     outside its registry or range (method hyper-parameters included), keys that contradict each other, or a scenario
@@ -356,6 +390,7 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """
     if not isinstance(data, dict):
         raise ValueError(f"a config must be a table of keys, got {type(data).__name__}")
+    _check_text(data, "")
     cfg = _build(RunConfig, data)
     if not cfg.methods:
         raise ValueError("config needs at least one method in 'methods'")
@@ -368,15 +403,46 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
     return cfg
 
 
-def load_config(path: str | Path) -> RunConfig:
-    """Read a TOML config file."""
-    path = Path(path)
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; 1 MB leaves room for long comments
+
+
+def _read_config_text(path: Path) -> str:
+    """The text of a regular file of at most ``MAX_CONFIG_BYTES``, opened without blocking (a FIFO, a device or a
+    folder is refused at once, never read) and decoded as UTF-8; ValueError naming the file otherwise."""
     try:
-        data = tomllib.loads(path.read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except FileNotFoundError:
         raise ValueError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be opened ({exc.strerror or type(exc).__name__})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+        raise ValueError(f"{path}: is {kind}, not a config file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; a config is a short TOML file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}); save the config as UTF-8 TOML") from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read a TOML config file (a regular UTF-8 file of at most ``MAX_CONFIG_BYTES``)."""
+    path = Path(path)
+    text = _read_config_text(path)
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path}: not valid TOML ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not valid TOML (arrays or tables nested too deeply)") from None
     try:
         return config_from_dict(data)
     except ValueError as exc:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
-from engine.contract import DERIVED_VIEWS  # derived view -> the raw output it comes from, in one place
+from engine.contract import DERIVED_VIEWS
+from engine.metrics.norms import tame_rows, unit_rows_np  # derived view -> the raw output it comes from, in one place
 
 if TYPE_CHECKING:
     import torch
@@ -72,15 +73,14 @@ def project_simplex(
     if not np.issubdtype(values.dtype, np.floating):
         values = values.astype(np.float32)
 
-    kept = values[..., :num_classes]
+    kept = tame_rows(values[..., :num_classes])  # rows near the float maximum (or tiny) scaled: centring cannot overflow
     if topk is not None and topk_order == "sparsify_first":
         kept = _keep_topk(kept, topk)
     if center:
         kept = kept - kept.mean(axis=-1, keepdims=True)
     if topk is not None and topk_order == "project_first":
         kept = _keep_topk(kept, topk)
-    norm = np.sqrt((kept * kept).sum(axis=-1, keepdims=True))
-    return kept / np.maximum(norm, kept.dtype.type(1e-12))
+    return unit_rows_np(kept)
 
 
 def _keep_topk(values: np.ndarray, k: int) -> np.ndarray:

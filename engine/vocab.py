@@ -33,7 +33,7 @@ class Param:
     default: Any
     choices: tuple[str, ...] = ()
     low: float = -math.inf
-    high: float = math.inf
+    high: float = 1e6  # above this a weight or rate only overflows the loss (float32) once training has begun
     low_open: bool = False
 
     def allowed(self) -> str:
@@ -68,7 +68,7 @@ FEATURE_DISTANCES = ("l2", "cosine")
 FD_SUBSETS = ("old_classes", "all")
 FD_WEIGHT_SCHEDULES = ("constant", "sqrt_new_over_old")
 _FINETUNING = {"finetune_lr": Param("number", None, low=0.0, low_open=True), "balanced_replay": Param("flag", True)}
-_SIMPLEX = {"temperature": Param("number", 1.0, low=0.0, low_open=True),
+_SIMPLEX = {"temperature": Param("number", 1.0, low=1e-3),  # logits / a tinier one overflow to inf in the loss
             "extraction_temperature": Param("choice", "none", EXTRACTION_TEMPERATURES)}
 _BCT = {"lam": Param("number", 1.0, low=0.0)}
 _MEAN_ALIGN = {"alpha": Param("number", 1.0, low=0.0), "beta": Param("number", 0.1, low=0.0)}
@@ -116,6 +116,7 @@ INIT_SEEDS = ("auto", "same", "per_step")
 DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # engine.run.device.pick_device
 DEVICE_CHOICES = ("auto", "cpu", "cuda")  # what the forms offer (cuda:N is typed in a config)
 
+MAX_K = 1_000_000  # the k of recall@k / map@k: a bound keeps it a machine integer
 _METRIC = re.compile(r"^(recall|map)(?:@(\d+))?$")
 VERIFICATION = "verification"  # paper 002's pair-verification accuracy (engine.metrics.verification)
 
@@ -129,7 +130,7 @@ def parse_metric(name: str, *, pairs: bool = True) -> tuple[str, int | None]:
     if pairs and key == VERIFICATION:
         return VERIFICATION, None
     m = _METRIC.match(key)
-    if not m or (m.group(1) == "recall" and m.group(2) is None) or (m.group(2) is not None and int(m.group(2)) < 1):
+    if not m or (m.group(1) == "recall" and m.group(2) is None) or (m.group(2) is not None and not 1 <= int(m.group(2)) <= MAX_K):
         extra = ", 'map@K' or 'verification'" if pairs else " or 'map@K'"
-        raise ValueError(f"unknown metric {name!r}; use 'recall@K' (K >= 1), 'map'{extra}")
+        raise ValueError(f"unknown metric {name!r}; use 'recall@K' (1 <= K <= {MAX_K:,}), 'map'{extra}")
     return m.group(1), int(m.group(2)) if m.group(2) else None

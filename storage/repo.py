@@ -188,11 +188,11 @@ def get_model_version(session: Session, model_version_id: int) -> ModelVersion |
 def name_problem(name: str, *, what: str = "name", limit: int = MAX_NAME) -> str | None:
     """Why ``name`` cannot name something people see (an experiment, a study, a model), or None.
 
-    A name is 1..``limit`` printable characters: no control characters (Unicode Cc), no format characters (Cf:
+    A name is 1..``limit`` printable characters, not all blank: no control characters (Unicode Cc), no format characters (Cf:
     bidi marks, zero-width joiners), no line or paragraph separators, so it shows as written on every page, in
     every export and in the study bundle's ``study.toml``. The message shows at most the first 60 characters.
     """
-    if 1 <= len(name) <= limit and name.isprintable():
+    if name.strip() and len(name) <= limit and name.isprintable():
         return None
     shown = repr(name[:60]) + (f"... ({len(name):,} characters)" if len(name) > 60 else "")
     return (f"{what} must be 1..{limit} printable characters (no control, format or bidi characters), "

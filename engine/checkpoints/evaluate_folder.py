@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 import zipfile
 import zlib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,7 @@ _STEP = re.compile(r"^step_(\d+)\.npz$")
 MAX_ARRAY_BYTES_ENV = "COMPATLAB_MAX_ARRAY_BYTES"
 DEFAULT_MAX_ARRAY_BYTES = 4 * 1024**3  # per array, checked against its declared shape before anything is read
 MAX_LABEL = 2**31 - 1
+MAX_STEPS = 200  # models per folder: T^2 cells are searched
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -78,11 +81,32 @@ def _read_member(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, cap: in
 def read_npz(path: Path, *, cap: int | None = None) -> dict[str, np.ndarray]:
     """The arrays of a ``.npz`` with exactly the :data:`KEYS`, each size-checked before it is read; never unpickles."""
     cap = max_array_bytes() if cap is None else cap
-    if not zipfile.is_zipfile(path):
+    with _open_regular(path) as file:
+        return _read_npz_file(path, file, cap)
+
+
+def _open_regular(path: Path):
+    """``path`` opened for reading without blocking, if it is a regular file (checked on the open file: a FIFO, a
+    device or a folder is refused at once, never read); FolderError otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise FolderError(f"{path}: cannot be opened ({exc.strerror or type(exc).__name__})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FolderError(f"{path}: not a .npz (zip) archive (not a regular file); save the four arrays with numpy.savez")
+    return os.fdopen(fd, "rb")
+
+
+def _read_npz_file(path: Path, file, cap: int) -> dict[str, np.ndarray]:
+    if not zipfile.is_zipfile(file):
         raise FolderError(f"{path}: not a .npz (zip) archive; save the four arrays with numpy.savez")
     try:
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(file) as zf:
             members = {info.filename: info for info in zf.infolist()}
+            if len(members) < len(zf.infolist()):
+                twice = sorted(n for n, c in Counter(i.filename for i in zf.infolist()).items() if c > 1)
+                raise FolderError(f"{path}: holds a member name twice ({', '.join(twice)}); which array is meant is unclear")
             names = {n[:-4] for n in members if n.endswith(".npy")}
             other = sorted(n for n in members if not n.endswith(".npy"))
             missing, extra = [k for k in KEYS if k not in names], sorted(names - set(KEYS)) + other
@@ -108,7 +132,8 @@ def _check_step(path: Path, arrays: dict[str, np.ndarray]) -> CellFeatures:
             raise FolderError(f"{path}: {fk} must be a non-empty 2-D array (items x dims), got shape {feats.shape}")
         if feats.dtype.kind != "f":
             raise FolderError(f"{path}: {fk} must be floating point (float16/32/64), got dtype {feats.dtype}")
-        for bad, what in ((~np.isfinite(feats), "NaN/inf values"), (np.abs(feats) > _FLOAT32_MAX, "values beyond float32")):
+        beyond = np.abs(feats) > _FLOAT32_MAX if feats.dtype.itemsize > 4 else np.zeros(feats.shape, bool)
+        for bad, what in ((~np.isfinite(feats), "NaN/inf values"), (beyond, "values beyond float32")):
             rows = np.flatnonzero(bad.any(1))
             if len(rows):
                 raise FolderError(f"{path}: {fk} has {what} in {len(rows)} row(s) (first: row {rows[0]})")
@@ -142,6 +167,8 @@ def load_feature_folder(folder: str | Path, *, cap: int | None = None) -> Featur
     if not numbered:
         raise FolderError(f"{folder}: no step_1.npz ... step_T.npz files found")
     steps = [n for n, _ in numbered]
+    if len(steps) > MAX_STEPS:
+        raise FolderError(f"{folder}: {len(steps)} step files; at most {MAX_STEPS} (a T x T matrix is computed)")
     if steps != list(range(1, len(steps) + 1)):
         raise FolderError(f"{folder}: steps must be numbered 1..T without gaps or repeats, found {steps}")
     sets = [_check_step(path, read_npz(path, cap=cap)) for _, path in numbered]

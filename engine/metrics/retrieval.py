@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from engine.metrics.norms import EPS
 from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
 from engine.metrics.search import DEFAULT_BLOCK, Backend, pick_backend
 from engine.metrics.validate import check_cell
@@ -54,7 +55,21 @@ class Gallery:
 
 
 def unit_rows(x: np.ndarray, device: torch.device) -> torch.Tensor:
-    return F.normalize(torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device), dim=1)
+    """Rows of ``x`` as float32 on ``device``, scaled to unit L2 norm without overflow (zero rows stay zero)."""
+    return unit_tensor_rows(torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device))
+
+
+def unit_tensor_rows(t: torch.Tensor) -> torch.Tensor:
+    """``F.normalize(t, dim=1)`` (bit for bit), except that rows whose norm overflows (near the float32 maximum) or underflows
+    are first divided by their max-abs (engine.metrics.norms): they keep their direction instead of becoming 0."""
+    norm = torch.linalg.vector_norm(t, dim=1, keepdim=True)
+    bad = ~torch.isfinite(norm) | (norm < EPS)
+    if bool(bad.any()):
+        scale = t.abs().amax(dim=1, keepdim=True)
+        usable = bad & torch.isfinite(scale) & (scale > 0)
+        t = torch.where(usable, t / torch.where(usable, scale, torch.ones_like(scale)), t)
+        norm = torch.linalg.vector_norm(t, dim=1, keepdim=True)
+    return t / norm.clamp_min(EPS)  # as F.normalize computes it
 
 
 def prepare_gallery(gallery: np.ndarray, labels: np.ndarray, *, protocol: Protocol = "instance", device: torch.device | str = "cpu") -> Gallery:
@@ -65,7 +80,7 @@ def prepare_gallery(gallery: np.ndarray, labels: np.ndarray, *, protocol: Protoc
     if protocol == "template":
         classes, inverse = np.unique(labels, return_inverse=True)
         sums = torch.zeros(len(classes), feats.shape[1], device=device).index_add_(0, torch.as_tensor(inverse, device=device), feats)
-        return Gallery(F.normalize(sums, dim=1), classes, np.full(len(labels), -1), classes, np.arange(len(classes)), np.arange(1, len(classes) + 1))
+        return Gallery(unit_tensor_rows(sums), classes, np.full(len(labels), -1), classes, np.arange(len(classes)), np.arange(1, len(classes) + 1))
     order = np.argsort(labels, kind="stable")
     sorted_labels = labels[order]
     classes = np.unique(sorted_labels)
@@ -82,7 +97,7 @@ def _loo_template_sims(query: torch.Tensor, query_labels: np.ndarray, gallery: n
     idx = torch.as_tensor(np.searchsorted(g.classes, gallery_labels), device=query.device)
     sums = torch.zeros(len(g.classes), feats.shape[1], device=query.device).index_add_(0, idx, feats)
     counts = torch.bincount(idx, minlength=len(g.classes))
-    loo = F.normalize(sums[idx] - feats, dim=1)
+    loo = unit_tensor_rows(sums[idx] - feats)
     sims = (query * loo).sum(1)
     return torch.where(counts[idx] > 1, sims, torch.full_like(sims, -torch.inf))
 

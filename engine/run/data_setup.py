@@ -116,6 +116,10 @@ def prepare_run_data(cfg: RunConfig) -> RunData:
         query, gallery = split.query, split.gallery
     same_set = split.same_set
     channels = train.images.shape[1]
+    for side, images in (("query", query), ("gallery", gallery)):  # one model embeds them all: refused before training
+        if images.images.shape[1] != channels:
+            raise ValueError(f"the open-set {side} images have {images.images.shape[1]} channel(s) but the training images "
+                             f"({d.name}) have {channels}; choose an open-set dataset with {channels}-channel images")
     per_class = e.train_features_per_class
     subset = select_replay(train.labels.numpy(), range(num_classes), per_class, cfg.seed) if per_class else np.zeros(0, np.int64)
     return RunData(train, query, gallery, same_set, positions, names, channels,
