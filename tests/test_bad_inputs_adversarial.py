@@ -35,7 +35,7 @@ CONFIGS = {  # id -> (how the config path is made, its content, substring of the
     "2 MB of comments": ("bytes", b"#" * (2 << 20) + b"\n" + _toml(BASE).encode(), "larger than 1048576 bytes"),
     "arrays nested 5000 deep": ("text", DEEP_ARRAY + _toml(BASE), "nested too deeply"),
     "inline tables nested 3000 deep": ("text", DEEP_TABLE + _toml(BASE), "nested too deeply"),
-    "NUL in the name": ("text", _nul(_with(name="a\x00b")), "config key name contains a NUL character"),
+    "NUL in the name": ("text", _nul(_with(name="a\x00b")), "config key name must be 1..160 printable characters"),
     "NUL in dataset.root": ("text", _nul(_with(dataset__root="da\x00ta")), "config key dataset.root contains a NUL"),
     "NUL in a hyper-parameter key": ("text", _toml(BASE) + '[method_params.independent]\n"a\\u0000" = 1\n',
                                      "method_params.independent.'a\\x00' contains a NUL character"),

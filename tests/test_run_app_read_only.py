@@ -27,6 +27,14 @@ class _Exited:
         return 0
 
 
+def _kind(cmd: list[str]) -> str:
+    """"worker" for ``python -m engine worker ...``, "dashboard" for the Streamlit launch of app/main.py."""
+    if cmd[1:4] == ["-m", "engine", "worker"]:
+        return "worker"
+    assert str(ROOT / "app" / "main.py") in cmd, cmd
+    return "dashboard"
+
+
 def _counts(url: str) -> dict[str, int]:
     with session_scope(get_engine(url)) as s:
         return {t.name: s.scalar(select(func.count()).select_from(t)) for t in Base.metadata.sorted_tables}
@@ -55,7 +63,7 @@ def test_run_app_on_a_read_only_database_starts_the_dashboard_alone(stored_read_
     monkeypatch.setattr(run_app.subprocess, "Popen", lambda cmd, **kw: started.append((cmd, kw)) or _Exited())
     run_app.main(["--db", ro, "--no-browser", "--port", "8681"])  # queues no demo although it may: read-only
     out = capsys.readouterr().out
-    assert [cmd[2] for cmd, _ in started] == ["streamlit"]  # python -m streamlit run app/main.py: no worker
+    assert [_kind(cmd) for cmd, _ in started] == ["dashboard"]  # streamlit run app/main.py: no worker
     assert started[0][1]["env"]["COMPATLAB_DB_URL"] == ro
     assert "is read-only" in out and "showing the stored results with Launch disabled (no workers started)" in out
     assert "queued the quick-demo" not in out
@@ -67,5 +75,5 @@ def test_run_app_on_a_writable_database_still_starts_both_workers(stored_read_on
     started: list[list[str]] = []
     monkeypatch.setattr(run_app.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or _Exited())
     run_app.main(["--db", url, "--no-browser", "--port", "8682", "--no-demo"])
-    assert sorted(cmd[2] for cmd in started) == ["engine", "engine", "streamlit"]
+    assert sorted(_kind(cmd) for cmd in started) == ["dashboard", "worker", "worker"]
     assert "Launch disabled" not in capsys.readouterr().out
