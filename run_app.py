@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from engine.checkpoints.files import add_ceiling_argument, export_ceiling  # torch-free
 from engine.contract import SHORT_JOB_KINDS  # torch-free
 from engine.data import roots  # torch-free
 
@@ -52,9 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-upload-mb", type=int, default=MAX_UPLOAD_MB, metavar="MB",
                    help=f"largest file the dashboard accepts as an upload, in MB (default {MAX_UPLOAD_MB})")
     roots.add_arguments(p, torchscript=True)
+    add_ceiling_argument(p)
     args = p.parse_args(argv)
     if args.max_upload_mb < 1:
         p.error("--max-upload-mb must be at least 1")
+    export_ceiling(args)
     roots.export(args)  # --data-root / --allow-torchscript reach both children through the environment
     return args
 

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,11 @@ from engine.checkpoints.arch_table import ARCH_INPUTS
 from engine.checkpoints.files import (
     TORCHSCRIPT_REFUSED,
     CheckpointError,
+    check_ceiling,
     human_bytes,
     parse_size,
     safetensors_metadata,
+    server_max_bytes,
     server_trust,
     sniff,
 )
@@ -57,7 +61,7 @@ MODEL_DEFAULTS: dict[str, Any] = {"source": SOURCES[0], "path": "", "pretrained"
                                   "num_classes": 0, "classes": "", "input_size": 0, "mean": "", "std": "", "label": ""}
 FORM_DEFAULTS: dict[str, Any] = {"protocol": CLOSED, "dataset": "imagefolder", "root": "", "query": "",
                                  "gallery_folder": "", "views": ["encoder", "psp", "lsp"], "gallery": "instance",
-                                 "name": "", "metrics": "recall@1, map", "ties": "fail", "max_size": "2GB",
+                                 "name": "", "metrics": "recall@1, map", "ties": "fail", "max_size": "",
                                  "batch_size": 64, "device": "auto"}
 
 
@@ -128,14 +132,23 @@ def upload_dir(url: str) -> Path:
 
 
 def save_upload(uploaded: Any, folder: Path) -> Path:
-    """Write an uploaded checkpoint to ``folder/<sha256 prefix>_<safe name>`` (once per content)."""
+    """Write an uploaded checkpoint to ``folder/<sha256 prefix>_<safe name>`` (once per content).
+
+    Each writer fills its own temporary file beside the target and renames it into place, so identical uploads at
+    the same moment each succeed and leave one whole file (never a half-written one, never a stray ``.part``).
+    """
     data = uploaded.getvalue()
     target = folder / f"{hashlib.sha256(data).hexdigest()[:16]}_{safe_filename(uploaded.name)}"
     if not target.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".part")
-        partial.write_bytes(data)
-        partial.replace(target)
+        handle, partial = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".part")
+        try:
+            with os.fdopen(handle, "wb") as f:
+                f.write(data)
+            os.replace(partial, target)
+        except BaseException:
+            Path(partial).unlink(missing_ok=True)
+            raise
     return target
 
 
@@ -173,7 +186,7 @@ def _file_problem(what: str, text: str, arch: str | None, max_bytes: int) -> str
         return f"{what}: {path} is empty (0 bytes)."
     if size > max_bytes:
         return (f"{what}: {path} is {human_bytes(size)}, over the {human_bytes(max_bytes)} limit "
-                "(raise 'Largest checkpoint' under Advanced).")
+                "(raise 'Largest checkpoint' under Advanced, up to the server's limit).")
     try:
         fmt = sniff(path)
     except CheckpointError as exc:
@@ -251,7 +264,8 @@ def build_spec(archs: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]
     s = st.session_state
     problems: list[str] = []
     try:
-        max_bytes = parse_size(s[PREFIX + "max_size"])
+        text = s[PREFIX + "max_size"].strip()  # empty: the operator's limit, which the form can only lower
+        max_bytes = check_ceiling(parse_size(text)) if text else server_max_bytes()
     except ValueError as exc:
         return None, [f"Largest checkpoint: {exc}."]
     ids = order()

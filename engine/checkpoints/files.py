@@ -20,9 +20,11 @@ Every refusal is a :class:`CheckpointError`, a ``ValueError`` with one line ``PA
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
+import os
 import re
 import struct
 import zipfile
@@ -33,6 +35,7 @@ from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES, lite_weights_pat
 from engine.data.roots import torchscript_allowed
 
 DEFAULT_MAX_BYTES = 2_000_000_000
+MAX_BYTES_ENV = "COMPATLAB_MAX_CHECKPOINT_BYTES"  # the operator's ceiling for dashboard jobs (--max-checkpoint-size)
 SHOWN = 5  # how many keys / layers an error message lists
 
 
@@ -86,6 +89,13 @@ def first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def refusal(detail: str) -> str:
+    """The reason a pickle that would rebuild more than tensors and plain containers is refused."""
+    return (f"refused: {detail}, and only tensors and plain containers are read (torch.load with weights_only=True); "
+            "nothing from the file was run. If you trust it, re-save model.state_dict() with torch.save, or as "
+            ".safetensors, where it was made")
+
+
 def listed(names: list[str]) -> str:
     """The first ``SHOWN`` names, comma-separated, and how many more there are."""
     shown = ", ".join(names[:SHOWN])
@@ -116,6 +126,35 @@ def parse_size(text: str | int) -> int:
     if value < 1:
         raise ValueError(f"the size limit must be positive, got {text!r}")
     return value
+
+
+def server_max_bytes() -> int:
+    """The largest checkpoint dashboard jobs may read: ``--max-checkpoint-size`` on ``run_app.py`` or ``worker``
+    (``$COMPATLAB_MAX_CHECKPOINT_BYTES``), default ``DEFAULT_MAX_BYTES``; a request can only lower it."""
+    text = os.environ.get(MAX_BYTES_ENV, "").strip()
+    return parse_size(text) if text else DEFAULT_MAX_BYTES
+
+
+def check_ceiling(max_bytes: int) -> int:
+    """``max_bytes`` when it is at most :func:`server_max_bytes`; ``ValueError`` (one line) otherwise."""
+    ceiling = server_max_bytes()
+    if max_bytes > ceiling:
+        raise ValueError(f"the largest checkpoint may be at most {human_bytes(ceiling)} on this server (its operator's "
+                         f"--max-checkpoint-size), not {human_bytes(max_bytes)}")
+    return max_bytes
+
+
+def add_ceiling_argument(parser: argparse.ArgumentParser) -> None:
+    """``--max-checkpoint-size SIZE`` for the servers (``run_app.py``, ``worker``)."""
+    parser.add_argument("--max-checkpoint-size", type=parse_size, metavar="SIZE", default=None,
+                        help=f"largest checkpoint a dashboard job may read, e.g. 2GB (default "
+                             f"{human_bytes(DEFAULT_MAX_BYTES)}; ${MAX_BYTES_ENV}); the form can only lower it")
+
+
+def export_ceiling(args: argparse.Namespace) -> None:
+    """Put ``--max-checkpoint-size`` into this process's environment, which its children inherit."""
+    if getattr(args, "max_checkpoint_size", None) is not None:
+        os.environ[MAX_BYTES_ENV] = str(args.max_checkpoint_size)
 
 
 def sha256_of(path: Path) -> str:
