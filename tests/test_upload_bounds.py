@@ -4,11 +4,7 @@ before anything is allocated (peak memory measured in a child process, under an 
 regression fails fast instead of swapping); identical uploads at the same moment all succeed."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 import threading
 import zipfile
 from pathlib import Path
@@ -22,56 +18,27 @@ from engine.checkpoints.files import MAX_BYTES_ENV, CheckpointError, server_trus
 from engine.checkpoints.loading import load_model
 from engine.checkpoints.request import comparison_spec
 from engine.checkpoints.torch_zip import check_torch_zip
+from peak_memory import MB, measure
 
-REPO = Path(__file__).resolve().parents[1]
-MB = 1_000_000
 HEADROOM = 300 * MB  # what a refusal may cost over the child's baseline; every hostile file below claims GBs
-
-CHILD = textwrap.dedent("""
-    import json, resource, sys
-    from engine.checkpoints.files import server_trust
-    from engine.checkpoints.loading import load_model
-
-    def peak():
-        return next(int(line.split()[1]) * 1000 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-
-    def size():
-        return next(int(line.split()[1]) * 1000 for line in open("/proc/self/status") if line.startswith("VmSize:"))
-
-    args = json.loads(sys.argv[1])
-    limit = size() + args["headroom"] + 500_000_000  # a regression dies of MemoryError instead of taking the machine
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    base = peak()
-    trust = server_trust() if args["server"] else None
-    try:
-        load_model(args["path"], arch=args["arch"], num_classes=args["classes"], max_bytes=args["max_bytes"],
-                   **({"trust": trust} if trust else {}))
-        error = None
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    print(json.dumps({"error": error, "grew": peak() - base}))
-""")
 
 
 def _load_in_child(path: Path, *, arch: str | None = None, classes: int | None = None, max_bytes: int = 2_000 * MB,
                    server: bool = False, env: dict[str, str] | None = None) -> dict:
     """``load_model`` in a fresh interpreter: its error (or None) and how much its peak RSS grew."""
-    args = {"path": str(path), "arch": arch, "classes": classes, "max_bytes": max_bytes, "server": server,
-            "headroom": HEADROOM}
-    result = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True,
-                            timeout=600, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-                                              **(env or {})})
-    assert result.returncode == 0, result.stderr[-2000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    setup = "from engine.checkpoints.files import server_trust\nfrom engine.checkpoints.loading import load_model"
+    trust = ", trust=server_trust()" if server else ""
+    expr = (f"load_model({str(path)!r}, arch={arch!r}, num_classes={classes!r}, max_bytes={max_bytes!r}{trust}) "
+            "and None")
+    return measure(setup, expr, headroom=HEADROOM, env=env)
 
 
 def _expanded_resnet18(path: Path, classes: int) -> None:
     """A resnet18 state_dict whose every float tensor is one stored element expanded (stride 0) to its shape,
     and whose classifier claims ``classes`` outputs: a few kB on disk, GBs once materialised."""
     state = torchvision.models.resnet18(num_classes=1).state_dict()
-    state["fc.weight"], state["fc.bias"] = torch.empty(classes, 512), torch.empty(classes)  # lazily: never filled
-    out = {k: (torch.zeros(1, dtype=v.dtype).expand(v.shape) if v.is_floating_point() else v) for k, v in state.items()}
-    torch.save(out, path)
+    shapes = {k: v.shape for k, v in state.items()} | {"fc.weight": (classes, 512), "fc.bias": (classes,)}
+    torch.save({k: torch.zeros(1).expand(shapes[k]) if v.is_floating_point() else v for k, v in state.items()}, path)
 
 
 def test_stride0_upload_declaring_gigabytes_is_refused_before_allocating(tmp_path):
