@@ -184,3 +184,51 @@ def test_concurrent_identical_uploads_all_succeed_with_one_whole_file(tmp_path, 
     assert len(results) == count and len(set(results)) == 1
     assert results[0].read_bytes() == data
     assert sorted(p.name for p in folder.iterdir()) == [results[0].name]  # no temporary file left behind
+
+
+def test_the_checkpoints_form_refuses_a_limit_over_the_operators(app_db, tmp_path, monkeypatch):
+    from test_app_checkpoints import fill, jobs, open_page, press
+
+    from app.widgets import plain
+    from test_checkpoints_factory import save_state_dict_pt, save_step_checkpoint, write_image_folder
+
+    monkeypatch.setenv(MAX_BYTES_ENV, "1GB")
+    save_state_dict_pt(tmp_path / "old.pt", num_classes=4, width=8)
+    save_step_checkpoint(tmp_path / "new.safetensors", num_classes=4, width=8, seed=1)
+    files = {"old": tmp_path / "old.pt", "new": tmp_path / "new.safetensors",
+             "images": write_image_folder(tmp_path / "imgs", classes=4, per_class=3, size=16)}
+    at = fill(open_page(), files)
+    at.text_input(key="ck_max_size").input("3GB")
+    press(at.run(), "launch")
+    assert [e.value for e in at.error] == [plain("Largest checkpoint: the largest checkpoint may be at most 1.0 GB "
+                                                 "on this server (its operator's --max-checkpoint-size), not 3.0 GB.")]
+    assert jobs(app_db) == []
+    at.text_input(key="ck_max_size").input("")  # empty: the operator's limit
+    press(at.run(), "launch")
+    assert not at.error, [e.value for e in at.error]
+    at.text_input(key="ck_max_size").input("500MB")
+    press(at.run(), "launch")
+    assert sorted(j["payload"]["spec"]["max_file_bytes"] for j in jobs(app_db)) == [500 * MB, 1_000 * MB]
+
+
+def test_a_step_checkpoint_header_declaring_millions_of_classes_is_refused_before_building(tmp_path):
+    import json
+    import struct
+
+    from test_checkpoints_factory import save_step_checkpoint
+
+    path = tmp_path / "step_1.safetensors"
+    save_step_checkpoint(path, num_classes=4, width=8)
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + length])
+    meta = json.loads(header["__metadata__"]["meta"])
+    meta["num_classes"] = 100_000_000  # 100M x 8 features: 3.6 GB; the tensors still hold a 4-class head
+    header["__metadata__"]["meta"] = json.dumps(meta)
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + length:])
+    got = _load_in_child(path)
+    assert got["error"] is not None and got["error"].startswith(f"CheckpointError: {path}: a small_cnn network with a "
+                                                                "100000000-output linear head would take "), got
+    assert got["error"].endswith("over the 2.0 GB size limit; refused before building it"), got
+    assert got["grew"] < HEADROOM, got
