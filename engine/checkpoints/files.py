@@ -3,12 +3,16 @@
 These checks run before anything is loaded (the dashboard runs them on its form, ``engine.checkpoints.loading``
 again before loading); importing this module loads neither torch nor numpy.
 
-Trust model. Weights are data: a pickle is never unpickled by Python here (``torch.load`` runs with
+Trust model. Weights are data: no pickle is unpickled by Python's default unpickler (``torch.load`` runs with
 ``weights_only=True``, whose unpickler only rebuilds tensors and plain containers and refuses every
 other global, named in the error), safetensors files are raw tensors plus a JSON header, and sizes
 are checked before anything is inflated: every zip entry's declared size and their total, and every
 safetensors tensor's dtype x shape against its byte range and the file, must fit ``max_bytes``
-(torch's legacy, pre-zip format is refused: its sizes cannot be checked before they are read).
+(torch's legacy, pre-zip format is refused: its sizes cannot be checked before they are read). A ``torch.save``
+zip's pickle is first read by ``engine.checkpoints.torch_zip``, which rebuilds nothing: every tensor must be a dense
+view inside its storage (no stride-0 views claiming more elements than the file holds) and their bytes must fit
+``max_bytes``; the network they are loaded into is sized on meta tensors before it is built. For dashboard jobs
+``max_bytes`` is at most the operator's :func:`server_max_bytes`.
 A TorchScript archive is a program, not weights: :class:`Trust` decides whether it may run at all
 (the dashboard refuses it unless the operator passed ``--allow-torchscript``; the command line runs
 the operator's own files), and where it runs, it runs contained (``engine.checkpoints.sandbox``:
