@@ -7,6 +7,7 @@ import hashlib
 import os
 import re
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from engine.checkpoints.files import (
 )
 from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES
 from engine.checkpoints.request import comparison_spec
+from engine.checkpoints.torch_zip import check_torch_zip
 from engine.contract import CHECKPOINT_FORMAT
 from engine.data.roots import OutsideRootsError, confine, sqlite_folder, torchscript_allowed
 from engine.vocab import DATASET_NAMES, RUN_PROTOCOLS
@@ -194,6 +196,11 @@ def _file_problem(what: str, text: str, arch: str | None, max_bytes: int) -> str
     if fmt == "torchscript" and not torchscript_allowed():
         return f"{what}: {path.name} {TORCHSCRIPT_REFUSED}."
     carries = fmt == "torchscript"
+    if fmt == "torch" and zipfile.is_zipfile(path):
+        try:
+            check_torch_zip(path, max_bytes)  # every tensor's shape and strides, before a worker loads it
+        except CheckpointError as exc:
+            return f"{what}: {exc}"
     if fmt == "safetensors":
         try:
             carries = safetensors_metadata(path, max_bytes).get("format") == CHECKPOINT_FORMAT

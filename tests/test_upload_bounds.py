@@ -232,3 +232,23 @@ def test_a_step_checkpoint_header_declaring_millions_of_classes_is_refused_befor
                                                                 "100000000-output linear head would take "), got
     assert got["error"].endswith("over the 2.0 GB size limit; refused before building it"), got
     assert got["grew"] < HEADROOM, got
+
+
+def test_the_form_names_a_stride0_upload_before_queueing(app_db, tmp_path):
+    from test_app_checkpoints import fill, jobs, open_page, press
+
+    from app.widgets import plain
+    from test_checkpoints_factory import save_step_checkpoint, write_image_folder
+
+    _expanded_resnet18(tmp_path / "old.pt", classes=2_000_000)
+    save_step_checkpoint(tmp_path / "new.safetensors", num_classes=4, width=8, seed=1)
+    files = {"old": tmp_path / "old.pt", "new": tmp_path / "new.safetensors",
+             "images": write_image_folder(tmp_path / "imgs", classes=4, per_class=3, size=16)}
+    at = fill(open_page(), files)
+    at.selectbox(key="ck_0_arch").select("resnet18")
+    at.number_input(key="ck_0_num_classes").set_value(0)
+    at.text_area(key="ck_0_classes").input("")
+    press(at.run(), "launch")
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and plain("tensor conv1.weight is a stride-0 (expanded) view") in errors[0], errors
+    assert jobs(app_db) == []

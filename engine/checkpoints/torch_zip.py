@@ -10,6 +10,7 @@ time, as a model loading them copies each), must fit ``max_bytes``. Importing th
 from __future__ import annotations
 
 import collections
+import io
 import math
 import pickle
 import zipfile
@@ -77,8 +78,6 @@ class _Scanner(pickle.Unpickler):
     """Rebuilds plain containers and :class:`_View` records; every other global is refused."""
 
     def __init__(self, data: bytes) -> None:
-        import io
-
         super().__init__(io.BytesIO(data))
         self.views: list[_View] = []
         self.storages: dict[str, _Storage] = {}
