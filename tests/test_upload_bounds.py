@@ -252,3 +252,16 @@ def test_the_form_names_a_stride0_upload_before_queueing(app_db, tmp_path):
     errors = [e.value for e in at.error]
     assert len(errors) == 1 and plain("tensor conv1.weight is a stride-0 (expanded) view") in errors[0], errors
     assert jobs(app_db) == []
+
+
+def test_plain_values_beside_the_weights_are_read_as_torch_load_reads_them(tmp_path):
+    from test_checkpoints_factory import small_net
+
+    net = small_net(3, width=8).eval()
+    torch.save({"epoch": 3, "shape": torch.Size([2, 3]), "device": torch.device("cpu"), "tags": {"best"},
+                "note": b"bytes", "optimizer": {"state": {0: {"step": torch.tensor(5.0)}}, "betas": (0.9, 0.999)},
+                "state_dict": net.state_dict()}, tmp_path / "wrapped.pt")
+    check_torch_zip(tmp_path / "wrapped.pt", 10 * MB)
+    x = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        assert torch.equal(load_model(tmp_path / "wrapped.pt", arch="small_cnn").net.eval()(x).logits, net(x).logits)

@@ -110,20 +110,28 @@ class _Scanner(pickle.Unpickler):
             raise _Refused("_codecs.encode of something other than text")
         return text.encode(encoding)
 
+    @staticmethod
+    def device(*args):  # noqa: ANN002, ANN205
+        return "device(" + ", ".join(map(repr, args)) + ")"
+
     def find_class(self, module: str, name: str) -> object:
+        module = "builtins" if module == "__builtin__" else module  # protocol 2's name for it
         found = {("collections", "OrderedDict"): collections.OrderedDict,
                  ("torch._utils", "_rebuild_tensor_v2"): self.rebuild_v2,
                  ("torch._utils", "_rebuild_tensor_v3"): self.rebuild_v3,
                  ("torch._utils", "_rebuild_parameter"): self.parameter,
                  ("torch._utils", "_rebuild_parameter_with_state"): self.parameter,
-                 ("_codecs", "encode"): self.encode}.get((module, name))
+                 ("_codecs", "encode"): self.encode,
+                 ("torch", "Size"): tuple, ("torch", "device"): self.device,  # plain values torch.load also accepts
+                 ("builtins", "set"): set, ("builtins", "frozenset"): frozenset,
+                 ("builtins", "complex"): complex}.get((module, name))
         if found is not None:
             return found
         if module in ("torch", "torch.storage") and name in STORAGE_ITEMSIZE:
             return _Kind(name, STORAGE_ITEMSIZE[name])
         if module == "torch" and name in DTYPE_ITEMSIZE:
             return _Kind(name, DTYPE_ITEMSIZE[name])
-        called = name if module in ("builtins", "__builtin__") else f"{module}.{name}"  # as torch names it
+        called = name if module == "builtins" else f"{module}.{name}"  # as torch names it
         raise _Refused(f"unpickling it would call {called}")
 
     def persistent_load(self, pid: object) -> _Storage:
