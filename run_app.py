@@ -36,6 +36,7 @@ from pathlib import Path
 
 from app.gate import SECRET_ENV, check_secret, is_loopback  # stdlib only
 from engine import threads  # torch-free
+from engine.checkpoints.files import add_ceiling_argument, export_ceiling  # torch-free
 from engine.contract import SHORT_JOB_KINDS  # torch-free
 from engine.data import roots  # torch-free
 
@@ -70,6 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-upload-mb", type=int, default=MAX_UPLOAD_MB, metavar="MB",
                    help=f"largest file the dashboard accepts as an upload, in MB (default {MAX_UPLOAD_MB})")
     roots.add_arguments(p, torchscript=True)
+    add_ceiling_argument(p)
     args = p.parse_args(argv)
     if args.max_upload_mb < 1:
         p.error("--max-upload-mb must be at least 1")
@@ -77,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.threads = threads.requested(args.threads)  # --threads, else $COMPATLAB_THREADS, else None (the rule)
     except ValueError as exc:
         p.error(str(exc))
+    export_ceiling(args)
     roots.export(args)  # --data-root / --allow-torchscript reach both children through the environment
     return args
 

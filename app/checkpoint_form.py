@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +18,17 @@ from engine.checkpoints.arch_table import ARCH_INPUTS
 from engine.checkpoints.files import (
     TORCHSCRIPT_REFUSED,
     CheckpointError,
+    check_ceiling,
     human_bytes,
     parse_size,
     safetensors_metadata,
+    server_max_bytes,
     server_trust,
     sniff,
 )
 from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES
 from engine.checkpoints.request import comparison_spec
+from engine.checkpoints.torch_zip import check_torch_zip
 from engine.contract import CHECKPOINT_FORMAT
 from engine.data.roots import OutsideRootsError, confine, sqlite_folder, torchscript_allowed
 from engine.vocab import DATASET_NAMES, RUN_PROTOCOLS
@@ -57,7 +63,7 @@ MODEL_DEFAULTS: dict[str, Any] = {"source": SOURCES[0], "path": "", "pretrained"
                                   "num_classes": 0, "classes": "", "input_size": 0, "mean": "", "std": "", "label": ""}
 FORM_DEFAULTS: dict[str, Any] = {"protocol": CLOSED, "dataset": "imagefolder", "root": "", "query": "",
                                  "gallery_folder": "", "views": ["encoder", "psp", "lsp"], "gallery": "instance",
-                                 "name": "", "metrics": "recall@1, map", "ties": "fail", "max_size": "2GB",
+                                 "name": "", "metrics": "recall@1, map", "ties": "fail", "max_size": "",
                                  "batch_size": 64, "device": "auto"}
 
 
@@ -128,14 +134,23 @@ def upload_dir(url: str) -> Path:
 
 
 def save_upload(uploaded: Any, folder: Path) -> Path:
-    """Write an uploaded checkpoint to ``folder/<sha256 prefix>_<safe name>`` (once per content)."""
+    """Write an uploaded checkpoint to ``folder/<sha256 prefix>_<safe name>`` (once per content).
+
+    Each writer fills its own temporary file beside the target and renames it into place, so identical uploads at
+    the same moment each succeed and leave one whole file (never a half-written one, never a stray ``.part``).
+    """
     data = uploaded.getvalue()
     target = folder / f"{hashlib.sha256(data).hexdigest()[:16]}_{safe_filename(uploaded.name)}"
     if not target.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".part")
-        partial.write_bytes(data)
-        partial.replace(target)
+        handle, partial = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".part")
+        try:
+            with os.fdopen(handle, "wb") as f:
+                f.write(data)
+            os.replace(partial, target)
+        except BaseException:
+            Path(partial).unlink(missing_ok=True)
+            raise
     return target
 
 
@@ -173,7 +188,7 @@ def _file_problem(what: str, text: str, arch: str | None, max_bytes: int) -> str
         return f"{what}: {path} is empty (0 bytes)."
     if size > max_bytes:
         return (f"{what}: {path} is {human_bytes(size)}, over the {human_bytes(max_bytes)} limit "
-                "(raise 'Largest checkpoint' under Advanced).")
+                "(raise 'Largest checkpoint' under Advanced, up to the server's limit).")
     try:
         fmt = sniff(path)
     except CheckpointError as exc:
@@ -181,6 +196,11 @@ def _file_problem(what: str, text: str, arch: str | None, max_bytes: int) -> str
     if fmt == "torchscript" and not torchscript_allowed():
         return f"{what}: {path.name} {TORCHSCRIPT_REFUSED}."
     carries = fmt == "torchscript"
+    if fmt == "torch" and zipfile.is_zipfile(path):
+        try:
+            check_torch_zip(path, max_bytes)  # every tensor's shape and strides, before a worker loads it
+        except CheckpointError as exc:
+            return f"{what}: {exc}"
     if fmt == "safetensors":
         try:
             carries = safetensors_metadata(path, max_bytes).get("format") == CHECKPOINT_FORMAT
@@ -251,7 +271,8 @@ def build_spec(archs: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]
     s = st.session_state
     problems: list[str] = []
     try:
-        max_bytes = parse_size(s[PREFIX + "max_size"])
+        text = s[PREFIX + "max_size"].strip()  # empty: the operator's limit, which the form can only lower
+        max_bytes = check_ceiling(parse_size(text)) if text else server_max_bytes()
     except ValueError as exc:
         return None, [f"Largest checkpoint: {exc}."]
     ids = order()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from engine.checkpoints.cli import add_arguments as add_checkpoint_arguments
 from engine.checkpoints.cli import cmd_compare_checkpoints
+from engine.checkpoints.files import add_ceiling_argument, export_ceiling
 from engine.contract import JOB_KINDS, SHORT_JOB_KINDS, same_set_of
 from engine.data import roots
 from engine.data.export_images import add_arguments as add_export_arguments
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch / BLAS / numba threads (default: $COMPATLAB_THREADS, else the libraries' own defaults, "
                         "every core; run_app.py gives each of its workers cores // workers)")
     _add_db(w, torchscript=True)
+    add_ceiling_argument(w)
 
     ad = sub.add_parser("adapt", help="fit paper 004's adapters between two stored models; print the query/gallery table")
     ad.add_argument("--experiment", type=int, required=True, help="experiment id (see the dashboard or 'run' output)")
@@ -301,6 +303,7 @@ COMMANDS = {"run": cmd_run, "compare": cmd_run, "evaluate": cmd_evaluate, "worke
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     roots.export(args)
+    export_ceiling(args)
     try:
         if getattr(args, "json", None) is not None:
             json_target(args.json)  # a --json that could not be written is refused before any work

@@ -199,15 +199,25 @@ def _read_npy(fs: Any, path: str, sha256: str, shape: tuple[int, ...], dtype: np
         out[...] = target
 
 
+def rows_bound(layout: dict[str, Any]) -> int:
+    """The most bytes a set's rows Parquet may take: twice its columns' raw size (id, label, image id) plus 1 MB."""
+    itemsizes = 8 + sum(np.dtype(layout[k]).itemsize for k in ("labels", "image_ids") if layout.get(k))
+    return 1_000_000 + 2 * int(layout["shape"][0]) * itemsizes
+
+
 def _read_rows(fs: Any, base: str, layout: dict[str, Any]) -> Any:
     """The verified Parquet of a set (``pyarrow.parquet.ParquetFile``)."""
     import pyarrow.parquet as pq
 
     path = f"{base}/{layout.get('rows_file', ROWS_FILE)}"
+    bound = rows_bound(layout)
     try:
-        data = fs.cat_file(path)
+        data = fs.cat_file(path, start=0, end=bound + 1)  # never more than the set's rows can take
     except FileNotFoundError:
         raise ValueError(f"feature rows {path} are missing from the store") from None
+    if len(data) > bound:
+        raise ValueError(f"feature rows {path} are larger than the {bound:,} bytes {layout['shape'][0]:,} rows can "
+                         "take: the file was changed; it was not read")
     if hashlib.sha256(data).hexdigest() != layout["rows_sha256"]:
         raise ValueError(f"feature rows {path} do not match their sha256: the file was changed or truncated")
     return pq.ParquetFile(io.BytesIO(data))

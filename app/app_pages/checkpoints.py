@@ -42,6 +42,7 @@ from app.checkpoint_form import (
     upload_limit_mb,
 )
 from app.widgets import QUEUED_HINT_S, launch as launch_job, plain, queue_caption, status_badge
+from engine.checkpoints.files import human_bytes, server_max_bytes
 from engine.checkpoints.request import source_name
 from engine.contract import checkpoints_payload
 
@@ -173,7 +174,8 @@ with st.container(border=True):
         c[1].text_input("Metrics", key=PREFIX + "metrics", help="recall@K, map or map@K, comma-separated")
         c[2].radio("ECC on a tie", ("fail", "pass"), key=PREFIX + "ties", horizontal=True)
         c = st.columns(3)
-        c[0].text_input("Largest checkpoint", key=PREFIX + "max_size", help="e.g. 2GB or 500MB")
+        c[0].text_input("Largest checkpoint", key=PREFIX + "max_size", placeholder=human_bytes(server_max_bytes()),
+                        help="e.g. 500MB; empty: the server's limit, which this field can only lower")
         c[1].number_input("Batch size", min_value=1, step=1, key=PREFIX + "batch_size")
         c[2].selectbox("Device", ("auto", "cpu", "cuda"), key=PREFIX + "device", help="auto: CUDA when present")
 

@@ -18,7 +18,10 @@ The request (torch-free; the dashboard validates with it before queuing a ``chec
 Files (torch-free; the trust model is in its docstring)
   ``files``  ``CheckpointError(ValueError)`` (one line ``PATH: reason``), ``Trust``, ``LOCAL``, ``server_trust()``,
       ``sniff(path) -> "torchscript" | "torch" | "safetensors"``, ``check_zip_sizes``, ``safetensors_metadata`` (sizes
-      checked, nothing allocated), ``parse_size("2GB")``, ``human_bytes``, ``sha256_of``, ``DEFAULT_MAX_BYTES``
+      checked, nothing allocated), ``parse_size("2GB")``, ``human_bytes``, ``sha256_of``, ``DEFAULT_MAX_BYTES``;
+      ``server_max_bytes()``/``check_ceiling``: the operator's ceiling (``--max-checkpoint-size``) a request can only lower
+  ``torch_zip``  ``check_torch_zip(path, max_bytes)``: every tensor of a ``torch.save`` zip a dense view inside its
+      storage, every storage its record's size, the total within ``max_bytes``; read without torch, before it loads
 
 Loading (torch)
   ``loading``  ``load_model(path, *, arch=None, num_classes=None, max_bytes, trust=LOCAL) -> LoadedModel`` for

@@ -3,12 +3,16 @@
 These checks run before anything is loaded (the dashboard runs them on its form, ``engine.checkpoints.loading``
 again before loading); importing this module loads neither torch nor numpy.
 
-Trust model. Weights are data: a pickle is never unpickled by Python here (``torch.load`` runs with
+Trust model. Weights are data: no pickle is unpickled by Python's default unpickler (``torch.load`` runs with
 ``weights_only=True``, whose unpickler only rebuilds tensors and plain containers and refuses every
 other global, named in the error), safetensors files are raw tensors plus a JSON header, and sizes
 are checked before anything is inflated: every zip entry's declared size and their total, and every
 safetensors tensor's dtype x shape against its byte range and the file, must fit ``max_bytes``
-(torch's legacy, pre-zip format is refused: its sizes cannot be checked before they are read).
+(torch's legacy, pre-zip format is refused: its sizes cannot be checked before they are read). A ``torch.save``
+zip's pickle is first read by ``engine.checkpoints.torch_zip``, which rebuilds nothing: every tensor must be a dense
+view inside its storage (no stride-0 views claiming more elements than the file holds) and their bytes must fit
+``max_bytes``; the network they are loaded into is sized on meta tensors before it is built. For dashboard jobs
+``max_bytes`` is at most the operator's :func:`server_max_bytes`.
 A TorchScript archive is a program, not weights: :class:`Trust` decides whether it may run at all
 (the dashboard refuses it unless the operator passed ``--allow-torchscript``; the command line runs
 the operator's own files), and where it runs, it runs contained (``engine.checkpoints.sandbox``:
@@ -20,9 +24,11 @@ Every refusal is a :class:`CheckpointError`, a ``ValueError`` with one line ``PA
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
+import os
 import re
 import struct
 import zipfile
@@ -33,6 +39,7 @@ from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES, lite_weights_pat
 from engine.data.roots import torchscript_allowed
 
 DEFAULT_MAX_BYTES = 2_000_000_000
+MAX_BYTES_ENV = "COMPATLAB_MAX_CHECKPOINT_BYTES"  # the operator's ceiling for dashboard jobs (--max-checkpoint-size)
 SHOWN = 5  # how many keys / layers an error message lists
 
 
@@ -86,6 +93,13 @@ def first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def refusal(detail: str) -> str:
+    """The reason a pickle that would rebuild more than tensors and plain containers is refused."""
+    return (f"refused: {detail}, and only tensors and plain containers are read (torch.load with weights_only=True); "
+            "nothing from the file was run. If you trust it, re-save model.state_dict() with torch.save, or as "
+            ".safetensors, where it was made")
+
+
 def listed(names: list[str]) -> str:
     """The first ``SHOWN`` names, comma-separated, and how many more there are."""
     shown = ", ".join(names[:SHOWN])
@@ -116,6 +130,35 @@ def parse_size(text: str | int) -> int:
     if value < 1:
         raise ValueError(f"the size limit must be positive, got {text!r}")
     return value
+
+
+def server_max_bytes() -> int:
+    """The largest checkpoint dashboard jobs may read: ``--max-checkpoint-size`` on ``run_app.py`` or ``worker``
+    (``$COMPATLAB_MAX_CHECKPOINT_BYTES``), default ``DEFAULT_MAX_BYTES``; a request can only lower it."""
+    text = os.environ.get(MAX_BYTES_ENV, "").strip()
+    return parse_size(text) if text else DEFAULT_MAX_BYTES
+
+
+def check_ceiling(max_bytes: int) -> int:
+    """``max_bytes`` when it is at most :func:`server_max_bytes`; ``ValueError`` (one line) otherwise."""
+    ceiling = server_max_bytes()
+    if max_bytes > ceiling:
+        raise ValueError(f"the largest checkpoint may be at most {human_bytes(ceiling)} on this server (its operator's "
+                         f"--max-checkpoint-size), not {human_bytes(max_bytes)}")
+    return max_bytes
+
+
+def add_ceiling_argument(parser: argparse.ArgumentParser) -> None:
+    """``--max-checkpoint-size SIZE`` for the servers (``run_app.py``, ``worker``)."""
+    parser.add_argument("--max-checkpoint-size", type=parse_size, metavar="SIZE", default=None,
+                        help=f"largest checkpoint a dashboard job may read, e.g. 2GB (default "
+                             f"{human_bytes(DEFAULT_MAX_BYTES)}; ${MAX_BYTES_ENV}); the form can only lower it")
+
+
+def export_ceiling(args: argparse.Namespace) -> None:
+    """Put ``--max-checkpoint-size`` into this process's environment, which its children inherit."""
+    if getattr(args, "max_checkpoint_size", None) is not None:
+        os.environ[MAX_BYTES_ENV] = str(args.max_checkpoint_size)
 
 
 def sha256_of(path: Path) -> str:

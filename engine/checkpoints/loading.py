@@ -40,11 +40,21 @@ from engine.checkpoints.files import (
     check_zip_sizes,
     first_line,
     human_bytes,
+    server_max_bytes,
     sha256_of,
     sniff,
 )
 from engine.checkpoints.sandbox import SandboxedScript, SandboxError, scan_archive
-from engine.checkpoints.tensors import as_state_dict, check_tensors, read_safetensors, torch_load, with_bn_counters
+from engine.checkpoints.tensors import (
+    as_state_dict,
+    check_model_bytes,
+    check_tensors,
+    on_meta,
+    read_safetensors,
+    torch_load,
+    with_bn_counters,
+)
+from engine.checkpoints.torch_zip import check_torch_zip
 from engine.contract import CHECKPOINT_FORMAT
 from engine.data.roots import confine
 from engine.models import LinearHead, ModelOutput, ModelSpec, build_from_spec, load_checkpoint
@@ -147,6 +157,7 @@ def load_model(path: str | Path, *, arch: str | None = None, num_classes: int | 
     """
     if trust.confine:
         path = confine(path, what="checkpoint")
+        max_bytes = min(max_bytes, server_max_bytes())  # the operator's limit is a ceiling for dashboard jobs
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(path, "file not found" if not path.exists() else "is not a file")
@@ -171,10 +182,12 @@ def load_model(path: str | Path, *, arch: str | None = None, num_classes: int | 
         tensors, metadata = read_safetensors(path, max_bytes)
         if metadata.get("format") == CHECKPOINT_FORMAT:
             _no_arch(path, arch, "a Compatibility Lab step checkpoint")
-            return _load_project(path, tensors, metadata, num_classes, digest)
+            return _load_project(path, tensors, metadata, num_classes, digest, max_bytes)
     else:
+        if zipfile.is_zipfile(path):  # every tensor's shape and strides checked before torch.load allocates it
+            check_torch_zip(path, max_bytes)
         tensors = as_state_dict(path, torch_load(path))
-    return _load_state_dict(path, tensors, arch, num_classes, digest)
+    return _load_state_dict(path, tensors, arch, num_classes, digest, max_bytes)
 
 
 def _no_arch(path: Path, arch: str | None, what: str) -> None:
@@ -197,18 +210,23 @@ def _load_torchscript(path: Path, num_classes: int | None, digest: str, trust: T
 
 
 def _load_project(path: Path, tensors: dict[str, torch.Tensor], metadata: Mapping[str, str],
-                  num_classes: int | None, digest: str) -> LoadedModel:
+                  num_classes: int | None, digest: str, max_bytes: int) -> LoadedModel:
     try:
         meta = json.loads(metadata["meta"])
         unknown = sorted(set(meta) - {f.name for f in fields(ModelSpec)})
         if unknown:
             raise ValueError(f"unknown architecture fields {unknown} (written by a newer version?)")
         spec = ModelSpec(**meta)
-        model = build_from_spec(spec)
+        try:
+            shell = on_meta(lambda: build_from_spec(spec))  # its sizes, before anything is allocated
+        except NotImplementedError:  # a head that computes from its own weights when built: sized for real
+            shell = build_from_spec(spec)
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
         raise CheckpointError(path, f"has an unreadable architecture header ({first_line(exc)})") from None
     _check_declared(path, spec.num_classes, num_classes, f"its {spec.head} head")
-    check_tensors(path, model, tensors, what=f"{spec.backbone} network with a {spec.num_classes}-output {spec.head} head")
+    what = f"{spec.backbone} network with a {spec.num_classes}-output {spec.head} head"
+    check_model_bytes(path, shell, max_bytes, what=what)
+    check_tensors(path, shell, tensors, what=what)
     net = load_checkpoint(path)
     return LoadedModel(path, "project", spec.backbone, net, net.head.num_outputs, None, None, None,
                        spec.in_channels, digest)
@@ -223,20 +241,37 @@ def _architecture(path: Path, arch: str | None) -> Architecture:
     return ARCHITECTURES[arch]
 
 
+def _shell(entry: Architecture, classes: int, tensors: dict[str, torch.Tensor]) -> nn.Module:
+    """The classifier ``entry`` builds, on meta tensors; for a builder that reads its own initial weights (torchvision's
+    RegNets), its one-class build with a meta classifier of ``classes`` outputs (the rest is fixed-size)."""
+    try:
+        return on_meta(lambda: entry.build(classes, tensors))
+    except NotImplementedError:
+        model = entry.build(1, tensors)
+        old = model.get_submodule(entry.classifier)
+        model.set_submodule(entry.classifier, on_meta(lambda: nn.Linear(old.in_features, classes, bias=old.bias is not None)))
+        return model
+
+
 def _load_state_dict(path: Path, tensors: dict[str, torch.Tensor], arch: str | None, num_classes: int | None,
-                     digest: str) -> LoadedModel:
+                     digest: str, max_bytes: int = DEFAULT_MAX_BYTES) -> LoadedModel:
     entry = _architecture(path, arch)
     classifier = tensors.get(f"{entry.classifier}.weight")
     found = int(classifier.shape[0]) if classifier is not None and classifier.ndim == 2 else None
     if found is not None:
         _check_declared(path, found, num_classes, f"its classifier {entry.classifier}.weight")
-    try:
-        model = entry.build(num_classes or found or 1, tensors)
+    classes = num_classes or found
+    what = f"{arch} with {classes} classes" if classes else str(arch)
+    try:  # first without memory (meta tensors): its size and every key and shape, then for real
+        shell = _shell(entry, classes or 1, tensors)
+        check_model_bytes(path, shell, max_bytes, what=what)
+        check_tensors(path, shell, with_bn_counters(shell, tensors), what=what)
+        model = entry.build(classes or 1, tensors)
     except ValueError as exc:
+        if isinstance(exc, CheckpointError):
+            raise
         raise CheckpointError(path, f"cannot build a {arch} for these weights ({first_line(exc)})") from None
     tensors = with_bn_counters(model, tensors)
-    classes = num_classes or found
-    check_tensors(path, model, tensors, what=f"{arch} with {classes} classes" if classes else arch)
     model.load_state_dict(tensors, strict=True)
     model.eval()
     net = model if entry.project else SplitClassifier(model, entry.classifier)

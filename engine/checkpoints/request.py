@@ -13,7 +13,7 @@ from pathlib import PurePath
 from typing import Any
 
 from engine.checkpoints.classes import read_class_list
-from engine.checkpoints.files import DEFAULT_MAX_BYTES, LOCAL, Trust, parse_size
+from engine.checkpoints.files import DEFAULT_MAX_BYTES, LOCAL, Trust, check_ceiling, parse_size
 from engine.checkpoints.pretrained import pretrained_path, trusted_by_name
 from engine.config import MAX_RUN_NAME
 from engine.data.bounds import check_batch_size, check_image_size
@@ -176,7 +176,8 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = 
     ``preprocessing`` {``input_size``, ``mean``, ``std``}, ``label``), ``dataset`` (``"NAME[:ROOT]"``,
     e.g. ``"imagefolder:/data/pets"``) or ``query_dataset`` + ``gallery_dataset``, ``views``
     (``encoder``, ``psp``, ``lsp``), ``metrics``, ``protocol`` (``instance``/``template``), ``ties``,
-    ``name``, ``max_file_bytes`` (bytes or ``"2GB"``), ``batch_size``, ``device``. ``trust``: see
+    ``name``, ``max_file_bytes`` (bytes or ``"2GB"``; with ``trust.confine`` at most the operator's
+    :func:`engine.checkpoints.files.server_max_bytes`), ``batch_size``, ``device``. ``trust``: see
     :class:`engine.checkpoints.files.Trust` (the dashboard passes ``server_trust()``).
     """
     if isinstance(spec, ComparisonSpec):
@@ -220,10 +221,13 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = 
     ties = spec.get("ties") or "fail"
     if ties not in ("fail", "pass"):
         raise ValueError(f"ties must be 'fail' or 'pass', got {ties!r}")
+    max_file_bytes = parse_size(spec.get("max_file_bytes") or DEFAULT_MAX_BYTES)
+    if trust.confine:  # a dashboard request: the operator's limit is a ceiling
+        check_ceiling(max_file_bytes)
     return ComparisonSpec(
         models=models, dataset=dataset, query_dataset=query, gallery_dataset=gallery,
         views=tuple(dict.fromkeys(views)), metrics=tuple(dict.fromkeys(metrics)), protocol=protocol, ties=ties,
-        name=spec.get("name") or None, max_file_bytes=parse_size(spec.get("max_file_bytes") or DEFAULT_MAX_BYTES),
+        name=spec.get("name") or None, max_file_bytes=max_file_bytes,
         batch_size=check_batch_size(64 if spec.get("batch_size") is None else spec["batch_size"]),
         device=str(spec.get("device") or "auto"),
     )

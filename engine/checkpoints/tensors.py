@@ -9,21 +9,15 @@ import pickle
 import re
 import warnings
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from engine.checkpoints.files import CheckpointError, first_line, listed, safetensors_metadata
+from engine.checkpoints.files import CheckpointError, first_line, human_bytes, listed, refusal, safetensors_metadata
 
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "model", "net")
-
-
-def _refusal(detail: str) -> str:
-    return (f"refused: {detail}, and only tensors and plain containers are read (torch.load with weights_only=True); "
-            "nothing from the file was run. If you trust it, re-save model.state_dict() with torch.save, or as "
-            ".safetensors, where it was made")
 
 
 def torch_load(path: Path) -> object:
@@ -39,10 +33,10 @@ def torch_load(path: Path) -> object:
         if "Weights only load failed" in text:
             found = re.search(r"GLOBAL\s+([\w.]+)", detail)
             if found:
-                raise CheckpointError(path, _refusal(f"unpickling it would call {found.group(1)}")) from None
+                raise CheckpointError(path, refusal(f"unpickling it would call {found.group(1)}")) from None
             if re.search(r"unsupported", detail, re.IGNORECASE):
                 reason = f"it is a pickle that rebuilds Python objects ({detail.rstrip('.')})"
-                raise CheckpointError(path, _refusal(reason)) from None
+                raise CheckpointError(path, refusal(reason)) from None
         raise CheckpointError(path, f"is truncated or corrupt ({detail})") from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
         raise CheckpointError(path, f"is truncated or corrupt ({first_line(exc)})") from None
@@ -84,6 +78,20 @@ def read_safetensors(path: Path, max_bytes: int) -> tuple[dict[str, torch.Tensor
         raise CheckpointError(path, "holds no tensors")
     return tensors, metadata
 
+
+
+def on_meta(build: Callable[[], nn.Module]) -> nn.Module:
+    """The module ``build`` makes, with meta tensors (shapes only, no memory)."""
+    with torch.device("meta"):
+        return build()
+
+
+def check_model_bytes(path: Path, model: nn.Module, max_bytes: int, *, what: str) -> None:
+    """The parameters and buffers of ``model`` (built :func:`on_meta`) fit ``max_bytes``."""
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    if total > max_bytes:
+        raise CheckpointError(path, f"a {what} would take {human_bytes(total)}, over the {human_bytes(max_bytes)} size "
+                                    "limit; refused before building it")
 
 
 def check_tensors(path: Path, model: nn.Module, tensors: Mapping[str, torch.Tensor], *, what: str) -> None:

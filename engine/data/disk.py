@@ -23,7 +23,7 @@ from engine.data.bounds import check_image_size
 from engine.data.imageset import DatasetNotFoundError, ImageSet, first_per_class, stratified_split
 from engine.data.roots import confine
 from engine.data.cifar_files import FILES as CIFAR_FILES
-from engine.data.cifar_files import read_batch
+from engine.data.cifar_files import batch_rows, read_batch
 from engine.data.samples import dataset_refs
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
@@ -59,9 +59,9 @@ def load_cifar(name: str, *, root: str | Path = "data", split: str = "train", ma
             f"{CIFAR_URL} and extract it into {root}, or pass download=True")
     data, labels = [], []
     for path in batches:
-        entry = read_batch(path, title)
-        data.append(np.asarray(entry["data"], dtype=np.uint8))
-        labels.extend(entry["labels"] if "labels" in entry else entry["fine_labels"])
+        rows, found = batch_rows(read_batch(path, title), path, title)  # checked before anything converts them
+        data.append(rows)
+        labels.extend(found)
     pixels = np.concatenate(data)
     if pixels.ndim != 2 or pixels.shape[1] != 3 * 32 * 32:
         raise ValueError(f"{title} batches in {folder} hold rows of shape {pixels.shape[1:]}, not 3072 values (3x32x32); "

@@ -24,6 +24,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import functional as TF
 
 from engine.data.bounds import check_image_size
+from engine.data.image_decode import ImageTooLargeError, decode_rgb
 from engine.data.imageset import DatasetNotFoundError, ImageSet, IndexLike, as_float
 from engine.data.samples import SampleRefs, file_refs
 
@@ -143,10 +144,10 @@ def _walk_class(root: Path, name: str, budget: _Budget, should_stop: StopCheck |
 def _decode(root: Path, relative: str, size: int) -> torch.Tensor:
     try:
         with open(root / relative, "rb") as handle:
-            image = Image.open(handle).convert("RGB")
+            image = decode_rgb(handle, min_side=size)  # its header's size checked before decoding
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise ValueError(f"image {relative} in {root} could not be decoded ({type(exc).__name__}); remove or "
-                         "replace it") from None
+        reason = exc if isinstance(exc, ImageTooLargeError) else type(exc).__name__
+        raise ValueError(f"image {relative} in {root} could not be decoded ({reason}); remove or replace it") from None
     return TF.pil_to_tensor(TF.center_crop(TF.resize(image, size), size))
 
 

@@ -8,7 +8,9 @@ neighbour so their pixels stay visible, larger ones centre-cropped to a square a
 never enter the database. numpy and Pillow only, so the dashboard calls it in its own process.
 
 CIFAR-10/100 batches are read whole by the restricted unpickler of ``engine.data.cifar_files`` (uint8, up to the
-batch that holds the last item asked for: at most the split's files, 30-150 MB), then cached per item.
+batch that holds the last item asked for: at most the split's files, 30-150 MB, each read bounded and its rows
+checked before use), then cached per item. Image files are decoded within ``engine.data.image_decode``'s pixel
+budget, JPEGs reduced while decoding.
 """
 from __future__ import annotations
 
@@ -26,12 +28,14 @@ import numpy as np
 from PIL import Image
 
 from engine.data.cifar_files import FILES as CIFAR_FILES
-from engine.data.cifar_files import read_batch
+from engine.data.cifar_files import batch_rows, read_batch
 from engine.data.fashion_files import find_split, open_idx, read_idx_images
+from engine.data.image_decode import decode_rgb
 from engine.data.roots import sqlite_folder, confine
 from engine.data.shapes import render_class
 
 THUMB_SIZE = 64
+MAX_THUMB_SIZE = 512  # JPEGs are decoded reduced (Image.draft) to no less than this; larger images are refused
 MAX_PER_CALL = 20_000  # thumbnails one call may render (bounds the work of one request)
 Decoder = Callable[[dict[str, Any], np.ndarray], list[np.ndarray | None]]
 
@@ -84,7 +88,8 @@ def _cifar(source: dict[str, Any], ids: np.ndarray) -> list[np.ndarray | None]:
         path = folder / file
         if not path.is_file():
             return out
-        rows = np.asarray(read_batch(path, source["dataset"])["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        rows = batch_rows(read_batch(path, source["dataset"]), path, source["dataset"], labels=False)[0]
+        rows = rows.reshape(-1, 3, 32, 32)
         for r in np.flatnonzero((ids >= start) & (ids < start + len(rows))):
             out[r] = rows[ids[r] - start].transpose(1, 2, 0)
         start += len(rows)
@@ -96,10 +101,9 @@ def _files(source: dict[str, Any], ids: np.ndarray) -> list[np.ndarray | None]:
     for i in ids:
         try:
             path = confine(Path(source["root"]) / source["files"][i], what="image")
-            with Image.open(path) as image:
-                out.append(np.asarray(image.convert("RGB")))
+            out.append(np.asarray(decode_rgb(path, min_side=MAX_THUMB_SIZE, always_draft=True)))
         except (OSError, ValueError, IndexError, Image.DecompressionBombError):
-            out.append(None)  # moved, deleted, unreadable, or outside the data roots now
+            out.append(None)  # moved, deleted, unreadable, over the pixel budget, or outside the data roots now
     return out
 
 
@@ -119,12 +123,12 @@ def can_render(source: dict[str, Any] | None) -> bool:
 
 def square(pixels: np.ndarray, size: int = THUMB_SIZE) -> Image.Image:
     """``size`` x ``size`` image of uint8 pixels (H, W[, 3]): centre-cropped square; enlarged by nearest neighbour,
-    reduced with Lanczos."""
+    reduced with Lanczos (large images first by box averaging: ``reducing_gap``)."""
     image = Image.fromarray(pixels)
     side = min(image.size)
     left, top = (image.width - side) // 2, (image.height - side) // 2
     method = Image.Resampling.NEAREST if side <= size else Image.Resampling.LANCZOS
-    return image.crop((left, top, left + side, top + side)).resize((size, size), method)
+    return image.crop((left, top, left + side, top + side)).resize((size, size), method, reducing_gap=3.0)
 
 
 def _key(source: dict[str, Any], i: int, size: int) -> str:
@@ -151,8 +155,8 @@ def thumbnails(source: dict[str, Any] | None, ids: Sequence[int] | np.ndarray, *
     ids = np.asarray(ids, dtype=np.int64)
     if len(ids) > MAX_PER_CALL:
         raise ValueError(f"{len(ids)} thumbnails asked for at once; at most {MAX_PER_CALL} per call")
-    if not 8 <= size <= 512:
-        raise ValueError(f"thumbnail size must be 8..512 px, got {size}")
+    if not 8 <= size <= MAX_THUMB_SIZE:
+        raise ValueError(f"thumbnail size must be 8..{MAX_THUMB_SIZE} px, got {size}")
     if not can_render(source):
         return [None] * len(ids)
     paths = [Path(cache_dir) / key[:2] / f"{key}.png" for key in (_key(source, int(i), size) for i in ids)]
