@@ -512,7 +512,7 @@ def forget(session: Session, uri: str, key: str) -> None:
     except ValueError as exc:
         LOG.warning("feature set files not deleted: %s", exc)
         return
-    _pending(session)["replaced"].append((fs, path))
+    _pending(session)["replaced"].append((fs, path if not _is_local(fs) else (os.path.realpath(root), key)))
 
 
 def _raise_unwritable(exc: BaseException, root: str) -> None:
@@ -528,9 +528,34 @@ def _remove(fs: Any, path: str) -> None:
         fs.rm(path, recursive=True)
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        LOG.warning("feature store files %s not deleted (%s)", path, exc.strerror or type(exc).__name__)
 
 
-def _pending(session: Session) -> dict[str, list[tuple[Any, str]]]:
+def _remove_local_set(root: str, key: str) -> None:
+    """Delete ``root/key`` walking down from the root without following any symlink (each folder opened with
+    ``O_NOFOLLOW`` relative to its parent, the last removed by ``shutil.rmtree(dir_fd=...)``), so a link planted or
+    swapped in after the pointer was checked cannot lead the deletion out of the store."""
+    import shutil
+
+    *folders, last = check_key(key).split("/")
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fds = []
+    try:
+        fds.append(os.open(root, flags))
+        for name in folders:
+            fds.append(os.open(name, flags, dir_fd=fds[-1]))
+        shutil.rmtree(last, dir_fd=fds[-1])
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # a symlink on the way (ELOOP / ENOTDIR), permissions: nothing followed, nothing raised
+        LOG.warning("feature set %s in %s not deleted (%s)", key, root, exc.strerror or type(exc).__name__)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _pending(session: Session) -> dict[str, list[tuple[Any, Any]]]:
     """Files to delete when the session's transaction ends: new ones on rollback, replaced ones on commit."""
     if _PENDING not in session.info:
         session.info[_PENDING] = {"written": [], "replaced": []}
@@ -542,7 +567,10 @@ def _pending(session: Session) -> dict[str, list[tuple[Any, str]]]:
 def _after_commit(session: Session) -> None:
     pending = session.info[_PENDING]
     for fs, path in pending["replaced"]:
-        _remove(fs, path)
+        if isinstance(path, tuple):
+            _remove_local_set(*path)
+        else:
+            _remove(fs, path)
     pending["written"].clear()
     pending["replaced"].clear()
 

@@ -250,3 +250,17 @@ def test_another_bucket_and_a_dotdot_key_are_refused_on_s3(engine, s3_root):
         assert "no '..'" in one_line_error(lambda: load_feature_set(s, version, "gallery", "encoder"))
         assert delete_experiment(s, experiment_of(engine, version))
     assert client.get_object(Bucket="other", Key="features/keep.txt")["Body"].read() == b"keep"
+
+
+def test_a_folder_swapped_for_a_symlink_after_the_check_leads_no_deletion_out(engine, tmp_path):
+    outside = sentinel(tmp_path)
+    version, key = stored(engine)
+    model_folder = tmp_path / "features" / key.split("/")[0]
+    (outside / key.split("/", 1)[1]).mkdir(parents=True)  # outside/gallery/<token>, as the key continues
+    (outside / key.split("/", 1)[1] / "keep.txt").write_text("keep")
+    with session_scope(engine) as s:
+        assert delete_experiment(s, experiment_of(engine, version))  # checked now, deleted at commit
+        model_folder.rename(tmp_path / "moved")
+        model_folder.symlink_to(outside, target_is_directory=True)  # mv<id> now leads out of the store
+    assert (outside / key.split("/", 1)[1] / "keep.txt").read_text() == "keep"
+    assert (outside / "keep.txt").read_text() == "keep"
