@@ -7,8 +7,10 @@ row keeps only the pointer: ``store_uri`` (the root), ``store_key``, and ``store
 sha256 of every shard and of the Parquet), with ``count``/``dim``; its ``features``/``labels`` columns hold a
 zero-row placeholder of the right dtype (the columns are NOT NULL in existing databases) and ``image_ids`` is NULL.
 
-Root. ``$COMPATLAB_FEATURE_STORE`` (a folder or any fsspec URL, e.g. ``s3://bucket/features``; S3 needs the
-``s3`` extra, credentials and endpoint come from the usual ``AWS_*`` / ``FSSPEC_S3_*`` variables) names it.
+Root. ``$COMPATLAB_FEATURE_STORE`` (a folder or ``s3://bucket/prefix``; S3 needs the ``s3`` extra, credentials
+and endpoint come from the usual ``AWS_*`` / ``FSSPEC_S3_*`` variables) names it. Only persistent stores that
+other processes can read are accepted (``memory://``, ``http://`` and other fsspec kinds are refused), and the S3
+bucket must exist already (a misspelt bucket is refused, never created).
 Unset, a SQLite file's features go to ``features/`` beside the database file (as ``thumbnails/`` and
 ``checkpoints/``), recorded as the relative ``features`` so the folder can move with the database; other
 databases (PostgreSQL, in-memory SQLite) keep storing blobs in SQL, so a PostgreSQL shared by several machines
@@ -30,6 +32,13 @@ complete), then one writer lists them in order (:func:`commit_parts`: the shards
 lost their lease are swept (:func:`sweep_parts`): the unreferenced ones when the set commits, the whole folder when
 the job fails or is cancelled.
 
+Pointers are confined. A row's ``store_uri`` must name the configured store (another bucket, host or folder is
+refused before anything is contacted), its ``store_key`` must be one this module writes (``mv<id>/<split>/<name>``:
+no absolute key, no ``..``, no ``://``), the layout's file names plain names, and on a local root the resolved path
+must lie under the resolved root before any read or delete; local files are opened by
+``engine.data.safe_open`` (regular files under the root only). A pointer that fails this is refused with one line
+when read and left alone when deleted (its files, if any, stay). Errors never quote a file's content.
+
 Existing databases: read both. Rows written before the store (``store_key`` NULL) load from their blobs as
 before; every new write goes to the store (no migration step, no rewrite of old rows). Every shard read is checked
 against its recorded shape, dtype and sha256 (a changed or truncated file is a one-line ``ValueError``).
@@ -38,7 +47,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
+import re
 import uuid
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -53,7 +64,13 @@ DTYPE_ENV = "COMPATLAB_FEATURE_DTYPE"
 DEFAULT_FOLDER = "features"  # beside a SQLite file; a relative store_uri is resolved from the database's folder
 SHARD_BYTES = 64 * 2**20
 ROWS_FILE = "rows.parquet"
+_MAX_HEADER = 10_000  # bytes of a shard's .npy header read at most
 _PENDING = "featurestore_pending"
+PERSISTENT = ("file", "local", "s3", "s3a")  # store kinds every process can reach (fsspec protocols)
+_FIRST = re.compile(r"mv\d+")
+_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.(npy|parquet)")
+_BUCKETS_SEEN: set[tuple[str, int]] = set()
+LOG = logging.getLogger(__name__)
 
 
 class FeatureShard(NamedTuple):
@@ -83,29 +100,143 @@ def _database_folder(session: Session) -> Path | None:
     return Path(os.path.realpath(Path(database).expanduser().absolute())).parent
 
 
+def _checked_kind(uri: str) -> str:
+    """``uri`` when it names a persistent store (a folder or S3); ``ValueError`` otherwise."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else "file"
+    if scheme not in PERSISTENT:
+        raise ValueError(f"feature store {_shown(uri)} is not a persistent store that other processes can read; set "
+                         f"${STORE_ENV} to a folder or to s3://bucket/prefix")
+    return uri
+
+
+def _shown(text: str) -> str:
+    """A recorded or configured location as printed in errors: quoted, control characters escaped, at most 200."""
+    return repr(text[:200])
+
+
 def store_uri(session: Session) -> str | None:
-    """The root new feature sets go to (see the module docstring); None: keep them as blobs in SQL."""
+    """The root new feature sets go to (see the module docstring); None: keep them as blobs in SQL.
+
+    ``ValueError`` when ``$COMPATLAB_FEATURE_STORE`` names a store that is not persistent (``memory://``, ``http://``).
+    """
     configured = os.environ.get(STORE_ENV, "").strip()
     if configured:
+        _checked_kind(configured)
         return configured if "://" in configured else str(Path(configured).expanduser().absolute())
     return DEFAULT_FOLDER if _database_folder(session) is not None else None
 
 
-def _filesystem(session: Session, uri: str) -> tuple[Any, str]:
-    """``(fsspec filesystem, root path)`` of a recorded ``store_uri``; ``ValueError`` when it cannot be reached."""
-    import fsspec
-
-    if "://" not in uri and not os.path.isabs(uri):
+def _normal(session: Session, uri: str) -> str | None:
+    """A store location comparable with another: ``scheme://path`` without a trailing ``/``, a local folder resolved
+    (a relative one from the SQLite file's folder); None when a relative folder has no SQLite file to start from."""
+    if "://" in uri:
+        scheme, rest = uri.split("://", 1)
+        scheme = scheme.lower()
+        return str(Path(os.path.realpath(rest))) if scheme in ("file", "local") else f"{scheme}://{rest.strip('/')}"
+    if not os.path.isabs(uri):
         folder = _database_folder(session)
         if folder is None:
-            raise ValueError(f"feature store {uri!r} is relative to a SQLite file's folder, but the database is not "
-                             f"a SQLite file; set ${STORE_ENV}")
+            return None
         uri = str(folder / uri)
+    return os.path.realpath(uri)
+
+
+def _configured_root(session: Session, uri: str) -> str:
+    """The recorded ``uri`` when it names the configured store; ``ValueError`` (one line) otherwise, before
+    anything is contacted."""
+    configured = store_uri(session)
+    if configured is None and "://" not in uri and not os.path.isabs(uri):
+        raise ValueError(f"feature store {_shown(uri)} is relative to a SQLite file's folder, but the database is not "
+                         f"a SQLite file; set ${STORE_ENV}")
+    if configured is None:
+        raise ValueError(f"a feature set points at the store {_shown(uri)}, but no feature store is configured; set "
+                         f"${STORE_ENV} to that store to read it")
+    if _normal(session, uri) != _normal(session, configured):
+        raise ValueError(f"a feature set points at the store {_shown(uri)}, not at the configured store "
+                         f"{_shown(configured)}; only the configured store is read ({STORE_ENV})")
+    return configured
+
+
+def check_key(key: Any) -> str:
+    """``key`` when it is one this module writes (``mv<id>/<split>/<name>``); ``ValueError`` (one line) otherwise."""
+    parts = key.split("/") if isinstance(key, str) else []
+    if (len(parts) != 3 or not _FIRST.fullmatch(parts[0]) or any(p in ("", ".", "..") for p in parts)
+            or "://" in key or "\\" in key or any(ord(c) < 32 or c == "\x7f" for c in key)):
+        raise ValueError(f"feature store key {_shown(str(key))} is not one the store writes (mv<id>/<split>/<name>: "
+                         f"no absolute key, no '..', no '://'); it is not followed")
+    return key
+
+
+def _check_file_name(name: Any) -> str:
+    """A layout's file name: a plain ``.npy``/``.parquet`` name; ``ValueError`` otherwise."""
+    if not isinstance(name, str) or not _FILE.fullmatch(name):
+        raise ValueError(f"feature store file name {_shown(str(name))} is not a plain .npy or .parquet name; it is "
+                         f"not followed")
+    return name
+
+
+def _filesystem(session: Session, uri: str) -> tuple[Any, str]:
+    """``(fsspec filesystem, root path)`` of a recorded ``store_uri``, which must be the configured store;
+    ``ValueError`` when it is not, or cannot be reached (an S3 bucket must exist)."""
+    import fsspec
+
+    uri = _configured_root(session, uri)
+    if "://" not in uri and not os.path.isabs(uri):
+        uri = str(_database_folder(session) / uri)  # the default folder: configured only beside a SQLite file
     try:
         fs, path = fsspec.core.url_to_fs(uri)
     except (ImportError, ValueError) as exc:
         raise ValueError(f"feature store {uri} cannot be opened: {exc}".splitlines()[0]) from None
-    return fs, path.rstrip("/")
+    root = path.rstrip("/")
+    if not _is_local(fs):
+        _require_bucket(fs, uri, root)
+    return fs, root
+
+
+def _require_bucket(fs: Any, uri: str, root: str) -> None:
+    """``ValueError`` unless the bucket of an object-store root exists (checked once per process and root)."""
+    if (uri, id(fs)) in _BUCKETS_SEEN:
+        return
+    bucket = root.split("/", 1)[0]
+    try:
+        found = bool(bucket) and fs.exists(bucket)
+    except Exception as exc:  # noqa: BLE001 - any client error (credentials, endpoint) is one line
+        raise ValueError(f"feature store {uri} cannot be reached ({type(exc).__name__}); check the endpoint and "
+                         f"credentials") from None
+    if not found:
+        raise ValueError(f"feature store {uri}: bucket {bucket!r} does not exist (or these credentials cannot see "
+                         f"it); create it first, the store never creates buckets")
+    _BUCKETS_SEEN.add((uri, id(fs)))
+
+
+def _set_path(fs: Any, root: str, key: str, *, follow: bool = True) -> str:
+    """``root/key`` for a checked ``key``; on a local root resolved (``follow``) and required to lie under the
+    resolved root, so no symlink leads a read or delete out of the store."""
+    path = f"{root}/{check_key(key)}"
+    if not _is_local(fs):
+        return path
+    real_root = Path(os.path.realpath(root))
+    real = Path(os.path.realpath(path)) if follow else Path(path)
+    if real_root not in real.parents:
+        raise ValueError(f"feature set {_shown(key)} resolves outside the store {real_root}; it is not followed")
+    return str(real)
+
+
+def check_store(session: Session) -> None:
+    """``ValueError`` (one line) unless the configured store, if any, can be used: a persistent kind, an existing
+    bucket, a local folder that can be created and written. Call it before work whose results go there."""
+    uri = store_uri(session)
+    if uri is None:
+        return
+    fs, root = _filesystem(session, uri)
+    if _is_local(fs):
+        try:
+            os.makedirs(root, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"feature store {root} cannot be created ({exc.strerror or type(exc).__name__}); set "
+                             f"${STORE_ENV} to a folder this process can write") from None
+        if not os.path.isdir(root) or not os.access(root, os.W_OK | os.X_OK):
+            raise ValueError(f"feature store {root} is not a folder this process can write; set ${STORE_ENV}")
 
 
 def _is_local(fs: Any) -> bool:
@@ -167,16 +298,29 @@ def _write_npy(fs: Any, path: str, array: np.ndarray) -> str:
 
 
 def _shard_path(base: str, index: int, shard: dict[str, Any]) -> str:
-    """A shard's file: ``shard-<index>.npy``, or the ``file`` named by a set assembled from parts."""
-    return f"{base}/{shard.get('file') or f'shard-{index:05d}.npy'}"
+    """A shard's file: ``shard-<index>.npy``, or the ``file`` named by a set assembled from parts (a plain name)."""
+    return f"{base}/{_check_file_name(shard.get('file') or f'shard-{index:05d}.npy')}"
+
+
+def _open_read(fs: Any, path: str, max_bytes: int) -> Any:
+    """A store file opened for reading; on a local root through ``engine.data.safe_open`` (a regular file under the
+    root's resolved folder, at most ``max_bytes``), so a FIFO, a device or a symlink out of the store is refused."""
+    if not _is_local(fs):
+        return fs.open(path, "rb")
+    from engine.data.safe_open import open_regular  # torch-free
+
+    return open_regular(path, roots=[os.path.dirname(path)], what="feature store file", max_bytes=max_bytes)
 
 
 def _check_header(file: _Hashed, path: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
     fmt = np.lib.format
-    version = fmt.read_magic(file)
-    if version != (1, 0):
-        raise ValueError(f"feature shard {path} is not a version 1.0 .npy file")
-    found_shape, fortran, found_dtype = fmt.read_array_header_1_0(file)
+    try:  # numpy's own messages quote the bytes they found: never shown
+        version = fmt.read_magic(file)
+        if version != (1, 0):
+            raise ValueError
+        found_shape, fortran, found_dtype = fmt.read_array_header_1_0(file, max_header_size=_MAX_HEADER)
+    except (ValueError, SyntaxError, TypeError, EOFError):
+        raise ValueError(f"feature shard {path} is not a version 1.0 .npy file: the file was replaced") from None
     if found_shape != shape or found_dtype != dtype or fortran:
         raise ValueError(f"feature shard {path} holds {found_dtype} {found_shape}, the database recorded "
                          f"{dtype} {shape}: the file was replaced")
@@ -186,13 +330,15 @@ def _read_npy(fs: Any, path: str, sha256: str, shape: tuple[int, ...], dtype: np
     """Read a shard into ``out`` (shape checked before reading, sha256 after); ``ValueError`` on any mismatch."""
     target = out if out.dtype == dtype else np.empty(shape, dtype)
     try:
-        with fs.open(path, "rb") as raw:
+        with _open_read(fs, path, target.nbytes + _MAX_HEADER) as raw:
             file = _Hashed(raw)
             _check_header(file, path, shape, dtype)
             filled = file.readinto(memoryview(target).cast("B")) if target.size else 0
             extra = raw.read(1)
     except FileNotFoundError:
         raise ValueError(f"feature shard {path} is missing from the store") from None
+    except OSError as exc:
+        raise ValueError(f"feature shard {path} cannot be read ({exc.strerror or type(exc).__name__})") from None
     if filled != target.nbytes or extra or file.hash.hexdigest() != sha256:
         raise ValueError(f"feature shard {path} does not match its sha256: the file was changed or truncated")
     if target is not out:
@@ -209,12 +355,15 @@ def _read_rows(fs: Any, base: str, layout: dict[str, Any]) -> Any:
     """The verified Parquet of a set (``pyarrow.parquet.ParquetFile``)."""
     import pyarrow.parquet as pq
 
-    path = f"{base}/{layout.get('rows_file', ROWS_FILE)}"
+    path = f"{base}/{_check_file_name(layout.get('rows_file', ROWS_FILE))}"
     bound = rows_bound(layout)
     try:
-        data = fs.cat_file(path, start=0, end=bound + 1)  # never more than the set's rows can take
+        with _open_read(fs, path, bound) as raw:
+            data = raw.read(bound + 1)  # never more than the set's rows can take
     except FileNotFoundError:
         raise ValueError(f"feature rows {path} are missing from the store") from None
+    except OSError as exc:
+        raise ValueError(f"feature rows {path} cannot be read ({exc.strerror or type(exc).__name__})") from None
     if len(data) > bound:
         raise ValueError(f"feature rows {path} are larger than the {bound:,} bytes {layout['shape'][0]:,} rows can "
                          "take: the file was changed; it was not read")
@@ -270,7 +419,8 @@ def _write_files(fs: Any, base: str, features: np.ndarray, labels: np.ndarray, i
                  dtype: np.dtype) -> dict[str, Any]:
     count, dim = features.shape
     per_shard = _shard_rows(dim, dtype.itemsize)
-    fs.makedirs(base, exist_ok=True)
+    if _is_local(fs):  # an object store has no folders (and s3fs's makedirs would create a missing bucket)
+        fs.makedirs(base, exist_ok=True)
     shards = []
     for index, start in enumerate(range(0, count, per_shard)):
         block = features[start:start + per_shard].astype(dtype, copy=False)
@@ -294,8 +444,9 @@ def write(session: Session, uri: str, model_version_id: int, split: str, feature
         if local:
             fs.makedirs(os.path.dirname(final), exist_ok=True)
             os.replace(staging, final)  # the complete folder appears at once
-    except BaseException:
+    except BaseException as exc:
         _remove(fs, staging)
+        _raise_unwritable(exc, root)
         raise
     _pending(session)["written"].append((fs, final))
     return Pointer(uri, key, layout)
@@ -311,16 +462,18 @@ def write_part(session: Session, uri: str, key: str, name: str, features: np.nda
     if features.ndim != 2:
         raise ValueError(f"a part must be a 2-D array (rows x dim), got shape {features.shape}")
     fs, root = _filesystem(session, uri)
-    dtype, folder, file = _stored_dtype(features), f"{root}/{key}", f"{name}-{uuid.uuid4().hex}.npy"
+    dtype, folder, file = _stored_dtype(features), _set_path(fs, root, key), _check_file_name(f"{name}-{uuid.uuid4().hex}.npy")
     local = _is_local(fs)
     staging = f"{folder}/.tmp-{file}" if local else f"{folder}/{file}"
-    fs.makedirs(folder, exist_ok=True)
     try:
+        if local:
+            fs.makedirs(folder, exist_ok=True)
         sha256 = _write_npy(fs, staging, features.astype(dtype, copy=False))
         if local:
             os.replace(staging, f"{folder}/{file}")
-    except BaseException:
+    except BaseException as exc:
         _remove(fs, staging)
+        _raise_unwritable(exc, root)
         raise
     return {"file": file, "rows": len(features), "sha256": sha256, "dtype": dtype.str,
             "read_dtype": _read_dtype(dtype, features.dtype), "dim": int(features.shape[1])}
@@ -342,25 +495,42 @@ def commit_parts(session: Session, uri: str, key: str, parts: list[dict[str, Any
     if count != len(labels) or (image_ids is not None and len(image_ids) != count):
         raise ValueError(f"the parts at {key} hold {count} rows but the set has {len(labels)} labels")
     fs, root = _filesystem(session, uri)
+    folder = _set_path(fs, root, key)
+    for p in parts:
+        _check_file_name(p["file"])
     (dtype, read_dtype, dim), = kinds
     rows_file = f"rows-{uuid.uuid4().hex}.parquet"
     layout = {"dtype": dtype, "read_dtype": read_dtype, "shape": [count, dim], "rows_file": rows_file,
               "shards": [{k: p[k] for k in ("file", "rows", "sha256")} for p in parts]}
-    layout |= _write_rows(fs, f"{root}/{key}/{rows_file}", labels, image_ids)
-    _pending(session)["written"].append((fs, f"{root}/{key}/{rows_file}"))
+    try:
+        layout |= _write_rows(fs, f"{folder}/{rows_file}", labels, image_ids)
+    except OSError as exc:
+        _raise_unwritable(exc, root)
+    _pending(session)["written"].append((fs, f"{folder}/{rows_file}"))
     return Pointer(uri, key, layout)
 
 
 def forget(session: Session, uri: str, key: str) -> None:
     """Delete the set at ``key`` once the session commits (its row was replaced or deleted).
 
-    A root this process cannot reach is left alone: the row still goes, its files stay unreferenced.
+    A root this process cannot reach, or a pointer that is not the configured store's (another store, a key with
+    ``..``, a path resolving out of the root) is left alone with a logged line: the row still goes, no file is deleted.
     """
     try:
         fs, root = _filesystem(session, uri)
-    except ValueError:
+        path = _set_path(fs, root, key)
+    except ValueError as exc:
+        LOG.warning("feature set files not deleted: %s", exc)
         return
-    _pending(session)["replaced"].append((fs, f"{root}/{key}"))
+    _pending(session)["replaced"].append((fs, path if not _is_local(fs) else (os.path.realpath(root), key)))
+
+
+def _raise_unwritable(exc: BaseException, root: str) -> None:
+    """Re-raise an ``OSError`` met while writing as a one-line ``ValueError``; anything else is left to the caller."""
+    if isinstance(exc, OSError):
+        reason = exc.strerror or (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise ValueError(f"feature store {root} cannot be written ({reason}); set "
+                         f"${STORE_ENV} to a store this process can write") from None
 
 
 def sweep_parts(session: Session, uri: str, key: str, keep: Collection[str] = ()) -> int:
@@ -385,9 +555,34 @@ def _remove(fs: Any, path: str) -> None:
         fs.rm(path, recursive=True)
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        LOG.warning("feature store files %s not deleted (%s)", path, exc.strerror or type(exc).__name__)
 
 
-def _pending(session: Session) -> dict[str, list[tuple[Any, str]]]:
+def _remove_local_set(root: str, key: str) -> None:
+    """Delete ``root/key`` walking down from the root without following any symlink (each folder opened with
+    ``O_NOFOLLOW`` relative to its parent, the last removed by ``shutil.rmtree(dir_fd=...)``), so a link planted or
+    swapped in after the pointer was checked cannot lead the deletion out of the store."""
+    import shutil
+
+    *folders, last = check_key(key).split("/")
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fds = []
+    try:
+        fds.append(os.open(root, flags))
+        for name in folders:
+            fds.append(os.open(name, flags, dir_fd=fds[-1]))
+        shutil.rmtree(last, dir_fd=fds[-1])
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # a symlink on the way (ELOOP / ENOTDIR), permissions: nothing followed, nothing raised
+        LOG.warning("feature set %s in %s not deleted (%s)", key, root, exc.strerror or type(exc).__name__)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _pending(session: Session) -> dict[str, list[tuple[Any, Any]]]:
     """Files to delete when the session's transaction ends: new ones on rollback, replaced ones on commit."""
     if _PENDING not in session.info:
         session.info[_PENDING] = {"written": [], "replaced": []}
@@ -399,7 +594,10 @@ def _pending(session: Session) -> dict[str, list[tuple[Any, str]]]:
 def _after_commit(session: Session) -> None:
     pending = session.info[_PENDING]
     for fs, path in pending["replaced"]:
-        _remove(fs, path)
+        if isinstance(path, tuple):
+            _remove_local_set(*path)
+        else:
+            _remove(fs, path)
     pending["written"].clear()
     pending["replaced"].clear()
 
@@ -420,7 +618,7 @@ def _after_rollback(session: Session, previous_transaction: Any) -> None:
 def _locate(session: Session, pointer: Pointer) -> tuple[Any, str, np.dtype, np.dtype]:
     fs, root = _filesystem(session, pointer.uri)
     layout = pointer.layout
-    return fs, f"{root}/{pointer.key}", np.dtype(layout["dtype"]), np.dtype(layout["read_dtype"])
+    return fs, _set_path(fs, root, pointer.key), np.dtype(layout["dtype"]), np.dtype(layout["read_dtype"])
 
 
 def read(session: Session, pointer: Pointer) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

@@ -138,7 +138,7 @@ def test_a_write_that_fails_midway_leaves_nothing_visible_and_the_old_set_intact
         return real(fs, path, array)
 
     monkeypatch.setattr(featurestore, "_write_npy", disk_full_on_second_shard)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ValueError, match=r"cannot be written \(disk full\)"):
         with session_scope(engine) as s:
             save_feature_set(s, version, "gallery", "encoder", *arrays(9, seed=3))
     assert len(calls) == 2 and visible_sets(tmp_path / "features") == before

@@ -3,24 +3,27 @@
 The folder holds ``step_1.npz ... step_T.npz``, each with the arrays ``query_features``,
 ``query_labels``, ``gallery_features`` and ``gallery_labels`` (float features, integer labels >= 0).
 Each array's header is checked against its member's size and a cap before it is read (never unpickled),
-and everything is validated before anything is computed or stored.
+and everything is validated before anything is computed or stored. Each file is opened by
+``engine.data.safe_open`` (a regular file, checked after opening: a FIFO or a device named ``step_1.npz`` is refused at
+once); the folder is the operator's own, so its files are not confined to the data roots.
 """
 from __future__ import annotations
 
 import math
 import os
 import re
-import stat
 import zipfile
 import zlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from sqlalchemy import Engine
 
+from engine.data.safe_open import open_regular
 from engine.metrics import summarize
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
 from engine.metrics.retrieval import parse_metric
@@ -81,28 +84,21 @@ def _read_member(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, cap: in
 def read_npz(path: Path, *, cap: int | None = None) -> dict[str, np.ndarray]:
     """The arrays of a ``.npz`` with exactly the :data:`KEYS`, each size-checked before it is read; never unpickles."""
     cap = max_array_bytes() if cap is None else cap
-    with _open_regular(path) as file:
-        return _read_npz_file(path, file, cap)
-
-
-def _open_regular(path: Path):
-    """``path`` opened for reading without blocking, if it is a regular file (checked on the open file: a FIFO, a
-    device or a folder is refused at once, never read); FolderError otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        handle = open_regular(path, roots=None, what="feature file")
     except OSError as exc:
         raise FolderError(f"{path}: cannot be opened ({exc.strerror or type(exc).__name__})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise FolderError(f"{path}: not a .npz (zip) archive (not a regular file); save the four arrays with numpy.savez")
-    return os.fdopen(fd, "rb")
+    except ValueError as exc:  # not a regular file (a FIFO, a device, a folder): refused without reading
+        raise FolderError(str(exc)) from None
+    with handle:
+        return _read_zip(path, handle, cap)
 
 
-def _read_npz_file(path: Path, file, cap: int) -> dict[str, np.ndarray]:
-    if not zipfile.is_zipfile(file):
+def _read_zip(path: Path, handle: BinaryIO, cap: int) -> dict[str, np.ndarray]:
+    if not zipfile.is_zipfile(handle):
         raise FolderError(f"{path}: not a .npz (zip) archive; save the four arrays with numpy.savez")
     try:
-        with zipfile.ZipFile(file) as zf:
+        with zipfile.ZipFile(handle) as zf:
             members = {info.filename: info for info in zf.infolist()}
             if len(members) < len(zf.infolist()):
                 twice = sorted(n for n, c in Counter(i.filename for i in zf.infolist()).items() if c > 1)

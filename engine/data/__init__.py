@@ -37,7 +37,9 @@ Scenarios (``scenario``, torch-free)
   ``select_replay(labels, classes, per_class, seed) -> np.ndarray`` of indices
 
 Files and paths (torch-free)
-  ``roots``  where the server may read files from (``confine``); ``splits``  the class-incremental split arithmetic;
+  ``roots``  where the server may read files from (``confine``); ``safe_open``  ``open_regular`` / ``read_regular``:
+  a regular file inside given roots, checked after opening (FIFOs, devices, links out refused); ``splits``  the
+  class-incremental split arithmetic;
   ``fashion_files``  where Debian's Fashion-MNIST files are, and their IDX reader; ``cifar_files``  CIFAR batch
   files and their restricted unpickler; ``export_images``  a dataset written as a class-folder tree
 

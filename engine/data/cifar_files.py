@@ -14,6 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.data.roots import data_roots
+from engine.data.safe_open import open_regular
+
 FILES = {
     "cifar10": ("cifar-10-batches-py", {"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("test_batch",)}),
     "cifar100": ("cifar-100-python", {"train": ("train",), "test": ("test",)}),
@@ -55,13 +58,15 @@ class CifarUnpickler(pickle.Unpickler):
 
 
 def read_batch(path: Path, title: str) -> dict:
-    """The dict of one CIFAR batch file, read by :class:`CifarUnpickler`; ``ValueError`` naming the file otherwise."""
-    try:
-        with open(path, "rb") as handle:
+    """The dict of one CIFAR batch file, read by :class:`CifarUnpickler`; ``ValueError`` naming the file otherwise.
+
+    The file is opened by ``engine.data.safe_open``: a regular file inside the data roots, checked after opening."""
+    with open_regular(path, roots=data_roots(), what=f"{title} file") as handle:
+        try:
             entry = CifarUnpickler(_Bounded(handle, MAX_BATCH_BYTES, path), encoding="latin1").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
-        raise ValueError(f"{title} file {path} could not be read ({' '.join(str(exc).split())[:200]}); delete it and "
-                         "extract the archive again") from None
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+            raise ValueError(f"{title} file {path} could not be read ({' '.join(str(exc).split())[:200]}); delete it and "
+                             "extract the archive again") from None
     if not isinstance(entry, dict):
         raise ValueError(f"{title} file {path} holds a {type(entry).__name__}, not a CIFAR batch; extract the archive again")
     return entry

@@ -3,6 +3,7 @@ and the app can ask).
 
 The first folder holding a split's two files wins: ``root``, ``root/FashionMNIST/raw`` (torchvision's
 download folder), then Debian's ``/usr/share/datasets/fashion-mnist`` (package ``dataset-fashion-mnist``).
+Files are opened by ``engine.data.safe_open``: regular files inside the data roots (or Debian's folder) only.
 """
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+
+from engine.data.roots import data_roots
+from engine.data.safe_open import open_regular
 
 DEBIAN_ROOT = Path("/usr/share/datasets/fashion-mnist")
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -81,7 +85,7 @@ def open_idx(path: Path, *, ndim: int) -> Iterator[tuple[BinaryIO, tuple[int, ..
     """Open an IDX file (gzipped or not) positioned at its data, after checking its header against its size."""
     stored = stored_size(path)
     try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as handle:
+        with _open(path) as raw, (gzip.GzipFile(fileobj=raw, mode="rb") if path.suffix == ".gz" else raw) as handle:
             head = read_exact(handle, 4, path)
             if head[:3] != bytes([0, 0, IDX_UBYTE]) or head[3] != ndim:
                 raise ValueError(f"{path} is not an IDX file of {ndim}-d unsigned bytes (magic number "
@@ -96,14 +100,19 @@ def open_idx(path: Path, *, ndim: int) -> Iterator[tuple[BinaryIO, tuple[int, ..
         raise ValueError(f"{path} could not be read ({exc}); fetch it again") from None
 
 
+def _open(path: Path) -> BinaryIO:
+    """``path`` opened by ``engine.data.safe_open`` (a regular file inside the data roots or Debian's folder)."""
+    return open_regular(path, roots=(*data_roots(), DEBIAN_ROOT), what="Fashion-MNIST file")
+
+
 def stored_size(path: Path) -> int:
     """Bytes of the IDX content: the file size, or for .gz the size its trailer records (modulo 2**32)."""
-    size = path.stat().st_size
-    if path.suffix != ".gz":
-        return size
-    if size < 18:  # smallest gzip member: 10-byte header + 8-byte trailer
-        raise ValueError(f"{path} is too short ({size} bytes) to be a gzip file; fetch it again")
-    with open(path, "rb") as handle:
+    with _open(path) as handle:
+        size = handle.seek(0, 2)
+        if path.suffix != ".gz":
+            return size
+        if size < 18:  # smallest gzip member: 10-byte header + 8-byte trailer
+            raise ValueError(f"{path} is too short ({size} bytes) to be a gzip file; fetch it again")
         handle.seek(-4, 2)
         return int.from_bytes(handle.read(4), "little")
 

@@ -8,6 +8,11 @@ points at a huge tree is refused or cancelled while walking, not after. Decoding
 side resized to the size, centre crop, as ``transforms.Resize`` + ``CenterCrop`` + ``ToTensor``)
 happens per batch of indices, so a folder is never held as floats.
 
+Links stay inside the data roots (``engine.data.roots``; the tree's own root counts as one): the walk does not
+enter a symlinked folder that leads out of them, and every image is opened by ``engine.data.safe_open`` (a
+regular file whose opened path lies inside them, checked after opening), so a symlinked file leading out, a FIFO
+or a device named like an image is refused with one line instead of read or waited on.
+
 Errors name the root and what is wrong with it, never the folder's contents.
 """
 from __future__ import annotations
@@ -25,6 +30,8 @@ from torchvision.transforms import functional as TF
 
 from engine.data.bounds import check_image_size
 from engine.data.image_decode import ImageTooLargeError, decode_rgb
+from engine.data.roots import data_roots, inside_roots
+from engine.data.safe_open import UnsafeFileError, open_regular
 from engine.data.imageset import DatasetNotFoundError, ImageSet, IndexLike, as_float
 from engine.data.samples import SampleRefs, file_refs
 
@@ -56,9 +63,10 @@ class FolderImages:
         """uint8 (n, 3, size, size) images of ``indices``: RGB, shorter side resized to ``size``, centre crop."""
         check_image_size(size)
         out = torch.empty((len(indices), 3, size, size), dtype=torch.uint8)
+        roots = _roots(self.root)
         for row, i in enumerate(np.asarray(indices, dtype=np.int64)):
             check_stop(self.should_stop)
-            out[row] = _decode(self.root, self.paths[int(i)], size)
+            out[row] = _decode(self.root, self.paths[int(i)], size, roots)
         return out
 
     def batch(self, indices: IndexLike | slice, *, size: int) -> torch.Tensor:
@@ -90,7 +98,7 @@ def list_image_folder(root: str | Path, *, layout: str, max_files: int = MAX_FOL
         raise ValueError(f"image folder {root} holds more than {max_folders} class folders; point at a smaller tree")
     paths: list[str] = []
     labels: list[int] = []
-    budget = _Budget(root, max_files, max_folders)
+    budget = _Budget(root, max_files, max_folders, _roots(root))
     empty = 0
     for label, name in enumerate(classes):
         found = _walk_class(root, name, budget, should_stop)
@@ -107,8 +115,8 @@ def list_image_folder(root: str | Path, *, layout: str, max_files: int = MAX_FOL
 class _Budget:
     """What is left of the caps on listed images and walked folders."""
 
-    def __init__(self, root: Path, max_files: int, max_folders: int) -> None:
-        self.root, self.max_files, self.max_folders = root, max_files, max_folders
+    def __init__(self, root: Path, max_files: int, max_folders: int, roots: tuple[Path, ...]) -> None:
+        self.root, self.max_files, self.max_folders, self.roots = root, max_files, max_folders, roots
         self.files, self.folders = max_files, max_folders
 
     def folder(self) -> None:
@@ -127,9 +135,10 @@ class _Budget:
 def _walk_class(root: Path, name: str, budget: _Budget, should_stop: StopCheck | None) -> list[str]:
     """Image paths (relative to ``root``) under one class folder, in torchvision's order, within ``budget``."""
     folders: list[tuple[str, list[str]]] = []
-    for dirpath, _dirs, files in os.walk(root / name, followlinks=True):
+    for dirpath, dirs, files in os.walk(root / name, followlinks=True):
         check_stop(should_stop)
         budget.folder()
+        dirs[:] = [d for d in dirs if _inside(os.path.join(dirpath, d), budget.roots)]  # no walk out of the roots
         images = []
         for file in files:
             check_stop(should_stop)
@@ -141,10 +150,21 @@ def _walk_class(root: Path, name: str, budget: _Budget, should_stop: StopCheck |
     return [os.path.relpath(os.path.join(d, f), root) for d, files in folders for f in sorted(files)]
 
 
-def _decode(root: Path, relative: str, size: int) -> torch.Tensor:
+def _roots(root: Path) -> tuple[Path, ...]:
+    """The folders a tree's files may lead into: the data roots and the tree's own (resolved) root."""
+    return (Path(os.path.realpath(root)), *data_roots())
+
+
+def _inside(path: str, roots: tuple[Path, ...]) -> bool:
+    return inside_roots(Path(os.path.realpath(path)), roots)
+
+
+def _decode(root: Path, relative: str, size: int, roots: tuple[Path, ...]) -> torch.Tensor:
     try:
-        with open(root / relative, "rb") as handle:
+        with open_regular(root / relative, roots=roots, what="image") as handle:
             image = decode_rgb(handle, min_side=size)  # its header's size checked before decoding
+    except UnsafeFileError as exc:
+        raise ValueError(f"{exc}; remove or replace it") from None
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         reason = exc if isinstance(exc, ImageTooLargeError) else type(exc).__name__
         raise ValueError(f"image {relative} in {root} could not be decoded ({reason}); remove or replace it") from None

@@ -31,12 +31,14 @@ from engine.data.cifar_files import FILES as CIFAR_FILES
 from engine.data.cifar_files import batch_rows, read_batch
 from engine.data.fashion_files import find_split, open_idx, read_idx_images
 from engine.data.image_decode import decode_rgb
-from engine.data.roots import sqlite_folder, confine
+from engine.data.roots import confine, data_roots, sqlite_folder
+from engine.data.safe_open import open_regular, read_regular
 from engine.data.shapes import render_class
 
 THUMB_SIZE = 64
 MAX_THUMB_SIZE = 512  # JPEGs are decoded reduced (Image.draft) to no less than this; larger images are refused
 MAX_PER_CALL = 20_000  # thumbnails one call may render (bounds the work of one request)
+MAX_CACHED_BYTES = 4 * 2**20  # a cached PNG read at most (a 512 x 512 RGB PNG is under 1 MiB)
 Decoder = Callable[[dict[str, Any], np.ndarray], list[np.ndarray | None]]
 
 
@@ -101,7 +103,8 @@ def _files(source: dict[str, Any], ids: np.ndarray) -> list[np.ndarray | None]:
     for i in ids:
         try:
             path = confine(Path(source["root"]) / source["files"][i], what="image")
-            out.append(np.asarray(decode_rgb(path, min_side=MAX_THUMB_SIZE, always_draft=True)))
+            with open_regular(path, roots=data_roots(), what="image") as handle:
+                out.append(np.asarray(decode_rgb(handle, min_side=MAX_THUMB_SIZE, always_draft=True)))
         except (OSError, ValueError, IndexError, Image.DecompressionBombError):
             out.append(None)  # moved, deleted, unreadable, over the pixel budget, or outside the data roots now
     return out
@@ -149,6 +152,14 @@ def _write(path: Path, data: bytes) -> None:
         pass  # the thumbnail is still returned; it is rendered again next time
 
 
+def _cached(path: Path, cache_dir: Path) -> bytes | None:
+    """A cached PNG: a regular file inside ``cache_dir`` (``engine.data.safe_open``), else None (rendered again)."""
+    try:
+        return read_regular(path, roots=[cache_dir], what="cached thumbnail", max_bytes=MAX_CACHED_BYTES)
+    except (OSError, ValueError):
+        return None
+
+
 def thumbnails(source: dict[str, Any] | None, ids: Sequence[int] | np.ndarray, *, cache_dir: Path,
                size: int = THUMB_SIZE) -> list[bytes | None]:
     """PNG bytes of the items ``ids`` of ``source`` (None where no image can be had), from the cache or decoded."""
@@ -160,7 +171,7 @@ def thumbnails(source: dict[str, Any] | None, ids: Sequence[int] | np.ndarray, *
     if not can_render(source):
         return [None] * len(ids)
     paths = [Path(cache_dir) / key[:2] / f"{key}.png" for key in (_key(source, int(i), size) for i in ids)]
-    out: list[bytes | None] = [p.read_bytes() if p.is_file() else None for p in paths]
+    out: list[bytes | None] = [_cached(p, Path(cache_dir)) for p in paths]
     missing = [r for r, data in enumerate(out) if data is None]
     if missing:
         for r, pixels in zip(missing, DECODERS[kind_of(source)](source, ids[missing])):

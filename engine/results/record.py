@@ -39,6 +39,7 @@ from storage import (
     set_experiment_status,
     set_experiment_study,
 )
+from storage.featurestore import check_store
 
 
 def config_hash(config: dict) -> str:
@@ -78,7 +79,9 @@ class Resumed:
 
 
 def start_experiment(s: Session, *, name: str, method: str, config: dict[str, Any], study_id: int | None = None) -> int:
-    """Add a queued experiment under its config hash; return its id."""
+    """Add a queued experiment under its config hash; return its id. An unusable feature store is refused first
+    (one-line ``ValueError``), before any work whose features would go there."""
+    check_store(s)
     return create_experiment(s, name=name, method=method, config=config, config_hash=config_hash(config),
                              study_id=study_id).id
 
@@ -152,6 +155,7 @@ def resume_experiment(db: Engine, *, name: str, method: str, config: dict[str, A
             return Resumed(start_experiment(s, name=name, method=method, config=config, study_id=study_id), frozenset(), False)
         if exp.status == "done":
             return Resumed(exp.id, frozenset(v.step for v in list_model_versions(s, exp.id)), True)
+        check_store(s)
         if study_id is not None and exp.study_id is None:
             set_experiment_study(s, exp.id, study_id)
         done = frozenset(v.step for v in list_model_versions(s, exp.id)
