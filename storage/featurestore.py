@@ -302,9 +302,9 @@ def _shard_path(base: str, index: int, shard: dict[str, Any]) -> str:
     return f"{base}/{_check_file_name(shard.get('file') or f'shard-{index:05d}.npy')}"
 
 
-def _open_read(fs: Any, path: str, max_bytes: int) -> Any:
+def _open_read(fs: Any, path: str, max_bytes: int | None) -> Any:
     """A store file opened for reading; on a local root through ``engine.data.safe_open`` (a regular file under the
-    root's resolved folder, at most ``max_bytes``), so a FIFO, a device or a symlink out of the store is refused."""
+    root's resolved folder, at most ``max_bytes`` when given), so a FIFO, a device or a symlink out of the store is refused."""
     if not _is_local(fs):
         return fs.open(path, "rb")
     from engine.data.safe_open import open_regular  # torch-free
@@ -358,8 +358,8 @@ def _read_rows(fs: Any, base: str, layout: dict[str, Any]) -> Any:
     path = f"{base}/{_check_file_name(layout.get('rows_file', ROWS_FILE))}"
     bound = rows_bound(layout)
     try:
-        with _open_read(fs, path, bound) as raw:
-            data = raw.read(bound + 1)  # never more than the set's rows can take
+        with _open_read(fs, path, None) as raw:
+            data = raw.read(bound + 1)  # never more than the set's rows can take (the check below says so)
     except FileNotFoundError:
         raise ValueError(f"feature rows {path} are missing from the store") from None
     except OSError as exc:

@@ -146,9 +146,9 @@ def _many_steps(folder):
 
 
 FOLDERS = {  # id -> (builder, extra argv, substring of the one error line)
-    "a step file that is a FIFO": (raw("step_2.npz", os.mkfifo), [], "step_2.npz: not a .npz (zip) archive (not a regular file)"),
-    "a step file that links to /dev/zero": (raw("step_2.npz", lambda p: p.symlink_to("/dev/zero")), [], "(not a regular file)"),
-    "a step file that is a folder": (raw("step_2.npz", lambda p: p.mkdir()), [], "(not a regular file)"),
+    "a step file that is a FIFO": (raw("step_2.npz", os.mkfifo), [], "step_2.npz is a FIFO, not a regular file, so it is not read"),
+    "a step file that links to /dev/zero": (raw("step_2.npz", lambda p: p.symlink_to("/dev/zero")), [], "is a character device, not a regular file"),
+    "a step file that is a folder": (raw("step_2.npz", lambda p: p.mkdir()), [], "is a folder, not a regular file"),
     "a member stored twice": (raw("step_2.npz", _zip_twice), [], "holds a member name twice (query_features.npy)"),
     "201 steps": (_many_steps, [], "201 step files; at most 200"),
     "--name with NUL": (steps({}), ["--name", "a\x00b"], "--name must be 1..200 printable characters"),

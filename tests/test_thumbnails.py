@@ -2,7 +2,9 @@
 thumbnails equal to independently decoded and resized images; the disk cache; old databases; the page shows images."""
 from __future__ import annotations
 
+
 import io
+import re
 import pickle
 import sys
 from pathlib import Path
@@ -190,6 +192,6 @@ def test_geometry_page_shows_the_query_and_both_galleries_with_images(app_db):
     assert [len(p.imgs) for p in images] == [1, 5, 5]  # the query, then 5 neighbours per gallery
     captions = [i.caption for p in images[1:] for i in p.imgs]
     assert all(c.startswith(("✓ hit", "✗ miss")) and " · d=" in c for c in captions)
-    shown = " ".join(str(e.value) for e in at.markdown)
+    shown = re.sub(r"\\(.)", r"\1", " ".join(str(e.value) for e in at.markdown))  # as rendered: plain() escapes
     assert "old gallery (step 2)" in shown and "new gallery (step 3)" in shown
     assert (Path(app_db.removeprefix("sqlite:///")).parent / "thumbnails").is_dir()  # cached beside the database
