@@ -40,6 +40,8 @@ from engine.metrics.compatibility import CellFeatures
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, paired_bootstrap
 from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import cell_stats, per_query_from_stats
+from engine.metrics.twoway import top_lists, twoway_bootstraps
+from engine.upgrade.gate import Rule, decide, queries_needed
 from engine.upgrade.orders import best_by_area
 from engine.upgrade.words import sentence
 from engine.vocab import parse_metric
@@ -48,6 +50,8 @@ from storage import json_ready
 COMPATIBILITY = {"pass": "compatible", "fail": "not compatible", "unresolved": "too close to call"}
 BETTER = {"pass": "better", "fail": "not better", "unresolved": "too close to call"}
 BOOTSTRAP = "percentile"
+INTERVALS = {"two-way": "queries and gallery items", "queries": "queries"}  # --interval: what the bootstrap resamples
+DEFAULT_INTERVAL = "two-way"
 MAX_NAME = 40
 
 
@@ -60,6 +64,8 @@ class Comparison:
     hi: float
     n: int  # queries scored in both cells
     verdict: str
+    tie: bool = False  # every paired difference sits on the rule's threshold (an unchanged model under strict ECC)
+    needed: int | None = None  # too close to call: queries that would decide it (None: no number would)
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,14 @@ class UpgradeReport:
     same_set: bool
     backfill: tuple[BackfillNeed, ...] = ()
     best_ordering: str | None = None
+    margin: float = 0.0  # points; > 0: non-inferiority
+    ties: str = "fail"
+    interval: str = "queries"  # what the bootstrap resampled (a key of INTERVALS)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def rule(self) -> Rule:
+        return Rule(self.margin, self.ties)
 
     @property
     def verdict(self) -> str:
@@ -109,8 +123,9 @@ class UpgradeReport:
         data = json_ready(asdict(self))
         data["verdict"] = self.verdict
         data["sentence"] = self.sentence()
-        data["bootstrap"] = {"method": BOOTSTRAP, "paired_over": "queries", "resamples": self.resamples,
+        data["bootstrap"] = {"method": BOOTSTRAP, "paired_over": INTERVALS[self.interval], "resamples": self.resamples,
                              "level": self.level, "seed": self.seed}
+        data["rule"] = self.rule.name
         return data
 
 
@@ -127,16 +142,27 @@ def per_query_scores(query: np.ndarray, query_labels: np.ndarray, gallery: np.nd
 
 
 def compare(a: np.ndarray, b: np.ndarray, *, resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_CONFIDENCE,
-            seed: int = DEFAULT_SEED, names: dict[str, str] = COMPATIBILITY) -> Comparison:
+            seed: int = DEFAULT_SEED, names: dict[str, str] = COMPATIBILITY, rule: Rule | None = None,
+            bounds: tuple[float, float] | None = None) -> Comparison:
     """Is the mean of ``a`` above the mean of ``b`` (paired by position)? Percentile paired bootstrap.
 
-    ``names`` maps the paired test's pass / fail / unresolved to the words of the verdict.
+    ``names`` maps the paired test's pass / fail / unresolved to the words of the verdict. ``rule`` (the upgrade
+    gate, :mod:`engine.upgrade.gate`) also sizes a too-close call; without it the matrices' strict verdict
+    applies. ``bounds`` is an interval computed elsewhere (the two-way bootstrap); else queries are resampled.
     """
-    diff, lo, hi = paired_bootstrap(a, b, resamples=resamples, seed=seed, confidence=level)
-    n = int(np.sum(~np.isnan(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+    d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+    n = int(np.sum(~np.isnan(d)))
     if n == 0:
         raise ValueError("no query has a positive in the gallery: nothing to compare")
-    return Comparison(diff, lo, hi, n, names[paired_verdict(lo, hi, bool(np.nanmean(a) > np.nanmean(b)))])
+    if bounds is None:
+        diff, lo, hi = paired_bootstrap(a, b, resamples=resamples, seed=seed, confidence=level)
+    else:
+        diff, (lo, hi) = float(np.nanmean(d)), bounds
+    if rule is None:
+        return Comparison(diff, lo, hi, n, names[paired_verdict(lo, hi, bool(np.nanmean(a) > np.nanmean(b)))])
+    verdict, tie = decide(diff, lo, hi, rule)
+    needed = queries_needed(d, level=level, rule=rule) if verdict == "unresolved" else None
+    return Comparison(diff, lo, hi, n, names[verdict], tie, needed)
 
 
 def check_names(names: Sequence[str]) -> tuple[str, str]:
@@ -190,7 +216,8 @@ def best_ordering(needs: Sequence[BackfillNeed]) -> str | None:
     return best_by_area({n.ordering: n.area for n in needs})
 
 
-def check_settings(names: Sequence[str], *, metric: str, resamples: int, level: float) -> tuple[tuple[str, str], str]:
+def check_settings(names: Sequence[str], *, metric: str, resamples: int, level: float, margin: float = 0.0,
+                   ties: str = "fail", interval: str = DEFAULT_INTERVAL) -> tuple[tuple[str, str], str]:
     """The checked names and the normalised metric of :func:`check_upgrade`; ``ValueError`` with one sentence otherwise.
 
     Callers that must embed images first (``check-upgrade --model``) call it before that work.
@@ -202,31 +229,49 @@ def check_settings(names: Sequence[str], *, metric: str, resamples: int, level: 
         raise ValueError(f"resamples must be a positive integer, got {resamples!r}")
     if not 0 < level < 1:
         raise ValueError(f"the confidence level must lie strictly between 0 and 1, got {level!r}")
+    Rule(margin, ties)
+    if interval not in INTERVALS:
+        raise ValueError(f"unknown interval {interval!r}; use one of {', '.join(INTERVALS)}")
     return checked, metric
 
 
 def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] = ("old", "new"), metric: str = "recall@1",
                   resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_SEED,
-                  same_set: bool = False, orderings: Sequence[str] = DEFAULT_ORDERINGS) -> UpgradeReport:
+                  same_set: bool = False, orderings: Sequence[str] = DEFAULT_ORDERINGS, margin: float = 0.0,
+                  ties: str = "fail", interval: str = DEFAULT_INTERVAL) -> UpgradeReport:
     """The upgrade verdict of ``new`` over ``old`` on one image set (see the module docstring).
 
-    Both bootstraps draw from a generator seeded by ``seed``. Raises ``ValueError`` with one sentence for
-    any input it cannot judge.
+    Both bootstraps draw from a generator seeded by ``seed``. ``margin`` (points) and ``ties`` pick the rule
+    (:class:`engine.upgrade.gate.Rule`; strict ECC by default); ``interval`` what the bootstrap resamples
+    (``two-way``: queries and gallery items, for Recall@k; mAP falls back to queries, with a note). Raises
+    ``ValueError`` with one sentence for any input it cannot judge.
     """
-    (old_name, new_name), metric = check_settings(names, metric=metric, resamples=resamples, level=level)
+    (old_name, new_name), metric = check_settings(names, metric=metric, resamples=resamples, level=level, margin=margin,
+                                                  ties=ties, interval=interval)
     _check_pair(old, new, (old_name, new_name))
+    rule = Rule(margin, ties)
+    kind, at = parse_metric(metric, pairs=False)
+    notes: tuple[str, ...] = ()
+    if interval == "two-way" and kind != "recall":
+        interval, notes = "queries", (f"the gallery resample covers recall@k; this {metric} interval resamples queries only",)
 
     def cell(q: CellFeatures, g: CellFeatures) -> np.ndarray:
         return per_query_scores(q.query, q.query_labels, g.gallery, g.gallery_labels, metric=metric, same_set=same_set)
 
     oo, no, nn = cell(old, old), cell(new, old), cell(new, new)
     settings = {"resamples": resamples, "level": level, "seed": seed}
-    compat = compare(no, oo, **settings)
-    better = compare(nn, oo, **settings, names=BETTER)
+    bounds: dict[str, tuple[float, float] | None] = {"compat": None, "better": None}
+    if interval == "two-way":
+        lists = {name: top_lists(q.query, q.query_labels, g.gallery, g.gallery_labels, depth=16 + 4 * at, same_set=same_set)
+                 for name, q, g in (("oo", old, old), ("no", new, old), ("nn", new, new))}
+        bounds["compat"], bounds["better"] = twoway_bootstraps(lists["oo"], [lists["no"], lists["nn"]], k=at,
+                                                              resamples=resamples, seed=seed, confidence=level)
+    compat = compare(no, oo, **settings, rule=rule, bounds=bounds["compat"])
+    better = compare(nn, oo, **settings, names=BETTER, bounds=bounds["better"])
     old_self = float(np.nanmean(oo))
     needs = backfill_needs(old, new, metric=metric, old_self=old_self, orderings=orderings, seed=seed,
                            same_set=same_set) if compat.verdict == COMPATIBILITY["fail"] else ()
     n_no_pos = int(np.isnan(oo).sum())
     return UpgradeReport(old_name, new_name, metric, old_self, float(np.nanmean(no)), float(np.nanmean(nn)),
                          len(oo), n_no_pos, len(old.gallery_labels), compat, better, resamples, level, seed, same_set,
-                         needs, best_ordering(needs))
+                         needs, best_ordering(needs), float(margin), ties, interval, notes)
