@@ -24,6 +24,8 @@ from statistics import NormalDist
 import numpy as np
 
 TIE_RULES = ("fail", "pass")
+INTERVALS = {"two-way": "queries and gallery items", "queries": "queries"}  # --interval: what the bootstrap resamples
+DEFAULT_INTERVAL = "two-way"
 
 
 @dataclass(frozen=True)

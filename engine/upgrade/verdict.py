@@ -7,19 +7,24 @@ cells) and carries a confidence interval:
 
 * per-query scores of three cells, old/old, new/old and new/new, each from one neighbour pass of the
   evaluation core (hit@k, or AP, with NaN for a query without a positive in the gallery);
-* the mean difference new/old - old/old with a seeded **percentile** paired bootstrap over the queries
-  (:func:`engine.metrics.paired.paired_bootstrap`); verdict ``compatible`` when the interval lies above 0
-  (and the strict ECC passes), ``not compatible`` when it lies below 0 (or the strict ECC fails and it
-  does not reach above 0, e.g. identical outcomes: the point [0, 0]), ``too close to call`` otherwise;
-* the same test of new/new against old/old: is the new model better on its own?
+* the mean difference new/old - old/old with a seeded **percentile** paired bootstrap: by default over the
+  queries *and* the gallery items (:mod:`engine.metrics.twoway`, Recall@k; the gallery is a sample too, and
+  resampling queries alone covers the population gap ~90 % of the time for a 95 % interval,
+  ``bench/calibrate_verdict.py``), else over the queries (``interval="queries"``, and always for mAP:
+  :func:`engine.metrics.paired.paired_bootstrap`);
+* the verdict under a rule (:mod:`engine.upgrade.gate`): strict ECC by default (``compatible`` when the
+  interval lies above 0 and the point passes, ``not compatible`` when it lies below 0, ``too close to call``
+  otherwise, with the queries that would decide it; an exact tie, the point [0, 0], is too close to call
+  and flagged), ties passing (>=), or a non-inferiority ``margin`` in points;
+* the same test of new/new against old/old: is the new model better on its own (the matrices' strict rule)?
 * when not compatible, the partial-backfill curves (new queries, gallery re-embedded item by item) of
   each ordering, the fraction of the gallery each needs to reach the old and the new self-test, and the
   best ordering: the one with the **largest** area under its curve (M-tilde, trapezoid over 0..1).
 
 Why the percentile bootstrap: the statistic is a mean of bounded per-query differences (hits: -1, 0, 1;
 APs: in [-1, 1]) over hundreds of queries; the percentile interval needs no variance formula, stays inside
-the statistic's range (the "basic" interval need not), and is the interval the compatibility matrices'
-per-cell verdicts use, so this check and the matrix page never disagree on one cell. BCa would correct
+the statistic's range (the "basic" interval need not), and with ``interval="queries"`` it is the interval the
+compatibility matrices' per-cell verdicts use (they resample queries only). BCa would correct
 bias and skew, but needs a jackknife (one mean per left-out query) and, for a mean of bounded
 differences at these sizes, moves the ends by less than the Monte-Carlo noise of 1,000 resamples.
 
@@ -41,7 +46,7 @@ from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT
 from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import cell_stats, per_query_from_stats
 from engine.metrics.twoway import top_lists, twoway_bootstraps
-from engine.upgrade.gate import Rule, decide, queries_needed
+from engine.upgrade.gate import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed
 from engine.upgrade.orders import best_by_area
 from engine.upgrade.words import sentence
 from engine.vocab import parse_metric
@@ -50,8 +55,6 @@ from storage import json_ready
 COMPATIBILITY = {"pass": "compatible", "fail": "not compatible", "unresolved": "too close to call"}
 BETTER = {"pass": "better", "fail": "not better", "unresolved": "too close to call"}
 BOOTSTRAP = "percentile"
-INTERVALS = {"two-way": "queries and gallery items", "queries": "queries"}  # --interval: what the bootstrap resamples
-DEFAULT_INTERVAL = "two-way"
 MAX_NAME = 40
 
 
