@@ -176,3 +176,20 @@ def test_bad_rules_are_refused(tmp_path, capsys, args, message):
     except SystemExit as exc:  # argparse's own choices
         code = exc.code
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_no_query_changes_but_the_features_differ_gives_the_exact_zero_change_bound():
+    """A float16 copy: no sampled query flips, yet the population may; the interval is +/- 1 - 0.025^(1/n)."""
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(10), 20)
+    old = CellFeatures(rng.normal(size=(200, 8)) + 3 * np.eye(10, 8)[labels], labels, rng.normal(size=(200, 8)) + 3 * np.eye(10, 8)[labels], labels)
+    new = CellFeatures(old.query.astype(np.float16).astype(np.float64), labels, old.gallery.astype(np.float16).astype(np.float64), labels)
+    report = check_upgrade(old, new, orderings=())
+    c, r = report.compatibility, 1 - 0.025 ** (1 / 200)
+    assert c.diff == 0 and (c.lo, c.hi) == pytest.approx((-r, r)) and r == pytest.approx(0.0183, abs=1e-4)
+    assert c.verdict == "too close to call" and not c.tie and c.needed is None  # strict ECC: no number of queries
+    assert "the exact bound on the share of queries that could change when none of 200 did" in report.notes[0]
+    wide = check_upgrade(old, new, orderings=(), margin=0.5).compatibility
+    assert wide.verdict == "too close to call"  # -1.8 points < -0.5: 200 unchanged queries do not show it
+    assert wide.needed == math.ceil(math.log(0.025) / math.log(1 - 0.005)) == 736  # 736 unchanged queries would
+    assert check_upgrade(old, new, orderings=(), margin=2).verdict == "compatible"

@@ -157,8 +157,8 @@ def needed_line(needed: int | None, n: int) -> str:
         return ("no number of queries would decide it: the mean paired difference sits exactly on the rule's "
                 "threshold (a tie); a margin (--margin) or --ties pass can accept it")
     return (f"about {needed:,} queries ({n:,} now) would decide it, assuming the mean paired difference and its "
-            "per-query spread stay as observed and the gallery grows with the queries (normal approximation: "
-            "n = ceil((z * sd / |mean - threshold|)^2))")
+            "per-query spread stay as observed (normal approximation: n = ceil((z * sd / |mean - threshold|)^2); the "
+            "gallery's own sampling noise is not in this number, so grow the gallery with the queries)")
 
 
 def cmd_check_upgrade(args: argparse.Namespace) -> int:
@@ -194,5 +194,5 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
             write_json_atomic(args.json, {**source, **report.to_json()}, allow_nan=False)
         except OSError as exc:
             raise ValueError(f"--json {args.json}: cannot write ({exc.strerror or type(exc).__name__})") from None
-    print("\n".join(lines + [f"  note: {n}" for n in source.get("notes", [])]))
+    print("\n".join(lines + [f"  note: {n}" for n in (*report.notes, *source.get("notes", []))]))
     return EXIT_CODES[report.verdict]

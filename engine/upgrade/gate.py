@@ -75,7 +75,9 @@ def queries_needed(diffs: np.ndarray, *, level: float, rule: Rule = Rule()) -> i
 
     ``n = ceil((z * sd / |mean - t|)^2)`` with ``z`` the two-sided normal quantile of ``level``, ``sd`` the sample
     standard deviation of the paired differences (NaNs left out) and ``t`` the rule's threshold; it assumes the
-    mean difference and the per-query spread stay as observed. None when the mean sits exactly on ``t``.
+    mean difference and the per-query spread stay as observed. None when the mean sits exactly on ``t``. When no
+    query changed at all (every difference 0), the number of queries whose :func:`unchanged_bound` drops below
+    ``|t|``.
     """
     d = np.asarray(diffs, dtype=np.float64)
     d = d[~np.isnan(d)]
@@ -84,6 +86,18 @@ def queries_needed(diffs: np.ndarray, *, level: float, rule: Rule = Rule()) -> i
     gap = float(d.mean()) - rule.threshold
     if gap == 0:
         return None
+    if not np.any(d):  # no query changed: the queries whose zero-change bound (unchanged_bound) is below |gap|
+        return math.ceil(math.log((1 - level) / 2) / math.log(1 - min(abs(gap), 1 - 1e-12)))
     sd = float(d.std(ddof=1)) if len(d) > 1 else 0.0
     z = NormalDist().inv_cdf((1 + level) / 2)
     return max(1, math.ceil((z * sd / abs(gap)) ** 2))
+
+
+def unchanged_bound(n: int, level: float) -> float:
+    """The largest share of queries that could change score when none of ``n`` did (exact binomial, two-sided ``level``).
+
+    ``1 - ((1 - level) / 2) ** (1 / n)`` (3.7 / n at 95 %): the interval of a mean difference of scores in [0, 1]
+    when the features differ but no sampled query's score does (a float16 export: 0 of 200 queries flip, while
+    1 in 10,000 does in the population; a percentile bootstrap would say [0, 0]).
+    """
+    return 1 - ((1 - level) / 2) ** (1 / n)

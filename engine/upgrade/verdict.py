@@ -46,7 +46,7 @@ from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT
 from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import cell_stats, per_query_from_stats
 from engine.metrics.twoway import top_lists, twoway_bootstraps
-from engine.upgrade.gate import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed
+from engine.upgrade.gate import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed, unchanged_bound
 from engine.upgrade.orders import best_by_area
 from engine.upgrade.words import sentence
 from engine.vocab import parse_metric
@@ -194,6 +194,11 @@ def _check_pair(old: CellFeatures, new: CellFeatures, names: tuple[str, str]) ->
                          "a new-query / old-gallery search needs one feature space")
 
 
+def _same_features(old: CellFeatures, new: CellFeatures) -> bool:
+    """The new model embeds every image exactly as the old one: the population gap is 0, whatever was sampled."""
+    return bool(np.array_equal(old.query, new.query) and np.array_equal(old.gallery, new.gallery))
+
+
 def backfill_needs(old: CellFeatures, new: CellFeatures, *, metric: str, old_self: float,
                    orderings: Sequence[str] = DEFAULT_ORDERINGS, seed: int = DEFAULT_SEED,
                    same_set: bool = False) -> tuple[BackfillNeed, ...]:
@@ -269,6 +274,12 @@ def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] 
                  for name, q, g in (("oo", old, old), ("no", new, old), ("nn", new, new))}
         bounds["compat"], bounds["better"] = twoway_bootstraps(lists["oo"], [lists["no"], lists["nn"]], k=at,
                                                               resamples=resamples, seed=seed, confidence=level)
+    d = (no - oo)[~np.isnan(no - oo)]
+    if len(d) and not np.any(d) and not _same_features(old, new):
+        r = unchanged_bound(len(d), level)
+        bounds["compat"] = (-r, r)
+        notes += (f"no query's score changes but the features differ: the interval is +/-{100 * r:.1f} points, the exact "
+                  f"bound on the share of queries that could change when none of {len(d)} did",)
     compat = compare(no, oo, **settings, rule=rule, bounds=bounds["compat"])
     better = compare(nn, oo, **settings, names=BETTER, bounds=bounds["better"])
     old_self = float(np.nanmean(oo))
