@@ -15,8 +15,8 @@ question than the one a sample of n_g items can estimate. Its standard error is 
 Each configuration is then sampled ``replicates`` times; each sample goes through
 :func:`engine.upgrade.verdict.check_upgrade` (the function check-upgrade calls, default options; the
 backfill curves are skipped: ``orderings=()``, which does not touch the verdict) and, for comparison, the
-query-only interval (``interval="queries"``). A verdict is false when it says "compatible" and the true
-gap is <= 0 (strict ECC), or "not compatible" and the true gap is > 0.
+interval check-upgrade computed before (percentile bootstrap over the queries alone). A verdict is false
+when it says "compatible" and the true gap is <= 0 (strict ECC), or "not compatible" and the true gap is > 0.
 
     OMP_NUM_THREADS=1 python bench/calibrate_verdict.py            # >= 500 scenarios, a few minutes on one core
     python bench/calibrate_verdict.py --configs 2 --replicates 2   # a quick look
@@ -275,7 +275,7 @@ def _cell(pair: tuple[int, int]) -> str:
 def table(outcomes: Sequence[Outcome]) -> str:
     """The per-family and overall table (Markdown)."""
     head = ("| family | scenarios | true gap range (pts) | false compatible | false not compatible | too close, gap >= 2 pts, n >= 2,000 "
-            "| coverage of the 95% interval | coverage, queries only |")
+            "| coverage of the 95% interval | coverage, old interval (queries only) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     groups = {}
     for o in outcomes:

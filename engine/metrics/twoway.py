@@ -156,8 +156,8 @@ def twoway_bootstraps(base: TopLists, others: list[TopLists], *, k: int = 1, res
     variance is ``V_Q + V_G - I`` instead of the pigeonhole's ``~ V_Q + V_G``: ``V_Q`` the query-only variance
     of the mean (sample variance / n), ``V_G`` the variance of the mean over gallery resamples with the queries
     fixed, ``I`` the per-query variance over gallery resamples averaged and divided by n, which both ``V_Q``
-    and ``V_G`` contain (the query x gallery interaction; for hits it is most of the variance, so the raw
-    pigeonhole interval is ~1.4x too wide: 99 % coverage for a 95 % interval in ``bench/calibrate_verdict.py``).
+    and ``V_G`` contain (the query x gallery interaction). On 120 scenarios of ``bench/calibrate_verdict.py`` a
+    95 % interval covered the true gap 99.2 % of the time raw, 98.3 % rescaled, 90.0 % resampling queries only.
     """
     n_q, n_g = base.index.shape[0], base.gallery.shape[0]
     for o in others:
