@@ -274,8 +274,8 @@ def _cell(pair: tuple[int, int]) -> str:
 
 def table(outcomes: Sequence[Outcome]) -> str:
     """The per-family and overall table (Markdown)."""
-    head = ("| family | scenarios | true gap range (pts) | false compatible | false not compatible | too close, gap >= 2 pts, n >= 2,000 "
-            "| coverage of the 95% interval | coverage, old interval (queries only) |")
+    head = ("| family | scenarios | true gap range (pts) | false compatible | false not compatible "
+            "| too close, gap >= 2 pts, n >= 2,000 | coverage of the 95% interval | coverage, old interval (queries only) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     groups = {}
     for o in outcomes:

@@ -182,8 +182,10 @@ def test_no_query_changes_but_the_features_differ_gives_the_exact_zero_change_bo
     """A float16 copy: no sampled query flips, yet the population may; the interval is +/- 1 - 0.025^(1/n)."""
     rng = np.random.default_rng(0)
     labels = np.repeat(np.arange(10), 20)
-    old = CellFeatures(rng.normal(size=(200, 8)) + 3 * np.eye(10, 8)[labels], labels, rng.normal(size=(200, 8)) + 3 * np.eye(10, 8)[labels], labels)
-    new = CellFeatures(old.query.astype(np.float16).astype(np.float64), labels, old.gallery.astype(np.float16).astype(np.float64), labels)
+    centers = 3 * np.eye(10, 8)[labels]
+    old = CellFeatures(rng.normal(size=(200, 8)) + centers, labels, rng.normal(size=(200, 8)) + centers, labels)
+    half = lambda x: x.astype(np.float16).astype(np.float64)  # noqa: E731
+    new = CellFeatures(half(old.query), labels, half(old.gallery), labels)
     report = check_upgrade(old, new, orderings=())
     c, r = report.compatibility, 1 - 0.025 ** (1 / 200)
     assert c.diff == 0 and (c.lo, c.hi) == pytest.approx((-r, r)) and r == pytest.approx(0.0183, abs=1e-4)
@@ -193,3 +195,16 @@ def test_no_query_changes_but_the_features_differ_gives_the_exact_zero_change_bo
     assert wide.verdict == "too close to call"  # -1.8 points < -0.5: 200 unchanged queries do not show it
     assert wide.needed == math.ceil(math.log(0.025) / math.log(1 - 0.005)) == 736  # 736 unchanged queries would
     assert check_upgrade(old, new, orderings=(), margin=2).verdict == "compatible"
+
+
+def test_the_experiment_form_takes_the_rule_too(tmp_path, capsys):
+    from test_upgrade_cli import store_pair
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    old, _ = flip_pair(gains=3, losses=3, same=14)
+    exp = store_pair(url, old, old, names=("v1", "v2"))
+    base = ["check-upgrade", "--experiment", str(exp), "--old-step", "1", "--new-step", "2", "--db", url]
+    assert main(base) == 3 and "no number of queries would decide it" in capsys.readouterr().out
+    assert main([*base, "--ties", "pass"]) == 0
+    assert main([*base, "--margin", "0.5", "--interval", "queries"]) == 0
+    assert "rule: non-inferiority margin 0.5 points" in capsys.readouterr().out
