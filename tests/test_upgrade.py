@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from engine.metrics.compatibility import CellFeatures
-from engine.upgrade.verdict import BackfillNeed, best_ordering, check_upgrade
+from engine.upgrade.verdict import BackfillNeed, backfill_needs, best_ordering, check_upgrade
 
 CLASSES, PER, DIM = 10, 20, 16
 
@@ -65,7 +65,7 @@ def bootstrap_by_hand(d: np.ndarray, *, resamples: int = 20000, level: float = 0
 
 def test_compatible_pair_matches_a_bootstrap_by_hand():
     old, new = compatible_pair()
-    report = check_upgrade(old, new, names=("v1", "v2"))
+    report = check_upgrade(old, new, names=("v1", "v2"), interval="queries")
     d = hits(new, old) - hits(old, old)
     assert report.verdict == "compatible" and report.better.verdict == "better"
     assert report.compatibility.diff == pytest.approx(d.mean(), abs=1e-12)
@@ -93,15 +93,16 @@ def test_incompatible_pair_and_its_backfill():
 
 def test_too_close_to_call():
     old, new = close_pair()
-    report = check_upgrade(old, new, names=("v1", "v2"), seed=7)
+    report = check_upgrade(old, new, names=("v1", "v2"), seed=7, interval="queries")
     d = hits(new, old) - hits(old, old)
     assert sorted(d) == [-1.0] * 10 + [1.0] * 10
     c = report.compatibility
     assert report.verdict == "too close to call" and c.diff == 0 and c.lo < 0 < c.hi
     lo, hi = bootstrap_by_hand(d)
     assert (c.lo, c.hi) == pytest.approx((lo, hi), abs=0.06)  # steps of 0.1 on 20 queries
-    assert check_upgrade(old, new, names=("v1", "v2"), seed=7).compatibility == c  # seeded
-    narrow = check_upgrade(old, new, names=("v1", "v2"), seed=7, level=0.5, resamples=200).compatibility
+    assert check_upgrade(old, new, names=("v1", "v2"), seed=7, interval="queries").compatibility == c  # seeded
+    assert c.needed is None  # mean difference exactly 0: no number of queries decides it
+    narrow = check_upgrade(old, new, names=("v1", "v2"), seed=7, level=0.5, resamples=200, interval="queries").compatibility
     assert c.lo < narrow.lo <= narrow.hi < c.hi
     assert report.sentence().startswith("Too close to call whether v2 is compatible with v1")
 
@@ -118,14 +119,15 @@ def test_backfill_fractions_on_a_hand_computed_gallery():
     old = CellFeatures(np.stack([e[0], e[0]]), labels, np.stack([e[0], e[1]]), labels)
     new = CellFeatures(np.stack([e[2] + 0.1 * e[1] + 0.01 * e[3], e[3] + 0.1 * e[0] + 0.01 * e[2]]), labels,
                        np.stack([e[2], e[3]]), labels)
-    report = check_upgrade(old, new, names=("v1", "v2"))
+    report = check_upgrade(old, new, names=("v1", "v2"), interval="queries")
     assert (report.old_old, report.new_old, report.new_new) == (0.5, 0.0, 1.0)
-    assert report.verdict == "not compatible"  # interval [-1, 0]: the strict ECC fails and it never goes above 0
-    for need in report.backfill:
+    assert report.verdict == "too close to call"  # interval [-1, 0] ends on 0: two queries cannot decide it
+    needs = backfill_needs(old, new, metric="recall@1", old_self=report.old_old)
+    for need in needs:
         assert need.values == [0.0] * 5 + [0.5] * 10 + [1.0] * 6
         assert need.area == pytest.approx(0.0125 + 9 * 0.025 + 0.0375 + 5 * 0.05)  # 0.525
         assert need.to_old_self == pytest.approx(0.25) and need.to_new_self == pytest.approx(0.75)
-    assert report.best_ordering == "random"  # equal areas: the first listed
+    assert best_ordering(needs) == "random"  # equal areas: the first listed
 
 
 def test_best_ordering_is_the_largest_area_not_the_earliest_reach():

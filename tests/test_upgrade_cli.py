@@ -29,7 +29,9 @@ def test_exit_code_is_the_verdict(tmp_path, capsys, pair, code, verdict):
     assert main(["check-upgrade", "--features", str(folder), "--name", "v1", "--name", "v2", "--json", str(out)]) == code
     report = json.loads(out.read_text())
     assert report["verdict"] == verdict and report["old_name"] == "v1" and report["new_name"] == "v2"
-    assert report["bootstrap"] == {"method": "percentile", "paired_over": "queries", "resamples": 1000, "level": 0.95, "seed": 0}
+    assert report["bootstrap"] == {"method": "percentile", "paired_over": "queries and gallery items", "resamples": 1000,
+                                   "level": 0.95, "seed": 0}
+    assert report["rule"] == "strict ECC (cross-test > self-test, the papers' rule)"
     assert capsys.readouterr().out.splitlines()[0] == report["sentence"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "report.json"]
 

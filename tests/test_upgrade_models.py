@@ -69,13 +69,19 @@ def test_report_equals_the_features_form_on_the_same_embedded_features(tmp_path,
     assert from_models["experiment_id"] is None  # no --db: nothing stored
 
 
-def test_the_same_model_twice_is_not_compatible_with_equal_cells(tmp_path, pair, capsys):
-    """Identical outcomes for every query: the paired interval is the point [0, 0] and the strict ECC fails."""
+def test_the_same_model_twice_is_a_tie_with_equal_cells(tmp_path, pair, capsys):
+    """Identical outcomes for every query: the paired interval is the point [0, 0]; strict ECC names it a tie (too
+    close to call, exit 3), a margin or ties passing accept it (exit 0)."""
     models, dataset = pair
     shutil.copy(tmp_path / "old.pt", tmp_path / "copy.pt")
     out = tmp_path / "r.json"
-    assert main(_argv([models[0], f"{tmp_path / 'copy.pt'}:small_cnn"], dataset, "--json", str(out))) == 1
+    same = [models[0], f"{tmp_path / 'copy.pt'}:small_cnn"]
+    assert main(_argv(same, dataset, "--margin", "0.5")) == 0
+    assert main(_argv(same, dataset, "--ties", "pass")) == 0
+    capsys.readouterr()
+    assert main(_argv(same, dataset, "--json", str(out))) == 3
     report = json.loads(out.read_text())
+    assert report["compatibility"]["tie"] is True
     assert report["old_old"] == report["new_old"] == report["new_new"]
     assert report["compatibility"]["diff"] == report["compatibility"]["lo"] == report["compatibility"]["hi"] == 0
     assert (report["old_name"], report["new_name"]) == ("old", "copy")  # default names: the file names

@@ -15,6 +15,7 @@ from engine.contract import DEFAULT_ORDERINGS
 from engine.data import roots
 from engine.results.json_file import write_json_atomic
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
+from engine.upgrade.gate import DEFAULT_INTERVAL, INTERVALS, TIE_RULES
 
 if TYPE_CHECKING:
     from engine.upgrade.verdict import UpgradeReport
@@ -22,7 +23,10 @@ if TYPE_CHECKING:
 EXIT_CODES = {"compatible": 0, "not compatible": 1, "too close to call": 3}
 DESCRIPTION = """\
 Is the new model compatible with the old one (paper 002's ECC: new queries against the old gallery score
-above the old model's self-test), with a paired percentile bootstrap over queries; is it better on its own;
+above the old model's self-test), with a paired percentile bootstrap over queries and gallery items (--interval);
+the rule is strict ECC unless --ties pass (equal scores pass) or --margin POINTS (non-inferiority: compatible
+when the interval's lower end is above minus the margin); a too-close call prints the queries that would
+decide it; is it better on its own;
 and, if not compatible, how much of the gallery to re-embed (best backfilling order by area under its curve).
 Three forms: --features DIR (step_1.npz = old, step_2.npz = new, the folder format of 'evaluate') or
 --experiment ID --old-step A --new-step B [--view V] [--db URL] (two steps of any stored experiment: a training
@@ -58,6 +62,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--level", type=float, default=DEFAULT_CONFIDENCE,
                    help=f"confidence level of the interval (default {DEFAULT_CONFIDENCE})")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the bootstrap and of the random backfilling order")
+    p.add_argument("--margin", type=float, default=0.0, metavar="POINTS",
+                   help="non-inferiority margin in points: compatible when the interval's lower end is above -POINTS "
+                        "(default 0: the papers' strict ECC)")
+    p.add_argument("--ties", choices=TIE_RULES, default="fail",
+                   help="a cross-test equal to the self-test: fail (strict >, the papers' rule, default) or pass (>=)")
+    p.add_argument("--interval", choices=tuple(INTERVALS), default=DEFAULT_INTERVAL,
+                   help="what the bootstrap resamples: two-way = queries and gallery items (default; recall@k, mAP falls "
+                        "back to queries), queries = queries only (the gallery taken as fixed)")
     p.add_argument("--same-set", action="store_true", help="queries are the gallery images: exclude each query's own image")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the report as JSON (atomically)")
     roots.add_arguments(p)
@@ -139,11 +151,22 @@ def _check_models(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRepo
                     "view": args.view, "experiment_id": experiment_id, "notes": notes}
 
 
+def needed_line(needed: int | None, n: int) -> str:
+    """The queries that would resolve a too-close call, with the assumption behind the number."""
+    if needed is None:
+        return ("no number of queries would decide it: the mean paired difference sits exactly on the rule's "
+                "threshold (a tie); a margin (--margin) or --ties pass can accept it")
+    return (f"about {needed:,} queries ({n:,} now) would decide it, assuming the mean paired difference and its "
+            "per-query spread stay as observed (normal approximation: n = ceil((z * sd / |mean - threshold|)^2); the "
+            "gallery's own sampling noise is not in this number, so grow the gallery with the queries)")
+
+
 def cmd_check_upgrade(args: argparse.Namespace) -> int:
     """Print the verdict sentence and the numbers; the exit code is the verdict's."""
     if args.json is not None:
         _check_json_target(args.json)  # refused before any work, so nothing is half-done
-    settings = {"metric": args.metric, "resamples": args.resamples, "level": args.level, "seed": args.seed}
+    settings = {"metric": args.metric, "resamples": args.resamples, "level": args.level, "seed": args.seed,
+                "margin": args.margin, "ties": args.ties, "interval": args.interval}
     if args.experiment is not None:
         report, source = _check_experiment(args, settings)
     elif args.models is not None:
@@ -158,7 +181,11 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
              f"({report.n_queries} queries, {report.n_no_positive} without a positive; {report.n_gallery} gallery items)",
              f"  compatibility diff {c.diff:+.4f} [{c.lo:+.4f}, {c.hi:+.4f}] -> {c.verdict}; "
              f"on its own diff {b.diff:+.4f} [{b.lo:+.4f}, {b.hi:+.4f}] -> {b.verdict} "
-             f"(paired percentile bootstrap, {report.resamples} resamples, level {report.level:g}, seed {report.seed})"]
+             f"(paired percentile bootstrap over {INTERVALS[report.interval]}, {report.resamples} resamples, "
+             f"level {report.level:g}, seed {report.seed})",
+             f"  rule: {report.rule.name}"]
+    if c.verdict == "too close to call":
+        lines.append(f"  queries needed: {needed_line(c.needed, c.n)}")
     lines += [f"  backfill {need.ordering:<16} area {need.area:.4f}  to reach {report.old_name}'s self-test "
               f"{reach(need.to_old_self)}, {report.new_name}'s {reach(need.to_new_self)}"
               + ("  (best)" if need.ordering == report.best_ordering else "") for need in report.backfill]
@@ -167,5 +194,5 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
             write_json_atomic(args.json, {**source, **report.to_json()}, allow_nan=False)
         except OSError as exc:
             raise ValueError(f"--json {args.json}: cannot write ({exc.strerror or type(exc).__name__})") from None
-    print("\n".join(lines + [f"  note: {n}" for n in source.get("notes", [])]))
+    print("\n".join(lines + [f"  note: {n}" for n in (*report.notes, *source.get("notes", []))]))
     return EXIT_CODES[report.verdict]

@@ -21,7 +21,7 @@ from engine.checkpoints.request import comparison_spec
 from engine.checkpoints.store import store_comparison
 from engine.features import DERIVED_VIEWS, cell_features
 from engine.metrics.compatibility import CellFeatures
-from engine.upgrade.verdict import UpgradeReport, check_settings, check_upgrade
+from engine.upgrade.verdict import DEFAULT_INTERVAL, UpgradeReport, check_settings, check_upgrade
 
 
 def comparison_pair(cmp: Comparison, view: str) -> tuple[CellFeatures, CellFeatures]:
@@ -42,7 +42,8 @@ def comparison_pair(cmp: Comparison, view: str) -> tuple[CellFeatures, CellFeatu
 
 
 def check_models(spec: Mapping[str, Any], *, view: str = "encoder", names: Sequence[str] | None = None,
-                 metric: str = "recall@1", resamples: int, level: float, seed: int,
+                 metric: str = "recall@1", resamples: int, level: float, seed: int, margin: float = 0.0,
+                 ties: str = "fail", interval: str = DEFAULT_INTERVAL,
                  db: Engine | None = None) -> tuple[UpgradeReport, Comparison, int | None]:
     """The verdict of the second model of ``spec`` over the first on its images; stored in ``db`` when given.
 
@@ -55,7 +56,8 @@ def check_models(spec: Mapping[str, Any], *, view: str = "encoder", names: Seque
         raise ValueError(f"check-upgrade compares two models: --model OLD --model NEW; got {len(checked.models)} --model")
     labels = list(names) if names else model_labels(checked.models)
     try:
-        labels, metric = check_settings(labels, metric=metric, resamples=resamples, level=level)
+        labels, metric = check_settings(labels, metric=metric, resamples=resamples, level=level, margin=margin, ties=ties,
+                                        interval=interval)
     except ValueError as exc:
         raise ValueError(f"{exc}{'' if names else ' (the names come from the file names; give --name OLD --name NEW)'}") from None
     checked = dataclasses.replace(checked, models=tuple(dataclasses.replace(m, label=n)
@@ -63,7 +65,7 @@ def check_models(spec: Mapping[str, Any], *, view: str = "encoder", names: Seque
     cmp = compare_checkpoints(checked)
     old, new = comparison_pair(cmp, view)
     report = check_upgrade(old, new, names=labels, metric=metric, resamples=resamples, level=level, seed=seed,
-                           same_set=cmp.same_set)
+                           same_set=cmp.same_set, margin=margin, ties=ties, interval=interval)
     experiment_id = store_comparison(db, cmp) if db is not None else None
     return report, cmp, experiment_id
 

@@ -7,19 +7,24 @@ cells) and carries a confidence interval:
 
 * per-query scores of three cells, old/old, new/old and new/new, each from one neighbour pass of the
   evaluation core (hit@k, or AP, with NaN for a query without a positive in the gallery);
-* the mean difference new/old - old/old with a seeded **percentile** paired bootstrap over the queries
-  (:func:`engine.metrics.paired.paired_bootstrap`); verdict ``compatible`` when the interval lies above 0
-  (and the strict ECC passes), ``not compatible`` when it lies below 0 (or the strict ECC fails and it
-  does not reach above 0, e.g. identical outcomes: the point [0, 0]), ``too close to call`` otherwise;
-* the same test of new/new against old/old: is the new model better on its own?
+* the mean difference new/old - old/old with a seeded **percentile** paired bootstrap: by default over the
+  queries *and* the gallery items (:mod:`engine.metrics.twoway`, Recall@k; the gallery is a sample too, and
+  resampling queries alone covers the population gap ~90 % of the time for a 95 % interval,
+  ``bench/calibrate_verdict.py``), else over the queries (``interval="queries"``, and always for mAP:
+  :func:`engine.metrics.paired.paired_bootstrap`);
+* the verdict under a rule (:mod:`engine.upgrade.gate`): strict ECC by default (``compatible`` when the
+  interval lies above 0 and the point passes, ``not compatible`` when it lies below 0, ``too close to call``
+  otherwise, with the queries that would decide it; an exact tie, the point [0, 0], is too close to call
+  and flagged), ties passing (>=), or a non-inferiority ``margin`` in points;
+* the same test of new/new against old/old: is the new model better on its own (the matrices' strict rule)?
 * when not compatible, the partial-backfill curves (new queries, gallery re-embedded item by item) of
   each ordering, the fraction of the gallery each needs to reach the old and the new self-test, and the
   best ordering: the one with the **largest** area under its curve (M-tilde, trapezoid over 0..1).
 
 Why the percentile bootstrap: the statistic is a mean of bounded per-query differences (hits: -1, 0, 1;
 APs: in [-1, 1]) over hundreds of queries; the percentile interval needs no variance formula, stays inside
-the statistic's range (the "basic" interval need not), and is the interval the compatibility matrices'
-per-cell verdicts use, so this check and the matrix page never disagree on one cell. BCa would correct
+the statistic's range (the "basic" interval need not), and with ``interval="queries"`` it is the interval the
+compatibility matrices' per-cell verdicts use (they resample queries only). BCa would correct
 bias and skew, but needs a jackknife (one mean per left-out query) and, for a mean of bounded
 differences at these sizes, moves the ends by less than the Monte-Carlo noise of 1,000 resamples.
 
@@ -40,6 +45,8 @@ from engine.metrics.compatibility import CellFeatures
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, paired_bootstrap
 from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import cell_stats, per_query_from_stats
+from engine.metrics.twoway import top_lists, twoway_bootstraps
+from engine.upgrade.gate import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed, unchanged_bound
 from engine.upgrade.orders import best_by_area
 from engine.upgrade.words import sentence
 from engine.vocab import parse_metric
@@ -60,6 +67,8 @@ class Comparison:
     hi: float
     n: int  # queries scored in both cells
     verdict: str
+    tie: bool = False  # every paired difference sits on the rule's threshold (an unchanged model under strict ECC)
+    needed: int | None = None  # too close to call: queries that would decide it (None: no number would)
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,14 @@ class UpgradeReport:
     same_set: bool
     backfill: tuple[BackfillNeed, ...] = ()
     best_ordering: str | None = None
+    margin: float = 0.0  # points; > 0: non-inferiority
+    ties: str = "fail"
+    interval: str = "queries"  # what the bootstrap resampled (a key of INTERVALS)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def rule(self) -> Rule:
+        return Rule(self.margin, self.ties)
 
     @property
     def verdict(self) -> str:
@@ -109,8 +126,9 @@ class UpgradeReport:
         data = json_ready(asdict(self))
         data["verdict"] = self.verdict
         data["sentence"] = self.sentence()
-        data["bootstrap"] = {"method": BOOTSTRAP, "paired_over": "queries", "resamples": self.resamples,
+        data["bootstrap"] = {"method": BOOTSTRAP, "paired_over": INTERVALS[self.interval], "resamples": self.resamples,
                              "level": self.level, "seed": self.seed}
+        data["rule"] = self.rule.name
         return data
 
 
@@ -127,16 +145,27 @@ def per_query_scores(query: np.ndarray, query_labels: np.ndarray, gallery: np.nd
 
 
 def compare(a: np.ndarray, b: np.ndarray, *, resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_CONFIDENCE,
-            seed: int = DEFAULT_SEED, names: dict[str, str] = COMPATIBILITY) -> Comparison:
+            seed: int = DEFAULT_SEED, names: dict[str, str] = COMPATIBILITY, rule: Rule | None = None,
+            bounds: tuple[float, float] | None = None) -> Comparison:
     """Is the mean of ``a`` above the mean of ``b`` (paired by position)? Percentile paired bootstrap.
 
-    ``names`` maps the paired test's pass / fail / unresolved to the words of the verdict.
+    ``names`` maps the paired test's pass / fail / unresolved to the words of the verdict. ``rule`` (the upgrade
+    gate, :mod:`engine.upgrade.gate`) also sizes a too-close call; without it the matrices' strict verdict
+    applies. ``bounds`` is an interval computed elsewhere (the two-way bootstrap); else queries are resampled.
     """
-    diff, lo, hi = paired_bootstrap(a, b, resamples=resamples, seed=seed, confidence=level)
-    n = int(np.sum(~np.isnan(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+    d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+    n = int(np.sum(~np.isnan(d)))
     if n == 0:
         raise ValueError("no query has a positive in the gallery: nothing to compare")
-    return Comparison(diff, lo, hi, n, names[paired_verdict(lo, hi, bool(np.nanmean(a) > np.nanmean(b)))])
+    if bounds is None:
+        diff, lo, hi = paired_bootstrap(a, b, resamples=resamples, seed=seed, confidence=level)
+    else:
+        diff, (lo, hi) = float(np.nanmean(d)), bounds
+    if rule is None:
+        return Comparison(diff, lo, hi, n, names[paired_verdict(lo, hi, bool(np.nanmean(a) > np.nanmean(b)))])
+    verdict, tie = decide(diff, lo, hi, rule)
+    needed = queries_needed(d, level=level, rule=rule) if verdict == "unresolved" else None
+    return Comparison(diff, lo, hi, n, names[verdict], tie, needed)
 
 
 def check_names(names: Sequence[str]) -> tuple[str, str]:
@@ -165,6 +194,11 @@ def _check_pair(old: CellFeatures, new: CellFeatures, names: tuple[str, str]) ->
                          "a new-query / old-gallery search needs one feature space")
 
 
+def _same_features(old: CellFeatures, new: CellFeatures) -> bool:
+    """The new model embeds every image exactly as the old one: the population gap is 0, whatever was sampled."""
+    return bool(np.array_equal(old.query, new.query) and np.array_equal(old.gallery, new.gallery))
+
+
 def backfill_needs(old: CellFeatures, new: CellFeatures, *, metric: str, old_self: float,
                    orderings: Sequence[str] = DEFAULT_ORDERINGS, seed: int = DEFAULT_SEED,
                    same_set: bool = False) -> tuple[BackfillNeed, ...]:
@@ -190,7 +224,8 @@ def best_ordering(needs: Sequence[BackfillNeed]) -> str | None:
     return best_by_area({n.ordering: n.area for n in needs})
 
 
-def check_settings(names: Sequence[str], *, metric: str, resamples: int, level: float) -> tuple[tuple[str, str], str]:
+def check_settings(names: Sequence[str], *, metric: str, resamples: int, level: float, margin: float = 0.0,
+                   ties: str = "fail", interval: str = DEFAULT_INTERVAL) -> tuple[tuple[str, str], str]:
     """The checked names and the normalised metric of :func:`check_upgrade`; ``ValueError`` with one sentence otherwise.
 
     Callers that must embed images first (``check-upgrade --model``) call it before that work.
@@ -202,31 +237,55 @@ def check_settings(names: Sequence[str], *, metric: str, resamples: int, level: 
         raise ValueError(f"resamples must be a positive integer, got {resamples!r}")
     if not 0 < level < 1:
         raise ValueError(f"the confidence level must lie strictly between 0 and 1, got {level!r}")
+    Rule(margin, ties)
+    if interval not in INTERVALS:
+        raise ValueError(f"unknown interval {interval!r}; use one of {', '.join(INTERVALS)}")
     return checked, metric
 
 
 def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] = ("old", "new"), metric: str = "recall@1",
                   resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_SEED,
-                  same_set: bool = False, orderings: Sequence[str] = DEFAULT_ORDERINGS) -> UpgradeReport:
+                  same_set: bool = False, orderings: Sequence[str] = DEFAULT_ORDERINGS, margin: float = 0.0,
+                  ties: str = "fail", interval: str = DEFAULT_INTERVAL) -> UpgradeReport:
     """The upgrade verdict of ``new`` over ``old`` on one image set (see the module docstring).
 
-    Both bootstraps draw from a generator seeded by ``seed``. Raises ``ValueError`` with one sentence for
-    any input it cannot judge.
+    Both bootstraps draw from a generator seeded by ``seed``. ``margin`` (points) and ``ties`` pick the rule
+    (:class:`engine.upgrade.gate.Rule`; strict ECC by default); ``interval`` what the bootstrap resamples
+    (``two-way``: queries and gallery items, for Recall@k; mAP falls back to queries, with a note). Raises
+    ``ValueError`` with one sentence for any input it cannot judge.
     """
-    (old_name, new_name), metric = check_settings(names, metric=metric, resamples=resamples, level=level)
+    (old_name, new_name), metric = check_settings(names, metric=metric, resamples=resamples, level=level, margin=margin,
+                                                  ties=ties, interval=interval)
     _check_pair(old, new, (old_name, new_name))
+    rule = Rule(margin, ties)
+    kind, at = parse_metric(metric, pairs=False)
+    notes: tuple[str, ...] = ()
+    if interval == "two-way" and kind != "recall":
+        interval, notes = "queries", (f"the gallery resample covers recall@k; this {metric} interval resamples queries only",)
 
     def cell(q: CellFeatures, g: CellFeatures) -> np.ndarray:
         return per_query_scores(q.query, q.query_labels, g.gallery, g.gallery_labels, metric=metric, same_set=same_set)
 
     oo, no, nn = cell(old, old), cell(new, old), cell(new, new)
     settings = {"resamples": resamples, "level": level, "seed": seed}
-    compat = compare(no, oo, **settings)
-    better = compare(nn, oo, **settings, names=BETTER)
+    bounds: dict[str, tuple[float, float] | None] = {"compat": None, "better": None}
+    if interval == "two-way":
+        lists = {name: top_lists(q.query, q.query_labels, g.gallery, g.gallery_labels, depth=16 + 4 * at, same_set=same_set)
+                 for name, q, g in (("oo", old, old), ("no", new, old), ("nn", new, new))}
+        bounds["compat"], bounds["better"] = twoway_bootstraps(lists["oo"], [lists["no"], lists["nn"]], k=at,
+                                                              resamples=resamples, seed=seed, confidence=level)
+    d = (no - oo)[~np.isnan(no - oo)]
+    if len(d) and not np.any(d) and not _same_features(old, new):
+        r = unchanged_bound(len(d), level)
+        bounds["compat"] = (-r, r)
+        notes += (f"no query's score changes but the features differ: the interval is +/-{100 * r:.1f} points, the exact "
+                  f"bound on the share of queries that could change when none of {len(d)} did",)
+    compat = compare(no, oo, **settings, rule=rule, bounds=bounds["compat"])
+    better = compare(nn, oo, **settings, names=BETTER, bounds=bounds["better"])
     old_self = float(np.nanmean(oo))
     needs = backfill_needs(old, new, metric=metric, old_self=old_self, orderings=orderings, seed=seed,
                            same_set=same_set) if compat.verdict == COMPATIBILITY["fail"] else ()
     n_no_pos = int(np.isnan(oo).sum())
     return UpgradeReport(old_name, new_name, metric, old_self, float(np.nanmean(no)), float(np.nanmean(nn)),
                          len(oo), n_no_pos, len(old.gallery_labels), compat, better, resamples, level, seed, same_set,
-                         needs, best_ordering(needs))
+                         needs, best_ordering(needs), float(margin), ties, interval, notes)

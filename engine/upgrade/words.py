@@ -5,6 +5,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.results.conventions import metric_name
+from engine.upgrade.gate import Rule
 
 HEADS = {"compatible": "{new} is compatible with {old}", "not compatible": "{new} is not compatible with {old}",
          "too close to call": "Too close to call whether {new} is compatible with {old}"}
@@ -34,6 +35,11 @@ def interval(c: Mapping[str, Any], level: float) -> str:
     return f"{100 * c['diff']:+.1f} points, {100 * level:g}% CI {100 * c['lo']:+.1f} to {100 * c['hi']:+.1f}"
 
 
+def rule_name(margin: float, ties: str) -> str:
+    """The verdict's rule in words (strict ECC, ties passing, or a non-inferiority margin)."""
+    return Rule(margin, ties).name
+
+
 def sentence(report: Mapping[str, Any]) -> str:
     """The verdict in one sentence, then one on the new model alone and, when not compatible, one on backfilling.
 
@@ -45,6 +51,11 @@ def sentence(report: Mapping[str, Any]) -> str:
            f"{pct(report['new_old'])} vs {pct(report['old_old'])} for {old} alone ({interval(c, level)} over {c['n']} queries).",
            f"On its own {new} scores {pct(report['new_new'])} vs {pct(report['old_old'])} ({interval(b, level)}): "
            + ALONE[b["verdict"]].format(old=old)]
+    if c.get("tie"):
+        out.append(f"Every query scores the same with {new} as with {old}: a tie, which the papers' strict ECC (the "
+                   "cross-test must score above the self-test) cannot pass; a margin or ties passing accepts it.")
+    if report.get("margin") or report.get("ties") == "pass":
+        out.append(f"Rule: {rule_name(report.get('margin') or 0.0, report.get('ties') or 'fail')}.")
     if report.get("best_ordering") is not None:
         best = next(n for n in report["backfill"] if n["ordering"] == report["best_ordering"])
         out.append(f"Backfilling in order {best['ordering']} (largest area under the curve, {pct(best['area'])}) "
