@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.metrics.compatibility import CellFeatures  # noqa: E402
-from engine.upgrade.gate import Rule  # noqa: E402
+from engine.upgrade.rule import Rule  # noqa: E402
 from engine.upgrade.verdict import compare, per_query_scores, check_upgrade  # noqa: E402
 
 DIM = 16

@@ -15,7 +15,7 @@ from engine.contract import DEFAULT_ORDERINGS
 from engine.data import roots
 from engine.results.json_file import write_json_atomic
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
-from engine.upgrade.gate import DEFAULT_INTERVAL, INTERVALS, TIE_RULES
+from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, TIE_RULES
 
 if TYPE_CHECKING:
     from engine.upgrade.verdict import UpgradeReport

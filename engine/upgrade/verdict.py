@@ -12,7 +12,7 @@ cells) and carries a confidence interval:
   resampling queries alone covers the population gap ~90 % of the time for a 95 % interval,
   ``bench/calibrate_verdict.py``), else over the queries (``interval="queries"``, and always for mAP:
   :func:`engine.metrics.paired.paired_bootstrap`);
-* the verdict under a rule (:mod:`engine.upgrade.gate`): strict ECC by default (``compatible`` when the
+* the verdict under a rule (:mod:`engine.upgrade.rule`): strict ECC by default (``compatible`` when the
   interval lies above 0 and the point passes, ``not compatible`` when it lies below 0, ``too close to call``
   otherwise, with the queries that would decide it; an exact tie, the point [0, 0], is too close to call
   and flagged), ties passing (>=), or a non-inferiority ``margin`` in points;
@@ -46,7 +46,7 @@ from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT
 from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import cell_stats, per_query_from_stats
 from engine.metrics.twoway import top_lists, twoway_bootstraps
-from engine.upgrade.gate import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed, unchanged_bound
+from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed, unchanged_bound
 from engine.upgrade.orders import best_by_area
 from engine.upgrade.words import sentence
 from engine.vocab import parse_metric
@@ -150,7 +150,7 @@ def compare(a: np.ndarray, b: np.ndarray, *, resamples: int = DEFAULT_RESAMPLES,
     """Is the mean of ``a`` above the mean of ``b`` (paired by position)? Percentile paired bootstrap.
 
     ``names`` maps the paired test's pass / fail / unresolved to the words of the verdict. ``rule`` (the upgrade
-    gate, :mod:`engine.upgrade.gate`) also sizes a too-close call; without it the matrices' strict verdict
+    gate, :mod:`engine.upgrade.rule`) also sizes a too-close call; without it the matrices' strict verdict
     applies. ``bounds`` is an interval computed elsewhere (the two-way bootstrap); else queries are resampled.
     """
     d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
@@ -250,7 +250,7 @@ def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] 
     """The upgrade verdict of ``new`` over ``old`` on one image set (see the module docstring).
 
     Both bootstraps draw from a generator seeded by ``seed``. ``margin`` (points) and ``ties`` pick the rule
-    (:class:`engine.upgrade.gate.Rule`; strict ECC by default); ``interval`` what the bootstrap resamples
+    (:class:`engine.upgrade.rule.Rule`; strict ECC by default); ``interval`` what the bootstrap resamples
     (``two-way``: queries and gallery items, for Recall@k; mAP falls back to queries, with a note). Raises
     ``ValueError`` with one sentence for any input it cannot judge.
     """

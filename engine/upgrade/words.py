@@ -5,7 +5,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.results.conventions import metric_name
-from engine.upgrade.gate import Rule
+from engine.upgrade.rule import Rule
 
 HEADS = {"compatible": "{new} is compatible with {old}", "not compatible": "{new} is not compatible with {old}",
          "too close to call": "Too close to call whether {new} is compatible with {old}"}

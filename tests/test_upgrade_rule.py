@@ -11,7 +11,7 @@ import pytest
 from engine.cli import main
 from engine.metrics.compatibility import CellFeatures
 from engine.metrics.twoway import resampled_hits, top_lists, twoway_bootstraps
-from engine.upgrade.gate import Rule, decide, queries_needed
+from engine.upgrade.rule import Rule, decide, queries_needed
 from engine.upgrade.verdict import check_upgrade
 
 STRICT, TIES, MARGIN = Rule(), Rule(ties="pass"), Rule(margin=0.5)
