@@ -140,22 +140,34 @@ def browser():
         b.close()
 
 
+def script_done(page: Page) -> None:
+    """Wait until no script run (page or fragment) is in progress: the app's own run state, which the status widget
+    shows only after a delay (a page screenshotted on that widget alone can be a title and nothing else)."""
+    expect(page.locator('[data-testid="stApp"]')).to_have_attribute("data-test-script-state", "notRunning",
+                                                                     timeout=UI_TIMEOUT_MS)
+
+
 def settle(page: Page) -> None:
-    """Wait until the page's script has run: a title is shown, no 'running' widget, spinner or placeholder left."""
+    """Wait until the page's script has run: a title is shown, the run is over, no 'running' widget, spinner or
+    placeholder left."""
     expect(page.locator('[data-testid="stMain"] h1').first).to_be_visible(timeout=UI_TIMEOUT_MS)
+    script_done(page)
     expect(page.locator('[data-testid="stStatusWidget"], [data-testid="stSpinner"], [data-testid="stSkeleton"]')
            ).to_have_count(0, timeout=UI_TIMEOUT_MS)
 
 
 def charts_drawn(page: Page) -> None:
-    """Wait until every Vega-Lite chart on the page has drawn something with a size."""
+    """Wait until every Vega-Lite chart on the page has drawn something with a size (those in a closed expander are
+    drawn when it opens)."""
     page.wait_for_function(
         "() => Array.from(document.querySelectorAll('[data-testid=stVegaLiteChart]')).every(e =>"
-        " e.getBoundingClientRect().height > 0 && e.querySelector('canvas, svg') !== null)", timeout=UI_TIMEOUT_MS)
+        " e.closest('details:not([open])') !== null ||"
+        " (e.getBoundingClientRect().height > 0 && e.querySelector('canvas, svg') !== null))", timeout=UI_TIMEOUT_MS)
 
 
 def check_page(page: Page, name: str, shots: Path) -> None:
     """No exception on the page, every chart drawn, no user text rendered as an image; then a screenshot."""
+    script_done(page)
     charts_drawn(page)
     page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
     errors = page.locator('[data-testid="stException"]')
