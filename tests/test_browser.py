@@ -1,10 +1,13 @@
-"""End to end in a real browser: ``python run_app.py`` (worker + dashboard) driven with Playwright + Chromium.
+"""End to end in a real browser: ``python run_app.py`` (workers + dashboard) driven with Playwright + Chromium.
 
-Launches a tiny study from the New-experiment form (digits, 2 steps, 1 epoch, 1 method), waits for the
-engine worker to finish it, then opens every page, computes a feature map, the upgrade verdict and backfilling
-curves through the worker, hovers a map point (its thumbnail shows in the tooltip), clicks it (the neighbours
-follow, with images), downloads the map as PNG, and checks that no page shows an exception and every chart has
-a size. Screenshots go to
+The app is started with the README's command as a service manager or an IDE runs it (no terminal: stdin closed, its
+own session, output to a log file, an empty HOME, no display, so no browser is opened). Launches a tiny study from
+the New-experiment form (digits, 2 steps, 1 epoch, 1 method), waits for the engine worker to finish it, then opens
+every page, computes a feature map, the upgrade verdict and backfilling curves through the worker, hovers a map point
+(its thumbnail shows in the tooltip), clicks it (the neighbours follow, with images), downloads the map as PNG, and
+checks that no page shows an exception and every chart has a size. Then a study with three seeds (mean and std on
+Compatibility, checked against the stored matrices), Cancel with its confirmation dialog on the Overview, and the
+offline pretrained sequence from the Checkpoints page. Screenshots go to
 ``$COMPATLAB_SCREENSHOTS`` (default: ``screenshots/`` at the repository root, git-ignored).
 
 Needs /usr/bin/chromium (``apt-get install chromium``) and the ``playwright`` package; Playwright never
@@ -22,6 +25,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -60,7 +64,8 @@ if _missing():
 from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
 from playwright.sync_api import TimeoutError as PlaywrightTimeout  # noqa: E402
 
-from storage import create_experiment, get_engine, list_jobs, session_scope, set_experiment_status  # noqa: E402
+from storage import (Job, create_experiment, get_engine, list_experiments, list_jobs, load_matrices,  # noqa: E402
+                     session_scope, set_experiment_status)
 
 
 def _free_port() -> int:
@@ -81,14 +86,27 @@ def _healthy(base: str) -> bool:
         return False
 
 
+def _no_terminal_env(home: Path) -> dict[str, str]:
+    """This environment as a service manager or an IDE's run button gives it: an empty HOME (no
+    ~/.streamlit/credentials.toml), no display and no ``$BROWSER`` (so run_app.py opens none)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME")}
+    return {**env, "HOME": str(home)}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """The README's start command (``python run_app.py``; only the port, the database and --no-demo added) with no
+    terminal: stdin closed, its own session, output to a log file, an empty HOME."""
     tmp = tmp_path_factory.mktemp("browser")
+    home = tmp / "home"
+    home.mkdir()
     port, url = _free_port(), f"sqlite:///{tmp / 'browser.db'}"
     log = tmp / "run_app.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "run_app.py", "--no-browser", "--no-demo", "--port", str(port),
-                                 "--db", url], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "run_app.py", "--port", str(port), "--db", url, "--no-demo"],
+                                cwd=ROOT, env=_no_terminal_env(home), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
     while not _healthy(base):
@@ -122,22 +140,34 @@ def browser():
         b.close()
 
 
+def script_done(page: Page) -> None:
+    """Wait until no script run (page or fragment) is in progress: the app's own run state, which the status widget
+    shows only after a delay (a page screenshotted on that widget alone can be a title and nothing else)."""
+    expect(page.locator('[data-testid="stApp"]')).to_have_attribute("data-test-script-state", "notRunning",
+                                                                     timeout=UI_TIMEOUT_MS)
+
+
 def settle(page: Page) -> None:
-    """Wait until the page's script has run: a title is shown, no 'running' widget, spinner or placeholder left."""
+    """Wait until the page's script has run: a title is shown, the run is over, no 'running' widget, spinner or
+    placeholder left."""
     expect(page.locator('[data-testid="stMain"] h1').first).to_be_visible(timeout=UI_TIMEOUT_MS)
+    script_done(page)
     expect(page.locator('[data-testid="stStatusWidget"], [data-testid="stSpinner"], [data-testid="stSkeleton"]')
            ).to_have_count(0, timeout=UI_TIMEOUT_MS)
 
 
 def charts_drawn(page: Page) -> None:
-    """Wait until every Vega-Lite chart on the page has drawn something with a size."""
+    """Wait until every Vega-Lite chart on the page has drawn something with a size (those in a closed expander are
+    drawn when it opens)."""
     page.wait_for_function(
         "() => Array.from(document.querySelectorAll('[data-testid=stVegaLiteChart]')).every(e =>"
-        " e.getBoundingClientRect().height > 0 && e.querySelector('canvas, svg') !== null)", timeout=UI_TIMEOUT_MS)
+        " e.closest('details:not([open])') !== null ||"
+        " (e.getBoundingClientRect().height > 0 && e.querySelector('canvas, svg') !== null))", timeout=UI_TIMEOUT_MS)
 
 
 def check_page(page: Page, name: str, shots: Path) -> None:
     """No exception on the page, every chart drawn, no user text rendered as an image; then a screenshot."""
+    script_done(page)
     charts_drawn(page)
     page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
     errors = page.locator('[data-testid="stException"]')
@@ -165,6 +195,40 @@ def choose(page: Page, label: str, option: str, chosen: Callable[[float], None],
         except AssertionError:
             if attempt == attempts:
                 raise
+
+
+def launch_from_form(page: Page, base: str, *, preset: str, name: str, method: str, epochs: int,
+                     dataset: str | None = None, **numbers: int) -> None:
+    """Launch a study from the New-experiment form: ``preset`` fills it, then its name, one method, the epochs, the
+    dataset and the other number fields given (``initial_classes=5``: the field keyed ``ne_initial_classes``)."""
+    page.goto(f"{base}/new_experiment")
+    settle(page)
+    field = lambda key: page.locator(f".st-key-ne_{key} input")  # noqa: E731  (Streamlit marks widgets by key)
+    choose(page, "Preset", preset,  # the preset fills the form
+           lambda ms: expect(field("name")).to_have_value(preset, timeout=ms))
+    field("name").fill(name)
+    if dataset is not None:
+        choose(page, "Dataset", dataset,
+               lambda ms: expect(page.get_by_role("combobox", name="Dataset", exact=True)).to_have_value(dataset,
+                                                                                                       timeout=ms))
+    for key, value in {"epochs": epochs, **numbers}.items():
+        field(key).fill(str(value))
+    methods = page.locator(".st-key-ne_methods")
+    methods.get_by_role("button", name="Clear all").click()
+    expect(methods.locator("[data-tag]")).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    choose(page, "Methods", method,
+           lambda ms: expect(methods.locator("[data-tag]")).to_have_count(1, timeout=ms))
+    page.keyboard.press("Escape")
+    page.get_by_role("button", name="Launch").click()
+    expect(page.get_by_text("Queued job #")).to_be_visible(timeout=UI_TIMEOUT_MS)
+    settle(page)
+
+
+def newest_job(db_url: str, kind: str) -> tuple[int, dict]:
+    """The id and payload of the newest job of ``kind``."""
+    with session_scope(get_engine(db_url)) as s:
+        job = list_jobs(s, kind=kind, limit=1)[0]
+        return job.id, job.payload
 
 
 def wait_for_job(db_url: str, kind: str, timeout: float, log: Path, *, analysis: str | None = None):
@@ -261,22 +325,7 @@ def test_launch_a_tiny_study_and_explore_it(server, browser, shots):
     base = server["base"]
 
     # launch: the digits-tiny preset (digits, 2 steps of 5 classes) with 1 epoch and 1 method
-    page.goto(f"{base}/new_experiment")
-    settle(page)
-    field = lambda key: page.locator(f".st-key-ne_{key} input")  # noqa: E731  (Streamlit marks widgets by key)
-    choose(page, "Preset", "digits-tiny",  # the preset fills the form
-           lambda ms: expect(field("name")).to_have_value("digits-tiny", timeout=ms))
-    field("name").fill("browser-e2e")
-    field("epochs").fill("1")
-    methods = page.locator(".st-key-ne_methods")
-    methods.get_by_role("button", name="Clear all").click()
-    expect(methods.locator("[data-tag]")).to_have_count(0, timeout=UI_TIMEOUT_MS)
-    choose(page, "Methods", "independent",
-           lambda ms: expect(methods.locator("[data-tag]")).to_have_count(1, timeout=ms))
-    page.keyboard.press("Escape")
-    page.get_by_role("button", name="Launch").click()
-    expect(page.get_by_text("Queued job #")).to_be_visible(timeout=UI_TIMEOUT_MS)
-    settle(page)
+    launch_from_form(page, base, preset="digits-tiny", name="browser-e2e", method="independent", epochs=1)
     check_page(page, "new_experiment_launched", shots)
     with session_scope(get_engine(server["db"])) as s:
         (job,) = list_jobs(s, kind="run")
@@ -368,6 +417,142 @@ def test_user_provided_names_render_as_plain_text(server, browser, shots):
     assert page.locator("strong", has_text="bold").count() == 0, "'**bold**' in a name was rendered as bold"
     assert page.locator(f'[data-testid="stMain"] a[href*="{BEACON}"]').count() == 0, "a URL in a name became a link"
     assert not [u for u in requested if "beacon" in u], f"the browser fetched {requested}"
+    page.close()
+
+
+# The one preset with several seeds is quick-demo (0, 1, 2; the form has no seeds field): shrunk to digits, 2 steps of
+# 5 classes and one method, it keeps its seeds.
+SEEDED_PRESET, SEEDS = "quick-demo", [0, 1, 2]
+TINY_SCENARIO = dict(dataset="digits", initial_classes=5, increment=5, num_steps=2)
+CANCEL_EPOCHS = 2000  # a study that is still training long after the test has cancelled it
+
+
+def wait_until(what: str, check: Callable[[], object], timeout: float, log: Path):
+    """Poll ``check`` until it returns something truthy (returned); fail with ``what`` and the log's tail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout:.0f} s\n{_log_tail(log)}")
+        time.sleep(POLL_S)
+    return value
+
+
+def job_state(db_url: str, job_id: int) -> dict:
+    """The job's status, cancel flag and study, as stored now."""
+    with session_scope(get_engine(db_url)) as s:
+        job = s.get(Job, job_id)
+        return {"status": job.status, "cancel_requested": job.cancel_requested, "study_id": job.study_id,
+                "message": job.message}
+
+
+def grid_rows(frame) -> list[dict[str, str]]:
+    """A Streamlit dataframe's rows as {column title: cell text}, read from its grid's accessible table (which holds the
+    values unformatted: 67.83190941921102 where the canvas draws 67.8)."""
+    titles = frame.locator('thead [role="columnheader"]').all_inner_texts()
+    rows = frame.locator('tbody [role="row"]')
+    return [dict(zip(titles, rows.nth(i).locator('[role="gridcell"]').all_inner_texts())) for i in range(rows.count())]
+
+
+def spread(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1), in percent."""
+    return pytest.approx(100 * np.mean(values)), pytest.approx(100 * np.std(values, ddof=1))
+
+
+def test_a_multi_seed_study_shows_mean_and_std_on_compatibility(server, browser, shots):
+    """A study run with three seeds: Compatibility shows one row for its method with the seed count, and AC / AA as
+    the mean and sample std over the seeds, recomputed here from the stored matrices."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    base = server["base"]
+    launch_from_form(page, base, preset=SEEDED_PRESET, name="browser-seeds", method="independent", epochs=1,
+                     **TINY_SCENARIO)
+    job_id, payload = newest_job(server["db"], "run")
+    cfg = payload["config"]
+    assert cfg["seeds"] == SEEDS and cfg["methods"] == ["independent"] and cfg["dataset"]["name"] == "digits"
+    assert cfg["scenario"]["num_steps"] == 2 and cfg["training"]["epochs"] == 1
+    assert wait_for_job(server["db"], "run", JOB_TIMEOUT_S, server["log"]) == job_id
+
+    with session_scope(get_engine(server["db"])) as s:
+        runs = [e for e in list_experiments(s) if e.study is not None and e.study.name == "browser-seeds"]
+        assert sorted(e.config["seed"] for e in runs) == SEEDS and {e.status for e in runs} == {"done"}
+        study_id = runs[0].study_id
+        # the page's default: Recall@1 in the method's main view (the encoder for independent)
+        matrices = [np.asarray(m.values, dtype=float) for e in runs
+                    for m in load_matrices(s, e.id, metric="recall@1", view="encoder")]
+    assert len(matrices) == len(SEEDS), "one Recall@1 encoder matrix per seed (one protocol, one class set)"
+    # AA: mean of the lower triangle; AC: share of cross-tests C[t, k] > C[k, k] (two steps: the one cross-test)
+    aa = [float(np.mean(C[np.tril_indices(2)])) for C in matrices]
+    ac = [float(C[1, 0] > C[0, 0]) for C in matrices]
+
+    page.goto(f"{base}/compatibility")
+    settle(page)
+    many_seeds = "AC / AA / ACA: mean over the seeds, with their sample standard deviation."
+    choose(page, "Study or experiment", f"Study: browser-seeds (#{study_id}) — {len(SEEDS)} experiment(s)",
+           lambda ms: expect(page.get_by_text(many_seeds)).to_be_visible(timeout=ms))
+    settle(page)
+    charts_drawn(page)
+    summary = page.locator('[data-testid="stDataFrame"]').first  # the summary table comes first
+    expect(summary.locator('tbody [role="row"]')).to_have_count(1, timeout=UI_TIMEOUT_MS)  # one method, one view
+    (row,) = grid_rows(summary)
+    assert row["method"] == "independent" and row["view"] == "encoder" and row["seeds"] == str(len(SEEDS)), row
+    assert (float(row["AA %"]), float(row["AA % std"])) == spread(aa), (row, aa)
+    assert (float(row["AC %"]), float(row["AC % std"])) == spread(ac), (row, ac)
+    check_page(page, "compatibility_seeds", shots)
+    page.close()
+
+
+def test_cancel_asks_first_and_cancels_only_when_confirmed(server, browser, shots):
+    """Cancel on the Overview opens a dialog (from the page's 2-second refresh); nothing is cancelled while it is open
+    or after "Keep it running"; "Stop the whole study" cancels the job."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    base, db, log = server["base"], server["db"], server["log"]
+    launch_from_form(page, base, preset=SEEDED_PRESET, name="browser-cancel", method="independent",
+                     epochs=CANCEL_EPOCHS, **TINY_SCENARIO)
+    job_id, _ = newest_job(db, "run")
+    wait_until(f"job #{job_id} training its study", lambda: (now := job_state(db, job_id))["status"] == "running"
+               and now["study_id"] is not None and "epoch" in (now["message"] or ""), JOB_TIMEOUT_S, log)
+
+    page.goto(base)
+    settle(page)
+    # a button with a help text is drawn twice in this Streamlit, once hidden: the visible one is clicked
+    cancel = page.locator(f".st-key-cancel_{job_id} button").filter(visible=True)
+    dialog = page.get_by_role("dialog")
+    cancel.click()
+    expect(dialog).to_be_visible(timeout=UI_TIMEOUT_MS)
+    expect(dialog.get_by_text(f"Cancel job #{job_id}?")).to_be_visible(timeout=UI_TIMEOUT_MS)
+    dialog.get_by_role("button", name="Keep it running").click()
+    expect(dialog).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    assert job_state(db, job_id)["status"] == "running" and not job_state(db, job_id)["cancel_requested"]
+
+    cancel.click()
+    expect(dialog).to_be_visible(timeout=UI_TIMEOUT_MS)
+    whole = dialog.get_by_role("button", name="Stop the whole study")
+    expect(whole).to_be_visible(timeout=UI_TIMEOUT_MS)
+    expect(dialog.get_by_role("button", name="Stop only independent (seed ", exact=False)).to_be_visible(
+        timeout=UI_TIMEOUT_MS)
+    # the Overview redraws its jobs (a new epoch in the progress line) under the open dialog; nothing is cancelled
+    progress = page.locator('[data-testid="stMain"] [data-testid="stProgress"]').first
+    before = progress.inner_text()
+    expect(progress).not_to_have_text(before, timeout=UI_TIMEOUT_MS)
+    expect(dialog).to_be_visible()
+    page.screenshot(path=str(shots / "overview_cancel_dialog.png"))
+    state = job_state(db, job_id)
+    assert state["status"] == "running" and not state["cancel_requested"], state
+    with session_scope(get_engine(db)) as s:
+        (training,) = [e.id for e in list_experiments(s, study_id=state["study_id"]) if e.status == "running"]
+
+    whole.click()
+    expect(dialog).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    wait_until(f"job #{job_id} cancelled", lambda: job_state(db, job_id)["status"] == "cancelled", JOB_TIMEOUT_S, log)
+    with session_scope(get_engine(db)) as s:
+        statuses = {e.id: e.status for e in list_experiments(s, study_id=state["study_id"])}
+    assert statuses == {training: "cancelled"}, statuses  # the one in training; the other seeds never started
+    expect(page.locator(f".st-key-retry_{job_id}")).to_be_visible(timeout=UI_TIMEOUT_MS)  # under "Failed or cancelled"
+    experiments = page.locator('[data-testid="stDataFrame"]').first  # the Overview's experiments table
+    wait_until(f"the Overview's table showing experiment #{training} cancelled", lambda: any(
+        row.get("id") == str(training) and row.get("status") == "cancelled" for row in grid_rows(experiments)),
+        UI_TIMEOUT_MS / 1000, log)
+    settle(page)
+    check_page(page, "overview_cancelled", shots)
     page.close()
 
 
