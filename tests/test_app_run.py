@@ -151,6 +151,7 @@ def test_the_console_masks_the_database_password(monkeypatch, capsys):
     url = "postgresql://lab:hunter2@db.example/lab"
     monkeypatch.setattr("storage.get_engine", lambda url: None)  # no PostgreSQL here: only the printed line matters
     monkeypatch.setattr("storage.init_db", lambda engine, **kw: None)
+    monkeypatch.setattr("storage.write_problem", lambda engine: None)
     run_app.main(["--no-demo", "--db", url])
     out = capsys.readouterr().out
     assert "database postgresql://lab:***@db.example/lab" in out and "hunter2" not in out
