@@ -14,7 +14,7 @@ from app import charts
 from app.exports import download_buttons, study_download
 from app import queries as q
 from app.widgets import MISSING, empty_state, experiment_label, plain, state_convention, summary_columns, table
-from engine.results.conventions import annotate, convention, model_names, replaced_note, replaced_steps
+from engine.results.conventions import annotate, convention, model_names, replaced_note, replaced_steps, stored_ties
 from engine.results.report import seed_spread
 
 url = q.db_url()
@@ -33,10 +33,11 @@ def metric_name(metric: str) -> str:
 
 
 @st.cache_data(ttl=q.RESULT_TTL, show_spinner=False)
-def ecc_cells(values: np.ndarray) -> np.ndarray:
+def ecc_cells(values: np.ndarray, ties: str) -> np.ndarray:
+    """The compatibility criterion per cell under the tie rule stored with the matrix."""
     from engine.metrics import ecc_pass
 
-    return ecc_pass(values)
+    return ecc_pass(values, ties=ties)
 
 
 def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, replaced: tuple[int, ...],
@@ -46,7 +47,7 @@ def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, r
 
     return render_matrix(C, fmt=fmt, title=title, comparable=comparable, replaced=replaced, names=names,
                          metric=m["metric"], view=m["view"], protocol=m["protocol"], eval_classes=m["eval_classes"],
-                         paired=paired if fmt == "csv" else None)
+                         paired=paired if fmt == "csv" else None, ties=stored_ties(m["summary"]))
 
 
 experiments = [e for e in q.experiments(url) if e["status"] == "done"]
@@ -165,7 +166,7 @@ def summary_row(method: str, view: str, seeds: list[tuple[dict[str, Any], dict[s
 summary = pd.DataFrame([summary_row(method, view, seeds) for (method, view), seeds in runs.items()])
 st.subheader(f"{metric_name(metric)} · {protocol} gallery · {eval_classes} classes")
 conv = state_convention(selected[0]["config"], metrics=metric, views=[m["view"] for _, m in shown], gallery=protocol,
-                        eval_classes=eval_classes)
+                        eval_classes=eval_classes, ties=stored_ties(shown[0][1]["summary"]))
 std_help = "Sample standard deviation over the seeds (n − 1); a dash for a single seed"
 table(summary, column_config={**summary_columns(),
     **{f"{name} % std": st.column_config.NumberColumn(f"{name} % std", format="%.1f", help=std_help)
@@ -200,7 +201,7 @@ if len(curves) and curves["step"].max() >= 3:
 # ---- the same models in every stored view, side by side (the view picker above chooses the matrices below)
 by_view = [{"method": e["method"], "view": m["view"],
             **{f"{k} %": np.nan if m["summary"].get(k) is None else 100 * m["summary"][k] for k in ("AC", "AA", "ACA")},
-            "failing cross-tests": int(np.sum(ecc_cells(m["values"]) == 0))}
+            "failing cross-tests": int(np.sum(ecc_cells(m["values"], stored_ties(m["summary"])) == 0))}
            for e in selected for m in stored[e["id"]]
            if m["metric"] == metric and m["protocol"] == protocol and m["eval_classes"] == eval_classes]
 if len({r["view"] for r in by_view}) > 1:
@@ -262,7 +263,7 @@ def seed_verdicts(seeds: list[tuple[dict[str, Any], dict[str, Any]]], names: lis
                 if np.isnan(value):
                     row[f"seed {seed_of(e)}"] = None
                     continue
-                ok = bool(ecc_cells(m["values"])[t, k])
+                ok = bool(ecc_cells(m["values"], stored_ties(m["summary"]))[t, k])
                 passes, defined = passes + ok, defined + 1
                 paired = m["summary"].get("paired")
                 extra = f" (paired {marks[paired['verdict'][t][k]]})" if paired and paired["verdict"][t][k] in marks else ""
@@ -306,13 +307,14 @@ for start in range(0, len(panels), per_row):
         replaced = replaced_steps(e["config"])
         names = given_names(e, C.shape[0])
         comparable = np.asarray(m["summary"]["comparable"], bool) if m["summary"].get("comparable") else None
-        ecc = ecc_cells(C)
+        ties = stored_ties(m["summary"])
+        ecc = ecc_cells(C, ties)
         frame = charts.matrix_frame(C, ecc, names, comparable, p["valid"], p["paired"], p["gain"])
         chart = charts.matrix_heatmap(frame, names, title=p["title"], metric=metric_name(metric),
                                       size=None if per_row == 1 else 400, domain=domain)
         with col:
             line = convention(e["config"], metrics=metric, views=m["view"], gallery=m["protocol"],
-                              eval_classes=m["eval_classes"])
+                              eval_classes=m["eval_classes"], ties=ties)
             if line != conv:  # said once above when every matrix shares the table's convention
                 st.caption(plain(line))
             chart = charts.with_convention(chart, line, 60)
@@ -327,7 +329,7 @@ for start in range(0, len(panels), per_row):
             else:
                 from engine.metrics import summarize
 
-                st.markdown(f"Mean matrix: {charts.summary_line(summarize(C))} · {fails} failing cross-test(s)")
+                st.markdown(f"Mean matrix: {charts.summary_line(summarize(C, ties=ties))} · {fails} failing cross-test(s)")
                 st.caption("Each seed's verdict per cross-test (✓ passes the criterion, ✗ fails; the value in %):")
                 table(seed_verdicts(p["seeds"], names))
             gains = frame.dropna(subset=["gain"])

@@ -200,11 +200,13 @@ def _json_matrix(a: np.ndarray) -> list[list[float | None]]:
 
 
 def stored_summary(result: MatrixResult, metric: str, *, ties: str = "fail") -> dict:
-    """JSON-ready summary stored with one metric's matrix: AC/AA/ACA and curves, comparable cells, the update
-    gain of every cross-test (``update_gain``) and, when computed, the paired test (``paired``: diff/lo/hi/n
-    matrices, per-cell verdicts, counts and the bootstrap's settings)."""
+    """JSON-ready summary stored with one metric's matrix: the ECC tie rule its verdicts used (``ties``: every
+    reader marks cells with it, :func:`engine.results.conventions.stored_ties`), AC/AA/ACA and curves, comparable
+    cells, the update gain of every cross-test (``update_gain``) and, when computed, the paired test (``paired``:
+    diff/lo/hi/n matrices, per-cell verdicts, counts and the bootstrap's settings)."""
     C = result.values[metric]
-    out = {**summarize(C, ties=ties), "comparable": result.comparable.tolist(), "update_gain": _json_matrix(update_gain(C))}
+    out = {"ties": ties, **summarize(C, ties=ties), "comparable": result.comparable.tolist(),
+           "update_gain": _json_matrix(update_gain(C))}
     if result.paired and metric in result.paired:
         p = result.paired[metric]
         out["paired"] = {"diff": _json_matrix(p["diff"]), "lo": _json_matrix(p["lo"]), "hi": _json_matrix(p["hi"]),
