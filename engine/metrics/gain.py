@@ -35,6 +35,11 @@ def gain_cells(C: np.ndarray, *, min_gain: float = MIN_GAIN) -> tuple[np.ndarray
     return gain, why
 
 
+def gain_json(C: np.ndarray, *, min_gain: float = MIN_GAIN) -> list[list[float | None]]:
+    """Γ of every cell as JSON rows (None where undefined): what a summary's ``update_gain`` holds."""
+    return [[None if np.isnan(v) else float(v) for v in row] for row in gain_cells(C, min_gain=min_gain)[0]]
+
+
 def mean_gain(matrices: Sequence[np.ndarray], *, min_gain: float = MIN_GAIN) -> float | None:
     """Γ averaged over the cross-tests where it is defined, over every matrix given (None when nowhere)."""
     values = [g[~np.isnan(g)] for g in (gain_cells(C, min_gain=min_gain)[0] for C in matrices)]

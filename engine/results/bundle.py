@@ -30,6 +30,7 @@ import numpy as np
 
 from engine.config import config_from_dict, dump_toml
 from engine.contract import main_view
+from engine.metrics.gain import gain_json
 from engine.results.conventions import annotate, convention, model_names, replaced_steps, stored_ties
 from engine.results.report import CSV_COLUMNS, csv_text, matrix_rows, render_matrix, render_summary_table
 from storage import json_ready
@@ -117,7 +118,8 @@ def summary_markdown(experiments: Sequence[Mapping[str, Any]], matrices: Mapping
             continue
         line = convention(shown[0][0]["config"], metrics=metric, views=[m["view"] for _, m in shown], gallery=protocol,
                           eval_classes=classes, ties=stored_ties(shown[0][1]["summary"]))
-        table = render_summary_table([(_label(e, m), m["summary"]) for e, m in shown], fmt="markdown")
+        table = render_summary_table([(_label(e, m), {**m["summary"], "update_gain": gain_json(np.asarray(m["values"], float))})
+                                      for e, m in shown], fmt="markdown")  # Γ under one rule, whatever an older row stored
         parts.append(f"## {metric} · {protocol} gallery · {classes} classes\n\n" + annotate(table, "markdown", line))
         for e, m in shown:
             C = np.asarray(m["values"], dtype=np.float64)

@@ -22,6 +22,7 @@ import numpy as np
 
 from engine.results.conventions import model_names, replaced_note
 from engine.metrics import ecc_pass, summarize
+from engine.metrics.gain import gain_cells, gain_text
 from engine.metrics.paired import SYMBOLS, count_verdicts
 
 FORMATS = ("text", "csv", "markdown", "latex")
@@ -66,11 +67,10 @@ def paired_line(paired: dict) -> str:
             + ", ".join(f"{n[v]} {SYMBOLS[v]} {v}" for v in ("pass", "fail", "unresolved")))
 
 
-def gain_line(gain: np.ndarray, names: Sequence[str]) -> str:
-    """``update gain Γ (%): M2→M1 54.7, ...`` over the defined cross-tests (CoReS Eq. 3)."""
-    T = gain.shape[0]
-    parts = [f"{names[t]}→{names[k]} {100 * gain[t, k]:.1f}" for t in range(T) for k in range(t) if not np.isnan(gain[t, k])]
-    return "update gain Γ (%): " + (", ".join(parts) if parts else "undefined")
+def gain_line(C: np.ndarray, names: Sequence[str]) -> str:
+    """``update gain Γ: M2→M1 54.7 %, M3→M1 undefined (...)`` over the cross-tests (CoReS Eq. 3), Γ only where the
+    new model beats the old one on its own by a point (``engine.metrics.gain``), else undefined with why."""
+    return "update gain Γ: " + (gain_text(C, names) or "undefined (no cross-test)")
 
 
 def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparable: np.ndarray | None = None,
@@ -87,6 +87,8 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     T = C.shape[0]
     names = list(names) if names else model_names(T, replaced)
+    if gain is not None:  # Γ from the matrix under one rule, whatever an older row stored
+        gain = gain_cells(C)[0]
     cells = _cells(C, comparable, ties, paired["verdict"] if paired else None, latex=fmt == "latex")
     s = summarize(C, ties=ties)
     summary = (f"AC={_fmt(s['AC'])}  AA={_fmt(None if s['AA'] is None else 100 * s['AA'])}  "
@@ -101,7 +103,7 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
         for name, row in zip(names, cells):
             out.write(f"{name:<16}" + "".join(f"{c:>{width + 1}}" for c in row) + "\n")
         out.write(f"{summary}   (* = fails ECC: cross-test <= gallery model's self-test)\n")
-        for line in _extra_lines(paired, gain, names, replaced):
+        for line in _extra_lines(paired, None if gain is None else C, names, replaced):
             out.write(line + "\n")
     elif fmt == "csv":
         out.write(matrix_csv(C, names=names, comparable=comparable, ties=ties, paired=paired, gain=gain, metric=metric,
@@ -115,7 +117,7 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
         for name, row in zip(names, cells):
             out.write("| " + " | ".join([name] + row) + " |\n")
         out.write(f"\n{summary} (* fails ECC)\n")
-        for line in _extra_lines(paired, gain, names, replaced):
+        for line in _extra_lines(paired, None if gain is None else C, names, replaced):
             out.write(f"\n{line}\n")
     else:
         out.write("% requires \\usepackage[table]{xcolor}\n\\begin{tabular}{l" + "r" * T + "}\n")
@@ -124,7 +126,7 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
             tex = [("\\cellcolor{red!20}" + c.replace("*", "")) if "*" in c else c for c in row]
             out.write(" & ".join([name] + tex) + " \\\\\n")
         out.write("\\end{tabular}\n% " + summary + "\n")
-        for line in _extra_lines(paired, gain, names, replaced):
+        for line in _extra_lines(paired, None if gain is None else C, names, replaced):
             out.write(f"% {line}\n")
     return out.getvalue()
 
@@ -133,8 +135,11 @@ def matrix_rows(C: np.ndarray, *, names: Sequence[str], comparable: np.ndarray |
                 paired: dict | None = None, gain: np.ndarray | Sequence | None = None, metric: str = "", view: str = "",
                 protocol: str = "", eval_classes: str = "") -> list[dict]:
     """The lower triangle as rows of ``CSV_COLUMNS``: numbers as floats (None where undefined), ``cell`` = self /
-    cross / n/c / undefined, ``ecc_pass`` True/False on defined cross-tests (None on the diagonal)."""
+    cross / n/c / undefined, ``ecc_pass`` True/False on defined cross-tests (None on the diagonal), ``update_gain``
+    None where Γ is undefined (``engine.metrics.gain``: the new model not a point better on its own)."""
     ecc = ecc_pass(C, ties=ties)
+    if gain is not None:
+        gain = gain_cells(C)[0]
     rows = []
     for t in range(C.shape[0]):
         for k in range(t + 1):
@@ -191,8 +196,8 @@ def matrix_csv(C: np.ndarray, *, names: Sequence[str], **labels: Any) -> str:
     return csv_text(matrix_rows(C, names=names, **labels), CSV_COLUMNS)
 
 
-def _extra_lines(paired: dict | None, gain: np.ndarray | None, names: Sequence[str], replaced: Sequence[int]) -> list[str]:
-    return (([paired_line(paired)] if paired else []) + ([gain_line(gain, names)] if gain is not None else [])
+def _extra_lines(paired: dict | None, C: np.ndarray | None, names: Sequence[str], replaced: Sequence[int]) -> list[str]:
+    return (([paired_line(paired)] if paired else []) + ([gain_line(C, names)] if C is not None else [])
             + ([replaced_note(replaced)] if replaced else []))
 
 

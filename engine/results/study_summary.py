@@ -5,6 +5,7 @@ import numpy as np
 from sqlalchemy import Engine
 
 from engine.contract import main_view
+from engine.metrics.gain import gain_json
 from engine.results.conventions import replaced_steps, stored_ties
 from engine.methods import METHODS
 from engine.methods.base import resolve_init_seed
@@ -28,7 +29,7 @@ def study_summary(db: Engine, study_id: int, experiment_ids: list[int]) -> dict:
                 views.setdefault(m.view, {})[m.metric] = {
                     "matrix": [[None if np.isnan(v) else float(v) for v in row] for row in m.values],
                     "AC": m.summary.get("AC"), "AA": m.summary.get("AA"), "ACA": m.summary.get("ACA"),
-                    "update_gain": m.summary.get("update_gain"), "paired": m.summary.get("paired"),
+                    "update_gain": gain_json(np.asarray(m.values, float)), "paired": m.summary.get("paired"),
                     "protocol": m.protocol, "eval_classes": m.eval_classes, "ties": stored_ties(m.summary),
                 }
             seed = exp.config.get("seed")
