@@ -133,3 +133,22 @@ def test_update_gain_only_where_the_new_model_is_better_on_its_own():
     assert mean_gain([np.array([[0.5, nan], [0.6, 0.5]])]) is None
     text = gain_text(C, ["M1", "M2", "M3"])
     assert "M2→M1 25.0 %" in text and "M3→M1 undefined" in text
+
+
+def test_summary_csv_carries_seed_intervals_and_the_paired_range_of_ac():
+    import io
+
+    import pandas as pd
+
+    from engine.results.report import render_summary_table
+
+    s = {"AC": 1 / 3, "AA": 0.6, "ACA": 0.62, "update_gain": [[None, None, None], [0.5, None, None], [None, None, None]],
+         "paired": {"verdict": [[None] * 3, ["pass", None, None], ["unresolved", "fail", None]]},
+         "spread": {"AC": {"mean": 0.5, "std": 0.1, "n": 3}, "AA": {"mean": 0.6, "std": 0.02, "n": 3}}}
+    row = pd.read_csv(io.StringIO(render_summary_table([("psp", s)], fmt="csv"))).iloc[0]
+    half = 4.302652730 * 0.1 / math.sqrt(3)
+    assert row["AC_ci_lo"] == pytest.approx(0.5 - half) and row["AC_ci_hi"] == pytest.approx(0.5 + half)
+    assert row["AA_ci_hi"] == pytest.approx(0.6 + 4.302652730 * 0.02 / math.sqrt(3))
+    assert np.isnan(row["ACA_ci_lo"])  # one value: no spread
+    assert (row["paired_pass"], row["paired_fail"], row["paired_unresolved"]) == (1, 1, 1)
+    assert row["AC_paired_lo"] == pytest.approx(1 / 3) and row["AC_paired_hi"] == pytest.approx(2 / 3)

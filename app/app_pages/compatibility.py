@@ -15,7 +15,7 @@ from app.exports import download_buttons, study_download
 from app import queries as q
 from app.widgets import MISSING, empty_state, experiment_label, plain, state_convention, summary_columns, table
 from engine.results.conventions import annotate, convention, model_names, replaced_note, replaced_steps, stored_ties
-from engine.metrics.gain import gain_cells, gain_text, mean_gain
+from engine.metrics.gain import gain_cells, gain_json, gain_text, mean_gain
 from engine.metrics.uncertainty import ac_range, familywise_verdicts, seed_interval, verdict_counts
 from engine.results.report import seed_spread
 
@@ -267,7 +267,7 @@ if len({r["view"] for r in by_view}) > 1:
 
 def spread_summary(seeds: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
     """The first seed's stored summary with the AC / AA / ACA spread over every seed (for the report tables)."""
-    return {**seeds[0][1]["summary"],
+    return {**seeds[0][1]["summary"], "update_gain": gain_json(seeds[0][1]["values"]),  # Γ under one rule
             "spread": {k: seed_spread([m["summary"].get(k) for _, m in seeds]) for k in ("AC", "AA", "ACA")}}
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import unicodedata
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +24,7 @@ import numpy as np
 from engine.results.conventions import model_names, replaced_note
 from engine.metrics import ecc_pass, summarize
 from engine.metrics.gain import gain_cells, gain_text
+from engine.metrics.uncertainty import t_quantile
 from engine.metrics.paired import SYMBOLS, count_verdicts
 
 FORMATS = ("text", "csv", "markdown", "latex")
@@ -219,12 +221,22 @@ def _mean_gain(s: dict) -> str:
 
 
 SUMMARY_CSV_COLUMNS = ("method", "AC", "AA", "ACA", "AC_std", "AA_std", "ACA_std", "seeds", "mean_update_gain",
-                       "paired_pass", "paired_fail", "paired_unresolved")
+                       "paired_pass", "paired_fail", "paired_unresolved", "AC_ci_lo", "AC_ci_hi", "AA_ci_lo", "AA_ci_hi",
+                       "ACA_ci_lo", "ACA_ci_hi", "AC_paired_lo", "AC_paired_hi")
+
+
+def _seed_ci(spread: dict | None) -> tuple[float | None, float | None]:
+    """The 95 % Student-t interval of a mean over seeds from its ``{"mean", "std", "n"}`` (None for one seed)."""
+    if not spread or spread.get("n", 0) < 2 or spread.get("std") is None:
+        return None, None
+    half = t_quantile(0.95, spread["n"] - 1) * spread["std"] / math.sqrt(spread["n"])
+    return spread["mean"] - half, spread["mean"] + half
 
 
 def _summary_record(name: str, s: dict) -> dict:
     """One row of the numeric summary CSV: fractions (AA, ACA and Γ not in percent), mean and sample std over
-    seeds when several, verdict counts as integers; None where undefined."""
+    seeds when several with their 95 % Student-t interval, verdict counts as integers and the range of AC they
+    leave open; None where undefined."""
     spread = s.get("spread") or {}
     many = {key: spread.get(key) for key in ("AC", "AA", "ACA") if spread.get(key) and spread[key].get("n", 0) > 1}
     g = s.get("update_gain")
@@ -236,7 +248,18 @@ def _summary_record(name: str, s: dict) -> dict:
             **{f"{key}_std": many[key]["std"] if key in many else None for key in ("AC", "AA", "ACA")},
             "seeds": max((v["n"] for v in many.values()), default=1),
             "mean_update_gain": float(gains.mean()) if len(gains) else None,
-            **{f"paired_{v}": counts.get(v) for v in ("pass", "fail", "unresolved")}}
+            **{f"paired_{v}": counts.get(v) for v in ("pass", "fail", "unresolved")},
+            **{f"{key}_ci_{end}": value for key in ("AC", "AA", "ACA")
+               for end, value in zip(("lo", "hi"), _seed_ci(spread.get(key)))},
+            **dict(zip(("AC_paired_lo", "AC_paired_hi"), _paired_ac(counts)))}
+
+
+def _paired_ac(counts: dict) -> tuple[float | None, float | None]:
+    """AC from the sure passes only to every cross-test not a sure failure (``engine.metrics.uncertainty.ac_range``)."""
+    n = sum(counts.values())
+    if not n:
+        return None, None
+    return counts["pass"] / n, (counts["pass"] + counts["unresolved"]) / n
 
 
 def _counts(s: dict) -> str:
