@@ -62,6 +62,7 @@ def test_a_tie_is_judged_by_the_stored_rule_everywhere(tmp_path, app_db, capsys,
     assert C[1, 0] == C[0, 0]  # the exact tie
     # stored: the rule and the AC it gives (one cross-test: AC 1 when a tie passes, 0 when it fails)
     assert stored_ties(m["summary"]) == rule and m["summary"]["ties"] == rule
+    assert m["summary"]["rank_ties"] == "pessimistic"  # Recall@k's own tie rule travels with it too
     assert m["summary"]["AC"] == (1.0 if passes else 0.0)
     assert m["summary"]["ACA"] == (pytest.approx(C[1, 0]) if passes else 0.0)
     # the CLI's CSV export
