@@ -285,9 +285,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from storage import get_engine
 
         config = {"source": "features", "folder": str(args.features.resolve()), "metrics": list(metrics),
-                  "protocol": args.protocol, "same_set": args.same_set}
+                  "protocol": args.protocol, "same_set": args.same_set, "ties": args.ties}
         payload["experiment_id"] = store_feature_evaluation(get_engine(args.db), name=args.name or args.features.name,
-                                                            config=config, sets=folder.sets, result=result, protocol=args.protocol)
+                                                            config=config, sets=folder.sets, result=result,
+                                                            protocol=args.protocol, ties=args.ties)
         print(f"stored as experiment {payload['experiment_id']}")
     if args.json:
         write_json_atomic(args.json, payload)

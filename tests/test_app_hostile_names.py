@@ -40,9 +40,8 @@ def hostile(app_db) -> dict:
         rename_model_version(s, versions[1].id, MODEL_NAMES[0])
         rename_model_version(s, versions[2].id, MODEL_NAMES[1])
         for m in s.query(CompatibilityMatrix).filter(CompatibilityMatrix.experiment_id == first).all():
-            gain = np.full((3, 3), np.nan)
-            gain[1, 0], gain[2, 0], gain[2, 1] = 0.5, -0.25, 0.75
-            m.summary = {**m.summary, "update_gain": [[None if np.isnan(v) else v for v in r] for r in gain]}
+            # update gain Γ of M2 -> M1: (0.6 - 0.5) / (0.7 - 0.5) = 50 % (the page computes it from the matrix)
+            m.values = np.array([[0.5, np.nan, np.nan], [0.6, 0.7, np.nan], [0.45, 0.8, 0.9]])
         enqueue_job(s, "run", {"config": {"name": STUDY, "methods": ["bct"]}})
     run_analysis(db, first, "upgrade", {"step_a": 2, "step_b": 3, "view": "encoder", "metric": "recall@1"})
     return out

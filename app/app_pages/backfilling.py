@@ -11,6 +11,7 @@ from app.widgets import (MISSING, analysis_result, follow_jobs, launch, pick_exp
                          state_convention)
 from engine.contract import ADAPTER_KINDS, DEFAULT_ORDERINGS, ORDERINGS, adapter_key, adapters_payload, same_set_of
 from engine.results.conventions import metric_name
+from engine.results.verdict_words import artefact_note, metric_order, needs_lines
 from engine.upgrade.orders import best_by_area
 
 url = q.db_url()
@@ -87,7 +88,7 @@ st.caption(f"Steps {old['step']} → {new['step']} · {p['n_gallery']} gallery i
 conv = state_convention(experiment["config"], metrics=p["params"]["metrics"], views=view, gallery="instance",
                         ecc=False, extra=[f"random-order seed {p['params'].get('seed', 0)}"])
 
-metrics = p["params"]["metrics"]
+metrics = metric_order(p["params"]["metrics"])  # the metric that does not flatter (mAP) first
 cols = st.columns(len(metrics))
 for col, metric in zip(cols, metrics):
     name = metric_name(metric)
@@ -133,5 +134,10 @@ elif reach == 0:
 else:
     st.markdown(f"{named}; it reaches the new model's {first} ({charts.percent(p['self_test'][metrics[0]])}) after "
                 f"backfilling **{100 * reach:.0f}%** of the gallery.")
+if best is not None:
+    st.markdown("Backfilling needed in that order, per metric: " + "; ".join(
+        needs_lines({m: p["reach"][best][m].get("1") for m in metrics}, "the new model")) + ".")
+if note := artefact_note(metrics):
+    st.caption(note)
 st.caption("The fraction columns: the smallest share of the gallery to backfill for the curve to reach the new "
            "model's self-test (or 99% of it), reading the curve as piecewise linear.")

@@ -14,7 +14,9 @@ from app import charts
 from app.exports import download_buttons, study_download
 from app import queries as q
 from app.widgets import MISSING, empty_state, experiment_label, plain, state_convention, summary_columns, table
-from engine.results.conventions import annotate, convention, model_names, replaced_note, replaced_steps
+from engine.results.conventions import annotate, convention, model_names, replaced_note, replaced_steps, stored_ties
+from engine.metrics.gain import gain_cells, gain_json, gain_text, mean_gain
+from engine.metrics.uncertainty import ac_range, familywise_verdicts, seed_interval, verdict_counts
 from engine.results.report import seed_spread
 
 url = q.db_url()
@@ -25,7 +27,9 @@ AVERAGED, PER_SEED = "averaged over the seeds", "one per seed"
 st.title("Compatibility")
 st.caption("Row = query model (new), column = gallery model (old). A cross-test passes the empirical compatibility "
            "criterion when C[t, k] > C[k, k]; failing cells are boxed in red and marked ✗, as in the papers. "
-           "AC = share of passing cross-tests, AA = mean of the lower triangle, ACA = accuracy of the passing ones.")
+           "AC = share of passing cross-tests, AA = mean of the lower triangle, ACA = accuracy of the passing ones. "
+           "Where a paired test is stored, each cross-test is also judged on its interval: ✓ passes, ✗ fails, "
+           "? too close to call; AC's range runs from the sure passes to every cell not a sure failure.")
 
 
 def metric_name(metric: str) -> str:
@@ -33,10 +37,11 @@ def metric_name(metric: str) -> str:
 
 
 @st.cache_data(ttl=q.RESULT_TTL, show_spinner=False)
-def ecc_cells(values: np.ndarray) -> np.ndarray:
+def ecc_cells(values: np.ndarray, ties: str) -> np.ndarray:
+    """The compatibility criterion per cell under the tie rule stored with the matrix."""
     from engine.metrics import ecc_pass
 
-    return ecc_pass(values)
+    return ecc_pass(values, ties=ties)
 
 
 def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, replaced: tuple[int, ...],
@@ -46,7 +51,7 @@ def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, r
 
     return render_matrix(C, fmt=fmt, title=title, comparable=comparable, replaced=replaced, names=names,
                          metric=m["metric"], view=m["view"], protocol=m["protocol"], eval_classes=m["eval_classes"],
-                         paired=paired if fmt == "csv" else None)
+                         paired=paired if fmt == "csv" else None, ties=stored_ties(m["summary"]))
 
 
 experiments = [e for e in q.experiments(url) if e["status"] == "done"]
@@ -117,22 +122,50 @@ def seed_of(e: dict[str, Any]) -> str:
     return str(e["config"].get("seed", "?"))
 
 
-def mean_gain(summary: dict[str, Any]) -> float | None:
-    """The update gain Γ in %, averaged over the defined cross-tests (None when not stored or undefined)."""
-    g = np.array([[np.nan if v is None else v for v in row] for row in summary.get("update_gain") or []], dtype=float)
-    g = g[~np.isnan(g)] if g.size else g
-    return float(100 * g.mean()) if g.size else None
+FAMILY = {"none": "each cell alone (95 %)", "holm": "Holm over the matrix", "bonferroni": "Bonferroni simultaneous intervals"}
 
 
-def verdict_total(summaries: list[dict[str, Any]]) -> str:
-    """``pass/fail/unresolved`` counts of the stored paired tests, added over the seeds that have one, or the
-    missing-value dash when none has."""
-    from engine.metrics.paired import count_verdicts
+def gain_shown(matrices: list[np.ndarray]) -> str:
+    """Γ in % averaged over the cross-tests where it is defined, or "undefined" and why."""
+    g = mean_gain(matrices)
+    return f"{100 * g:.1f}" if g is not None else "undefined: no new model is a point better than the old on its own"
 
-    counts = [count_verdicts(s["paired"]["verdict"]) for s in summaries if s.get("paired")]
-    if not counts:
-        return MISSING
-    return "/".join(str(sum(n[v] for n in counts)) for v in ("pass", "fail", "unresolved"))
+
+def judged(m: dict[str, Any], family: str) -> list[list[str | None]] | None:
+    """The stored paired verdicts of a matrix, re-judged family-wise when asked; None without a paired test."""
+    p = m["summary"].get("paired")
+    return familywise_verdicts(p, method=family) if p else None
+
+
+def verdict_total(seeds: list[dict[str, Any]], family: str) -> str:
+    """``pass/fail/unresolved`` cross-tests added over the seeds: the paired verdicts (family-wise as chosen) where
+    stored, else the compatibility criterion on point estimates with ``–`` for "not tested"."""
+    counts = {"pass": 0, "fail": 0, "unresolved": 0}
+    tested = True
+    for m in seeds:
+        v = judged(m, family)
+        if v is None:
+            tested = False
+            ecc = ecc_cells(m["values"], stored_ties(m["summary"]))
+            counts["pass"] += int(np.nansum(ecc == 1))
+            counts["fail"] += int(np.nansum(ecc == 0))
+        else:
+            for name, n in verdict_counts(v).items():
+                counts[name] += n
+    return f"{counts['pass']}/{counts['fail']}/" + (str(counts["unresolved"]) if tested else "–")
+
+
+def interval_text(lo: float | None, hi: float | None) -> str | None:
+    return None if lo is None or hi is None else f"{100 * lo:.1f} – {100 * hi:.1f}"
+
+
+def paired_range(seeds: list[dict[str, Any]], family: str) -> str | None:
+    """AC in % from the sure passes to every cell not a sure failure, averaged over the seeds with a paired test."""
+    ranges = [ac_range(m["values"], v) for m in seeds if (v := judged(m, family)) is not None]
+    ranges = [r for r in ranges if r["AC_lo"] is not None]
+    if not ranges:
+        return None
+    return interval_text(float(np.mean([r["AC_lo"] for r in ranges])), float(np.mean([r["AC_hi"] for r in ranges])))
 
 
 def view_label(e: dict[str, Any], m: dict[str, Any]) -> str:
@@ -156,26 +189,43 @@ def summary_row(method: str, view: str, seeds: list[tuple[dict[str, Any], dict[s
         spread = seed_spread([m["summary"].get(name) for _, m in seeds])
         row[f"{name} %"] = None if spread["mean"] is None else 100 * spread["mean"]
         row[f"{name} % std"] = None if spread["std"] is None else 100 * spread["std"]
-    row["mean Γ %"] = seed_spread([mean_gain(m["summary"]) for _, m in seeds])["mean"]
-    row["paired ✓/✗/?"] = verdict_total([m["summary"] for _, m in seeds])
+        ci = seed_interval([m["summary"].get(name) for _, m in seeds])
+        row[f"{name} % 95% CI"] = interval_text(ci["lo"], ci["hi"])
+    row["cells ✓/✗/?"] = verdict_total([m for _, m in seeds], family)
+    row["AC % range (paired)"] = paired_range([m for _, m in seeds], family)
+    row["mean Γ %"] = gain_shown([m["values"] for _, m in seeds])
     row["queries without a positive"] = int(sum(np.nansum(np.tril(m["no_positive"])) for _, m in seeds))
     return row
 
 
+family = "none"
+if any(m["summary"].get("paired") for _, m in shown):
+    family = st.radio("Cross-tests judged", list(FAMILY), format_func=FAMILY.get, horizontal=True, key="cm_family",
+                      help="Each cell alone: every cross-test's own 95 % paired interval. A T x T matrix judges "
+                           "T(T-1)/2 cells at once; Holm (step-down on the cells' p-values) or Bonferroni-level "
+                           "simultaneous intervals keep the chance that any verdict of the matrix is wrong at 5 %.")
 summary = pd.DataFrame([summary_row(method, view, seeds) for (method, view), seeds in runs.items()])
 st.subheader(f"{metric_name(metric)} · {protocol} gallery · {eval_classes} classes")
 conv = state_convention(selected[0]["config"], metrics=metric, views=[m["view"] for _, m in shown], gallery=protocol,
-                        eval_classes=eval_classes)
+                        eval_classes=eval_classes, ties=stored_ties(shown[0][1]["summary"]))
 std_help = "Sample standard deviation over the seeds (n − 1); a dash for a single seed"
 table(summary, column_config={**summary_columns(),
     **{f"{name} % std": st.column_config.NumberColumn(f"{name} % std", format="%.1f", help=std_help)
        for name in ("AC", "AA", "ACA")},
     "seeds": st.column_config.NumberColumn("seeds", width="small", help="Runs of the method (one per seed) in the row; "
                                            "AC / AA / ACA are their mean"),
-    "mean Γ %": st.column_config.NumberColumn(format="%.1f", help="Update gain (CoReS Eq. 3) averaged over the cross-tests "
-                                              "(and the seeds): (cross-test - old self-test) / (new self-test - old self-test)"),
-    "paired ✓/✗/?": st.column_config.TextColumn(help="Cross-tests whose paired bootstrap interval (cross - self, same "
-                                                 "queries) lies above 0 / below 0 / straddles 0, added over the seeds"),
+    **{f"{name} % 95% CI": st.column_config.TextColumn(help="Student-t interval of the mean over the seeds "
+                                                        "(n − 1 degrees of freedom); a dash for a single seed")
+       for name in ("AC", "AA", "ACA")},
+    "mean Γ %": st.column_config.TextColumn(help="Update gain (CoReS Eq. 3) averaged over the cross-tests (and the seeds): "
+                                            "(cross-test - old self-test) / (new self-test - old self-test), only where "
+                                            "the new model beats the old one on its own by at least a point"),
+    "cells ✓/✗/?": st.column_config.TextColumn(help="Cross-tests that pass / fail / are too close to call, added over "
+                                                "the seeds: by the paired interval (cross - self, same queries; judged as "
+                                                "chosen above) where stored, else by the criterion on point estimates "
+                                                "(– = not tested)"),
+    "AC % range (paired)": st.column_config.TextColumn(help="AC counting only the sure passes, to AC counting every "
+                                                        "cross-test that is not a sure failure (mean over the seeds)"),
     "queries without a positive": st.column_config.NumberColumn(
         help="Queries whose class has no image in the gallery, summed over the cells; they are left out of the means"),
 }, caption="AC / AA / ACA: mean over the seeds, with their sample standard deviation." if many_seeds else None)
@@ -200,7 +250,7 @@ if len(curves) and curves["step"].max() >= 3:
 # ---- the same models in every stored view, side by side (the view picker above chooses the matrices below)
 by_view = [{"method": e["method"], "view": m["view"],
             **{f"{k} %": np.nan if m["summary"].get(k) is None else 100 * m["summary"][k] for k in ("AC", "AA", "ACA")},
-            "failing cross-tests": int(np.sum(ecc_cells(m["values"]) == 0))}
+            "failing cross-tests": int(np.sum(ecc_cells(m["values"], stored_ties(m["summary"])) == 0))}
            for e in selected for m in stored[e["id"]]
            if m["metric"] == metric and m["protocol"] == protocol and m["eval_classes"] == eval_classes]
 if len({r["view"] for r in by_view}) > 1:
@@ -217,7 +267,7 @@ if len({r["view"] for r in by_view}) > 1:
 
 def spread_summary(seeds: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
     """The first seed's stored summary with the AC / AA / ACA spread over every seed (for the report tables)."""
-    return {**seeds[0][1]["summary"],
+    return {**seeds[0][1]["summary"], "update_gain": gain_json(seeds[0][1]["values"]),  # Γ under one rule
             "spread": {k: seed_spread([m["summary"].get(k) for _, m in seeds]) for k in ("AC", "AA", "ACA")}}
 
 
@@ -262,7 +312,7 @@ def seed_verdicts(seeds: list[tuple[dict[str, Any], dict[str, Any]]], names: lis
                 if np.isnan(value):
                     row[f"seed {seed_of(e)}"] = None
                     continue
-                ok = bool(ecc_cells(m["values"])[t, k])
+                ok = bool(ecc_cells(m["values"], stored_ties(m["summary"]))[t, k])
                 passes, defined = passes + ok, defined + 1
                 paired = m["summary"].get("paired")
                 extra = f" (paired {marks[paired['verdict'][t][k]]})" if paired and paired["verdict"][t][k] in marks else ""
@@ -283,17 +333,14 @@ for (method, view), seeds in runs.items():
     shapes = {m["values"].shape for _, m in seeds}
     if mode == AVERAGED and len(seeds) > 1 and len(shapes) == 1:
         e, m = seeds[0]
-        gains = [m2["summary"].get("update_gain") for _, m2 in seeds]
-        gain = stacked_mean([np.array([[np.nan if v is None else v for v in r] for r in g]) for g in gains]) \
-            if all(gains) else None
         panels.append({"e": e, "m": m, "C": stacked_mean([m2["values"] for _, m2 in seeds]), "seeds": seeds,
-                       "title": f"{method} · {m['view']} · mean of {len(seeds)} seeds", "paired": None, "gain": gain,
+                       "title": f"{method} · {m['view']} · mean of {len(seeds)} seeds", "paired": None,
                        "valid": None, "key": f"avg_{e['id']}"})
     else:
         for e, m in seeds:
             seed = f" · seed {seed_of(e)}" if many_seeds else ""
             panels.append({"e": e, "m": m, "C": m["values"], "seeds": None, "title": f"{method}{seed} · {m['view']}",
-                           "paired": m["summary"].get("paired"), "gain": m["summary"].get("update_gain"),
+                           "paired": m["summary"].get("paired"),
                            "valid": m["valid_queries"], "key": str(e["id"])})
 
 per_row = 2 if len(panels) > 1 else 1
@@ -306,13 +353,15 @@ for start in range(0, len(panels), per_row):
         replaced = replaced_steps(e["config"])
         names = given_names(e, C.shape[0])
         comparable = np.asarray(m["summary"]["comparable"], bool) if m["summary"].get("comparable") else None
-        ecc = ecc_cells(C)
-        frame = charts.matrix_frame(C, ecc, names, comparable, p["valid"], p["paired"], p["gain"])
+        ties = stored_ties(m["summary"])
+        ecc = ecc_cells(C, ties)
+        shown_test = p["paired"] and {**p["paired"], "verdict": judged(m, family)}  # as judged above the table
+        frame = charts.matrix_frame(C, ecc, names, comparable, p["valid"], shown_test, gain_cells(C)[0].tolist())
         chart = charts.matrix_heatmap(frame, names, title=p["title"], metric=metric_name(metric),
                                       size=None if per_row == 1 else 400, domain=domain)
         with col:
             line = convention(e["config"], metrics=metric, views=m["view"], gallery=m["protocol"],
-                              eval_classes=m["eval_classes"])
+                              eval_classes=m["eval_classes"], ties=ties)
             if line != conv:  # said once above when every matrix shares the table's convention
                 st.caption(plain(line))
             chart = charts.with_convention(chart, line, 60)
@@ -322,18 +371,18 @@ for start in range(0, len(panels), per_row):
             fails = int((frame["status"] == "fail").sum())
             if p["seeds"] is None:
                 s = m["summary"]
-                st.markdown(f"{charts.summary_line(s)} · {fails} failing cross-test(s)"
-                            + (f" · paired ✓/✗/? {verdict_total([s])}" if s.get("paired") else ""))
+                span = paired_range([m], family)
+                st.markdown(f"{charts.summary_line(s)} · {fails} failing cross-test(s) · cells ✓/✗/? "
+                            f"{verdict_total([m], family)}" + (f" · AC range {span} %" if span else "")
+                            + (f" ({FAMILY[family]})" if s.get("paired") else ""))
             else:
                 from engine.metrics import summarize
 
-                st.markdown(f"Mean matrix: {charts.summary_line(summarize(C))} · {fails} failing cross-test(s)")
+                st.markdown(f"Mean matrix: {charts.summary_line(summarize(C, ties=ties))} · {fails} failing cross-test(s)")
                 st.caption("Each seed's verdict per cross-test (✓ passes the criterion, ✗ fails; the value in %):")
                 table(seed_verdicts(p["seeds"], names))
-            gains = frame.dropna(subset=["gain"])
-            if len(gains):
-                st.caption("Update gain Γ: " + plain(", ".join(f"{r.query}→{r.gallery} {100 * r.gain:.1f} %"
-                                                               for r in gains.itertuples())))
+            if gained := gain_text(C, names):
+                st.caption("Update gain Γ: " + plain(gained))
             with st.expander("Download"):
                 base = f"{e['name'].replace('/', '_')}_{metric}_{m['view']}" + ("_mean" if p["seeds"] else "")
                 d = st.columns(3)

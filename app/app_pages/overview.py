@@ -11,6 +11,7 @@ from app import queries as q
 from app.charts import number, summary_percent
 from app.learn import LEARN_PAGES
 from app.widgets import MISSING, empty_state, job_heading, job_timing, plain, summary_columns, table
+from engine.results.verdict_words import matrix_verdict
 from storage import crashed_worker
 
 STALE_S = 60
@@ -164,6 +165,7 @@ def experiment_rows(experiments: list[dict]) -> pd.DataFrame:
             "id": e["id"], "study": e["study"] or None, "experiment": e["name"], "method": e["method"],
             "dataset": data, "status": e["status"], "steps": len(versions),
             "view": main["view"] if main else None, **summary_percent(s),
+            "verdict": matrix_verdict(s["paired"]["verdict"]) if s.get("paired") else None,
             "finished": q.ago(e["finished_at"]) if e["finished_at"] else None,
         })
     return pd.DataFrame(rows)
@@ -201,7 +203,12 @@ def live() -> None:
             "id": st.column_config.NumberColumn("id", width="small"),
             "steps": st.column_config.NumberColumn("steps", width="small"),
             "experiment": st.column_config.TextColumn("experiment", width="medium"),
-            **summary_columns()},
+            **summary_columns(),
+            "verdict": st.column_config.TextColumn(
+                "verdict", help="The paired verdict of the cross-tests (interval of cross − self over the same "
+                "queries), in the words of the Upgrade check and check-upgrade: compatible / not compatible / too close "
+                "to call. AC counts the criterion on point estimates; a tie-close cross-test can pass it and still be "
+                "too close to call. A dash: no paired test stored.")},
             caption=f"AC, AA and ACA in percent, on Recall@1 in the method's main view; a dash ({MISSING}) means not computed "
                     "yet (a running experiment, or one without a stored matrix)."
             if rows[["AC %", "AA %", "ACA %", "study", "view", "finished"]].isna().any(axis=None) else

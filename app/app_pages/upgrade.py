@@ -6,8 +6,9 @@ import streamlit as st
 
 from app import queries as q
 from app.widgets import MISSING, analysis_result, model_label, pick_experiment, pick_steps, plain
-from engine.contract import ADAPTER_KINDS, adapter_key, adapters_payload, same_set_of
+from engine.contract import ADAPTER_KINDS, adapter_key, adapters_payload, analysis_key, same_set_of
 from engine.results.conventions import metric_name
+from engine.results.verdict_words import artefact_note, metric_order, needs_lines
 from engine.upgrade.words import interval, sentence, share
 
 url = q.db_url()
@@ -81,6 +82,30 @@ st.dataframe(pd.DataFrame([{"query / gallery": f"{a} / {b}", f"{metric_name(r['m
                                            (new_name, new_name, r["new_new"]))]), hide_index=True, placeholder=MISSING,
              column_config={f"{metric_name(r['metric'])} %": st.column_config.NumberColumn(format="%.1f")})
 
+def stored_reports() -> dict[str, dict]:
+    """The upgrade verdicts stored for these two models and view under each metric (this one included)."""
+    out = {metric: r}
+    for m in METRICS:
+        key = analysis_key("upgrade", {**params, "metric": m})
+        if m != metric and (hit := q.stored_analysis(url, experiment["id"], "upgrade", key, q.stamp(experiment))):
+            out[m] = hit["payload"]["report"]
+    return out
+
+
+def backfill_needs() -> str:
+    """The backfilling needed per stored metric, the one that does not flatter (mAP) first, each in its best
+    ordering; a metric under which the pair is already compatible needs none; mAP named when not computed."""
+    parts = []
+    reach = {m: next(n["to_old_self"] for n in rep["backfill"] if n["ordering"] == rep["best_ordering"])
+             for m, rep in reports.items() if rep.get("best_ordering") is not None}
+    lines = dict(zip(metric_order(reach), needs_lines(reach, old_name)))
+    for m in metric_order(reports):
+        parts.append(lines.get(m) or f"{metric_name(m)}: no backfilling needed ({reports[m]['verdict']})")
+    missing = "" if "map" in reports else " (mAP, which does not flatter, is not computed yet: choose it as the metric)"
+    return "Backfilling needed, per metric: " + "; ".join(parts) + "." + missing
+
+
+reports = stored_reports()
 if r["backfill"]:
     st.subheader("Backfilling needed")
     st.markdown(f"Not compatible: re-embed part of the gallery with {plain(new_name)}. The best ordering is the one with "
@@ -90,6 +115,9 @@ if r["backfill"]:
                                 f"to reach {new_name}'s self-test": share(n["to_new_self"])} for n in r["backfill"]]),
                  hide_index=True, placeholder=MISSING,
                  column_config={"M̃ %": st.column_config.NumberColumn(format="%.2f")})
+    st.markdown(plain(backfill_needs()))
+    if note := artefact_note(reports):
+        st.caption(note)
 
     st.subheader("Without backfilling: mapping adapters (paper 004)")
     adapters = {kind: hit["payload"] for kind in ADAPTER_KINDS

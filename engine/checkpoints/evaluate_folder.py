@@ -197,7 +197,7 @@ def result_json(result: MatrixResult, *, ecc_ties: str = "fail") -> dict:
 
 
 def store_feature_evaluation(db: Engine, *, name: str, config: dict, sets: Sequence[CellFeatures], result: MatrixResult,
-                             protocol: str, view: str = "external") -> int:
+                             protocol: str, view: str = "external", ties: str = "fail") -> int:
     """Store an evaluation of external features (one experiment, one model version per step) in one transaction."""
     versions = [Version(architecture="external", method="features",
                         classes=sorted({int(c) for c in fs.gallery_labels} | {int(c) for c in fs.query_labels}),
@@ -206,4 +206,4 @@ def store_feature_evaluation(db: Engine, *, name: str, config: dict, sets: Seque
                         labels={"query": fs.query_labels, "gallery": fs.gallery_labels})
                 for fs in sets]
     return record_experiment(db, name=name, method="features", config=config, versions=versions, results={view: result},
-                             protocol=protocol)
+                             protocol=protocol, ties=ties)

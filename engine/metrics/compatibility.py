@@ -23,7 +23,8 @@ import numpy as np
 from engine.metrics.ranking import QueryStats
 from engine.metrics.paired import PairedOptions, count_verdicts, paired_bootstrap, shared_items, verdict
 from engine.metrics.retrieval import VERIFICATION, Protocol, Ties, cell_stats, parse_metric, per_query_from_stats
-from engine.metrics.summary import summarize, update_gain
+from engine.metrics.gain import MIN_GAIN, gain_cells
+from engine.metrics.summary import summarize
 from engine.metrics.verification import pair_verification
 
 
@@ -64,6 +65,7 @@ class MatrixResult:
     no_positive: np.ndarray  # int per cell (-1 where not computed)
     comparable: np.ndarray  # bool per cell (False above the diagonal and for dimension mismatches)
     paired: dict[str, dict] | None = None  # per metric: paired_matrices() of every cross-test (see engine.metrics.paired)
+    rank_ties: str = "pessimistic"  # Recall@k's rule for a negative tying the best positive (stored with the summary)
 
 
 def _empty_paired(T: int, options: PairedOptions) -> dict:
@@ -158,7 +160,7 @@ def compatibility_matrices(
                 _pair_cell(tests, t, k, c.query_ids, vectors, diagonal[k], values, paired)
         if progress:
             progress(i + 1, len(cells))
-    return MatrixResult(values, valid, no_pos, comparable, tests)
+    return MatrixResult(values, valid, no_pos, comparable, tests, rank_ties=ties)
 
 
 def _comparable(c: CellFeatures | CellStats) -> bool:
@@ -200,11 +202,15 @@ def _json_matrix(a: np.ndarray) -> list[list[float | None]]:
 
 
 def stored_summary(result: MatrixResult, metric: str, *, ties: str = "fail") -> dict:
-    """JSON-ready summary stored with one metric's matrix: AC/AA/ACA and curves, comparable cells, the update
-    gain of every cross-test (``update_gain``) and, when computed, the paired test (``paired``: diff/lo/hi/n
+    """JSON-ready summary stored with one metric's matrix: the ECC tie rule its verdicts used (``ties``: every
+    reader marks cells with it, :func:`engine.results.conventions.stored_ties`), Recall@k's rank tie rule
+    (``rank_ties``), AC/AA/ACA and curves, comparable
+    cells, the update gain of every cross-test (``update_gain``; null where new self - old self is below
+    ``update_gain_min``, :mod:`engine.metrics.gain`) and, when computed, the paired test (``paired``: diff/lo/hi/n
     matrices, per-cell verdicts, counts and the bootstrap's settings)."""
     C = result.values[metric]
-    out = {**summarize(C, ties=ties), "comparable": result.comparable.tolist(), "update_gain": _json_matrix(update_gain(C))}
+    out = {"ties": ties, "rank_ties": result.rank_ties, **summarize(C, ties=ties), "comparable": result.comparable.tolist(),
+           "update_gain": _json_matrix(gain_cells(C)[0]), "update_gain_min": MIN_GAIN}
     if result.paired and metric in result.paired:
         p = result.paired[metric]
         out["paired"] = {"diff": _json_matrix(p["diff"]), "lo": _json_matrix(p["lo"]), "hi": _json_matrix(p["hi"]),

@@ -30,7 +30,8 @@ import numpy as np
 
 from engine.config import config_from_dict, dump_toml
 from engine.contract import main_view
-from engine.results.conventions import annotate, convention, model_names, replaced_steps
+from engine.metrics.gain import gain_json
+from engine.results.conventions import annotate, convention, model_names, replaced_steps, stored_ties
 from engine.results.report import CSV_COLUMNS, csv_text, matrix_rows, render_matrix, render_summary_table
 from storage import json_ready
 
@@ -75,7 +76,7 @@ def _csv_rows(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[int, S
             s = m["summary"]
             comparable = np.asarray(s["comparable"], bool) if s.get("comparable") else None
             cells = matrix_rows(C, names=_names(e, C.shape[0], given), comparable=comparable,
-                                ties=e["config"].get("eval", {}).get("ties", "fail"), paired=s.get("paired"),
+                                ties=stored_ties(s), paired=s.get("paired"),
                                 gain=s.get("update_gain"), metric=m["metric"], view=m["view"],
                                 protocol=m["protocol"], eval_classes=m["eval_classes"])
             rows += [{"experiment_id": e["id"], "method": e["method"], "seed": e["config"].get("seed"), **r}
@@ -116,8 +117,9 @@ def summary_markdown(experiments: Sequence[Mapping[str, Any]], matrices: Mapping
         if not shown:
             continue
         line = convention(shown[0][0]["config"], metrics=metric, views=[m["view"] for _, m in shown], gallery=protocol,
-                          eval_classes=classes)
-        table = render_summary_table([(_label(e, m), m["summary"]) for e, m in shown], fmt="markdown")
+                          eval_classes=classes, ties=stored_ties(shown[0][1]["summary"]))
+        table = render_summary_table([(_label(e, m), {**m["summary"], "update_gain": gain_json(np.asarray(m["values"], float))})
+                                      for e, m in shown], fmt="markdown")  # Γ under one rule, whatever an older row stored
         parts.append(f"## {metric} · {protocol} gallery · {classes} classes\n\n" + annotate(table, "markdown", line))
         for e, m in shown:
             C = np.asarray(m["values"], dtype=np.float64)
@@ -126,7 +128,7 @@ def summary_markdown(experiments: Sequence[Mapping[str, Any]], matrices: Mapping
                 if s.get("update_gain") else None
             parts.append(render_matrix(C, fmt="markdown", title=_label(e, m), paired=s.get("paired"), gain=gain,
                                        comparable=np.asarray(s["comparable"], bool) if s.get("comparable") else None,
-                                       ties=e["config"].get("eval", {}).get("ties", "fail"),
+                                       ties=stored_ties(s),
                                        replaced=replaced_steps(e["config"]), names=_names(e, C.shape[0], given or {})))
     return "\n".join(parts)
 

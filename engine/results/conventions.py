@@ -81,6 +81,12 @@ def settings(config: Mapping[str, Any]) -> Settings:
                     topk=ev.get("topk"), seeds=_seeds(config))
 
 
+def stored_ties(summary: Mapping[str, Any] | None) -> str:
+    """The ECC tie rule a stored matrix's verdicts used (``summary["ties"]``, written with the matrix); a row
+    stored before the rule was kept reads as the default, strict ``fail``."""
+    return (summary or {}).get("ties") or "fail"
+
+
 def replaced_steps(config: Mapping[str, Any]) -> tuple[int, ...]:
     """The steps whose model is replaced, from a run's stored config (``scenario.replacement_steps``), sorted."""
     return tuple(sorted(int(t) for t in config.get("scenario", {}).get("replacement_steps") or ()))
@@ -124,12 +130,13 @@ def view_phrase(view: str, s: Settings) -> str:
 
 def convention(config: Mapping[str, Any], *, metrics: str | Iterable[str] | None = None,
                views: str | Iterable[str] | None = None, gallery: str | None = None,
-               eval_classes: str | None = None, retrieval: bool = True, ecc: bool = True) -> str:
+               eval_classes: str | None = None, retrieval: bool = True, ecc: bool = True, ties: str | None = None) -> str:
     """One line stating the convention of a number computed for an experiment with stored ``config``.
 
     ``metrics`` / ``views``: what the table or chart shows (left out when None). ``gallery`` and
     ``eval_classes`` override the config with what a stored matrix records. ``retrieval=False`` leaves
-    out protocol, gallery and evaluation classes (feature geometry); ``ecc=False`` the tie rule.
+    out protocol, gallery and evaluation classes (feature geometry); ``ecc=False`` the tie rule. ``ties``: the
+    rule a stored matrix records (:func:`stored_ties`), over the config's.
     """
     s = settings(config)
     parts = [" / ".join(metric_name(m) for m in _listed(metrics))] if _listed(metrics) else []
@@ -142,7 +149,7 @@ def convention(config: Mapping[str, Any], *, metrics: str | Iterable[str] | None
                   "template gallery (class means)" if g == "template" else f"{g} gallery",
                   "seen classes only" if classes == "seen" else f"{classes} test classes"]
     if ecc:
-        parts.append("ECC strict > (a tie fails)" if s.ties == "fail" else "ECC >= (a tie passes)")
+        parts.append("ECC strict > (a tie fails)" if (ties or s.ties) == "fail" else "ECC >= (a tie passes)")
     parts.append(s.seeds)
     return "Convention: " + SEPARATOR.join(parts)
 

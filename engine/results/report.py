@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import unicodedata
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,8 @@ import numpy as np
 
 from engine.results.conventions import model_names, replaced_note
 from engine.metrics import ecc_pass, summarize
+from engine.metrics.gain import gain_cells, gain_text
+from engine.metrics.uncertainty import t_quantile
 from engine.metrics.paired import SYMBOLS, count_verdicts
 
 FORMATS = ("text", "csv", "markdown", "latex")
@@ -66,11 +69,10 @@ def paired_line(paired: dict) -> str:
             + ", ".join(f"{n[v]} {SYMBOLS[v]} {v}" for v in ("pass", "fail", "unresolved")))
 
 
-def gain_line(gain: np.ndarray, names: Sequence[str]) -> str:
-    """``update gain Γ (%): M2→M1 54.7, ...`` over the defined cross-tests (CoReS Eq. 3)."""
-    T = gain.shape[0]
-    parts = [f"{names[t]}→{names[k]} {100 * gain[t, k]:.1f}" for t in range(T) for k in range(t) if not np.isnan(gain[t, k])]
-    return "update gain Γ (%): " + (", ".join(parts) if parts else "undefined")
+def gain_line(C: np.ndarray, names: Sequence[str]) -> str:
+    """``update gain Γ: M2→M1 54.7 %, M3→M1 undefined (...)`` over the cross-tests (CoReS Eq. 3), Γ only where the
+    new model beats the old one on its own by a point (``engine.metrics.gain``), else undefined with why."""
+    return "update gain Γ: " + (gain_text(C, names) or "undefined (no cross-test)")
 
 
 def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparable: np.ndarray | None = None,
@@ -87,6 +89,8 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     T = C.shape[0]
     names = list(names) if names else model_names(T, replaced)
+    if gain is not None:  # Γ from the matrix under one rule, whatever an older row stored
+        gain = gain_cells(C)[0]
     cells = _cells(C, comparable, ties, paired["verdict"] if paired else None, latex=fmt == "latex")
     s = summarize(C, ties=ties)
     summary = (f"AC={_fmt(s['AC'])}  AA={_fmt(None if s['AA'] is None else 100 * s['AA'])}  "
@@ -101,7 +105,7 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
         for name, row in zip(names, cells):
             out.write(f"{name:<16}" + "".join(f"{c:>{width + 1}}" for c in row) + "\n")
         out.write(f"{summary}   (* = fails ECC: cross-test <= gallery model's self-test)\n")
-        for line in _extra_lines(paired, gain, names, replaced):
+        for line in _extra_lines(paired, None if gain is None else C, names, replaced):
             out.write(line + "\n")
     elif fmt == "csv":
         out.write(matrix_csv(C, names=names, comparable=comparable, ties=ties, paired=paired, gain=gain, metric=metric,
@@ -115,7 +119,7 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
         for name, row in zip(names, cells):
             out.write("| " + " | ".join([name] + row) + " |\n")
         out.write(f"\n{summary} (* fails ECC)\n")
-        for line in _extra_lines(paired, gain, names, replaced):
+        for line in _extra_lines(paired, None if gain is None else C, names, replaced):
             out.write(f"\n{line}\n")
     else:
         out.write("% requires \\usepackage[table]{xcolor}\n\\begin{tabular}{l" + "r" * T + "}\n")
@@ -124,7 +128,7 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
             tex = [("\\cellcolor{red!20}" + c.replace("*", "")) if "*" in c else c for c in row]
             out.write(" & ".join([name] + tex) + " \\\\\n")
         out.write("\\end{tabular}\n% " + summary + "\n")
-        for line in _extra_lines(paired, gain, names, replaced):
+        for line in _extra_lines(paired, None if gain is None else C, names, replaced):
             out.write(f"% {line}\n")
     return out.getvalue()
 
@@ -133,8 +137,11 @@ def matrix_rows(C: np.ndarray, *, names: Sequence[str], comparable: np.ndarray |
                 paired: dict | None = None, gain: np.ndarray | Sequence | None = None, metric: str = "", view: str = "",
                 protocol: str = "", eval_classes: str = "") -> list[dict]:
     """The lower triangle as rows of ``CSV_COLUMNS``: numbers as floats (None where undefined), ``cell`` = self /
-    cross / n/c / undefined, ``ecc_pass`` True/False on defined cross-tests (None on the diagonal)."""
+    cross / n/c / undefined, ``ecc_pass`` True/False on defined cross-tests (None on the diagonal), ``update_gain``
+    None where Γ is undefined (``engine.metrics.gain``: the new model not a point better on its own)."""
     ecc = ecc_pass(C, ties=ties)
+    if gain is not None:
+        gain = gain_cells(C)[0]
     rows = []
     for t in range(C.shape[0]):
         for k in range(t + 1):
@@ -191,8 +198,8 @@ def matrix_csv(C: np.ndarray, *, names: Sequence[str], **labels: Any) -> str:
     return csv_text(matrix_rows(C, names=names, **labels), CSV_COLUMNS)
 
 
-def _extra_lines(paired: dict | None, gain: np.ndarray | None, names: Sequence[str], replaced: Sequence[int]) -> list[str]:
-    return (([paired_line(paired)] if paired else []) + ([gain_line(gain, names)] if gain is not None else [])
+def _extra_lines(paired: dict | None, C: np.ndarray | None, names: Sequence[str], replaced: Sequence[int]) -> list[str]:
+    return (([paired_line(paired)] if paired else []) + ([gain_line(C, names)] if C is not None else [])
             + ([replaced_note(replaced)] if replaced else []))
 
 
@@ -214,12 +221,22 @@ def _mean_gain(s: dict) -> str:
 
 
 SUMMARY_CSV_COLUMNS = ("method", "AC", "AA", "ACA", "AC_std", "AA_std", "ACA_std", "seeds", "mean_update_gain",
-                       "paired_pass", "paired_fail", "paired_unresolved")
+                       "paired_pass", "paired_fail", "paired_unresolved", "AC_ci_lo", "AC_ci_hi", "AA_ci_lo", "AA_ci_hi",
+                       "ACA_ci_lo", "ACA_ci_hi", "AC_paired_lo", "AC_paired_hi")
+
+
+def _seed_ci(spread: dict | None) -> tuple[float | None, float | None]:
+    """The 95 % Student-t interval of a mean over seeds from its ``{"mean", "std", "n"}`` (None for one seed)."""
+    if not spread or spread.get("n", 0) < 2 or spread.get("std") is None:
+        return None, None
+    half = t_quantile(0.95, spread["n"] - 1) * spread["std"] / math.sqrt(spread["n"])
+    return spread["mean"] - half, spread["mean"] + half
 
 
 def _summary_record(name: str, s: dict) -> dict:
     """One row of the numeric summary CSV: fractions (AA, ACA and Γ not in percent), mean and sample std over
-    seeds when several, verdict counts as integers; None where undefined."""
+    seeds when several with their 95 % Student-t interval, verdict counts as integers and the range of AC they
+    leave open; None where undefined."""
     spread = s.get("spread") or {}
     many = {key: spread.get(key) for key in ("AC", "AA", "ACA") if spread.get(key) and spread[key].get("n", 0) > 1}
     g = s.get("update_gain")
@@ -231,7 +248,18 @@ def _summary_record(name: str, s: dict) -> dict:
             **{f"{key}_std": many[key]["std"] if key in many else None for key in ("AC", "AA", "ACA")},
             "seeds": max((v["n"] for v in many.values()), default=1),
             "mean_update_gain": float(gains.mean()) if len(gains) else None,
-            **{f"paired_{v}": counts.get(v) for v in ("pass", "fail", "unresolved")}}
+            **{f"paired_{v}": counts.get(v) for v in ("pass", "fail", "unresolved")},
+            **{f"{key}_ci_{end}": value for key in ("AC", "AA", "ACA")
+               for end, value in zip(("lo", "hi"), _seed_ci(spread.get(key)))},
+            **dict(zip(("AC_paired_lo", "AC_paired_hi"), _paired_ac(counts)))}
+
+
+def _paired_ac(counts: dict) -> tuple[float | None, float | None]:
+    """AC from the sure passes only to every cross-test not a sure failure (``engine.metrics.uncertainty.ac_range``)."""
+    n = sum(counts.values())
+    if not n:
+        return None, None
+    return counts["pass"] / n, (counts["pass"] + counts["unresolved"]) / n
 
 
 def _counts(s: dict) -> str:

@@ -5,7 +5,8 @@ import numpy as np
 from sqlalchemy import Engine
 
 from engine.contract import main_view
-from engine.results.conventions import replaced_steps
+from engine.metrics.gain import gain_json
+from engine.results.conventions import replaced_steps, stored_ties
 from engine.methods import METHODS
 from engine.methods.base import resolve_init_seed
 from engine.results.report import render_matrix, render_summary_table, seed_spread as _spread
@@ -28,8 +29,8 @@ def study_summary(db: Engine, study_id: int, experiment_ids: list[int]) -> dict:
                 views.setdefault(m.view, {})[m.metric] = {
                     "matrix": [[None if np.isnan(v) else float(v) for v in row] for row in m.values],
                     "AC": m.summary.get("AC"), "AA": m.summary.get("AA"), "ACA": m.summary.get("ACA"),
-                    "update_gain": m.summary.get("update_gain"), "paired": m.summary.get("paired"),
-                    "protocol": m.protocol, "eval_classes": m.eval_classes,
+                    "update_gain": gain_json(np.asarray(m.values, float)), "paired": m.summary.get("paired"),
+                    "protocol": m.protocol, "eval_classes": m.eval_classes, "ties": stored_ties(m.summary),
                 }
             seed = exp.config.get("seed")
             cls = METHODS.get(exp.method)
@@ -83,6 +84,6 @@ def print_study(summary: dict, *, fmt: str = "text", table_only: bool = False, m
                 print(render_matrix(_matrix(entry["matrix"]), fmt=fmt, title=f"{label}: {metric}{seed}",
                                     paired=entry.get("paired"), gain=gain, replaced=summary.get("replaced_steps", ()),
                                     metric=metric, view=view, protocol=entry.get("protocol", ""),
-                                    eval_classes=entry.get("eval_classes", "")))
+                                    eval_classes=entry.get("eval_classes", ""), ties=stored_ties(entry)))
     print(f"{metric}, AA and ACA in %" + (f", mean ± std over {len(summary['seeds'])} seeds" if len(summary.get("seeds", [])) > 1 else "") + ":")
     print(render_summary_table(rows, fmt="markdown" if fmt == "text" else fmt))

@@ -1,0 +1,62 @@
+"""One vocabulary for verdicts and backfilling needs on every page (torch-free).
+
+A cross-test's paired verdict (``pass`` / ``fail`` / ``unresolved``, :mod:`engine.metrics.paired`) is said with the
+words the Upgrade check and ``check-upgrade`` use (``engine.upgrade.words.HEADS``): compatible / not compatible /
+too close to call. Backfilling needs are quoted per metric, the one that does not flatter first: mAP (every item of
+the query's class counts), then Recall@k from the largest k, Recall@1 last with why it flatters.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from engine.results.conventions import metric_name
+
+WORDS = {"pass": "compatible", "fail": "not compatible", "unresolved": "too close to call"}
+RECALL1_ARTEFACT = ("Recall@1 flatters backfilling on an instance gallery: a query counts as found as soon as any one "
+                    "item of its class is re-embedded and ranks first, so a few percent of the gallery can match the "
+                    "new self-test while most of it is still old; mAP counts every item of the class.")
+
+
+def verdict_word(verdict: str | None) -> str | None:
+    """``pass`` -> 'compatible', ``fail`` -> 'not compatible', ``unresolved`` -> 'too close to call' (None stays None)."""
+    return None if verdict is None else WORDS[verdict]
+
+
+def matrix_verdict(verdicts: Sequence[Sequence[str | None]]) -> str | None:
+    """The paired verdict of a stored matrix in words: one cross-test (two models) -> its word; several -> the
+    count of each word ('2 compatible, 1 too close to call'); None when no cross-test has a verdict."""
+    flat = [v for t, row in enumerate(verdicts) for k, v in enumerate(row) if k < t and v]
+    if not flat:
+        return None
+    if len(flat) == 1:
+        return WORDS[flat[0]]
+    return ", ".join(f"{flat.count(v)} {WORDS[v]}" for v in WORDS if flat.count(v))
+
+
+def metric_order(metrics: Iterable[str]) -> list[str]:
+    """Metrics in the order backfilling needs are quoted: mAP (and mAP@k) first, then Recall@k from the largest k."""
+    def key(m: str) -> tuple[int, int]:
+        low = m.lower()
+        if low.startswith("map"):
+            return (0, 0)
+        if low.startswith("recall@"):
+            return (1, -int(low.split("@")[1]))
+        return (2, 0)
+    return sorted(dict.fromkeys(metrics), key=key)
+
+
+def needs_lines(reach: Mapping[str, float | None], target: str) -> list[str]:
+    """Per metric, least flattering first: 'mAP: reaches v2's self-test after 100% of the gallery' (``reach``: the
+    metric's smallest backfilled fraction that reaches ``target``'s self-test, None when none does)."""
+    out = []
+    for m in metric_order(reach):
+        x = reach[m]
+        got = (f"never reaches {target}'s self-test" if x is None
+               else f"reaches {target}'s self-test after {100 * x:.0f}% of the gallery")
+        out.append(f"{metric_name(m)}: {got}")
+    return out
+
+
+def artefact_note(metrics: Iterable[str]) -> str | None:
+    """The sentence on Recall@1's artefact when Recall@1 is among the quoted metrics, else None."""
+    return RECALL1_ARTEFACT if any(m.lower() == "recall@1" for m in metrics) else None
