@@ -76,7 +76,8 @@ if comp["lo"] <= 0 <= comp["hi"]:
                "contains 0. More queries, or a larger margin, would decide it.")
 st.caption(plain(f"{metric_name(r['metric'])} · view {view} · {r['n_queries']} queries, {r['n_gallery']} gallery items"
                  f"{' · closed-set: each query’s own image excluded' if r['same_set'] else ''} · paired percentile "
-                 f"bootstrap over queries, {r['resamples']:,} resamples, seed {r['seed']}"))
+                 f"bootstrap over {r.get('bootstrap', {}).get('paired_over', 'queries')}, {r['resamples']:,} resamples, "
+                 f"seed {r['seed']}"))  # what the stored interval resampled (older analyses: queries)
 st.dataframe(pd.DataFrame([{"query / gallery": f"{a} / {b}", f"{metric_name(r['metric'])} %": 100 * v}
                            for a, b, v in ((old_name, old_name, r["old_old"]), (new_name, old_name, r["new_old"]),
                                            (new_name, new_name, r["new_new"]))]), hide_index=True, placeholder=MISSING,
