@@ -14,8 +14,9 @@ starts: it shows the stored results with Launch disabled (no worker could store 
 
 The dashboard always runs headless (no first-run e-mail prompt, no notices, whether or not there is a terminal);
 this process opens the browser itself once the dashboard answers its health check. No usage statistics are sent
-and Streamlit looks up no outside address. Every child computes with ``cores // workers`` torch / BLAS / numba
-threads (``engine.threads``; ``--threads N`` or ``$COMPATLAB_THREADS`` to choose).
+and Streamlit looks up no outside address. The workers share the cores: each job runs with ``cores // the jobs
+running on this machine`` torch / BLAS / numba threads, the dashboard with ``cores // workers`` (``engine.threads``;
+``--threads N`` or ``$COMPATLAB_THREADS`` gives every child one count).
 
 Binding beyond loopback needs a shared secret (``--secret-file`` or ``$COMPATLAB_SECRET``, at least 16
 characters); the dashboard's gate (``app/gate.py``) asks for it before Streamlit serves anything. The secret
@@ -185,7 +186,8 @@ def open_browser_when_ready(url: str, stop: threading.Event) -> None:
 def child_commands(args: argparse.Namespace, url: str) -> dict[str, list[str]]:
     """The children: the engine worker (every job kind), the short-lane worker (analysis, adapters and checkpoints
     jobs only, so they never wait behind training) and the Streamlit server (the database URL goes in the environment)."""
-    worker = [sys.executable, "-m", "engine", "worker", "--checkpoints", str(checkpoint_dir(url))]
+    worker = [sys.executable, "-m", "engine", "worker", "--checkpoints", str(checkpoint_dir(url)),
+              *(["--share-cores"] if args.threads is None else [])]
     return {
         "worker": worker,
         "short-job worker": [*worker, "--kinds", *SHORT_JOB_KINDS],
@@ -320,17 +322,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"empty database: queued the quick-demo study (job #{job})", flush=True)
 
     commands = child_commands(args, url)
-    # cores // workers threads in each child (set before it loads torch or numpy); the dashboard computes only for
-    # the Learn pages, in short bursts, so it is not counted and gets the same number
+    # threads (set before a child loads torch or numpy): the user's count for every child; else the workers share
+    # the cores (pools sized at every core; each job takes cores // the jobs running here) and the dashboard, which
+    # computes only for the Learn pages in short bursts, takes cores // workers
     workers = sum(name != "dashboard" for name in commands)
-    env.update(threads.thread_env(threads.per_process(processes=workers, override=args.threads)))
+    if args.threads is not None:
+        env.update(threads.thread_env(args.threads))
+        dashboard_env = env
+    else:
+        env.update(threads.library_env(threads.available_cores()))
+        dashboard_env = {**env, **threads.thread_env(threads.per_process(processes=workers))}
     if read_only:  # the dashboard alone: it shows the stored results and disables Launch; a worker could write nothing
         commands = {"dashboard": commands["dashboard"]}
         print(f"{read_only}; showing the stored results with Launch disabled (no workers started)", flush=True)
     processes: dict[str, subprocess.Popen] = {}
     signal.signal(signal.SIGTERM, _interrupt)
     # the secret goes to the dashboard alone, in its environment: never on a command line
-    envs = {**dict.fromkeys(commands, env), "dashboard": env if secret is None else {**env, SECRET_ENV: secret}}
+    envs = {**dict.fromkeys(commands, env),
+            "dashboard": dashboard_env if secret is None else {**dashboard_env, SECRET_ENV: secret}}
     browser_stop = threading.Event()
     try:
         if warning:

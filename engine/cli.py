@@ -85,7 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "machines, one database)")
     w.add_argument("--threads", type=int, metavar="N",
                    help="torch / BLAS / numba threads (default: $COMPATLAB_THREADS, else the libraries' own defaults, "
-                        "every core; run_app.py gives each of its workers cores // workers)")
+                        "every core; run_app.py has its workers share the cores: --share-cores)")
+    w.add_argument("--share-cores", action="store_true",
+                   help="as each job starts, use cores // the jobs running on this machine (this one included), "
+                        "unless --threads or $COMPATLAB_THREADS gives a count (run_app.py starts its workers so)")
     _add_db(w, torchscript=True)
     add_ceiling_argument(w)
 
@@ -189,23 +192,27 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from engine.jobs.worker import serve
     from storage import get_engine
 
-    count = threads.requested(args.threads)  # run_app.py gives its workers $COMPATLAB_THREADS
-    if count is None:  # on its own: the libraries' defaults (every core) stay as they are
+    count = threads.requested(args.threads)
+    share = args.share_cores and count is None
+    if count is None and not share:  # on its own: the libraries' defaults (every core) stay as they are
         import torch
 
         print(f"worker {os.getpid()}: torch's default {torch.get_num_threads()} compute thread(s) (--threads N or "
               f"${threads.THREADS_ENV} to choose)", flush=True)
     else:
+        count = count or threads.available_cores()  # sharing: every core until a job beside it starts
         used = threads.apply(count)
         print(f"worker {os.getpid()}: {count} compute thread(s) "
-              f"({', '.join(f'{lib} {n}' for lib, n in used.items())})", flush=True)
+              f"({', '.join(f'{lib} {n}' for lib, n in used.items())})"
+              f"{'; each job: cores // the jobs running on this machine' if share else ''}", flush=True)
     try:
         if args.tasks:
             from engine.jobs.tasks import serve_tasks
 
             serve_tasks(get_engine(args.db), once=args.once)
             return 0
-        serve(get_engine(args.db), once=args.once, checkpoint_dir=args.checkpoints, kinds=args.kinds)
+        serve(get_engine(args.db), once=args.once, checkpoint_dir=args.checkpoints, kinds=args.kinds,
+              share_cores=share)
     except KeyboardInterrupt:
         pass
     return 0

@@ -1,10 +1,14 @@
 """How many compute threads each process uses (torch, BLAS / OpenMP, numba); torch-free (stdlib only).
 
 The rule: ``cores // processes`` threads per process, at least 1, where ``cores`` are the CPUs this process
-may run on (``os.sched_getaffinity`` where the platform has it) and ``processes`` the computing processes
-started together (``run_app.py``: its engine workers; a worker on its own keeps the libraries' defaults, every
-core). The user's choice replaces the rule: ``--threads N`` (``run_app.py``, ``python -m engine worker``), else
-``$COMPATLAB_THREADS``.
+may run on (``os.sched_getaffinity`` where the platform has it) and ``processes`` the processes computing at the
+same time. ``run_app.py``'s workers share the cores (``worker --share-cores``): as each job starts, its worker
+takes ``cores // (jobs running on this machine, its own included)``, so the demo alone trains on every core and a
+check started beside it splits them (the measured reason: two workers at every core each ran the demo 4x slower
+under load, one thread each ran it 1.8x slower on an idle machine, see ``bench/bench_demo.py``). The dashboard,
+whose Learn pages compute in short bursts, gets ``cores // workers``. A worker on its own keeps the libraries'
+defaults, every core. The user's choice replaces the rule: ``--threads N`` (``run_app.py``, ``python -m engine
+worker``), else ``$COMPATLAB_THREADS``.
 
 torch, OpenBLAS, MKL and OpenMP read their counts from the environment when they load, so a parent puts
 :func:`thread_env` into a child's environment before the child starts; :func:`apply` sets them in a process
@@ -61,9 +65,14 @@ def per_process(*, processes: int, cores: int | None = None, override: int | Non
     return max(1, (available_cores() if cores is None else cores) // processes)
 
 
+def library_env(count: int) -> dict[str, str]:
+    """The environment that sizes every library's thread pool in a child process at ``count`` threads."""
+    return dict.fromkeys(LIBRARY_ENVS, str(count))
+
+
 def thread_env(count: int) -> dict[str, str]:
     """The environment that gives a child process ``count`` threads in every library (and tells it the count)."""
-    return {THREADS_ENV: str(count), **dict.fromkeys(LIBRARY_ENVS, str(count))}
+    return {THREADS_ENV: str(count), **library_env(count)}
 
 
 def apply(count: int) -> dict[str, int]:

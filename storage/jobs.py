@@ -15,13 +15,14 @@ the worker's, so a worker whose clock is off cannot fail a healthy job. A claim 
 """
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, case, or_, select, update
+from sqlalchemy import Engine, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from storage.clock import db_now
@@ -286,6 +287,13 @@ def fail_jobs_of_worker(session: Session, worker_pid: int | WorkerIdentity, reas
         _fail_running_job(session, job, reason, now)
     session.flush()
     return [job.id for job in jobs]
+
+
+def running_jobs_here(session: Session) -> int:
+    """How many jobs are running on this machine (this host and boot), whichever worker claimed them."""
+    here = identity(os.getpid())
+    return session.scalar(select(func.count()).select_from(Job).where(
+        Job.status == "running", Job.worker_host == here.host, Job.worker_boot_id == here.boot_id)) or 0
 
 
 def worker_exit_reason(returncode: int) -> str:

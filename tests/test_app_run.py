@@ -32,7 +32,8 @@ def test_no_demo_when_there_are_experiments(db_url):
     assert run_app.queue_demo_if_empty(db_url) is None and _jobs(db_url) == []
 
 
-def test_arguments():
+def test_arguments(monkeypatch):
+    monkeypatch.delenv("COMPATLAB_THREADS", raising=False)
     args = run_app.parse_args(["--port", "8600", "--no-browser", "--db", "sqlite:///x.db", "--no-demo"])
     assert (args.port, args.no_browser, args.db, args.no_demo, args.host) == (8600, True, "sqlite:///x.db", True,
                                                                                "127.0.0.1")
@@ -40,7 +41,7 @@ def test_arguments():
     dashboard = commands["dashboard"]
     assert dashboard[dashboard.index("--server.address") + 1] == "127.0.0.1"
     assert dashboard[dashboard.index("--server.headless") + 1] == "true"
-    assert commands["worker"][1:] == ["-m", "engine", "worker", "--checkpoints", "/srv/lab/checkpoints"]
+    assert commands["worker"][1:] == ["-m", "engine", "worker", "--checkpoints", "/srv/lab/checkpoints", "--share-cores"]
 
 
 def test_checkpoints_live_beside_the_database():

@@ -168,11 +168,47 @@ def _run_app_child_threads(monkeypatch, folder: Path, db_url, *argv: str) -> dic
     return {name: json.loads(path.read_text()) for name, path in files.items()}
 
 
-def test_run_app_gives_each_child_cores_over_workers(monkeypatch, tmp_path, db_url):
+def test_run_app_workers_share_the_cores_and_the_dashboard_gets_cores_over_workers(monkeypatch, tmp_path, db_url):
     monkeypatch.delenv(threads.THREADS_ENV, raising=False)
-    monkeypatch.setattr(threads, "available_cores", lambda: 7)  # 7 cores, 2 workers: 3 threads each
+    monkeypatch.setattr(threads, "available_cores", lambda: 7)  # 7 cores, 2 workers: the dashboard 3 threads
+    child_commands = run_app.child_commands  # the real one (the fake children replace it below)
     envs = _run_app_child_threads(monkeypatch, tmp_path / "rule", db_url)
-    assert all(env == threads.thread_env(3) for env in envs.values()), envs
+    pools = {threads.THREADS_ENV: None, **threads.library_env(7)}  # pools at every core, no fixed count
+    assert envs["worker"] == envs["short"] == pools, envs
+    assert envs["dashboard"] == threads.thread_env(3), envs
+    commands = child_commands(run_app.parse_args(["--no-browser"]), db_url)
+    assert "--share-cores" in commands["worker"] and "--share-cores" in commands["short-job worker"]
+    fixed = child_commands(run_app.parse_args(["--no-browser", "--threads", "5"]), db_url)
+    assert "--share-cores" not in fixed["worker"] + fixed["short-job worker"]
+
+
+def test_a_sharing_worker_takes_cores_over_the_jobs_running_on_this_machine(monkeypatch, tmp_path):
+    from engine.jobs import worker
+    from storage import claim_next_job, enqueue_job, get_engine, init_db, session_scope
+
+    db = get_engine(f"sqlite:///{tmp_path / 'lab.db'}")
+    init_db(db)
+    with session_scope(db) as s:
+        for n in range(3):
+            enqueue_job(s, "analysis", {"n": n})
+    applied: list[int] = []
+    monkeypatch.setattr(threads, "available_cores", lambda: 8)
+    monkeypatch.setattr(threads, "apply", lambda count: applied.append(count) or {"torch": count})
+    monkeypatch.setitem(worker.HANDLERS, "analysis", lambda *a, **k: "done")
+    assert claim_next_job(db, os.getpid() + 1) is not None  # another worker of this machine is running a job
+    assert worker.run_one(db, share_cores=True) is not None  # 2 jobs running here: 8 // 2
+    assert worker.run_one(db) is not None  # not sharing: the count stays
+    assert applied == [4]
+    with session_scope(db) as s:  # the other worker's job ends: this one alone takes every core
+        from storage import finish_job
+        from storage.models import Job
+        from sqlalchemy import select
+
+        other = s.scalars(select(Job).where(Job.status == "running")).one()
+        finish_job(s, other.id, "done", lease=other.lease)
+        enqueue_job(s, "analysis", {"n": 3})
+    assert worker.run_one(db, share_cores=True) is not None
+    assert applied == [4, 8]
 
 
 def test_run_app_threads_flag_and_variable(monkeypatch, tmp_path, db_url):

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
+from engine import threads
 from engine.contract import JOB_PRIORITY
 from storage import (
     LeaseLost,
@@ -43,6 +44,7 @@ from storage import (
     init_db,
     is_cancel_requested,
     link_job_study,
+    running_jobs_here,
     session_scope,
     update_job_progress,
 )
@@ -121,8 +123,10 @@ class _Beat(threading.Thread):
 
 
 def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints",
-            kinds: Collection[str] | None = None) -> int | None:
+            kinds: Collection[str] | None = None, share_cores: bool = False) -> int | None:
     """Claim and run the next queued job (of ``kinds``, default any); return its id, or None when none is queued.
+
+    ``share_cores``: run the job with ``cores // (jobs running on this machine)`` threads (``engine.threads``).
 
     Every write about the job names the claim's lease: once the job is no longer this worker's
     (failed as stale while the worker was paused, taken over), the next progress report or cancel
@@ -135,6 +139,9 @@ def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints",
     job = claim_next_job(db, os.getpid(), kinds=kinds, priority=JOB_PRIORITY)
     if job is None:
         return None
+    if share_cores:  # this job included: the demo alone trains on every core, a check beside it splits them
+        with session_scope(db) as s:
+            threads.apply(threads.per_process(processes=running_jobs_here(s)))
     handler = HANDLERS.get(job.kind)
     lease = job.lease
     beat = _Beat(db, job.id, lease)
@@ -175,11 +182,12 @@ def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints",
 
 
 def serve(db: Engine, *, poll_s: float = 1.0, once: bool = False, checkpoint_dir: Path = Path("data") / "checkpoints",
-          kinds: Collection[str] | None = None) -> None:
-    """Run jobs (of ``kinds``, default any) until interrupted (``once``: until none is queued)."""
+          kinds: Collection[str] | None = None, share_cores: bool = False) -> None:
+    """Run jobs (of ``kinds``, default any) until interrupted (``once``: until none is queued); ``share_cores``: see
+    :func:`run_one`."""
     init_db(db)
     while True:
-        ran = run_one(db, checkpoint_dir=checkpoint_dir, kinds=kinds)
+        ran = run_one(db, checkpoint_dir=checkpoint_dir, kinds=kinds, share_cores=share_cores)
         if ran is None:
             if once:
                 return
