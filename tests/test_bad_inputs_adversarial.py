@@ -114,19 +114,23 @@ def _run_config(case, url, tmp_path, capsys):
     _refused_in_one_line(["run", str(path), "--quiet", "--checkpoints", str(ck)], url, message, capsys, untouched=[ck])
 
 
+@pytest.fixture
+def pg_url(pg_server):
+    """A new, empty PostgreSQL database, dropped after the test."""
+    url = pg_server.create_database()
+    yield url
+    get_engine(url).dispose()
+    pg_server.drop_database(url)
+
+
 @pytest.mark.parametrize("case", list(CONFIGS))
 def test_adversarial_config_is_one_line_exit_2_nothing_written(case, tmp_path, capsys, no_hang):
     _run_config(case, f"sqlite:///{tmp_path / 'c.db'}", tmp_path, capsys)
 
 
 @pytest.mark.parametrize("case", PG_CONFIGS)
-def test_adversarial_config_on_postgresql(case, pg_server, tmp_path, capsys, no_hang):
-    url = pg_server.create_database()
-    try:
-        _run_config(case, url, tmp_path, capsys)
-    finally:
-        get_engine(url).dispose()
-        pg_server.drop_database(url)
+def test_adversarial_config_on_postgresql(case, pg_url, tmp_path, capsys, no_hang):
+    _run_config(case, pg_url, tmp_path, capsys)
 
 
 def _zip_twice(path):
@@ -174,13 +178,8 @@ def test_adversarial_folder_is_one_line_exit_2_nothing_written(case, tmp_path, c
 
 
 @pytest.mark.parametrize("case", PG_FOLDERS)
-def test_adversarial_folder_on_postgresql(case, pg_server, tmp_path, capsys, no_hang):
-    url = pg_server.create_database()
-    try:
-        _run_folder(case, url, tmp_path, capsys)
-    finally:
-        get_engine(url).dispose()
-        pg_server.drop_database(url)
+def test_adversarial_folder_on_postgresql(case, pg_url, tmp_path, capsys, no_hang):
+    _run_folder(case, pg_url, tmp_path, capsys)
 
 
 def test_a_folder_name_too_long_for_the_database_needs_a_name(tmp_path, capsys):
