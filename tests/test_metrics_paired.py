@@ -60,6 +60,10 @@ def test_verdict_combines_with_strict_ecc():
     assert verdict(-0.2, -0.01, True) == "fail"
     assert verdict(np.nan, np.nan, True) is None
     assert count_verdicts([[None], ["pass", None], ["fail", "unresolved"]]) == {"pass": 1, "fail": 1, "unresolved": 1}
+    # under the tie rule "pass" (ECC >=): identical outcomes pass; a straddling interval stays unresolved
+    assert verdict(0.0, 0.0, True, ties="pass") == "pass"
+    assert verdict(-0.01, 0.02, True, ties="pass") == "unresolved"
+    assert verdict(-0.2, -0.01, False, ties="pass") == "fail"
     with pytest.raises(ValueError, match="resamples"):
         PairedOptions(resamples=0)
 

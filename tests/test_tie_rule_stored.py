@@ -15,6 +15,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from engine.cli import main
+from engine.metrics.compatibility import compatibility_matrices, stored_summary
+from engine.metrics.paired import PairedOptions
 from engine.results.bundle import study_bundle
 from engine.results.conventions import stored_ties
 from storage import get_engine, list_experiments, load_matrices, session_scope
@@ -92,3 +94,17 @@ def test_a_tie_is_judged_by_the_stored_rule_everywhere(tmp_path, app_db, capsys,
 
 def test_a_matrix_stored_before_the_rule_reads_as_strict():
     assert stored_ties({"AC": 1.0}) == "fail" and stored_ties(None) == "fail" and stored_ties({"ties": "pass"}) == "pass"
+
+
+@pytest.mark.parametrize("rule, passes", [("pass", True), ("fail", False)])
+def test_the_stored_paired_verdict_of_a_tie_follows_the_rule(tmp_path, rule, passes):
+    """Identical outcomes (the paired interval is the point [0, 0]) pass under ``pass`` and fail under ``fail``, as
+    their ECC does: the stored verdict, its counts and AC agree."""
+    arrays = dict(np.load(tied_folder(tmp_path / "tied") / "step_1.npz"))
+    result = compatibility_matrices([arrays, arrays], metrics=("recall@1",), paired=PairedOptions())
+    summary = stored_summary(result, "recall@1", ties=rule)
+    paired = summary["paired"]
+    assert (paired["lo"][1][0], paired["hi"][1][0]) == (0.0, 0.0)
+    assert paired["verdict"][1][0] == ("pass" if passes else "fail")
+    assert paired["counts"] == {"pass": int(passes), "fail": int(not passes), "unresolved": 0}
+    assert summary["AC"] == float(passes)

@@ -24,7 +24,7 @@ from engine.metrics.ranking import QueryStats
 from engine.metrics.paired import PairedOptions, count_verdicts, paired_bootstrap, shared_items, verdict
 from engine.metrics.retrieval import VERIFICATION, Protocol, Ties, cell_stats, parse_metric, per_query_from_stats
 from engine.metrics.gain import MIN_GAIN, gain_cells
-from engine.metrics.summary import summarize
+from engine.metrics.summary import ecc_pass, summarize
 from engine.metrics.verification import pair_verification
 
 
@@ -201,6 +201,14 @@ def _json_matrix(a: np.ndarray) -> list[list[float | None]]:
     return [[None if np.isnan(v) else float(v) for v in row] for row in np.asarray(a, dtype=np.float64)]
 
 
+def _verdicts_under(paired: dict, C: np.ndarray, ties: str) -> list[list[str | None]]:
+    """The per-cell paired verdicts under the ECC tie rule ``ties`` (the bootstrap itself does not depend on it)."""
+    passes = ecc_pass(C, ties=ties)
+    return [[verdict(paired["lo"][t, k], paired["hi"][t, k], bool(passes[t, k] == 1.0), ties=ties)
+             if paired["verdict"][t][k] is not None else None for k in range(len(row))]
+            for t, row in enumerate(paired["verdict"])]
+
+
 def stored_summary(result: MatrixResult, metric: str, *, ties: str = "fail") -> dict:
     """JSON-ready summary stored with one metric's matrix: the ECC tie rule its verdicts used (``ties``: every
     reader marks cells with it, :func:`engine.results.conventions.stored_ties`), Recall@k's rank tie rule
@@ -213,7 +221,8 @@ def stored_summary(result: MatrixResult, metric: str, *, ties: str = "fail") -> 
            "update_gain": _json_matrix(gain_cells(C)[0]), "update_gain_min": MIN_GAIN}
     if result.paired and metric in result.paired:
         p = result.paired[metric]
+        verdicts = _verdicts_under(p, C, ties)
         out["paired"] = {"diff": _json_matrix(p["diff"]), "lo": _json_matrix(p["lo"]), "hi": _json_matrix(p["hi"]),
-                         "n": np.asarray(p["n"]).tolist(), "verdict": p["verdict"], "counts": count_verdicts(p["verdict"]),
+                         "n": np.asarray(p["n"]).tolist(), "verdict": verdicts, "counts": count_verdicts(verdicts),
                          "items": p["items"], "resamples": p["resamples"], "seed": p["seed"], "confidence": p["confidence"]}
     return out

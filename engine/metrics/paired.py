@@ -10,9 +10,10 @@ which other cells were computed) and takes the percentile interval of the resamp
 The bootstrap draws multinomial counts over the *distinct* values of ``d`` - the same
 distribution as resampling indices, in memory bounded by ``chunk x distinct values``.
 
-Verdict, combined with the strict ECC (C[t, k] > C[k, k]) that AC counts:
+Verdict, combined with the ECC that AC counts (strict, C[t, k] > C[k, k], unless the tie rule is ``pass``):
 
-* ``pass``: ECC passes **and** the interval lies above 0 (``lo > 0``).
+* ``pass``: ECC passes **and** the interval lies above 0 (``lo > 0``; under the tie rule ``pass``, ``lo >= 0``:
+  identical outcomes, the point interval [0, 0], pass as their tied ECC does).
 * ``fail``: the interval lies below 0 (``hi < 0``), or ECC fails and the interval does not reach
   above 0 (``hi <= 0``; e.g. identical outcomes, where the interval is the point [0, 0]).
 * ``unresolved``: everything else - the interval straddles 0 (a cell whose strict ECC passes or
@@ -76,11 +77,12 @@ def paired_bootstrap(cross: np.ndarray, self_test: np.ndarray, *, resamples: int
     return float(d.mean()), float(lo), float(hi)
 
 
-def verdict(lo: float, hi: float, ecc_passes: bool) -> str | None:
-    """``pass`` / ``fail`` / ``unresolved`` from the interval and the strict ECC (None when undefined)."""
+def verdict(lo: float, hi: float, ecc_passes: bool, *, ties: str = "fail") -> str | None:
+    """``pass`` / ``fail`` / ``unresolved`` from the interval and the ECC under the tie rule ``ties`` (None when
+    undefined)."""
     if np.isnan(lo) or np.isnan(hi):
         return None
-    if ecc_passes and lo > 0:
+    if ecc_passes and (lo > 0 or (ties == "pass" and lo >= 0)):
         return "pass"
     if hi < 0 or (not ecc_passes and hi <= 0):
         return "fail"
