@@ -9,13 +9,24 @@ process each, and their ratios.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from peak_memory import measure  # noqa: E402 (the tests' child-process meter)
-from test_thumbnail_bounds import constant_png  # noqa: E402
+
+
+def _from_tests(name: str):
+    """A module of tests/ loaded from its file (tests/ is no package; no sys.path edit)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "tests" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # the test module imports peak_memory by name
+    spec.loader.exec_module(module)
+    return module
+
+
+measure = _from_tests("peak_memory").measure  # the tests' child-process meter
+constant_png = _from_tests("test_thumbnail_bounds").constant_png
 
 SETUP = """
 import time

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -33,11 +32,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine.metrics.compatibility import CellFeatures  # noqa: E402
-from engine.upgrade.rule import Rule  # noqa: E402
-from engine.upgrade.verdict import compare, per_query_scores, check_upgrade  # noqa: E402
+from engine.metrics.compatibility import CellFeatures
+from engine.upgrade.rule import Rule
+from engine.upgrade.verdict import check_upgrade, compare, per_query_scores
 
 DIM = 16
 TRUTH_DRAWS = 100

@@ -22,7 +22,6 @@ from typing import Any, get_args, get_origin, get_type_hints
 from engine import vocab
 from engine.data.splits import check_replacements, check_split
 from engine.vocab import INIT_SEEDS
-from storage import name_problem
 
 
 @dataclass(frozen=True)
@@ -222,6 +221,8 @@ def _name(v: str) -> str | None:
     """A run's name: what every page, export and the bundle's study.toml show (``storage.name_problem``)."""
     if not v.strip():
         return f"must be a non-empty text, got {v!r}"
+    from storage import name_problem  # the one name rule; imported here so that reading this module loads no numpy
+
     return name_problem(v, what="", limit=MAX_RUN_NAME)
 
 
