@@ -19,7 +19,8 @@ ADAPTER_NAMES = {"perp": "B⊥ + F", "lambda": "B_λ + F", "fct": "FCT (F only)"
 st.title("Upgrade check")
 st.caption("Paper 002's empirical compatibility criterion: new-model queries searched against the gallery the old model "
            "embedded must score above the old model on its own. Paired over the queries, with a seeded percentile "
-           "bootstrap interval: when it straddles 0 the answer is *too close to call*.")
+           "bootstrap interval that resamples the queries and, for Recall@k, the gallery items too (both are "
+           "samples): when it straddles 0 the answer is *too close to call*.")
 st.page_link("app_pages/checkpoints.py", label="Upload your own v1 and v2 on Checkpoints; each comparison is an "
              "experiment you can pick here", icon=":material/upload_file:")
 
