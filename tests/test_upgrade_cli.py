@@ -33,6 +33,7 @@ def test_exit_code_is_the_verdict(tmp_path, capsys, pair, code, verdict):
                                    "level": 0.95, "seed": 0}
     assert report["rule"] == "strict ECC (cross-test > self-test, the papers' rule)"
     assert capsys.readouterr().out.splitlines()[0] == report["sentence"]
+    assert f"over {report['compatibility']['n']} queries and {report['n_gallery']:,} gallery items)" in report["sentence"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "report.json"]
 
 

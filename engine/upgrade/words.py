@@ -40,6 +40,11 @@ def rule_name(margin: float, ties: str) -> str:
     return Rule(margin, ties).name
 
 
+def _and_gallery(report: Mapping[str, Any]) -> str:
+    """" and N gallery items" when the interval resampled the gallery too (``interval = "two-way"``), else ""."""
+    return f" and {report['n_gallery']:,} gallery items" if report.get("interval") == "two-way" else ""
+
+
 def sentence(report: Mapping[str, Any]) -> str:
     """The verdict in one sentence, then one on the new model alone and, when not compatible, one on backfilling.
 
@@ -48,7 +53,8 @@ def sentence(report: Mapping[str, Any]) -> str:
     old, new, m, level = report["old_name"], report["new_name"], metric_name(report["metric"]), report["level"]
     c, b = report["compatibility"], report["better"]
     out = [f"{HEADS[c['verdict']].format(old=old, new=new)}: {new} queries against the {old} gallery score {m} "
-           f"{pct(report['new_old'])} vs {pct(report['old_old'])} for {old} alone ({interval(c, level)} over {c['n']} queries).",
+           f"{pct(report['new_old'])} vs {pct(report['old_old'])} for {old} alone ({interval(c, level)} over {c['n']} queries"
+           f"{_and_gallery(report)}).",
            f"On its own {new} scores {pct(report['new_new'])} vs {pct(report['old_old'])} ({interval(b, level)}): "
            + ALONE[b["verdict"]].format(old=old)]
     if c.get("tie"):
