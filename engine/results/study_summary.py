@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 from sqlalchemy import Engine
 
-from engine.contract import main_view
+from engine.core.contract import main_view
 from engine.metrics.gain import gain_json
-from engine.results.conventions import replaced_steps, stored_ties
+from engine.core.conventions import replaced_steps, stored_ties
 from engine.methods import METHODS
 from engine.methods.base import resolve_init_seed
 from engine.results.report import render_matrix, render_summary_table, seed_spread as _spread

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.results.conventions import metric_name
+from engine.core.conventions import metric_name
 from engine.upgrade.rule import Rule
 
 HEADS = {"compatible": "{new} is compatible with {old}", "not compatible": "{new} is not compatible with {old}",
