@@ -13,6 +13,7 @@ import copy
 from typing import Any
 
 from engine.core.vocab import DATASET_CLASSES
+from engine.core.vocab import DSIMPLEX_METHODS
 from engine.core.vocab import DATASET_NAMES as DATASETS
 from engine.core.vocab import DEVICE_CHOICES as DEVICES
 from engine.core.vocab import EVAL_CLASSES, INIT_SEEDS, OPTIMIZERS, TRAINING_MODES
@@ -88,7 +89,8 @@ def _int_list(text: str, what: str) -> list[int]:
 def form_to_config(values: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     """``base`` (the preset's RunConfig dict) with the form's values written over it.
 
-    Method hyper-parameters of the preset are kept for the methods still chosen.
+    Method hyper-parameters of the preset are kept for the methods still chosen, and its d-Simplex scaling while
+    one of them has a d-Simplex head (else the row default, the only one the config accepts then).
     """
     config = copy.deepcopy(base)
     for field, (section, key) in FIELDS.items():
@@ -109,6 +111,8 @@ def form_to_config(values: dict[str, Any], base: dict[str, Any]) -> dict[str, An
             config[section][key] = value
     config["name"] = config["name"] or "experiment"
     config["method_params"] = {m: p for m, p in base.get("method_params", {}).items() if m in config["methods"]}
+    if "model" in config and not set(config["methods"]) & set(DSIMPLEX_METHODS):
+        config["model"]["dsimplex_normalization"] = "row"
     return config
 
 

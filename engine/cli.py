@@ -257,12 +257,17 @@ def cmd_adapt(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from engine.core.presets import RUN_PRESETS, preset_config
+    from engine.core.presets import RUN_PRESETS, preset_config, preset_deviations
     from engine.data.fashion_files import fashion_available
+    from engine.core.vocab import DSIMPLEX_METHODS
 
     for name in RUN_PRESETS:
         cfg = preset_config(name, fashion_present=fashion_available)
-        print(f"{name:16s} {cfg.dataset.name:10s} {cfg.scenario.num_steps or '?'} steps  methods: {', '.join(cfg.methods)}")
+        simplex = f"  d-Simplex: {cfg.model.dsimplex_normalization}" if set(cfg.methods) & set(DSIMPLEX_METHODS) else ""
+        print(f"{name:16s} {cfg.dataset.name:10s} {cfg.scenario.num_steps or '?'} steps  methods: {', '.join(cfg.methods)}"
+              f"  keeps: {cfg.training.select} epoch{simplex}")
+        for line in preset_deviations(name):
+            print(f"    differs: {line}")
     return 0
 
 

@@ -134,9 +134,11 @@ def test_paper_presets_carry_the_published_values():
         "lr_milestones": [80, 100],
         "lr_gamma": 0.1,
         "replay_per_class": 0,
+        "select": "last",
     }
     cores = training_settings("cores-cifar100")
     assert (cores["epochs"], cores["lr"], cores["lr_milestones"]) == (100, 0.1, [70])
+    assert cores["select"] == "best_val"  # cores-compatibility src/cores/main.py keeps the best validation epoch
     iam = training_settings("iamcl2r-cifar100r")
     assert (iam["lr"], iam["epochs"], iam["replay_per_class"]) == (0.1, 70, 20)  # from scratch; fine-tuning at 0.001
     assert method_hparams("iamcl2r-cifar100r", "er") == {"finetune_lr": 0.001}

@@ -10,7 +10,7 @@ from engine.core.config import config_from_dict, dump_toml
 from engine.core.contract import run_payload
 from engine.data.files_present import config_files_problem
 from engine.core.fan_out import FanOut
-from engine.core.presets import absent_methods_note
+from engine.core.presets import absent_methods_note, preset_deviations
 from engine.core.vocab import BACKBONE_NAMES, METHOD_NAMES
 
 url = q.db_url()
@@ -49,10 +49,12 @@ with st.spinner("Loading the method registry…"):  # the first visit imports to
 if PREFIX + "name" not in st.session_state:  # first visit (or widgets forgotten after another page)
     fill(st.session_state.get(PREFIX + "preset_choice", forms.DEMO_PRESET))
 
-st.selectbox("Preset", names["presets"], key=PREFIX + "preset_choice", on_change=on_preset,
-             help="Fills the form with a named run configuration (engine.core.presets: the demo and the papers' "
-                  "setups, each citing its table). Settings the form does not show keep the preset's values: "
-                  "see the TOML after Check.")
+chosen = st.selectbox("Preset", names["presets"], key=PREFIX + "preset_choice", on_change=on_preset,
+                      help="Fills the form with a named run configuration (engine.core.presets: the demo and the papers' "
+                           "setups, each citing its table). Settings the form does not show keep the preset's values: "
+                           "see the TOML after Check.")
+with st.expander("Where this preset differs from its paper and the paper's released code"):
+    st.markdown("\n".join(f"- {line}" for line in preset_deviations(chosen)))
 
 with st.form("new_experiment", border=True):
     st.text_input("Name", key=PREFIX + "name")

@@ -73,6 +73,9 @@ class ModelConfig:
     # initial weights at every step for CoReS, paper 002 Sec. 5.1 / Tab. 9 "SAME"; a new seed per step, i.e.
     # independently trained models, for every other method); "same" or "per_step" force one for all methods
     init_seed: str = "auto"
+    # d-Simplex scaling (engine.models.heads.dsimplex_prototypes): "row" (papers 001/003's code), "frobenius"
+    # (paper 001 App. D) or "frobenius_uncentred" (paper 002's code); only methods with a d-Simplex head use it
+    dsimplex_normalization: str = "row"
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,10 @@ class TrainingConfig:
     lr_gamma: float = 0.1
     amp: bool = True  # mixed precision, only ever used on CUDA
     num_workers: int = 0
+    # weights a step keeps: "last" epoch, or "best_val" = the epoch with the best classification accuracy on a
+    # seeded held-out share of the step's training images (paper 002's released code selects per epoch)
+    select: str = "last"
+    val_fraction: float | None = None  # best_val: share of each class's training images held out (None: 0.1)
 
 
 @dataclass(frozen=True)
@@ -248,11 +255,14 @@ RULES: dict[str, Rule] = {
     "model.backbone": _choice("backbone", vocab.BACKBONE_NAMES), "model.width": _number(1, 2048),
     "model.feature_dim": _number(1, 65_536), "model.dsimplex_classes": _number(2, 10_000),
     "model.init_seed": _choice("init_seed", INIT_SEEDS),
+    "model.dsimplex_normalization": _choice("d-Simplex normalization", vocab.DSIMPLEX_NORMALIZATIONS),
     "training.epochs": _number(1, 100_000), "training.batch_size": _number(1, 4096),
     "training.optimizer": _choice("optimizer", vocab.OPTIMIZERS), "training.lr": _number(0, 100, low_open=True),
     "training.momentum": _number(0, 1, high_open=True), "training.weight_decay": _number(0, 100),
     "training.lr_schedule": _choice("lr_schedule", vocab.LR_SCHEDULES), "training.lr_milestones": _POSITIVE,
     "training.lr_gamma": _number(0, 100, low_open=True), "training.num_workers": _number(0, 64),
+    "training.select": _choice("checkpoint selection", vocab.CHECKPOINT_SELECTIONS),
+    "training.val_fraction": _number(0, 0.5, low_open=True),
 }
 
 
@@ -293,6 +303,11 @@ def _check_values(cfg: RunConfig) -> None:
                          f"eval.protocol = 'open-set', got {cfg.eval.protocol!r}")
     _check_training(cfg.training)
     _check_scenario(cfg)
+    norm = cfg.model.dsimplex_normalization
+    if norm != "row" and not set(cfg.methods) & set(vocab.DSIMPLEX_METHODS):
+        raise ValueError(f"config key model.dsimplex_normalization = {norm!r} applies only to the methods with a "
+                         f"d-Simplex head ({', '.join(vocab.DSIMPLEX_METHODS)}), none of which is in methods "
+                         f"{list(cfg.methods)}; leave it 'row'")
 
 
 def _check_training(t: TrainingConfig) -> None:
@@ -305,6 +320,9 @@ def _check_training(t: TrainingConfig) -> None:
     if t.lr_schedule == "step" and not milestones:
         raise ValueError("config key training.lr_schedule = 'step' needs training.lr_milestones (the epochs where the "
                          "rate is multiplied by lr_gamma); without them use 'constant'")
+    if t.val_fraction is not None and t.select != "best_val":
+        raise ValueError(f"config key training.val_fraction = {t.val_fraction!r} applies only to training.select = "
+                         f"'best_val', got {t.select!r}")
 
 
 def _check_scenario(cfg: RunConfig) -> None:

@@ -35,6 +35,7 @@ TRAINING_KEYS = (
     "lr_milestones",
     "lr_gamma",
     "replay_per_class",
+    "select",
 )
 
 
@@ -50,8 +51,10 @@ def _training(
     weight_decay: float = 5e-4,
     lr_schedule: str = "step",
     lr_gamma: float = 0.1,
+    select: str = "last",
 ) -> dict[str, Any]:
-    """One training-settings dict; ``replay_per_class`` is used only by methods with ``uses_replay``."""
+    """One training-settings dict; ``replay_per_class`` is used only by methods with ``uses_replay``; ``select``: the
+    epoch a step keeps (``"last"``, or ``"best_val"`` where the paper's released code selects on validation)."""
     return {
         "epochs": epochs,
         "batch_size": batch_size,
@@ -63,6 +66,7 @@ def _training(
         "lr_milestones": lr_milestones,
         "lr_gamma": lr_gamma,
         "replay_per_class": replay_per_class,
+        "select": select,
     }
 
 
@@ -108,9 +112,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "methods": {"psp": {"temperature": 12.0}, "lsp": {"temperature": 12.0}},
     },
     # paper 002 Sec. 5.1, CIFAR-100/10 / SENet-18, K = 100: SGD 0.1, momentum 0.9, wd 5e-4, batch 128,
-    # 100 epochs per upgrade, lr -> 0.01 after 70. All data available: no replay.
+    # 100 epochs per upgrade, lr -> 0.01 after 70. All data available: no replay. Each step keeps its epoch of best
+    # validation accuracy [REPO, cores-compatibility src/cores/main.py].
     "cores-cifar100": {
-        "training": _training(epochs=100, batch_size=128, lr=0.1, lr_milestones=[70], replay_per_class=0),
+        "training": _training(epochs=100, batch_size=128, lr=0.1, lr_milestones=[70], replay_per_class=0,
+                              select="best_val"),
         "methods": {"cores": {}},
     },
     # paper 001 Table I, CIFAR100/10 / ResNet32, K = 100: 70 epochs, batch 128, SGD 0.1, decay at 50, 64
@@ -205,6 +211,9 @@ _CORES_SPLITS = {1: (50, 50), 2: (34, 33), 4: (20, 20), 9: (10, 10)}
 # tasks 3, 5 / 11, 21. Without ImageNet32 models the first model is trained from scratch on task 1 and the
 # replacement steps are retrained here (see engine.data.scenario).
 _IAM_TASKS = {7: (15, [3, 5]), 31: (3, [11, 21])}
+# papers 001/003: d-Simplex prototypes of unit norm [REPO, iamcl2r src/iamcl2r/models/__init__.py and CL2R
+# src/cl2r/model.py: dsimplex]; both keep the last epoch (save_best = False in their params.py)
+_ROW = dict(dsimplex_normalization="row")
 
 _DEMO_METHODS = ["independent", "bct", "cores", "dsimplex_hoc", "psp", "lsp"]
 # HOC's lambda = 0.5 departs from the paper's 0.1 (P1 §6, CIFAR/TinyImageNet; 0.5 is its CUB value): with
@@ -261,11 +270,13 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
         "psp-tinyimagenet", "psp-tinyimagenet-5steps", _PSP_METHODS,
         dataset=dict(name="imagefolder", root="data/tiny-imagenet-200", image_size=64), model=dict(backbone="resnet18"),
         scenario=dict(initial_classes=40, increment=40, num_steps=5), eval=dict(protocol="closed-set")),
-    # paper 002 CIFAR-100/10: SENet-18, a d-Simplex with K = 100 (99-d features), same initial seed for CoReS
-    # (init_seed "auto"), models retrained on all classes so far; ITM = `independent`.
+    # paper 002 CIFAR-100/10: SENet-18, a d-Simplex with K = 100 (99-d features) divided by its Frobenius norm before
+    # centring [REPO, cores-compatibility src/cores/model.py], same initial seed for CoReS (init_seed "auto"), models
+    # retrained on all classes so far; ITM = `independent`.
     **{f"cores-cifar100-{u}upgrade{'s' * (u > 1)}": _paper(
         "cores-cifar100", f"cores-cifar100-{u}upgrade{'s' * (u > 1)}", ["independent", "bct", "cores"],
-        dataset=dict(name="cifar100"), model=dict(backbone="senet18_cifar", dsimplex_classes=100),
+        dataset=dict(name="cifar100"),
+        model=dict(backbone="senet18_cifar", dsimplex_classes=100, dsimplex_normalization="frobenius_uncentred"),
         scenario=dict(initial_classes=first, increment=step, num_steps=u + 1),
         eval=dict(protocol="open-set", open_set_dataset="cifar10", metrics=["verification", "recall@1"]))
        for u, (first, step) in _CORES_SPLITS.items()},
@@ -274,7 +285,7 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
     # images per class.
     **{f"cl2r-cifar100-{n}tasks": _paper(
         "cl2r-cifar100", f"cl2r-cifar100-{n}tasks", _CL2R_METHODS,
-        dataset=dict(name="cifar100"), model=dict(backbone="resnet32_cifar", dsimplex_classes=100),
+        dataset=dict(name="cifar100"), model=dict(backbone="resnet32_cifar", dsimplex_classes=100, **_ROW),
         scenario=dict(initial_classes=10, increment=step, num_steps=n, training="finetune"), eval=_CL2R_EVAL)
        for n, step in _CL2R_TASKS.items()},
     # paper 001 Tables I / III and I / IV, 7 tasks: TinyImageNet200/20 (ResNet18 at 64x64, K = 200, 50 + 6 x 25) and
@@ -282,7 +293,7 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
     # test classes (TinyImageNet20, CUB20) are not available: closed-set on the test / val split.
     **{f"cl2r-{data}-7tasks": _paper(
         f"cl2r-{data}", f"cl2r-{data}-7tasks", _CL2R_METHODS,
-        dataset=dict(name="imagefolder", root=root, image_size=size), model=dict(backbone=net, dsimplex_classes=k),
+        dataset=dict(name="imagefolder", root=root, image_size=size), model=dict(backbone=net, dsimplex_classes=k, **_ROW),
         scenario=dict(initial_classes=first, increment=step, num_steps=7, training="finetune"),
         eval=dict(protocol="closed-set", gallery="template", metrics=["recall@1"]))
        for data, (root, size, net, k, first, step) in _CL2R_FOLDERS.items()},
@@ -290,11 +301,73 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
     # CIFAR-100 class [REPO]), ResNet18, K = 1024, 20 replay images per class, two replacements.
     **{f"iamcl2r-cifar100r-{n}tasks": _paper(
         "iamcl2r-cifar100r", f"iamcl2r-cifar100r-{n}tasks", _CL2R_METHODS,
-        dataset=dict(name="cifar100", max_per_class=300), model=dict(backbone="resnet18_cifar", dsimplex_classes=1024),
+        dataset=dict(name="cifar100", max_per_class=300), model=dict(backbone="resnet18_cifar", dsimplex_classes=1024, **_ROW),
         scenario=dict(initial_classes=10, increment=step, num_steps=n, training="finetune", replacement_steps=steps),
         eval=_CL2R_EVAL)
        for n, (step, steps) in _IAM_TASKS.items()},
 }
+
+# Where each preset still differs from its paper or the paper's released code (one line each), shown by
+# `python -m engine presets`, the New experiment page and the README. The released code read: cores-compatibility
+# (paper 002), iamcl2r (papers 001/003), CL2R (the d-Simplex-FD baseline); paper 000's code is not released.
+_NOT_PAPER = "not a paper's setup: "
+_SCALING = ("one d-Simplex scaling per study: row (HOC's released code); CoReS's own code divides by the Frobenius "
+            "norm (model.dsimplex_normalization = 'frobenius_uncentred')")
+_DEMO_LAM = "HOC lambda 0.5 (paper 001's CUB value), not its CIFAR value 0.1 (chosen for the demo's 10 epochs)"
+_PSP = (
+    "paper 000's code is not released: values from its text (A.9); the bct, cores and etf baselines keep this "
+    "tool's defaults (row-scaled d-Simplex, last epoch)",
+    "'temperature factor of 12' read as logits / 12 (1/12 is the other reading)",
+    "the paper does not say whether cells use all test classes or the seen ones: all",
+    "LCE and AdvBCT rows of Table 1 are absent (ABSENT_METHODS)",
+)
+_CORES = (
+    "best_val holds out 10 % of each class's training images (seeded); the released code selects on CIFAR-100's "
+    "test images of the step's classes (src/cores/main.py)",
+    "best_val and the Frobenius scaling apply to every method of the study; the released code trains CoReS only",
+    "class order drawn with scenario.class_order_seed; the released code keeps CIFAR-100's label order 0..99",
+    "mixed precision on CUDA (training.amp); the released code trains in float32",
+    "CoReS-MS (paper 002 Sec. 4.3, selection on a set i.i.d. with the gallery) is absent (ABSENT_METHODS)",
+)
+_CL2R = (
+    "d-Simplex-FD base weight 10 (the CL2R code's params.py default); its shipped configs set 5",
+    "FAN, CVS, LCE and AdvBCT rows of Table II are absent (ABSENT_METHODS)",
+)
+_CL2R_CIFAR = (
+    "lr /10 after epochs 50 and 64 (paper 001 Tab. I); the CL2R code's configs decay after epochs 49 and 64",
+    "paper 001's splits (10 initial classes); the CL2R code's shipped configs run 50 + 5 x 10 and 50 + 10 x 5",
+)
+_CL2R_FOLDER = ("open-set TinyImageNet20 / CUB20 classes are not available: closed-set on the test / val split",)
+_IAM = (
+    "no ImageNet32 pre-trained models: task 1 and the replacement steps are trained from scratch at lr 0.1",
+    "lr /10 after epochs 50 and 64 (paper); the iamcl2r code anneals with cosine from 0.001 to 1e-5",
+    "weight decay on every parameter; the iamcl2r code exempts biases and normalisation gains",
+    "FAN, CVS, LCE and AdvBCT rows are absent (ABSENT_METHODS)",
+)
+PRESET_DEVIATIONS: dict[str, tuple[str, ...]] = {
+    "quick-demo": (_NOT_PAPER + "a 3-5 minute illustration (Fashion-MNIST 4 + 3 + 3, 200 / 100 images per class, "
+                   "10 epochs, small_cnn)", _DEMO_LAM, _SCALING,
+                   "cells on the classes the gallery model learned (eval_classes = seen); the paper 000 presets use all",
+                   "pair verification on closed-set test pairs; paper 002 uses open-set CIFAR-10 pairs"),
+    **{name: (_NOT_PAPER + "full Fashion-MNIST, 30 epochs, small_cnn", _DEMO_LAM, _SCALING)
+       for name in ("fashion-2x5", "fashion-4-3-3", "fashion-5-5")},
+    "digits-tiny": (_NOT_PAPER + "a seconds-long smoke run (digits, 2 epochs)",),
+    **{name: _PSP for name in RUN_PRESETS if name.startswith("psp-")},
+    **{name: _CORES + (("2 upgrades: 34 + 33 + 33 classes; the released code's 100 // 3 gives 33 + 33 + 34",)
+                       if name == "cores-cifar100-2upgrades" else ())
+       for name in RUN_PRESETS if name.startswith("cores-")},
+    **{f"cl2r-cifar100-{n}tasks": _CL2R_CIFAR + _CL2R for n in _CL2R_TASKS},
+    **{f"cl2r-{data}-7tasks": _CL2R_FOLDER + _CL2R for data in _CL2R_FOLDERS},
+    **{f"iamcl2r-cifar100r-{n}tasks": _IAM for n in _IAM_TASKS},
+}
+
+
+def preset_deviations(name: str) -> tuple[str, ...]:
+    """The one-line deviations of run preset ``name`` from its paper and the paper's released code."""
+    if name not in RUN_PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(RUN_PRESETS)}")
+    return PRESET_DEVIATIONS[name]
+
 
 # Methods the papers compare with that this project does not implement: name -> (papers, what it is). Shown under
 # the dashboard's method picker and in the README, so a missing row of a paper's table is never a silent gap.

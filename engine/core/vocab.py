@@ -113,6 +113,12 @@ TRAINING_MODES = ("cumulative", "finetune")
 # models trained from scratch: "auto" = the same initial weights at every step only where the method's paper
 # prescribes it (CoReS, paper 002 Sec. 5.1 / Tab. 9), a new seed per step otherwise; "same" / "per_step" force one
 INIT_SEEDS = ("auto", "same", "per_step")
+# how the d-Simplex fixed classifier is scaled (engine.models.heads.DSIMPLEX_NORMALIZATIONS): unit rows (iamcl2r and
+# CL2R code), unit Frobenius norm after centring (paper 001 App. D), Frobenius norm before centring (CoReS code)
+DSIMPLEX_NORMALIZATIONS = ("row", "frobenius", "frobenius_uncentred")
+DSIMPLEX_METHODS = ("cores", "dsimplex_fd", "dsimplex_hoc")  # methods whose head is the d-Simplex (Method.head)
+# which epoch's weights a step keeps: the last, or the best classification accuracy on a held-out validation slice
+CHECKPOINT_SELECTIONS = ("last", "best_val")
 DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # engine.models.device.pick_device
 DEVICE_CHOICES = ("auto", "cpu", "cuda")  # what the forms offer (cuda:N is typed in a config)
 

@@ -32,6 +32,8 @@ from engine.models.net import Net
 
 
 RESIDENT_FRACTION = 0.25  # at most this share of the GPU's free memory holds a step's training images
+DEFAULT_VAL_FRACTION = 0.1  # training.select = "best_val" with val_fraction unset
+VAL_SEED_OFFSET = 1_000_003  # the validation split's generator: the step's seed plus this (batch order keeps the seed)
 
 
 def fits_on_device(images: torch.Tensor, device: torch.device) -> bool:
@@ -127,6 +129,37 @@ def epoch_batches(n: int, batch: int, gen: torch.Generator, memory: torch.Tensor
     return [torch.cat([mem[b * half:(b + 1) * half], rest[b * other:(b + 1) * other]]) for b in range(n_batches)]
 
 
+def validation_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(train, validation)`` sorted indices into ``labels``: ``floor(fraction * n_c)`` images of each class (of
+    ``n_c``) drawn for validation by a generator seeded with ``seed``, the rest for training."""
+    if not 0 < fraction <= 0.5:
+        raise ValueError(f"the validation fraction must be in (0, 0.5], got {fraction!r}")
+    gen = torch.Generator().manual_seed(seed)
+    held = [members[torch.randperm(len(members), generator=gen)[:int(fraction * len(members))]]
+            for members in (torch.nonzero(labels == c).flatten() for c in torch.unique(labels))]
+    val = torch.sort(torch.cat(held)).values
+    keep = torch.ones(len(labels), dtype=torch.bool)
+    keep[val] = False
+    return torch.nonzero(keep).flatten(), val
+
+
+def val_accuracy(net: Net, images: torch.Tensor, targets: torch.Tensor, index: torch.Tensor, *, device: torch.device,
+                 batch_size: int, fmt: torch.memory_format, use_amp: bool) -> float:
+    """Top-1 accuracy of ``net``'s head outputs on ``images[index]`` against ``targets[index]`` (eval mode, no
+    augmentation); ``net`` is left in training mode."""
+    net.eval()
+    correct = 0
+    with torch.no_grad():
+        for start in range(0, len(index), batch_size):
+            idx = index[start:start + batch_size].to(images.device)
+            x = images[idx].to(device, non_blocking=True).contiguous(memory_format=fmt)
+            with torch.autocast(device.type, enabled=use_amp):
+                logits = net(x).logits
+            correct += int((logits.argmax(dim=1).cpu() == targets[idx].cpu()).sum())
+    net.train()
+    return correct / len(index)
+
+
 def train_step(
     net: Net,
     method: Method,
@@ -150,10 +183,23 @@ def train_step(
     The learning rate starts from ``method.step_lr(cfg.lr, ctx)`` and follows ``cfg.lr_schedule``. ``resident`` keeps the images on ``device`` for the whole step (None:
     when :func:`fits_on_device`). ``shard``: this rank of a data-parallel group; ``cfg.batch_size`` is then per
     rank, the loss parts are averaged over the ranks, and a stop asked on any rank stops them all at the same batch.
+
+    ``cfg.select = "best_val"``: :func:`validation_split` (seed ``seed + VAL_SEED_OFFSET``) holds images out of
+    training, every epoch's ``val_accuracy`` joins its loss parts, and ``net`` ends with the weights of the first
+    epoch of highest accuracy (paper 002's released code keeps an epoch only when it beats the best so far).
     """
     hooks = hooks or Hooks()
-    if len(labels) < 2 * shard.world:
-        raise ValueError(f"step {ctx.step} has {len(labels)} training image(s); at least {2 * shard.world} are needed")
+    pool = val_index = None  # pool: the indices trained on (None: all)
+    if cfg.select == "best_val":
+        fraction = DEFAULT_VAL_FRACTION if cfg.val_fraction is None else cfg.val_fraction
+        pool, val_index = validation_split(labels, fraction, seed + VAL_SEED_OFFSET)
+        if len(val_index) == 0:
+            raise ValueError(f"step {ctx.step}: a validation share of {fraction} holds out no image of its classes "
+                             f"(fewer than {math.ceil(1 / fraction)} per class); raise training.val_fraction or "
+                             f"use training.select = 'last'")
+    n_train = len(labels) if pool is None else len(pool)
+    if n_train < 2 * shard.world:
+        raise ValueError(f"step {ctx.step} has {n_train} training image(s); at least {2 * shard.world} are needed")
     fmt = torch.channels_last if device.type == "cuda" and images.dim() == 4 else torch.contiguous_format
     net.to(device, memory_format=fmt).train()
     model = net if shard.world == 1 else DistributedDataParallel(net, device_ids=[device] if device.type == "cuda" else None)
@@ -167,14 +213,18 @@ def train_step(
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
     gen = torch.Generator().manual_seed(seed)  # batch order: the same on every rank
     aug_gen = gen if shard.world == 1 else torch.Generator().manual_seed(seed + 100_003 * (shard.rank + 1))
-    batch = min(cfg.batch_size, len(labels) // shard.world)
-    memory = torch.isin(labels, torch.tensor(ctx.replay_classes, dtype=labels.dtype)) if method.balances_replay(ctx) else None
+    batch = min(cfg.batch_size, n_train // shard.world)
+    train_labels = labels if pool is None else labels[pool]
+    memory = torch.isin(train_labels, torch.tensor(ctx.replay_classes, dtype=labels.dtype)) if method.balances_replay(ctx) else None
     base_lr = method.step_lr(cfg.lr, ctx)
     history = []
+    best_accuracy, best_state = -1.0, None
     for epoch in range(cfg.epochs):
         for group in opt.param_groups:
             group["lr"] = base_lr * lr_factor(epoch, cfg)
-        batches = [b[shard.rank::shard.world] for b in epoch_batches(len(labels), batch * shard.world, gen, memory)]
+        batches = [b[shard.rank::shard.world] for b in epoch_batches(n_train, batch * shard.world, gen, memory)]
+        if pool is not None:
+            batches = [pool[b] for b in batches]
         n_batches = len(batches)
         sums: dict[str, float] = {}
         for b, idx in enumerate(batches):
@@ -208,9 +258,17 @@ def train_step(
         if shard.world > 1:
             totals = _all_ranks(torch.tensor(totals, dtype=torch.float64, device=device), shard).tolist()
         means = {k: v / max(n_batches * shard.world, 1) for k, v in zip(names, totals)}
+        if val_index is not None:
+            means["val_accuracy"] = val_accuracy(net, images, targets, val_index, device=device, batch_size=batch,
+                                                 fmt=fmt, use_amp=use_amp)
+            if means["val_accuracy"] > best_accuracy:
+                best_accuracy = means["val_accuracy"]
+                best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
         history.append(means)
         if hooks.on_epoch:
             hooks.on_epoch(epoch + 1, cfg.epochs, means)
+    if best_state is not None:
+        net.load_state_dict(best_state)
     net.to(memory_format=torch.contiguous_format).eval()  # checkpoints (safetensors) need contiguous weights
     return history
 

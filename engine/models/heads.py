@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 LABEL_ALLOCATIONS = ("left_to_right", "right_to_left")
-DSIMPLEX_NORMALIZATIONS = ("row", "frobenius")
+DSIMPLEX_NORMALIZATIONS = ("row", "frobenius", "frobenius_uncentred")
 
 
 def dsimplex_prototypes(num_classes: int, normalization: str = "row") -> torch.Tensor:
@@ -23,12 +23,16 @@ def dsimplex_prototypes(num_classes: int, normalization: str = "row") -> torch.T
     ``(1 - sqrt(K)) / (K-1) * (1, ..., 1)``; the vertices are then centred, so pairwise cosines are
     exactly ``-1/(K-1)`` and the rows sum to zero (rank K-1).
 
-    ``normalization`` only rescales the matrix, the geometry is identical:
-    - ``"row"`` (default): every prototype has unit norm, as in the official iamcl2r code
-      (``models/__init__.py: dsimplex``), which produced the papers' published numbers.
-    - ``"frobenius"``: the whole matrix has unit Frobenius norm, so every prototype has norm
-      ``1/sqrt(K)``, as in the snippet printed in P1 Appendix D. With logits = features @ W^T and no
-      temperature, this only changes the logit scale the backbone has to learn.
+    ``normalization`` only rescales the matrix, the geometry is identical. With logits = features @ W^T and
+    no temperature, it changes the logit scale the backbone has to learn:
+    - ``"row"`` (default): every prototype has unit norm, as in the released code of papers 001/003
+      (iamcl2r ``src/iamcl2r/models/__init__.py: dsimplex``; CL2R ``src/cl2r/model.py: dsimplex``).
+    - ``"frobenius"``: centred, then the whole matrix scaled to unit Frobenius norm, so every prototype
+      has norm ``1/sqrt(K)``: the snippet printed in P1 Appendix D.
+    - ``"frobenius_uncentred"``: the vertices divided by the Frobenius norm of the *uncentred* matrix, then
+      centred, as paper 002's released code does (cores-compatibility ``src/cores/model.py: dsimplex``):
+      every prototype has norm ``1 / sqrt(K (1 + v^2))`` with ``v = (1 - sqrt(K)) / (K-1)``, 0.4 % below
+      ``1/sqrt(K)`` at K = 100 and 2.8 % below at K = 10.
     """
     if num_classes < 2:
         raise ValueError(f"a d-Simplex needs at least 2 classes, got {num_classes}")
@@ -38,10 +42,12 @@ def dsimplex_prototypes(num_classes: int, normalization: str = "row") -> torch.T
     vertices = torch.zeros(num_classes, dim, dtype=torch.float64)
     vertices[:dim] = torch.eye(dim, dtype=torch.float64)
     vertices[dim] = (1.0 - math.sqrt(num_classes)) / dim
+    if normalization == "frobenius_uncentred":
+        vertices /= torch.linalg.norm(vertices)
     vertices -= vertices.mean(dim=0, keepdim=True)
     if normalization == "row":
         vertices /= vertices.norm(dim=1, keepdim=True)
-    else:
+    elif normalization == "frobenius":
         vertices /= torch.linalg.norm(vertices)
     return vertices.to(torch.float32)
 

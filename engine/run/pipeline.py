@@ -106,10 +106,11 @@ def _new_model(method: Method, cfg: RunConfig, data: RunData, num_seen: int, ste
         feature_dim = None  # always K - 1
     elif method.head == "etf" and feature_dim is None:
         feature_dim = k_total - 1  # the smallest space a K-class simplex ETF fits in
+    normalization = cfg.model.dsimplex_normalization if method.head == "dsimplex" else "row"
     return build_model(backbone=cfg.model.backbone, head=method.head, num_classes=k_total if fixed else num_seen,
                        feature_dim=feature_dim,
                        in_channels=data.in_channels, width=cfg.model.width,
-                       seed=init_seed_for_step(method, cfg, step))
+                       seed=init_seed_for_step(method, cfg, step), dsimplex_normalization=normalization)
 
 
 def _next_model(method: Method, cfg: RunConfig, data: RunData, previous: Net | None, num_seen: int, step: int,
