@@ -140,3 +140,17 @@ def test_bad_values_are_refused_in_one_line_naming_the_key(data, message):
 )
 def test_the_edges_of_the_rules_are_accepted(data):
     assert config_from_dict(data).to_dict() == config_from_dict(config_from_dict(data).to_dict()).to_dict()
+
+
+def test_keys_added_later_leave_the_hash_of_older_configs_alone():
+    """A config stored before ``model.dsimplex_normalization`` / ``training.select`` existed hashes as the same
+    config with those keys at their neutral values; any other value changes the hash."""
+    from engine.core.config import NEUTRAL_ADDITIONS
+    from engine.results.record import config_hash
+
+    new = preset_config("digits-tiny").to_dict()
+    old = {section: ({k: v for k, v in part.items() if (section, k) not in NEUTRAL_ADDITIONS}
+                     if isinstance(part, dict) else part) for section, part in new.items()}
+    assert old != new and config_hash(old) == config_hash(new)
+    changed = {**new, "training": {**new["training"], "select": "best_val"}}
+    assert config_hash(changed) != config_hash(new)

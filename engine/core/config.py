@@ -24,6 +24,26 @@ from engine.core.splits import check_replacements, check_split
 from engine.core.vocab import INIT_SEEDS
 
 
+# Keys added after runs were stored, with the value at which a run computes exactly what it computed before the
+# key existed. ``neutral_for_hash`` leaves them out at that value, so a finished run is still found by its config's
+# hash (engine.results.record.config_hash) and not trained again; any other value is part of the hash as usual.
+NEUTRAL_ADDITIONS: dict[tuple[str, str], Any] = {
+    ("model", "dsimplex_normalization"): "row",
+    ("training", "select"): "last",
+    ("training", "val_fraction"): None,
+}
+
+
+def neutral_for_hash(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` without the :data:`NEUTRAL_ADDITIONS` keys that hold their neutral value (a shallow copy)."""
+    out = dict(config)
+    for (section, key), neutral in NEUTRAL_ADDITIONS.items():
+        part = out.get(section)
+        if isinstance(part, dict) and key in part and part[key] == neutral:
+            out[section] = {k: v for k, v in part.items() if k != key}
+    return out
+
+
 @dataclass(frozen=True)
 class DatasetConfig:
     name: str = "shapes"  # digits | shapes | cifar10 | cifar100 | imagefolder

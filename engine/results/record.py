@@ -17,6 +17,7 @@ import numpy as np
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from engine.core.config import neutral_for_hash
 from engine.core.contract import RAW_VIEWS
 from engine.data.samples import SampleRefs
 from engine.metrics.compatibility import MatrixResult, stored_summary
@@ -43,8 +44,11 @@ from storage.featurestore import check_store
 
 
 def config_hash(config: dict) -> str:
-    """A stable hash of a JSON-able config (key order does not matter); the same hash marks identical jobs."""
-    return json_hash(config)
+    """A stable hash of a JSON-able config (key order does not matter); the same hash marks identical jobs.
+
+    Keys added later at their neutral value are left out (``engine.core.config.neutral_for_hash``), so runs stored
+    before they existed keep their hash."""
+    return json_hash(neutral_for_hash(config))
 
 
 @dataclass(frozen=True)
