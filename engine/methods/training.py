@@ -9,7 +9,7 @@ augmentation and host-to-device copy otherwise bound the loop), and conv network
 channels_last. Batch order and augmentation come from the same CPU generator either way, so a run
 sees the same batches on any device.
 
-Data-parallel training (:mod:`engine.run.ddp`) calls the same loop once per rank with a :class:`Shard`: the
+Data-parallel training (:mod:`engine.run.ddp`) calls the same loop once per rank with a :class:`RankSlot` (its rank and world size, not a gallery shard): the
 model is wrapped in ``DistributedDataParallel``, every rank draws the same global batches (``batch_size`` per
 rank times the world size) and keeps every ``world``-th sample of each, as ``DistributedSampler`` does.
 """
@@ -54,7 +54,7 @@ class Hooks:
 
 
 @dataclass(frozen=True)
-class Shard:
+class RankSlot:
     """This process's place in a data-parallel group (an initialised ``torch.distributed`` process group)."""
 
     rank: int = 0
@@ -64,21 +64,21 @@ class Shard:
 STOP_EVERY = 10  # batches between two stop checks of a data-parallel group (each one is a collective)
 
 
-def _all_ranks(values: torch.Tensor, shard: Shard, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
+def _all_ranks(values: torch.Tensor, slot: RankSlot, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
     """``values`` reduced over the ranks (itself on one process)."""
-    if shard.world > 1:
+    if slot.world > 1:
         dist.all_reduce(values, op=op)
     return values
 
 
-def _stop_asked(hooks: Hooks, shard: Shard, batch_index: int, device: torch.device) -> bool:
+def _stop_asked(hooks: Hooks, slot: RankSlot, batch_index: int, device: torch.device) -> bool:
     """Whether to stop before this batch: ``hooks.should_stop``, agreed by every rank of a group."""
-    if shard.world > 1 and batch_index % STOP_EVERY:
+    if slot.world > 1 and batch_index % STOP_EVERY:
         return False
     asked = bool(hooks.should_stop and hooks.should_stop())
-    if shard.world == 1:
+    if slot.world == 1:
         return asked
-    return bool(_all_ranks(torch.tensor([float(asked)], device=device), shard, dist.ReduceOp.MAX).item())
+    return bool(_all_ranks(torch.tensor([float(asked)], device=device), slot, dist.ReduceOp.MAX).item())
 
 
 def make_optimizer(net: Net, cfg: TrainingConfig) -> torch.optim.Optimizer:
@@ -173,7 +173,7 @@ def train_step(
     augment_images: bool,
     hooks: Hooks | None = None,
     resident: bool | None = None,
-    shard: Shard = Shard(),
+    slot: RankSlot = RankSlot(),
 ) -> list[dict[str, float]]:
     """Train ``net`` in place on (images, labels) for ``cfg.epochs`` epochs; return per-epoch mean loss parts.
 
@@ -181,7 +181,7 @@ def train_step(
     generator seeded with ``seed`` and the last incomplete batch is dropped (contrastive losses need
     at least two samples); :func:`epoch_batches` balances them when ``method.balances_replay(ctx)``.
     The learning rate starts from ``method.step_lr(cfg.lr, ctx)`` and follows ``cfg.lr_schedule``. ``resident`` keeps the images on ``device`` for the whole step (None:
-    when :func:`fits_on_device`). ``shard``: this rank of a data-parallel group; ``cfg.batch_size`` is then per
+    when :func:`fits_on_device`). ``slot``: this rank of a data-parallel group; ``cfg.batch_size`` is then per
     rank, the loss parts are averaged over the ranks, and a stop asked on any rank stops them all at the same batch.
 
     ``cfg.select = "best_val"``: :func:`validation_split` (seed ``seed + VAL_SEED_OFFSET``) holds images out of
@@ -198,11 +198,11 @@ def train_step(
                              f"(fewer than {math.ceil(1 / fraction)} per class); raise training.val_fraction or "
                              f"use training.select = 'last'")
     n_train = len(labels) if pool is None else len(pool)
-    if n_train < 2 * shard.world:
-        raise ValueError(f"step {ctx.step} has {n_train} training image(s); at least {2 * shard.world} are needed")
+    if n_train < 2 * slot.world:
+        raise ValueError(f"step {ctx.step} has {n_train} training image(s); at least {2 * slot.world} are needed")
     fmt = torch.channels_last if device.type == "cuda" and images.dim() == 4 else torch.contiguous_format
     net.to(device, memory_format=fmt).train()
-    model = net if shard.world == 1 else DistributedDataParallel(net, device_ids=[device] if device.type == "cuda" else None)
+    model = net if slot.world == 1 else DistributedDataParallel(net, device_ids=[device] if device.type == "cuda" else None)
     old = ctx.old_model.to(device, memory_format=fmt).eval() if ctx.old_model is not None else None
     targets = net.head.class_to_output(labels)
     keep_on_device = fits_on_device(images, device) if resident is None else resident
@@ -212,8 +212,8 @@ def train_step(
     use_amp = cfg.amp and device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
     gen = torch.Generator().manual_seed(seed)  # batch order: the same on every rank
-    aug_gen = gen if shard.world == 1 else torch.Generator().manual_seed(seed + 100_003 * (shard.rank + 1))
-    batch = min(cfg.batch_size, n_train // shard.world)
+    aug_gen = gen if slot.world == 1 else torch.Generator().manual_seed(seed + 100_003 * (slot.rank + 1))
+    batch = min(cfg.batch_size, n_train // slot.world)
     train_labels = labels if pool is None else labels[pool]
     memory = torch.isin(train_labels, torch.tensor(ctx.replay_classes, dtype=labels.dtype)) if method.balances_replay(ctx) else None
     base_lr = method.step_lr(cfg.lr, ctx)
@@ -222,13 +222,13 @@ def train_step(
     for epoch in range(cfg.epochs):
         for group in opt.param_groups:
             group["lr"] = base_lr * lr_factor(epoch, cfg)
-        batches = [b[shard.rank::shard.world] for b in epoch_batches(n_train, batch * shard.world, gen, memory)]
+        batches = [b[slot.rank::slot.world] for b in epoch_batches(n_train, batch * slot.world, gen, memory)]
         if pool is not None:
             batches = [pool[b] for b in batches]
         n_batches = len(batches)
         sums: dict[str, float] = {}
         for b, idx in enumerate(batches):
-            if _stop_asked(hooks, shard, b, device):
+            if _stop_asked(hooks, slot, b, device):
                 raise Cancelled(f"cancelled during step {ctx.step}, epoch {epoch + 1}")
             idx = idx.to(images.device)
             x = images[idx]
@@ -255,9 +255,9 @@ def train_step(
                 hooks.on_batch(b, n_batches)
         names = list(sums)  # the same order on every rank: the same method fills it
         totals = [sums[k] for k in names]
-        if shard.world > 1:
-            totals = _all_ranks(torch.tensor(totals, dtype=torch.float64, device=device), shard).tolist()
-        means = {k: v / max(n_batches * shard.world, 1) for k, v in zip(names, totals)}
+        if slot.world > 1:
+            totals = _all_ranks(torch.tensor(totals, dtype=torch.float64, device=device), slot).tolist()
+        means = {k: v / max(n_batches * slot.world, 1) for k, v in zip(names, totals)}
         if val_index is not None:
             means["val_accuracy"] = val_accuracy(net, images, targets, val_index, device=device, batch_size=batch,
                                                  fmt=fmt, use_amp=use_amp)

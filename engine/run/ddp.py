@@ -36,7 +36,7 @@ from engine.core.config import TrainingConfig
 from engine.methods.base import Method, StepContext
 from engine.models.net import Net
 from engine.core.signals import Cancelled
-from engine.methods.training import Hooks, Shard, train_step
+from engine.methods.training import Hooks, RankSlot, train_step
 
 POLL_S = 0.5  # how often the calling process relays progress and asks ``should_stop`` while the ranks train
 
@@ -156,7 +156,7 @@ def _rank_main(rank: int, job: _RankJob, messages, stop) -> None:
         on_epoch = (lambda e, n, parts: messages.put(("epoch", e, n, parts))) if rank == 0 else None
         history = train_step(net, job.method, images, labels, job.ctx, job.cfg, device=device, seed=job.seed,
                              augment_images=job.augment_images, hooks=Hooks(on_epoch=on_epoch, should_stop=stop.is_set),
-                             shard=Shard(rank, job.nproc))
+                             slot=RankSlot(rank, job.nproc))
         if rank == 0 or job.states:
             state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
             save_file(state, str(Path(job.states or folder) / f"rank_{rank}.safetensors"))
