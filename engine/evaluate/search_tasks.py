@@ -25,7 +25,7 @@ from sqlalchemy import Engine, select
 
 from engine.core.cell import DERIVED_VIEWS, output_view
 from engine.metrics.ranking import QueryStats
-from engine.metrics.retrieval import Ties, metrics_from_stats, unit_rows
+from engine.metrics.retrieval import RankTies, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
 from engine.metrics.sharded import CPU, Shard, ap_kernel, checked_shard, count_kernel, gather_positives, group_by_query, \
     label_codes, shard_blocks
@@ -94,8 +94,8 @@ def fan_out_cells(db: Engine, cells: list[CellSpec], *, ks: tuple[int, ...] = (1
     ks = tuple(int(k) for k in ks)
     if not ks or any(k < 1 for k in ks) or (map_at is not None and map_at < 1):
         raise ValueError(f"every k must be >= 1, got ks={ks}, map_at={map_at}")
-    if ties not in get_args(Ties):
-        raise ValueError(f"unknown tie rule {ties!r}; use one of {', '.join(get_args(Ties))}")
+    if ties not in get_args(RankTies):
+        raise ValueError(f"unknown tie rule {ties!r}; use one of {', '.join(get_args(RankTies))}")
     if block_rows < 1 or shard_rows < 1:
         raise ValueError(f"block_rows and shard_rows must be >= 1, got {block_rows} and {shard_rows}")
     if not cells:

@@ -35,7 +35,7 @@ import numpy as np
 from engine.metrics.backfill_kernels import mixed_stats, recall1_stats, segment_of_columns
 from engine.models.device import pick_device
 from engine.metrics.ranking import QueryStats
-from engine.metrics.retrieval import Ties, unit_rows, metrics_from_stats, parse_metric, prepare_gallery
+from engine.metrics.retrieval import RankTies, unit_rows, metrics_from_stats, parse_metric, prepare_gallery
 from engine.metrics.search import DEFAULT_BLOCK, similarity_blocks
 from engine.metrics.validate import check_cell, check_features
 
@@ -90,7 +90,7 @@ def backfill_curves(
     fractions: Sequence[float] | np.ndarray | None = None,
     metrics: Sequence[str] = ("recall@1", "map"),
     same_set: bool = False,
-    ties: Ties = "pessimistic",
+    ties: RankTies = "pessimistic",
     max_block: int = DEFAULT_BLOCK,  # the torch backend's default: same blocks, so the endpoints match it bit for bit
 ) -> dict[str, np.ndarray | int]:
     """Backfilling curves of several metrics from one pass over the queries.
@@ -174,7 +174,7 @@ def backfill_curve(
     fractions: Sequence[float] | np.ndarray | None = None,
     metric: str = "recall@1",
     same_set: bool = False,
-    ties: Ties = "pessimistic",
+    ties: RankTies = "pessimistic",
 ) -> tuple[np.ndarray, np.ndarray]:
     """One metric's backfilling curve: ``(fractions, values)`` (default grid 0, 0.05, ..., 1)."""
     if not isinstance(metric, str):

@@ -22,7 +22,7 @@ import numpy as np
 
 from engine.metrics.ranking import QueryStats
 from engine.metrics.paired import PairedOptions, count_verdicts, paired_bootstrap, shared_items, verdict
-from engine.metrics.retrieval import VERIFICATION, Protocol, Ties, cell_stats, parse_metric, per_query_from_stats
+from engine.metrics.retrieval import VERIFICATION, Protocol, RankTies, cell_stats, parse_metric, per_query_from_stats
 from engine.metrics.gain import MIN_GAIN, gain_cells
 from engine.metrics.summary import ecc_pass, summarize
 from engine.metrics.verification import pair_verification
@@ -76,7 +76,7 @@ def _empty_paired(T: int, options: PairedOptions) -> dict:
 
 
 def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: list, *, protocol: Protocol, same_set: bool,
-                   ties: Ties, backend) -> tuple[dict[str, float], dict[str, np.ndarray], int, int]:
+                   ties: RankTies, backend) -> tuple[dict[str, float], dict[str, np.ndarray], int, int]:
     """One cell: each metric's value and per-item outcome vector (NaN = undefined), valid and no-positive counts."""
     ks = tuple(sorted({k for kind, k in parsed if kind == "recall"}))
     map_k = next((k for kind, k in parsed if kind == "map" and k), 0)
@@ -113,7 +113,7 @@ def compatibility_matrices(
     num_models: int | None = None,
     protocol: Protocol = "instance",
     same_set: bool = False,
-    ties: Ties = "pessimistic",
+    ties: RankTies = "pessimistic",
     backend=None,
     progress: Callable[[int, int], None] | None = None,
     paired: PairedOptions | None = None,

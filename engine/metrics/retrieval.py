@@ -33,7 +33,8 @@ from engine.core.vocab import GALLERY_PROTOCOLS as PROTOCOLS
 from engine.core.vocab import VERIFICATION, parse_metric
 
 Protocol = Literal["instance", "template"]
-Ties = Literal["pessimistic", "optimistic"]
+# how a negative that ties the best positive ranks (Recall@k); not the ECC tie rule (engine.metrics.summary.TieRule)
+RankTies = Literal["pessimistic", "optimistic"]
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ def cell_stats(
 
 
 def per_query_from_stats(stats: QueryStats, *, ks: tuple[int, ...] = (1, 5), map_at: int | None = None,
-                         want_map: bool = True, ties: Ties = "pessimistic") -> tuple[np.ndarray, dict[str, np.ndarray]]:
+                         want_map: bool = True, ties: RankTies = "pessimistic") -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Per-query outcomes of one cell: ``(valid, {"recall@k": hit (bool), "map": AP, "map@k": AP@k})``.
 
     ``valid`` marks the queries with a positive in the gallery; the vectors cover every query in the
@@ -155,7 +156,7 @@ def per_query_from_stats(stats: QueryStats, *, ks: tuple[int, ...] = (1, 5), map
     return valid, out
 
 
-def metrics_from_stats(stats: QueryStats, *, ks: tuple[int, ...] = (1, 5), map_at: int | None = None, want_map: bool = True, ties: Ties = "pessimistic") -> dict[str, float | int]:
+def metrics_from_stats(stats: QueryStats, *, ks: tuple[int, ...] = (1, 5), map_at: int | None = None, want_map: bool = True, ties: RankTies = "pessimistic") -> dict[str, float | int]:
     """Average the per-query statistics into Recall@k, mAP and mAP@k over the valid queries."""
     valid, vectors = per_query_from_stats(stats, ks=ks, map_at=map_at, want_map=want_map, ties=ties)
     n_valid = int(valid.sum())
@@ -176,7 +177,7 @@ def retrieval_metrics(
     map_at: int | None = None,
     protocol: Protocol = "instance",
     same_set: bool = False,
-    ties: Ties = "pessimistic",
+    ties: RankTies = "pessimistic",
     compute_map: bool = True,
     backend: Backend | str | None = None,
 ) -> dict[str, float | int]:

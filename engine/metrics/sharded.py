@@ -16,7 +16,7 @@ across shards once each query's positives are known:
 
 Counts merge by addition, so the statistics are exact, including the negatives tied with the best positive
 that both Recall@k tie rules need and that a top-k heap would only give below k. Tie rules are ranking.py's:
-scikit-learn thresholds for AP, ``pessimistic``/``optimistic`` for Recall@k. Ties are resolved the same way as
+scikit-learn thresholds for AP, ``pessimistic``/``optimistic`` for Recall@k. RankTies are resolved the same way as
 single-shot wherever the similarities are the same floats; the BLAS product of a (block x shard) may round the
 last bit differently from that of a (block x gallery), so items within one float32 ulp may order differently.
 
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from engine.metrics.ranking import QueryStats, _ap_from_counts, _bucket_table, _place
-from engine.metrics.retrieval import Protocol, Ties, cell_stats, metrics_from_stats, unit_rows
+from engine.metrics.retrieval import Protocol, RankTies, cell_stats, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
 from engine.metrics.validate import check_features, check_labels
 from engine.core.vocab import GALLERY_PROTOCOLS as PROTOCOLS
@@ -291,7 +291,7 @@ def sharded_retrieval_metrics(
     map_at: int | None = None,
     protocol: Protocol = "instance",
     exclude_ids: np.ndarray | None = None,
-    ties: Ties = "pessimistic",
+    ties: RankTies = "pessimistic",
     compute_map: bool = True,
     max_block: int = DEFAULT_BLOCK,
 ) -> dict[str, float | int]:
