@@ -20,7 +20,7 @@ from test_checkpoints_factory import (
 )
 
 from engine.core.classes import aligned_columns, read_class_list
-from engine.checkpoints.cli import parse_model_arg
+from engine.cli.options import parse_model_arg
 from engine.checkpoints.files import CheckpointError, parse_size
 from engine.checkpoints.loading import load_model
 

@@ -1,4 +1,4 @@
-"""``python -m engine export-images``: one split of a dataset as PNG class folders.
+"""One split of a dataset as PNG class folders (the ``export-images`` command, :mod:`engine.cli.export_images`).
 
 ``OUT/<class name>/<position>.png``, one 8-bit grayscale or RGB PNG per image, ``position`` being
 the image's place in the exported split (zero-padded, so sorted file names keep that order). Such a
@@ -9,21 +9,11 @@ temporary folder beside it and renamed into place, so an interrupted export leav
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``export-images``."""
-    p.add_argument("--dataset", required=True, help="a dataset name (see the README), e.g. fashion")
-    p.add_argument("--split", choices=("train", "test"), default="test")
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to create (absent or empty)")
-    p.add_argument("--max-per-class", type=int, metavar="N", help="the first N images of each class (default: all)")
-    p.add_argument("--root", default="data", help="the dataset's root folder (default: data)")
 
 
 def folder_name(class_name: str) -> str:
@@ -76,12 +66,3 @@ def export_images(dataset: str, out: Path, *, split: str = "test", max_per_class
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return counts
-
-
-def cmd_export_images(args: argparse.Namespace) -> int:
-    """The ``export-images`` command: write the tree and print one line per class folder."""
-    counts = export_images(args.dataset, args.out, split=args.split, max_per_class=args.max_per_class, root=args.root)
-    for folder, n in sorted(counts.items()):
-        print(f"{n:6d}  {args.out / folder}")
-    print(f"wrote {sum(counts.values())} images of {args.dataset} ({args.split}) to {args.out}")
-    return 0

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.checkpoints.cli import add_model_arguments, models_spec_from_args
+from engine.cli.options import add_model_arguments, models_spec_from_args
 from engine.core.contract import DEFAULT_ORDERINGS
 from engine.data import roots
 from engine.results.json_file import write_json_atomic

@@ -1,0 +1,63 @@
+"""``python -m engine evaluate``: compatibility matrices for a folder of ``step_*.npz`` features."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from engine.cli.options import add_db
+from engine.results.json_file import write_json_atomic
+from engine.results.report import FORMATS, render_matrix
+
+
+def add_arguments(ev: argparse.ArgumentParser) -> None:
+    """The options of ``evaluate``."""
+    ev.add_argument("--features", required=True, type=Path, metavar="DIR", help="folder with step_1.npz ... step_T.npz")
+    ev.add_argument("--metric", action="append", dest="metrics", metavar="NAME",
+                    help="recall@K, map or map@K (repeatable; default recall@1 and map)")
+    ev.add_argument("--protocol", choices=("instance", "template"), default="instance")
+    ev.add_argument("--same-set", action="store_true", help="queries are the gallery images: exclude each query's own image")
+    ev.add_argument("--ties", choices=("fail", "pass"), default="fail", help="ECC on a tie: strict > (fail) or >= (pass)")
+    ev.add_argument("--json", type=Path, metavar="OUT", help="write the matrices and AC/AA/ACA as JSON")
+    ev.add_argument("--export", choices=FORMATS[1:], help="also print the matrices as CSV, Markdown or LaTeX")
+    ev.add_argument("--name", help="experiment name in the database (default: the folder name)")
+    ev.add_argument("--no-store", action="store_true", help="do not write to the database")
+    add_db(ev)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """``evaluate``: print the folder's matrices, store them as an experiment (unless ``--no-store``)."""
+    from engine.checkpoints.evaluate_folder import evaluate_folder, load_feature_folder, result_json
+
+    metrics = tuple(args.metrics or ("recall@1", "map"))
+    if not args.no_store and args.name is None:  # the folder's name is the experiment's: a column must hold it
+        from storage import name_problem
+
+        if problem := name_problem(args.features.name, what="the folder name (the default --name)"):
+            raise ValueError(problem)
+    folder = load_feature_folder(args.features)
+    if not args.no_store:  # a database that cannot take the result is refused before computing it
+        from storage import get_engine, init_db
+
+        init_db(get_engine(args.db))
+    result = evaluate_folder(folder, metrics=metrics, protocol=args.protocol, same_set=args.same_set)
+    for name, C in result.values.items():
+        print(render_matrix(C, title=f"{name} ({args.protocol}{', same set' if args.same_set else ''})",
+                            comparable=result.comparable, ties=args.ties))
+        if args.export:
+            print(render_matrix(C, fmt=args.export, title=name, comparable=result.comparable, ties=args.ties,
+                                metric=name, view="external", protocol=args.protocol))
+    payload = {"features": str(args.features), "protocol": args.protocol, "same_set": args.same_set,
+               "metrics": result_json(result, ecc_ties=args.ties)}
+    if not args.no_store:
+        from engine.checkpoints.evaluate_folder import store_feature_evaluation
+        from storage import get_engine
+
+        config = {"source": "features", "folder": str(args.features.resolve()), "metrics": list(metrics),
+                  "protocol": args.protocol, "same_set": args.same_set, "ties": args.ties}
+        payload["experiment_id"] = store_feature_evaluation(get_engine(args.db), name=args.name or args.features.name,
+                                                            config=config, sets=folder.sets, result=result,
+                                                            protocol=args.protocol, ties=args.ties)
+        print(f"stored as experiment {payload['experiment_id']}")
+    if args.json:
+        write_json_atomic(args.json, payload)
+    return 0
