@@ -38,7 +38,7 @@ from pathlib import Path
 from app.gate import SECRET_ENV, check_secret, is_loopback  # stdlib only
 from engine.core import threads  # torch-free
 from engine.checkpoints.files import add_ceiling_argument, export_ceiling  # torch-free
-from engine.core.contract import SHORT_JOB_KINDS  # torch-free
+from engine.core.contract import SHORT_JOB_KINDS, run_preset_payload  # torch-free
 from engine.data import roots  # torch-free
 
 ROOT = Path(__file__).resolve().parent
@@ -94,7 +94,7 @@ def queue_demo_if_empty(url: str) -> int | None:
     with session_scope(engine) as s:
         if list_experiments(s) or list_jobs(s, limit=1):
             return None
-        return enqueue_job(s, "run", {"preset": "quick-demo"})
+        return enqueue_job(s, "run", run_preset_payload("quick-demo"))
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -22,8 +22,9 @@ from test_checkpoints_factory import (
 )
 
 from engine.checkpoints.compare import compare_checkpoints
-from engine.checkpoints.store import checkpoint_job, run_checkpoint_comparison
+from engine.checkpoints.store import run_checkpoint_comparison
 from engine.cli import main
+from engine.jobs.job_handlers import JobContext, checkpoints_job
 from storage import (
     CompatibilityMatrix,
     Experiment,
@@ -175,7 +176,7 @@ def test_json_spec_for_the_dashboard_worker(tmp_path, images, db_url):
                                           {"path": str(tmp_path / "b.safetensors"), "classes": "a,b,c,d"}],
             "dataset": {"name": "imagefolder", "root": str(images)}, "views": ["psp"], "max_file_bytes": "10MB"}
     spec = json.loads(json.dumps(spec))
-    message = checkpoint_job(get_engine(db_url), {"spec": spec}, lambda f, m: None, lambda: False, tmp_path)
+    message = checkpoints_job(get_engine(db_url), {"spec": spec}, JobContext(lambda f, m: None, lambda: False, tmp_path))
     with session_scope(get_engine(db_url)) as s:
         exp = s.scalars(select(Experiment)).one()
         assert message == f"experiment {exp.id}" and exp.name == "upgrade"

@@ -6,14 +6,14 @@ from engine.adapters.pair import KINDS as ADAPTER_KINDS
 from engine.metrics.backfill_orders import ORDERINGS
 from engine.core.cell import RAW_VIEWS, VIEWS
 from engine.methods import METHODS
-from engine.jobs.worker import HANDLERS
+from engine.jobs.job_handlers import JOB_HANDLERS
 
 
 def test_contract_matches_the_registries():
     assert contract.ORDERINGS == tuple(ORDERINGS)
     assert set(contract.DEFAULT_ORDERINGS) <= set(ORDERINGS)
     assert contract.ADAPTER_KINDS == ADAPTER_KINDS
-    assert contract.JOB_KINDS == tuple(HANDLERS)
+    assert contract.JOB_KINDS == tuple(JOB_HANDLERS)
     assert contract.RAW_VIEWS == RAW_VIEWS
     assert set(contract.DERIVED_VIEWS) | set(contract.RAW_VIEWS) == set(VIEWS) == set(vocab.VIEWS)
     assert set(contract.DERIVED_VIEWS.values()) <= set(RAW_VIEWS)

@@ -184,6 +184,7 @@ def test_run_app_workers_share_the_cores_and_the_dashboard_gets_cores_over_worke
 
 def test_a_sharing_worker_takes_cores_over_the_jobs_running_on_this_machine(monkeypatch, tmp_path):
     from engine.jobs import worker
+    from engine.jobs.job_handlers import JOB_HANDLERS
     from storage import claim_next_job, enqueue_job, get_engine, init_db, session_scope
 
     db = get_engine(f"sqlite:///{tmp_path / 'lab.db'}")
@@ -194,7 +195,7 @@ def test_a_sharing_worker_takes_cores_over_the_jobs_running_on_this_machine(monk
     applied: list[int] = []
     monkeypatch.setattr(threads, "available_cores", lambda: 8)
     monkeypatch.setattr(threads, "apply", lambda count: applied.append(count) or {"torch": count})
-    monkeypatch.setitem(worker.HANDLERS, "analysis", lambda *a, **k: "done")
+    monkeypatch.setitem(JOB_HANDLERS, "analysis", lambda *a, **k: "done")
     assert claim_next_job(db, os.getpid() + 1) is not None  # another worker of this machine is running a job
     assert worker.run_one(db, share_cores=True) is not None  # 2 jobs running here: 8 // 2
     assert worker.run_one(db) is not None  # not sharing: the count stays

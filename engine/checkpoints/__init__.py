@@ -32,10 +32,10 @@ Loading (torch)
   ``sandbox`` / ``sandbox_child``  ``SandboxedScript``: a TorchScript archive in a process without file access
 
 Comparing and storing (torch)
-  ``compare``  ``compare_checkpoints(spec, *, progress, should_stop, trust) -> Comparison`` (stores nothing);
-      ``run_checkpoint_comparison(db, spec, ...) -> experiment id``; ``checkpoint_job`` (the worker's handler)
+  ``compare``  ``compare_checkpoints(spec, *, progress, should_stop, trust) -> Comparison`` (stores nothing)
   ``embedding``  ``ImageSource`` (one image set, a batch at a time at each model's size), ``probe``, ``extract``
-  ``store``  ``store_comparison(db, cmp)`` (one transaction), ``comparison_json``
+  ``store``  ``store_comparison(db, cmp)`` (one transaction), ``comparison_json``;
+      ``run_checkpoint_comparison(db, spec, ...) -> experiment id`` (compare and store; the worker's ``checkpoints`` jobs)
   ``evaluate_folder``  ``load_feature_folder``, ``evaluate_folder``, ``store_feature_evaluation`` (features from .npz)
-  ``cli``  the ``compare-checkpoints`` command
+  (the ``compare-checkpoints`` command is ``engine.cli.checkpoints``)
 """

@@ -4,14 +4,13 @@ transaction through ``engine.results.record``, and its JSON summary for the comm
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
 
 from engine.checkpoints.compare import Comparison, Progress, compare_checkpoints
 from engine.checkpoints.evaluate_folder import result_json
-from engine.checkpoints.files import LOCAL, Trust, server_trust
+from engine.checkpoints.files import LOCAL, Trust
 from engine.checkpoints.request import ComparisonSpec
 from engine.results.record import Version, record_experiment
 
@@ -65,15 +64,3 @@ def run_checkpoint_comparison(db: Engine, spec: Mapping[str, Any] | ComparisonSp
     if progress is not None:
         progress(1.0, f"stored as experiment {experiment_id}")
     return experiment_id
-
-
-def checkpoint_job(db: Engine, payload: Mapping[str, Any], progress: Progress, should_stop: Callable[[], bool],
-                   checkpoint_dir: Path) -> str:
-    """Worker handler for jobs of kind ``checkpoints``: payload ``{"spec": {...}}`` (see :func:`comparison_spec`).
-
-    Jobs come from the dashboard, so they run with ``server_trust()``: paths confined to the data
-    roots, TorchScript refused unless the worker was started with ``--allow-torchscript``.
-    """
-    experiment_id = run_checkpoint_comparison(db, payload["spec"], progress=progress, should_stop=should_stop,
-                                              trust=server_trust())
-    return f"experiment {experiment_id}"

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.core.fan_out import FanOut, check_task_gallery
+from engine.core.presets import RUN_PRESETS
 from engine.core.vocab import RUN_PROTOCOLS, parse_metric
 
 # ---------------------------------------------------------------------------------------------- views
@@ -131,7 +132,7 @@ def analysis_key(kind: str, params: dict[str, Any] | None) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- jobs
-JOB_KINDS = ("run", "analysis", "adapters", "checkpoints")  # engine.jobs.worker.HANDLERS
+JOB_KINDS = ("run", "analysis", "adapters", "checkpoints")  # engine.jobs.job_handlers.JOB_HANDLERS
 # Worker lanes: run_app.py starts a worker that takes every kind and one for the short lane only
 # (``python -m engine worker --kinds analysis adapters checkpoints``), so a map, a backfill curve, an upgrade verdict
 # (an analysis), an adapter fit or a checkpoint comparison never waits behind training.
@@ -156,6 +157,13 @@ def run_payload(config: dict[str, Any], fan_out: FanOut | None = None) -> dict[s
         return {"config": config}
     check_task_gallery(config["eval"]["gallery"])
     return {"config": config, "tasks": dataclasses.asdict(fan_out)}
+
+
+def run_preset_payload(name: str) -> dict[str, Any]:
+    """A ``run`` job of a named preset (``engine.core.presets.RUN_PRESETS``), resolved by the worker that runs it."""
+    if name not in RUN_PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(RUN_PRESETS)}")
+    return {"preset": name}
 
 
 def analysis_payload(experiment_id: int, kind: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -7,12 +7,8 @@ Both claim the queued job they may take in ``engine.core.contract.JOB_PRIORITY``
 then comparisons, then training; the oldest among equals); the claim is atomic, so two workers never run
 the same job.
 
-Job kinds (payload formats):
-* ``run``: ``{"config": RunConfig dict}`` or ``{"preset": NAME}``, optionally ``"tasks": {"block_rows": N,
-  "shard_rows": N}`` (evaluate through tasks, ``engine.evaluate.matrix``): train/evaluate a study.
-* ``analysis``: ``{"experiment_id": id, "kind": ..., "params": {...}}``: see ``engine.jobs.analysis``.
-* ``checkpoints``: ``{"spec": {...}}``: see ``engine.checkpoints.compare`` (bring-your-own models).
-* ``adapters``: the fields of ``engine.jobs.adapt.AdapterJob`` (old/new model version ids, kind, view, ...).
+It runs each job through its kind's handler in ``engine.jobs.job_handlers.JOB_HANDLERS`` (the payload formats are
+there) and marks the job done, cancelled or failed with the handler's message or error.
 
 The worker writes progress and a heartbeat under the lease of its claim; a job whose worker died is
 marked failed by ``run_app.py`` (which saw it die) or by the next worker (``fail_stale_jobs``, no
@@ -27,13 +23,14 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from sqlalchemy import Engine
 
 from engine.core import threads
 from engine.core.contract import JOB_PRIORITY
+from engine.jobs.job_handlers import JOB_HANDLERS, JobContext, JobHandler
 from storage import (
     LeaseLost,
     claim_next_job,
@@ -66,49 +63,6 @@ HEARTBEAT_S = _env_seconds("COMPATLAB_HEARTBEAT_S", 5.0)
 STALE_AFTER_S = _env_seconds("COMPATLAB_STALE_AFTER_S", 60.0)
 
 
-def _run_job(db: Engine, payload: dict, progress: Callable[[float, str], None], should_stop: Callable[[], bool],
-             checkpoint_dir: Path, on_study: Callable[[int], None] | None = None) -> str:
-    from engine.core.config import config_from_dict
-    from engine.core.fan_out import FanOut
-    from engine.run.pipeline import RunContext, run_study
-    from engine.core.presets import preset_config
-    from engine.data.fashion_files import fashion_available
-
-    cfg = preset_config(payload["preset"], fashion_present=fashion_available) if "preset" in payload else config_from_dict(payload["config"])
-    fan_out = FanOut(**payload["tasks"]) if payload.get("tasks") else None
-    study_id, ids = run_study(cfg, RunContext(db, checkpoint_dir, progress, should_stop, on_study=on_study,
-                                              fan_out=fan_out))
-    return f"study {study_id}: experiments {', '.join(map(str, ids))}"
-
-
-def _analysis_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path, **_) -> str:
-    from engine.jobs.analysis import run_analysis
-
-    progress(0.1, f"computing {payload['kind']} for experiment {payload['experiment_id']}")
-    run_analysis(db, int(payload["experiment_id"]), payload["kind"], payload.get("params", {}), progress=progress)
-    return f"{payload['kind']} ready"
-
-
-def _adapters_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path, **_) -> str:
-    from engine.jobs.adapt import AdapterJob, run_adapters
-
-    job = AdapterJob(**{**payload, "orderings": tuple(payload.get("orderings", AdapterJob.orderings))})
-    progress(0.1, f"fitting {job.kind} adapters {job.key}")
-    result = run_adapters(db, job)
-    best = next(r for r in result["table"] if r["row"] == "B(new)/F(old)" or r["row"] == "B(new)/old")
-    return f"adapters {job.key} ready: {best['row']} Recall@1 {100 * best['recall@1']:.1f}%"
-
-
-def _checkpoints_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path, **_) -> str:
-    from engine.checkpoints.store import checkpoint_job
-
-    return checkpoint_job(db, payload, progress, should_stop, checkpoint_dir)
-
-
-HANDLERS: dict[str, Callable[..., str]] = {"run": _run_job, "analysis": _analysis_job, "adapters": _adapters_job,
-                                           "checkpoints": _checkpoints_job}
-
-
 class _Beat(threading.Thread):
     """Keeps the job's heartbeat fresh while a long step (e.g. feature extraction) runs; ends when the lease is lost."""
 
@@ -124,8 +78,10 @@ class _Beat(threading.Thread):
 
 
 def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints",
-            kinds: Collection[str] | None = None, share_cores: bool = False) -> int | None:
-    """Claim and run the next queued job (of ``kinds``, default any); return its id, or None when none is queued.
+            kinds: Collection[str] | None = None, share_cores: bool = False,
+            handlers: Mapping[str, JobHandler] = JOB_HANDLERS) -> int | None:
+    """Claim and run the next queued job (of ``kinds``, default any) through its kind's handler in ``handlers``;
+    return its id, or None when none is queued.
 
     ``share_cores``: run the job with ``cores // (jobs running on this machine)`` threads (``engine.core.threads``).
 
@@ -143,7 +99,7 @@ def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints",
     if share_cores:  # this job included: the demo alone trains on every core, a check beside it splits them
         with session_scope(db) as s:
             threads.apply(threads.per_process(processes=running_jobs_here(s)))
-    handler = HANDLERS.get(job.kind)
+    handler = handlers.get(job.kind)
     lease = job.lease
     beat = _Beat(db, job.id, lease)
     beat.start()
@@ -164,8 +120,8 @@ def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints",
 
     try:
         if handler is None:
-            raise ValueError(f"unknown job kind {job.kind!r}; known kinds: {', '.join(HANDLERS)}")
-        message = handler(db, job.payload, progress, should_stop, checkpoint_dir, on_study=on_study)
+            raise ValueError(f"unknown job kind {job.kind!r}; known kinds: {', '.join(handlers)}")
+        message = handler(db, job.payload, JobContext(progress, should_stop, checkpoint_dir, on_study))
         with session_scope(db) as s:
             finish_job(s, job.id, message, lease=lease)
     except LeaseLost as exc:

@@ -1,0 +1,92 @@
+"""The job handlers: one per job kind of ``engine.core.contract.JOB_KINDS``, in :data:`JOB_HANDLERS`, which the worker
+(:mod:`engine.jobs.worker`) dispatches through.
+
+Every handler is ``handler(db, payload, job) -> message``: the payload as the dashboard queued it (built by
+``engine.core.contract``'s ``*_payload`` functions), the :class:`JobContext` the worker gives it, and the one-line
+message the finished job shows. A handler reads its payload and calls a stage's plain function; the stages
+(``engine.run``, ``engine.checkpoints``, ``engine.analysis``, ``engine.upgrade``) know nothing about jobs. The worker,
+not the handler, marks the job done, failed or cancelled.
+
+Payloads, by kind:
+
+* ``run``: ``{"config": RunConfig dict}`` or ``{"preset": NAME}``, optionally ``"tasks": {"block_rows": N,
+  "shard_rows": N}`` (evaluate through tasks, ``engine.evaluate.matrix``): train/evaluate a study.
+* ``analysis``: ``{"experiment_id": id, "kind": ..., "params": {...}}``: see :mod:`engine.jobs.analysis`.
+* ``adapters``: the fields of :class:`engine.jobs.adapt.AdapterJob` (old/new model version ids, kind, view, ...).
+* ``checkpoints``: ``{"spec": {...}}``: a comparison spec (``engine.checkpoints.request.comparison_spec``) of
+  bring-your-own models, compared with ``server_trust()``: paths confined to the data roots, TorchScript refused
+  unless the worker was started with ``--allow-torchscript``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+
+from engine.core.signals import Progress
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What the worker gives every handler: progress and cancel checks under its claim, the checkpoint folder, and
+    ``on_study`` (told a run's study id once it exists, so the job links to it)."""
+
+    progress: Progress
+    should_stop: Callable[[], bool]
+    checkpoint_dir: Path
+    on_study: Callable[[int], None] | None = None
+
+
+JobHandler = Callable[[Engine, Mapping[str, Any], JobContext], str]
+
+
+def run_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> str:
+    """A ``run`` job: train and evaluate the study of a config or a preset."""
+    from engine.core.config import config_from_dict
+    from engine.core.fan_out import FanOut
+    from engine.run.pipeline import RunContext, run_study
+    from engine.core.presets import preset_config
+    from engine.data.fashion_files import fashion_available
+
+    cfg = preset_config(payload["preset"], fashion_present=fashion_available) if "preset" in payload else config_from_dict(payload["config"])
+    fan_out = FanOut(**payload["tasks"]) if payload.get("tasks") else None
+    study_id, ids = run_study(cfg, RunContext(db, job.checkpoint_dir, job.progress, job.should_stop,
+                                              on_study=job.on_study, fan_out=fan_out))
+    return f"study {study_id}: experiments {', '.join(map(str, ids))}"
+
+
+def analysis_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> str:
+    """An ``analysis`` job: compute one analysis of an experiment and store it."""
+    from engine.jobs.analysis import run_analysis
+
+    job.progress(0.1, f"computing {payload['kind']} for experiment {payload['experiment_id']}")
+    run_analysis(db, int(payload["experiment_id"]), payload["kind"], payload.get("params", {}), progress=job.progress)
+    return f"{payload['kind']} ready"
+
+
+def adapters_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> str:
+    """An ``adapters`` job: fit a pair of adapters between two stored model versions and store what they give."""
+    from engine.jobs.adapt import AdapterJob, run_adapters
+
+    adapters = AdapterJob(**{**payload, "orderings": tuple(payload.get("orderings", AdapterJob.orderings))})
+    job.progress(0.1, f"fitting {adapters.kind} adapters {adapters.key}")
+    result = run_adapters(db, adapters)
+    best = next(r for r in result["table"] if r["row"] == "B(new)/F(old)" or r["row"] == "B(new)/old")
+    return f"adapters {adapters.key} ready: {best['row']} Recall@1 {100 * best['recall@1']:.1f}%"
+
+
+def checkpoints_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> str:
+    """A ``checkpoints`` job: compare the spec's checkpoints as the dashboard may (``server_trust()``) and store."""
+    from engine.checkpoints.files import server_trust
+    from engine.checkpoints.store import run_checkpoint_comparison
+
+    experiment_id = run_checkpoint_comparison(db, payload["spec"], progress=job.progress, should_stop=job.should_stop,
+                                              trust=server_trust())
+    return f"experiment {experiment_id}"
+
+
+JOB_HANDLERS: dict[str, JobHandler] = {"run": run_job, "analysis": analysis_job, "adapters": adapters_job,
+                                       "checkpoints": checkpoints_job}
