@@ -16,11 +16,11 @@ from torch import nn
 
 import run_app
 from engine.data import roots
-from engine.checkpoints import compare
 from engine.checkpoints.files import CheckpointError, Trust
 from engine.checkpoints.loading import load_model
 from engine.checkpoints.sandbox_child import landlock_abi
 from engine.data.disk import load_cifar, load_imagefolder
+from engine.jobs import job_handlers
 from engine.jobs.worker import run_one
 from storage import enqueue_job, get_engine, init_db, list_jobs, session_scope
 
@@ -186,8 +186,8 @@ def test_allowed_torchscript_that_touches_files_is_refused_by_the_scan(db_url, a
 @pytest.mark.skipif(landlock_abi() < 1, reason="the kernel has no Landlock: dashboard jobs refuse TorchScript here")
 @pytest.mark.parametrize("name", ["reader", "writer", "creator"])
 def test_without_the_scan_the_process_contains_it(db_url, attack, name, monkeypatch):
-    monkeypatch.setattr(compare, "server_trust", lambda: Trust(torchscript=True, confine=True, scan=False,
-                                                                  require_landlock=True, model_errors=False))
+    monkeypatch.setattr(job_handlers, "server_trust", lambda: Trust(torchscript=True, confine=True, scan=False,
+                                                                       require_landlock=True, model_errors=False))
     job = _run_job(db_url, attack[name])
     assert "its forward raised an error (the dashboard does not show" in job["message"]
     _nowhere(db_url, job, attack)

@@ -26,6 +26,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from engine.checkpoints.files import server_trust  # torch-free
 from engine.core.signals import Progress
 
 
@@ -80,7 +81,6 @@ def adapters_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> str
 
 def checkpoints_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> str:
     """A ``checkpoints`` job: compare the spec's checkpoints as the dashboard may (``server_trust()``) and store."""
-    from engine.checkpoints.files import server_trust
     from engine.checkpoints.store import run_checkpoint_comparison
 
     experiment_id = run_checkpoint_comparison(db, payload["spec"], progress=job.progress, should_stop=job.should_stop,
