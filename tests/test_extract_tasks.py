@@ -42,6 +42,11 @@ def inputs(tmp_path):
     return model, f"imagefolder:{images}"
 
 
+def _one(engine) -> int | None:
+    """One task run by worker "w" with the workers' handlers."""
+    return run_one_task(engine, "w", has_gpu=False, handlers=TASK_HANDLERS)
+
+
 def _model_version(engine) -> int:
     with session_scope(engine) as s:
         exp = create_experiment(s, name="x", method="none", config={}, config_hash="h")
@@ -111,7 +116,7 @@ def test_an_attempt_that_fails_after_writing_leaves_an_unreferenced_file_and_its
     assert failed and _feature_count(engine) == 0  # nothing visible before the commit
     orphans = {p["file"] for p in failed[0].values()}
     assert all(any(store.rglob(name)) for name in orphans)  # the failed attempt's files are there, complete ...
-    assert run_one_task(engine, "w", has_gpu=False, handlers=TASK_HANDLERS) is not None  # the commit
+    assert _one(engine) is not None  # the commit
     with session_scope(engine) as s:
         referenced = {p["file"] for layout in s.scalars(select(FeatureSet.store_layout)) for p in layout["shards"]}
         attempts = s.scalar(select(Task.attempts).where(Task.kind == "extract").order_by(Task.id).offset(1).limit(1))
@@ -168,7 +173,7 @@ def test_a_cancelled_extract_job_leaves_no_part_files(engine, store, inputs):
     model, images = inputs
     job_id = fan_out_extract(engine, model_version_id=_model_version(engine), model=model, images=images,
                              split="gallery", rows_per_task=7)
-    assert run_one_task(engine, "w", has_gpu=False, handlers=TASK_HANDLERS) and run_one_task(engine, "w", has_gpu=False, handlers=TASK_HANDLERS)  # two parts written
+    assert _one(engine) and _one(engine)  # two parts written
     assert len(_job_files(store)) == 2 * 3  # two parts of each raw view
     with session_scope(engine) as s:
         assert request_cancel(s, job_id) == "cancelled"
@@ -185,7 +190,7 @@ def test_a_failed_extract_job_leaves_no_part_files(engine, store, inputs):
         extract_task(db, task)
         raise RuntimeError("failed after writing its parts")
 
-    assert run_one_task(engine, "w", has_gpu=False, handlers=TASK_HANDLERS)  # the first part is written and done
+    assert _one(engine)  # the first part is written and done
     assert run_one_task(engine, "w", has_gpu=False, handlers={**TASK_HANDLERS, "extract": fails_after_writing})
     with session_scope(engine) as s:
         assert s.get(Job, job_id).status == "failed"
@@ -196,7 +201,7 @@ def test_a_commit_that_lost_its_lease_writes_nothing(engine, store, inputs):
     model, images = inputs
     mv = _model_version(engine)
     fan_out_extract(engine, model_version_id=mv, model=model, images=images, split="gallery", rows_per_task=15)
-    assert run_one_task(engine, "w", has_gpu=False, handlers=TASK_HANDLERS) and run_one_task(engine, "w", has_gpu=False, handlers=TASK_HANDLERS)  # the two parts
+    assert _one(engine) and _one(engine)  # the two parts
     slow = claim_task(engine, "slow", has_gpu=False, lease_s=5)
     fast = claim_task(engine, "fast", has_gpu=False, lease_s=5, now=slow.lease_until + timedelta(seconds=1))
     assert (slow.kind, fast.id) == ("commit", slow.id)  # the slow worker's lease expired: the commit was taken over

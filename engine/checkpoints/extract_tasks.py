@@ -8,8 +8,8 @@ The job's tasks:
    job's key for that view (``featurestore.write_part``: a fresh file name per attempt). The task's result is only the
    parts' shard entries.
 2. ``commit`` (waits for every extract task): in the transaction in which the task loop marks it done under its lease
-   (the handler returns these writes, :class:`engine.tasks.loop.Done`), one ``FeatureSet`` per view whose pointer lists the parts in row order, with the rows Parquet (labels and image ids
-   of the whole set). Until then no row points at any part, so a killed or retried attempt's file is never read;
+   (the handler returns these writes, :class:`engine.tasks.loop.Done`), one ``FeatureSet`` per view whose pointer
+   lists the parts in row order, with the rows Parquet (labels and image ids of the whole set). Until then no row points at any part, so a killed or retried attempt's file is never read;
    the commit sweeps the parts it did not take, and a job that fails or is cancelled loses all of them
    (``part_folders`` in its payload, :func:`storage.featurestore.sweep_parts`).
 
