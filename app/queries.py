@@ -19,7 +19,6 @@ from sqlalchemy import Engine
 
 from engine.core.contract import JOB_LANES, JOB_PRIORITY, analysis_key, available_views, main_view
 from storage import (
-    TASKS_JOB_KIND,
     QueuePlace,
     TaskBoard,
     cancel_experiment as cancel_experiment_row,
@@ -41,8 +40,10 @@ from storage import (
     session_scope,
     study_remaining_s,
     task_board as task_board_rows,
+    task_kinds_of_jobs,
     write_problem,
 )
+from storage.models import LEGACY_TASK_JOB_KIND
 
 ACTIVE = ("queued", "running")
 RESULT_TTL = 3600
@@ -84,10 +85,10 @@ def _job_label(kind: str, payload: dict[str, Any]) -> str:
         p = payload.get("params", {})
         steps = f"steps {p['step_a']}→{p['step_b']}, " if "step_a" in p else ""
         return f"{payload.get('kind', '?')} of experiment {payload.get('experiment_id', '?')} ({steps}{p.get('view', 'encoder')})"
-    if kind == TASKS_JOB_KIND and payload.get("kind") == "extract":  # engine.checkpoints.extract_tasks
+    if kind == "extract" or (kind == LEGACY_TASK_JOB_KIND and payload.get("kind") == "extract"):  # extract tasks
         return (f"extract: {payload.get('images', '?')} by model version #{payload.get('model_version_id', '?')} "
                 f"({payload.get('split', '?')})")
-    if kind == TASKS_JOB_KIND:
+    if kind in ("search", LEGACY_TASK_JOB_KIND):  # search and reduce tasks
         cells = payload.get("cells") or [payload]  # a matrix's cells (engine.evaluate.search_tasks), or one older cell
         if payload.get("label"):
             return f"{payload['label']}: {len(cells)} cells"
@@ -100,15 +101,16 @@ def _job_label(kind: str, payload: dict[str, Any]) -> str:
 
 @st.cache_data(ttl=1, show_spinner=False)
 def jobs(url: str, limit: int = 200) -> list[dict[str, Any]]:
-    """The newest jobs as dicts, with a human label."""
+    """The newest jobs as dicts, with a human label; a task job's ``tasks`` counts its tasks by kind (else empty)."""
     with session_scope(db_engine(url)) as s:
         rows = list_jobs(s, limit=limit)
+        tasks = task_kinds_of_jobs(s, [j.id for j in rows])
         return [{
             "id": j.id, "kind": j.kind, "payload": dict(j.payload), "label": _job_label(j.kind, j.payload),
             "status": j.status, "progress": float(j.progress or 0.0), "message": j.message or "", "error": j.error,
             "experiment_id": j.experiment_id, "study_id": j.study_id, "cancel_requested": bool(j.cancel_requested),
             "created_at": j.created_at, "started_at": j.started_at, "finished_at": j.finished_at,
-            "heartbeat_at": j.heartbeat_at,
+            "heartbeat_at": j.heartbeat_at, "tasks": tasks.get(j.id, {}),
         } for j in rows]
 
 

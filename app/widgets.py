@@ -12,7 +12,7 @@ import streamlit as st
 from app import queries as q
 from engine.core.contract import analysis_key, analysis_payload
 from engine.core.conventions import SEPARATOR, convention, step_label
-from storage import TASKS_JOB_KIND, IdenticalJob, QueuePlace, TaskBoard
+from storage import IdenticalJob, QueuePlace, TaskBoard
 
 STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue[:material/autorenew: running]",
                 "done": ":green[:material/check_circle: done]", "failed": ":red[:material/error: failed]",
@@ -177,12 +177,13 @@ def task_board_items(board: TaskBoard) -> list[str]:
 
 
 def job_heading(url: str, job: dict[str, Any], when: str) -> None:
-    """A job card's first line (id, label, status, when); a task job's label counts its tasks, and a caption says
-    where they are (:func:`task_board_items`)."""
+    """A job card's first line (id, label, status, when); a task job's label counts its tasks by kind (search,
+    reduce, extract, commit), and a caption says where they are (:func:`task_board_items`)."""
     label = job["label"]
-    board = q.task_board(url, job["id"]) if job["kind"] == TASKS_JOB_KIND else None
-    if board is not None:
-        label = f"{label}, {sum(board.counts.values())} tasks"
+    kinds = job.get("tasks") or {}
+    board = q.task_board(url, job["id"]) if kinds else None
+    if kinds:
+        label = f"{label}, {sum(kinds.values())} tasks ({', '.join(f'{n} {kind}' for kind, n in kinds.items())})"
     st.markdown(f"**#{job['id']} · {plain(label)}** — {status_badge(job['status'])} · {when}")
     if board is not None and board.lines:
         st.caption("Tasks: " + plain(" · ".join(task_board_items(board))))

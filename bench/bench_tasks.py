@@ -36,13 +36,14 @@ def _worker(url: str, name: str, threads: int, out: mp.Queue) -> None:
     import numba
     import torch
 
+    from engine.jobs.task_handlers import TASK_HANDLERS
     from engine.tasks.loop import run_tasks
     from storage import get_engine
 
     torch.set_num_threads(threads)
     numba.set_num_threads(threads)
     base = _mb("VmRSS")
-    ran = run_tasks(get_engine(url), name, False, threading.Event(), poll_s=0.05, until_idle=True)
+    ran = run_tasks(get_engine(url), name, False, threading.Event(), poll_s=0.05, until_idle=True, handlers=TASK_HANDLERS)
     out.put((name, ran, base, _mb("VmHWM")))
 
 

@@ -55,7 +55,6 @@ from storage.models import (
     JOB_STATUSES,
     PROTOCOLS,
     SPLITS,
-    TASKS_JOB_KIND,
     Analysis,
     Base,
     CompatibilityMatrix,
@@ -89,7 +88,7 @@ from storage.repo import (
     set_experiment_status,
     set_experiment_study,
 )
-from storage.tasks import TaskBoard, task_board
+from storage.tasks import TaskBoard, task_board, task_kinds_of_jobs
 from storage.types import NpyArray, UTCDateTime
 
 __all__ = [
@@ -97,7 +96,6 @@ __all__ = [
     "JOB_STATUSES",
     "PROTOCOLS",
     "SPLITS",
-    "TASKS_JOB_KIND",
     "Analysis",
     "Base",
     "CompatibilityMatrix",
@@ -107,6 +105,7 @@ __all__ = [
     "Task",
     "TaskBoard",
     "task_board",
+    "task_kinds_of_jobs",
     "LeaseLost",
     "ModelVersion",
     "NpyArray",

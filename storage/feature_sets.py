@@ -181,6 +181,12 @@ def feature_set_ref(session: Session, model_version_id: int, split: str, view: s
     return int(row.id), int(row.dim)
 
 
+def feature_set_size(session: Session, feature_set_id: int) -> tuple[int, int] | None:
+    """``(rows, dim)`` of feature set ``feature_set_id`` without reading its arrays; None when there is no such set."""
+    row = session.execute(select(FeatureSet.count, FeatureSet.dim).where(FeatureSet.id == feature_set_id)).first()
+    return None if row is None else (int(row.count), int(row.dim))
+
+
 def load_feature_set(
     session: Session, model_version_id: int, split: str, view: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

@@ -28,9 +28,9 @@ from sqlalchemy.orm import Session
 from storage.clock import db_now
 from storage.db import json_hash, session_scope
 from storage.identity import WorkerIdentity, identity
-from storage.models import FINISHED_STATUSES, JOB_STATUSES, TASKS_JOB_KIND, Experiment, Job, Study
+from storage.models import FINISHED_STATUSES, JOB_STATUSES, Experiment, Job, Study
 from storage.rows import require_choice, require_row
-from storage.tasks import STALE_PREFIX, cancel_task_job, fail_orphaned_task_jobs
+from storage.tasks import STALE_PREFIX, cancel_task_job, fail_orphaned_task_jobs, is_task_job
 from storage.types import utcnow
 
 _CLAIM_BATCH = 16
@@ -207,7 +207,7 @@ def request_cancel(session: Session, job_id: int) -> str:
     if job.status == "queued":
         job.status, job.finished_at, job.message = "cancelled", db_now(session), "cancelled before it started"
         job.cancel_requested = True
-    elif job.status == "running" and job.kind == TASKS_JOB_KIND:
+    elif job.status == "running" and session.scalar(select(is_task_job()).where(Job.id == job_id)):
         session.flush()
         return cancel_task_job(session, job_id)  # its queued tasks at once, the job once no task runs
     elif job.status == "running":
@@ -261,7 +261,7 @@ def fail_stale_jobs(session: Session, max_age_s: float, *, now: datetime | None 
     """
     now = now or db_now(session)
     failed = fail_orphaned_task_jobs(session, now)
-    for job in session.scalars(select(Job).where(Job.status == "running", Job.kind != TASKS_JOB_KIND)):
+    for job in session.scalars(select(Job).where(Job.status == "running", ~is_task_job())):
         last_seen = job.heartbeat_at or job.started_at or job.created_at
         silent_s = (now - last_seen).total_seconds()
         if silent_s > max_age_s:

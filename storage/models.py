@@ -242,8 +242,11 @@ class Job(Base):
 
 
 TASK_STATES = ("queued", "running", "done", "failed", "cancelled")
-TASK_KINDS = ("search", "reduce", "extract", "commit")  # engine.tasks.loop.TASK_HANDLERS
-TASKS_JOB_KIND = "cell"  # a job whose work is its tasks (storage.tasks): no worker claims the job itself
+TASK_KINDS = ("search", "reduce", "extract", "commit")  # engine.jobs.task_handlers.TASK_HANDLERS
+# A task job (storage.tasks: its work is its tasks, no worker claims the job itself) is known by having tasks; its
+# kind is its first task's ("search": cells as search + reduce tasks, "extract": extract + commit tasks). Rows
+# written before kept the one kind "cell" for both.
+LEGACY_TASK_JOB_KIND = "cell"
 
 
 class Task(Base):

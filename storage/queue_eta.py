@@ -17,7 +17,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage.jobs import _took_s, claim_order, job_remaining_s
-from storage.models import TASKS_JOB_KIND, Job
+from storage.models import Job
+from storage.tasks import is_task_job
 from storage.types import utcnow
 
 
@@ -46,7 +47,7 @@ def queue_start_estimates(session: Session, lanes: Mapping[str, Sequence[str]], 
     now = now or utcnow()
     lane_of = {kind: lane for lane, kinds in lanes.items() for kind in kinds}
     running: dict[str, list[float | None]] = {}
-    for job in session.scalars(select(Job).where(Job.status == "running", Job.kind != TASKS_JOB_KIND)):
+    for job in session.scalars(select(Job).where(Job.status == "running", ~is_task_job())):
         running.setdefault(lane_of.get(job.kind, default_lane), []).append(
             job_remaining_s(job.progress, job.started_at, now))
     queued: dict[str, list[Job]] = {}

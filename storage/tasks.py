@@ -1,7 +1,10 @@
 """Tasks: one job's work split into pieces that any number of workers, on any machines, share through the database.
 
-A job of kind ``TASKS_JOB_KIND`` is created "running" with its tasks (:func:`create_task_job`); no worker claims
-the job itself. A task is claimable when it is queued with no dependency left (``deps_left`` counts the unfinished
+A task job is created "running" with its tasks (:func:`create_task_job`); no worker claims the job itself. It is
+known by having tasks (:func:`is_task_job`), and its kind is that of its first task (``search`` for cells evaluated
+as search and reduce tasks, ``extract`` for an image set embedded as extract and commit tasks; rows written before
+have the kind ``"cell"``), so the job list shows what it does. The job row carries what every job has: progress,
+cancel, the experiment it computes for, the owner's lease. A task is claimable when it is queued with no dependency left (``deps_left`` counts the unfinished
 tasks it waits for), or running under a lease that has expired (its worker died or hangs). GPU tasks go only to
 workers that say they have one. Claims (:func:`claim_task`) take the engine, as :func:`storage.jobs.claim_next_job`:
 ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, the conditional ``UPDATE`` on SQLite; either way one claim wins.
@@ -39,14 +42,14 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import Engine, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, Engine, and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from storage.clock import db_now
 from storage import featurestore
 from storage.db import session_scope
 from storage.identity import identity
-from storage.models import TASK_KINDS, TASKS_JOB_KIND, Experiment, Job, Task
+from storage.models import TASK_KINDS, Experiment, Job, Task
 from storage.rows import require_choice
 
 _CLAIM_BATCH = 16
@@ -80,7 +83,7 @@ class TaskLine:
 def create_task_job(session: Session, payload: dict[str, Any], tasks: Sequence[NewTask], *,
                     max_attempts: int = DEFAULT_MAX_ATTEMPTS, message: str = "", experiment_id: int | None = None,
                     owner_lease_s: float | None = None) -> int:
-    """Create a running job of kind ``TASKS_JOB_KIND`` and its tasks; return the job id.
+    """Create a running task job and its tasks; return the job id. The job's kind is its first task's.
 
     ``experiment_id``: the experiment the job computes for (failed with it when its owner dies).
     ``owner_lease_s``: this process owns the job under a lease of that many seconds (see the module docstring);
@@ -98,7 +101,7 @@ def create_task_job(session: Session, payload: dict[str, Any], tasks: Sequence[N
     if owner_lease_s is not None and not owner_lease_s > 0:
         raise ValueError(f"owner_lease_s must be a positive number of seconds, got {owner_lease_s!r}")
     now = db_now(session)
-    job = Job(kind=TASKS_JOB_KIND, payload=dict(payload), status="running", progress=0.0, started_at=now,
+    job = Job(kind=tasks[0].kind, payload=dict(payload), status="running", progress=0.0, started_at=now,
               heartbeat_at=now, message=message or f"{len(tasks)} tasks queued", cancel_requested=False,
               experiment_id=experiment_id, created_at=now)
     if owner_lease_s is not None:
@@ -117,6 +120,11 @@ def create_task_job(session: Session, payload: dict[str, Any], tasks: Sequence[N
             rows[before].downstream = [*rows[before].downstream, row.id]
     session.flush()
     return job.id
+
+
+def is_task_job() -> ColumnElement[bool]:
+    """The condition on ``Job`` rows that holds for task jobs: those that have tasks (whatever their kind)."""
+    return exists().where(Task.job_id == Job.id)
 
 
 def _claimable(now: datetime, has_gpu: bool, job_id: int | None = None):
@@ -249,7 +257,7 @@ def cancel_task_job(session: Session, job_id: int) -> str:
 def settle_cancelled_jobs(session: Session, now: datetime | None = None) -> list[int]:
     """Settle every running task job asked to stop (its tasks' leases may have expired since); return their ids."""
     now = now or db_now(session)
-    ids = session.scalars(select(Job.id).where(Job.kind == TASKS_JOB_KIND, Job.status == "running",
+    ids = session.scalars(select(Job.id).where(is_task_job(), Job.status == "running",
                                                Job.cancel_requested.is_(True))).all()
     for job_id in ids:
         _lock_job(session, job_id, now)
@@ -271,7 +279,7 @@ def fail_orphaned_task_jobs(session: Session, now: datetime | None = None) -> li
     """Fail every running task job whose owner's lease expired (the owner died), with its experiment; cancel its
     unfinished tasks. Return the failed jobs' ids."""
     now = now or db_now(session)
-    orphaned = select(Job.id).where(Job.kind == TASKS_JOB_KIND, Job.status == "running", Job.lease_until < now)
+    orphaned = select(Job.id).where(is_task_job(), Job.status == "running", Job.lease_until < now)
     failed = []
     for job_id in session.scalars(orphaned).all():
         _lock_job(session, job_id, now)
@@ -386,6 +394,21 @@ def _fail(session: Session, task: Task, lease: str | None, error: str, now: date
     return True
 
 
+def task_payloads(session: Session, task_ids: Sequence[int]) -> list[tuple[int, dict[str, Any]]]:
+    """``(id, payload)`` of the given tasks, by id."""
+    query = select(Task.id, Task.payload).where(Task.id.in_(list(task_ids))).order_by(Task.id)
+    return [(task_id, payload) for task_id, payload in session.execute(query).all()]
+
+
+def task_results(session: Session, task_ids: Sequence[int]) -> list[dict[str, Any]]:
+    """The results of done tasks, in the order of ``task_ids``; ``ValueError`` if one is not done."""
+    rows = dict(session.execute(select(Task.id, Task.result).where(Task.id.in_(list(task_ids)), Task.state == "done")).all())
+    missing = [i for i in task_ids if i not in rows]
+    if missing:
+        raise ValueError(f"tasks {missing} are not done; their results are not available")
+    return [rows[i] or {} for i in task_ids]
+
+
 def task_arrays(session: Session, task_ids: Sequence[int]) -> list[dict[str, np.ndarray]]:
     """The stored arrays of done tasks, in the order of ``task_ids``; ``ValueError`` if one is not done."""
     rows = dict(session.execute(select(Task.id, Task.arrays).where(Task.id.in_(list(task_ids)), Task.state == "done")).all())
@@ -407,6 +430,33 @@ def unfinished_tasks(session: Session) -> int:
     live = select(Job.id).where(Job.status == "running")
     return session.scalar(select(func.count()).select_from(Task)
                           .where(Task.state.in_(UNFINISHED), Task.job_id.in_(live))) or 0
+
+
+class TaskJobState(NamedTuple):
+    """Where a task job stands, as its owner polls it."""
+
+    status: str
+    error: str | None
+    cancel_requested: bool
+    lease: str | None
+
+
+def task_job_state(session: Session, job_id: int) -> TaskJobState:
+    """A task job's status, error, whether it was asked to stop, and its owner's lease token."""
+    job = session.get(Job, job_id, populate_existing=True)
+    return TaskJobState(job.status, job.error, bool(job.cancel_requested), job.lease)
+
+
+def task_kinds_of_jobs(session: Session, job_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    """For each of these jobs that has tasks: how many tasks of each kind (in ``TASK_KINDS`` order); others absent."""
+    counts: dict[int, dict[str, int]] = {}
+    query = (select(Task.job_id, Task.kind, func.count()).where(Task.job_id.in_(list(job_ids)))
+             .group_by(Task.job_id, Task.kind))
+    for job_id, kind, count in session.execute(query).all():
+        counts.setdefault(job_id, {})[kind] = count
+    order = {kind: i for i, kind in enumerate(TASK_KINDS)}
+    return {job_id: dict(sorted(kinds.items(), key=lambda kv: order.get(kv[0], len(order))))
+            for job_id, kinds in counts.items()}
 
 
 def job_payload(session: Session, job_id: int) -> dict[str, Any]:
@@ -449,6 +499,7 @@ def task_board(session: Session, job_id: int) -> TaskBoard:
     return TaskBoard(counts, ranked)
 
 
-__all__ = ["DEFAULT_MAX_ATTEMPTS", "NewTask", "TaskBoard", "TaskLine", "cancel_task_job", "claim_task", "complete_task",
-           "create_task_job", "extend_lease", "fail_orphaned_task_jobs", "fail_task", "job_result", "renew_owner_lease",
-           "settle_cancelled_jobs", "task_arrays", "task_board", "unfinished_tasks"]
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "NewTask", "TaskBoard", "TaskJobState", "TaskLine", "cancel_task_job", "claim_task",
+           "complete_task", "create_task_job", "extend_lease", "fail_orphaned_task_jobs", "fail_task", "is_task_job",
+           "job_result", "renew_owner_lease", "settle_cancelled_jobs", "task_arrays", "task_board", "task_job_state",
+           "task_kinds_of_jobs", "task_payloads", "task_results", "unfinished_tasks"]

@@ -15,8 +15,9 @@ from test_checkpoints_factory import save_state_dict_pt, write_image_folder
 
 from engine.checkpoints.compare import compare_checkpoints
 from engine.cli import main
-from engine.checkpoints.extract_tasks import commit_task, extract_task, fan_out_extract
-from engine.tasks.loop import TASK_HANDLERS, run_one_task, run_tasks
+from engine.checkpoints.extract_tasks import extract_task, fan_out_extract
+from engine.jobs.task_handlers import TASK_HANDLERS
+from engine.tasks.loop import run_claimed, run_one_task, run_tasks
 from storage import (FeatureSet, Job, add_model_version, create_experiment, get_engine, load_feature_set,
                      load_image_refs, session_scope)
 from storage import featurestore
@@ -39,6 +40,11 @@ def inputs(tmp_path):
     save_state_dict_pt(tmp_path / "m.pt", num_classes=CLASSES, width=8)
     model = {"path": str(tmp_path / "m.pt"), "arch": "small_cnn", "preprocessing": {"input_size": 16}}
     return model, f"imagefolder:{images}"
+
+
+def _one(engine) -> int | None:
+    """One task run by worker "w" with the workers' handlers."""
+    return run_one_task(engine, "w", has_gpu=False, handlers=TASK_HANDLERS)
 
 
 def _model_version(engine) -> int:
@@ -78,7 +84,7 @@ def test_fanned_out_extraction_equals_the_single_process_embedding(engine, store
     mv = _model_version(engine)
     job_id = fan_out_extract(engine, model_version_id=mv, model=model, images=images, split="gallery", rows_per_task=7,
                              batch_size=3)  # batches cut across task boundaries differently from one process
-    assert run_tasks(engine, "w", False, threading.Event(), poll_s=0.01, until_idle=True) == 6  # 5 extract + commit
+    assert run_tasks(engine, "w", False, threading.Event(), poll_s=0.01, until_idle=True, handlers=TASK_HANDLERS) == 6  # 5 extract + commit
     with session_scope(engine) as s:
         assert s.get(Job, job_id).status == "done"
         layout = s.scalar(select(FeatureSet.store_layout).where(FeatureSet.view == "encoder"))
@@ -110,7 +116,7 @@ def test_an_attempt_that_fails_after_writing_leaves_an_unreferenced_file_and_its
     assert failed and _feature_count(engine) == 0  # nothing visible before the commit
     orphans = {p["file"] for p in failed[0].values()}
     assert all(any(store.rglob(name)) for name in orphans)  # the failed attempt's files are there, complete ...
-    assert run_one_task(engine, "w", has_gpu=False) is not None  # the commit
+    assert _one(engine) is not None  # the commit
     with session_scope(engine) as s:
         referenced = {p["file"] for layout in s.scalars(select(FeatureSet.store_layout)) for p in layout["shards"]}
         attempts = s.scalar(select(Task.attempts).where(Task.kind == "extract").order_by(Task.id).offset(1).limit(1))
@@ -132,7 +138,7 @@ def _half_then_die(fs, path, array):
 
 def _victim(url: str) -> None:
     featurestore._write_npy = _half_then_die  # in this child process only
-    run_one_task(get_engine(url), "victim", has_gpu=False, lease_s=1.0)
+    run_one_task(get_engine(url), "victim", has_gpu=False, lease_s=1.0, handlers=TASK_HANDLERS)
 
 
 @pytest.mark.both_databases
@@ -146,7 +152,7 @@ def test_a_worker_killed_mid_write_leaves_no_referenced_half_file_and_its_task_i
     assert victim.exitcode == -signal.SIGKILL
     [half] = [p for p in store.rglob(".tmp-*")]
     assert 0 < half.stat().st_size
-    ran = run_tasks(engine, "survivor", False, threading.Event(), poll_s=0.05, until_idle=True)  # after the 1 s lease
+    ran = run_tasks(engine, "survivor", False, threading.Event(), poll_s=0.05, until_idle=True, handlers=TASK_HANDLERS)  # after the 1 s lease
     assert ran == 6 and not half.exists()  # the commit swept the killed attempt's file
     with session_scope(engine) as s:
         first = s.scalar(select(Task).where(Task.kind == "extract").order_by(Task.id).limit(1))
@@ -167,7 +173,7 @@ def test_a_cancelled_extract_job_leaves_no_part_files(engine, store, inputs):
     model, images = inputs
     job_id = fan_out_extract(engine, model_version_id=_model_version(engine), model=model, images=images,
                              split="gallery", rows_per_task=7)
-    assert run_one_task(engine, "w", has_gpu=False) and run_one_task(engine, "w", has_gpu=False)  # two parts written
+    assert _one(engine) and _one(engine)  # two parts written
     assert len(_job_files(store)) == 2 * 3  # two parts of each raw view
     with session_scope(engine) as s:
         assert request_cancel(s, job_id) == "cancelled"
@@ -184,7 +190,7 @@ def test_a_failed_extract_job_leaves_no_part_files(engine, store, inputs):
         extract_task(db, task)
         raise RuntimeError("failed after writing its parts")
 
-    assert run_one_task(engine, "w", has_gpu=False)  # the first part is written and done
+    assert _one(engine)  # the first part is written and done
     assert run_one_task(engine, "w", has_gpu=False, handlers={**TASK_HANDLERS, "extract": fails_after_writing})
     with session_scope(engine) as s:
         assert s.get(Job, job_id).status == "failed"
@@ -195,13 +201,13 @@ def test_a_commit_that_lost_its_lease_writes_nothing(engine, store, inputs):
     model, images = inputs
     mv = _model_version(engine)
     fan_out_extract(engine, model_version_id=mv, model=model, images=images, split="gallery", rows_per_task=15)
-    assert run_one_task(engine, "w", has_gpu=False) and run_one_task(engine, "w", has_gpu=False)  # the two parts
+    assert _one(engine) and _one(engine)  # the two parts
     slow = claim_task(engine, "slow", has_gpu=False, lease_s=5)
     fast = claim_task(engine, "fast", has_gpu=False, lease_s=5, now=slow.lease_until + timedelta(seconds=1))
     assert (slow.kind, fast.id) == ("commit", slow.id)  # the slow worker's lease expired: the commit was taken over
-    commit_task(engine, slow)
+    run_claimed(engine, slow, handlers=TASK_HANDLERS, lease_s=5)  # the loop completes what the handler returns
     assert _feature_count(engine) == 0 and not any(store.rglob("rows-*"))
-    commit_task(engine, fast)
+    run_claimed(engine, fast, handlers=TASK_HANDLERS, lease_s=5)
     assert _feature_count(engine) == 3 and len(list(store.rglob("rows-*.parquet"))) == 3
     with session_scope(engine) as s:
         assert s.get(Task, fast.id).state == "done"

@@ -9,8 +9,7 @@ import pytest
 import engine.run.pipeline as pipeline
 from engine.core.fan_out import FanOut
 from engine.evaluate.matrix import TaskJobStopped, cell_results, matrix_by_tasks, run_task_job
-from engine.evaluate.search_tasks import CellSpec, fan_out_cells
-from engine.tasks.loop import TASK_HANDLERS
+from engine.evaluate.search_tasks import SEARCH_HANDLERS, CellSpec, fan_out_cells
 from engine.metrics.compatibility import CellFeatures, compatibility_matrices
 from engine.metrics.paired import PairedOptions
 from engine.methods import build_method
@@ -81,7 +80,7 @@ def test_a_run_through_tasks_stores_the_in_process_matrices(tmp_path, db_url):
     exp_id = pipeline.run_experiment(cfg, ctx)
     with session_scope(ctx.db) as s:
         stored = {(m.view, m.metric): (m.values, m.summary) for m in load_matrices(s, exp_id)}
-        jobs = s.query(Job).filter(Job.kind == "cell").all()
+        jobs = s.query(Job).filter(Job.kind == "search").all()
     assert sorted(j.payload["label"] for j in jobs) == [f"experiment {exp_id}, encoder", f"experiment {exp_id}, psp"]
     assert {j.status for j in jobs} == {"done"}
     # the same stored features evaluated in this process, as a run without tasks does
@@ -131,7 +130,7 @@ def test_stop_and_failure_end_the_task_job(engine, monkeypatch):
     def broken(db, task):
         raise OSError("disk on fire")
 
-    monkeypatch.setitem(TASK_HANDLERS, "search", broken)
+    monkeypatch.setitem(SEARCH_HANDLERS, "search", broken)
     with pytest.raises(TaskJobStopped, match=r"failed: task \d+ \(search\) failed after 3 attempt\(s\): OSError: disk on fire") as stopped:
         matrix_by_tasks(engine, spec, 1, metrics=("recall@1",))
     assert not stopped.value.cancelled

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import func, select
 
 from storage import Experiment, Job, fail_stale_jobs, get_engine, init_db, session_scope
-from storage.models import TASKS_JOB_KIND, Task
+from storage.models import Task
 from storage.tasks import claim_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def test_a_killed_run_tasks_fails_its_experiment_and_cancels_its_tasks(tmp_path)
             run.wait()
     with session_scope(db) as s:
         job = s.get(Job, job_id)
-        assert job.kind == TASKS_JOB_KIND and job.status == "running" and job.worker_pid == run.pid
+        assert job.kind == "search" and job.status == "running" and job.worker_pid == run.pid
         exp_id = job.experiment_id
         assert s.get(Experiment, exp_id).status == "running"
         unfinished = s.scalar(select(func.count()).select_from(Task).where(Task.job_id == job_id,

@@ -44,3 +44,29 @@ def test_overview_shows_where_a_task_jobs_tasks_are(app_db):
     assert f"#{failing} · cell: query set #7 x gallery set #7 (same set), 2 tasks" in page
     assert "Tasks: failed 1 (ValueError: shard 3 is missing) · cancelled 1" in page
     assert "Traceback" not in page.split("Tasks: failed")[1].splitlines()[0]
+
+
+def test_overview_shows_each_task_jobs_kinds_old_cell_rows_included(app_db):
+    """Task jobs are listed by their own kind: a matrix's search and reduce tasks, an embedding's extract and commit
+    tasks, and a job stored before as kind "cell" still reads the same way."""
+    from sqlalchemy import update
+
+    from storage import Job
+    from storage.models import LEGACY_TASK_JOB_KIND
+
+    engine = get_engine(app_db)
+    with session_scope(engine) as s:
+        cells = create_task_job(s, {"cells": [{"query": 1, "gallery": 2}] * 2, "label": "experiment 4, psp"},
+                                [NewTask("search", {}), NewTask("search", {}), NewTask("search", {}),
+                                 NewTask("reduce", {}, after=(0,)), NewTask("reduce", {}, after=(1, 2))])
+        extract = create_task_job(s, {"kind": "extract", "images": "imagefolder:/g", "model_version_id": 3,
+                                      "split": "gallery"},
+                                  [NewTask("extract", {}), NewTask("extract", {}), NewTask("commit", {}, after=(0, 1))])
+        old = create_task_job(s, {"query": 8, "gallery": 9}, [NewTask("search", {}), NewTask("reduce", {}, after=(0,))])
+        s.execute(update(Job).where(Job.id == old).values(kind=LEGACY_TASK_JOB_KIND))
+    at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT).run()
+    assert not at.exception, at.exception
+    page = texts(at)
+    assert f"#{cells} · experiment 4, psp: 2 cells, 5 tasks (3 search, 2 reduce)" in page
+    assert f"#{extract} · extract: imagefolder:/g by model version #3 (gallery), 3 tasks (2 extract, 1 commit)" in page
+    assert f"#{old} · cell: query set #8 x gallery set #9, 2 tasks (1 search, 1 reduce)" in page

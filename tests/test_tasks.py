@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from engine.evaluate.search_tasks import fan_out_cell
+from engine.jobs.task_handlers import TASK_HANDLERS
 from engine.tasks.loop import run_one_task, run_tasks
 from engine.metrics.retrieval import retrieval_metrics
 from storage import Job, add_model_version, create_experiment, fail_stale_jobs, get_engine, init_db, save_feature_set, session_scope
@@ -209,7 +210,7 @@ def test_a_fanned_out_cell_equals_the_single_shot_metrics(engine, same_set):
                           same_set=same_set, ks=(1, 5), map_at=10, block_rows=130 if same_set else 33, shard_rows=70)
     with session_scope(engine) as s:  # 3 uneven query blocks x 5 gallery shards (4 x 70 + 20), two passes, one reduce
         assert task_board(s, job_id).counts == {"queued": 3 * 5 * 2 + 1}
-    while run_one_task(engine, "w", has_gpu=False) is not None:
+    while run_one_task(engine, "w", has_gpu=False, handlers=TASK_HANDLERS) is not None:
         pass
     with session_scope(engine) as s:
         got = job_result(s, job_id)["metrics"]

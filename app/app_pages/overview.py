@@ -130,7 +130,7 @@ def job_card(job: dict) -> None:
                 if st.session_state.get(confirm_key):
                     st.warning(crash_warning(job), icon=":material/warning:")
             if active and job["cancel_requested"]:
-                st.caption("Cancel requested — its running tasks stop at their next lease renewal." if job["kind"] == "cell"
+                st.caption("Cancel requested — its running tasks stop at their next lease renewal." if job.get("tasks")
                            else "Cancel requested — the worker stops at the next epoch.")
         with right:
             if active and st.button("Cancel", key=f"cancel_{job['id']}", disabled=job["cancel_requested"],

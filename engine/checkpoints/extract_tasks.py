@@ -7,9 +7,9 @@ The job's tasks:
    :func:`engine.checkpoints.embedding.extract` gives them) and write each view's part to the feature store under the
    job's key for that view (``featurestore.write_part``: a fresh file name per attempt). The task's result is only the
    parts' shard entries.
-2. ``commit`` (waits for every extract task): in one transaction, under its lease, marks itself done and writes one
-   ``FeatureSet`` per view whose pointer lists the parts in row order, with the rows Parquet (labels and image ids
-   of the whole set). Until then no row points at any part, so a killed or retried attempt's file is never read;
+2. ``commit`` (waits for every extract task): in the transaction in which the task loop marks it done under its lease
+   (the handler returns these writes, :class:`engine.tasks.loop.Done`), one ``FeatureSet`` per view whose pointer
+   lists the parts in row order, with the rows Parquet (labels and image ids of the whole set). Until then no row points at any part, so a killed or retried attempt's file is never read;
    the commit sweeps the parts it did not take, and a job that fails or is cancelled loses all of them
    (``part_folders`` in its payload, :func:`storage.featurestore.sweep_parts`).
 
@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
 
 from engine.checkpoints.embedding import ImageSource, check_batch_bytes, extract, model_batch, probe
 from engine.checkpoints.files import DEFAULT_MAX_BYTES, LOCAL, Trust
@@ -38,9 +39,10 @@ from engine.checkpoints.request import ModelSource, model_source
 from engine.data.bounds import check_batch_size
 from engine.core.cell import RAW_VIEWS
 from engine.models.device import pick_device
-from storage import SPLITS, ModelVersion, Task, featurestore, save_stored_feature_set, session_scope
+from engine.tasks.loop import Done
+from storage import SPLITS, Task, featurestore, get_model_version, save_stored_feature_set, session_scope
 from storage.rows import require_choice
-from storage.tasks import DEFAULT_MAX_ATTEMPTS, NewTask, complete_task, create_task_job, job_payload
+from storage.tasks import DEFAULT_MAX_ATTEMPTS, NewTask, create_task_job, job_payload, task_results
 
 DEFAULT_ROWS_PER_TASK = 10_000
 
@@ -110,7 +112,7 @@ def fan_out_extract(db: Engine, *, model_version_id: int, model: Mapping[str, An
         raise ValueError(f"rows_per_task must be a positive integer, got {rows_per_task!r}")
     source = model if isinstance(model, ModelSource) else model_source(model, trust=trust)
     with session_scope(db) as s:
-        if s.get(ModelVersion, model_version_id) is None:
+        if get_model_version(s, model_version_id) is None:
             raise ValueError(f"no model version {model_version_id} in the database")
         uri = featurestore.store_uri(s)
     if uri is None:
@@ -170,26 +172,25 @@ def extract_task(db: Engine, task: Task) -> tuple[dict[str, Any], None]:
     return {"parts": parts, "message": f"rows {lo}:{hi} embedded"}, None
 
 
-def commit_task(db: Engine, task: Task) -> tuple[dict[str, Any], None]:
-    """Write the feature sets of every view from the parts, in one transaction that also marks this task done."""
+def commit_task(db: Engine, task: Task) -> Done:
+    """The feature sets of every view from the parts, written by the task loop in the transaction that marks this task
+    done (nothing when the lease was lost or the job cancelled: another attempt commits, or none)."""
     spec = _spec(db, task)
     labels, image_source, ids = _checked_rows(spec, ImageSource(spec["images"]))
     with session_scope(db) as s:
-        results = dict(s.execute(select(Task.id, Task.result).where(Task.id.in_(task.upstream))).all())
-    parts = [results[i]["parts"] for i in task.upstream]  # upstream: the extract tasks in row order
+        parts = [r["parts"] for r in task_results(s, task.upstream)]  # upstream: the extract tasks in row order
     views = [v for v in RAW_VIEWS if v in parts[0]]
     message = f"{len(labels)} images embedded: {', '.join(views)} of model version {spec['model_version_id']}"
-    result = {"views": views, "count": len(labels), "message": message}
-    with session_scope(db) as s:
-        if not complete_task(s, task.id, task.lease, result=result):
-            return result, None  # the lease was lost (or the job cancelled): another attempt commits, or none
+
+    def write(s: Session) -> None:
         for view in views:
             pointer = featurestore.commit_parts(s, spec["store_uri"], _view_key(spec, view), [p[view] for p in parts],
                                                 labels, ids)
             save_stored_feature_set(s, spec["model_version_id"], spec["split"], view, pointer, image_source)
             kept = {shard["file"] for shard in pointer.layout["shards"]} | {pointer.layout["rows_file"]}
             featurestore.sweep_parts(s, spec["store_uri"], _view_key(spec, view), kept)  # other attempts' parts
-    return result, None
+
+    return Done({"views": views, "count": len(labels), "message": message}, None, write)
 
 
 __all__ = ["DEFAULT_ROWS_PER_TASK", "commit_task", "extract_task", "fan_out_extract"]

@@ -67,7 +67,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
               f"{'; each job: cores // the jobs running on this machine' if share else ''}", flush=True)
     try:
         if args.tasks:
-            from engine.tasks.loop import serve_tasks
+            from engine.jobs.task_handlers import serve_tasks
 
             serve_tasks(get_engine(args.db), once=args.once)
             return 0

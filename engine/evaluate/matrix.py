@@ -18,31 +18,22 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from sqlalchemy import Engine
 
 from engine.core.fan_out import FanOut
-from engine.evaluate.search_tasks import STATS_FIELDS, CellSpec, fan_out_cells
-from engine.tasks.loop import LEASE_S, run_one_task, worker_name
+from engine.evaluate.search_tasks import SEARCH_HANDLERS, STATS_FIELDS, CellSpec, fan_out_cells
+from engine.tasks.loop import LEASE_S, Handler, TaskJobStopped, run_tasks, worker_name
 from engine.metrics.compatibility import CellFeatures, CellStats, MatrixResult, compatibility_matrices
 from engine.metrics.paired import PairedOptions
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import VERIFICATION, parse_metric
-from storage import Job, session_scope
-from storage.tasks import cancel_task_job, renew_owner_lease, results_of_kind
+from storage import session_scope
+from storage.tasks import results_of_kind, task_job_state
 
 OWNER_LEASE_ENV = "COMPATLAB_OWNER_LEASE_S"
-
-
-class TaskJobStopped(Exception):
-    """The task job ended without a result: cancelled (``cancelled`` True) or failed (the message says why)."""
-
-    def __init__(self, message: str, *, cancelled: bool = False):
-        super().__init__(message)
-        self.cancelled = cancelled
 
 
 def owner_lease_s() -> float:
@@ -57,57 +48,18 @@ def owner_lease_s() -> float:
     return value
 
 
-class _OwnerBeat(threading.Thread):
-    """Renews the owner's lease on a task job every third of it; ends when told or when the lease is lost."""
-
-    def __init__(self, db: Engine, job_id: int, lease: str, lease_s: float):
-        super().__init__(daemon=True)
-        self.db, self.job_id, self.lease, self.lease_s, self.done = db, job_id, lease, lease_s, threading.Event()
-
-    def run(self) -> None:
-        while not self.done.wait(self.lease_s / 3):
-            with session_scope(self.db) as s:
-                if not renew_owner_lease(s, self.job_id, self.lease, self.lease_s):
-                    return
-
-
 def run_task_job(db: Engine, job_id: int, *, should_stop: Callable[[], bool] | None = None, poll_s: float = 0.5,
-                 owner_lease: str | None = None) -> None:
-    """Run ``job_id``'s tasks in this process until the job is done (other workers may take some meanwhile).
+                 owner_lease: str | None = None, handlers: Mapping[str, Handler] = SEARCH_HANDLERS) -> None:
+    """Run ``job_id``'s tasks in this process until the job is done (other workers may take some meanwhile): the
+    task loop (:func:`engine.tasks.loop.run_tasks`) with ``job_id``, as the job's owner when ``owner_lease`` is given
+    (renewed every third of :func:`owner_lease_s`).
 
-    ``should_stop`` asks the job to stop (:func:`storage.tasks.cancel_task_job`). ``owner_lease``: this process owns
-    the job under that lease and renews it meanwhile. Raises :class:`TaskJobStopped` when the job fails (with its
-    error) or is cancelled; any other exception cancels the job before propagating.
+    ``should_stop`` asks the job to stop (:func:`storage.tasks.cancel_task_job`). Raises :class:`TaskJobStopped` when
+    the job fails (with its error) or is cancelled; any other exception cancels the job before propagating.
     """
-    worker, has_gpu = worker_name(), torch.cuda.is_available()
-    beat = None if owner_lease is None else _OwnerBeat(db, job_id, owner_lease, owner_lease_s())
-    if beat is not None:
-        beat.start()
-    try:
-        while True:
-            if should_stop is not None and should_stop():
-                with session_scope(db) as s:
-                    cancel_task_job(s, job_id)
-            with session_scope(db) as s:
-                job = s.get(Job, job_id)
-                status, error, stopping = job.status, job.error, job.cancel_requested
-            if status == "done":
-                return
-            if status == "failed":
-                raise TaskJobStopped(f"task job {job_id} failed: {(error or 'no error recorded').splitlines()[0]}")
-            if status == "cancelled":
-                raise TaskJobStopped(f"task job {job_id} was cancelled", cancelled=True)
-            if stopping or run_one_task(db, worker, has_gpu=has_gpu, lease_s=LEASE_S, job_id=job_id) is None:
-                time.sleep(poll_s)  # the rest is running elsewhere, or waits for it
-    except TaskJobStopped:
-        raise
-    except BaseException:
-        with session_scope(db) as s:
-            cancel_task_job(s, job_id)
-        raise
-    finally:
-        if beat is not None:
-            beat.done.set()
+    run_tasks(db, worker_name(), torch.cuda.is_available(), threading.Event(), handlers=handlers, poll_s=poll_s,
+              job_id=job_id, should_stop=should_stop, owner_lease=owner_lease,
+              owner_lease_s=owner_lease_s() if owner_lease is not None else LEASE_S)
 
 
 def cell_results(db: Engine, job_id: int) -> list[CellStats]:
@@ -148,7 +100,7 @@ def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], nu
                                shard_rows=fan_out.shard_rows, label=label, experiment_id=experiment_id,
                                owner_lease_s=owner_lease_s())
         with session_scope(db) as s:
-            lease = s.get(Job, job_id).lease
+            lease = task_job_state(s, job_id).lease
         run_task_job(db, job_id, should_stop=should_stop, owner_lease=lease)
         results = dict(zip(positions, cell_results(db, job_id)))
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, get_args
 
 import numpy as np
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 from engine.core.cell import DERIVED_VIEWS, output_view
 from engine.metrics.ranking import QueryStats
@@ -29,8 +29,9 @@ from engine.metrics.retrieval import RankTies, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
 from engine.metrics.sharded import CPU, Shard, ap_kernel, checked_shard, count_kernel, gather_positives, group_by_query, \
     label_codes, shard_blocks
-from storage import FeatureSet, Task, feature_set_rows, session_scope
-from storage.tasks import NewTask, create_task_job, job_payload, task_arrays
+from storage import Task, feature_set_rows, session_scope
+from storage.feature_sets import feature_set_size
+from storage.tasks import NewTask, create_task_job, job_payload, task_arrays, task_payloads
 
 STATS_FIELDS = tuple(QueryStats.__dataclass_fields__)
 
@@ -65,10 +66,9 @@ def _width(columns: int | list[int] | None, dim: int) -> int:
 
 def _check_cell(s, cell: CellSpec) -> tuple[int, int]:
     """The cell's (query rows, gallery rows) before class selection; ``ValueError`` for a cell that cannot be searched."""
-    sizes = {fid: s.execute(select(FeatureSet.count, FeatureSet.dim).where(FeatureSet.id == fid)).first()
-             for fid in (cell.query, cell.gallery)}
+    sizes = {fid: feature_set_size(s, fid) for fid in (cell.query, cell.gallery)}
     for fid, size in sizes.items():
-        if size is None or size.count == 0:
+        if size is None or size[0] == 0:
             raise ValueError(f"feature set {fid} is missing or empty")
     (nq, dq), (ng, dg) = sizes[cell.query], sizes[cell.gallery]
     derived = cell.view in DERIVED_VIEWS
@@ -188,7 +188,7 @@ def reduce_task(db: Engine, task: Task) -> tuple[dict[str, Any], dict[str, np.nd
     """Sum each block's counts over its shards, then the cell's metrics (memory: one block's counts at a time)."""
     spec, _ = _job_spec(db, task)
     with session_scope(db) as s:
-        searches = s.execute(select(Task.id, Task.payload).where(Task.id.in_(task.upstream)).order_by(Task.id)).all()
+        searches = task_payloads(s, task.upstream)
     by_block: dict[tuple[int, int], dict[int, list[int]]] = {}
     for task_id, payload in searches:
         by_block.setdefault(tuple(payload["block"]), {1: [], 2: []})[payload["pass"]].append(task_id)
@@ -214,4 +214,6 @@ def reduce_task(db: Engine, task: Task) -> tuple[dict[str, Any], dict[str, np.nd
     return {"cell": index, "metrics": metrics, "message": f"{which} done: {shown}"}, arrays
 
 
-__all__ = ["STATS_FIELDS", "CellSpec", "fan_out_cell", "fan_out_cells", "reduce_task", "search_task"]
+SEARCH_HANDLERS = {"search": search_task, "reduce": reduce_task}  # what the owner of a cells job runs (engine.evaluate.matrix)
+
+__all__ = ["SEARCH_HANDLERS", "STATS_FIELDS", "CellSpec", "fan_out_cell", "fan_out_cells", "reduce_task", "search_task"]

@@ -1,10 +1,12 @@
 """The task loop: any number of workers, on any machines, run the tasks of fanned-out jobs (``storage.tasks``).
 
-:func:`run_one_task` claims one task under a lease, runs its kind's handler (``TASK_HANDLERS``) while a thread
-renews the lease, and writes the handler's result with the task's "done" (nothing when the lease was lost or the
-job was cancelled meanwhile). ``python -m engine worker --tasks`` runs :func:`run_tasks` on any machine pointed at
-the same database. The task kinds: ``search`` and ``reduce`` (:mod:`engine.evaluate.search_tasks`), ``extract`` and
-``commit`` (:mod:`engine.checkpoints.extract_tasks`).
+The mechanism knows no domain: the handlers are passed in (a plain dict task kind -> handler; the worker's registry
+is ``engine.jobs.task_handlers.TASK_HANDLERS``). :func:`run_one_task` claims one task under a lease, runs its
+kind's handler while a :class:`Heartbeat` renews the lease, and completes the task with the handler's return value
+(:class:`Done`): the loop is the only one that completes a task, once, and writes nothing when the lease was lost or
+the job was cancelled meanwhile. :func:`run_tasks` is the one run loop: a worker's (until stopped or idle), or the
+loop of a process that owns a job and waits for it (``job_id``: only that job's tasks, until it ends, with the
+owner's lease renewed by the same :class:`Heartbeat`).
 """
 from __future__ import annotations
 
@@ -13,15 +15,15 @@ import socket
 import threading
 import traceback
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session
 
-from engine.checkpoints.extract_tasks import commit_task, extract_task
-from engine.evaluate.search_tasks import reduce_task, search_task
-from storage import Task, init_db, session_scope
-from storage.tasks import claim_task, complete_task, extend_lease, fail_task, unfinished_tasks
+from storage import Task, session_scope
+from storage.tasks import (TaskJobState, cancel_task_job, claim_task, complete_task, extend_lease, fail_task,
+                           renew_owner_lease, task_job_state, unfinished_tasks)
 
 LEASE_S = 60.0
 
@@ -32,78 +34,150 @@ class Stop(Protocol):
     def wait(self, timeout: float | None = None) -> bool: ...
 
 
+class Done(NamedTuple):
+    """What a handler returns: the task's result and arrays, written with its "done" by the loop.
+
+    ``write``: more rows to write in that same transaction, only if the task still holds its lease (e.g. the feature
+    sets an extract job's commit task makes from its parts); a handler never completes its own task. A handler may
+    return a plain ``(result, arrays)`` pair instead.
+    """
+
+    result: dict[str, Any] | None = None
+    arrays: dict[str, np.ndarray] | None = None
+    write: Callable[[Session], None] | None = None
+
+
+Handler = Callable[[Engine, Task], "Done | tuple[dict[str, Any] | None, dict[str, np.ndarray] | None]"]
+
+
+class TaskJobStopped(Exception):
+    """The task job ended without a result: cancelled (``cancelled`` True) or failed (the message says why)."""
+
+    def __init__(self, message: str, *, cancelled: bool = False):
+        super().__init__(message)
+        self.cancelled = cancelled
+
+
 def worker_name() -> str:
     """``host:pid``: who holds a task, as the task board shows it."""
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-Handler = Callable[[Engine, Task], tuple[dict[str, Any] | None, dict[str, np.ndarray] | None]]
-TASK_HANDLERS: dict[str, Handler] = {"search": search_task, "reduce": reduce_task, "extract": extract_task,
-                                      "commit": commit_task}
+class Heartbeat(threading.Thread):
+    """Calls ``renew`` every ``every_s`` seconds until :meth:`stop` or until ``renew`` returns False (the lease it
+    renews was lost). The one heartbeat of the task wing: a task's lease while its handler runs, and an owner's
+    lease on its job while it waits."""
 
-
-class _LeaseBeat(threading.Thread):
-    """Extends a task's lease every third of it while its handler runs; stops when the lease is lost or the task's
-    job was asked to stop (the renewal cancels the task: the handler's result is then written nowhere)."""
-
-    def __init__(self, db: Engine, task: Task, lease_s: float):
+    def __init__(self, renew: Callable[[], bool], every_s: float):
         super().__init__(daemon=True)
-        self.db, self.task, self.lease_s, self.done = db, task, lease_s, threading.Event()
+        self.renew, self.every_s, self._done = renew, every_s, threading.Event()
 
     def run(self) -> None:
-        while not self.done.wait(self.lease_s / 3):
-            with session_scope(self.db) as s:
-                if not extend_lease(s, self.task.id, self.task.lease, self.lease_s):
-                    return
+        while not self._done.wait(self.every_s):
+            if not self.renew():
+                return
+
+    def stop(self) -> None:
+        self._done.set()
 
 
-def run_one_task(db: Engine, worker: str, *, has_gpu: bool, lease_s: float = LEASE_S,
-                 handlers: Mapping[str, Handler] = TASK_HANDLERS, job_id: int | None = None) -> int | None:
-    """Claim one task (of ``job_id`` when given), run it and write its result under the lease; return its id (None
-    when none is claimable)."""
+def _renewal(db: Engine, renew: Callable[..., bool], *args: Any) -> Callable[[], bool]:
+    def beat() -> bool:
+        with session_scope(db) as s:
+            return renew(s, *args)
+    return beat
+
+
+def run_one_task(db: Engine, worker: str, *, handlers: Mapping[str, Handler], has_gpu: bool,
+                 lease_s: float = LEASE_S, job_id: int | None = None) -> int | None:
+    """Claim one task (of ``job_id`` when given), run its kind's handler and complete it with what the handler
+    returned, under the lease; return its id (None when none is claimable). A handler's exception fails the attempt
+    (retried while attempts are left); the worker lives on."""
     task = claim_task(db, worker, has_gpu=has_gpu, lease_s=lease_s, job_id=job_id)
-    if task is None:
-        return None
-    beat = _LeaseBeat(db, task, lease_s)
+    if task is not None:
+        run_claimed(db, task, handlers=handlers, lease_s=lease_s)
+    return None if task is None else task.id
+
+
+def run_claimed(db: Engine, task: Task, *, handlers: Mapping[str, Handler], lease_s: float = LEASE_S) -> None:
+    """Run a task this worker claimed (``claim_task`` with ``lease_s``) and complete it with what its handler returned,
+    or fail the attempt; nothing is written when the task is no longer the claim's."""
+    beat = Heartbeat(_renewal(db, extend_lease, task.id, task.lease, lease_s), lease_s / 3)
     beat.start()
     try:
         handler = handlers.get(task.kind)
         if handler is None:
             raise ValueError(f"unknown task kind {task.kind!r}; known kinds: {', '.join(handlers)}")
-        result, arrays = handler(db, task)
-        beat.done.set()
+        done = Done(*handler(db, task))
+        beat.stop()
         with session_scope(db) as s:
-            complete_task(s, task.id, task.lease, result=result, arrays=arrays)
+            if complete_task(s, task.id, task.lease, result=done.result, arrays=done.arrays) and done.write:
+                done.write(s)
     except Exception as exc:  # the attempt fails, the worker lives on
-        beat.done.set()
+        beat.stop()
         with session_scope(db) as s:
             fail_task(s, task.id, task.lease, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}")
-    return task.id
 
 
-def run_tasks(db: Engine, worker_id: str, has_gpu: bool, stop: Stop, *, lease_s: float = LEASE_S,
-              poll_s: float = 1.0, until_idle: bool = False, handlers: Mapping[str, Handler] = TASK_HANDLERS) -> int:
-    """Run tasks until ``stop`` is set (``until_idle``: also once no task is queued or running); return how many ran."""
+def _job_state(db: Engine, job_id: int) -> TaskJobState:
+    """The job's state while it runs or once it is done; :class:`TaskJobStopped` once it failed or was cancelled."""
+    with session_scope(db) as s:
+        state = task_job_state(s, job_id)
+    if state.status == "failed":
+        raise TaskJobStopped(f"task job {job_id} failed: {(state.error or 'no error recorded').splitlines()[0]}")
+    if state.status == "cancelled":
+        raise TaskJobStopped(f"task job {job_id} was cancelled", cancelled=True)
+    return state
+
+
+def run_tasks(db: Engine, worker_id: str, has_gpu: bool, stop: Stop, *, handlers: Mapping[str, Handler],
+              lease_s: float = LEASE_S, poll_s: float = 1.0, until_idle: bool = False, job_id: int | None = None,
+              should_stop: Callable[[], bool] | None = None, owner_lease: str | None = None,
+              owner_lease_s: float = LEASE_S) -> int:
+    """Run tasks until ``stop`` is set; return how many ran.
+
+    ``until_idle``: also stop once no task is queued or running. ``job_id``: run only that job's tasks, until it is
+    done (other workers may take some meanwhile); raises :class:`TaskJobStopped` when it fails or is cancelled,
+    ``should_stop()`` asks it to stop, and any other exception cancels the job before propagating. ``owner_lease``:
+    this process owns the job under that lease and renews it every third of ``owner_lease_s`` meanwhile.
+    """
+    owner = None
+    if job_id is not None and owner_lease is not None:
+        owner = Heartbeat(_renewal(db, renew_owner_lease, job_id, owner_lease, owner_lease_s), owner_lease_s / 3)
+        owner.start()
     ran = 0
-    while not stop.is_set():
-        if run_one_task(db, worker_id, has_gpu=has_gpu, lease_s=lease_s, handlers=handlers) is not None:
-            ran += 1
-            continue
-        if until_idle:
-            with session_scope(db) as s:
-                if unfinished_tasks(s) == 0:
+    try:
+        while not stop.is_set():
+            stopping = False
+            if job_id is not None:
+                if should_stop is not None and should_stop():
+                    with session_scope(db) as s:
+                        cancel_task_job(s, job_id)
+                state = _job_state(db, job_id)
+                if state.status == "done":
                     return ran
-        stop.wait(poll_s)
-    return ran
+                stopping = state.cancel_requested
+            if not stopping and run_one_task(db, worker_id, handlers=handlers, has_gpu=has_gpu, lease_s=lease_s,
+                                             job_id=job_id) is not None:
+                ran += 1
+                continue
+            if until_idle and job_id is None:
+                with session_scope(db) as s:
+                    if unfinished_tasks(s) == 0:
+                        return ran
+            stop.wait(poll_s)  # the rest is running elsewhere, or waits for it
+        return ran
+    except TaskJobStopped:
+        raise
+    except BaseException:
+        if job_id is not None:
+            with session_scope(db) as s:
+                cancel_task_job(s, job_id)
+        raise
+    finally:
+        if owner is not None:
+            owner.stop()
 
 
-def serve_tasks(db: Engine, *, once: bool = False) -> int:
-    """``python -m engine worker --tasks``: run tasks as ``host:pid`` (``once``: until none is left); return how many."""
-    import torch
-
-    init_db(db)
-    return run_tasks(db, worker_name(), torch.cuda.is_available(), threading.Event(), until_idle=once)
-
-
-__all__ = ["LEASE_S", "TASK_HANDLERS", "run_one_task", "run_tasks", "serve_tasks",
+__all__ = ["LEASE_S", "Done", "Handler", "Heartbeat", "TaskJobStopped", "run_claimed", "run_one_task", "run_tasks",
            "worker_name"]
