@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from engine.jobs.adapt import AdapterJob, run_adapters
+from engine.analysis.adapted import AdapterJob, run_adapters
 from engine.cli import main
 from engine.core.config import config_from_dict
 from engine.run.pipeline import RunContext, run_experiment

@@ -71,7 +71,7 @@ def spy(monkeypatch):
 
 def test_only_engine_record_calls_the_storage_writers():
     """No other engine or app module imports a function that writes an experiment, study, version or matrix
-    (engine.jobs.adapt adds adapted views to stored versions with save_feature_set: not an experiment's write)."""
+    (engine.analysis.adapted adds adapted views to stored versions with save_feature_set: not an experiment's write)."""
     offenders = []
     for path in [*ROOT.glob("engine/**/*.py"), *ROOT.glob("app/**/*.py")]:
         if path == ROOT / "engine" / "results" / "record.py":

@@ -23,7 +23,7 @@ def add_arguments(ad: argparse.ArgumentParser) -> None:
 
 def cmd_adapt(args: argparse.Namespace) -> int:
     """``adapt``: fit and store the adapters of two steps, print the query/gallery table and backfilling areas."""
-    from engine.jobs.adapt import AdapterJob, run_adapters
+    from engine.analysis.adapted import AdapterJob, run_adapters
     from storage import get_engine, get_experiment, list_model_versions, session_scope
 
     db = get_engine(args.db)

@@ -174,7 +174,7 @@ def analysis_payload(experiment_id: int, kind: str, params: dict[str, Any]) -> d
 
 def adapters_payload(old_version_id: int, new_version_id: int, *, kind: str, view: str,
                      same_set: bool) -> dict[str, Any]:
-    """An ``adapters`` job (fields of ``engine.jobs.adapt.AdapterJob``)."""
+    """An ``adapters`` job (fields of ``engine.analysis.adapted.AdapterJob``)."""
     if kind not in ADAPTER_KINDS:
         raise ValueError(f"unknown adapter kind {kind!r}; use one of {', '.join(ADAPTER_KINDS)}")
     return {"old_version_id": int(old_version_id), "new_version_id": int(new_version_id), "kind": kind,

@@ -12,7 +12,7 @@ Payloads, by kind:
 * ``run``: ``{"config": RunConfig dict}`` or ``{"preset": NAME}``, optionally ``"tasks": {"block_rows": N,
   "shard_rows": N}`` (evaluate through tasks, ``engine.evaluate.matrix``): train/evaluate a study.
 * ``analysis``: ``{"experiment_id": id, "kind": ..., "params": {...}}``: see :mod:`engine.jobs.analysis`.
-* ``adapters``: the fields of :class:`engine.jobs.adapt.AdapterJob` (old/new model version ids, kind, view, ...).
+* ``adapters``: the fields of :class:`engine.analysis.adapted.AdapterJob` (old/new model version ids, kind, view, ...).
 * ``checkpoints``: ``{"spec": {...}}``: a comparison spec (``engine.checkpoints.request.comparison_spec``) of
   bring-your-own models, compared with ``server_trust()``: paths confined to the data roots, TorchScript refused
   unless the worker was started with ``--allow-torchscript``.
@@ -70,7 +70,7 @@ def analysis_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> str
 
 def adapters_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> str:
     """An ``adapters`` job: fit a pair of adapters between two stored model versions and store what they give."""
-    from engine.jobs.adapt import AdapterJob, run_adapters
+    from engine.analysis.adapted import AdapterJob, run_adapters
 
     adapters = AdapterJob(**{**payload, "orderings": tuple(payload.get("orderings", AdapterJob.orderings))})
     job.progress(0.1, f"fitting {adapters.kind} adapters {adapters.key}")

@@ -1,5 +1,5 @@
-"""Adapters between two stored models (paper 004): fit on the stored training features, store the
-adapted views, and compute the query/gallery combination table and adapted backfill curves.
+"""Adapters between two stored models (paper 004), what the ``adapters`` job runs: fit on the stored training
+features, store the adapted views, and compute the query/gallery combination table and adapted backfill curves.
 
 Both backbones stay frozen: everything here works on feature rows already in the database. The
 adapters train on the ``train`` split (a fixed per-class subset of the training images that every
