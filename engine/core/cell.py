@@ -108,7 +108,7 @@ def output_view(raw: Mapping[str, np.ndarray], view: str, *, columns: Columns | 
         return np.asarray(raw[view])
     if view not in VIEWS:
         raise ValueError(f"unknown feature view {view!r}; use one of {VIEWS}")
-    source = DERIVED_VIEWS.get(view, view)
+    source = raw_view(view)
     if source not in raw:
         raise ValueError(f"the raw outputs have no {source!r} entry; extract them with extract_outputs")
     values = np.asarray(raw[source])
