@@ -16,13 +16,14 @@ from engine.metrics.backfill_orders import backfill_order
 from engine.analysis.views import (
     Progress,
     Version,
-    cell_columns,
+    experiment_recipe,
+    load_side,
     load_view,
+    seen_note,
     topk_note,
-    topk_of,
     version_of_step,
 )
-from engine.core.contract import DERIVED_VIEWS, REACH_SHARES, same_set_of
+from engine.core.contract import REACH_SHARES
 
 
 def compute_backfill(db: Engine, config: dict[str, Any], versions: list[Version], params: dict[str, Any],
@@ -35,29 +36,24 @@ def compute_backfill(db: Engine, config: dict[str, Any], versions: list[Version]
     backfilling); ``confidence`` uses the new model's stored gallery logits.
     """
     old, new = version_of_step(versions, params["step_a"]), version_of_step(versions, params["step_b"])
-    view, topk = params["view"], topk_of(config)
-    new_cols, old_cols = cell_columns(new, old)
-    same_set = same_set_of(config)
+    view = params["view"]
+    recipe = experiment_recipe(config, view, new, old)  # the cross-test's cell: new query, old gallery
+    same_set = recipe.same_set
     progress(0.05, "loading features")
-    query, q_labels, _ = load_view(db, new, "query", view, columns=new_cols, topk=topk)
-    old_g, g_labels, _ = load_view(db, old, "gallery", view, columns=old_cols, topk=topk)
-    new_g, g_labels_new, _ = load_view(db, new, "gallery", view, columns=new_cols, topk=topk)
+    query, q_labels, _, q_rows = load_side(db, new, "query", recipe, "query")
+    old_g, g_labels, _, g_rows = load_side(db, old, "gallery", recipe, "gallery")
+    new_g, g_labels_new, _, _ = load_side(db, new, "gallery", recipe, "query")  # the new gallery in the new model's columns
     if not np.array_equal(g_labels, g_labels_new):
         raise ValueError(f"the gallery features of steps {old.step} and {new.step} do not embed the same images")
+    if same_set and recipe.below is not None and not np.array_equal(q_rows, g_rows):  # rows restricted
+        raise ValueError("closed-set queries and gallery must be the same images")
     new_logits = None
     if "confidence" in params["orderings"]:
-        new_logits = load_view(db, new, "gallery", "logits")[0]
-    notes = []
-    if config.get("eval", {}).get("eval_classes", "all") == "seen":
-        q_keep, g_keep = np.isin(q_labels, old.classes), np.isin(g_labels, old.classes)
-        if same_set and not np.array_equal(q_keep, g_keep):
-            raise ValueError("closed-set queries and gallery must be the same images")
-        query, q_labels, old_g, new_g, g_labels = query[q_keep], q_labels[q_keep], old_g[g_keep], new_g[g_keep], g_labels[g_keep]
-        new_logits = None if new_logits is None else new_logits[g_keep]
-        notes.append(f"eval_classes = seen: queries and gallery restricted to the old model's {len(old.classes)} classes")
-    if view in DERIVED_VIEWS:
+        new_logits = load_view(db, new, "gallery", "logits")[0][g_rows]
+    notes = seen_note(recipe, old)
+    if recipe.derived:
         notes.append(f"{view.upper()}: everything projected onto the old model's {len(old.classes)} classes"
-                     f"{topk_note(topk)}")
+                     f"{topk_note(recipe.topk)}")
     fractions = np.linspace(0.0, 1.0, params["num_fractions"])
     curves: dict[str, dict[str, list[float | None]]] = {}
     area: dict[str, dict[str, float | None]] = {}

@@ -16,7 +16,8 @@ from sqlalchemy import Engine
 from engine.analysis.arrays import finite, unit
 from engine.analysis.collapse import class_means, collapse_report, probability_simplex_prototypes
 from engine.analysis.stationarity import stationarity_probe, turn_angle
-from engine.analysis.views import Progress, Version, head_weights, joint_pair, load_view, topk_of
+from engine.analysis.views import Progress, Version, experiment_recipe, head_weights, joint_pair, load_view
+from engine.core.cell import recipe_settings
 from engine.core.contract import OUTPUT_VIEWS
 
 
@@ -124,7 +125,7 @@ def compute_geometry(db: Engine, config: dict[str, Any], versions: list[Version]
     ``stationarity``: the probe of every step on its encoder features (whatever ``view``), with the angle its
     assigned-prototype centroid turns from the previous step.
     """
-    split, view, topk = params["split"], params["view"], topk_of(config)
+    split, view, topk = params["split"], params["view"], recipe_settings(config)["topk"]
     models, stationarity = [], []
     direction = None  # the previous step's assigned-prototype centroid
     for i, v in enumerate(versions):
@@ -141,7 +142,7 @@ def compute_geometry(db: Engine, config: dict[str, Any], versions: list[Version]
     for i, (old, new) in enumerate(zip(versions, versions[1:])):
         progress(0.65 + 0.3 * i / max(1, len(versions) - 1), f"steps {old.step} -> {new.step}")
         pair: dict[str, Any] = {"old_step": old.step, "new_step": new.step}
-        f_old, f_new, labels = joint_pair(db, old, new, split, view, topk)
+        f_old, f_new, labels = joint_pair(db, old, new, split, experiment_recipe(config, view, new, old, every_row=True))
         if f_old.shape[1] != f_new.shape[1]:
             pair["note"] = f"{f_old.shape[1]}-d vs {f_new.shape[1]}-d features: not comparable"
         elif len(np.unique(labels)) >= 2:

@@ -23,8 +23,8 @@ from sqlalchemy import Engine
 from engine.analysis.arrays import unit
 from engine.analysis.collapse import class_means
 from engine.analysis.geometry import class_drift, definition1, model_collapse
-from engine.analysis.views import Progress, Version, head_weights, joint_pair, topk_note, topk_of, version_of_step
-from engine.core.contract import CLASS_MEAN, DERIVED_VIEWS, PROJECTION_COLUMNS, PROTOTYPE, SAMPLE
+from engine.analysis.views import Progress, Version, experiment_recipe, head_weights, joint_pair, topk_note, version_of_step
+from engine.core.contract import CLASS_MEAN, PROJECTION_COLUMNS, PROTOTYPE, SAMPLE
 
 
 def sample_rows(n: int, max_points: int, seed: int) -> np.ndarray:
@@ -89,10 +89,11 @@ def compute_projection(db: Engine, config: dict[str, Any], versions: list[Versio
     split, view, seed = params["split"], params["view"], params["seed"]
     notes: list[str] = []
     progress(0.05, "loading features")
-    topk = topk_of(config)
-    f_old, f_new, labels = joint_pair(db, old, new, split, view, topk)
+    recipe = experiment_recipe(config, view, new, old, every_row=True)  # the cross-test's columns, every stored row
+    topk = recipe.topk
+    f_old, f_new, labels = joint_pair(db, old, new, split, recipe)
     joint = f_old.shape[1] == f_new.shape[1]
-    if view in DERIVED_VIEWS:
+    if recipe.derived:
         notes.append(f"{view.upper()}: both models projected onto the old model's {len(old.classes)} classes"
                      f"{topk_note(topk)}, as in the cross-test")
     rows = sample_rows(len(labels), params["max_points"], seed)

@@ -15,8 +15,7 @@ import numpy as np
 from sqlalchemy import Engine
 
 from engine.analysis.arrays import unit
-from engine.analysis.views import cell_columns, load_cell_versions, load_view, topk_of
-from engine.core.contract import same_set_of
+from engine.analysis.views import experiment_recipe, load_cell_versions, load_side
 from engine.data.thumbnails import THUMB_SIZE, can_render, data_uri, kind_of, thumbnails
 from storage import list_feature_views, load_feature_set, load_image_refs, session_scope
 
@@ -30,16 +29,15 @@ def nearest_neighbours(db: Engine, query_version_id: int, gallery_version_id: in
     closed-set experiment the query's own image (same row) is excluded from the gallery, by index.
     """
     config, vq, vg = load_cell_versions(db, query_version_id, gallery_version_id)
-    q_cols, g_cols = cell_columns(vq, vg)
-    topk = topk_of(config)
-    query, q_labels, q_ids = load_view(db, vq, "query", view, columns=q_cols, topk=topk)
-    gallery, g_labels, g_ids = load_view(db, vg, "gallery", view, columns=g_cols, topk=topk)
+    recipe = experiment_recipe(config, view, vq, vg, every_row=True)  # a query index is a stored row
+    query, q_labels, q_ids, _ = load_side(db, vq, "query", recipe, "query")
+    gallery, g_labels, g_ids, _ = load_side(db, vg, "gallery", recipe, "gallery")
     if not 0 <= query_index < len(query):
         raise ValueError(f"query index {query_index} is out of range: the query split has rows 0..{len(query) - 1}")
     if query.shape[1] != gallery.shape[1]:
         raise ValueError(f"the query model gives {query.shape[1]}-d {view} features and the gallery model "
                          f"{gallery.shape[1]}-d ones; choose a view both share (e.g. 'psp' or 'lsp')")
-    same_set = same_set_of(config)
+    same_set = recipe.same_set
     # class names are nested (the classes in scenario order): the later model knows the most of them
     named = max((vq, vg), key=lambda v: len(v.class_names or ()))
     sims = unit(gallery) @ unit(query[query_index : query_index + 1])[0]

@@ -1,12 +1,12 @@
 """Stored features of an experiment's model versions, read into the views the analyses compare.
 
 Feature views: the engine stores the raw views ``encoder``, ``logits`` and ``softmax`` per model
-version and split. ``psp`` / ``lsp`` are derived from ``softmax`` / ``logits`` by
-:func:`engine.core.cell.output_view`, the derivation the compatibility matrices use, with the
-experiment's ``eval.topk``. When two models are compared in one space (map, drift, Definition 1,
-backfilling, neighbours), both keep the classes of the *gallery* (old) model, aligned by class name
-(:func:`engine.core.classes.aligned_columns`: the first C^k outputs for a training run's nested
-models), as the compatibility matrix's cross-test does; NC1-NC4 and angles use each model's own classes.
+version and split. Two models compared in one space (map, drift, Definition 1, backfilling, neighbours,
+the upgrade check) are read through the recipe of the cell (new / query model, old / gallery model),
+:func:`experiment_recipe`, the one the compatibility matrices use (:mod:`engine.core.cell`): ``psp`` / ``lsp``
+derived from ``softmax`` / ``logits`` on the *gallery* (old) model's classes, aligned by class name (the first
+C^k outputs for a training run's nested models), with the experiment's ``eval.topk`` and, where the rows are
+evaluated, its ``eval_classes``; NC1-NC4 and angles use each model's own classes.
 
 numpy only (the dashboard reads neighbours through here); :func:`head_weights` imports torch when called.
 Rows are read through ``storage/`` functions only.
@@ -21,9 +21,9 @@ import numpy as np
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from engine.core.classes import aligned_columns, index_names
-from engine.core.contract import DERIVED_VIEWS, available_views
-from engine.core.cell import Columns, output_view
+from engine.core.classes import index_names
+from engine.core.contract import available_views
+from engine.core.cell import CellRecipe, cell_recipe, recipe_settings
 from storage import get_experiment, get_model_version, list_feature_views, list_model_versions, load_feature_set, session_scope
 
 Progress = Callable[[float, str], None]
@@ -90,9 +90,20 @@ def version_of_step(versions: list[Version], step: int) -> Version:
     raise ValueError(f"the experiment has no model of step {step}; stored steps: {[v.step for v in versions] or 'none'}")
 
 
-def topk_of(config: dict[str, Any]) -> int | None:
-    """The PSP/LSP top-k of an experiment's stored config (``eval.topk``; None: keep every class)."""
-    return config.get("eval", {}).get("topk")
+def class_list(version: Version) -> tuple[str, ...]:
+    """A model's classes as a cell aligns them: its class names, else its output indices (``"0" .. "C-1"``)."""
+    return version.class_names if version.class_names is not None else index_names(len(version.classes))
+
+
+def experiment_recipe(config: dict[str, Any], view: str, query: Version, gallery: Version, *,
+                      every_row: bool = False) -> CellRecipe:
+    """The recipe of the cell (query model, gallery model) of a stored experiment, as its matrices read it
+    (:func:`engine.core.cell.cell_recipe` with the stored ``eval`` settings); ``every_row``: keep every stored row
+    whatever ``eval_classes`` says (the map, geometry and neighbours show each stored row)."""
+    settings = recipe_settings(config)
+    if every_row:
+        settings["eval_classes"] = "all"
+    return cell_recipe(view, class_list(query), class_list(gallery), **settings)
 
 
 def topk_note(topk: int | None) -> str:
@@ -100,37 +111,46 @@ def topk_note(topk: int | None) -> str:
     return "" if topk is None else f", top-{topk} entries kept"
 
 
-def load_view(db: Engine, version: Version, split: str, view: str, *, columns: Columns | None = None,
-              topk: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``(features, labels, image_ids)`` of one view; PSP/LSP keep ``columns`` of the outputs (default: the model's
-    own classes) with top-``topk`` (:func:`engine.core.cell.output_view`)."""
+def seen_note(recipe: CellRecipe, gallery: Version) -> list[str]:
+    """The note saying that ``eval_classes = seen`` restricted the rows (empty when it did not)."""
+    if recipe.below is None:
+        return []
+    return [f"eval_classes = seen: queries and gallery restricted to the old model's {len(gallery.classes)} classes"]
+
+
+def load_side(db: Engine, version: Version, split: str, recipe: CellRecipe, side: str
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+    """``(features, labels, image_ids, rows)`` of one model's stored ``split`` read as the ``side`` of a cell
+    (:meth:`engine.core.cell.CellRecipe.side`): the recipe's rows (``rows``: their stored positions), in its view."""
     with session_scope(db) as s:
         stored = list_feature_views(s, version.id, split)
-        raw = view if view in stored else DERIVED_VIEWS.get(view)
-        if raw is None or raw not in stored:
-            raise ValueError(f"model of step {version.step} has no {split!r} features for view {view!r}; "
+        raw = recipe.view if recipe.view in stored else recipe.raw
+        if raw not in stored:
+            raise ValueError(f"model of step {version.step} has no {split!r} features for view {recipe.view!r}; "
                              f"views available: {', '.join(available_views(stored)) or 'none'}")
         features, labels, image_ids = load_feature_set(s, version.id, split, raw)
-    if raw != view:
-        features = output_view({raw: features}, view, columns=len(version.classes) if columns is None else columns,
-                               topk=topk)
-    return np.asarray(features), np.asarray(labels), image_ids
+    if raw == recipe.view and recipe.derived:  # a PSP/LSP view stored as it is (a feature folder): the rows only
+        rows = np.flatnonzero(recipe.kept_rows(labels))
+        features, labels = np.asarray(features)[rows], np.asarray(labels)[rows]
+    else:
+        features, labels, rows = recipe.side(side, features, labels)
+    return np.asarray(features), np.asarray(labels), None if image_ids is None else np.asarray(image_ids)[rows], rows
 
 
-def cell_columns(query: Version, gallery: Version) -> tuple[np.ndarray, np.ndarray]:
-    """The PSP/LSP columns of the cell (query model, gallery model): the gallery's classes the query model knows."""
-    def names(v: Version) -> tuple[str, ...]:
-        return v.class_names if v.class_names is not None else index_names(len(v.classes))
+def load_view(db: Engine, version: Version, split: str, view: str, *, topk: int | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(features, labels, image_ids)`` of one model's own view, every stored row; PSP/LSP keep the model's own
+    classes with top-``topk`` (the cell of the model with itself)."""
+    own = cell_recipe(view, len(version.classes), len(version.classes), topk=topk)
+    return load_side(db, version, split, own, "gallery")[:3]
 
-    return aligned_columns(names(query), names(gallery))
 
-
-def joint_pair(db: Engine, old: Version, new: Version, split: str, view: str, topk: int | None
+def joint_pair(db: Engine, old: Version, new: Version, split: str, recipe: CellRecipe
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Old and new features of the same images in one space (PSP/LSP on the old model's classes), and labels."""
-    new_cols, old_cols = cell_columns(new, old)
-    f_old, labels, _ = load_view(db, old, split, view, columns=old_cols, topk=topk)
-    f_new, labels_new, _ = load_view(db, new, split, view, columns=new_cols, topk=topk)
+    """Old and new features of the same images in one space, and labels: ``recipe`` is the cell (new query, old
+    gallery), so PSP/LSP are on the old model's classes."""
+    f_old, labels, _, _ = load_side(db, old, split, recipe, "gallery")
+    f_new, labels_new, _, _ = load_side(db, new, split, recipe, "query")
     if len(labels) != len(labels_new) or not np.array_equal(labels, labels_new):
         raise ValueError(f"the {split} features of steps {old.step} and {new.step} do not embed the same images "
                          f"({len(labels)} vs {len(labels_new)} rows, or different labels); cannot compare them row by row")

@@ -30,13 +30,13 @@ import numpy as np
 import torch
 from sqlalchemy import Engine
 
-from engine.core.classes import aligned_columns, index_names
+from engine.core.classes import index_names
 from engine.checkpoints.embedding import ImageSource, check_batch_bytes, common_labels, extract, model_batch, probe
 from engine.checkpoints.files import LOCAL, Trust, server_trust
 from engine.checkpoints.loading import LoadedModel, load_model
 from engine.checkpoints.request import ComparisonSpec, ModelSource, comparison_spec, source_name
 from engine.data.folder import check_stop
-from engine.core.cell import DERIVED_VIEWS, RAW_VIEWS, cell_features
+from engine.core.cell import RAW_VIEWS, apply_recipe, cell_recipe
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
 from engine.models.device import pick_device
 from engine.data.samples import SampleRefs
@@ -86,7 +86,7 @@ def _check_alignment(labels: list[str], names: list[tuple[str, ...]], sources: S
     shared = np.full((T, T), -1, dtype=np.int64)
     for t in range(T):
         for k in range(t + 1):
-            n = len(aligned_columns(names[t], names[k])[0])
+            n = len(cell_recipe("psp", names[t], names[k]).gallery_columns)  # the classes PSP/LSP compare
             if t == k and n < 2:
                 raise ValueError(f"model {t + 1} ({labels[t]}) has {n} output(s): PSP/LSP need at least 2 classes; "
                                  "leave out the psp and lsp views")
@@ -103,14 +103,15 @@ def _check_alignment(labels: list[str], names: list[tuple[str, ...]], sources: S
 
 
 def _cells(view: str, cmp_outputs: list[dict[str, dict[str, np.ndarray]]], split_labels: dict[str, np.ndarray],
-           names: list[tuple[str, ...]]) -> Callable[[int, int], CellFeatures]:
-    """Cells of one view; PSP/LSP align model t's outputs to gallery model k's classes first (see classes.py)."""
-    ql, gl = split_labels["query"], split_labels["gallery"]
+           names: list[tuple[str, ...]], same_set: bool) -> Callable[[int, int], CellFeatures]:
+    """Cells of one view (:func:`engine.core.cell.cell_recipe`): PSP/LSP align model t's outputs to gallery model k's
+    classes by name first (see classes.py); every row is evaluated (the dataset's classes need not be the models')."""
 
     def cell(t: int, k: int) -> CellFeatures:
-        columns = aligned_columns(names[t], names[k]) if view in DERIVED_VIEWS else None
-        q, g = cell_features(cmp_outputs[t]["query"], cmp_outputs[k]["gallery"], view, columns=columns)
-        if view not in DERIVED_VIEWS and (q.shape[1] == 0 or g.shape[1] == 0):
+        recipe = cell_recipe(view, names[t], names[k], same_set=same_set)
+        q, ql, _, g, gl = apply_recipe(recipe, cmp_outputs[t]["query"][recipe.raw], split_labels["query"],
+                                       cmp_outputs[k]["gallery"][recipe.raw], split_labels["gallery"])
+        if not recipe.derived and (q.shape[1] == 0 or g.shape[1] == 0):
             # a model without encoder output: reported as not comparable, the way a size mismatch is
             return CellFeatures(q[:, :0], ql, np.zeros((len(g), 1), np.float32), gl)
         return CellFeatures(q, ql, g, gl)
@@ -217,7 +218,7 @@ def _compare_loaded(spec: ComparisonSpec, models: list[LoadedModel], report: Pro
         outputs.append({split: {v: raw[v] for v in RAW_VIEWS} for split, raw in per_split.items()})
 
     report(0.9, "computing compatibility matrices")
-    results = {view: compatibility_matrices(_cells(view, outputs, split_labels, names), num_models=T,
+    results = {view: compatibility_matrices(_cells(view, outputs, split_labels, names, same_set), num_models=T,
                                             metrics=spec.metrics, protocol=spec.protocol, same_set=same_set)
                for view in spec.views}
     cmp = Comparison(spec, models, labels, names, outputs, split_labels, tuple(dataset_classes), same_set, shared, results)

@@ -3,23 +3,35 @@
 A model's raw outputs (encoder features, logits, softmax over all its outputs) are extracted once
 (``engine.models.extract.extract_outputs``) and stored. The PSP/LSP view of a query model depends on the
 *gallery* model's classes, so ``cell_features`` derives both sides of a compatibility-matrix cell from the
-stored raw outputs; the pipeline, the checkpoint comparison and every analysis go through it.
+stored raw outputs.
+
+How a cell (query model t, gallery model k) is read is one :class:`CellRecipe` (view, each side's class columns,
+top-k, the rows ``eval_classes`` keeps, same set or not), built by :func:`cell_recipe` from the experiment's
+evaluation settings and the two models' classes, and applied by :meth:`CellRecipe.side` /
+:func:`apply_recipe`: the pipeline, the search tasks, the checkpoint comparison, the upgrade check and every
+analysis build and apply it.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Union
+from dataclasses import dataclass
+from typing import Any, Union
 
 import numpy as np
 
-from engine.core.contract import DERIVED_VIEWS
+from engine.core.classes import aligned_columns, index_names
+from engine.core.contract import DERIVED_VIEWS, raw_view, same_set_of
+from engine.core.conventions import settings
 from engine.core.norms import tame_rows, unit_rows_np
+from engine.core.vocab import EVAL_CLASSES
 
 VIEWS = ("encoder", "logits", "softmax", "psp", "lsp")
 RAW_VIEWS = ("encoder", "logits", "softmax")  # what extract_outputs returns and what is stored; psp/lsp derive from them
 TOPK_ORDERS = ("project_first", "sparsify_first")
 # the outputs PSP/LSP keep: C^k (the first C^k, nested models) or the column indices in the gallery's class order
 Columns = Union[int, Sequence[int], np.ndarray]
+# a model's classes as a cell needs them: C (a run's nested model: classes 0 .. C - 1, its first C outputs) or names
+ClassList = Union[int, Sequence[str]]
 
 
 def project_simplex(
@@ -96,7 +108,7 @@ def output_view(raw: Mapping[str, np.ndarray], view: str, *, columns: Columns | 
         return np.asarray(raw[view])
     if view not in VIEWS:
         raise ValueError(f"unknown feature view {view!r}; use one of {VIEWS}")
-    source = DERIVED_VIEWS.get(view, view)
+    source = raw_view(view)
     if source not in raw:
         raise ValueError(f"the raw outputs have no {source!r} entry; extract them with extract_outputs")
     values = np.asarray(raw[source])
@@ -122,3 +134,96 @@ def cell_features(query_raw: Mapping[str, np.ndarray], gallery_raw: Mapping[str,
     q_cols, g_cols = columns if isinstance(columns, tuple) else (columns, columns)
     return (output_view(query_raw, view, columns=q_cols, topk=topk),
             output_view(gallery_raw, view, columns=g_cols, topk=topk))
+
+
+@dataclass(frozen=True)
+class CellRecipe:
+    """How one compatibility cell (query model t, gallery model k) is read from the two models' stored raw outputs.
+
+    ``view``: the view compared; PSP/LSP are derived from the stored ``raw`` output with ``query_columns`` /
+    ``gallery_columns`` (C^k, or each side's column of the classes both share, in the gallery's class order) and
+    ``topk`` (None for every other view). ``below``: ``eval_classes = "seen"``, only the rows whose label is one of the
+    gallery model's classes 0 .. C^k - 1 are kept (None: every row). ``same_set``: the queries are the gallery's
+    items (closed-set), each left out of its own ranking.
+    """
+
+    view: str
+    query_columns: int | tuple[int, ...] | None = None
+    gallery_columns: int | tuple[int, ...] | None = None
+    topk: int | None = None
+    below: int | None = None
+    same_set: bool = False
+
+    @property
+    def raw(self) -> str:
+        """The stored output the view is read from (:func:`engine.core.contract.raw_view`)."""
+        return raw_view(self.view)
+
+    @property
+    def derived(self) -> bool:
+        """Whether the view is PSP/LSP, derived from the stored output with the cell's columns and top-k."""
+        return self.view in DERIVED_VIEWS
+
+    def kept_rows(self, labels: np.ndarray) -> np.ndarray:
+        """A boolean mask of the rows the cell evaluates (every row unless ``eval_classes = "seen"``)."""
+        labels = np.asarray(labels)
+        return np.ones(len(labels), dtype=bool) if self.below is None else labels < self.below
+
+    def side(self, side: str, values: np.ndarray, labels: np.ndarray, ids: np.ndarray | None = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One side's ``(features, labels, row ids)``: the kept rows of ``values`` (the stored ``raw`` output), in the view.
+
+        ``side`` is ``"query"`` or ``"gallery"`` (whose columns PSP/LSP keep); ``ids`` are the rows' ids (default
+        their positions), returned for the kept rows.
+        """
+        if side not in ("query", "gallery"):
+            raise ValueError(f"a cell has a 'query' and a 'gallery' side, not {side!r}")
+        labels = np.asarray(labels)
+        ids = np.arange(len(labels), dtype=np.int64) if ids is None else np.asarray(ids)
+        if self.below is not None:
+            keep = self.kept_rows(labels)
+            values, labels, ids = np.asarray(values)[keep], labels[keep], ids[keep]
+        columns = self.query_columns if side == "query" else self.gallery_columns
+        return output_view({self.raw: values}, self.view, columns=columns, topk=self.topk), labels, ids
+
+
+def cell_recipe(view: str, query: ClassList, gallery: ClassList, *, eval_classes: str = "all",
+                topk: int | None = None, same_set: bool = False) -> CellRecipe:
+    """The recipe of the cell (query model, gallery model) in ``view``.
+
+    ``query`` / ``gallery``: each model's classes, as C (a training run's nested models: classes 0 .. C - 1 are the
+    first C outputs, so PSP/LSP keep the first C^k) or class names (PSP/LSP keep the gallery's classes the query
+    model knows, aligned by name, :func:`engine.core.classes.aligned_columns`; a count stands for the names
+    ``"0" .. "C-1"``). ``eval_classes``, ``topk``: the experiment's ``eval`` settings; ``same_set``: closed-set.
+    """
+    if eval_classes not in EVAL_CLASSES:
+        raise ValueError(f"eval_classes must be one of {', '.join(EVAL_CLASSES)}, got {eval_classes!r}")
+    gallery_count = gallery if isinstance(gallery, (int, np.integer)) else len(gallery)
+    below = int(gallery_count) if eval_classes == "seen" else None  # model k knows classes 0 .. C^k - 1
+    if view not in DERIVED_VIEWS:
+        return CellRecipe(view, below=below, same_set=bool(same_set))
+    if isinstance(query, (int, np.integer)) and isinstance(gallery, (int, np.integer)):
+        q_cols: int | tuple[int, ...] = int(gallery)
+        g_cols: int | tuple[int, ...] = int(gallery)
+    else:
+        def names(classes: ClassList) -> Sequence[str]:
+            return index_names(int(classes)) if isinstance(classes, (int, np.integer)) else classes
+
+        q_idx, g_idx = aligned_columns(names(query), names(gallery))
+        q_cols, g_cols = tuple(int(i) for i in q_idx), tuple(int(i) for i in g_idx)
+    return CellRecipe(view, q_cols, g_cols, topk=topk, below=below, same_set=bool(same_set))
+
+
+def recipe_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of :func:`cell_recipe` an experiment's stored config fixes: eval_classes, topk, same_set."""
+    s = settings(config)
+    return {"eval_classes": s.eval_classes, "topk": s.topk, "same_set": same_set_of(config)}
+
+
+def apply_recipe(recipe: CellRecipe, query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray,
+                 gallery_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(query, query labels, query row ids, gallery, gallery labels)`` of a cell from the query model's stored
+    query outputs and the gallery model's stored gallery outputs (both the recipe's ``raw`` view)."""
+    q, ql, qids = recipe.side("query", query, query_labels)
+    g, gl, _ = recipe.side("gallery", gallery, gallery_labels)
+    return q, ql, qids, g, gl

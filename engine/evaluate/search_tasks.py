@@ -11,9 +11,9 @@ The graph follows :mod:`engine.metrics.sharded`'s two counting passes, per cell 
 
 Counts add up across shards, so a cell equals :func:`engine.metrics.retrieval.cell_stats` on the whole gallery
 (ties as in sharded.py). A cell (:class:`CellSpec`) names a stored query and gallery feature set; a task reads its
-rows through :func:`storage.feature_set_rows`, keeps those of the classes the cell evaluates, and derives the
-cell's view (PSP/LSP) row by row, as :func:`engine.core.cell.cell_features` does for a whole set. Instance
-galleries only.
+rows through :func:`storage.feature_set_rows` and applies the cell's recipe to them
+(:meth:`engine.core.cell.CellRecipe.side`: the rows of the classes the cell evaluates, the view derived row by
+row), as the in-process paths do for a whole set. Instance galleries only.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Any, get_args
 import numpy as np
 from sqlalchemy import Engine
 
-from engine.core.cell import DERIVED_VIEWS, output_view
+from engine.core.cell import CellRecipe
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import RankTies, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
@@ -40,10 +40,9 @@ STATS_FIELDS = tuple(QueryStats.__dataclass_fields__)
 class CellSpec:
     """One cell: query feature set x gallery feature set (stored ids of the same raw view), and how to read them.
 
-    ``view``: the stored view, or ``psp``/``lsp`` derived from the stored ``softmax``/``logits`` rows with
-    ``query_columns``/``gallery_columns`` (C^k, or column indices) and ``topk``. ``below``: keep only the rows whose
-    label is below it (``eval_classes = "seen"``: model k knows classes 0 .. C^k - 1). ``same_set``: the queries
-    are the gallery's items (row i of both), each left out of its own ranking.
+    The fields after ``gallery`` are the cell's :class:`engine.core.cell.CellRecipe` (``view``, each side's
+    ``columns``, ``topk``, ``below`` for ``eval_classes = "seen"``, ``same_set``), kept flat so a task job's stored
+    payload reads as before; build one with :meth:`of`, read it with :attr:`recipe`.
     """
 
     query: int
@@ -54,6 +53,25 @@ class CellSpec:
     topk: int | None = None
     below: int | None = None
     same_set: bool = False
+
+    @classmethod
+    def of(cls, query: int, gallery: int, recipe: CellRecipe) -> "CellSpec":
+        """The cell of stored feature sets ``query`` x ``gallery`` read by ``recipe``."""
+        def plain(columns: int | tuple[int, ...] | None) -> int | list[int] | None:
+            return list(columns) if isinstance(columns, tuple) else columns
+
+        return cls(query, gallery, view=recipe.view, query_columns=plain(recipe.query_columns),
+                   gallery_columns=plain(recipe.gallery_columns), topk=recipe.topk, below=recipe.below,
+                   same_set=recipe.same_set)
+
+    @property
+    def recipe(self) -> CellRecipe:
+        """How the cell's rows are kept and its view derived."""
+        def frozen(columns: int | list[int] | None) -> int | tuple[int, ...] | None:
+            return tuple(columns) if isinstance(columns, list) else columns
+
+        return CellRecipe(self.view, frozen(self.query_columns), frozen(self.gallery_columns), topk=self.topk,
+                          below=self.below, same_set=self.same_set)
 
 
 def _ranges(n: int, size: int) -> list[tuple[int, int]]:
@@ -71,7 +89,7 @@ def _check_cell(s, cell: CellSpec) -> tuple[int, int]:
         if size is None or size[0] == 0:
             raise ValueError(f"feature set {fid} is missing or empty")
     (nq, dq), (ng, dg) = sizes[cell.query], sizes[cell.gallery]
-    derived = cell.view in DERIVED_VIEWS
+    derived = cell.recipe.derived
     wq = _width(cell.query_columns if derived else None, dq)
     wg = _width(cell.gallery_columns if derived else None, dg)
     if wq != wg:
@@ -133,13 +151,7 @@ def _rows(db: Engine, cell: CellSpec, side: str, lo: int, hi: int) -> tuple[np.n
     """Rows ``lo:hi`` of the cell's ``side`` set, its classes only, in the cell's view: (features, labels, row ids)."""
     with session_scope(db) as s:
         feats, labels = feature_set_rows(s, getattr(cell, side), lo, hi)
-    ids = np.arange(lo, hi, dtype=np.int64)
-    if cell.below is not None:
-        keep = labels < cell.below
-        feats, labels, ids = feats[keep], labels[keep], ids[keep]
-    columns = getattr(cell, f"{side}_columns")
-    feats = output_view({DERIVED_VIEWS.get(cell.view, cell.view): feats}, cell.view, columns=columns, topk=cell.topk)
-    return feats, labels, ids
+    return cell.recipe.side(side, feats, labels, np.arange(lo, hi, dtype=np.int64))
 
 
 def _query_block(db: Engine, cell: CellSpec, block: list[int]):

@@ -29,7 +29,8 @@ from sqlalchemy import Engine
 from engine.core.config import RunConfig
 from engine.run.data_setup import RunData, prepare_run_data
 from engine.models.device import pick_device
-from engine.core.cell import DERIVED_VIEWS, RAW_VIEWS, cell_features
+from engine.core.cell import RAW_VIEWS, CellRecipe, apply_recipe, cell_recipe
+from engine.core.contract import raw_view
 from engine.models.extract import extract_outputs
 from engine.core.fan_out import FanOut, check_task_gallery
 from engine.evaluate.matrix import TaskJobStopped, matrix_by_tasks
@@ -149,10 +150,17 @@ def _store_step(db: Engine, exp_id: int, step: int, net: Net, method: Method, cf
         record_version(s, exp_id, step, version)
 
 
-def _view_cells(db: Engine, versions: list[ModelVersion], view: str, eval_classes: str,
-                topk: int | None = None) -> Callable[[int, int], CellFeatures]:
-    """Cells of one view (:func:`engine.core.cell.cell_features`); PSP/LSP keep gallery model k's first C^k outputs."""
-    raw = DERIVED_VIEWS.get(view, view)
+def _view_recipes(versions: list[ModelVersion], view: str, cfg: RunConfig, same_set: bool
+                  ) -> Callable[[int, int], CellRecipe]:
+    """Each cell's recipe (:func:`engine.core.cell.cell_recipe`): PSP/LSP keep gallery model k's first C^k outputs."""
+    return lambda t, k: cell_recipe(view, len(versions[t].classes), len(versions[k].classes),
+                                    eval_classes=cfg.eval.eval_classes, topk=cfg.eval.topk, same_set=same_set)
+
+
+def _view_cells(db: Engine, versions: list[ModelVersion], recipes: Callable[[int, int], CellRecipe], view: str
+                ) -> Callable[[int, int], CellFeatures]:
+    """Cells of one view: each cell's recipe applied to the stored raw outputs (:func:`engine.core.cell.apply_recipe`)."""
+    raw = raw_view(view)
     cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
 
     def load(i: int, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -163,34 +171,26 @@ def _view_cells(db: Engine, versions: list[ModelVersion], view: str, eval_classe
         return cache[(i, split)]
 
     def cell(t: int, k: int) -> CellFeatures:
-        ck = len(versions[k].classes)
-        (q, ql), (g, gl) = load(t, "query"), load(k, "gallery")
-        ids = np.arange(len(ql))  # every model embedded the same query split: a position is one image
-        if eval_classes == "seen":
-            qm, gm = ql < ck, gl < ck  # classes are remapped: model k knows 0 .. C^k - 1
-            q, ql, g, gl, ids = q[qm], ql[qm], g[gm], gl[gm], ids[qm]
-        q, g = cell_features({raw: q}, {raw: g}, view, columns=ck, topk=topk)
+        # every model embedded the same query split: a position is one image
+        q, ql, ids, g, gl = apply_recipe(recipes(t, k), *load(t, "query"), *load(k, "gallery"))
         return CellFeatures(q, ql, g, gl, query_ids=ids)
 
     return cell
 
 
-def _view_cell_specs(db: Engine, versions: list[ModelVersion], view: str, eval_classes: str, topk: int | None,
-                     same_set: bool) -> Callable[[int, int], CellSpec | None]:
+def _view_cell_specs(db: Engine, versions: list[ModelVersion], recipes: Callable[[int, int], CellRecipe], view: str
+                     ) -> Callable[[int, int], CellSpec | None]:
     """The cells of :func:`_view_cells` as task cells (stored set ids; rows selected and views derived by the tasks)."""
-    raw = DERIVED_VIEWS.get(view, view)
+    raw = raw_view(view)
     with session_scope(db) as s:
         refs = {(i, split): feature_set_ref(s, v.id, split, raw) for i, v in enumerate(versions) for split in ("query", "gallery")}
 
     def cell(t: int, k: int) -> CellSpec | None:
         (query, dq), (gallery, dg) = refs[(t, "query")], refs[(k, "gallery")]
-        ck = len(versions[k].classes)
-        derived = view in DERIVED_VIEWS
-        if not derived and dq != dg:
+        recipe = recipes(t, k)
+        if not recipe.derived and dq != dg:
             return None  # not comparable
-        return CellSpec(query, gallery, view=view, query_columns=ck if derived else None,
-                        gallery_columns=ck if derived else None, topk=topk if derived else None,
-                        below=ck if eval_classes == "seen" else None, same_set=same_set)
+        return CellSpec.of(query, gallery, recipe)
 
     return cell
 
@@ -205,9 +205,10 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
         versions = list_model_versions(s, exp_id)
     out: dict[str, dict] = {}
     for view in views_for(method, cfg):
+        recipes = _view_recipes(versions, view, cfg, same_set)
         if fan_out is not None:
-            specs = _view_cell_specs(db, versions, view, cfg.eval.eval_classes, cfg.eval.topk, same_set)
-            features = _view_cells(db, versions, view, cfg.eval.eval_classes, cfg.eval.topk)  # read for verification only
+            specs = _view_cell_specs(db, versions, recipes, view)
+            features = _view_cells(db, versions, recipes, view)  # read for verification only
             try:
                 result = matrix_by_tasks(db, specs, len(versions), metrics=cfg.eval.metrics, paired=PairedOptions(),
                                          fan_out=fan_out, label=f"experiment {exp_id}, {view}", should_stop=should_stop,
@@ -215,7 +216,7 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
             except TaskJobStopped as stopped:
                 raise (Cancelled(str(stopped)) if stopped.cancelled else RuntimeError(str(stopped))) from None
         else:
-            cells = _view_cells(db, versions, view, cfg.eval.eval_classes, cfg.eval.topk)
+            cells = _view_cells(db, versions, recipes, view)
             result = compatibility_matrices(cells, num_models=len(versions), metrics=cfg.eval.metrics,
                                             protocol=cfg.eval.gallery, same_set=same_set, paired=PairedOptions())
         with session_scope(db) as s:

@@ -15,11 +15,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from engine.core.classes import aligned_columns
 from engine.checkpoints.compare import Comparison, compare_checkpoints, model_labels
 from engine.checkpoints.request import comparison_spec
 from engine.checkpoints.store import store_comparison
-from engine.core.cell import DERIVED_VIEWS, cell_features
+from engine.core.cell import cell_recipe
 from engine.metrics.compatibility import CellFeatures
 from engine.upgrade.verdict import DEFAULT_INTERVAL, UpgradeReport, check_settings, check_upgrade
 
@@ -28,14 +27,15 @@ def comparison_pair(cmp: Comparison, view: str) -> tuple[CellFeatures, CellFeatu
     """Old (model 1) and new (model 2) features of a comparison in one space: PSP/LSP on the old model's classes."""
     if len(cmp.outputs) != 2:
         raise ValueError(f"an upgrade check compares two models, old then new; the comparison has {len(cmp.outputs)}")
-    new_cols, old_cols = aligned_columns(cmp.class_names[1], cmp.class_names[0])
+    recipe = cell_recipe(view, cmp.class_names[1], cmp.class_names[0], same_set=cmp.same_set)  # new query, old gallery
     ql, gl = cmp.split_labels["query"], cmp.split_labels["gallery"]
     pair = []
-    for raw, cols in ((cmp.outputs[0], old_cols), (cmp.outputs[1], new_cols)):
-        q, g = cell_features(raw["query"], raw["gallery"], view, columns=cols if view in DERIVED_VIEWS else None)
-        pair.append(CellFeatures(q, ql, g, gl))
+    for raw, side in ((cmp.outputs[0], "gallery"), (cmp.outputs[1], "query")):  # each model in its side's columns
+        q, q_labels, _ = recipe.side(side, raw["query"][recipe.raw], ql)
+        g, g_labels, _ = recipe.side(side, raw["gallery"][recipe.raw], gl)
+        pair.append(CellFeatures(q, q_labels, g, g_labels))
     dims = [p.gallery.shape[1] for p in pair]
-    if view not in DERIVED_VIEWS and (0 in dims or dims[0] != dims[1]):
+    if not recipe.derived and (0 in dims or dims[0] != dims[1]):
         raise ValueError(f"{cmp.labels[0]} has {dims[0]}-d and {cmp.labels[1]} {dims[1]}-d encoder features: a new-query / "
                          "old-gallery search needs one feature space; use --view psp or --view lsp (class outputs)")
     return pair[0], pair[1]

@@ -9,11 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from sqlalchemy import Engine
 
-from engine.analysis.views import Progress, Version, cell_columns, load_experiment, load_view, topk_of, version_of_step
-from engine.core.contract import DERIVED_VIEWS, same_set_of
+from engine.analysis.views import Progress, Version, experiment_recipe, load_experiment, load_side, seen_note, version_of_step
 from engine.metrics.compatibility import CellFeatures
 from engine.upgrade.verdict import UpgradeReport, check_upgrade
 from storage import get_model_version, session_scope
@@ -37,33 +35,24 @@ def version_name(version: Version, name: str | None) -> str:
     return name or f"step {version.step}"
 
 
-def _restrict(c: CellFeatures, classes: tuple[int, ...]) -> CellFeatures:
-    q, g = np.isin(c.query_labels, classes), np.isin(c.gallery_labels, classes)
-    return CellFeatures(c.query[q], c.query_labels[q], c.gallery[g], c.gallery_labels[g])
-
-
 def load_pair(db: Engine, experiment_id: int, old_step: int, new_step: int, view: str = "encoder") -> StoredPair:
     """The two steps' query and gallery features in one space; ``ValueError`` with one sentence when they are not stored."""
     if old_step == new_step:
         raise ValueError(f"the old and new step are both {old_step}; give two different steps")
     config, versions = load_experiment(db, experiment_id)
     old, new = version_of_step(versions, old_step), version_of_step(versions, new_step)
-    new_cols, old_cols = cell_columns(new, old)
-    topk = topk_of(config)
+    recipe = experiment_recipe(config, view, new, old)  # the cross-test's cell: new query, old gallery
     sets = []
-    for version, cols in ((old, old_cols), (new, new_cols)):
-        q, ql, _ = load_view(db, version, "query", view, columns=cols, topk=topk)
-        g, gl, _ = load_view(db, version, "gallery", view, columns=cols, topk=topk)
+    for version, side in ((old, "gallery"), (new, "query")):  # each model in its side's columns, the cell's rows
+        q, ql, _, _ = load_side(db, version, "query", recipe, side)
+        g, gl, _, _ = load_side(db, version, "gallery", recipe, side)
         sets.append(CellFeatures(q, ql, g, gl))
-    notes = []
-    if config.get("eval", {}).get("eval_classes", "all") == "seen":
-        sets = [_restrict(c, old.classes) for c in sets]
-        notes.append(f"eval_classes = seen: queries and gallery restricted to the old model's {len(old.classes)} classes")
-    if view in DERIVED_VIEWS:
+    notes = seen_note(recipe, old)
+    if recipe.derived:
         notes.append(f"{view.upper()}: both models projected onto the old model's {len(old.classes)} classes")
     with session_scope(db) as s:
         names = tuple(version_name(v, get_model_version(s, v.id).name) for v in (old, new))
-    return StoredPair(sets[0], sets[1], old, new, names, same_set_of(config), tuple(notes))  # type: ignore[arg-type]
+    return StoredPair(sets[0], sets[1], old, new, names, recipe.same_set, tuple(notes))  # type: ignore[arg-type]
 
 
 def check_stored(db: Engine, experiment_id: int, old_step: int, new_step: int, *, view: str = "encoder",
