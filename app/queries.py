@@ -43,7 +43,7 @@ from storage import (
     task_kinds_of_jobs,
     write_problem,
 )
-from storage.models import LEGACY_TASK_JOB_KIND
+from storage import LEGACY_TASK_JOB_KIND
 
 ACTIVE = ("queued", "running")
 RESULT_TTL = 3600

@@ -53,6 +53,7 @@ from storage.jobs import (
 from storage.models import (
     EXPERIMENT_STATUSES,
     JOB_STATUSES,
+    LEGACY_TASK_JOB_KIND,
     PROTOCOLS,
     SPLITS,
     Analysis,
@@ -94,6 +95,7 @@ from storage.types import NpyArray, UTCDateTime
 __all__ = [
     "EXPERIMENT_STATUSES",
     "JOB_STATUSES",
+    "LEGACY_TASK_JOB_KIND",
     "PROTOCOLS",
     "SPLITS",
     "Analysis",

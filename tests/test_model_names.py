@@ -53,14 +53,14 @@ def test_rename_sets_clears_and_refuses_duplicates(tmp_path):
 def test_record_version_stores_the_given_name(tmp_path):
     import numpy as np
 
-    from engine.results.record import Version, record_version, start_experiment
+    from engine.results.record import NewVersion, record_version, start_experiment
 
     db = get_engine(f"sqlite:///{tmp_path / 'x.db'}")
     init_db(db)
     with session_scope(db) as s:
         exp = start_experiment(s, name="e", method="checkpoints", config={})
         out = {"gallery": {"encoder": np.ones((2, 3), np.float32)}}
-        ids = [record_version(s, exp, t, Version(architecture="a", method="checkpoints", classes=[0], num_outputs=1,
+        ids = [record_version(s, exp, t, NewVersion(architecture="a", method="checkpoints", classes=[0], num_outputs=1,
                                                  feature_dim=3, outputs=out, labels={"gallery": np.zeros(2, np.int64)},
                                                  name=name))
                for t, name in ((1, "v1"), (2, None))]

@@ -122,9 +122,9 @@ def test_the_three_writers_record_through_one_module(tmp_path, spy):
     assert _counts(db)["Experiment"] == 4
 
 
-def _version(n: int) -> record.Version:
+def _version(n: int) -> record.NewVersion:
     feats = np.eye(n, 3, dtype=np.float32) + 1
-    return record.Version(architecture="external", method="features", classes=[0, 1], num_outputs=0, feature_dim=3,
+    return record.NewVersion(architecture="external", method="features", classes=[0, 1], num_outputs=0, feature_dim=3,
                           outputs={"query": {"external": feats}, "gallery": {"external": feats}},
                           labels={"query": np.arange(n) % 2, "gallery": np.arange(n) % 2})
 

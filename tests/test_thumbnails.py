@@ -25,7 +25,7 @@ from engine.data.disk import load_imagefolder_split
 from engine.data.fashion_files import fashion_available
 from engine.data.registry import load_dataset
 from engine.data.samples import SampleRefs
-from engine.results.record import Version, record_version, start_experiment
+from engine.results.record import NewVersion, record_version, start_experiment
 from engine.run.pipeline import RunContext, run_experiment
 from storage import FeatureSet, get_engine, init_db, list_model_versions, load_feature_set, load_image_refs, session_scope
 from storage.migrate import add_missing_columns
@@ -53,7 +53,7 @@ def store(db, refs: dict[str, SampleRefs | None], n: int) -> int:
     labels = {split: np.zeros(n, np.int64) for split in refs}
     with session_scope(db) as s:
         exp = start_experiment(s, name="refs", method="independent", config={"x": 1})
-        return record_version(s, exp, 1, Version(architecture="a", method="independent", classes=[0], num_outputs=1,
+        return record_version(s, exp, 1, NewVersion(architecture="a", method="independent", classes=[0], num_outputs=1,
                                                  feature_dim=2, outputs=outputs, labels=labels, refs=refs))
 
 

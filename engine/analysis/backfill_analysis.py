@@ -15,7 +15,7 @@ from engine.metrics.backfill import backfill_curves, curve_area, fraction_to_rea
 from engine.metrics.backfill_orders import backfill_order
 from engine.analysis.views import (
     Progress,
-    Version,
+    StoredVersion,
     experiment_recipe,
     load_side,
     load_view,
@@ -26,7 +26,7 @@ from engine.analysis.views import (
 from engine.core.contract import REACH_SHARES
 
 
-def compute_backfill(db: Engine, config: dict[str, Any], versions: list[Version], params: dict[str, Any],
+def compute_backfill(db: Engine, config: dict[str, Any], versions: list[StoredVersion], params: dict[str, Any],
                      progress: Progress) -> dict[str, Any]:
     """The payload of a ``backfill`` analysis: one curve per (ordering, metric), M-tilde and reach fractions.
 

@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from engine.analysis.arrays import finite, unit
 from engine.analysis.collapse import class_means, collapse_report, probability_simplex_prototypes
 from engine.analysis.stationarity import stationarity_probe, turn_angle
-from engine.analysis.views import Progress, Version, experiment_recipe, head_weights, joint_pair, load_view
+from engine.analysis.views import Progress, StoredVersion, experiment_recipe, head_weights, joint_pair, load_view
 from engine.core.cell import recipe_settings
 from engine.core.contract import OUTPUT_VIEWS
 
@@ -51,7 +51,7 @@ def definition1(f_old: np.ndarray, f_new: np.ndarray, labels: np.ndarray, *, n_p
     return {k: (finite(v) if isinstance(v, float) else v) for k, v in out.items()}
 
 
-def model_collapse(db: Engine, version: Version, split: str, view: str, *,
+def model_collapse(db: Engine, version: StoredVersion, split: str, view: str, *,
                    head: tuple[np.ndarray | None, bool] | None = None, topk: int | None = None) -> dict[str, Any]:
     """NC1-NC4 and the angles between class means of one model on its own view, over the classes it was trained on.
 
@@ -92,7 +92,7 @@ def model_collapse(db: Engine, version: Version, split: str, view: str, *,
     return row
 
 
-def model_stationarity(db: Engine, version: Version, split: str, head: tuple[np.ndarray | None, bool]
+def model_stationarity(db: Engine, version: StoredVersion, split: str, head: tuple[np.ndarray | None, bool]
                        ) -> tuple[dict[str, Any], np.ndarray | None]:
     """The stationarity probe (:mod:`engine.analysis.stationarity`) of one model on its encoder features of ``split``.
 
@@ -118,7 +118,7 @@ def model_stationarity(db: Engine, version: Version, split: str, head: tuple[np.
     return row, direction
 
 
-def compute_geometry(db: Engine, config: dict[str, Any], versions: list[Version], params: dict[str, Any],
+def compute_geometry(db: Engine, config: dict[str, Any], versions: list[StoredVersion], params: dict[str, Any],
                      progress: Progress) -> dict[str, Any]:
     """NC1-NC4 and angles for every step; mean drift and Definition 1 between consecutive steps.
 

@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 from engine.analysis.arrays import unit
 from engine.analysis.collapse import class_means
 from engine.analysis.geometry import class_drift, definition1, model_collapse
-from engine.analysis.views import Progress, Version, experiment_recipe, head_weights, joint_pair, topk_note, version_of_step
+from engine.analysis.views import Progress, StoredVersion, experiment_recipe, head_weights, joint_pair, topk_note, version_of_step
 from engine.core.contract import CLASS_MEAN, PROJECTION_COLUMNS, PROTOTYPE, SAMPLE
 
 
@@ -82,7 +82,7 @@ def embed_2d(fit: np.ndarray, others: Sequence[np.ndarray], *, method: str, seed
     return pca.transform(fit), [pca.transform(o) if len(o) else np.zeros((0, 2)) for o in others], "pca"
 
 
-def compute_projection(db: Engine, config: dict[str, Any], versions: list[Version], params: dict[str, Any],
+def compute_projection(db: Engine, config: dict[str, Any], versions: list[StoredVersion], params: dict[str, Any],
                        progress: Progress) -> tuple[dict[str, Any], np.ndarray]:
     """The payload and the (n, 6) point array of a ``projection`` analysis (columns ``PROJECTION_COLUMNS``)."""
     old, new = version_of_step(versions, params["step_a"]), version_of_step(versions, params["step_b"])

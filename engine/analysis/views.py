@@ -30,7 +30,7 @@ Progress = Callable[[float, str], None]
 
 
 @dataclass(frozen=True)
-class Version:
+class StoredVersion:
     """What the analyses need of a model version (plain values, usable after the session closes)."""
 
     id: int
@@ -40,7 +40,7 @@ class Version:
     checkpoint_path: str | None
 
     @classmethod
-    def of(cls, mv: Any) -> "Version":
+    def of(cls, mv: Any) -> "StoredVersion":
         return cls(mv.id, mv.step, tuple(mv.classes), None if mv.class_names is None else tuple(mv.class_names),
                    mv.checkpoint_path)
 
@@ -58,23 +58,23 @@ def _experiment_config(s: Session, experiment_id: int) -> dict[str, Any]:
     return dict(exp.config)
 
 
-def _model_version(s: Session, version_id: int) -> tuple[Version, int]:
+def _model_version(s: Session, version_id: int) -> tuple[StoredVersion, int]:
     """A model version and the id of its experiment."""
     mv = get_model_version(s, version_id)
     if mv is None:
         raise ValueError(f"model version {version_id} does not exist")
-    return Version.of(mv), mv.experiment_id
+    return StoredVersion.of(mv), mv.experiment_id
 
 
-def load_experiment(db: Engine, experiment_id: int) -> tuple[dict[str, Any], list[Version]]:
+def load_experiment(db: Engine, experiment_id: int) -> tuple[dict[str, Any], list[StoredVersion]]:
     """An experiment's stored config and its model versions in step order."""
     with session_scope(db) as s:
         config = _experiment_config(s, experiment_id)
-        return config, [Version.of(mv) for mv in list_model_versions(s, experiment_id)]
+        return config, [StoredVersion.of(mv) for mv in list_model_versions(s, experiment_id)]
 
 
 def load_cell_versions(db: Engine, query_version_id: int, gallery_version_id: int
-                       ) -> tuple[dict[str, Any], Version, Version]:
+                       ) -> tuple[dict[str, Any], StoredVersion, StoredVersion]:
     """``(config of the gallery model's experiment, query version, gallery version)`` of one cell."""
     with session_scope(db) as s:
         vq, _ = _model_version(s, query_version_id)
@@ -82,7 +82,7 @@ def load_cell_versions(db: Engine, query_version_id: int, gallery_version_id: in
         return _experiment_config(s, experiment_id), vq, vg
 
 
-def version_of_step(versions: list[Version], step: int) -> Version:
+def version_of_step(versions: list[StoredVersion], step: int) -> StoredVersion:
     """The model version of ``step``; ``ValueError`` naming the stored steps otherwise."""
     for v in versions:
         if v.step == step:
@@ -90,12 +90,12 @@ def version_of_step(versions: list[Version], step: int) -> Version:
     raise ValueError(f"the experiment has no model of step {step}; stored steps: {[v.step for v in versions] or 'none'}")
 
 
-def class_list(version: Version) -> tuple[str, ...]:
+def class_list(version: StoredVersion) -> tuple[str, ...]:
     """A model's classes as a cell aligns them: its class names, else its output indices (``"0" .. "C-1"``)."""
     return version.class_names if version.class_names is not None else index_names(len(version.classes))
 
 
-def experiment_recipe(config: dict[str, Any], view: str, query: Version, gallery: Version, *,
+def experiment_recipe(config: dict[str, Any], view: str, query: StoredVersion, gallery: StoredVersion, *,
                       every_row: bool = False) -> CellRecipe:
     """The recipe of the cell (query model, gallery model) of a stored experiment, as its matrices read it
     (:func:`engine.core.cell.cell_recipe` with the stored ``eval`` settings); ``every_row``: keep every stored row
@@ -111,14 +111,14 @@ def topk_note(topk: int | None) -> str:
     return "" if topk is None else f", top-{topk} entries kept"
 
 
-def seen_note(recipe: CellRecipe, gallery: Version) -> list[str]:
+def seen_note(recipe: CellRecipe, gallery: StoredVersion) -> list[str]:
     """The note saying that ``eval_classes = seen`` restricted the rows (empty when it did not)."""
     if recipe.below is None:
         return []
     return [f"eval_classes = seen: queries and gallery restricted to the old model's {len(gallery.classes)} classes"]
 
 
-def load_side(db: Engine, version: Version, split: str, recipe: CellRecipe, side: str
+def load_side(db: Engine, version: StoredVersion, split: str, recipe: CellRecipe, side: str
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
     """``(features, labels, image_ids, rows)`` of one model's stored ``split`` read as the ``side`` of a cell
     (:meth:`engine.core.cell.CellRecipe.side`): the recipe's rows (``rows``: their stored positions), in its view."""
@@ -137,7 +137,7 @@ def load_side(db: Engine, version: Version, split: str, recipe: CellRecipe, side
     return np.asarray(features), np.asarray(labels), None if image_ids is None else np.asarray(image_ids)[rows], rows
 
 
-def load_view(db: Engine, version: Version, split: str, view: str, *, topk: int | None = None
+def load_view(db: Engine, version: StoredVersion, split: str, view: str, *, topk: int | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """``(features, labels, image_ids)`` of one model's own view, every stored row; PSP/LSP keep the model's own
     classes with top-``topk`` (the cell of the model with itself)."""
@@ -145,7 +145,7 @@ def load_view(db: Engine, version: Version, split: str, view: str, *, topk: int 
     return load_side(db, version, split, own, "gallery")[:3]
 
 
-def joint_pair(db: Engine, old: Version, new: Version, split: str, recipe: CellRecipe
+def joint_pair(db: Engine, old: StoredVersion, new: StoredVersion, split: str, recipe: CellRecipe
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Old and new features of the same images in one space, and labels: ``recipe`` is the cell (new query, old
     gallery), so PSP/LSP are on the old model's classes."""
@@ -157,7 +157,7 @@ def joint_pair(db: Engine, old: Version, new: Version, split: str, recipe: CellR
     return f_old, f_new, labels
 
 
-def head_weights(version: Version) -> tuple[np.ndarray | None, bool]:
+def head_weights(version: StoredVersion) -> tuple[np.ndarray | None, bool]:
     """The classifier rows in class order (row y = class y) and whether they are fixed prototypes (loads torch)."""
     if not version.checkpoint_path:
         return None, False

@@ -27,7 +27,7 @@ from storage.safe_open import open_regular
 from engine.metrics import summarize
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
 from engine.metrics.retrieval import parse_metric
-from engine.results.record import Version, record_experiment
+from engine.results.record import NewVersion, record_experiment
 
 KEYS = ("query_features", "query_labels", "gallery_features", "gallery_labels")
 _STEP = re.compile(r"^step_(\d+)\.npz$")
@@ -199,7 +199,7 @@ def result_json(result: MatrixResult, *, ecc_ties: str = "fail") -> dict:
 def store_feature_evaluation(db: Engine, *, name: str, config: dict, sets: Sequence[CellFeatures], result: MatrixResult,
                              protocol: str, view: str = "external", ties: str = "fail") -> int:
     """Store an evaluation of external features (one experiment, one model version per step) in one transaction."""
-    versions = [Version(architecture="external", method="features",
+    versions = [NewVersion(architecture="external", method="features",
                         classes=sorted({int(c) for c in fs.gallery_labels} | {int(c) for c in fs.query_labels}),
                         num_outputs=0, feature_dim=int(fs.query.shape[1]),
                         outputs={"query": {view: fs.query}, "gallery": {view: fs.gallery}},

@@ -12,7 +12,7 @@ from engine.checkpoints.compare import Comparison, Progress, compare_checkpoints
 from engine.checkpoints.evaluate_folder import result_json
 from engine.checkpoints.files import LOCAL, Trust
 from engine.checkpoints.request import ComparisonSpec
-from engine.results.record import Version, record_experiment
+from engine.results.record import NewVersion, record_experiment
 
 
 def comparison_config(cmp: Comparison) -> dict[str, Any]:
@@ -29,7 +29,7 @@ def comparison_config(cmp: Comparison) -> dict[str, Any]:
 def store_comparison(db: Engine, cmp: Comparison) -> int:
     """Write the comparison as one experiment, in a study of kind ``checkpoints``, in one transaction; return its id."""
     config = comparison_config(cmp)
-    versions = [Version(architecture=model.architecture, method="checkpoints", classes=range(len(names)),
+    versions = [NewVersion(architecture=model.architecture, method="checkpoints", classes=range(len(names)),
                         num_outputs=len(names), feature_dim=int(out["gallery"]["encoder"].shape[1]),
                         outputs=out, labels=cmp.split_labels,  # a logits-only TorchScript model stores no encoder view
                         class_names=names, checkpoint_path=str(model.path.resolve()), name=source.label,

@@ -52,7 +52,7 @@ def config_hash(config: dict) -> str:
 
 
 @dataclass(frozen=True)
-class Version:
+class NewVersion:
     """One model version to record: what the model is, and its outputs ``{split: {view: array}}`` with
     ``labels[split]`` (an ``(N, 0)`` output is not stored), or ``copied_from``: the stored model version
     whose raw outputs it shares (a method evaluated on another method's models). ``refs[split]``: where each
@@ -90,7 +90,7 @@ def start_experiment(s: Session, *, name: str, method: str, config: dict[str, An
                              study_id=study_id).id
 
 
-def record_version(s: Session, experiment_id: int, step: int, version: Version) -> int:
+def record_version(s: Session, experiment_id: int, step: int, version: NewVersion) -> int:
     """Store the model of ``step`` (1-based) with its outputs; return the model version's id."""
     mv = add_model_version(s, experiment_id, step, architecture=version.architecture, method=version.method,
                            classes=list(version.classes), num_outputs=version.num_outputs,
@@ -120,7 +120,7 @@ def finish(s: Session, experiment_id: int) -> None:
     set_experiment_status(s, experiment_id, "done")
 
 
-def record_experiment(db: Engine, *, name: str, method: str, config: dict[str, Any], versions: Sequence[Version],
+def record_experiment(db: Engine, *, name: str, method: str, config: dict[str, Any], versions: Sequence[NewVersion],
                       results: Mapping[str, MatrixResult], protocol: str, ties: str = "fail",
                       study_kind: str | None = None) -> int:
     """Write a whole experiment (steps 1..T, a matrix set per view, done) in one transaction; return its id.

@@ -43,7 +43,7 @@ from engine.models import build_model, load_checkpoint, save_checkpoint
 from engine.models.net import Net
 from engine.results.record import (
     Resumed,
-    Version,
+    NewVersion,
     discard,
     experiment_cancelled,
     fail,
@@ -141,7 +141,7 @@ def _store_step(db: Engine, exp_id: int, step: int, net: Net, method: Method, cf
                                                     softmax_temperature=method.softmax_temperature())
     outputs = {split: by_object[id(images)] for split, images in sets.items()}
     labels = {split: images.labels.numpy() for split, images in sets.items()}
-    version = Version(architecture=cfg.model.backbone, method=method.name, classes=range(seen),
+    version = NewVersion(architecture=cfg.model.backbone, method=method.name, classes=range(seen),
                       num_outputs=net.head.num_outputs, feature_dim=net.feature_dim,
                       outputs={split: {v: out[v] for v in RAW_VIEWS} for split, out in outputs.items()}, labels=labels,
                       class_names=data.class_names[:seen], checkpoint_path=str(ckpt), replaced=replaced,
@@ -347,7 +347,7 @@ def reuse_experiment(cfg: RunConfig, ctx: RunContext, source_id: int, *, data: R
                     shutil.copyfile(v.checkpoint_path, ckpt)
                 else:
                     ckpt = None  # the source lost its file too; the outputs below are all evaluation needs
-                record_version(s, exp_id, v.step, Version(
+                record_version(s, exp_id, v.step, NewVersion(
                     architecture=v.architecture, method=method.name, classes=v.classes, num_outputs=v.num_outputs,
                     feature_dim=v.feature_dim, outputs={}, labels={}, class_names=v.class_names,
                     checkpoint_path=ckpt and str(ckpt), replaced=v.replaced, copied_from=v.id))

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from engine.analysis.views import Progress, Version, experiment_recipe, load_experiment, load_side, seen_note, version_of_step
+from engine.analysis.views import Progress, StoredVersion, experiment_recipe, load_experiment, load_side, seen_note, version_of_step
 from engine.metrics.compatibility import CellFeatures
 from engine.upgrade.verdict import UpgradeReport, check_upgrade
 from storage import get_model_version, session_scope
@@ -23,14 +23,14 @@ class StoredPair:
 
     old: CellFeatures
     new: CellFeatures
-    old_version: Version
-    new_version: Version
+    old_version: StoredVersion
+    new_version: StoredVersion
     names: tuple[str, str]
     same_set: bool
     notes: tuple[str, ...]
 
 
-def version_name(version: Version, name: str | None) -> str:
+def version_name(version: StoredVersion, name: str | None) -> str:
     """A model's name in a report: the user's name, else ``step N``."""
     return name or f"step {version.step}"
 

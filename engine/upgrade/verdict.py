@@ -59,7 +59,7 @@ MAX_NAME = 40
 
 
 @dataclass(frozen=True)
-class Comparison:
+class PairedVerdict:
     """Paired comparison of two cells over the same queries: mean difference, its interval and the verdict."""
 
     diff: float
@@ -96,8 +96,8 @@ class UpgradeReport:
     n_queries: int
     n_no_positive: int
     n_gallery: int
-    compatibility: Comparison
-    better: Comparison
+    compatibility: PairedVerdict
+    better: PairedVerdict
     resamples: int
     level: float
     seed: int
@@ -146,7 +146,7 @@ def per_query_scores(query: np.ndarray, query_labels: np.ndarray, gallery: np.nd
 
 def compare(a: np.ndarray, b: np.ndarray, *, resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_CONFIDENCE,
             seed: int = DEFAULT_SEED, names: dict[str, str] = COMPATIBILITY, rule: Rule | None = None,
-            bounds: tuple[float, float] | None = None) -> Comparison:
+            bounds: tuple[float, float] | None = None) -> PairedVerdict:
     """Is the mean of ``a`` above the mean of ``b`` (paired by position)? Percentile paired bootstrap.
 
     ``names`` maps the paired test's pass / fail / unresolved to the words of the verdict. ``rule`` (the upgrade
@@ -162,10 +162,10 @@ def compare(a: np.ndarray, b: np.ndarray, *, resamples: int = DEFAULT_RESAMPLES,
     else:
         diff, (lo, hi) = float(np.nanmean(d)), bounds
     if rule is None:
-        return Comparison(diff, lo, hi, n, names[paired_verdict(lo, hi, bool(np.nanmean(a) > np.nanmean(b)))])
+        return PairedVerdict(diff, lo, hi, n, names[paired_verdict(lo, hi, bool(np.nanmean(a) > np.nanmean(b)))])
     verdict, tie = decide(diff, lo, hi, rule)
     needed = queries_needed(d, level=level, rule=rule) if verdict == "unresolved" else None
-    return Comparison(diff, lo, hi, n, names[verdict], tie, needed)
+    return PairedVerdict(diff, lo, hi, n, names[verdict], tie, needed)
 
 
 def check_names(names: Sequence[str]) -> tuple[str, str]:
