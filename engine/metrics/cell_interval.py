@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.metrics.decision import unchanged_bound
 from engine.metrics.paired import paired_bootstrap
 from engine.metrics.twoway import TopLists, twoway_bootstraps
 
@@ -41,12 +42,6 @@ class PairedInterval:
 def cell_seed(seed: int, t: int, k: int) -> tuple[int, int, int]:
     """The bootstrap seed of cross-test (t, k): its interval does not depend on which other cells were computed."""
     return (int(seed), int(t), int(k))
-
-
-def unchanged_bound(n: int, level: float) -> float:
-    """The largest share of items that could change score when none of ``n`` did (exact binomial, two-sided
-    ``level``): ``1 - ((1 - level) / 2) ** (1 / n)``, 3.7 / n at 95 %."""
-    return 1 - ((1 - level) / 2) ** (1 / n)
 
 
 def two_way_applies(kind: str, *, protocol: str = "instance", rank_ties: str = "pessimistic") -> bool:

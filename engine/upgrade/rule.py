@@ -23,8 +23,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from engine.metrics.cell_interval import unchanged_bound  # noqa: F401 (the matrices' cells use it too)
-from engine.metrics.decision import DEFAULT_INTERVAL, INTERVALS, TIE_RULES, Rule, decide  # noqa: F401 (one rule, one floor down: the matrices judge with it too)
+from engine.metrics.decision import (DEFAULT_INTERVAL, INTERVALS, TIE_RULES, Rule, decide,  # noqa: F401 (one rule,
+                                     unchanged_bound)  # one floor down: the matrices judge with it too
 
 
 def queries_needed(diffs: np.ndarray, *, level: float, rule: Rule = Rule()) -> int | None:
