@@ -46,6 +46,7 @@ from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT
 from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import cell_stats, per_query_from_stats
 from engine.metrics.cell_interval import cell_seed, paired_intervals
+from engine.metrics.same_set import resolve_same_set
 from engine.metrics.twoway import top_lists
 from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed
 from engine.upgrade.orders import best_by_area
@@ -260,9 +261,10 @@ def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] 
     _check_pair(old, new, (old_name, new_name))
     rule = Rule(margin, ties)
     kind, at = parse_metric(metric, pairs=False)
-    notes: tuple[str, ...] = ()
+    same_set, same_note = resolve_same_set([old, new], same_set)  # queries that are the gallery: own item excluded
+    notes: tuple[str, ...] = (same_note,) if same_note else ()
     if interval == "two-way" and kind != "recall":
-        interval, notes = "queries", (f"the gallery resample covers recall@k; this {metric} interval resamples queries only",)
+        interval, notes = "queries", notes + (f"the gallery resample covers recall@k; this {metric} interval resamples queries only",)
 
     def cell(q: CellFeatures, g: CellFeatures) -> np.ndarray:
         return per_query_scores(q.query, q.query_labels, g.gallery, g.gallery_labels, metric=metric, same_set=same_set)
