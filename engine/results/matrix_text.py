@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from engine.metrics.compatibility import MatrixResult, stored_summary
-from engine.results.conventions import model_names
 from engine.results.report import render_matrix
 from engine.results.verdict_words import cell_verdict_lines
 
@@ -19,5 +18,5 @@ def matrix_text(result: MatrixResult, name: str, /, *, title: str, ties: str = "
     text = render_matrix(C, fmt=fmt, title=title, comparable=result.comparable, ties=ties, names=names, paired=paired,
                          **labels)
     if fmt == "text" and paired:
-        text += "".join(f"{line}\n" for line in cell_verdict_lines(paired, names or model_names(C.shape[0])))
+        text += "".join(f"{line}\n" for line in cell_verdict_lines(paired, names or [f"M{t + 1}" for t in range(C.shape[0])]))
     return text
