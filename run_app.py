@@ -15,7 +15,7 @@ starts: it shows the stored results with Launch disabled (no worker could store 
 The dashboard always runs headless (no first-run e-mail prompt, no notices, whether or not there is a terminal);
 this process opens the browser itself once the dashboard answers its health check. No usage statistics are sent
 and Streamlit looks up no outside address. The workers share the cores: each job runs with ``cores // the jobs
-running on this machine`` torch / BLAS / numba threads, the dashboard with ``cores // workers`` (``engine.threads``;
+running on this machine`` torch / BLAS / numba threads, the dashboard with ``cores // workers`` (``engine.core.threads``;
 ``--threads N`` or ``$COMPATLAB_THREADS`` gives every child one count).
 
 Binding beyond loopback needs a shared secret (``--secret-file`` or ``$COMPATLAB_SECRET``, at least 16
@@ -36,9 +36,9 @@ import webbrowser
 from pathlib import Path
 
 from app.gate import SECRET_ENV, check_secret, is_loopback  # stdlib only
-from engine import threads  # torch-free
+from engine.core import threads  # torch-free
 from engine.checkpoints.files import add_ceiling_argument, export_ceiling  # torch-free
-from engine.contract import SHORT_JOB_KINDS  # torch-free
+from engine.core.contract import SHORT_JOB_KINDS  # torch-free
 from engine.data import roots  # torch-free
 
 ROOT = Path(__file__).resolve().parent

@@ -29,9 +29,9 @@ from engine.checkpoints.files import (
 from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES
 from engine.checkpoints.request import comparison_spec
 from engine.checkpoints.torch_zip import check_torch_zip
-from engine.contract import CHECKPOINT_FORMAT
+from engine.core.contract import CHECKPOINT_FORMAT
 from engine.data.roots import OutsideRootsError, confine, sqlite_folder, torchscript_allowed
-from engine.vocab import DATASET_NAMES, RUN_PROTOCOLS
+from engine.core.vocab import DATASET_NAMES, RUN_PROTOCOLS
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "ck_"

@@ -1,10 +1,10 @@
 """The New-experiment form as plain data: presets -> form values -> config dict, and early checks.
 
 No Streamlit here, so the mapping is testable on its own. A preset is a full RunConfig dict from the
-torch-free ``engine.presets.RUN_PRESETS`` (the demo and every paper preset, the same list the CLI offers).
+torch-free ``engine.core.presets.RUN_PRESETS`` (the demo and every paper preset, the same list the CLI offers).
 The form edits a subset of the fields; :func:`form_to_config` writes the edits onto the preset's dict, so
 fields the form does not show (backbone width, d-Simplex K, max_per_class, metrics, views...) keep the
-preset's values. ``engine.config.config_from_dict`` stays the judge of a config; :func:`check_form` adds the
+preset's values. ``engine.core.config.config_from_dict`` stays the judge of a config; :func:`check_form` adds the
 engine's own scenario check before anything is queued.
 """
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from engine.vocab import DATASET_CLASSES
-from engine.vocab import DATASET_NAMES as DATASETS
-from engine.vocab import DEVICE_CHOICES as DEVICES
-from engine.vocab import EVAL_CLASSES, INIT_SEEDS, OPTIMIZERS, TRAINING_MODES
-from engine.vocab import GALLERY_PROTOCOLS as GALLERIES
-from engine.vocab import LR_SCHEDULES as SCHEDULES
-from engine.vocab import RUN_PROTOCOLS as PROTOCOLS
+from engine.core.vocab import DATASET_CLASSES
+from engine.core.vocab import DATASET_NAMES as DATASETS
+from engine.core.vocab import DEVICE_CHOICES as DEVICES
+from engine.core.vocab import EVAL_CLASSES, INIT_SEEDS, OPTIMIZERS, TRAINING_MODES
+from engine.core.vocab import GALLERY_PROTOCOLS as GALLERIES
+from engine.core.vocab import LR_SCHEDULES as SCHEDULES
+from engine.core.vocab import RUN_PROTOCOLS as PROTOCOLS
 
 DEMO_PRESET = "quick-demo"
 
@@ -43,20 +43,21 @@ _ZERO_IS_NONE = ("num_steps", "feature_dim")  # 0 in the form = None (auto) in t
 _EMPTY_IS_NONE = ("open_set_dataset",)
 
 def preset_names() -> list[str]:
-    """Every run preset of ``engine.presets`` (quick-demo first), as the CLI's ``presets`` lists them."""
-    from engine.presets import RUN_PRESETS
+    """Every run preset of ``engine.core.presets`` (quick-demo first), as the CLI's ``presets`` lists them."""
+    from engine.core.presets import RUN_PRESETS
 
     return list(RUN_PRESETS)
 
 
 def preset_config(name: str) -> dict[str, Any]:
     """The full RunConfig dict of a preset (validated)."""
-    from engine.presets import RUN_PRESETS
-    from engine.presets import preset_config as run_preset
+    from engine.core.presets import RUN_PRESETS
+    from engine.core.presets import preset_config as run_preset
+    from engine.data.fashion_files import fashion_available
 
     if name not in RUN_PRESETS:
         raise ValueError(f"unknown preset {name!r}; known: {', '.join(preset_names())}")
-    return run_preset(name).to_dict()
+    return run_preset(name, fashion_present=fashion_available).to_dict()
 
 
 def config_to_form(config: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import streamlit as st
 from app import images
 from app import queries as q
 from app.widgets import model_label, plain, state_convention
-from engine.contract import same_set_of
+from engine.core.contract import same_set_of
 
 
 def pick_query(url: str, steps: list[int], by_step: dict[int, dict], default_step: int, same_set: bool) -> tuple[int, int, int]:

@@ -17,7 +17,7 @@ import numpy as np
 import streamlit as st
 from sqlalchemy import Engine
 
-from engine.contract import JOB_LANES, JOB_PRIORITY, analysis_key, available_views, main_view
+from engine.core.contract import JOB_LANES, JOB_PRIORITY, analysis_key, available_views, main_view
 from storage import (
     TASKS_JOB_KIND,
     QueuePlace,
@@ -84,11 +84,11 @@ def _job_label(kind: str, payload: dict[str, Any]) -> str:
         p = payload.get("params", {})
         steps = f"steps {p['step_a']}→{p['step_b']}, " if "step_a" in p else ""
         return f"{payload.get('kind', '?')} of experiment {payload.get('experiment_id', '?')} ({steps}{p.get('view', 'encoder')})"
-    if kind == TASKS_JOB_KIND and payload.get("kind") == "extract":  # engine.jobs.extract_tasks
+    if kind == TASKS_JOB_KIND and payload.get("kind") == "extract":  # engine.checkpoints.extract_tasks
         return (f"extract: {payload.get('images', '?')} by model version #{payload.get('model_version_id', '?')} "
                 f"({payload.get('split', '?')})")
     if kind == TASKS_JOB_KIND:
-        cells = payload.get("cells") or [payload]  # a matrix's cells (engine.jobs.search_tasks), or one older cell
+        cells = payload.get("cells") or [payload]  # a matrix's cells (engine.evaluate.search_tasks), or one older cell
         if payload.get("label"):
             return f"{payload['label']}: {len(cells)} cells"
         if len(cells) > 1:
@@ -135,7 +135,7 @@ def enqueue(url: str, kind: str, payload: dict[str, Any], *, experiment_id: int 
 
 @st.cache_data(ttl=1, show_spinner=False)
 def queue_places(url: str) -> dict[int, QueuePlace]:
-    """Each queued job's lane (``engine.contract.JOB_LANES``) and position in it."""
+    """Each queued job's lane (``engine.core.contract.JOB_LANES``) and position in it."""
     with session_scope(db_engine(url)) as s:
         return queue_positions(s, JOB_LANES, "main", priority=JOB_PRIORITY)
 

@@ -10,8 +10,8 @@ from typing import Any
 import streamlit as st
 
 from app import queries as q
-from engine.contract import analysis_key, analysis_payload
-from engine.results.conventions import SEPARATOR, convention, step_label
+from engine.core.contract import analysis_key, analysis_payload
+from engine.core.conventions import SEPARATOR, convention, step_label
 from storage import TASKS_JOB_KIND, IdenticalJob, QueuePlace, TaskBoard
 
 STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue[:material/autorenew: running]",
@@ -53,7 +53,7 @@ def table(frame: Any, *, caption: str | None = None, **kwargs: Any) -> None:
 
 
 def state_convention(config: dict[str, Any], *, extra: Sequence[str] = (), **what: Any) -> str:
-    """Caption the convention of what follows (``engine.results.conventions.convention``, then ``extra`` parts).
+    """Caption the convention of what follows (``engine.core.conventions.convention``, then ``extra`` parts).
 
     Returns the line, for the charts' subtitles and the exports.
     """

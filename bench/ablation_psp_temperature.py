@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.config import RunConfig, config_from_dict
+from engine.core.config import RunConfig, config_from_dict
 from engine.run.pipeline import RunContext, run_study
 from engine.results.study_summary import header, study_summary
 from storage import get_engine

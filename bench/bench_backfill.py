@@ -19,8 +19,8 @@ import numba
 import numpy as np
 import torch
 
-from engine.analysis.backfill import DEFAULT_FRACTIONS, backfill_counts, backfill_curves, curve_area, fraction_to_reach
-from engine.analysis.backfill_orders import backfill_order
+from engine.metrics.backfill import DEFAULT_FRACTIONS, backfill_counts, backfill_curves, curve_area, fraction_to_reach
+from engine.metrics.backfill_orders import backfill_order
 from engine.metrics.retrieval import retrieval_metrics
 
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--classes", type=int, default=100)
     ap.add_argument("--points", type=int, default=len(DEFAULT_FRACTIONS), help="grid points from 0 to 1")
-    ap.add_argument("--order", default="distance_mse", help="backfilling order (engine.analysis.backfill_orders.ORDERINGS)")
+    ap.add_argument("--order", default="distance_mse", help="backfilling order (engine.metrics.backfill_orders.ORDERINGS)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 

@@ -1,6 +1,6 @@
 """Benchmark: the demo's wall time under three thread settings of run_app.py's workers, in one run: torch's default
 in each worker (before), one fixed ``cores // workers`` count (static) and the cores shared among the jobs running
-(``worker --share-cores``, ``engine.threads``: what run_app.py does now).
+(``worker --share-cores``, ``engine.core.threads``: what run_app.py does now).
 
 Each run is the demo as ``python run_app.py`` runs it on a first start: a fresh SQLite database in a temporary folder
 with the preset queued as one ``run`` job, and run_app.py's workers (``run_app.child_commands``: one for every job
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import run_app
-from engine import threads
+from engine.core import threads
 
 ROOT = Path(run_app.__file__).resolve().parent
 BURN = "while True: pass"
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.load < 0 or args.repeat < 1:
         ap.error("--load must be 0 or more and --repeat 1 or more")
-    from engine.presets import RUN_PRESETS, preset_config
+    from engine.core.presets import RUN_PRESETS, preset_config
 
     if args.preset not in RUN_PRESETS:
         ap.error(f"unknown preset {args.preset!r}; known: {', '.join(sorted(RUN_PRESETS))}")

@@ -4,7 +4,7 @@ Baseline (measured in the same run): the textbook PyTorch loop: a shuffled ``Dat
 CPU tensors (pinned memory), the same crop-and-flip augmentation per batch on the CPU, a
 host-to-device copy per batch, AMP on CUDA, SGD. Against it:
 
-* ``engine``: ``engine.run.training.train_step`` as the pipeline runs it (on CUDA: images kept on the
+* ``engine``: ``engine.methods.training.train_step`` as the pipeline runs it (on CUDA: images kept on the
   GPU when they fit, channels_last, AMP);
 * ``engine, host data``: the same loop with the images left on the host (``resident=False``), the
   loop as it was before the GPU path was tuned;
@@ -26,13 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from engine.config import TrainingConfig
+from engine.core.config import TrainingConfig
 from engine.data.shapes import make_shapes
 from engine.data.loaders import crop_flip
 from engine.methods import build_method
 from engine.methods.base import StepContext
 from engine.models import build_model
-from engine.run.training import train_step
+from engine.methods.training import train_step
 
 
 def _sync(device: torch.device) -> None:
@@ -82,7 +82,7 @@ def plain_loop(net, images, labels, device, *, epochs: int, batch: int, resident
 
 
 def engine_loop(net, images, labels, device, *, epochs: int, batch: int, resident: bool | None) -> float:
-    """``engine.run.training.train_step`` with the plain cross-entropy method; returns images/s."""
+    """``engine.methods.training.train_step`` with the plain cross-entropy method; returns images/s."""
     classes = tuple(range(int(labels.max()) + 1))
     ctx = StepContext(step=1, seen_classes=classes, new_classes=classes, old_model=None)
     cfg = TrainingConfig(epochs=epochs, batch_size=batch, lr=0.01)

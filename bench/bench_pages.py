@@ -2,7 +2,7 @@
 
 A temporary SQLite database gets a finished 10-step study with 10,000 gallery items per step
 (``tests/test_app_synthetic.fill_study``: two methods, hand-made matrices, features of one method,
-and its projection / backfilling / geometry analyses computed by engine.analysis.run). Each page runs
+and its projection / backfilling / geometry analyses computed by engine.jobs.analysis). Each page runs
 under ``streamlit.testing.v1.AppTest``; the first visit reads the database, later visits hit
 ``st.cache_data``. Goal: a page showing stored results renders in under 2 s after the first visit.
 

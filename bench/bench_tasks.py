@@ -3,7 +3,7 @@
 Query and gallery feature sets are written once (chunk by chunk through a memory-mapped file) with
 ``storage.save_feature_set`` into the file store, on SQLite (store beside the database file) and on a throw-away
 PostgreSQL from tests/pgserver.py when one can be started (store: a temporary folder via
-$COMPATLAB_FEATURE_STORE). For each worker count the cell is fanned out (``engine.jobs.search_tasks.fan_out_cell``) and
+$COMPATLAB_FEATURE_STORE). For each worker count the cell is fanned out (``engine.evaluate.search_tasks.fan_out_cell``) and
 N fresh processes (each with cores / N threads) run ``run_tasks(..., until_idle=True)``; the wall time runs from the first worker's start to
 the last one's exit, each worker reports its own peak RSS, and the metrics of 1 and 2 workers must agree.
 
@@ -36,7 +36,7 @@ def _worker(url: str, name: str, threads: int, out: mp.Queue) -> None:
     import numba
     import torch
 
-    from engine.jobs.tasks import run_tasks
+    from engine.tasks.loop import run_tasks
     from storage import get_engine
 
     torch.set_num_threads(threads)
@@ -67,7 +67,7 @@ def _save(db, folder: Path, n: int, dim: int, classes: int, rng: np.random.Gener
 def bench(url: str, store: str | None, args: argparse.Namespace, folder: Path) -> None:
     if store:
         os.environ["COMPATLAB_FEATURE_STORE"] = store
-    from engine.jobs.search_tasks import fan_out_cell
+    from engine.evaluate.search_tasks import fan_out_cell
     from storage import add_model_version, create_experiment, get_engine, init_db, session_scope
     from storage.tasks import job_result
 

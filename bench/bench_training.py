@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from engine.config import TrainingConfig
+from engine.core.config import TrainingConfig
 from engine.data.shapes import make_shapes
 from engine.methods import METHODS, build_method
 from engine.methods.base import StepContext
 from engine.models import build_model
-from engine.run.training import train_step
+from engine.methods.training import train_step
 
 
 def throughput(method_name: str, device: torch.device, images: torch.Tensor, labels: torch.Tensor) -> float:
@@ -56,10 +56,11 @@ def main() -> None:
             print(f"| {name} | {device.type} | {ips:.0f} | {ips / base:.2f} |")
     if not args.no_demo:
         from engine.run.pipeline import RunContext, run_study
-        from engine.presets import preset_config
+        from engine.core.presets import preset_config
+        from engine.data.fashion_files import fashion_available
         from storage import get_engine
 
-        cfg = preset_config("quick-demo")
+        cfg = preset_config("quick-demo", fashion_present=fashion_available)
         with tempfile.TemporaryDirectory() as tmp:
             start, cpu = time.perf_counter(), _cpu_seconds()
             run_study(cfg, RunContext(get_engine(f"sqlite:///{tmp}/db.sqlite"), Path(tmp) / "ckpt"))

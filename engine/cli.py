@@ -19,11 +19,11 @@ from pathlib import Path
 from engine.checkpoints.cli import add_arguments as add_checkpoint_arguments
 from engine.checkpoints.cli import cmd_compare_checkpoints
 from engine.checkpoints.files import add_ceiling_argument, export_ceiling
-from engine.contract import JOB_KINDS, SHORT_JOB_KINDS, same_set_of
+from engine.core.contract import JOB_KINDS, SHORT_JOB_KINDS, same_set_of
 from engine.data import roots
 from engine.data.export_images import add_arguments as add_export_arguments
 from engine.data.export_images import cmd_export_images
-from engine.jobs.fan_out import FanOut, check_task_gallery
+from engine.core.fan_out import FanOut, check_task_gallery
 from engine.results.json_file import json_target, write_json_atomic
 from engine.results.report import FORMATS, render_matrix
 from engine.upgrade.cli import add_arguments as add_upgrade_arguments
@@ -129,12 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_config(args: argparse.Namespace):
     """The config file or preset with the command line's overrides, validated as a whole."""
-    from engine.config import config_from_dict, load_config
-    from engine.presets import preset_config
+    from engine.core.config import config_from_dict, load_config
+    from engine.core.presets import preset_config
+    from engine.data.fashion_files import fashion_available
 
     if (args.config is None) == (args.preset is None):
         raise ValueError("give a config file or --preset NAME (exactly one)")
-    cfg = preset_config(args.preset) if args.preset else load_config(args.config)
+    cfg = preset_config(args.preset, fashion_present=fashion_available) if args.preset else load_config(args.config)
     data = cfg.to_dict()
     if args.methods:
         data |= {"methods": args.methods, "method_params": {m: p for m, p in cfg.method_params.items() if m in args.methods}}
@@ -158,9 +159,9 @@ def _check_checkpoint_folder(path: Path) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from engine.run.ddp import check_nproc
-    from engine.run.device import pick_device
+    from engine.models.device import pick_device
     from engine.run.pipeline import RunContext, check_study, run_study
-    from engine.run.progress import TerminalProgress
+    from engine.core.progress import TerminalProgress
     from engine.results.study_summary import print_study, study_summary
     from storage import get_engine, init_db
 
@@ -188,7 +189,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from engine import threads
+    from engine.core import threads
     from engine.jobs.worker import serve
     from storage import get_engine
 
@@ -207,7 +208,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
               f"{'; each job: cores // the jobs running on this machine' if share else ''}", flush=True)
     try:
         if args.tasks:
-            from engine.jobs.tasks import serve_tasks
+            from engine.tasks.loop import serve_tasks
 
             serve_tasks(get_engine(args.db), once=args.once)
             return 0
@@ -219,7 +220,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_extract_tasks(args: argparse.Namespace) -> int:
-    from engine.jobs.extract_tasks import fan_out_extract
+    from engine.checkpoints.extract_tasks import fan_out_extract
     from storage import get_engine, init_db
 
     db = get_engine(args.db)
@@ -256,10 +257,11 @@ def cmd_adapt(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from engine.presets import RUN_PRESETS, preset_config
+    from engine.core.presets import RUN_PRESETS, preset_config
+    from engine.data.fashion_files import fashion_available
 
     for name in RUN_PRESETS:
-        cfg = preset_config(name)
+        cfg = preset_config(name, fashion_present=fashion_available)
         print(f"{name:16s} {cfg.dataset.name:10s} {cfg.scenario.num_steps or '?'} steps  methods: {', '.join(cfg.methods)}")
     return 0
 

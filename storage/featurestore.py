@@ -25,7 +25,7 @@ points at the files, so a killed or failing writer leaves no visible shard and n
 rollback the new files are deleted; after a commit the files of the set it replaced (or deleted) are. A killed
 writer can leave an unreferenced ``.tmp-*`` folder or key, never a half-read set.
 
-Sets assembled from parts (extract tasks, ``engine.jobs.extract_tasks``). Many writers each put one part of rows
+Sets assembled from parts (extract tasks, ``engine.checkpoints.extract_tasks``). Many writers each put one part of rows
 under the set's key as ``<name>-<token>.npy`` (:func:`write_part`: a fresh name per attempt, renamed into place when
 complete), then one writer lists them in order (:func:`commit_parts`: the shards carry their ``file``) and adds
 ``rows-<token>.parquet`` (``rows_file``) before the pointer commits. Files of attempts that failed, were cancelled or
@@ -36,7 +36,7 @@ Pointers are confined. A row's ``store_uri`` must name the configured store (ano
 refused before anything is contacted), its ``store_key`` must be one this module writes (``mv<id>/<split>/<name>``:
 no absolute key, no ``..``, no ``://``), the layout's file names plain names, and on a local root the resolved path
 must lie under the resolved root before any read or delete; local files are opened by
-``engine.data.safe_open`` (regular files under the root only). A pointer that fails this is refused with one line
+``storage.safe_open`` (regular files under the root only). A pointer that fails this is refused with one line
 when read and left alone when deleted (its files, if any, stay). Errors never quote a file's content.
 
 Existing databases: read both. Rows written before the store (``store_key`` NULL) load from their blobs as
@@ -58,6 +58,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from sqlalchemy import event, make_url
 from sqlalchemy.orm import Session
+
+from storage.safe_open import open_regular
 
 STORE_ENV = "COMPATLAB_FEATURE_STORE"
 DTYPE_ENV = "COMPATLAB_FEATURE_DTYPE"
@@ -303,12 +305,10 @@ def _shard_path(base: str, index: int, shard: dict[str, Any]) -> str:
 
 
 def _open_read(fs: Any, path: str, max_bytes: int | None) -> Any:
-    """A store file opened for reading; on a local root through ``engine.data.safe_open`` (a regular file under the
+    """A store file opened for reading; on a local root through ``storage.safe_open`` (a regular file under the
     root's resolved folder, at most ``max_bytes`` when given), so a FIFO, a device or a symlink out of the store is refused."""
     if not _is_local(fs):
         return fs.open(path, "rb")
-    from engine.data.safe_open import open_regular  # torch-free
-
     return open_regular(path, roots=[os.path.dirname(path)], what="feature store file", max_bytes=max_bytes)
 
 

@@ -113,7 +113,7 @@ def claim_next_job(engine: Engine, worker_pid: int | WorkerIdentity, *, kinds: C
     its host, boot id and pid.
 
     ``kinds``: claim only jobs of these kinds (a lane's worker); every kind when None. ``priority``: kind -> number,
-    lower claimed first (``engine.contract.JOB_PRIORITY``); the oldest job first among equals, or always when None.
+    lower claimed first (``engine.core.contract.JOB_PRIORITY``); the oldest job first among equals, or always when None.
 
     On PostgreSQL the oldest queued job is selected ``FOR UPDATE SKIP LOCKED``: a row another worker is claiming
     is skipped, not waited for, so any number of workers claim side by side. On SQLite (one writer at a time)

@@ -242,7 +242,7 @@ class Job(Base):
 
 
 TASK_STATES = ("queued", "running", "done", "failed", "cancelled")
-TASK_KINDS = ("search", "reduce", "extract", "commit")  # engine.jobs.tasks.TASK_HANDLERS
+TASK_KINDS = ("search", "reduce", "extract", "commit")  # engine.tasks.loop.TASK_HANDLERS
 TASKS_JOB_KIND = "cell"  # a job whose work is its tasks (storage.tasks): no worker claims the job itself
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from engine.jobs.adapt import AdapterJob, run_adapters
 from engine.cli import main
-from engine.config import config_from_dict
+from engine.core.config import config_from_dict
 from engine.run.pipeline import RunContext, run_experiment
 from storage import get_engine, list_feature_views, list_model_versions, load_analysis, load_matrices, session_scope
 

@@ -7,14 +7,14 @@ import torch
 import torch.nn.functional as F
 
 from engine.analysis.arrays import unit
-from engine.analysis.backfill import curve_area, fraction_to_reach
+from engine.metrics.backfill import curve_area, fraction_to_reach
 from engine.analysis.collapse import collapse_report, probability_simplex_prototypes
 from engine.analysis.map import embed_2d, sample_rows
 from engine.analysis.neighbours import nearest_neighbours
-from engine.analysis.run import run_analysis
-from engine.config import RunConfig, config_from_dict
-from engine.contract import CLASS_MEAN, PROTOTYPE, SAMPLE, analysis_key, available_views, normalize_params
-from engine.features import simplex_projection
+from engine.jobs.analysis import run_analysis
+from engine.core.config import RunConfig, config_from_dict
+from engine.core.contract import CLASS_MEAN, PROTOTYPE, SAMPLE, analysis_key, available_views, normalize_params
+from engine.models.extract import simplex_projection
 from engine.metrics import definition1_check
 from engine.metrics.retrieval import retrieval_metrics
 from engine.models import build_model, save_checkpoint

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.config import RunConfig
+from engine.core.config import RunConfig
 from engine.metrics import summarize
 from storage import create_experiment, create_study, get_engine, save_matrix, session_scope, set_experiment_status
 

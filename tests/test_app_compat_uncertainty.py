@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.config import RunConfig
+from engine.core.config import RunConfig
 from engine.metrics import summarize
 from storage import create_experiment, create_study, get_engine, save_matrix, session_scope, set_experiment_status
 

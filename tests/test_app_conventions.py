@@ -1,6 +1,6 @@
 """Conventions on every number, and user-provided names shown as plain text.
 
-``engine.results.conventions`` on hand-made configs (expected lines written out by hand), ``app.widgets.plain``
+``engine.core.conventions`` on hand-made configs (expected lines written out by hand), ``app.widgets.plain``
 on markdown/HTML, and the pages under AppTest: their convention captions for a hand-made stored config,
 and names / labels / messages with markdown in them reaching the page escaped.
 """
@@ -13,7 +13,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app.widgets import plain
-from engine.results.conventions import annotate, convention, metric_name
+from engine.core.conventions import annotate, convention, metric_name
 from storage import enqueue_job, fail_job, get_engine, session_scope, update_job_progress
 from storage.jobs import claim_next_job
 from storage.models import Experiment, ModelVersion, Study
@@ -33,7 +33,7 @@ def markdown_free(text: str) -> bool:
     return re.search(r"(?<!\\)!\[|(?<!\\)\]\(|(?<!\\)<[a-z]", text) is None
 
 
-# ------------------------------------------------------------------------------------------ engine.results.conventions
+# ------------------------------------------------------------------------------------------ engine.core.conventions
 
 
 def test_convention_of_a_run_config():
@@ -184,8 +184,8 @@ def test_overview_shows_names_and_messages_as_plain_text(hand_study):
 
 
 def test_a_config_without_init_seed_reads_as_the_config_default():
-    from engine.config import RunConfig
-    from engine.results.conventions import settings
+    from engine.core.config import RunConfig
+    from engine.core.conventions import settings
 
     assert RunConfig().model.init_seed == "auto"
     for config in ({"seed": 1}, {"seed": 1, "model": {"init_seed": "auto"}}):

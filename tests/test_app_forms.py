@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from app import forms
-from engine.config import config_from_dict
+from engine.core.config import config_from_dict
 
 
 @pytest.mark.parametrize("name", forms.preset_names())

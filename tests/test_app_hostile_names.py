@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.analysis.run import run_analysis
+from engine.jobs.analysis import run_analysis
 from storage import enqueue_job, get_engine, list_model_versions, rename_model_version, session_scope
 from storage.models import CompatibilityMatrix, Experiment, Study
 from app.widgets import MISSING

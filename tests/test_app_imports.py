@@ -48,7 +48,7 @@ def test_the_scan_sees_the_pages_and_their_imports():
     files = {str(p.relative_to(ROOT)) for p in app_files()}
     assert {"app/main.py", "app/queries.py", "app/app_pages/compatibility.py", "app/app_pages/geometry.py"} <= files
     assert not any("learn" in f for f in files)
-    assert "engine.contract" in imported_modules(ROOT / "app" / "queries.py")
+    assert "engine.core.contract" in imported_modules(ROOT / "app" / "queries.py")
 
 
 @pytest.mark.parametrize("module", sorted({m for p in app_files() for m in imported_modules(p)} | {"app.main"}))

@@ -1,7 +1,7 @@
 """Every dashboard page under streamlit.testing.v1.AppTest, against a temporary SQLite database.
 
 The database is filled through the storage repository (``fill_study``: a finished study with hand-made
-matrices and analyses computed by engine.analysis.run). Pages are checked for exceptions, for the values
+matrices and analyses computed by engine.jobs.analysis). Pages are checked for exceptions, for the values
 they must show, and for the job rows their buttons write.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.contract import analysis_key
+from engine.core.contract import analysis_key
 from storage import enqueue_job, fail_job, get_engine, list_jobs, load_analysis, session_scope
 from storage.jobs import claim_next_job
 from test_app_synthetic import fill_study
@@ -136,12 +136,13 @@ def test_new_experiment_form_enqueues_a_run_job(app_db):
     cfg = queued[0].payload["config"]
     assert cfg["name"] == "my-study" and cfg["methods"] == ["bct", "psp"] and cfg["training"]["epochs"] == 1
     # the quick-demo preset underneath: its data, and the settings the form does not show
-    from engine.presets import preset_config
+    from engine.core.presets import preset_config
+    from engine.data.fashion_files import fashion_available
 
-    assert cfg["dataset"]["name"] == preset_config("quick-demo").dataset.name  # fashion when installed, else shapes
+    assert cfg["dataset"]["name"] == preset_config("quick-demo", fashion_present=fashion_available).dataset.name  # fashion when installed, else shapes
     assert cfg["model"]["width"] == 32 and cfg["eval"]["eval_classes"] == "seen"
     assert cfg["method_params"] == {}, "hyper-parameters of methods no longer chosen are dropped"
-    from engine.config import config_from_dict
+    from engine.core.config import config_from_dict
 
     assert config_from_dict(cfg).to_dict() == cfg
     assert 'name = "my-study"' in at.code[0].value
@@ -171,7 +172,7 @@ def test_new_experiment_can_evaluate_through_tasks(app_db):
     at.button[1].click().run()
     assert not at.error, [e.value for e in at.error]
     (job,) = jobs(app_db)
-    from engine.jobs.fan_out import FanOut
+    from engine.core.fan_out import FanOut
 
     assert job.payload["tasks"] == {"block_rows": FanOut.block_rows, "shard_rows": FanOut.shard_rows}
 

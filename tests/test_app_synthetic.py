@@ -2,7 +2,7 @@
 
 ``fill_study`` writes what a finished run leaves behind - a study, one experiment per method, model
 versions with query/gallery feature sets, compatibility matrices with their summaries - and, if
-asked, the stored analyses the pages read, computed by ``engine.analysis.run.run_analysis`` itself.
+asked, the stored analyses the pages read, computed by ``engine.jobs.analysis.run_analysis`` itself.
 The matrices are hand-made (``hand_matrix``) so a page test knows the AC it must show.
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from scipy.linalg import expm
 
-from engine.analysis.run import run_analysis
-from engine.config import RunConfig
+from engine.jobs.analysis import run_analysis
+from engine.core.config import RunConfig
 from engine.metrics import summarize
 from storage import (
     add_model_version,

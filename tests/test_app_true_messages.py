@@ -6,7 +6,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from engine.analysis.run import run_analysis
+from engine.jobs.analysis import run_analysis
 from storage import enqueue_job, finish_job, get_engine, session_scope
 from storage.jobs import claim_next_job
 from test_app_pages import texts

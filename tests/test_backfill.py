@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from engine.analysis.backfill import backfill_counts, backfill_curve, backfill_curves, curve_area, fraction_to_reach
-from engine.analysis.backfill_kernels import segment_maxima, segment_of_columns
-from engine.analysis.backfill_orders import ORDERINGS, backfill_order
+from engine.metrics.backfill import backfill_counts, backfill_curve, backfill_curves, curve_area, fraction_to_reach
+from engine.metrics.backfill_kernels import segment_maxima, segment_of_columns
+from engine.metrics.backfill_orders import ORDERINGS, backfill_order
 from engine.metrics.retrieval import retrieval_metrics
 from engine.metrics.retrieval import cell_stats, metrics_from_stats
 

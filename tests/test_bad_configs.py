@@ -161,7 +161,7 @@ def test_bad_config_is_refused_in_one_line_and_writes_nothing(case, db_url, tmp_
 
 
 def test_the_base_config_is_valid(tmp_path):
-    from engine.config import config_from_dict
+    from engine.core.config import config_from_dict
     from engine.run.pipeline import check_study
 
     path = tmp_path / "c.toml"

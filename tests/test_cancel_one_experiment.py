@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from engine.config import config_from_dict
+from engine.core.config import config_from_dict
 from engine.run.pipeline import RunContext, run_study
 from storage import cancel_experiment, get_engine, list_model_versions, load_matrices, session_scope
 from storage.models import Experiment

@@ -21,7 +21,8 @@ from test_checkpoints_factory import (
     write_image_folder,
 )
 
-from engine.checkpoints.compare import checkpoint_job, compare_checkpoints, run_checkpoint_comparison
+from engine.checkpoints.compare import compare_checkpoints
+from engine.checkpoints.store import checkpoint_job, run_checkpoint_comparison
 from engine.cli import main
 from storage import (
     CompatibilityMatrix,

@@ -19,7 +19,7 @@ from test_checkpoints_factory import (
     small_net,
 )
 
-from engine.checkpoints.classes import aligned_columns, read_class_list
+from engine.core.classes import aligned_columns, read_class_list
 from engine.checkpoints.cli import parse_model_arg
 from engine.checkpoints.files import CheckpointError, parse_size
 from engine.checkpoints.loading import load_model

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import config_from_dict
+from engine.core.config import config_from_dict
 from engine.run.data_setup import input_normalization, prepare_run_data
 
 

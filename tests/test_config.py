@@ -3,8 +3,8 @@ import tomllib
 
 import pytest
 
-from engine.config import config_from_dict, dump_toml, load_config
-from engine.presets import RUN_PRESETS, preset_config
+from engine.core.config import config_from_dict, dump_toml, load_config
+from engine.core.presets import RUN_PRESETS, preset_config
 
 
 @pytest.mark.parametrize("name", list(RUN_PRESETS))
@@ -68,7 +68,7 @@ def _digits(**sections):
 @pytest.mark.parametrize(
     "data, message",
     [
-        # method hyper-parameter values, checked against engine.vocab.METHOD_PARAMS
+        # method hyper-parameter values, checked against engine.core.vocab.METHOD_PARAMS
         ({"methods": ["dsimplex_hoc"], "method_params": {"dsimplex_hoc": {"negatives": "x"}}},
          r"config key method_params.dsimplex_hoc.negatives must be one of \('paper', 'repo'\), got 'x'"),
         ({"methods": ["bct"], "method_params": {"bct": {"lam": "x"}}},

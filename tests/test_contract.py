@@ -1,10 +1,10 @@
-"""engine.contract names exactly what the engine's registries know, and its helpers behave as the engine did."""
+"""engine.core.contract names exactly what the engine's registries know, and its helpers behave as the engine did."""
 import pytest
 
-from engine import contract, vocab
+from engine.core import contract, vocab
 from engine.adapters.pair import KINDS as ADAPTER_KINDS
-from engine.analysis.backfill_orders import ORDERINGS
-from engine.features import RAW_VIEWS, VIEWS
+from engine.metrics.backfill_orders import ORDERINGS
+from engine.core.cell import RAW_VIEWS, VIEWS
 from engine.methods import METHODS
 from engine.jobs.worker import HANDLERS
 

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import TrainingConfig
+from engine.core.config import TrainingConfig
 from engine.data.shapes import make_shapes
-from engine.features import extract_outputs
+from engine.models.extract import extract_outputs
 from engine.methods import build_method
 from engine.methods.base import StepContext
 from engine.metrics.retrieval import cell_stats, retrieval_metrics
 from engine.metrics.search import TorchBackend
 from engine.models import build_model
-from engine.run.training import train_step
+from engine.methods.training import train_step
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")]
@@ -111,7 +111,7 @@ def _digits_matrices(device: str, folder) -> dict[tuple[int, str, str], np.ndarr
     from sqlalchemy import select
 
     from engine.run.pipeline import RunContext, run_study
-    from engine.presets import preset_config
+    from engine.core.presets import preset_config
     from storage import CompatibilityMatrix, Experiment, get_engine, init_db, session_scope
 
     cfg = dataclasses.replace(preset_config("digits-tiny"), device=device)

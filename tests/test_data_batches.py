@@ -24,9 +24,9 @@ from engine.data.registry import load_dataset
 from engine.data.shapes import make_shapes
 from engine.data.folder import list_image_folder
 from engine.data.bounds import check_batch_size, check_image_size
-from engine.features import extract_outputs
+from engine.models.extract import extract_outputs
 from engine.models import build_model
-from engine.run.training import Cancelled
+from engine.core.signals import Cancelled
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -147,7 +147,7 @@ def test_the_debian_test_split_matches_torchvisions_reader(tmp_path):
 
 
 def test_fashion_presets_split_the_ten_classes_as_named():
-    from engine.presets import preset_config
+    from engine.core.presets import preset_config
 
     for name, sizes in {"fashion-2x5": [2, 2, 2, 2, 2], "fashion-4-3-3": [4, 3, 3], "fashion-5-5": [5, 5]}.items():
         s = preset_config(name).scenario
@@ -159,13 +159,12 @@ def test_fashion_presets_split_the_ten_classes_as_named():
 
 
 def test_quick_demo_uses_fashion_when_present_and_says_so_when_it_falls_back(monkeypatch):
-    import engine.presets as presets
+    import engine.core.presets as presets
 
-    monkeypatch.setattr(presets, "fashion_available", lambda root: True)
-    assert presets.preset_config("quick-demo").dataset.name == "fashion"
-    assert presets.preset_config("quick-demo").name == "quick-demo"
-    monkeypatch.setattr(presets, "fashion_available", lambda root: False)
-    fallback = presets.preset_config("quick-demo")
+    assert presets.preset_config("quick-demo", fashion_present=lambda root: True).dataset.name == "fashion"
+    assert presets.preset_config("quick-demo", fashion_present=lambda root: True).name == "quick-demo"
+    assert presets.preset_config("quick-demo").dataset.name == "fashion"  # no probe: the preset as written
+    fallback = presets.preset_config("quick-demo", fashion_present=lambda root: False)
     assert fallback.dataset.name == "shapes" and fallback.scenario.num_steps == 3
     assert "Fashion-MNIST absent" in fallback.name and "apt-get install dataset-fashion-mnist" in fallback.name
     assert fallback.methods == presets.preset_config("fashion-4-3-3").methods

@@ -7,13 +7,13 @@ from safetensors.torch import load_file
 
 import engine.run.pipeline as pipeline
 from engine.cli import main
-from engine.config import config_from_dict
+from engine.core.config import config_from_dict
 from engine.methods import build_method
 from engine.methods.base import StepContext
 from engine.run.data_setup import prepare_run_data
 from engine.run.ddp import GroupBatchNorm, available_processes, train_step_parallel
 from engine.run.pipeline import RunContext, run_experiment
-from engine.run.training import Cancelled
+from engine.core.signals import Cancelled
 from storage import get_engine, list_model_versions, load_feature_set, session_scope
 
 TINY = {

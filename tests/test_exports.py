@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from app.exports import chart_bytes, chart_data
-from engine.config import config_from_dict
+from engine.core.config import config_from_dict
 from engine.results.bundle import BUNDLE_FILES, study_bundle
 from engine.results.report import CSV_COLUMNS, render_matrix, render_summary_table
 from storage import get_engine, list_experiments, load_matrices, session_scope

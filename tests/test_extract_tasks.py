@@ -1,4 +1,4 @@
-"""engine.jobs.extract_tasks: one checkpoint's embedding of an image set fanned out over tasks equals the single-process
+"""engine.checkpoints.extract_tasks: one checkpoint's embedding of an image set fanned out over tasks equals the single-process
 extraction (uneven parts), labels and image ids included; a failed attempt's file is never referenced and its retry
 completes; the commit sweeps unreferenced parts, a cancelled or failed job leaves none; nothing is visible before the commit; bad inputs are one-line errors before anything is written."""
 import multiprocessing
@@ -15,8 +15,8 @@ from test_checkpoints_factory import save_state_dict_pt, write_image_folder
 
 from engine.checkpoints.compare import compare_checkpoints
 from engine.cli import main
-from engine.jobs.extract_tasks import commit_task, extract_task, fan_out_extract
-from engine.jobs.tasks import TASK_HANDLERS, run_one_task, run_tasks
+from engine.checkpoints.extract_tasks import commit_task, extract_task, fan_out_extract
+from engine.tasks.loop import TASK_HANDLERS, run_one_task, run_tasks
 from storage import (FeatureSet, Job, add_model_version, create_experiment, get_engine, load_feature_set,
                      load_image_refs, session_scope)
 from storage import featurestore

@@ -15,7 +15,8 @@ from engine.analysis.collapse import (
     nc4_ncc_mismatch,
     probability_simplex_prototypes,
 )
-from engine.features import cell_features, extract_outputs, output_view, project_simplex, simplex_projection
+from engine.core.cell import cell_features, output_view, project_simplex
+from engine.models.extract import extract_outputs, simplex_projection
 from engine.models import build_model
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import run_app
-from engine.config import config_from_dict
-from engine.contract import JOB_LANES, JOB_PRIORITY, SHORT_JOB_KINDS, analysis_key, analysis_payload
+from engine.core.config import config_from_dict
+from engine.core.contract import JOB_LANES, JOB_PRIORITY, SHORT_JOB_KINDS, analysis_key, analysis_payload
 from engine.jobs.worker import run_one
 from storage import (
     IdenticalJob,
@@ -83,7 +83,7 @@ def test_a_map_job_is_done_while_a_training_run_holds_the_main_worker(db, tmp_pa
     params = {"step_a": 1, "step_b": 2, "method": "pca"}
 
     training, release = threading.Event(), threading.Event()
-    import engine.run.training as training_module
+    import engine.methods.training as training_module
 
     real = training_module.train_step
 

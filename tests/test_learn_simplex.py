@@ -8,7 +8,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from engine.features import simplex_projection
+from engine.models.extract import simplex_projection
 from engine.learn.simplex import (
     TRIANGLE,
     barycentric_xy,

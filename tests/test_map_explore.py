@@ -16,9 +16,9 @@ from sklearn.metrics.pairwise import paired_cosine_distances
 import engine.analysis.map as map_analysis
 from app import charts
 from app import map_explore as mx
-from engine.analysis.run import run_analysis
+from engine.jobs.analysis import run_analysis
 from engine.analysis.views import load_experiment, load_view, version_of_step
-from engine.contract import CLASS_MEAN, PROTOTYPE, SAMPLE, analysis_key
+from engine.core.contract import CLASS_MEAN, PROTOTYPE, SAMPLE, analysis_key
 from storage import get_engine, load_analysis, save_analysis, session_scope
 from test_app_pages import open_page, texts
 from test_app_synthetic import fill_study

@@ -1,4 +1,4 @@
-"""engine.jobs.matrix: a whole compatibility matrix through tasks equals the in-process one; the run pipeline stores
+"""engine.evaluate.matrix: a whole compatibility matrix through tasks equals the in-process one; the run pipeline stores
 it (``run --tasks``, ``RunContext.fan_out``); other worker processes share the job; cancel and failure end it."""
 import subprocess
 import sys
@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 import engine.run.pipeline as pipeline
-from engine.jobs.fan_out import FanOut
-from engine.jobs.matrix import TaskJobStopped, cell_results, matrix_by_tasks, run_task_job
-from engine.jobs.search_tasks import CellSpec, fan_out_cells
-from engine.jobs.tasks import TASK_HANDLERS
+from engine.core.fan_out import FanOut
+from engine.evaluate.matrix import TaskJobStopped, cell_results, matrix_by_tasks, run_task_job
+from engine.evaluate.search_tasks import CellSpec, fan_out_cells
+from engine.tasks.loop import TASK_HANDLERS
 from engine.metrics.compatibility import CellFeatures, compatibility_matrices
 from engine.metrics.paired import PairedOptions
 from engine.methods import build_method
-from engine.run.training import Cancelled
+from engine.core.signals import Cancelled
 from storage import Job, add_model_version, create_experiment, get_engine, init_db, load_matrices, save_feature_set, \
     session_scope
 from storage.models import CompatibilityMatrix, Experiment, FeatureSet, Task

@@ -5,12 +5,12 @@ import pytest
 import torch
 from torch import nn
 
-from engine.run import training
-from engine.config import TrainingConfig
+from engine.methods import training
+from engine.core.config import TrainingConfig
 from engine.methods import ER, BCTER, DSimplexFD, DSimplexHOC, StepContext, build_method
 from engine.models import DSimplexHead, ModelOutput, Net, dsimplex_prototypes
 from engine.models.net import ModelSpec
-from engine.run.training import epoch_batches, train_step
+from engine.methods.training import epoch_batches, train_step
 
 
 def log_sum_exp(values) -> float:

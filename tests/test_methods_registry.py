@@ -3,10 +3,10 @@ import dataclasses
 
 import pytest
 
-from engine.features import VIEWS
+from engine.core.cell import VIEWS
 from engine.methods import METHODS, BCT, DSimplexHOC, build_method, method_hparam_names
 from engine.methods.base import INIT_FROM, Method
-from engine.presets import PRESETS, TRAINING_KEYS, method_hparams, training_settings
+from engine.core.presets import PRESETS, TRAINING_KEYS, method_hparams, training_settings
 from engine.models import HEADS
 
 # what each method needs from the loop: (head, needs_old_model, uses_replay, init_from)
@@ -157,7 +157,7 @@ def test_presets_hand_out_copies_and_reject_unknown_names():
 
 
 def test_retired_lce_names_are_refused_with_a_hint():
-    from engine.config import config_from_dict
+    from engine.core.config import config_from_dict
 
     for old, new in (("lce", "mean_align"), ("lce_er", "mean_align_er")):
         with pytest.raises(ValueError, match=f"not Meng et al. 2021's LCE; it is now '{new}'"):

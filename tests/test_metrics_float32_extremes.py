@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from sklearn.metrics import average_precision_score
 
 from engine.cli import main
-from engine.features import project_simplex
-from engine.metrics.norms import unit_rows_np
+from engine.core.cell import project_simplex
+from engine.core.norms import unit_rows_np
 from engine.metrics.retrieval import retrieval_metrics, unit_tensor_rows
 from engine.metrics.sharded import Shard, sharded_retrieval_metrics
 

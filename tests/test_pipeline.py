@@ -9,12 +9,12 @@ import torch
 from sqlalchemy import func, select
 
 import engine.run.pipeline as pipeline
-from engine.config import config_from_dict
+from engine.core.config import config_from_dict
 from engine.run.data_setup import prepare_run_data
 from engine.methods import METHODS, build_method
 from engine.metrics.compatibility import compatibility_matrix
 from engine.run.pipeline import RunContext, run_experiment, run_study
-from engine.run.training import Cancelled
+from engine.core.signals import Cancelled
 from storage import get_engine, list_model_versions, load_feature_set, load_matrices, session_scope
 from storage.models import CompatibilityMatrix, Experiment, FeatureSet, ModelVersion
 
@@ -101,8 +101,8 @@ def test_a_closed_set_step_embeds_the_test_images_once(tmp_path, monkeypatch):
 
 
 def test_topk_reaches_the_stored_matrix_and_the_backfill_analysis_alike(tmp_path):
-    from engine.analysis.run import run_analysis
-    from engine.contract import analysis_key
+    from engine.jobs.analysis import run_analysis
+    from engine.core.contract import analysis_key
     from engine.metrics.retrieval import retrieval_metrics
     from storage import load_analysis
 

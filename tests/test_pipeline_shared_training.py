@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import engine.run.pipeline as pipeline
-from engine.config import config_from_dict
+from engine.core.config import config_from_dict
 from engine.methods import build_method
 from engine.run.pipeline import RunContext, run_study
 from storage import get_engine, list_model_versions, load_feature_set, load_matrices, session_scope

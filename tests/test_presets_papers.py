@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.models import BACKBONES
-from engine.presets import ABSENT_METHODS, RUN_PRESETS, absent_methods_note, preset_config
+from engine.core.presets import ABSENT_METHODS, RUN_PRESETS, absent_methods_note, preset_config
 
 OWN = {"quick-demo", "digits-tiny", "fashion-2x5", "fashion-4-3-3", "fashion-5-5"}  # not paper presets
 

@@ -16,7 +16,7 @@ from test_checkpoints_factory import save_state_dict_pt, write_image_folder
 from engine.checkpoints.files import server_trust
 from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES, lite_weights_path
 from engine.checkpoints.request import comparison_spec
-from engine.contract import checkpoints_payload
+from engine.core.contract import checkpoints_payload
 from engine.jobs.worker import run_one
 from storage import Job, enqueue_job, get_engine, init_db, list_model_versions, session_scope
 

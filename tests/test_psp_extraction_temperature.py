@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import config_from_dict
-from engine.features import extract_outputs, simplex_projection
+from engine.core.config import config_from_dict
+from engine.models.extract import extract_outputs, simplex_projection
 from engine.methods import build_method
 from engine.models import build_model
 from engine.run.pipeline import RunContext, run_study

@@ -1,4 +1,4 @@
-"""Checks never wait behind training, and every queued job says when it should start (engine.contract's lanes and
+"""Checks never wait behind training, and every queued job says when it should start (engine.core.contract's lanes and
 priorities, storage.jobs' claim order, storage.queue_eta's estimates, the caption the pages show)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from app.widgets import queue_caption
-from engine.contract import JOB_LANES, JOB_PRIORITY, SHORT_JOB_KINDS
+from engine.core.contract import JOB_LANES, JOB_PRIORITY, SHORT_JOB_KINDS
 from storage import (
     Job,
     QueuePlace,

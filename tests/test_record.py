@@ -15,7 +15,7 @@ from test_cli_evaluate import _hand_folder
 
 import engine.results.record as record
 from engine.cli import main
-from engine.config import config_from_dict
+from engine.core.config import config_from_dict
 from engine.run.pipeline import RunContext, run_study
 from storage import (
     Analysis,

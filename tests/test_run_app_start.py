@@ -22,7 +22,7 @@ from typing import TypeVar
 import pytest
 
 import run_app
-from engine import threads
+from engine.core import threads
 
 ROOT = Path(__file__).resolve().parents[1]
 DEADLINE_S = 300  # a loaded 2-core machine: importing torch and streamlit alone can take tens of seconds

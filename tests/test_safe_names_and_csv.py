@@ -15,7 +15,7 @@ import pytest
 
 from app.exports import chart_data, csv_bytes
 from engine.checkpoints.request import comparison_spec, source_name
-from engine.config import MAX_RUN_NAME, config_from_dict
+from engine.core.config import MAX_RUN_NAME, config_from_dict
 from engine.results.bundle import study_bundle
 from engine.results.report import csv_text, render_matrix, safe_cell
 from engine.upgrade.words import reach

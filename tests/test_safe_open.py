@@ -1,4 +1,4 @@
-"""engine.data.safe_open and its users: regular files inside the roots only, checked after opening (issue 24, item 7).
+"""storage.safe_open and its users: regular files inside the roots only, checked after opening (issue 24, item 7).
 
 A swapping symlink reads nothing outside the roots in 3,000 thumbnail renders; a FIFO (in an image folder, as a
 thumbnail's image, as a feature file or a store shard) is refused at once instead of hanging; /dev/zero is refused;
@@ -17,7 +17,7 @@ from PIL import Image
 from engine.checkpoints.evaluate_folder import FolderError, load_feature_folder
 from engine.data import thumbnails
 from engine.data.folder import list_image_folder
-from engine.data.safe_open import UnsafeFileError, open_regular, read_regular
+from storage.safe_open import UnsafeFileError, open_regular, read_regular
 
 HANG = 120  # seconds a call may take before the test calls it a hang (it returns in milliseconds)
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.analysis.run import run_analysis
-from engine.config import RunConfig
-from engine.contract import analysis_key
+from engine.jobs.analysis import run_analysis
+from engine.core.config import RunConfig
+from engine.core.contract import analysis_key
 from engine.models import build_model, save_checkpoint
 from engine.analysis.stationarity import (
     assigned_centroid,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from engine.results.conventions import model_names, replaced_note, replaced_steps, step_label
+from engine.core.conventions import model_names, replaced_note, replaced_steps, step_label
 from engine.results.report import render_matrix
 from engine.results.study_summary import print_study
 from storage import get_engine, session_scope

@@ -22,7 +22,7 @@ from typing import TypeVar
 import pytest
 from sqlalchemy import select
 
-from engine.config import config_from_dict
+from engine.core.config import config_from_dict
 from storage import Experiment, Job, enqueue_job, get_engine, init_db, retry_job, session_scope
 
 ROOT = Path(__file__).resolve().parents[1]

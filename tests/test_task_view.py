@@ -8,7 +8,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from engine.jobs.tasks import run_one_task
+from engine.tasks.loop import run_one_task
 from storage import Job, request_cancel, session_scope
 from storage.models import Task
 from storage.tasks import NewTask, claim_task, complete_task, create_task_job, extend_lease, fail_task, task_board

@@ -1,4 +1,4 @@
-"""storage.tasks and engine.jobs.tasks: many worker processes share one job's tasks exactly once; a killed worker's
+"""storage.tasks and engine.tasks.loop: many worker processes share one job's tasks exactly once; a killed worker's
 task finishes elsewhere after its lease expires; a failing task stops after its bound; dependencies are counted;
 a cell fanned out over blocks and shards equals the single-shot metrics. SQLite and PostgreSQL."""
 import multiprocessing
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.jobs.search_tasks import fan_out_cell
-from engine.jobs.tasks import run_one_task, run_tasks
+from engine.evaluate.search_tasks import fan_out_cell
+from engine.tasks.loop import run_one_task, run_tasks
 from engine.metrics.retrieval import retrieval_metrics
 from storage import Job, add_model_version, create_experiment, fail_stale_jobs, get_engine, init_db, save_feature_set, session_scope
 from storage.models import Task

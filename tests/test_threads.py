@@ -1,4 +1,4 @@
-"""engine.threads: cores // processes threads per process (at least 1), the user's override, the environment a child
+"""engine.core.threads: cores // processes threads per process (at least 1), the user's override, the environment a child
 gets from run_app.py, and a real worker reporting torch's thread count."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import run_app
-from engine import threads
+from engine.core import threads
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER_LINE = re.compile(r"worker \d+: (\d+) compute thread\(s\) \(torch (\d+), numba (\d+)(?:, blas (\d+))?\)")
@@ -70,7 +70,7 @@ def test_the_child_environment_sets_every_library():
 def test_cores_are_the_ones_this_process_may_use():
     assert threads.available_cores() == len(os.sched_getaffinity(0))
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from engine.threads import available_cores; print(available_cores())")
+            "from engine.core.threads import available_cores; print(available_cores())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
     assert out.strip() == "1", "pinned to one CPU, the process has one core whatever the machine has"

@@ -19,8 +19,8 @@ from test_checkpoints_factory import TinyPair, save_torchscript, write_image_fol
 
 import engine.data.thumbnails as thumbs
 from engine.analysis.neighbours import images_note, row_thumbnail_uris, row_thumbnails
-from engine.checkpoints.compare import run_checkpoint_comparison
-from engine.config import config_from_dict
+from engine.checkpoints.store import run_checkpoint_comparison
+from engine.core.config import config_from_dict
 from engine.data.disk import load_imagefolder_split
 from engine.data.fashion_files import fashion_available
 from engine.data.registry import load_dataset

@@ -18,7 +18,7 @@ from engine.cli import main
 from engine.metrics.compatibility import compatibility_matrices, stored_summary
 from engine.metrics.paired import PairedOptions
 from engine.results.bundle import study_bundle
-from engine.results.conventions import stored_ties
+from engine.core.conventions import stored_ties
 from storage import get_engine, list_experiments, load_matrices, session_scope
 
 MAIN = Path(__file__).resolve().parents[1] / "app" / "main.py"

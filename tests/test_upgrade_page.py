@@ -1,6 +1,6 @@
 """The Upgrade check page (AppTest) on hand-made stored pairs, checked against recall and a bootstrap computed by hand.
 
-The verdict is computed as the worker would (``engine.analysis.run.run_analysis``, kind ``upgrade``) and the page
+The verdict is computed as the worker would (``engine.jobs.analysis.run_analysis``, kind ``upgrade``) and the page
 only reads it. Expectations come from ``tests/test_upgrade.py``'s numpy recall and percentile bootstrap, a
 different draw than the engine's, so interval ends are compared within the Monte-Carlo error of 1,000 resamples.
 """
@@ -14,7 +14,7 @@ from test_app_pages import jobs, open_page, texts
 from test_upgrade import bootstrap_by_hand, close_pair, compatible_pair, hits, incompatible_pair
 from test_upgrade_cli import store_pair
 
-from engine.analysis.run import run_analysis
+from engine.jobs.analysis import run_analysis
 from engine.upgrade.verdict import check_upgrade
 from storage import get_engine, session_scope, set_experiment_status
 
@@ -160,7 +160,7 @@ def shown_text(element) -> str:
 def test_backfill_needs_are_quoted_per_metric_with_map_first(app_db):
     """The Upgrade check quotes the backfilling needed under every stored metric, mAP first, each from its own
     stored verdict (best ordering's fraction reaching the old self-test), and explains Recall@1's artefact."""
-    from engine.analysis.run import run_analysis as run
+    from engine.jobs.analysis import run_analysis as run
 
     exp = stored(app_db, incompatible_pair)
     at = open_page("upgrade")
@@ -169,7 +169,7 @@ def test_backfill_needs_are_quoted_per_metric_with_map_first(app_db):
     run(get_engine(app_db), exp, "upgrade", {**PARAMS, "metric": "map"})
     with session_scope(get_engine(app_db)) as s:
         from storage import load_analysis
-        from engine.contract import analysis_key
+        from engine.core.contract import analysis_key
 
         reports = {m: load_analysis(s, exp, "upgrade", analysis_key("upgrade", {**PARAMS, "metric": m})).payload["report"]
                    for m in ("recall@1", "map")}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.config import RunConfig
+from engine.core.config import RunConfig
 from engine.metrics import summarize
 from engine.results.verdict_words import RECALL1_ARTEFACT, artefact_note, matrix_verdict, metric_order, needs_lines, verdict_word
 from engine.upgrade.words import HEADS

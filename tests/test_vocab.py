@@ -1,19 +1,19 @@
-"""The torch-free vocabulary (engine.vocab) names exactly what the engine's registries know."""
+"""The torch-free vocabulary (engine.core.vocab) names exactly what the engine's registries know."""
 import dataclasses
 import re
 
 import pytest
 import torch
 
-from engine import vocab
-from engine.config import TrainingConfig
+from engine.core import vocab
+from engine.core.config import TrainingConfig
 from engine.data import protocols, scenario
 from engine.data.registry import DATASETS, load_dataset
-from engine.features import VIEWS
+from engine.core.cell import VIEWS
 from engine.methods.registry import METHODS, method_hparam_names
 from engine.metrics import retrieval
 from engine.models import BACKBONES
-from engine.run.training import lr_factor, make_optimizer
+from engine.methods.training import lr_factor, make_optimizer
 
 
 def test_vocabulary_matches_the_registries():
@@ -53,19 +53,19 @@ def test_method_param_specs_match_the_dataclasses_and_are_what_they_check(name):
 
 
 def test_config_and_vocabulary_stay_torch_free():
-    """The app imports engine.config to validate forms: reading a config must not load torch."""
+    """The app imports engine.core.config to validate forms: reading a config must not load torch."""
     import subprocess
     import sys
     from pathlib import Path
 
-    code = "import sys, engine.config, engine.vocab; print(sorted(m for m in ('torch', 'numba', 'numpy') if m in sys.modules))"
+    code = "import sys, engine.core.config, engine.core.vocab; print(sorted(m for m in ('torch', 'numba', 'numpy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout
     assert out.strip() == "[]"
 
 
 def test_the_device_choices_the_forms_offer_are_devices_a_config_accepts():
-    from engine.config import config_from_dict
+    from engine.core.config import config_from_dict
 
     for device in vocab.DEVICE_CHOICES:
         assert vocab.DEVICE.match(device)

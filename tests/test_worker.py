@@ -1,7 +1,7 @@
 """The background worker: runs queued jobs, reports failures, honours cancel requests."""
 from sqlalchemy import func, select
 
-from engine.config import config_from_dict
+from engine.core.config import config_from_dict
 from engine.jobs.worker import run_one
 from storage import enqueue_job, get_engine, init_db, list_jobs, request_cancel, session_scope
 from storage.models import Experiment, Job, ModelVersion
@@ -44,7 +44,7 @@ def test_cancel_requested_while_running_stops_the_run_and_removes_its_rows(tmp_p
     db = _db(tmp_path)
     with session_scope(db) as s:
         job_id = enqueue_job(s, "run", {"config": config_from_dict(TINY).to_dict()})
-    import engine.run.training as training
+    import engine.methods.training as training
 
     real = training.train_step
 
@@ -71,7 +71,7 @@ def test_a_worker_whose_job_was_failed_as_stale_stops_and_writes_nothing(tmp_pat
     db = _db(tmp_path)
     with session_scope(db) as s:
         job_id = enqueue_job(s, "run", {"config": config_from_dict(TINY).to_dict()})
-    import engine.run.training as training
+    import engine.methods.training as training
 
     real = training.train_step
 

@@ -9,8 +9,8 @@ from app.exports import download_buttons
 from app import queries as q
 from app.widgets import (MISSING, analysis_result, follow_jobs, launch, pick_experiment, pick_steps, plain,
                          state_convention)
-from engine.contract import ADAPTER_KINDS, DEFAULT_ORDERINGS, ORDERINGS, adapter_key, adapters_payload, same_set_of
-from engine.results.conventions import metric_name
+from engine.core.contract import ADAPTER_KINDS, DEFAULT_ORDERINGS, ORDERINGS, adapter_key, adapters_payload, same_set_of
+from engine.core.conventions import metric_name
 from engine.results.verdict_words import artefact_note, metric_order, needs_lines
 from engine.upgrade.orders import best_by_area
 

@@ -44,7 +44,7 @@ from app.checkpoint_form import (
 from app.widgets import QUEUED_HINT_S, launch as launch_job, plain, queue_caption, status_badge
 from engine.checkpoints.files import human_bytes, server_max_bytes
 from engine.checkpoints.request import source_name
-from engine.contract import checkpoints_payload
+from engine.core.contract import checkpoints_payload
 
 url = q.db_url()
 start_sequence()

@@ -12,7 +12,7 @@ from app.exports import download_buttons
 from app.map_view import map_thumbnails, show_map
 from app.neighbours_view import show_neighbours
 from app.widgets import MISSING, analysis_result, pick_experiment, pick_steps, plain, state_convention
-from engine.contract import CLASS_MEAN, PROTOTYPE, SAMPLE
+from engine.core.contract import CLASS_MEAN, PROTOTYPE, SAMPLE
 
 url = q.db_url()
 LINES_SHOWN = 150

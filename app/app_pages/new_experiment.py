@@ -1,4 +1,4 @@
-"""New experiment: a form for a RunConfig (presets fill it), validated by engine.config, queued as a "run" job."""
+"""New experiment: a form for a RunConfig (presets fill it), validated by engine.core.config, queued as a "run" job."""
 from __future__ import annotations
 
 import streamlit as st
@@ -6,12 +6,12 @@ import streamlit as st
 from app import forms
 from app import queries as q
 from app.widgets import launch as launch_job, plain
-from engine.config import config_from_dict, dump_toml
-from engine.contract import run_payload
+from engine.core.config import config_from_dict, dump_toml
+from engine.core.contract import run_payload
 from engine.data.files_present import config_files_problem
-from engine.jobs.fan_out import FanOut
-from engine.presets import absent_methods_note
-from engine.vocab import BACKBONE_NAMES, METHOD_NAMES
+from engine.core.fan_out import FanOut
+from engine.core.presets import absent_methods_note
+from engine.core.vocab import BACKBONE_NAMES, METHOD_NAMES
 
 url = q.db_url()
 PREFIX = "ne_"
@@ -50,7 +50,7 @@ if PREFIX + "name" not in st.session_state:  # first visit (or widgets forgotten
     fill(st.session_state.get(PREFIX + "preset_choice", forms.DEMO_PRESET))
 
 st.selectbox("Preset", names["presets"], key=PREFIX + "preset_choice", on_change=on_preset,
-             help="Fills the form with a named run configuration (engine.presets: the demo and the papers' "
+             help="Fills the form with a named run configuration (engine.core.presets: the demo and the papers' "
                   "setups, each citing its table). Settings the form does not show keep the preset's values: "
                   "see the TOML after Check.")
 

@@ -6,8 +6,8 @@ import streamlit as st
 
 from app import queries as q
 from app.widgets import MISSING, analysis_result, model_label, pick_experiment, pick_steps, plain
-from engine.contract import ADAPTER_KINDS, adapter_key, adapters_payload, analysis_key, same_set_of
-from engine.results.conventions import metric_name
+from engine.core.contract import ADAPTER_KINDS, adapter_key, adapters_payload, analysis_key, same_set_of
+from engine.core.conventions import metric_name
 from engine.results.verdict_words import artefact_note, metric_order, needs_lines
 from engine.upgrade.words import interval, sentence, share
 

@@ -20,7 +20,7 @@ from engine.adapters.losses import (
 )
 from engine.adapters.modules import AFFINE_INITS
 from engine.adapters.pair import KINDS, AdapterPair, build_adapters, common_dim, to_width
-from engine.run.device import pick_device
+from engine.models.device import pick_device
 
 MIN_PER_CLASS = 2
 Progress = Callable[[int, int, dict[str, float]], None]

@@ -1,6 +1,6 @@
 """The ``backfill`` analysis of a stored experiment: partial-backfilling curves per ordering, M-tilde, reach.
 
-The curves themselves are :func:`engine.analysis.backfill.backfill_curves`; this module reads the two models'
+The curves themselves are :func:`engine.metrics.backfill.backfill_curves`; this module reads the two models'
 stored features into one cell and turns the curves into the stored payload.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 from sqlalchemy import Engine
 
 from engine.analysis.arrays import finite
-from engine.analysis.backfill import backfill_curves, curve_area, fraction_to_reach
-from engine.analysis.backfill_orders import backfill_order
+from engine.metrics.backfill import backfill_curves, curve_area, fraction_to_reach
+from engine.metrics.backfill_orders import backfill_order
 from engine.analysis.views import (
     Progress,
     Version,
@@ -22,7 +22,7 @@ from engine.analysis.views import (
     topk_of,
     version_of_step,
 )
-from engine.contract import DERIVED_VIEWS, REACH_SHARES, same_set_of
+from engine.core.contract import DERIVED_VIEWS, REACH_SHARES, same_set_of
 
 
 def compute_backfill(db: Engine, config: dict[str, Any], versions: list[Version], params: dict[str, Any],

@@ -17,7 +17,7 @@ from engine.analysis.arrays import finite, unit
 from engine.analysis.collapse import class_means, collapse_report, probability_simplex_prototypes
 from engine.analysis.stationarity import stationarity_probe, turn_angle
 from engine.analysis.views import Progress, Version, head_weights, joint_pair, load_view, topk_of
-from engine.contract import OUTPUT_VIEWS
+from engine.core.contract import OUTPUT_VIEWS
 
 
 def class_drift(old: np.ndarray, new: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -24,7 +24,7 @@ from engine.analysis.arrays import unit
 from engine.analysis.collapse import class_means
 from engine.analysis.geometry import class_drift, definition1, model_collapse
 from engine.analysis.views import Progress, Version, head_weights, joint_pair, topk_note, topk_of, version_of_step
-from engine.contract import CLASS_MEAN, DERIVED_VIEWS, PROJECTION_COLUMNS, PROTOTYPE, SAMPLE
+from engine.core.contract import CLASS_MEAN, DERIVED_VIEWS, PROJECTION_COLUMNS, PROTOTYPE, SAMPLE
 
 
 def sample_rows(n: int, max_points: int, seed: int) -> np.ndarray:

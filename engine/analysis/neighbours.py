@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 
 from engine.analysis.arrays import unit
 from engine.analysis.views import cell_columns, load_cell_versions, load_view, topk_of
-from engine.contract import same_set_of
+from engine.core.contract import same_set_of
 from engine.data.thumbnails import THUMB_SIZE, can_render, data_uri, kind_of, thumbnails
 from storage import list_feature_views, load_feature_set, load_image_refs, session_scope
 

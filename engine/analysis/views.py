@@ -2,10 +2,10 @@
 
 Feature views: the engine stores the raw views ``encoder``, ``logits`` and ``softmax`` per model
 version and split. ``psp`` / ``lsp`` are derived from ``softmax`` / ``logits`` by
-:func:`engine.features.output_view`, the derivation the compatibility matrices use, with the
+:func:`engine.core.cell.output_view`, the derivation the compatibility matrices use, with the
 experiment's ``eval.topk``. When two models are compared in one space (map, drift, Definition 1,
 backfilling, neighbours), both keep the classes of the *gallery* (old) model, aligned by class name
-(:func:`engine.checkpoints.classes.aligned_columns`: the first C^k outputs for a training run's nested
+(:func:`engine.core.classes.aligned_columns`: the first C^k outputs for a training run's nested
 models), as the compatibility matrix's cross-test does; NC1-NC4 and angles use each model's own classes.
 
 numpy only (the dashboard reads neighbours through here); :func:`head_weights` imports torch when called.
@@ -21,9 +21,9 @@ import numpy as np
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from engine.checkpoints.classes import aligned_columns, index_names
-from engine.contract import DERIVED_VIEWS, available_views
-from engine.features import Columns, output_view
+from engine.core.classes import aligned_columns, index_names
+from engine.core.contract import DERIVED_VIEWS, available_views
+from engine.core.cell import Columns, output_view
 from storage import get_experiment, get_model_version, list_feature_views, list_model_versions, load_feature_set, session_scope
 
 Progress = Callable[[float, str], None]
@@ -103,7 +103,7 @@ def topk_note(topk: int | None) -> str:
 def load_view(db: Engine, version: Version, split: str, view: str, *, columns: Columns | None = None,
               topk: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """``(features, labels, image_ids)`` of one view; PSP/LSP keep ``columns`` of the outputs (default: the model's
-    own classes) with top-``topk`` (:func:`engine.features.output_view`)."""
+    own classes) with top-``topk`` (:func:`engine.core.cell.output_view`)."""
     with session_scope(db) as s:
         stored = list_feature_views(s, version.id, split)
         raw = view if view in stored else DERIVED_VIEWS.get(view)

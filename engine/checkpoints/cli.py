@@ -132,7 +132,7 @@ def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
     files, the images, a probe batch per model) report at 0, so a refused input still prints one line only."""
     from engine.checkpoints.compare import compare_checkpoints
     from engine.checkpoints.store import comparison_json, store_comparison
-    from engine.run.progress import TerminalProgress
+    from engine.core.progress import TerminalProgress
 
     bar = TerminalProgress()
     try:

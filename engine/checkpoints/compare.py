@@ -8,7 +8,7 @@ Protocol (kept simple on purpose):
   counted as having no positive.
 The dataset's classes need not be the models' classes (paper 000, Table 2: ImageNet models
 evaluated on CIFAR-100): retrieval is scored with the dataset's labels, the models' class lists only
-matter for aligning PSP/LSP outputs (``engine.checkpoints.classes``).
+matter for aligning PSP/LSP outputs (``engine.core.classes``).
 
 Everything is validated and computed first; the result is written in one transaction (a study of
 kind ``checkpoints``, one experiment of method ``checkpoints``, a model version per checkpoint,
@@ -30,17 +30,16 @@ import numpy as np
 import torch
 from sqlalchemy import Engine
 
-from engine.checkpoints.classes import aligned_columns, index_names
+from engine.core.classes import aligned_columns, index_names
 from engine.checkpoints.embedding import ImageSource, check_batch_bytes, common_labels, extract, model_batch, probe
 from engine.checkpoints.files import LOCAL, Trust, server_trust
 from engine.checkpoints.loading import LoadedModel, load_model
 from engine.checkpoints.request import ComparisonSpec, ModelSource, comparison_spec, source_name
-from engine.checkpoints.store import store_comparison
 from engine.data.folder import check_stop
-from engine.features import DERIVED_VIEWS, RAW_VIEWS, cell_features
+from engine.core.cell import DERIVED_VIEWS, RAW_VIEWS, cell_features
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
 from engine.metrics.paired import PairedOptions
-from engine.run.device import pick_device
+from engine.models.device import pick_device
 from engine.data.samples import SampleRefs
 
 Progress = Callable[[float, str], None]
@@ -227,25 +226,3 @@ def _compare_loaded(spec: ComparisonSpec, models: list[LoadedModel], report: Pro
     cmp.notes = _notes(cmp)
     cmp.refs = {split: source.images.refs for split, source in splits.items()}
     return cmp
-
-
-def run_checkpoint_comparison(db: Engine, spec: Mapping[str, Any] | ComparisonSpec, *, progress: Progress | None = None,
-                              should_stop: Callable[[], bool] | None = None, trust: Trust = LOCAL) -> int:
-    """Compare the checkpoints of a JSON-able ``spec`` (see :func:`comparison_spec`) and store; return the experiment id."""
-    cmp = compare_checkpoints(spec, progress=progress, should_stop=should_stop, trust=trust)
-    experiment_id = store_comparison(db, cmp)
-    if progress is not None:
-        progress(1.0, f"stored as experiment {experiment_id}")
-    return experiment_id
-
-
-def checkpoint_job(db: Engine, payload: Mapping[str, Any], progress: Progress, should_stop: Callable[[], bool],
-                   checkpoint_dir: Path) -> str:
-    """Worker handler for jobs of kind ``checkpoints``: payload ``{"spec": {...}}`` (see :func:`comparison_spec`).
-
-    Jobs come from the dashboard, so they run with ``server_trust()``: paths confined to the data
-    roots, TorchScript refused unless the worker was started with ``--allow-torchscript``.
-    """
-    experiment_id = run_checkpoint_comparison(db, payload["spec"], progress=progress, should_stop=should_stop,
-                                              trust=server_trust())
-    return f"experiment {experiment_id}"

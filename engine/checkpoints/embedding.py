@@ -16,7 +16,8 @@ from engine.data.folder import FolderImages, list_image_folder
 from engine.data.imageset import ImageSet
 from engine.data.registry import load_dataset
 from engine.data.roots import confine
-from engine.features import RAW_VIEWS, extract_outputs
+from engine.core.cell import RAW_VIEWS
+from engine.models.extract import extract_outputs
 
 IMAGEFOLDER_SIZE = 32  # image-folder size for models that do not name one (the project's own models)
 MAX_BATCH_BYTES = 2**30  # one float32 input batch at most (64 images at 260 px take 52 MB)

@@ -4,7 +4,7 @@ The folder holds ``step_1.npz ... step_T.npz``, each with the arrays ``query_fea
 ``query_labels``, ``gallery_features`` and ``gallery_labels`` (float features, integer labels >= 0).
 Each array's header is checked against its member's size and a cap before it is read (never unpickled),
 and everything is validated before anything is computed or stored. Each file is opened by
-``engine.data.safe_open`` (a regular file, checked after opening: a FIFO or a device named ``step_1.npz`` is refused at
+``storage.safe_open`` (a regular file, checked after opening: a FIFO or a device named ``step_1.npz`` is refused at
 once); the folder is the operator's own, so its files are not confined to the data roots.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import BinaryIO
 import numpy as np
 from sqlalchemy import Engine
 
-from engine.data.safe_open import open_regular
+from storage.safe_open import open_regular
 from engine.metrics import summarize
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices, stored_summary
 from engine.metrics.paired import PairedOptions

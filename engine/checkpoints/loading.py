@@ -55,7 +55,7 @@ from engine.checkpoints.tensors import (
     with_bn_counters,
 )
 from engine.checkpoints.torch_zip import check_torch_zip
-from engine.contract import CHECKPOINT_FORMAT
+from engine.core.contract import CHECKPOINT_FORMAT
 from engine.data.roots import confine
 from engine.models import LinearHead, ModelOutput, ModelSpec, build_from_spec, load_checkpoint
 

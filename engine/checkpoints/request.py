@@ -12,13 +12,13 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import PurePath
 from typing import Any
 
-from engine.checkpoints.classes import read_class_list
+from engine.core.classes import read_class_list
 from engine.checkpoints.files import DEFAULT_MAX_BYTES, LOCAL, Trust, check_ceiling, parse_size
 from engine.checkpoints.pretrained import pretrained_path, trusted_by_name
-from engine.config import MAX_RUN_NAME
+from engine.core.config import MAX_RUN_NAME
 from engine.data.bounds import check_batch_size, check_image_size
 from engine.data.roots import confine
-from engine.vocab import DATASET_NAMES, GALLERY_PROTOCOLS, parse_metric
+from engine.core.vocab import DATASET_NAMES, GALLERY_PROTOCOLS, parse_metric
 from storage import model_name_problem, name_problem
 
 VIEWS = ("encoder", "psp", "lsp")

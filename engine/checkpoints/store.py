@@ -1,17 +1,19 @@
-"""Storing a computed checkpoint comparison: one experiment in a study of kind ``checkpoints``, written in one
+"""Comparing checkpoints and storing the comparison: one experiment in a study of kind ``checkpoints``, written in one
 transaction through ``engine.results.record``, and its JSON summary for the command line.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine
 
+from engine.checkpoints.compare import Comparison, Progress, compare_checkpoints
 from engine.checkpoints.evaluate_folder import result_json
+from engine.checkpoints.files import LOCAL, Trust, server_trust
+from engine.checkpoints.request import ComparisonSpec
 from engine.results.record import Version, record_experiment
-
-if TYPE_CHECKING:
-    from engine.checkpoints.compare import Comparison
 
 
 def comparison_config(cmp: Comparison) -> dict[str, Any]:
@@ -53,3 +55,25 @@ def comparison_json(cmp: Comparison, experiment_id: int | None = None) -> dict[s
                   for view, r in cmp.results.items()},
         "notes": cmp.notes,
     }
+
+
+def run_checkpoint_comparison(db: Engine, spec: Mapping[str, Any] | ComparisonSpec, *, progress: Progress | None = None,
+                              should_stop: Callable[[], bool] | None = None, trust: Trust = LOCAL) -> int:
+    """Compare the checkpoints of a JSON-able ``spec`` (see :func:`comparison_spec`) and store; return the experiment id."""
+    cmp = compare_checkpoints(spec, progress=progress, should_stop=should_stop, trust=trust)
+    experiment_id = store_comparison(db, cmp)
+    if progress is not None:
+        progress(1.0, f"stored as experiment {experiment_id}")
+    return experiment_id
+
+
+def checkpoint_job(db: Engine, payload: Mapping[str, Any], progress: Progress, should_stop: Callable[[], bool],
+                   checkpoint_dir: Path) -> str:
+    """Worker handler for jobs of kind ``checkpoints``: payload ``{"spec": {...}}`` (see :func:`comparison_spec`).
+
+    Jobs come from the dashboard, so they run with ``server_trust()``: paths confined to the data
+    roots, TorchScript refused unless the worker was started with ``--allow-torchscript``.
+    """
+    experiment_id = run_checkpoint_comparison(db, payload["spec"], progress=progress, should_stop=should_stop,
+                                              trust=server_trust())
+    return f"experiment {experiment_id}"

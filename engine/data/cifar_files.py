@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.data.roots import data_roots
-from engine.data.safe_open import open_regular
+from storage.safe_open import open_regular
 
 FILES = {
     "cifar10": ("cifar-10-batches-py", {"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("test_batch",)}),
@@ -60,7 +60,7 @@ class CifarUnpickler(pickle.Unpickler):
 def read_batch(path: Path, title: str) -> dict:
     """The dict of one CIFAR batch file, read by :class:`CifarUnpickler`; ``ValueError`` naming the file otherwise.
 
-    The file is opened by ``engine.data.safe_open``: a regular file inside the data roots, checked after opening."""
+    The file is opened by ``storage.safe_open``: a regular file inside the data roots, checked after opening."""
     with open_regular(path, roots=data_roots(), what=f"{title} file") as handle:
         try:
             entry = CifarUnpickler(_Bounded(handle, MAX_BATCH_BYTES, path), encoding="latin1").load()

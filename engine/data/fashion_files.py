@@ -3,7 +3,7 @@ and the app can ask).
 
 The first folder holding a split's two files wins: ``root``, ``root/FashionMNIST/raw`` (torchvision's
 download folder), then Debian's ``/usr/share/datasets/fashion-mnist`` (package ``dataset-fashion-mnist``).
-Files are opened by ``engine.data.safe_open``: regular files inside the data roots (or Debian's folder) only.
+Files are opened by ``storage.safe_open``: regular files inside the data roots (or Debian's folder) only.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import BinaryIO
 import numpy as np
 
 from engine.data.roots import data_roots
-from engine.data.safe_open import open_regular
+from storage.safe_open import open_regular
 
 DEBIAN_ROOT = Path("/usr/share/datasets/fashion-mnist")
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -101,7 +101,7 @@ def open_idx(path: Path, *, ndim: int) -> Iterator[tuple[BinaryIO, tuple[int, ..
 
 
 def _open(path: Path) -> BinaryIO:
-    """``path`` opened by ``engine.data.safe_open`` (a regular file inside the data roots or Debian's folder)."""
+    """``path`` opened by ``storage.safe_open`` (a regular file inside the data roots or Debian's folder)."""
     return open_regular(path, roots=(*data_roots(), DEBIAN_ROOT), what="Fashion-MNIST file")
 
 

@@ -9,7 +9,7 @@ side resized to the size, centre crop, as ``transforms.Resize`` + ``CenterCrop``
 happens per batch of indices, so a folder is never held as floats.
 
 Links stay inside the data roots (``engine.data.roots``; the tree's own root counts as one): the walk does not
-enter a symlinked folder that leads out of them, and every image is opened by ``engine.data.safe_open`` (a
+enter a symlinked folder that leads out of them, and every image is opened by ``storage.safe_open`` (a
 regular file whose opened path lies inside them, checked after opening), so a symlinked file leading out, a FIFO
 or a device named like an image is refused with one line instead of read or waited on.
 
@@ -28,10 +28,12 @@ from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import functional as TF
 
+from engine.core import signals
 from engine.data.bounds import check_image_size
 from engine.data.image_decode import ImageTooLargeError, decode_rgb
-from engine.data.roots import data_roots, inside_roots
-from engine.data.safe_open import UnsafeFileError, open_regular
+from engine.data.roots import data_roots
+from storage.safe_open import inside_roots
+from storage.safe_open import UnsafeFileError, open_regular
 from engine.data.imageset import DatasetNotFoundError, ImageSet, IndexLike, as_float
 from engine.data.samples import SampleRefs, file_refs
 
@@ -172,9 +174,6 @@ def _decode(root: Path, relative: str, size: int, roots: tuple[Path, ...]) -> to
 
 
 def check_stop(should_stop: StopCheck | None, message: str = "cancelled while reading the image folder") -> None:
-    """Raise ``engine.run.training.Cancelled`` (with ``message``) when ``should_stop`` says so."""
-    if should_stop is not None and should_stop():
-        from engine.run.training import Cancelled  # lazy: training imports the data package
-
-        raise Cancelled(message)
+    """Raise ``engine.core.signals.Cancelled`` (with ``message``) when ``should_stop`` says so."""
+    signals.check_stop(should_stop, message)
 

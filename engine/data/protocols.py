@@ -21,8 +21,8 @@ from pathlib import Path
 from engine.data.imageset import ImageSet
 from engine.data.registry import load_dataset
 from engine.data.shapes import DEFAULT_NUM_CLASSES
-from engine.vocab import EVAL_CLASSES
-from engine.vocab import RUN_PROTOCOLS as PROTOCOLS
+from engine.core.vocab import EVAL_CLASSES
+from engine.core.vocab import RUN_PROTOCOLS as PROTOCOLS
 
 OPEN_SET_DATASETS = {"cifar100": "cifar10"}
 OPEN_SET_CLASSES = 10

@@ -26,6 +26,8 @@ import argparse
 import os
 from pathlib import Path
 
+from storage.safe_open import inside_roots
+
 ROOTS_ENV = "COMPATLAB_DATA_ROOTS"
 TORCHSCRIPT_ENV = "COMPATLAB_ALLOW_TORCHSCRIPT"
 DB_URL_ENV = "COMPATLAB_DB_URL"
@@ -62,11 +64,6 @@ def data_roots() -> tuple[Path, ...]:
         roots.append(folder)
     roots += [_real(p) for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p.strip()]
     return tuple(dict.fromkeys(roots))
-
-
-def inside_roots(path: Path, roots: tuple[Path, ...]) -> bool:
-    """Whether the resolved ``path`` is a root or lies under one."""
-    return any(path == root or root in path.parents for root in roots)
 
 
 def confine(path: str | Path, *, what: str = "path") -> Path:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.data.splits import check_replacements, check_split
-from engine.vocab import TRAINING_MODES
+from engine.core.splits import check_replacements, check_split
+from engine.core.vocab import TRAINING_MODES
 
 
 @dataclass(frozen=True)

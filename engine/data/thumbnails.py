@@ -32,7 +32,7 @@ from engine.data.cifar_files import batch_rows, read_batch
 from engine.data.fashion_files import find_split, open_idx, read_idx_images
 from engine.data.image_decode import decode_rgb
 from engine.data.roots import confine, data_roots, sqlite_folder
-from engine.data.safe_open import open_regular, read_regular
+from storage.safe_open import open_regular, read_regular
 from engine.data.shapes import render_class
 
 THUMB_SIZE = 64
@@ -153,7 +153,7 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def _cached(path: Path, cache_dir: Path) -> bytes | None:
-    """A cached PNG: a regular file inside ``cache_dir`` (``engine.data.safe_open``), else None (rendered again)."""
+    """A cached PNG: a regular file inside ``cache_dir`` (``storage.safe_open``), else None (rendered again)."""
     try:
         return read_regular(path, roots=[cache_dir], what="cached thumbnail", max_bytes=MAX_CACHED_BYTES)
     except (OSError, ValueError):

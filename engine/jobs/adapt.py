@@ -17,9 +17,9 @@ import numpy as np
 from sqlalchemy import Engine
 
 from engine.adapters import combination_table, fit_adapters
-from engine.analysis.backfill import backfill_curves, curve_area, fraction_to_reach
-from engine.analysis.backfill_orders import backfill_order
-from engine.contract import DEFAULT_ORDERINGS, adapter_key
+from engine.metrics.backfill import backfill_curves, curve_area, fraction_to_reach
+from engine.metrics.backfill_orders import backfill_order
+from engine.core.contract import DEFAULT_ORDERINGS, adapter_key
 from engine.metrics.retrieval import retrieval_metrics
 from storage import get_model_version, list_feature_views, load_feature_set, save_analysis, save_feature_set, session_scope
 

@@ -1,16 +1,16 @@
 """The background worker (``python -m engine worker``): claims queued jobs and runs them one at a time.
 
 ``--kinds`` restricts a worker to some job kinds: ``run_app.py`` starts one worker for every kind and a
-second for the short lane (``engine.contract.SHORT_JOB_KINDS``: analysis, adapters, checkpoints), so a map,
+second for the short lane (``engine.core.contract.SHORT_JOB_KINDS``: analysis, adapters, checkpoints), so a map,
 an upgrade verdict or a checkpoint comparison is computed while a training run occupies the first worker.
-Both claim the queued job they may take in ``engine.contract.JOB_PRIORITY`` order (analyses and adapters,
+Both claim the queued job they may take in ``engine.core.contract.JOB_PRIORITY`` order (analyses and adapters,
 then comparisons, then training; the oldest among equals); the claim is atomic, so two workers never run
 the same job.
 
 Job kinds (payload formats):
 * ``run``: ``{"config": RunConfig dict}`` or ``{"preset": NAME}``, optionally ``"tasks": {"block_rows": N,
-  "shard_rows": N}`` (evaluate through tasks, ``engine.jobs.matrix``): train/evaluate a study.
-* ``analysis``: ``{"experiment_id": id, "kind": ..., "params": {...}}``: see ``engine.analysis.run``.
+  "shard_rows": N}`` (evaluate through tasks, ``engine.evaluate.matrix``): train/evaluate a study.
+* ``analysis``: ``{"experiment_id": id, "kind": ..., "params": {...}}``: see ``engine.jobs.analysis``.
 * ``checkpoints``: ``{"spec": {...}}``: see ``engine.checkpoints.compare`` (bring-your-own models).
 * ``adapters``: the fields of ``engine.jobs.adapt.AdapterJob`` (old/new model version ids, kind, view, ...).
 
@@ -32,8 +32,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from engine import threads
-from engine.contract import JOB_PRIORITY
+from engine.core import threads
+from engine.core.contract import JOB_PRIORITY
 from storage import (
     LeaseLost,
     claim_next_job,
@@ -68,12 +68,13 @@ STALE_AFTER_S = _env_seconds("COMPATLAB_STALE_AFTER_S", 60.0)
 
 def _run_job(db: Engine, payload: dict, progress: Callable[[float, str], None], should_stop: Callable[[], bool],
              checkpoint_dir: Path, on_study: Callable[[int], None] | None = None) -> str:
-    from engine.config import config_from_dict
-    from engine.jobs.fan_out import FanOut
+    from engine.core.config import config_from_dict
+    from engine.core.fan_out import FanOut
     from engine.run.pipeline import RunContext, run_study
-    from engine.presets import preset_config
+    from engine.core.presets import preset_config
+    from engine.data.fashion_files import fashion_available
 
-    cfg = preset_config(payload["preset"]) if "preset" in payload else config_from_dict(payload["config"])
+    cfg = preset_config(payload["preset"], fashion_present=fashion_available) if "preset" in payload else config_from_dict(payload["config"])
     fan_out = FanOut(**payload["tasks"]) if payload.get("tasks") else None
     study_id, ids = run_study(cfg, RunContext(db, checkpoint_dir, progress, should_stop, on_study=on_study,
                                               fan_out=fan_out))
@@ -81,7 +82,7 @@ def _run_job(db: Engine, payload: dict, progress: Callable[[float, str], None], 
 
 
 def _analysis_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path, **_) -> str:
-    from engine.analysis.run import run_analysis
+    from engine.jobs.analysis import run_analysis
 
     progress(0.1, f"computing {payload['kind']} for experiment {payload['experiment_id']}")
     run_analysis(db, int(payload["experiment_id"]), payload["kind"], payload.get("params", {}), progress=progress)
@@ -99,7 +100,7 @@ def _adapters_job(db: Engine, payload: dict, progress, should_stop, checkpoint_d
 
 
 def _checkpoints_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path, **_) -> str:
-    from engine.checkpoints.compare import checkpoint_job
+    from engine.checkpoints.store import checkpoint_job
 
     return checkpoint_job(db, payload, progress, should_stop, checkpoint_dir)
 
@@ -126,13 +127,13 @@ def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints",
             kinds: Collection[str] | None = None, share_cores: bool = False) -> int | None:
     """Claim and run the next queued job (of ``kinds``, default any); return its id, or None when none is queued.
 
-    ``share_cores``: run the job with ``cores // (jobs running on this machine)`` threads (``engine.threads``).
+    ``share_cores``: run the job with ``cores // (jobs running on this machine)`` threads (``engine.core.threads``).
 
     Every write about the job names the claim's lease: once the job is no longer this worker's
     (failed as stale while the worker was paused, taken over), the next progress report or cancel
     check raises :class:`storage.LeaseLost`, the job unwinds, and nothing about it is written.
     """
-    from engine.run.training import Cancelled
+    from engine.core.signals import Cancelled
 
     with session_scope(db) as s:
         fail_stale_jobs(s, STALE_AFTER_S)

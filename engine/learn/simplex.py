@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from engine.features import simplex_projection
+from engine.models.extract import simplex_projection
 
 # corners of the 2-D drawing of the 3-class simplex: class 0 bottom left, 1 bottom right, 2 on top
 TRIANGLE = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, np.sqrt(3.0) / 2.0]])
@@ -78,7 +78,7 @@ def barycentric_xy(probs: np.ndarray) -> np.ndarray:
 
 
 def psp_xy(outputs: np.ndarray, gallery_classes: int) -> np.ndarray:
-    """PSP features (``engine.features.simplex_projection``) of ``outputs`` for a C^k-class gallery, drawn in
+    """PSP features (``engine.models.extract.simplex_projection``) of ``outputs`` for a C^k-class gallery, drawn in
     the plane of that simplex: shape (n, C^k - 1), unit norm (a circle when C^k = 3)."""
     feats = simplex_projection(torch.as_tensor(np.asarray(outputs), dtype=torch.float64), gallery_classes).numpy()
     return feats @ plane_basis(gallery_classes).T

@@ -28,15 +28,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from engine.config import TrainingConfig
+from engine.core.config import TrainingConfig
 from engine.data.builtin import make_digits
-from engine.features import extract_outputs
+from engine.models.extract import extract_outputs
 from engine.learn.runtime import one_thread
 from engine.methods import StepContext, build_method
 from engine.metrics import ecc_pass
 from engine.metrics.retrieval import retrieval_metrics
 from engine.models import FixedHead, Net, build_model
-from engine.run.training import Hooks, train_step
+from engine.methods.training import Hooks, train_step
 
 HEADS = ("learnable", "fixed")
 STEP2_INITS = ("finetune", "scratch")

@@ -2,7 +2,7 @@
 
 ``METHODS`` maps names to method classes; ``build_method(name, **hparams)`` validates and builds
 one. The paper settings (training settings and per-method hyper-parameters) live in the torch-free
-:mod:`engine.presets`; each hyper-parameter's kind, range and default in :data:`engine.vocab.METHOD_PARAMS`.
+:mod:`engine.core.presets`; each hyper-parameter's kind, range and default in :data:`engine.core.vocab.METHOD_PARAMS`.
 """
 from engine.methods.base import Method, StepContext
 from engine.methods.plain import ER, ETF, LSP, PSP, CoReS, Independent

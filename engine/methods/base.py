@@ -15,7 +15,7 @@ from torch import nn
 from torch.func import functional_call
 
 from engine.models.net import ModelOutput, Net
-from engine.vocab import METHOD_PARAMS
+from engine.core.vocab import METHOD_PARAMS
 
 INIT_FROM = ("scratch", "previous")
 
@@ -68,7 +68,7 @@ class Method(ABC):
     - ``needs_old_model``: the loop passes the frozen previous model in ``ctx.old_model`` and its
       outputs on the same batch in ``old_out`` (both ``None`` at the first step).
     - ``uses_replay``: the loop keeps an experience-replay memory and mixes it into the batches.
-    - ``default_views``: feature views (``engine.features.VIEWS``) to evaluate the models with.
+    - ``default_views``: feature views (``engine.core.cell.VIEWS``) to evaluate the models with.
     - ``init_from``: ``"scratch"`` (a fresh model every step) or ``"previous"``
       (fine-tune the previous step's model), the protocol of the method's paper.
     - ``init_seed``: the initialisation a from-scratch model gets under ``model.init_seed = "auto"``:
@@ -107,7 +107,7 @@ class Method(ABC):
         return 1.0
 
     def __post_init__(self) -> None:
-        """Check every hyper-parameter against its spec in :data:`engine.vocab.METHOD_PARAMS` (the one place)."""
+        """Check every hyper-parameter against its spec in :data:`engine.core.vocab.METHOD_PARAMS` (the one place)."""
         specs = METHOD_PARAMS[self.name]
         for f in fields(self):  # type: ignore[arg-type]
             problem = specs[f.name].problem(getattr(self, f.name))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from engine.vocab import FEATURE_DISTANCES, NCE_NEGATIVES
+from engine.core.vocab import FEATURE_DISTANCES, NCE_NEGATIVES
 
 
 

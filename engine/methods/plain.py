@@ -53,7 +53,7 @@ class PSP(Method):
 
     Training is independent cross-entropy with a learnable linear head; compatibility comes from
     the feature view alone: the softmax output truncated to the gallery model's classes, centred
-    and L2-normalised (``engine.features.simplex_projection``).
+    and L2-normalised (``engine.models.extract.simplex_projection``).
 
     Reading: the paper uses "a temperature factor of 12 in the cross-entropy loss to scale
     logits vectors during training" without saying multiply or divide. Here ``temperature``

@@ -7,7 +7,7 @@ from typing import Any
 from engine.methods.base import Method
 from engine.methods.plain import ER, ETF, LSP, PSP, CoReS, Independent
 from engine.methods.regularised import BCT, BCTER, DSimplexFD, DSimplexHOC, MeanAlign, MeanAlignER
-from engine.vocab import RETIRED_METHODS
+from engine.core.vocab import RETIRED_METHODS
 
 METHODS: dict[str, type[Method]] = {
     "independent": Independent,

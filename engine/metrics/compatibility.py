@@ -14,7 +14,7 @@ gallery items for Recall@k when the cells' features are here, the diagonal's top
 (16 + 4k) indices), judged by its rule (:mod:`engine.metrics.decision`).
 
 A cell may also arrive as :class:`CellStats`: its per-query statistics computed elsewhere (e.g. by many workers,
-:mod:`engine.jobs.matrix`); everything after the neighbour pass is then the same code.
+:mod:`engine.evaluate.matrix`); everything after the neighbour pass is then the same code.
 """
 from __future__ import annotations
 
@@ -233,7 +233,7 @@ def _verdicts_under(paired: dict, ties: str) -> list[list[str | None]]:
 
 def stored_summary(result: MatrixResult, metric: str, *, ties: str = "fail") -> dict:
     """JSON-ready summary stored with one metric's matrix: the ECC tie rule its verdicts used (``ties``: every
-    reader marks cells with it, :func:`engine.results.conventions.stored_ties`), Recall@k's rank tie rule
+    reader marks cells with it, :func:`engine.core.conventions.stored_ties`), Recall@k's rank tie rule
     (``rank_ties``), AC/AA/ACA and curves, comparable
     cells, the update gain of every cross-test (``update_gain``; null where new self - old self is below
     ``update_gain_min``, :mod:`engine.metrics.gain`) and, when computed, the paired test (``paired``: diff/lo/hi/n

@@ -25,12 +25,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.metrics.norms import EPS
+from engine.core.norms import EPS
 from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
 from engine.metrics.search import DEFAULT_BLOCK, Backend, pick_backend
 from engine.metrics.validate import check_cell
-from engine.vocab import GALLERY_PROTOCOLS as PROTOCOLS
-from engine.vocab import VERIFICATION, parse_metric
+from engine.core.vocab import GALLERY_PROTOCOLS as PROTOCOLS
+from engine.core.vocab import VERIFICATION, parse_metric
 
 Protocol = Literal["instance", "template"]
 Ties = Literal["pessimistic", "optimistic"]
@@ -61,7 +61,7 @@ def unit_rows(x: np.ndarray, device: torch.device) -> torch.Tensor:
 
 def unit_tensor_rows(t: torch.Tensor) -> torch.Tensor:
     """``F.normalize(t, dim=1)`` (bit for bit), except that rows whose norm overflows (near the float32 maximum) or underflows
-    are first divided by their max-abs (engine.metrics.norms): they keep their direction instead of becoming 0."""
+    are first divided by their max-abs (engine.core.norms): they keep their direction instead of becoming 0."""
     norm = torch.linalg.vector_norm(t, dim=1, keepdim=True)
     bad = ~torch.isfinite(norm) | (norm < EPS)
     if bool(bad.any()):

@@ -38,7 +38,7 @@ from engine.metrics.ranking import QueryStats, _ap_from_counts, _bucket_table, _
 from engine.metrics.retrieval import Protocol, Ties, cell_stats, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
 from engine.metrics.validate import check_features, check_labels
-from engine.vocab import GALLERY_PROTOCOLS as PROTOCOLS
+from engine.core.vocab import GALLERY_PROTOCOLS as PROTOCOLS
 
 
 @dataclass(frozen=True)

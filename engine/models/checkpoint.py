@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine.contract import CHECKPOINT_FORMAT
+from engine.core.contract import CHECKPOINT_FORMAT
 from engine.models.net import ModelSpec, Net, build_model
 
 

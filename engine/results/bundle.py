@@ -4,7 +4,7 @@ Contents (``BUNDLE_FILES``):
 
 - ``study.toml``: the config that reruns the study (``python -m engine run study.toml``), rebuilt from the
   experiments' stored configs (methods and seeds of every experiment, the rest shared) and written by
-  ``engine.config.dump_toml`` after ``config_from_dict`` has checked it; left out, and said so in
+  ``engine.core.config.dump_toml`` after ``config_from_dict`` has checked it; left out, and said so in
   ``README.txt``, when the experiments were not trained from a config (checkpoints, feature folders);
 - ``experiments.json``: each experiment's id, name, method and stored config as stored;
 - ``matrices.csv``: every stored matrix, one row per lower-triangle cell (``engine.results.report.CSV_COLUMNS``
@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from engine.config import config_from_dict, dump_toml
-from engine.contract import main_view
+from engine.core.config import config_from_dict, dump_toml
+from engine.core.contract import main_view
 from engine.metrics.gain import gain_json
-from engine.results.conventions import annotate, convention, model_names, replaced_steps, stored_ties
+from engine.core.conventions import annotate, convention, model_names, replaced_steps, stored_ties
 from engine.results.report import CSV_COLUMNS, csv_text, matrix_rows, render_matrix, render_summary_table
 from storage import json_ready
 

@@ -17,7 +17,7 @@ import numpy as np
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from engine.contract import RAW_VIEWS
+from engine.core.contract import RAW_VIEWS
 from engine.data.samples import SampleRefs
 from engine.metrics.compatibility import MatrixResult, stored_summary
 from storage import (

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.results.conventions import model_names, replaced_note
+from engine.core.conventions import model_names, replaced_note
 from engine.metrics import ecc_pass, summarize
 from engine.metrics.gain import gain_cells, gain_text
 from engine.metrics.over_seeds import ecc_gain

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 from sqlalchemy import Engine
 
-from engine.contract import main_view
+from engine.core.contract import main_view
 from engine.metrics.gain import gain_json
+from engine.core.conventions import replaced_steps, stored_ties
 from engine.metrics.over_seeds import over_seeds
-from engine.results.conventions import replaced_steps, stored_ties
 from engine.results.verdict_words import verdict_word
 from engine.methods import METHODS
 from engine.methods.base import resolve_init_seed

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from engine.core.conventions import metric_name
 from engine.metrics.decision import Rule
-from engine.results.conventions import metric_name
 
 WORDS = {"pass": "compatible", "fail": "not compatible", "unresolved": "too close to call"}
 RECALL1_ARTEFACT = ("Recall@1 flatters backfilling on an instance gallery: a query counts as found as soon as any one "

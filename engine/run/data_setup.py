@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.config import RunConfig
+from engine.core.config import RunConfig
 from engine.data.imageset import ImageSet
 from engine.data.protocols import make_eval_split
 from engine.data.registry import NORMALIZATION, load_dataset

@@ -3,7 +3,7 @@
 Each step's training runs in N fresh processes started with ``torch.multiprocessing.start_processes`` (spawn),
 one rank each, joined in one ``torch.distributed`` group (gloo on CPU, NCCL on CUDA, one GPU per rank) that
 meets through a file in a temporary folder. Every rank runs the explicit loop of
-:mod:`engine.run.training` with the model wrapped in ``DistributedDataParallel``: it sees every N-th sample of
+:mod:`engine.methods.training` with the model wrapped in ``DistributedDataParallel``: it sees every N-th sample of
 each global batch (``DistributedSampler`` semantics, same seed on every rank) and the gradients are averaged
 over the ranks. Batch normalisation uses the statistics of the whole global batch (``torch.nn.SyncBatchNorm`` on
 GPUs, :class:`GroupBatchNorm` on CPU), so N ranks with ``batch_size`` B train like one process with N x B. A
@@ -32,10 +32,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.multiprocessing.spawn import ProcessException
 
-from engine.config import TrainingConfig
+from engine.core.config import TrainingConfig
 from engine.methods.base import Method, StepContext
 from engine.models.net import Net
-from engine.run.training import Cancelled, Hooks, Shard, train_step
+from engine.core.signals import Cancelled
+from engine.methods.training import Hooks, Shard, train_step
 
 POLL_S = 0.5  # how often the calling process relays progress and asks ``should_stop`` while the ranks train
 
@@ -194,7 +195,7 @@ def train_step_parallel(
     nproc: int,
     rank_states: Path | None = None,
 ) -> list[dict[str, float]]:
-    """:func:`engine.run.training.train_step` over ``nproc`` data-parallel processes; ``net`` gets rank 0's weights.
+    """:func:`engine.methods.training.train_step` over ``nproc`` data-parallel processes; ``net`` gets rank 0's weights.
 
     ``cfg.batch_size`` is per rank (the effective batch is ``nproc`` times it; the learning rate is not scaled).
     ``hooks.on_epoch`` gets the loss parts averaged over the ranks; ``hooks.should_stop`` is asked here every

@@ -26,13 +26,14 @@ import numpy as np
 import torch
 from sqlalchemy import Engine
 
-from engine.config import RunConfig
+from engine.core.config import RunConfig
 from engine.run.data_setup import RunData, prepare_run_data
-from engine.run.device import pick_device
-from engine.features import DERIVED_VIEWS, RAW_VIEWS, cell_features, extract_outputs
-from engine.jobs.fan_out import FanOut, check_task_gallery
-from engine.jobs.matrix import TaskJobStopped, matrix_by_tasks
-from engine.jobs.search_tasks import CellSpec
+from engine.models.device import pick_device
+from engine.core.cell import DERIVED_VIEWS, RAW_VIEWS, cell_features
+from engine.models.extract import extract_outputs
+from engine.core.fan_out import FanOut, check_task_gallery
+from engine.evaluate.matrix import TaskJobStopped, matrix_by_tasks
+from engine.evaluate.search_tasks import CellSpec
 from engine.methods import build_method
 from engine.methods.base import Method, StepContext, resolve_init_seed
 from engine.metrics import PairedOptions
@@ -53,7 +54,8 @@ from engine.results.record import (
     set_status,
 )
 from engine.run.ddp import train_step_parallel
-from engine.run.training import Cancelled, Hooks, train_step
+from engine.core.signals import Cancelled
+from engine.methods.training import Hooks, train_step
 from storage import (
     LeaseLost,
     ModelVersion,
@@ -79,7 +81,7 @@ class RunContext:
     study_id: int | None = None
     on_study: Callable[[int], None] | None = None  # told the study's id once it exists (the worker links its job)
     nproc: int = 1  # processes that train each step data-parallel (engine.run.ddp); this one alone writes
-    fan_out: FanOut | None = None  # evaluate each matrix through tasks any `worker --tasks` may share (engine.jobs.matrix)
+    fan_out: FanOut | None = None  # evaluate each matrix through tasks any `worker --tasks` may share (engine.evaluate.matrix)
 
 
 def views_for(method: Method, cfg: RunConfig) -> tuple[str, ...]:
@@ -148,7 +150,7 @@ def _store_step(db: Engine, exp_id: int, step: int, net: Net, method: Method, cf
 
 def _view_cells(db: Engine, versions: list[ModelVersion], view: str, eval_classes: str,
                 topk: int | None = None) -> Callable[[int, int], CellFeatures]:
-    """Cells of one view (:func:`engine.features.cell_features`); PSP/LSP keep gallery model k's first C^k outputs."""
+    """Cells of one view (:func:`engine.core.cell.cell_features`); PSP/LSP keep gallery model k's first C^k outputs."""
     raw = DERIVED_VIEWS.get(view, view)
     cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
 

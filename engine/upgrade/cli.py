@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.checkpoints.cli import add_model_arguments, models_spec_from_args
-from engine.contract import DEFAULT_ORDERINGS
+from engine.core.contract import DEFAULT_ORDERINGS
 from engine.data import roots
 from engine.results.json_file import write_json_atomic
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED

@@ -15,11 +15,11 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from engine.checkpoints.classes import aligned_columns
+from engine.core.classes import aligned_columns
 from engine.checkpoints.compare import Comparison, compare_checkpoints, model_labels
 from engine.checkpoints.request import comparison_spec
 from engine.checkpoints.store import store_comparison
-from engine.features import DERIVED_VIEWS, cell_features
+from engine.core.cell import DERIVED_VIEWS, cell_features
 from engine.metrics.compatibility import CellFeatures
 from engine.upgrade.verdict import DEFAULT_INTERVAL, UpgradeReport, check_settings, check_upgrade
 

@@ -13,7 +13,7 @@ import numpy as np
 from sqlalchemy import Engine
 
 from engine.analysis.views import Progress, Version, cell_columns, load_experiment, load_view, topk_of, version_of_step
-from engine.contract import DERIVED_VIEWS, same_set_of
+from engine.core.contract import DERIVED_VIEWS, same_set_of
 from engine.metrics.compatibility import CellFeatures
 from engine.upgrade.verdict import UpgradeReport, check_upgrade
 from storage import get_model_version, session_scope

@@ -38,9 +38,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 # ---- the engine pieces this check reuses
-from engine.analysis.backfill import backfill_curve, curve_area, fraction_to_reach
-from engine.analysis.backfill_orders import backfill_order
-from engine.contract import DEFAULT_ORDERINGS
+from engine.metrics.backfill import backfill_curve, curve_area, fraction_to_reach
+from engine.metrics.backfill_orders import backfill_order
+from engine.core.contract import DEFAULT_ORDERINGS
 from engine.metrics.compatibility import CellFeatures
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, paired_bootstrap
 from engine.metrics.paired import verdict as paired_verdict
@@ -51,7 +51,7 @@ from engine.metrics.twoway import top_lists
 from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed
 from engine.upgrade.orders import best_by_area
 from engine.upgrade.words import sentence
-from engine.vocab import parse_metric
+from engine.core.vocab import parse_metric
 from storage import json_ready
 
 COMPATIBILITY = {"pass": "compatible", "fail": "not compatible", "unresolved": "too close to call"}
@@ -208,7 +208,7 @@ def backfill_needs(old: CellFeatures, new: CellFeatures, *, metric: str, old_sel
 
     The new self-test target is the curve's own end (beta = 1 is the new model's self-test); the old
     self-test target is ``old_self``. Both are reached when the curve is >= the target, read piecewise
-    linearly between grid points (:func:`engine.analysis.backfill.fraction_to_reach`).
+    linearly between grid points (:func:`engine.metrics.backfill.fraction_to_reach`).
     """
     out = []
     for name in orderings:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.results.conventions import metric_name
+from engine.core.conventions import metric_name
 from engine.results.verdict_words import interval_text
 from engine.upgrade.rule import Rule
 

@@ -23,8 +23,8 @@ Choices:
   blocks come from the torch backend's own ``similarity_blocks``: same normalisation, same row blocks
   (``max_block``), same exclusion by index.
 
-Evaluation is incremental (:mod:`engine.analysis.backfill_kernels`); the orderings live in
-:mod:`engine.analysis.backfill_orders`.
+Evaluation is incremental (:mod:`engine.metrics.backfill_kernels`); the orderings live in
+:mod:`engine.metrics.backfill_orders`.
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.analysis.backfill_kernels import mixed_stats, recall1_stats, segment_of_columns
-from engine.run.device import pick_device
+from engine.metrics.backfill_kernels import mixed_stats, recall1_stats, segment_of_columns
+from engine.models.device import pick_device
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import Ties, unit_rows, metrics_from_stats, parse_metric, prepare_gallery
 from engine.metrics.search import DEFAULT_BLOCK, similarity_blocks

@@ -1,7 +1,7 @@
 """A compatibility matrix evaluated through tasks: N workers share one matrix.
 
 :func:`matrix_by_tasks` fans every comparable cell out as search and reduce tasks
-(:func:`engine.jobs.search_tasks.fan_out_cells`), takes part in the job itself (:func:`run_task_job`: the process
+(:func:`engine.evaluate.search_tasks.fan_out_cells`), takes part in the job itself (:func:`run_task_job`: the process
 that asked runs the job's tasks too, so one machine alone finishes it; any ``python -m engine worker --tasks`` on
 any machine pointed at the same database and feature store helps), then reads each cell's per-query statistics
 and builds the :class:`~engine.metrics.compatibility.MatrixResult` with the same code as an in-process
@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 import torch
 from sqlalchemy import Engine
 
-from engine.jobs.fan_out import FanOut
-from engine.jobs.search_tasks import STATS_FIELDS, CellSpec, fan_out_cells
-from engine.jobs.tasks import LEASE_S, run_one_task, worker_name
+from engine.core.fan_out import FanOut
+from engine.evaluate.search_tasks import STATS_FIELDS, CellSpec, fan_out_cells
+from engine.tasks.loop import LEASE_S, run_one_task, worker_name
 from engine.metrics.compatibility import CellFeatures, CellStats, MatrixResult, compatibility_matrices
 from engine.metrics.paired import PairedOptions
 from engine.metrics.ranking import QueryStats

@@ -5,7 +5,7 @@ templates) and the evaluation classes, so every table, chart and export says whi
 (STYLE 12): metric, feature view (PSP/LSP: truncated, always centred, top-k), protocol, gallery, evaluation classes, the
 ECC tie rule and the seeds. Three kinds of stored config are read:
 
-- a run: ``engine.config.RunConfig.to_dict()`` (``eval``, ``scenario``, ``model`` sections, ``seed``;
+- a run: ``engine.core.config.RunConfig.to_dict()`` (``eval``, ``scenario``, ``model`` sections, ``seed``;
   ``seeds``, a list, when a study runs several);
 - a checkpoint comparison: ``{"source": "checkpoints", "spec": {"protocol", "ties", ...}, "protocol"}``;
 - a folder of features: ``{"source": "features", "protocol", "same_set"}``.
@@ -58,7 +58,7 @@ def _seeds(config: Mapping[str, Any]) -> str:
     many = config.get("seeds")
     seeds = f"seeds {', '.join(str(s) for s in many)}" if many else f"seed {config.get('seed', 0)}"
     order = config.get("scenario", {}).get("class_order_seed", 0)
-    init = config.get("model", {}).get("init_seed", "auto")  # engine.config.ModelConfig's default
+    init = config.get("model", {}).get("init_seed", "auto")  # engine.core.config.ModelConfig's default
     init_phrase = {"same": "same initial weights every step", "per_step": "new initial weights every step",
                    "auto": "initial weights as each method's paper prescribes"}.get(init, f"init_seed {init}")
     return f"{seeds}, class order {order}, {init_phrase}"
@@ -118,7 +118,7 @@ def _listed(values: str | Iterable[str] | None) -> list[str]:
 def view_phrase(view: str, s: Settings) -> str:
     """A feature view with what PSP/LSP do to the outputs (truncation, centring, top-k).
 
-    The engine always centres both (Algorithm 1, ``engine.features.output_view``); no config key turns it off.
+    The engine always centres both (Algorithm 1, ``engine.core.cell.output_view``); no config key turns it off.
     """
     if view not in ("psp", "lsp"):
         return f"{view} view"

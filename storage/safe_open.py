@@ -17,7 +17,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from engine.data.roots import inside_roots
+
+
+def inside_roots(path: Path, roots: tuple[Path, ...]) -> bool:
+    """Whether the resolved ``path`` is a root or lies under one."""
+    return any(path == root or root in path.parents for root in roots)
 
 
 class UnsafeFileError(ValueError):

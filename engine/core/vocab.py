@@ -1,10 +1,10 @@
-"""The names a config may use, torch-free, so the app and ``engine.config`` can check values without the engine.
+"""The names a config may use, torch-free, so the app and ``engine.core.config`` can check values without the engine.
 
 Each tuple mirrors one engine registry (``tests/test_vocab.py`` checks them against the real ones):
 methods and their hyper-parameters' specs (``engine.methods.METHODS``, whose dataclasses check their
 values here), datasets (``engine.data.registry.DATASETS``),
-backbones (``engine.models.BACKBONES``), optimizers and schedules (``engine.run.training``), the run and gallery
-protocols (``engine.data.protocols``, ``engine.metrics.retrieval``), views (``engine.features.VIEWS``) and
+backbones (``engine.models.BACKBONES``), optimizers and schedules (``engine.methods.training``), the run and gallery
+protocols (``engine.data.protocols``, ``engine.metrics.retrieval``), views (``engine.core.cell.VIEWS``) and
 scenario training modes (``engine.data.scenario.TRAINING_MODES``).
 """
 from __future__ import annotations
@@ -113,7 +113,7 @@ TRAINING_MODES = ("cumulative", "finetune")
 # models trained from scratch: "auto" = the same initial weights at every step only where the method's paper
 # prescribes it (CoReS, paper 002 Sec. 5.1 / Tab. 9), a new seed per step otherwise; "same" / "per_step" force one
 INIT_SEEDS = ("auto", "same", "per_step")
-DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # engine.run.device.pick_device
+DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # engine.models.device.pick_device
 DEVICE_CHOICES = ("auto", "cpu", "cuda")  # what the forms offer (cuda:N is typed in a config)
 
 MAX_K = 1_000_000  # the k of recall@k / map@k: a bound keeps it a machine integer

@@ -4,7 +4,7 @@ Two tables, both plain dicts:
 
 * ``PRESETS`` (one per paper *setting*): training-loop settings and per-method hyper-parameters,
   ``training_settings(setting)`` / ``method_hparams(setting, method)``; ``quick`` is a CPU smoke setting.
-* ``RUN_PRESETS`` (one per run): full :class:`engine.config.RunConfig` dicts. The paper presets are built by
+* ``RUN_PRESETS`` (one per run): full :class:`engine.core.config.RunConfig` dicts. The paper presets are built by
   ``_paper`` from a setting plus the data, backbone, split and evaluation of one table of the paper; the
   comment above each cites where its values come from. ``[REPO]`` marks a value taken from released code
   where the paper is silent. ``tests/test_presets_papers.py`` compares every paper preset with the papers.
@@ -18,11 +18,11 @@ papers compare with that this project lacks are listed in ``ABSENT_METHODS`` (sh
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
-from engine.config import RunConfig, config_from_dict
-from engine.data.fashion_files import fashion_available
-from engine.vocab import METHOD_NAMES
+from engine.core.config import RunConfig, config_from_dict
+from engine.core.vocab import METHOD_NAMES
 
 TRAINING_KEYS = (
     "epochs",
@@ -323,11 +323,16 @@ DEMO_FALLBACK: dict[str, Any] = dict(
 )
 
 
-def preset_config(name: str) -> RunConfig:
-    """The RunConfig of a named preset (``quick-demo``: :data:`DEMO_FALLBACK` when Fashion-MNIST cannot be read)."""
+def preset_config(name: str, *, fashion_present: Callable[[str], bool] | None = None) -> RunConfig:
+    """The RunConfig of a named preset.
+
+    ``fashion_present(root)`` says whether Fashion-MNIST's files can be read (pass
+    ``engine.data.fashion_files.fashion_available``; the core does not look at files): when it says no,
+    ``quick-demo`` becomes :data:`DEMO_FALLBACK`. Without it the preset is returned as written.
+    """
     if name not in RUN_PRESETS:
         raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(RUN_PRESETS)}")
     preset = RUN_PRESETS[name]
-    if name == "quick-demo" and not fashion_available(preset["dataset"].get("root", "data")):
+    if name == "quick-demo" and fashion_present is not None and not fashion_present(preset["dataset"].get("root", "data")):
         preset = DEMO_FALLBACK
     return config_from_dict(copy.deepcopy(preset))

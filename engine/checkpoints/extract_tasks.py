@@ -36,8 +36,8 @@ from engine.checkpoints.files import DEFAULT_MAX_BYTES, LOCAL, Trust
 from engine.checkpoints.loading import LoadedModel, load_model
 from engine.checkpoints.request import ModelSource, model_source
 from engine.data.bounds import check_batch_size
-from engine.features import RAW_VIEWS
-from engine.run.device import pick_device
+from engine.core.cell import RAW_VIEWS
+from engine.models.device import pick_device
 from storage import SPLITS, ModelVersion, Task, featurestore, save_stored_feature_set, session_scope
 from storage.rows import require_choice
 from storage.tasks import DEFAULT_MAX_ATTEMPTS, NewTask, complete_task, create_task_job, job_payload

@@ -1,4 +1,4 @@
-"""Compiled and torch kernels of the backfilling curves (:mod:`engine.analysis.backfill`).
+"""Compiled and torch kernels of the backfilling curves (:mod:`engine.metrics.backfill`).
 
 Evaluation is incremental: per block of query rows, the similarities to the old and to the new
 gallery are computed once (two matrix products). For each beta, the columns backfilled since the

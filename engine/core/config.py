@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
-from engine import vocab
-from engine.data.splits import check_replacements, check_split
-from engine.vocab import INIT_SEEDS
+from engine.core import vocab
+from engine.core.splits import check_replacements, check_split
+from engine.core.vocab import INIT_SEEDS
 
 
 @dataclass(frozen=True)

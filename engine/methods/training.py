@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from engine.config import TrainingConfig
+from engine.core.signals import Cancelled
+from engine.core.config import TrainingConfig
 from engine.data.loaders import crop_flip
 from engine.methods.base import Method, StepContext
 from engine.models.net import Net
@@ -39,10 +40,6 @@ def fits_on_device(images: torch.Tensor, device: torch.device) -> bool:
         return False
     free, _ = torch.cuda.mem_get_info(device)
     return images.numel() * images.element_size() <= RESIDENT_FRACTION * free
-
-
-class Cancelled(Exception):
-    """Raised inside the loop when the hooks ask it to stop; nothing of the step is kept."""
 
 
 @dataclass

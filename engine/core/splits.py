@@ -1,6 +1,6 @@
 """The class-incremental split's arithmetic, torch- and numpy-free, so a config is checked when it is read.
 
-Used by :func:`engine.config.config_from_dict` (when the dataset's class count is known) and by
+Used by :func:`engine.core.config.config_from_dict` (when the dataset's class count is known) and by
 :func:`engine.data.scenario.build_scenario` (always).
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class FanOut:
-    """Query rows and gallery rows per search task (:mod:`engine.jobs.search_tasks`)."""
+    """Query rows and gallery rows per search task (:mod:`engine.evaluate.search_tasks`)."""
 
     block_rows: int = 10_000
     shard_rows: int = 100_000

@@ -7,12 +7,12 @@ The graph follows :mod:`engine.metrics.sharded`'s two counting passes, per cell 
    negatives counted against them (cnt, >= / > best positive).
 3. ``reduce`` (waits for the cell's search tasks): counts summed over shards, AP from the merged positives; its
    result holds the cell's metrics and its arrays the per-query statistics (``QueryStats`` fields plus ``ids``,
-   the kept query rows), which :mod:`engine.jobs.matrix` turns into a stored compatibility matrix.
+   the kept query rows), which :mod:`engine.evaluate.matrix` turns into a stored compatibility matrix.
 
 Counts add up across shards, so a cell equals :func:`engine.metrics.retrieval.cell_stats` on the whole gallery
 (ties as in sharded.py). A cell (:class:`CellSpec`) names a stored query and gallery feature set; a task reads its
 rows through :func:`storage.feature_set_rows`, keeps those of the classes the cell evaluates, and derives the
-cell's view (PSP/LSP) row by row, as :func:`engine.features.cell_features` does for a whole set. Instance
+cell's view (PSP/LSP) row by row, as :func:`engine.core.cell.cell_features` does for a whole set. Instance
 galleries only.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, get_args
 import numpy as np
 from sqlalchemy import Engine, select
 
-from engine.features import DERIVED_VIEWS, output_view
+from engine.core.cell import DERIVED_VIEWS, output_view
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import Ties, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK

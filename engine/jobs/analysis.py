@@ -1,7 +1,7 @@
 """The worker's ``analysis`` job: compute one analysis of an experiment and store it.
 
 Kinds (``run_analysis(db, experiment_id, kind, params)``; parameters, keys, view names and point kinds live
-in :mod:`engine.contract`, where the dashboard reads them):
+in :mod:`engine.core.contract`, where the dashboard reads them):
 
 * ``projection``: old and new features in one 2-D map (:mod:`engine.analysis.map`).
 * ``backfill``: partial-backfilling curves of the new model's queries against the old gallery being
@@ -20,7 +20,7 @@ from engine.analysis.backfill_analysis import compute_backfill
 from engine.analysis.geometry import compute_geometry
 from engine.analysis.map import compute_projection
 from engine.analysis.views import Progress, load_experiment
-from engine.contract import analysis_key, normalize_params
+from engine.core.contract import analysis_key, normalize_params
 from engine.upgrade.stored import compute_upgrade
 from storage import save_analysis, session_scope
 

@@ -3,8 +3,8 @@
 :func:`run_one_task` claims one task under a lease, runs its kind's handler (``TASK_HANDLERS``) while a thread
 renews the lease, and writes the handler's result with the task's "done" (nothing when the lease was lost or the
 job was cancelled meanwhile). ``python -m engine worker --tasks`` runs :func:`run_tasks` on any machine pointed at
-the same database. The task kinds: ``search`` and ``reduce`` (:mod:`engine.jobs.search_tasks`), ``extract`` and
-``commit`` (:mod:`engine.jobs.extract_tasks`).
+the same database. The task kinds: ``search`` and ``reduce`` (:mod:`engine.evaluate.search_tasks`), ``extract`` and
+``commit`` (:mod:`engine.checkpoints.extract_tasks`).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 from sqlalchemy import Engine
 
-from engine.jobs.extract_tasks import commit_task, extract_task
-from engine.jobs.search_tasks import reduce_task, search_task
+from engine.checkpoints.extract_tasks import commit_task, extract_task
+from engine.evaluate.search_tasks import reduce_task, search_task
 from storage import Task, init_db, session_scope
 from storage.tasks import claim_task, complete_task, extend_lease, fail_task, unfinished_tasks
 

@@ -1,8 +1,8 @@
 """The app/engine border: every name and request shape both sides share, torch-free (stdlib only).
 
-The dashboard imports ``storage``, ``engine.config``, ``engine.vocab``, ``engine.results.conventions``, ``engine.presets``,
+The dashboard imports ``storage``, ``engine.core.config``, ``engine.core.vocab``, ``engine.core.conventions``, ``engine.core.presets``,
 ``engine.data.roots`` and this module; the engine's torch modules import the same facts from here. Vocabularies of a
-config (methods, datasets, backbones, the run and gallery protocols, views) live in :mod:`engine.vocab`;
+config (methods, datasets, backbones, the run and gallery protocols, views) live in :mod:`engine.core.vocab`;
 ``tests/test_contract.py`` checks both against the engine's registries.
 
 - views: the raw outputs the worker stores and the derived PSP/LSP views (``DERIVED_VIEWS``: derived -> raw);
@@ -20,8 +20,8 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
-from engine.jobs.fan_out import FanOut, check_task_gallery
-from engine.vocab import RUN_PROTOCOLS, parse_metric
+from engine.core.fan_out import FanOut, check_task_gallery
+from engine.core.vocab import RUN_PROTOCOLS, parse_metric
 
 # ---------------------------------------------------------------------------------------------- views
 RAW_VIEWS = ("encoder", "logits", "softmax")  # what the worker extracts and stores per model version and split
@@ -59,7 +59,7 @@ def same_set_of(config: dict[str, Any]) -> bool:
 ANALYSIS_KINDS = ("projection", "backfill", "geometry", "upgrade")
 EMBEDDINGS = ("umap", "pca")
 ORDERINGS = ("random", "distance_mse", "distance_cosine", "distance_mse_reverse", "distance_cosine_reverse",
-             "confidence")  # partial-backfilling orders (engine.analysis.backfill_orders.ORDERINGS)
+             "confidence")  # partial-backfilling orders (engine.metrics.backfill_orders.ORDERINGS)
 DEFAULT_ORDERINGS = ("random", "distance_mse", "distance_cosine")
 REACH_SHARES = (1.0, 0.99, 0.95)  # "fraction needed to reach this share of the new model's self-test"
 # map point kinds (column "kind" of the projection array)
@@ -151,7 +151,7 @@ def adapter_key(old_version_id: int, new_version_id: int, kind: str, view: str) 
 
 def run_payload(config: dict[str, Any], fan_out: FanOut | None = None) -> dict[str, Any]:
     """A ``run`` job: one RunConfig dict (``RunConfig.to_dict()``); ``fan_out``: evaluate through tasks
-    (``engine.jobs.matrix``), refused here for what tasks do not compute."""
+    (``engine.evaluate.matrix``), refused here for what tasks do not compute."""
     if fan_out is None:
         return {"config": config}
     check_task_gallery(config["eval"]["gallery"])
