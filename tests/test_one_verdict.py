@@ -63,3 +63,14 @@ def test_an_unchanged_model_is_a_tie_in_the_matrix_as_in_check_upgrade():
         report = check_upgrade(old, old, names=("v1", "v2"), ties=ties)
         assert (stored["lo"][1][0], stored["hi"][1][0]) == (0.0, 0.0) == (report.compatibility.lo, report.compatibility.hi)
         assert verdict_word(stored["verdict"][1][0]) == report.verdict == word
+
+
+def test_the_two_way_interval_of_features_near_the_float32_maximum_is_that_of_the_same_directions():
+    """Unit rows are taken in float64: at 3e38 a float32 norm overflows to inf and every similarity became 0."""
+    old, new = _pair(0.5, seed=4)
+    big = np.finfo(np.float32).max / 4
+    scale = lambda c: CellFeatures((c.query / np.abs(c.query).max() * big).astype(np.float32), c.query_labels,  # noqa: E731
+                                   (c.gallery / np.abs(c.gallery).max() * big).astype(np.float32), c.gallery_labels)
+    small = check_upgrade(old, new, names=("v1", "v2")).compatibility
+    large = check_upgrade(scale(old), scale(new), names=("v1", "v2")).compatibility
+    assert (large.diff, large.lo, large.hi) == pytest.approx((small.diff, small.lo, small.hi), abs=1e-12)
