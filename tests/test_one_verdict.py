@@ -74,3 +74,25 @@ def test_the_two_way_interval_of_features_near_the_float32_maximum_is_that_of_th
     small = check_upgrade(old, new, names=("v1", "v2")).compatibility
     large = check_upgrade(scale(old), scale(new), names=("v1", "v2")).compatibility
     assert (large.diff, large.lo, large.hi) == pytest.approx((small.diff, small.lo, small.hi), abs=1e-12)
+
+
+def test_a_stored_verification_interval_resamples_images_not_pairs():
+    """The stored cell equals the hierarchical bootstrap over the pairs' images, called directly, and is wider than
+    resampling the 6,000 pairs as if independent (they reuse 480 images)."""
+    from engine.metrics.hierarchical import SeedItems, hierarchical_bootstrap
+    from engine.metrics.paired import paired_bootstrap
+    from engine.metrics.verification import pair_verification, sample_pairs
+
+    old, new = _pair(1.0, seed=5)
+    result = compatibility_matrices([_as_set(old), _as_set(new)], metrics=("verification",), paired=PairedOptions())
+    p = stored_summary(result, "verification")["paired"]
+    assert p["interval"][1][0] == "images"
+    _, self_ok = pair_verification(old.query, old.query_labels, old.gallery, old.gallery_labels)
+    _, cross_ok = pair_verification(new.query, new.query_labels, old.gallery, old.gallery_labels)
+    qi, gi, _ = sample_pairs(old.query_labels, old.gallery_labels)
+    images = np.stack([qi, len(old.query_labels) + gi], axis=1)  # query and gallery images: two id ranges
+    d = (cross_ok.astype(float) - self_ok)[:, None]
+    want = hierarchical_bootstrap([SeedItems(d, images)], lambda m: m[:, 0], seed=(0, 1, 0))
+    assert (p["diff"][1][0], p["lo"][1][0], p["hi"][1][0]) == pytest.approx((want.value, want.lo, want.hi), abs=1e-12)
+    _, lo, hi = paired_bootstrap(cross_ok.astype(float), self_ok.astype(float), seed=0)
+    assert p["hi"][1][0] - p["lo"][1][0] > 1.2 * (hi - lo)

@@ -6,8 +6,10 @@ them) call :func:`paired_intervals` with the same arguments for the same pair, a
 
 * Recall@k on an instance gallery, with the cells' features at hand: the two-way bootstrap over queries **and**
   gallery items (:mod:`engine.metrics.twoway`, rescaled; the gallery is a sample too);
-* otherwise (mAP, a class-template gallery, optimistic rank ties, pair verification, or cells whose neighbour pass
-  ran elsewhere without their features): the paired bootstrap over queries (:func:`engine.metrics.paired.paired_bootstrap`);
+* pair verification: the images resampled, a pair counted once per combination of its two images' copies
+  (:func:`pair_interval`; pairs reuse images, so resampling them as independent is too narrow);
+* otherwise (mAP, a class-template gallery, optimistic rank ties, or cells whose neighbour pass ran elsewhere
+  without their features): the paired bootstrap over queries (:func:`engine.metrics.paired.paired_bootstrap`);
 * when no item's score changes although the features differ (a float16 export), the exact binomial bound on the
   share of items that could change (:func:`unchanged_bound`) instead of the bootstrap's point ``[0, 0]``.
 
@@ -22,10 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.metrics.decision import unchanged_bound
+from engine.metrics.hierarchical import SeedItems, hierarchical_bootstrap
 from engine.metrics.paired import paired_bootstrap
 from engine.metrics.twoway import TopLists, twoway_bootstraps
+from engine.metrics.verification import sample_pairs
 
-TWO_WAY, QUERIES = "two-way", "queries"
+TWO_WAY, QUERIES, IMAGES = "two-way", "queries", "images"
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class PairedInterval:
     lo: float
     hi: float
     n: int
-    interval: str  # "two-way" | "queries" | "unchanged" (no item changed: exact binomial bound)
+    interval: str  # "two-way" | "queries" | "images" (verification pairs) | "unchanged" (no item changed: exact bound)
 
 
 def cell_seed(seed: int, t: int, k: int) -> tuple[int, int, int]:
@@ -82,3 +86,27 @@ def paired_intervals(base: np.ndarray, others: Sequence[np.ndarray], *, seed: in
         else:
             out.append(PairedInterval(float(d.mean()), b[0], b[1], len(d), TWO_WAY))
     return out
+
+
+def pair_images(query_labels: np.ndarray, gallery_labels: np.ndarray, *, same_set: bool) -> np.ndarray:
+    """(pairs, 2) image ids of a cell's verification pairs, in :func:`engine.metrics.verification.pair_verification`'s
+    order: the query image and the gallery image (one id space under ``same_set``, where the gallery is the queries)."""
+    qi, gi, _ = sample_pairs(query_labels, gallery_labels, same_set=same_set)
+    return np.stack([qi, gi if same_set else len(np.asarray(query_labels)) + gi], axis=1).astype(np.int64)
+
+
+def pair_interval(base: np.ndarray, other: np.ndarray, images: np.ndarray, *, seed: int | tuple[int, ...], resamples: int,
+                  confidence: float, bound_unchanged: bool = True) -> PairedInterval:
+    """``other - base`` over verification pairs that reuse images: the images are resampled, each pair counted
+    ``c_a * c_b`` times (:mod:`engine.metrics.hierarchical`, one seed), not the pairs as if independent."""
+    d = np.asarray(other, np.float64) - np.asarray(base, np.float64)
+    keep = ~np.isnan(d)
+    if not keep.any():
+        return PairedInterval(float("nan"), float("nan"), float("nan"), 0, IMAGES)
+    n = int(keep.sum())
+    if not np.any(d[keep]) and bound_unchanged:
+        r = unchanged_bound(n, confidence)
+        return PairedInterval(0.0, -r, r, n, "unchanged")
+    got = hierarchical_bootstrap([SeedItems(d[keep][:, None], np.asarray(images)[keep])], lambda m: m[:, 0],
+                                 resamples=max(2, resamples), seed=seed, confidence=confidence)
+    return PairedInterval(got.value, got.lo, got.hi, n, IMAGES)

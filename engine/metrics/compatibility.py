@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.metrics.ranking import QueryStats
-from engine.metrics.cell_interval import cell_seed, paired_intervals, two_way_applies
+from engine.metrics.cell_interval import cell_seed, pair_images, pair_interval, paired_intervals, two_way_applies
 from engine.metrics.decision import Rule, decide
 from engine.metrics.paired import PairedOptions, count_verdicts, shared_items
 from engine.metrics.retrieval import VERIFICATION, Protocol, Ties, cell_stats, parse_metric, per_query_from_stats
@@ -166,7 +166,10 @@ def compatibility_matrices(
                                same_set=same_set) if two_way and isinstance(c, CellFeatures) else None)
             query = c.query if isinstance(c, CellFeatures) else None
             if tests is not None and t == k:
-                diagonal[k] = (c.query_ids, vectors, lists, query)
+                f = c.features if isinstance(c, CellStats) else c
+                images = (pair_images(f.query_labels, f.gallery_labels, same_set=same_set)
+                          if f is not None and any(kind == VERIFICATION for kind, _ in parsed) else None)
+                diagonal[k] = (c.query_ids, vectors, lists, query, images)
             elif tests is not None and k in diagonal:
                 _pair_cell(tests, t, k, (c.query_ids, vectors, lists, query), diagonal[k], dict(zip(metrics, parsed)),
                            paired)
@@ -188,7 +191,7 @@ def _pair_cell(tests: dict, t: int, k: int, cross_cell: tuple, self_cell: tuple,
     are at hand), judged by strict ECC (:func:`engine.metrics.decision.decide`; ``stored_summary`` re-judges under
     the stored tie rule)."""
     ids, vectors, lists, query = cross_cell
-    self_ids, self_vectors, self_lists, self_query = self_cell
+    self_ids, self_vectors, self_lists, self_query, images = self_cell
     same_queries = ids is None or self_ids is None or np.array_equal(ids, self_ids)
     for name, vec in vectors.items():
         kind, at = parsed[name]
@@ -201,10 +204,14 @@ def _pair_cell(tests: dict, t: int, k: int, cross_cell: tuple, self_cell: tuple,
         aligned = same_queries and len(vec) == len(self_vectors[name])
         two_way = kind == "recall" and aligned and lists is not None and self_lists is not None
         same = aligned and query is not None and self_query is not None and np.array_equal(query, self_query)
-        got = paired_intervals(self_vectors[name][b], [vec[a]], seed=cell_seed(options.seed, t, k),
-                               resamples=options.resamples, confidence=options.confidence, k=at or 1,
-                               base_lists=self_lists if two_way else None, other_lists=[lists] if two_way else None,
-                               bound_unchanged=[not same])[0]
+        if tests[name]["items"] == "pairs" and images is not None and len(images) == len(vec):
+            got = pair_interval(self_vectors[name], vec, images, seed=cell_seed(options.seed, t, k),
+                                resamples=options.resamples, confidence=options.confidence, bound_unchanged=not same)
+        else:
+            got = paired_intervals(self_vectors[name][b], [vec[a]], seed=cell_seed(options.seed, t, k),
+                                   resamples=options.resamples, confidence=options.confidence, k=at or 1,
+                                   base_lists=self_lists if two_way else None, other_lists=[lists] if two_way else None,
+                                   bound_unchanged=[not same])[0]
         entry = tests[name]
         entry["diff"][t, k], entry["lo"][t, k], entry["hi"][t, k] = got.diff, got.lo, got.hi
         entry["n"][t, k] = got.n

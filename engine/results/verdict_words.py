@@ -68,7 +68,8 @@ def interval_text(diff: float, lo: float, hi: float, level: float) -> str:
     return f"{100 * diff:+.1f} points, {100 * level:g}% CI {100 * lo:+.1f} to {100 * hi:+.1f}"
 
 
-RESAMPLED = {"two-way": "queries and gallery items", "queries": None, "unchanged": None}
+RESAMPLED = {"two-way": "queries and gallery items", "images": "pairs, their images resampled", "queries": None,
+             "unchanged": None}
 
 
 def cell_verdict_lines(paired: Mapping | None, names: Sequence[str]) -> list[str]:
