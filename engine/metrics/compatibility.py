@@ -162,11 +162,11 @@ def compatibility_matrices(
             for name in metrics:
                 values[name][t, k] = out[name]
             comparable[t, k] = True
-            lists = (top_lists(c.query, c.query_labels, c.gallery, c.gallery_labels, depth=16 + 4 * max(recall_ks),
-                               same_set=same_set) if two_way and isinstance(c, CellFeatures) else None)
-            query = c.query if isinstance(c, CellFeatures) else None
+            f = c.features if isinstance(c, CellStats) else c  # a cell searched elsewhere may bring its features
+            lists = (top_lists(f.query, f.query_labels, f.gallery, f.gallery_labels, depth=16 + 4 * max(recall_ks),
+                               same_set=same_set) if two_way and f is not None else None)
+            query = f.query if f is not None else None
             if tests is not None and t == k:
-                f = c.features if isinstance(c, CellStats) else c
                 images = (pair_images(f.query_labels, f.gallery_labels, same_set=same_set)
                           if f is not None and any(kind == VERIFICATION for kind, _ in parsed) else None)
                 diagonal[k] = (c.query_ids, vectors, lists, query, images)
