@@ -60,13 +60,14 @@ def test_ties_pass_and_not_comparable_cells():
 
 def test_summary_csv_is_numeric():
     s = {"AC": 1 / 3, "AA": 0.6, "ACA": 0.62, "update_gain": [[None, None], [0.5, None]],
+         "matrix": [[0.5, None], [0.55, 0.6]],  # Γ = (0.55 - 0.5) / (0.6 - 0.5), ECC holds
          "paired": {"verdict": [[None, None], ["unresolved", None]]},
          "spread": {"AC": {"mean": 0.5, "std": 0.1, "n": 3}, "AA": {"mean": 0.6, "std": 0.02, "n": 3}}}
     frame = read_csv(render_summary_table([("psp", s)], fmt="csv"))
     row = frame.iloc[0]
     assert row["AC"] == 0.5 and row["AC_std"] == 0.1 and row["AA"] == 0.6 and row["AA_std"] == 0.02
     assert row["ACA"] == 0.62 and np.isnan(row["ACA_std"]) and row["seeds"] == 3
-    assert row["mean_update_gain"] == 0.5
+    assert row["mean_update_gain"] == pytest.approx(0.5) and row["familywise"] == "none"
     assert (row["paired_pass"], row["paired_fail"], row["paired_unresolved"]) == (0, 0, 1)
 
 

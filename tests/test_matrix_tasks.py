@@ -64,9 +64,12 @@ def test_a_matrix_through_tasks_equals_the_in_process_matrix(engine, below):
         keep = np.ones(len(ql), bool) if below is None else ql < below
         return CellFeatures(q[keep], ql[keep], gg[keep], ggl[keep], query_ids=np.flatnonzero(keep))
 
-    got = matrix_by_tasks(engine, spec, 3, metrics=metrics, paired=PAIRED, fan_out=FanOut(block_rows=37, shard_rows=29))
+    # with the cells' features the paired test is the two-way interval check-upgrade computes, as in process
+    got = matrix_by_tasks(engine, spec, 3, metrics=metrics, paired=PAIRED, fan_out=FanOut(block_rows=37, shard_rows=29),
+                          features=cell, same_set=True)
     want = compatibility_matrices(cell, num_models=3, metrics=metrics, same_set=True, paired=PAIRED)
     _assert_same(got, want)
+    assert got.paired["recall@1"]["interval"][1][0] == "two-way" and got.paired["map"]["interval"][1][0] == "queries"
     assert got.comparable.tolist() == [[True, False, False], [True, True, False], [False, False, True]]
     with session_scope(engine) as s:  # 4 comparable cells; 4 query blocks (37 x 3 + 9) x 5 shards (29 x 4 + 4) x 2 passes + 1
         assert s.query(Task).count() == 4 * (4 * 5 * 2 + 1)

@@ -99,7 +99,7 @@ def test_too_close_to_call():
     c = report.compatibility
     assert report.verdict == "too close to call" and c.diff == 0 and c.lo < 0 < c.hi
     lo, hi = bootstrap_by_hand(d)
-    assert (c.lo, c.hi) == pytest.approx((lo, hi), abs=0.06)  # steps of 0.1 on 20 queries
+    assert (c.lo, c.hi) == pytest.approx((lo, hi), abs=0.11)  # steps of 0.1 on 20 queries: the 2.5 % end is -0.4 or -0.5
     assert check_upgrade(old, new, names=("v1", "v2"), seed=7, interval="queries").compatibility == c  # seeded
     assert c.needed is None  # mean difference exactly 0: no number of queries decides it
     narrow = check_upgrade(old, new, names=("v1", "v2"), seed=7, level=0.5, resamples=200, interval="queries").compatibility

@@ -15,7 +15,8 @@ from app.exports import download_buttons, study_download
 from app import queries as q
 from app.widgets import MISSING, empty_state, experiment_label, plain, state_convention, summary_columns, table
 from engine.core.conventions import annotate, convention, model_names, replaced_note, replaced_steps, stored_ties
-from engine.metrics.gain import gain_cells, gain_json, gain_text, mean_gain
+from engine.metrics.gain import gain_cells, gain_json, gain_text
+from engine.metrics.over_seeds import ecc_gain, over_seeds
 from engine.metrics.uncertainty import ac_range, familywise_verdicts, seed_interval, verdict_counts
 from engine.results.report import seed_spread
 
@@ -46,9 +47,12 @@ def ecc_cells(values: np.ndarray, ties: str) -> np.ndarray:
 
 def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, replaced: tuple[int, ...],
            m: dict[str, Any], names: list[str], paired: dict[str, Any] | None) -> str:
-    """A matrix rendered for download, its models named as on the page (the user's names where given)."""
+    """A matrix rendered for download, its models named as on the page (the user's names where given); the CSV's
+    verdicts as judged on the page (family-wise as chosen), the choice in its ``familywise`` column."""
     from engine.results.report import render_matrix
 
+    if paired and family != "none":
+        paired = {**paired, "verdict": familywise_verdicts(paired, method=family), "familywise": family}
     return render_matrix(C, fmt=fmt, title=title, comparable=comparable, replaced=replaced, names=names,
                          metric=m["metric"], view=m["view"], protocol=m["protocol"], eval_classes=m["eval_classes"],
                          paired=paired if fmt == "csv" else None, ties=stored_ties(m["summary"]))
@@ -125,10 +129,15 @@ def seed_of(e: dict[str, Any]) -> str:
 FAMILY = {"none": "each cell alone (95 %)", "holm": "Holm over the matrix", "bonferroni": "Bonferroni simultaneous intervals"}
 
 
-def gain_shown(matrices: list[np.ndarray]) -> str:
-    """Γ in % averaged over the cross-tests where it is defined, or "undefined" and why."""
-    g = mean_gain(matrices)
-    return f"{100 * g:.1f}" if g is not None else "undefined: no new model is a point better than the old on its own"
+def gain_shown(matrices: list[np.ndarray], ties: str = "fail") -> str:
+    """Γ in % averaged over the cross-tests where ECC holds and Γ is defined (paper 002), or "undefined" and why."""
+    g = ecc_gain(matrices, ties=ties)
+    return f"{100 * g['mean']:.1f}" if g["mean"] is not None else g["why"]
+
+
+def seed_runs(seeds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each seed's stored matrix as :func:`engine.metrics.over_seeds.over_seeds` reads it."""
+    return [{"matrix": m["values"], "paired": m["summary"].get("paired"), "ties": stored_ties(m["summary"])} for m in seeds]
 
 
 def judged(m: dict[str, Any], family: str) -> list[list[str | None]] | None:
@@ -138,8 +147,13 @@ def judged(m: dict[str, Any], family: str) -> list[list[str | None]] | None:
 
 
 def verdict_total(seeds: list[dict[str, Any]], family: str) -> str:
-    """``pass/fail/unresolved`` cross-tests added over the seeds: the paired verdicts (family-wise as chosen) where
-    stored, else the compatibility criterion on point estimates with ``–`` for "not tested"."""
+    """``pass/fail/unresolved`` cross-tests: over several seeds with paired tests, the verdicts of each cross-test's mean
+    over the seeds (t-interval over seeds, family-wise as chosen); else added over the seeds: the paired verdicts
+    where stored, else the compatibility criterion on point estimates with ``–`` for "not tested"."""
+    if len(seeds) > 1 and all(m["summary"].get("paired") for m in seeds):  # the verdicts of the means over the seeds
+        mean = over_seeds(seed_runs(seeds))["verdicts"]
+        n = verdict_counts(familywise_verdicts(mean, method=family))
+        return f"{n['pass']}/{n['fail']}/{n['unresolved']}"
     counts = {"pass": 0, "fail": 0, "unresolved": 0}
     tested = True
     for m in seeds:
@@ -193,7 +207,7 @@ def summary_row(method: str, view: str, seeds: list[tuple[dict[str, Any], dict[s
         row[f"{name} % 95% CI"] = interval_text(ci["lo"], ci["hi"])
     row["cells ✓/✗/?"] = verdict_total([m for _, m in seeds], family)
     row["AC % range (paired)"] = paired_range([m for _, m in seeds], family)
-    row["mean Γ %"] = gain_shown([m["values"] for _, m in seeds])
+    row["mean Γ %"] = gain_shown([m["values"] for _, m in seeds], stored_ties(seeds[0][1]["summary"]))
     row["queries without a positive"] = int(sum(np.nansum(np.tril(m["no_positive"])) for _, m in seeds))
     return row
 
@@ -268,7 +282,9 @@ if len({r["view"] for r in by_view}) > 1:
 def spread_summary(seeds: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
     """The first seed's stored summary with the AC / AA / ACA spread over every seed (for the report tables)."""
     return {**seeds[0][1]["summary"], "update_gain": gain_json(seeds[0][1]["values"]),  # Γ under one rule
-            "spread": {k: seed_spread([m["summary"].get(k) for _, m in seeds]) for k in ("AC", "AA", "ACA")}}
+            "spread": {k: seed_spread([m["summary"].get(k) for _, m in seeds]) for k in ("AC", "AA", "ACA")},
+            "matrix": seeds[0][1]["values"], "over_seeds": over_seeds(seed_runs([m for _, m in seeds])),
+            "familywise": family}
 
 
 summary_rows = [(method if len(runs) == len({k[0] for k in runs}) else f"{method} ({view})", spread_summary(seeds))

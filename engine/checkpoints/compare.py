@@ -38,6 +38,7 @@ from engine.checkpoints.request import ComparisonSpec, ModelSource, comparison_s
 from engine.data.folder import check_stop
 from engine.core.cell import RAW_VIEWS, apply_recipe, cell_recipe
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
+from engine.metrics.paired import PairedOptions
 from engine.models.device import pick_device
 from engine.data.samples import SampleRefs
 
@@ -219,7 +220,8 @@ def _compare_loaded(spec: ComparisonSpec, models: list[LoadedModel], report: Pro
 
     report(0.9, "computing compatibility matrices")
     results = {view: compatibility_matrices(_cells(view, outputs, split_labels, names, same_set), num_models=T,
-                                            metrics=spec.metrics, protocol=spec.protocol, same_set=same_set)
+                                            metrics=spec.metrics, protocol=spec.protocol, same_set=same_set,
+                                            paired=PairedOptions())  # check-upgrade's interval and verdict per cell
                for view in spec.views}
     cmp = Comparison(spec, models, labels, names, outputs, split_labels, tuple(dataset_classes), same_set, shared, results)
     cmp.notes = _notes(cmp)

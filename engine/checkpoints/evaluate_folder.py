@@ -25,7 +25,8 @@ from sqlalchemy import Engine
 
 from storage.safe_open import open_regular
 from engine.metrics import summarize
-from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
+from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices, stored_summary
+from engine.metrics.paired import PairedOptions
 from engine.metrics.retrieval import parse_metric
 from engine.results.record import NewVersion, record_experiment
 
@@ -176,11 +177,13 @@ def load_feature_folder(folder: str | Path, *, cap: int | None = None) -> Featur
 
 
 def evaluate_folder(folder: FeatureFolder, *, metrics: tuple[str, ...], protocol: str, same_set: bool,
-                    ties: str = "pessimistic") -> MatrixResult:
-    """All metrics' matrices for the folder (one neighbour pass per cell)."""
+                    ties: str = "pessimistic", paired: PairedOptions | None = None) -> MatrixResult:
+    """All metrics' matrices for the folder (one neighbour pass per cell); with ``paired``, every cross-test's
+    interval and verdict as check-upgrade computes them (:mod:`engine.metrics.cell_interval`)."""
     for m in metrics:
         parse_metric(m)
-    return compatibility_matrices(folder.sets, metrics=metrics, protocol=protocol, same_set=same_set, ties=ties)
+    return compatibility_matrices(folder.sets, metrics=metrics, protocol=protocol, same_set=same_set, ties=ties,
+                                  paired=paired)
 
 
 def result_json(result: MatrixResult, *, ecc_ties: str = "fail") -> dict:
@@ -193,6 +196,8 @@ def result_json(result: MatrixResult, *, ecc_ties: str = "fail") -> dict:
             "valid_queries": [[None if v < 0 else int(v) for v in row] for row in result.valid_queries],
             "no_positive": [[None if v < 0 else int(v) for v in row] for row in result.no_positive],
         }
+        if result.paired and name in result.paired:  # each cross-test's interval and verdict, as stored
+            out[name]["paired"] = stored_summary(result, name, ties=ecc_ties)["paired"]
     return out
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from engine.cli.options import add_db, add_model_arguments, models_spec_from_args
 from engine.results.json_file import write_json_atomic
-from engine.results.report import FORMATS, render_matrix
+from engine.results.report import FORMATS
 
 MODEL_HELP = """\
 Each --model is one checkpoint of the sequence, oldest first:
@@ -80,15 +80,16 @@ def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
         print(f"M{i} {label}: {model.kind} {model.architecture}, {model.num_outputs} outputs, "
               f"{f'{dim}-d encoder' if dim else 'no encoder output'}")
     title_protocol = f"{cmp.protocol_name}, {cmp.spec.protocol}"
+    from engine.results.matrix_text import matrix_text
+
     for view, result in cmp.results.items():
-        for metric, C in result.values.items():
+        for metric in result.values:
             print()
-            print(render_matrix(C, title=f"{view} / {metric} ({title_protocol})", comparable=result.comparable,
-                                ties=cmp.spec.ties, names=cmp.labels), end="")
+            print(matrix_text(result, metric, title=f"{view} / {metric} ({title_protocol})", ties=cmp.spec.ties,
+                              names=list(cmp.labels)), end="")
             if args.export:
-                print(render_matrix(C, fmt=args.export, title=f"{view} / {metric}", comparable=result.comparable,
-                                    ties=cmp.spec.ties, names=cmp.labels, metric=metric, view=view,
-                                    protocol=cmp.spec.protocol))
+                print(matrix_text(result, metric, fmt=args.export, title=f"{view} / {metric}", ties=cmp.spec.ties,
+                                  names=list(cmp.labels), metric=metric, view=view, protocol=cmp.spec.protocol))
     for note in cmp.notes:
         print(f"note: {note}")
     experiment_id = None

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from engine.cli.options import add_db
 from engine.results.json_file import write_json_atomic
-from engine.results.report import FORMATS, render_matrix
+from engine.results.report import FORMATS
 
 
 def add_arguments(ev: argparse.ArgumentParser) -> None:
@@ -39,13 +40,21 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from storage import get_engine, init_db
 
         init_db(get_engine(args.db))
-    result = evaluate_folder(folder, metrics=metrics, protocol=args.protocol, same_set=args.same_set)
-    for name, C in result.values.items():
-        print(render_matrix(C, title=f"{name} ({args.protocol}{', same set' if args.same_set else ''})",
-                            comparable=result.comparable, ties=args.ties))
+    from engine.metrics.paired import PairedOptions
+    from engine.metrics.same_set import resolve_same_set
+    from engine.results.matrix_text import matrix_text
+
+    args.same_set, note = resolve_same_set(folder.sets, args.same_set)  # queries that are the gallery: own item out
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    result = evaluate_folder(folder, metrics=metrics, protocol=args.protocol, same_set=args.same_set,
+                             paired=PairedOptions())
+    for name in result.values:
+        print(matrix_text(result, name, title=f"{name} ({args.protocol}{', same set' if args.same_set else ''})",
+                          ties=args.ties))
         if args.export:
-            print(render_matrix(C, fmt=args.export, title=name, comparable=result.comparable, ties=args.ties,
-                                metric=name, view="external", protocol=args.protocol))
+            print(matrix_text(result, name, fmt=args.export, title=name, ties=args.ties, metric=name, view="external",
+                              protocol=args.protocol))
     payload = {"features": str(args.features), "protocol": args.protocol, "same_set": args.same_set,
                "metrics": result_json(result, ecc_ties=args.ties)}
     if not args.no_store:

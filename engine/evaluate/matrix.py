@@ -104,11 +104,14 @@ def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], nu
         run_task_job(db, job_id, should_stop=should_stop, owner_lease=lease)
         results = dict(zip(positions, cell_results(db, job_id)))
 
+    # the paired test's two-way interval (Recall@k, check-upgrade's) ranks each cell's features again: read them here
+    two_way = paired is not None and features is not None and any(kind == "recall" for kind, _ in parsed)
+
     def cell(t: int, k: int) -> CellStats:
         if (t, k) not in results:
             return CellStats(None)
         done = results[(t, k)]
-        return CellStats(done.stats, done.query_ids, features(t, k) if verification else None)
+        return CellStats(done.stats, done.query_ids, features(t, k) if verification or two_way else None)
 
     return compatibility_matrices(cell, num_models=num_models, metrics=metrics, ties=ties, paired=paired,
                                   same_set=same_set)

@@ -8,7 +8,10 @@ With ``paired=PairedOptions(...)``, every cross-test C[t, k] is also compared wi
 C[k, k] item by item (:mod:`engine.metrics.paired`): the per-query outcomes (hit@k, AP) or per-pair
 outcomes (verification) come from the same single pass that gives the cell's value. Both cells use
 gallery model k; their queries are paired by ``CellFeatures.query_ids`` when given, by position
-otherwise. Only the diagonal's outcome vectors are kept (memory T x queries per metric).
+otherwise. Only the diagonal's outcome vectors are kept (memory T x queries per metric). Each cross-test's interval
+is the one ``check-upgrade`` computes for the same pair (:mod:`engine.metrics.cell_interval`: two-way over queries and
+gallery items for Recall@k when the cells' features are here, the diagonal's top lists kept for it: T x queries x
+(16 + 4k) indices), judged by its rule (:mod:`engine.metrics.decision`).
 
 A cell may also arrive as :class:`CellStats`: its per-query statistics computed elsewhere (e.g. by many workers,
 :mod:`engine.evaluate.matrix`); everything after the neighbour pass is then the same code.
@@ -21,10 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.metrics.ranking import QueryStats
-from engine.metrics.paired import PairedOptions, count_verdicts, paired_bootstrap, shared_items, verdict
+from engine.metrics.cell_interval import cell_seed, pair_images, pair_interval, paired_intervals, two_way_applies
+from engine.metrics.decision import Rule, decide
+from engine.metrics.paired import PairedOptions, count_verdicts, shared_items
 from engine.metrics.retrieval import VERIFICATION, Protocol, RankTies, cell_stats, parse_metric, per_query_from_stats
 from engine.metrics.gain import MIN_GAIN, gain_cells
-from engine.metrics.summary import ecc_pass, summarize
+from engine.metrics.summary import summarize
+from engine.metrics.twoway import top_lists
 from engine.metrics.verification import pair_verification
 
 
@@ -71,7 +77,7 @@ class MatrixResult:
 def _empty_paired(T: int, options: PairedOptions) -> dict:
     nan = lambda: np.full((T, T), np.nan)  # noqa: E731
     return {"diff": nan(), "lo": nan(), "hi": nan(), "n": np.full((T, T), -1, np.int64),
-            "verdict": [[None] * T for _ in range(T)],
+            "verdict": [[None] * T for _ in range(T)], "interval": [[None] * T for _ in range(T)],
             "resamples": options.resamples, "seed": options.seed, "confidence": options.confidence}
 
 
@@ -144,7 +150,9 @@ def compatibility_matrices(
     comparable = np.zeros((T, T), dtype=bool)
     tests = {m: {**_empty_paired(T, paired), "items": "pairs" if kind == VERIFICATION else "queries"}
              for m, (kind, _) in zip(metrics, parsed)} if paired else None
-    diagonal: dict[int, tuple[np.ndarray | None, dict[str, np.ndarray]]] = {}  # self-test outcomes of each gallery model
+    diagonal: dict[int, tuple] = {}  # self-test of each gallery model: (query ids, outcomes, top lists, query features)
+    recall_ks = [at for kind, at in parsed if kind == "recall"]
+    two_way = paired is not None and bool(recall_ks) and two_way_applies("recall", protocol=protocol, rank_ties=ties)
     cells = [(t, k) for t in range(T) for k in range(t + 1)]
     for i, (t, k) in enumerate(cells):
         c = cell(t, k)
@@ -154,10 +162,17 @@ def compatibility_matrices(
             for name in metrics:
                 values[name][t, k] = out[name]
             comparable[t, k] = True
+            f = c.features if isinstance(c, CellStats) else c  # a cell searched elsewhere may bring its features
+            lists = (top_lists(f.query, f.query_labels, f.gallery, f.gallery_labels, depth=16 + 4 * max(recall_ks),
+                               same_set=same_set) if two_way and f is not None else None)
+            query = f.query if f is not None else None
             if tests is not None and t == k:
-                diagonal[k] = (c.query_ids, vectors)
+                images = (pair_images(f.query_labels, f.gallery_labels, same_set=same_set)
+                          if f is not None and any(kind == VERIFICATION for kind, _ in parsed) else None)
+                diagonal[k] = (c.query_ids, vectors, lists, query, images)
             elif tests is not None and k in diagonal:
-                _pair_cell(tests, t, k, c.query_ids, vectors, diagonal[k], values, paired)
+                _pair_cell(tests, t, k, (c.query_ids, vectors, lists, query), diagonal[k], dict(zip(metrics, parsed)),
+                           paired)
         if progress:
             progress(i + 1, len(cells))
     return MatrixResult(values, valid, no_pos, comparable, tests, rank_ties=ties)
@@ -169,26 +184,39 @@ def _comparable(c: CellFeatures | CellStats) -> bool:
     return np.asarray(c.query).shape[1] == np.asarray(c.gallery).shape[1]
 
 
-def _pair_cell(tests: dict, t: int, k: int, ids: np.ndarray | None, vectors: dict[str, np.ndarray],
-               self_cell: tuple[np.ndarray | None, dict[str, np.ndarray]], values: dict[str, np.ndarray],
+def _pair_cell(tests: dict, t: int, k: int, cross_cell: tuple, self_cell: tuple, parsed: dict[str, tuple],
                options: PairedOptions) -> None:
-    """Fill the paired test of cross-test (t, k) for every metric."""
-    self_ids, self_vectors = self_cell
+    """Fill the paired test of cross-test (t, k) for every metric: the interval check-upgrade computes for the same
+    pair (:func:`engine.metrics.cell_interval.paired_intervals`, two-way for Recall@k when both cells' top lists
+    are at hand), judged by strict ECC (:func:`engine.metrics.decision.decide`; ``stored_summary`` re-judges under
+    the stored tie rule)."""
+    ids, vectors, lists, query = cross_cell
+    self_ids, self_vectors, self_lists, self_query, images = self_cell
     same_queries = ids is None or self_ids is None or np.array_equal(ids, self_ids)
     for name, vec in vectors.items():
+        kind, at = parsed[name]
         if tests[name]["items"] == "pairs":  # pairs are drawn from the cell's images: the same only on the same queries
             if not same_queries or len(vec) != len(self_vectors[name]):
                 continue
             a = b = np.arange(len(vec))
         else:
             a, b = shared_items(ids, self_ids, len(vec), len(self_vectors[name]))
-        diff, lo, hi = paired_bootstrap(vec[a], self_vectors[name][b], resamples=options.resamples,
-                                        seed=(options.seed, t, k), confidence=options.confidence)
-        C = values[name]
+        aligned = same_queries and len(vec) == len(self_vectors[name])
+        two_way = kind == "recall" and aligned and lists is not None and self_lists is not None
+        same = aligned and query is not None and self_query is not None and np.array_equal(query, self_query)
+        if tests[name]["items"] == "pairs" and images is not None and len(images) == len(vec):
+            got = pair_interval(self_vectors[name], vec, images, seed=cell_seed(options.seed, t, k),
+                                resamples=options.resamples, confidence=options.confidence, bound_unchanged=not same)
+        else:
+            got = paired_intervals(self_vectors[name][b], [vec[a]], seed=cell_seed(options.seed, t, k),
+                                   resamples=options.resamples, confidence=options.confidence, k=at or 1,
+                                   base_lists=self_lists if two_way else None, other_lists=[lists] if two_way else None,
+                                   bound_unchanged=[not same])[0]
         entry = tests[name]
-        entry["diff"][t, k], entry["lo"][t, k], entry["hi"][t, k] = diff, lo, hi
-        entry["n"][t, k] = int(np.sum(~np.isnan(vec[a] - self_vectors[name][b])))
-        entry["verdict"][t][k] = verdict(lo, hi, bool(C[t, k] > C[k, k]))
+        entry["diff"][t, k], entry["lo"][t, k], entry["hi"][t, k] = got.diff, got.lo, got.hi
+        entry["n"][t, k] = got.n
+        entry["interval"][t][k] = got.interval
+        entry["verdict"][t][k] = None if np.isnan(got.lo) else decide(got.diff, got.lo, got.hi, Rule())[0]
 
 
 def compatibility_matrix(source: CellSource, *, metric: str = "recall@1", protocol: Protocol = "instance",
@@ -201,10 +229,11 @@ def _json_matrix(a: np.ndarray) -> list[list[float | None]]:
     return [[None if np.isnan(v) else float(v) for v in row] for row in np.asarray(a, dtype=np.float64)]
 
 
-def _verdicts_under(paired: dict, C: np.ndarray, ties: str) -> list[list[str | None]]:
-    """The per-cell paired verdicts under the ECC tie rule ``ties`` (the bootstrap itself does not depend on it)."""
-    passes = ecc_pass(C, ties=ties)
-    return [[verdict(paired["lo"][t, k], paired["hi"][t, k], bool(passes[t, k] == 1.0), ties=ties)
+def _verdicts_under(paired: dict, ties: str) -> list[list[str | None]]:
+    """The per-cell paired verdicts under the ECC tie rule ``ties`` (the bootstrap itself does not depend on it): the
+    rule check-upgrade judges with (:func:`engine.metrics.decision.decide`)."""
+    rule = Rule(0.0, ties)
+    return [[decide(paired["diff"][t, k], paired["lo"][t, k], paired["hi"][t, k], rule)[0]
              if paired["verdict"][t][k] is not None else None for k in range(len(row))]
             for t, row in enumerate(paired["verdict"])]
 
@@ -221,8 +250,9 @@ def stored_summary(result: MatrixResult, metric: str, *, ties: str = "fail") -> 
            "update_gain": _json_matrix(gain_cells(C)[0]), "update_gain_min": MIN_GAIN}
     if result.paired and metric in result.paired:
         p = result.paired[metric]
-        verdicts = _verdicts_under(p, C, ties)
+        verdicts = _verdicts_under(p, ties)
         out["paired"] = {"diff": _json_matrix(p["diff"]), "lo": _json_matrix(p["lo"]), "hi": _json_matrix(p["hi"]),
                          "n": np.asarray(p["n"]).tolist(), "verdict": verdicts, "counts": count_verdicts(verdicts),
+                         "interval": p.get("interval"), "rule": Rule(0.0, ties).name,
                          "items": p["items"], "resamples": p["resamples"], "seed": p["seed"], "confidence": p["confidence"]}
     return out

@@ -10,17 +10,12 @@ which other cells were computed) and takes the percentile interval of the resamp
 The bootstrap draws multinomial counts over the *distinct* values of ``d`` - the same
 distribution as resampling indices, in memory bounded by ``chunk x distinct values``.
 
-Verdict, combined with the ECC that AC counts (strict, C[t, k] > C[k, k], unless the tie rule is ``pass``):
-
-* ``pass``: ECC passes **and** the interval lies above 0 (``lo > 0``; under the tie rule ``pass``, ``lo >= 0``:
-  identical outcomes, the point interval [0, 0], pass as their tied ECC does).
-* ``fail``: the interval lies below 0 (``hi < 0``), or ECC fails and the interval does not reach
-  above 0 (``hi <= 0``; e.g. identical outcomes, where the interval is the point [0, 0]).
-* ``unresolved``: everything else - the interval straddles 0 (a cell whose strict ECC passes or
-  fails by less than the sampling noise).
-
-So ``pass`` implies an ECC pass and ``fail`` implies an ECC fail; AC and ACA still count the strict
-ECC (as the papers do); the verdicts say which of those counts a new sample of queries could flip.
+The stored matrices' per-cell verdicts are no longer :func:`verdict`'s: each cross-test's interval comes from
+:mod:`engine.metrics.cell_interval` (two-way for Recall@k, this bootstrap otherwise) and is judged by
+:func:`engine.metrics.decision.decide`, the rule check-upgrade uses (an exact tie under strict ECC is too close to
+call there, a fail here). :func:`verdict` remains for "is the new model better on its own": ``pass`` when ECC
+passes and ``lo > 0`` (``lo >= 0`` under ties ``pass``), ``fail`` when ``hi < 0`` or ECC fails and ``hi <= 0``,
+``unresolved`` otherwise.
 """
 from __future__ import annotations
 

@@ -42,9 +42,10 @@ class TopLists:
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
+    """Rows scaled to unit length, the norms taken in float64 (a float32 row near its maximum overflows its norm)."""
+    x = np.asarray(x, dtype=np.float64)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.where(norms > 0, norms, 1)
+    return (x / np.where(norms > 0, norms, 1)).astype(np.float32)
 
 
 def _order(sims: np.ndarray, positive: np.ndarray) -> np.ndarray:

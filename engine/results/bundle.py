@@ -118,7 +118,8 @@ def summary_markdown(experiments: Sequence[Mapping[str, Any]], matrices: Mapping
             continue
         line = convention(shown[0][0]["config"], metrics=metric, views=[m["view"] for _, m in shown], gallery=protocol,
                           eval_classes=classes, ties=stored_ties(shown[0][1]["summary"]))
-        table = render_summary_table([(_label(e, m), {**m["summary"], "update_gain": gain_json(np.asarray(m["values"], float))})
+        table = render_summary_table([(_label(e, m), {**m["summary"], "update_gain": gain_json(np.asarray(m["values"], float)),
+                                                      "matrix": np.asarray(m["values"], float)})  # Γ where ECC holds
                                       for e, m in shown], fmt="markdown")  # Γ under one rule, whatever an older row stored
         parts.append(f"## {metric} · {protocol} gallery · {classes} classes\n\n" + annotate(table, "markdown", line))
         for e, m in shown:

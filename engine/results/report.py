@@ -24,13 +24,14 @@ import numpy as np
 from engine.core.conventions import model_names, replaced_note
 from engine.metrics import ecc_pass, summarize
 from engine.metrics.gain import gain_cells, gain_text
-from engine.metrics.uncertainty import t_quantile
+from engine.metrics.over_seeds import ecc_gain
+from engine.metrics.uncertainty import familywise_verdicts, t_quantile
 from engine.metrics.paired import SYMBOLS, count_verdicts
 
 FORMATS = ("text", "csv", "markdown", "latex")
 CSV_COLUMNS = ("query_model", "gallery_model", "query_step", "gallery_step", "cell", "value", "ecc_pass",
                "paired_verdict", "paired_lo", "paired_hi", "update_gain", "metric", "view", "protocol", "eval_classes",
-               "ecc_ties")
+               "ecc_ties", "familywise", "paired_interval")
 
 
 _LATEX_SYMBOLS = {"pass": "$\\checkmark$", "fail": "$\\times$", "unresolved": "?"}
@@ -160,8 +161,21 @@ def matrix_rows(C: np.ndarray, *, names: Sequence[str], comparable: np.ndarray |
                 "paired_hi": paired["hi"][t][k] if paired and t != k else None,
                 "update_gain": None if g is None or np.isnan(g) else float(g),
                 "metric": metric, "view": view, "protocol": protocol, "eval_classes": eval_classes, "ecc_ties": ties,
+                "familywise": _familywise(paired) if paired and t != k else None,
+                "paired_interval": _cell_interval(paired, t, k) if paired and t != k else None,
             })
     return rows
+
+
+def _familywise(paired: dict) -> str:
+    """How the verdicts beside it were judged: ``none`` (each cell alone), ``holm`` or ``bonferroni``."""
+    return paired.get("familywise") or "none"
+
+
+def _cell_interval(paired: dict, t: int, k: int) -> str | None:
+    """What cell (t, k)'s interval resampled: two-way / queries / unchanged (a matrix stored before: None)."""
+    kinds = paired.get("interval")
+    return kinds[t][k] if isinstance(kinds, list) else kinds
 
 
 def seed_spread(values: Sequence[float | None]) -> dict:
@@ -211,16 +225,32 @@ def _value(s: dict, key: str, scale: float) -> str:
     return _fmt(None if s.get(key) is None else scale * s[key])
 
 
+def _gain(s: dict) -> dict:
+    """Γ of a summary row over the cells where ECC holds: the seeds' (``over_seeds``) or the row's own matrix."""
+    if s.get("over_seeds"):
+        return s["over_seeds"]["gain"]
+    if s.get("matrix") is not None:
+        return ecc_gain([s["matrix"]], ties=s.get("ties") or "fail")
+    return {"mean": None, "cells": 0, "why": "undefined: no matrix"}
+
+
 def _mean_gain(s: dict) -> str:
-    g = s.get("update_gain")
-    if not g:
-        return "-"
-    vals = np.array([[np.nan if v is None else v for v in row] for row in g], dtype=np.float64)
-    vals = vals[~np.isnan(vals)]
-    return f"{100 * vals.mean():.1f}" if len(vals) else "-"
+    g = _gain(s)
+    return "-" if g["mean"] is None else f"{100 * g['mean']:.1f}"
 
 
-SUMMARY_CSV_COLUMNS = ("method", "AC", "AA", "ACA", "AC_std", "AA_std", "ACA_std", "seeds", "mean_update_gain",
+def _verdict_counts(s: dict) -> dict:
+    """pass / fail / unresolved counts of a summary row: the verdicts of the means over seeds when it has them,
+    re-judged family-wise when the row says so (``familywise``: holm / bonferroni)."""
+    test = (s.get("over_seeds") or {}).get("verdicts") or s.get("paired")
+    if not test:
+        return {}
+    family = s.get("familywise") or "none"
+    return count_verdicts(familywise_verdicts(test, method=family) if family != "none" else test["verdict"])
+
+
+SUMMARY_CSV_COLUMNS = ("method", "familywise", "AC", "AA", "ACA", "AC_std", "AA_std", "ACA_std", "seeds", "mean_update_gain",
+                       "update_gain_why",
                        "paired_pass", "paired_fail", "paired_unresolved", "AC_ci_lo", "AC_ci_hi", "AA_ci_lo", "AA_ci_hi",
                        "ACA_ci_lo", "ACA_ci_hi", "AC_paired_lo", "AC_paired_hi")
 
@@ -239,15 +269,12 @@ def _summary_record(name: str, s: dict) -> dict:
     leave open; None where undefined."""
     spread = s.get("spread") or {}
     many = {key: spread.get(key) for key in ("AC", "AA", "ACA") if spread.get(key) and spread[key].get("n", 0) > 1}
-    g = s.get("update_gain")
-    gains = np.array([[np.nan if v is None else v for v in row] for row in g], dtype=np.float64) if g else np.array([])
-    gains = gains[~np.isnan(gains)]
-    counts = count_verdicts(s["paired"]["verdict"]) if s.get("paired") else {}
-    return {"method": name,
+    counts = _verdict_counts(s)
+    return {"method": name, "familywise": s.get("familywise") or "none",
             **{key: many[key]["mean"] if key in many else s.get(key) for key in ("AC", "AA", "ACA")},
             **{f"{key}_std": many[key]["std"] if key in many else None for key in ("AC", "AA", "ACA")},
             "seeds": max((v["n"] for v in many.values()), default=1),
-            "mean_update_gain": float(gains.mean()) if len(gains) else None,
+            "mean_update_gain": _gain(s)["mean"], "update_gain_why": _gain(s)["why"],
             **{f"paired_{v}": counts.get(v) for v in ("pass", "fail", "unresolved")},
             **{f"{key}_ci_{end}": value for key in ("AC", "AA", "ACA")
                for end, value in zip(("lo", "hi"), _seed_ci(spread.get(key)))},
@@ -263,17 +290,17 @@ def _paired_ac(counts: dict) -> tuple[float | None, float | None]:
 
 
 def _counts(s: dict) -> str:
-    p = s.get("paired")
-    if not p:
+    n = _verdict_counts(s)
+    if not n:
         return "-"
-    n = count_verdicts(p["verdict"])
     return "/".join(str(n[v]) for v in ("pass", "fail", "unresolved"))
 
 
 def render_summary_table(rows: Sequence[tuple[str, dict]], *, fmt: str = "markdown") -> str:
     """Paper-style table: one row per method with AC, AA (%), ACA (%), the mean update gain Γ (%) over the
-    cross-tests and the paired verdicts (✓/✗/? counts). With ``"spread"`` over several seeds, AC/AA/ACA
-    print as mean ± std (sample std). CSV is numeric (``SUMMARY_CSV_COLUMNS``, fractions, one value per cell)."""
+    cross-tests where ECC holds and the paired verdicts (✓/✗/? counts; with ``"over_seeds"``, the verdicts of each
+    cross-test's mean over the seeds, :mod:`engine.metrics.over_seeds`). With ``"spread"`` over several seeds,
+    AC/AA/ACA print as mean ± std (sample std). CSV is numeric (``SUMMARY_CSV_COLUMNS``, fractions, one value per cell)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     if fmt == "csv":

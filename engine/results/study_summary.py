@@ -7,6 +7,8 @@ from sqlalchemy import Engine
 from engine.core.contract import main_view
 from engine.metrics.gain import gain_json
 from engine.core.conventions import replaced_steps, stored_ties
+from engine.metrics.over_seeds import over_seeds
+from engine.results.verdict_words import verdict_word
 from engine.methods import METHODS
 from engine.methods.base import resolve_init_seed
 from engine.results.report import render_matrix, render_summary_table, seed_spread as _spread
@@ -17,8 +19,9 @@ def study_summary(db: Engine, study_id: int, experiment_ids: list[int]) -> dict:
     """JSON-ready: {"study_id", "seeds", "methods": {method: {...}}}.
 
     Per method: ``experiment_id``/``views`` of its first seed (matrix, AC/AA/ACA, update gain, paired test),
-    ``experiment_ids`` and ``seeds`` of every run, ``init_seed`` (effective), and ``spread``: {view: {metric:
-    {"AC"|"AA"|"ACA": {"mean", "std", "n"}}}} across seeds.
+    ``experiment_ids`` and ``seeds`` of every run, ``init_seed`` (effective), ``spread``: {view: {metric:
+    {"AC"|"AA"|"ACA": {"mean", "std", "n"}}}} across seeds, and ``over_seeds``: {view: {metric: the verdict of each
+    cross-test's mean over the seeds and Γ over the cells where ECC holds}} (:func:`engine.metrics.over_seeds.over_seeds`).
     """
     out: dict = {"study_id": study_id, "seeds": [], "methods": {}}
     with session_scope(db) as s:
@@ -49,6 +52,9 @@ def study_summary(db: Engine, study_id: int, experiment_ids: list[int]) -> dict:
                                            for key in ("AC", "AA", "ACA")}
                                   for metric in metrics}
                            for view, metrics in entry["views"].items()}
+        entry["over_seeds"] = {view: {metric: over_seeds([r["views"].get(view, {}).get(metric) for r in entry["runs"]])
+                                      for metric in metrics}
+                               for view, metrics in entry["views"].items()}
         del entry["runs"]
     return out
 
@@ -66,9 +72,30 @@ def header(summary: dict, metric: str) -> str:
             f"seeds {', '.join(str(x) for x in summary.get('seeds', []))} | init_seed: {inits}")
 
 
+def mean_lines(label: str, over: dict | None, names_count: int) -> list[str]:
+    """``BCT: M2→M1 +1.2 points, 95 % CI -0.5 to +2.9 (t over 3 seeds): too close to call`` per cross-test, then Γ."""
+    if not over:
+        return []
+    out = []
+    v = over.get("verdicts")
+    if v:
+        for t in range(names_count):
+            for k in range(t):
+                if v["verdict"][t][k] is None:
+                    continue
+                how = f"t over {v['seeds'][t][k]} seeds" if v["seeds"][t][k] > 1 else "one seed's items"
+                out.append(f"{label}: M{t + 1}→M{k + 1} {100 * v['diff'][t][k]:+.1f} points, 95 % CI "
+                           f"{100 * v['lo'][t][k]:+.1f} to {100 * v['hi'][t][k]:+.1f} ({how}): {verdict_word(v['verdict'][t][k])}")
+    g = over.get("gain") or {}
+    out.append(f"{label}: mean Γ {100 * g['mean']:.1f} % over {g['cells']} cells where ECC holds" if g.get("mean") is not None
+               else f"{label}: Γ {g.get('why') or 'undefined'}")
+    return out
+
+
 def print_study(summary: dict, *, fmt: str = "text", table_only: bool = False, metric: str = "recall@1") -> None:
     """Print the conventions, each method's main-view matrix (unless ``table_only``; first seed, with its paired
-    verdicts and update gains) and the methods x AC/AA/ACA table (mean +/- std over seeds when several)."""
+    verdicts and update gains, then each cross-test's mean over the seeds with its interval and verdict) and the
+    methods x AC/AA/ACA table (mean +/- std over seeds when several; the verdicts counted are those of the means)."""
     print(header(summary, metric))
     rows = []
     for method, info in summary["methods"].items():
@@ -77,7 +104,8 @@ def print_study(summary: dict, *, fmt: str = "text", table_only: bool = False, m
                 continue
             entry = metrics[metric]
             label = method if view == info["main_view"] else f"{method} ({view})"
-            rows.append((label, {**entry, "spread": info.get("spread", {}).get(view, {}).get(metric)}))
+            over = info.get("over_seeds", {}).get(view, {}).get(metric)
+            rows.append((label, {**entry, "spread": info.get("spread", {}).get(view, {}).get(metric), "over_seeds": over}))
             if not table_only:
                 gain = _matrix(entry["update_gain"]) if entry.get("update_gain") else None
                 seed = f", seed {info['seeds'][0]}" if len(info.get("seeds", [])) > 1 else ""
@@ -85,5 +113,11 @@ def print_study(summary: dict, *, fmt: str = "text", table_only: bool = False, m
                                     paired=entry.get("paired"), gain=gain, replaced=summary.get("replaced_steps", ()),
                                     metric=metric, view=view, protocol=entry.get("protocol", ""),
                                     eval_classes=entry.get("eval_classes", ""), ties=stored_ties(entry)))
-    print(f"{metric}, AA and ACA in %" + (f", mean ± std over {len(summary['seeds'])} seeds" if len(summary.get("seeds", [])) > 1 else "") + ":")
+                if len(info.get("seeds", [])) > 1:
+                    for line in mean_lines(label, over, len(entry["matrix"])):
+                        print(line)
+    many = len(summary.get("seeds", [])) > 1
+    print(f"{metric}, AA and ACA in %" + (f", mean ± std over {len(summary['seeds'])} seeds; ✓/✗/? count the verdicts of "
+                                          "each cross-test's mean over the seeds (95 % t-interval over seeds)" if many else "")
+          + "; mean Γ only over cells where ECC holds:")
     print(render_summary_table(rows, fmt="markdown" if fmt == "text" else fmt))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from engine.core.conventions import metric_name
+from engine.metrics.decision import Rule
 
 WORDS = {"pass": "compatible", "fail": "not compatible", "unresolved": "too close to call"}
 RECALL1_ARTEFACT = ("Recall@1 flatters backfilling on an instance gallery: a query counts as found as soon as any one "
@@ -60,3 +61,38 @@ def needs_lines(reach: Mapping[str, float | None], target: str) -> list[str]:
 def artefact_note(metrics: Iterable[str]) -> str | None:
     """The sentence on Recall@1's artefact when Recall@1 is among the quoted metrics, else None."""
     return RECALL1_ARTEFACT if any(m.lower() == "recall@1" for m in metrics) else None
+
+
+def interval_text(diff: float, lo: float, hi: float, level: float) -> str:
+    """A paired difference and its interval in points: ``+1.2 points, 95% CI -0.5 to +2.9`` (check-upgrade's form)."""
+    return f"{100 * diff:+.1f} points, {100 * level:g}% CI {100 * lo:+.1f} to {100 * hi:+.1f}"
+
+
+RESAMPLED = {"two-way": "queries and gallery items", "images": "pairs, their images resampled", "queries": None,
+             "unchanged": None}
+
+
+def cell_verdict_lines(paired: Mapping | None, names: Sequence[str]) -> list[str]:
+    """Each judged cross-test of a stored paired test in check-upgrade's words, then the rule and the family-wise
+    choice: ``M2 → M1: too close to call (-0.3 points, 95% CI -2.1 to +1.5 over 400 queries and gallery items)``."""
+    if not paired:
+        return []
+    items = paired.get("items", "queries")
+    kinds = paired.get("interval")
+    out = []
+    for t, row in enumerate(paired["verdict"]):
+        for k, v in enumerate(row):
+            if k >= t or not v:
+                continue
+            kind = kinds[t][k] if isinstance(kinds, list) else kinds
+            over = RESAMPLED.get(kind) or items
+            n = paired["n"][t][k] if paired.get("n") is not None else None
+            extra = (" (no item changed: the exact bound on the share that could)" if kind == "unchanged" else "")
+            out.append(f"{names[t]} → {names[k]}: {WORDS[v]} ({interval_text(paired['diff'][t][k], paired['lo'][t][k], paired['hi'][t][k], paired['confidence'])}"
+                       f" over {'' if n is None else f'{n:,} '}{over}){extra}")
+    if out:
+        family = paired.get("familywise") or "none"
+        out.append(f"rule: {paired.get('rule') or Rule().name}; "
+                   f"family-wise: {'each cross-test alone' if family == 'none' else family}; "
+                   f"{paired.get('resamples', '?')} resamples, seed {paired.get('seed', '?')}")
+    return out

@@ -13,61 +13,18 @@ few rare flips (a quantised model: 3 queries lost, none gained) the percentile b
 0 while the population's gap may be just above it (``bench/calibrate_verdict.py``'s quantised family). An
 exact tie (every paired difference equal to ``t``, interval the point ``[t, t]``: an unchanged model under
 strict ECC) is ``unresolved`` and flagged ``tie``: strict ECC cannot pass it and no sample says it is worse.
-The matrices' per-cell verdict (:func:`engine.metrics.paired.verdict`) still calls both of these a fail.
+The matrices' per-cell verdicts are judged by the same :class:`Rule` and :func:`decide` (they live in
+:mod:`engine.metrics.decision`, a floor below, so the stored matrices and this gate give one verdict per pair).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
 
-TIE_RULES = ("fail", "pass")
-INTERVALS = {"two-way": "queries and gallery items", "queries": "queries"}  # --interval: what the bootstrap resamples
-DEFAULT_INTERVAL = "two-way"
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How check-upgrade judges the compatibility interval: a margin in points and the tie rule."""
-
-    margin: float = 0.0
-    ties: str = "fail"
-
-    def __post_init__(self) -> None:
-        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 <= self.margin < 100:
-            raise ValueError(f"the margin is in points and must lie in [0, 100), got {self.margin!r}")
-        if self.ties not in TIE_RULES:
-            raise ValueError(f"unknown tie rule {self.ties!r}; use 'fail' (strict >) or 'pass' (>=)")
-
-    @property
-    def threshold(self) -> float:
-        """The mean difference (a fraction) the cross-test must clear."""
-        return -self.margin / 100
-
-    @property
-    def name(self) -> str:
-        """The rule in words, as the output names it."""
-        op = ">=" if self.ties == "pass" else ">"
-        if self.margin > 0:
-            return f"non-inferiority margin {self.margin:g} points (cross-test {op} self-test - {self.margin:g} points)"
-        if self.ties == "pass":
-            return "ECC with ties passing (cross-test >= self-test)"
-        return "strict ECC (cross-test > self-test, the papers' rule)"
-
-
-def decide(diff: float, lo: float, hi: float, rule: Rule = Rule()) -> tuple[str, bool]:
-    """``(pass | fail | unresolved, tie)`` of a paired comparison under ``rule`` (see the module docstring)."""
-    t = rule.threshold
-    tie = diff == lo == hi == t
-    strict = rule.ties == "fail"
-    point_ok = diff > t if strict else diff >= t
-    if point_ok and (lo > t if strict else lo >= t):
-        return "pass", tie
-    if hi < t:
-        return "fail", tie
-    return "unresolved", tie
+from engine.metrics.decision import (DEFAULT_INTERVAL, INTERVALS, TIE_RULES, Rule, decide,  # noqa: F401 (one rule,
+                                     unchanged_bound)  # one floor down: the matrices judge with it too
 
 
 def queries_needed(diffs: np.ndarray, *, level: float, rule: Rule = Rule()) -> int | None:
@@ -91,13 +48,3 @@ def queries_needed(diffs: np.ndarray, *, level: float, rule: Rule = Rule()) -> i
     sd = float(d.std(ddof=1)) if len(d) > 1 else 0.0
     z = NormalDist().inv_cdf((1 + level) / 2)
     return max(1, math.ceil((z * sd / abs(gap)) ** 2))
-
-
-def unchanged_bound(n: int, level: float) -> float:
-    """The largest share of queries that could change score when none of ``n`` did (exact binomial, two-sided ``level``).
-
-    ``1 - ((1 - level) / 2) ** (1 / n)`` (3.7 / n at 95 %): the interval of a mean difference of scores in [0, 1]
-    when the features differ but no sampled query's score does (a float16 export: 0 of 200 queries flip, while
-    1 in 10,000 does in the population; a percentile bootstrap would say [0, 0]).
-    """
-    return 1 - ((1 - level) / 2) ** (1 / n)

@@ -45,8 +45,10 @@ from engine.metrics.compatibility import CellFeatures
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, paired_bootstrap
 from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import cell_stats, per_query_from_stats
-from engine.metrics.twoway import top_lists, twoway_bootstraps
-from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed, unchanged_bound
+from engine.metrics.cell_interval import cell_seed, paired_intervals
+from engine.metrics.same_set import resolve_same_set
+from engine.metrics.twoway import top_lists
+from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed
 from engine.upgrade.orders import best_by_area
 from engine.upgrade.words import sentence
 from engine.core.vocab import parse_metric
@@ -259,27 +261,30 @@ def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] 
     _check_pair(old, new, (old_name, new_name))
     rule = Rule(margin, ties)
     kind, at = parse_metric(metric, pairs=False)
-    notes: tuple[str, ...] = ()
+    same_set, same_note = resolve_same_set([old, new], same_set)  # queries that are the gallery: own item excluded
+    notes: tuple[str, ...] = (same_note,) if same_note else ()
     if interval == "two-way" and kind != "recall":
-        interval, notes = "queries", (f"the gallery resample covers recall@k; this {metric} interval resamples queries only",)
+        interval, notes = "queries", notes + (f"the gallery resample covers recall@k; this {metric} interval resamples queries only",)
 
     def cell(q: CellFeatures, g: CellFeatures) -> np.ndarray:
         return per_query_scores(q.query, q.query_labels, g.gallery, g.gallery_labels, metric=metric, same_set=same_set)
 
     oo, no, nn = cell(old, old), cell(new, old), cell(new, new)
     settings = {"resamples": resamples, "level": level, "seed": seed}
-    bounds: dict[str, tuple[float, float] | None] = {"compat": None, "better": None}
+    lists = None
     if interval == "two-way":
         lists = {name: top_lists(q.query, q.query_labels, g.gallery, g.gallery_labels, depth=16 + 4 * at, same_set=same_set)
                  for name, q, g in (("oo", old, old), ("no", new, old), ("nn", new, new))}
-        bounds["compat"], bounds["better"] = twoway_bootstraps(lists["oo"], [lists["no"], lists["nn"]], k=at,
-                                                              resamples=resamples, seed=seed, confidence=level)
-    d = (no - oo)[~np.isnan(no - oo)]
-    if len(d) and not np.any(d) and not _same_features(old, new):
-        r = unchanged_bound(len(d), level)
-        bounds["compat"] = (-r, r)
+    unchanged = _same_features(old, new)
+    # the stored matrices' function, seeded as their cell (1, 0): one pair, one interval, one verdict
+    got = paired_intervals(oo, [no, nn], seed=cell_seed(seed, 1, 0), resamples=resamples, confidence=level, k=at,
+                           base_lists=lists and lists["oo"], other_lists=lists and [lists["no"], lists["nn"]],
+                           bound_unchanged=[not unchanged, False])  # "better": the matrices' rule, [0, 0] is a tie
+    bounds = {"compat": (got[0].lo, got[0].hi), "better": (got[1].lo, got[1].hi)}
+    if got[0].interval == "unchanged":
+        r = got[0].hi
         notes += (f"no query's score changes but the features differ: the interval is +/-{100 * r:.1f} points, the exact "
-                  f"bound on the share of queries that could change when none of {len(d)} did",)
+                  f"bound on the share of queries that could change when none of {got[0].n} did",)
     compat = compare(no, oo, **settings, rule=rule, bounds=bounds["compat"])
     better = compare(nn, oo, **settings, names=BETTER, bounds=bounds["better"])
     old_self = float(np.nanmean(oo))

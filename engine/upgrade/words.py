@@ -5,6 +5,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.core.conventions import metric_name
+from engine.results.verdict_words import interval_text
 from engine.upgrade.rule import Rule
 
 HEADS = {"compatible": "{new} is compatible with {old}", "not compatible": "{new} is not compatible with {old}",
@@ -31,8 +32,8 @@ def reach(x: float | None, who: str) -> str:
 
 
 def interval(c: Mapping[str, Any], level: float) -> str:
-    """A paired comparison's difference and interval, in points."""
-    return f"{100 * c['diff']:+.1f} points, {100 * level:g}% CI {100 * c['lo']:+.1f} to {100 * c['hi']:+.1f}"
+    """A paired comparison's difference and interval, in points (the matrices' cells print the same form)."""
+    return interval_text(c["diff"], c["lo"], c["hi"], level)
 
 
 def rule_name(margin: float, ties: str) -> str:
