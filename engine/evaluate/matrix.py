@@ -16,7 +16,6 @@ in this process from the cells' features (``features``), as an in-process evalua
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,9 +31,10 @@ from engine.metrics.paired import PairedOptions
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import VERIFICATION, parse_metric
 from storage import Job, session_scope
+from storage.settings import OWNER_LEASE_S, read
 from storage.tasks import cancel_task_job, renew_owner_lease, results_of_kind
 
-OWNER_LEASE_ENV = "COMPATLAB_OWNER_LEASE_S"
+OWNER_LEASE_ENV = OWNER_LEASE_S.name
 
 
 class TaskJobStopped(Exception):
@@ -47,14 +47,8 @@ class TaskJobStopped(Exception):
 
 def owner_lease_s() -> float:
     """Seconds a task job outlives its owner's last renewal: ``$COMPATLAB_OWNER_LEASE_S``, else the task lease."""
-    raw = os.environ.get(OWNER_LEASE_ENV, "").strip()
-    try:
-        value = float(raw) if raw else LEASE_S
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise ValueError(f"${OWNER_LEASE_ENV} must be a positive number of seconds, got {raw!r}")
-    return value
+    value = read(OWNER_LEASE_S)
+    return LEASE_S if value is None else value
 
 
 class _OwnerBeat(threading.Thread):
