@@ -40,7 +40,7 @@ from engine.core import threads  # torch-free
 from engine.checkpoints.files import add_ceiling_argument, export_ceiling  # torch-free
 from engine.core.contract import SHORT_JOB_KINDS  # torch-free
 from engine.data import roots  # torch-free
-from storage.settings import DB_URL, SECRET, check_all, read
+from storage.settings import DB_URL, SECRET, check_all, read_setting
 
 ROOT = Path(__file__).resolve().parent
 STOP_GRACE_S = 10.0
@@ -208,7 +208,7 @@ def read_secret(args: argparse.Namespace) -> str | None:
         if not secret:
             raise ValueError(f"the secret file {args.secret_file} is empty")
         return check_secret(secret)
-    secret = read(SECRET)
+    secret = read_setting(SECRET)
     return check_secret(secret) if secret else None
 
 

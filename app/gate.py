@@ -85,9 +85,9 @@ def streamlit_middleware(*, check_address: bool) -> list[Any]:
     from starlette.middleware import Middleware
     from streamlit import config
 
-    from storage.settings import SECRET, read
+    from storage.settings import SECRET, read_setting
 
-    secret = read(SECRET)
+    secret = read_setting(SECRET)
     try:
         check_start(config.get_option("server.address") if check_address else "127.0.0.1", secret)
     except ValueError as exc:

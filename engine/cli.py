@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--features", required=True, type=Path, metavar="DIR", help="folder with step_1.npz ... step_T.npz")
     ev.add_argument("--metric", action="append", dest="metrics", metavar="NAME",
                     help="recall@K, map or map@K (repeatable; default recall@1 and map)")
-    ev.add_argument("--protocol", choices=("instance", "template"), default="instance")
+    ev.add_argument("--gallery-kind", "--protocol", dest="gallery_kind", choices=("instance", "template"), default="instance")
     ev.add_argument("--same-set", action="store_true", help="queries are the gallery images: exclude each query's own image")
     ev.add_argument("--ties", choices=("fail", "pass"), default="fail", help="ECC on a tie: strict > (fail) or >= (pass)")
     ev.add_argument("--json", type=Path, metavar="OUT", help="write the matrices and AC/AA/ACA as JSON")
@@ -280,24 +280,24 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from storage import get_engine, init_db
 
         init_db(get_engine(args.db))
-    result = evaluate_folder(folder, metrics=metrics, protocol=args.protocol, same_set=args.same_set)
+    result = evaluate_folder(folder, metrics=metrics, gallery_kind=args.gallery_kind, same_set=args.same_set)
     for name, C in result.values.items():
-        print(render_matrix(C, title=f"{name} ({args.protocol}{', same set' if args.same_set else ''})",
+        print(render_matrix(C, title=f"{name} ({args.gallery_kind}{', same set' if args.same_set else ''})",
                             comparable=result.comparable, ties=args.ties))
         if args.export:
             print(render_matrix(C, fmt=args.export, title=name, comparable=result.comparable, ties=args.ties,
-                                metric=name, view="external", protocol=args.protocol))
-    payload = {"features": str(args.features), "protocol": args.protocol, "same_set": args.same_set,
+                                metric=name, view="external", gallery_kind=args.gallery_kind))
+    payload = {"features": str(args.features), "gallery_kind": args.gallery_kind, "same_set": args.same_set,
                "metrics": result_json(result, ecc_ties=args.ties)}
     if not args.no_store:
         from engine.checkpoints.evaluate_folder import store_feature_evaluation
         from storage import get_engine
 
         config = {"source": "features", "folder": str(args.features.resolve()), "metrics": list(metrics),
-                  "protocol": args.protocol, "same_set": args.same_set, "ties": args.ties}
+                  "gallery_kind": args.gallery_kind, "same_set": args.same_set, "ties": args.ties}
         payload["experiment_id"] = store_feature_evaluation(get_engine(args.db), name=args.name or args.features.name,
                                                             config=config, sets=folder.sets, result=result,
-                                                            protocol=args.protocol, ties=args.ties)
+                                                            gallery_kind=args.gallery_kind, ties=args.ties)
         print(f"stored as experiment {payload['experiment_id']}")
     if args.json:
         write_json_atomic(args.json, payload)

@@ -53,7 +53,7 @@ from storage.jobs import (
 from storage.models import (
     EXPERIMENT_STATUSES,
     JOB_STATUSES,
-    PROTOCOLS,
+    GALLERY_KINDS,
     SPLITS,
     TASKS_JOB_KIND,
     Analysis,
@@ -95,7 +95,7 @@ from storage.types import NpyArray, UTCDateTime
 __all__ = [
     "EXPERIMENT_STATUSES",
     "JOB_STATUSES",
-    "PROTOCOLS",
+    "GALLERY_KINDS",
     "SPLITS",
     "TASKS_JOB_KIND",
     "Analysis",

@@ -60,7 +60,7 @@ from sqlalchemy import event, make_url
 from sqlalchemy.orm import Session
 
 from storage.safe_open import open_regular
-from storage.settings import FEATURE_DTYPE, FEATURE_STORE, read
+from storage.settings import FEATURE_DTYPE, FEATURE_STORE, read_setting
 
 STORE_ENV = FEATURE_STORE.name
 DTYPE_ENV = FEATURE_DTYPE.name
@@ -122,7 +122,7 @@ def store_uri(session: Session) -> str | None:
 
     ``ValueError`` when ``$COMPATLAB_FEATURE_STORE`` names a store that is not persistent (``memory://``, ``http://``).
     """
-    configured = read(FEATURE_STORE)
+    configured = read_setting(FEATURE_STORE)
     if configured:
         _checked_kind(configured)
         return configured if "://" in configured else str(Path(configured).expanduser().absolute())
@@ -384,7 +384,7 @@ def _shard_rows(dim: int, itemsize: int) -> int:
 
 
 def _stored_dtype(features: np.ndarray) -> np.dtype:
-    wanted = read(FEATURE_DTYPE)
+    wanted = read_setting(FEATURE_DTYPE)
     return np.dtype(np.float16) if wanted and features.dtype.kind == "f" else features.dtype
 
 

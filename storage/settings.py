@@ -1,5 +1,5 @@
 """Every ``COMPATLAB_*`` environment variable, declared once: its name, default, how it is read and checked, and
-what it means (:data:`SETTINGS`); :func:`read` is the one reader, and a bad value is one line naming the variable.
+what it means (:data:`SETTINGS`); :func:`read_setting` is the one reader, and a bad value is one line naming it.
 
 Why here: ``storage`` is the bottom layer that the engine, the dashboard and ``run_app.py`` all import, and it
 imports nothing from above (``tests/test_floors.py``), while three of the variables are storage's own (the
@@ -133,7 +133,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     MAX_ARRAY_BYTES, MAX_CHECKPOINT_BYTES, SECRET, THREADS)}
 
 
-def read(setting: Setting, environ: Mapping[str, str] | None = None) -> Any:
+def read_setting(setting: Setting, environ: Mapping[str, str] | None = None) -> Any:
     """``setting``'s value from ``environ`` (default: this process's environment), ``setting.default`` when it is
     unset or blank; :class:`SettingError` (one line) when the value cannot be parsed."""
     raw = (os.environ if environ is None else environ).get(setting.name, "").strip()
@@ -148,7 +148,7 @@ def read(setting: Setting, environ: Mapping[str, str] | None = None) -> Any:
 def check_all(environ: Mapping[str, str] | None = None) -> None:
     """Read every declared variable; :class:`SettingError` for the first bad one (servers check at start)."""
     for setting in SETTINGS.values():
-        read(setting, environ)
+        read_setting(setting, environ)
 
 
 def markdown_table() -> str:

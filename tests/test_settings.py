@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from storage import settings
-from storage.settings import SETTINGS, SettingError, read
+from storage.settings import SETTINGS, SettingError, read_setting
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"COMPATLAB_[A-Z0-9_]+")
@@ -25,11 +25,12 @@ def code_files() -> list[Path]:
 
 def test_unset_or_blank_gives_the_default():
     for setting in SETTINGS.values():
-        assert read(setting, {}) == setting.default
-        assert read(setting, {setting.name: "   "}) == setting.default
-    assert read(settings.HEARTBEAT_S, {}) == 5.0 and read(settings.STALE_AFTER_S, {}) == 60.0
-    assert read(settings.MAX_ARRAY_BYTES, {}) == 4 * 2**30 and read(settings.MAX_CHECKPOINT_BYTES, {}) == 2 * 10**9
-    assert read(settings.ALLOW_TORCHSCRIPT, {}) is False and read(settings.DATA_ROOTS, {}) == ()
+        assert read_setting(setting, {}) == setting.default
+        assert read_setting(setting, {setting.name: "   "}) == setting.default
+    assert read_setting(settings.HEARTBEAT_S, {}) == 5.0 and read_setting(settings.STALE_AFTER_S, {}) == 60.0
+    assert read_setting(settings.MAX_ARRAY_BYTES, {}) == 4 * 2**30
+    assert read_setting(settings.MAX_CHECKPOINT_BYTES, {}) == 2 * 10**9
+    assert read_setting(settings.ALLOW_TORCHSCRIPT, {}) is False and read_setting(settings.DATA_ROOTS, {}) == ()
 
 
 def test_values_are_parsed():
@@ -37,15 +38,15 @@ def test_values_are_parsed():
            "COMPATLAB_ALLOW_TORCHSCRIPT": "yes", "COMPATLAB_FEATURE_DTYPE": "Float16",
            "COMPATLAB_DATA_ROOTS": os.pathsep.join(["/a", "", " ", "/b c"]), "COMPATLAB_MAX_ARRAY_BYTES": "1024",
            "COMPATLAB_DB_URL": " sqlite:////x.db "}
-    assert read(settings.THREADS, env) == 3
-    assert read(settings.MAX_CHECKPOINT_BYTES, env) == 1_500_000_000
-    assert read(settings.HEARTBEAT_S, env) == 0.2
-    assert read(settings.ALLOW_TORCHSCRIPT, env) is True
-    assert read(settings.ALLOW_TORCHSCRIPT, {"COMPATLAB_ALLOW_TORCHSCRIPT": "0"}) is False
-    assert read(settings.FEATURE_DTYPE, env) == "float16"
-    assert read(settings.DATA_ROOTS, env) == ("/a", "/b c")
-    assert read(settings.MAX_ARRAY_BYTES, env) == 1024
-    assert read(settings.DB_URL, env) == "sqlite:////x.db"
+    assert read_setting(settings.THREADS, env) == 3
+    assert read_setting(settings.MAX_CHECKPOINT_BYTES, env) == 1_500_000_000
+    assert read_setting(settings.HEARTBEAT_S, env) == 0.2
+    assert read_setting(settings.ALLOW_TORCHSCRIPT, env) is True
+    assert read_setting(settings.ALLOW_TORCHSCRIPT, {"COMPATLAB_ALLOW_TORCHSCRIPT": "0"}) is False
+    assert read_setting(settings.FEATURE_DTYPE, env) == "float16"
+    assert read_setting(settings.DATA_ROOTS, env) == ("/a", "/b c")
+    assert read_setting(settings.MAX_ARRAY_BYTES, env) == 1024
+    assert read_setting(settings.DB_URL, env) == "sqlite:////x.db"
 
 
 @pytest.mark.parametrize(("setting", "raw"), [
@@ -54,7 +55,7 @@ def test_values_are_parsed():
     (settings.ALLOW_TORCHSCRIPT, "maybe"), (settings.FEATURE_DTYPE, "int8")])
 def test_a_bad_value_is_one_line_naming_the_variable(setting, raw):
     with pytest.raises(SettingError) as exc:
-        read(setting, {setting.name: raw})
+        read_setting(setting, {setting.name: raw})
     assert str(exc.value) == f"${setting.name} must be {setting.must_be}, got {raw!r}"
     assert "\n" not in str(exc.value)
 
@@ -91,8 +92,8 @@ def test_no_module_reads_the_environment_itself():
         if path.name == "settings.py" and path.parent.name == "storage":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args \
-                    and node.func.attr in ("get", "getenv") and "environ" in ast.unparse(node.func.value) + node.func.attr:
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args and (
+                    node.func.attr == "getenv" or node.func.attr == "get" and "environ" in ast.unparse(node.func.value)):
                 arg = ast.unparse(node.args[0])
                 if NAME.search(arg) or arg.endswith("_ENV"):
                     reads.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")

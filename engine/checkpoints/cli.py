@@ -46,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="feature view (repeatable; default encoder, psp and lsp)")
     p.add_argument("--metric", action="append", dest="metrics", metavar="NAME",
                    help="recall@K, map or map@K (repeatable; default recall@1 and map)")
-    p.add_argument("--protocol", choices=("instance", "template"), default="instance", help="gallery items or class templates")
+    p.add_argument("--gallery-kind", "--protocol", dest="gallery_kind", choices=("instance", "template"), default="instance",
+                   help="gallery items or class templates")
     p.add_argument("--ties", choices=("fail", "pass"), default="fail", help="ECC on a tie: strict > (fail) or >= (pass)")
     p.add_argument("--name", help="experiment name in the database (default: the model names)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the matrices, AC/AA/ACA and notes as JSON")
@@ -122,7 +123,7 @@ def models_spec_from_args(args: argparse.Namespace) -> dict:
 
 def spec_from_args(args: argparse.Namespace) -> dict:
     """The JSON-able comparison spec the command line describes."""
-    return {**models_spec_from_args(args), "views": args.views, "metrics": args.metrics, "protocol": args.protocol,
+    return {**models_spec_from_args(args), "views": args.views, "metrics": args.metrics, "gallery_kind": args.gallery_kind,
             "ties": args.ties, "name": args.name}
 
 
@@ -143,7 +144,7 @@ def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
         dim = cmp.outputs[i - 1]["gallery"]["encoder"].shape[1]
         print(f"M{i} {label}: {model.kind} {model.architecture}, {model.num_outputs} outputs, "
               f"{f'{dim}-d encoder' if dim else 'no encoder output'}")
-    title_protocol = f"{cmp.protocol_name}, {cmp.spec.protocol}"
+    title_protocol = f"{cmp.protocol_name}, {cmp.spec.gallery_kind}"
     for view, result in cmp.results.items():
         for metric, C in result.values.items():
             print()
@@ -152,7 +153,7 @@ def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
             if args.export:
                 print(render_matrix(C, fmt=args.export, title=f"{view} / {metric}", comparable=result.comparable,
                                     ties=cmp.spec.ties, names=cmp.labels, metric=metric, view=view,
-                                    protocol=cmp.spec.protocol))
+                                    gallery_kind=cmp.spec.gallery_kind))
     for note in cmp.notes:
         print(f"note: {note}")
     experiment_id = None

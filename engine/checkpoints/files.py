@@ -36,7 +36,7 @@ from pathlib import Path
 
 from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES, lite_weights_path
 from engine.data.roots import torchscript_allowed
-from storage.settings import MAX_CHECKPOINT_BYTES, parse_size, read
+from storage.settings import MAX_CHECKPOINT_BYTES, parse_size, read_setting
 
 DEFAULT_MAX_BYTES = MAX_CHECKPOINT_BYTES.default
 MAX_BYTES_ENV = MAX_CHECKPOINT_BYTES.name  # the operator's ceiling for dashboard jobs (--max-checkpoint-size)
@@ -118,7 +118,7 @@ def human_bytes(n: float) -> str:
 def server_max_bytes() -> int:
     """The largest checkpoint dashboard jobs may read: ``--max-checkpoint-size`` on ``run_app.py`` or ``worker``
     (``$COMPATLAB_MAX_CHECKPOINT_BYTES``), default ``DEFAULT_MAX_BYTES``; a request can only lower it."""
-    return read(MAX_CHECKPOINT_BYTES)
+    return read_setting(MAX_CHECKPOINT_BYTES)
 
 
 def check_ceiling(max_bytes: int) -> int:

@@ -51,9 +51,9 @@ def requested(flag: int | None, environ: Mapping[str, str] | None = None) -> int
     Raises ValueError with one line for a count below 1 or a variable that is not a whole number."""
     if flag is not None:
         return parse_count(flag, source="--threads")
-    from storage.settings import THREADS, read  # the one reader; here so that importing this module stays light
+    from storage.settings import THREADS, read_setting  # the one reader; here so that importing this module stays light
 
-    return read(THREADS, environ)
+    return read_setting(THREADS, environ)
 
 
 def per_process(*, processes: int, cores: int | None = None, override: int | None = None) -> int:

@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 
 from storage.safe_open import inside_roots
-from storage.settings import ALLOW_TORCHSCRIPT, DATA_ROOTS, DB_URL, read
+from storage.settings import ALLOW_TORCHSCRIPT, DATA_ROOTS, DB_URL, read_setting
 
 ROOTS_ENV = DATA_ROOTS.name
 TORCHSCRIPT_ENV = ALLOW_TORCHSCRIPT.name
@@ -59,10 +59,10 @@ def sqlite_folder(url: str) -> Path | None:
 def data_roots() -> tuple[Path, ...]:
     """The configured data roots, resolved, without duplicates (see the module docstring)."""
     roots = [_real("data")]
-    folder = sqlite_folder(read(DB_URL) or "")
+    folder = sqlite_folder(read_setting(DB_URL) or "")
     if folder is not None:
         roots.append(folder)
-    roots += [_real(p) for p in read(DATA_ROOTS)]
+    roots += [_real(p) for p in read_setting(DATA_ROOTS)]
     return tuple(dict.fromkeys(roots))
 
 
@@ -84,7 +84,7 @@ def confine(path: str | Path, *, what: str = "path") -> Path:
 
 def torchscript_allowed() -> bool:
     """Whether dashboard jobs may run TorchScript archives (``--allow-torchscript`` / ``$COMPATLAB_ALLOW_TORCHSCRIPT=1``)."""
-    return read(ALLOW_TORCHSCRIPT)
+    return read_setting(ALLOW_TORCHSCRIPT)
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, torchscript: bool = False) -> None:
@@ -106,7 +106,7 @@ def export(args: argparse.Namespace) -> None:
     if folder is not None:
         extra.append(str(folder))
     if extra:
-        current = list(read(DATA_ROOTS))
+        current = list(read_setting(DATA_ROOTS))
         os.environ[ROOTS_ENV] = os.pathsep.join(dict.fromkeys(current + extra))
     if getattr(args, "allow_torchscript", False):
         os.environ[TORCHSCRIPT_ENV] = "1"

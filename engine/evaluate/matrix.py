@@ -31,7 +31,7 @@ from engine.metrics.paired import PairedOptions
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import VERIFICATION, parse_metric
 from storage import Job, session_scope
-from storage.settings import OWNER_LEASE_S, read
+from storage.settings import OWNER_LEASE_S, read_setting
 from storage.tasks import cancel_task_job, renew_owner_lease, results_of_kind
 
 OWNER_LEASE_ENV = OWNER_LEASE_S.name
@@ -47,7 +47,7 @@ class TaskJobStopped(Exception):
 
 def owner_lease_s() -> float:
     """Seconds a task job outlives its owner's last renewal: ``$COMPATLAB_OWNER_LEASE_S``, else the task lease."""
-    value = read(OWNER_LEASE_S)
+    value = read_setting(OWNER_LEASE_S)
     return LEASE_S if value is None else value
 
 

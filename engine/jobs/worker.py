@@ -54,7 +54,7 @@ from storage import settings
 def _env_seconds(setting: settings.Setting) -> float:
     """A number of seconds from the environment (tests shorten the heartbeat and stale limit); a bad one stops here."""
     try:
-        return settings.read(setting)
+        return settings.read_setting(setting)
     except settings.SettingError as exc:
         raise SystemExit(str(exc)) from None
 

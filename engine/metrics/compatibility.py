@@ -22,7 +22,7 @@ import numpy as np
 
 from engine.metrics.ranking import QueryStats
 from engine.metrics.paired import PairedOptions, count_verdicts, paired_bootstrap, shared_items, verdict
-from engine.metrics.retrieval import VERIFICATION, Protocol, Ties, cell_stats, parse_metric, per_query_from_stats
+from engine.metrics.retrieval import VERIFICATION, GalleryKind, Ties, cell_stats, parse_metric, per_query_from_stats
 from engine.metrics.gain import MIN_GAIN, gain_cells
 from engine.metrics.summary import ecc_pass, summarize
 from engine.metrics.verification import pair_verification
@@ -75,7 +75,7 @@ def _empty_paired(T: int, options: PairedOptions) -> dict:
             "resamples": options.resamples, "seed": options.seed, "confidence": options.confidence}
 
 
-def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: list, *, protocol: Protocol, same_set: bool,
+def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: list, *, gallery_kind: GalleryKind, same_set: bool,
                    ties: Ties, backend) -> tuple[dict[str, float], dict[str, np.ndarray], int, int]:
     """One cell: each metric's value and per-item outcome vector (NaN = undefined), valid and no-positive counts."""
     ks = tuple(sorted({k for kind, k in parsed if kind == "recall"}))
@@ -86,7 +86,7 @@ def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: 
     n_valid = n_no_pos = 0
     if any(kind in ("recall", "map") for kind, _ in parsed):
         stats = c.stats if isinstance(c, CellStats) else cell_stats(
-            c.query, c.query_labels, c.gallery, c.gallery_labels, protocol=protocol, same_set=same_set, map_k=map_k,
+            c.query, c.query_labels, c.gallery, c.gallery_labels, gallery_kind=gallery_kind, same_set=same_set, map_k=map_k,
             want_ap=want_map, backend=backend, top_k=max(ks, default=1))
         valid, per_query = per_query_from_stats(stats, ks=ks, map_at=map_k or None, want_map=("map", None) in parsed, ties=ties)
         n_valid, n_no_pos = int(valid.sum()), int((~valid).sum())
@@ -111,7 +111,7 @@ def compatibility_matrices(
     *,
     metrics: Sequence[str] = ("recall@1", "map"),
     num_models: int | None = None,
-    protocol: Protocol = "instance",
+    gallery_kind: GalleryKind = "instance",
     same_set: bool = False,
     ties: Ties = "pessimistic",
     backend=None,
@@ -149,7 +149,7 @@ def compatibility_matrices(
     for i, (t, k) in enumerate(cells):
         c = cell(t, k)
         if _comparable(c):  # otherwise left NaN
-            out, vectors, valid[t, k], no_pos[t, k] = _cell_outcomes(c, metrics, parsed, protocol=protocol,
+            out, vectors, valid[t, k], no_pos[t, k] = _cell_outcomes(c, metrics, parsed, gallery_kind=gallery_kind,
                                                                      same_set=same_set, ties=ties, backend=backend)
             for name in metrics:
                 values[name][t, k] = out[name]
@@ -191,10 +191,10 @@ def _pair_cell(tests: dict, t: int, k: int, ids: np.ndarray | None, vectors: dic
         entry["verdict"][t][k] = verdict(lo, hi, bool(C[t, k] > C[k, k]))
 
 
-def compatibility_matrix(source: CellSource, *, metric: str = "recall@1", protocol: Protocol = "instance",
+def compatibility_matrix(source: CellSource, *, metric: str = "recall@1", gallery_kind: GalleryKind = "instance",
                          same_set: bool = False, **kwargs) -> np.ndarray:
     """One metric's T x T matrix (NaN above the diagonal and for non-comparable cells)."""
-    return compatibility_matrices(source, metrics=(metric,), protocol=protocol, same_set=same_set, **kwargs).values[metric]
+    return compatibility_matrices(source, metrics=(metric,), gallery_kind=gallery_kind, same_set=same_set, **kwargs).values[metric]
 
 
 def _json_matrix(a: np.ndarray) -> list[list[float | None]]:
