@@ -72,7 +72,8 @@ def test_gallery_kind_is_read_under_its_new_and_its_old_key():
     """New rows store ``gallery_kind``; rows stored before the rename say ``protocol`` (tested above): same line."""
     old_ckpt = {"source": "checkpoints", "spec": {"protocol": "template"}, "protocol": "open-set"}
     new_ckpt = {"source": "checkpoints", "spec": {"gallery_kind": "template"}, "protocol": "open-set"}
-    assert convention(new_ckpt) == convention(old_ckpt) and "· open-set · template gallery (class means) ·" in convention(new_ckpt)
+    assert convention(new_ckpt) == convention(old_ckpt)
+    assert "open-set · template gallery (class means) ·" in convention(new_ckpt)
     old_feats = {"source": "features", "protocol": "template", "same_set": False}
     new_feats = {"source": "features", "gallery_kind": "template", "same_set": False}
     assert convention(new_feats) == convention(old_feats) and "open-set · template gallery" in convention(new_feats)
