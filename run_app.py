@@ -40,6 +40,7 @@ from engine.core import threads  # torch-free
 from engine.checkpoints.files import add_ceiling_argument, export_ceiling  # torch-free
 from engine.core.contract import SHORT_JOB_KINDS, run_preset_payload  # torch-free
 from engine.data import roots  # torch-free
+from storage.settings import DB_URL, SECRET, check_all, read_setting
 
 ROOT = Path(__file__).resolve().parent
 STOP_GRACE_S = 10.0
@@ -77,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.max_upload_mb < 1:
         p.error("--max-upload-mb must be at least 1")
     try:
+        check_all()  # every COMPATLAB_* variable, so that a bad one stops the start rather than a job
         args.threads = threads.requested(args.threads)  # --threads, else $COMPATLAB_THREADS, else None (the rule)
     except ValueError as exc:
         p.error(str(exc))
@@ -206,7 +208,7 @@ def read_secret(args: argparse.Namespace) -> str | None:
         if not secret:
             raise ValueError(f"the secret file {args.secret_file} is empty")
         return check_secret(secret)
-    secret = os.environ.get(SECRET_ENV, "").strip()
+    secret = read_setting(SECRET)
     return check_secret(secret) if secret else None
 
 
@@ -315,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     # the children import the checkout this file is in, whichever copy of the package is installed
-    env = {**os.environ, "COMPATLAB_DB_URL": url, "PYTHONPATH": os.pathsep.join(
+    env = {**os.environ, DB_URL.name: url, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     env.pop(SECRET_ENV, None)
     if job is not None:

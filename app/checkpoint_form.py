@@ -309,7 +309,7 @@ def build_spec(archs: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]
         return None, problems
     spec = {"models": models, **dataset, "views": list(s[PREFIX + "views"]),
             "metrics": [m.strip() for m in s[PREFIX + "metrics"].split(",") if m.strip()],
-            "protocol": s[PREFIX + "gallery"], "ties": s[PREFIX + "ties"], "name": s[PREFIX + "name"].strip() or None,
+            "gallery_kind": s[PREFIX + "gallery"], "ties": s[PREFIX + "ties"], "name": s[PREFIX + "name"].strip() or None,
             "max_file_bytes": max_bytes, "batch_size": int(s[PREFIX + "batch_size"]), "device": s[PREFIX + "device"]}
     try:
         return comparison_spec(spec, trust=server_trust()).to_dict(), []

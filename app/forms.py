@@ -17,7 +17,7 @@ from engine.core.vocab import DSIMPLEX_METHODS
 from engine.core.vocab import DATASET_NAMES as DATASETS
 from engine.core.vocab import DEVICE_CHOICES as DEVICES
 from engine.core.vocab import EVAL_CLASSES, INIT_SEEDS, OPTIMIZERS, TRAINING_MODES
-from engine.core.vocab import GALLERY_PROTOCOLS as GALLERIES
+from engine.core.vocab import GALLERY_KINDS as GALLERIES
 from engine.core.vocab import LR_SCHEDULES as SCHEDULES
 from engine.core.vocab import RUN_PROTOCOLS as PROTOCOLS
 

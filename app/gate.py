@@ -19,7 +19,6 @@ import html
 import ipaddress
 import logging
 import math
-import os
 import secrets
 import sys
 import time
@@ -29,7 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from app.backoff import Backoff, client_key
 
-SECRET_ENV = "COMPATLAB_SECRET"
+SECRET_ENV = "COMPATLAB_SECRET"  # declared in storage.settings (SECRET); this module stays stdlib-only at import
 MIN_SECRET_CHARS = 16
 COOKIE_NAME = "compatlab_gate"
 COOKIE_MAX_AGE_S = 12 * 3600
@@ -86,7 +85,9 @@ def streamlit_middleware(*, check_address: bool) -> list[Any]:
     from starlette.middleware import Middleware
     from streamlit import config
 
-    secret = os.environ.get(SECRET_ENV, "").strip() or None
+    from storage.settings import SECRET, read_setting
+
+    secret = read_setting(SECRET)
     try:
         check_start(config.get_option("server.address") if check_address else "127.0.0.1", secret)
     except ValueError as exc:

@@ -219,7 +219,7 @@ def matrices(url: str, experiment_id: int, stamp: str) -> list[dict[str, Any]]:
     """The experiment's compatibility matrices (values, query counts, AC/AA/ACA summary)."""
     with session_scope(db_engine(url)) as s:
         return [{
-            "metric": m.metric, "protocol": m.protocol, "view": m.view, "eval_classes": m.eval_classes,
+            "metric": m.metric, "gallery_kind": m.gallery_kind, "view": m.view, "eval_classes": m.eval_classes,
             "values": np.asarray(m.values), "valid_queries": np.asarray(m.valid_queries),
             "no_positive": np.asarray(m.no_positive), "summary": dict(m.summary),
         } for m in load_matrices(s, experiment_id)]
@@ -284,7 +284,7 @@ def neighbours(url: str, query_version_id: int, gallery_version_id: int, view: s
 
 
 def pick_main(matrices_: list[dict[str, Any]], method: str, config: dict[str, Any]) -> dict[str, Any] | None:
-    """The headline matrix of an experiment: Recall@1 (else the first metric), its main view, its protocol."""
+    """The headline matrix of an experiment: Recall@1 (else the first metric), its main view, its gallery kind."""
     if not matrices_:
         return None
     ev = config.get("eval", {})
@@ -292,7 +292,7 @@ def pick_main(matrices_: list[dict[str, Any]], method: str, config: dict[str, An
     views = {m["view"] for m in matrices_}
     view = main_view(method) if main_view(method) in views else ("encoder" if "encoder" in views else sorted(views)[0])
     candidates = [m for m in matrices_ if m["metric"] == metric and m["view"] == view]
-    preferred = [m for m in candidates if m["protocol"] == ev.get("gallery", m["protocol"])
+    preferred = [m for m in candidates if m["gallery_kind"] == ev.get("gallery", m["gallery_kind"])
                  and m["eval_classes"] == ev.get("eval_classes", m["eval_classes"])]
     return (preferred or candidates or [None])[0]
 

@@ -5,7 +5,6 @@ import functools
 import hashlib
 import json
 import math
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,15 +18,16 @@ from sqlalchemy.orm import Session
 
 from storage.migrate import add_missing_columns
 from storage.models import Base
+from storage.settings import DB_URL, read_setting
 
-DB_URL_ENV = "COMPATLAB_DB_URL"
+DB_URL_ENV = DB_URL.name
 DEFAULT_DB_PATH = Path("data") / "compatlab.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
 def default_db_url() -> str:
     """``$COMPATLAB_DB_URL`` if set, else SQLite at ``./data/compatlab.db`` (absolute, from the current directory)."""
-    url = os.environ.get(DB_URL_ENV, "").strip()
+    url = read_setting(DB_URL)
     return url or f"sqlite:///{(Path.cwd() / DEFAULT_DB_PATH).as_posix()}"
 
 

@@ -60,9 +60,10 @@ from sqlalchemy import event, make_url
 from sqlalchemy.orm import Session
 
 from storage.safe_open import open_regular
+from storage.settings import FEATURE_DTYPE, FEATURE_STORE, read_setting
 
-STORE_ENV = "COMPATLAB_FEATURE_STORE"
-DTYPE_ENV = "COMPATLAB_FEATURE_DTYPE"
+STORE_ENV = FEATURE_STORE.name
+DTYPE_ENV = FEATURE_DTYPE.name
 DEFAULT_FOLDER = "features"  # beside a SQLite file; a relative store_uri is resolved from the database's folder
 SHARD_BYTES = 64 * 2**20
 ROWS_FILE = "rows.parquet"
@@ -121,7 +122,7 @@ def store_uri(session: Session) -> str | None:
 
     ``ValueError`` when ``$COMPATLAB_FEATURE_STORE`` names a store that is not persistent (``memory://``, ``http://``).
     """
-    configured = os.environ.get(STORE_ENV, "").strip()
+    configured = read_setting(FEATURE_STORE)
     if configured:
         _checked_kind(configured)
         return configured if "://" in configured else str(Path(configured).expanduser().absolute())
@@ -383,9 +384,7 @@ def _shard_rows(dim: int, itemsize: int) -> int:
 
 
 def _stored_dtype(features: np.ndarray) -> np.dtype:
-    wanted = os.environ.get(DTYPE_ENV, "").strip().lower()
-    if wanted not in ("", "float16"):
-        raise ValueError(f"${DTYPE_ENV} must be empty (store as given) or 'float16', got {wanted!r}")
+    wanted = read_setting(FEATURE_DTYPE)
     return np.dtype(np.float16) if wanted and features.dtype.kind == "f" else features.dtype
 
 

@@ -38,7 +38,7 @@ ADDED_COLUMNS = (
     ("jobs", "lease_until"),
 )
 SPLITS = ("query", "gallery", "train")
-PROTOCOLS = ("instance", "template")
+GALLERY_KINDS = ("instance", "template")  # what a gallery item is (engine.core.vocab.GALLERY_KINDS)
 MAX_MODEL_NAME = 40
 MAX_NAME = 200  # experiment and study names (their columns' length)
 
@@ -175,13 +175,13 @@ class CompatibilityMatrix(Base):
     __tablename__ = "compatibility_matrices"
     __table_args__ = (
         UniqueConstraint("experiment_id", "metric", "protocol", "view", "eval_classes"),
-        _one_of("protocol", PROTOCOLS),
+        _one_of("protocol", GALLERY_KINDS),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     experiment_id: Mapped[int] = _experiment_fk()
     metric: Mapped[str] = mapped_column(String(50))  # "recall@1", "map", ...
-    protocol: Mapped[str] = mapped_column(String(20))
+    gallery_kind: Mapped[str] = mapped_column("protocol", String(20))  # the column keeps its first name: no migration
     view: Mapped[str] = mapped_column(String(100))
     eval_classes: Mapped[str] = mapped_column(String(100), default="all")
     values: Mapped[np.ndarray] = mapped_column(NpyArray)  # float64

@@ -19,7 +19,7 @@ from storage.models import (
     FINISHED_STATUSES,
     MAX_MODEL_NAME,
     MAX_NAME,
-    PROTOCOLS,
+    GALLERY_KINDS,
     Analysis,
     CompatibilityMatrix,
     Experiment,
@@ -229,7 +229,7 @@ def save_matrix(
     experiment_id: int,
     *,
     metric: str,
-    protocol: str,
+    gallery_kind: str,
     view: str,
     values: np.ndarray,
     valid_queries: np.ndarray,
@@ -238,7 +238,7 @@ def save_matrix(
     eval_classes: str = "all",
 ) -> int:
     """Store a T x T compatibility matrix (float64, NaN where undefined), replacing one with the same key."""
-    require_choice("protocol", protocol, PROTOCOLS)
+    require_choice("gallery_kind", gallery_kind, GALLERY_KINDS)
     values = np.asarray(values)
     if values.ndim != 2 or values.shape[0] != values.shape[1]:
         raise ValueError(f"values must be a square T x T matrix, got shape {values.shape}")
@@ -251,7 +251,7 @@ def save_matrix(
                 f"{name} must be an integer array shaped like values {values.shape}, got {array.dtype} {array.shape}"
             )
     require_row(session, Experiment, experiment_id)
-    key = {"experiment_id": experiment_id, "metric": metric, "protocol": protocol, "view": view,
+    key = {"experiment_id": experiment_id, "metric": metric, "gallery_kind": gallery_kind, "view": view,
            "eval_classes": eval_classes}
     return upsert(session, CompatibilityMatrix, key,
                    {"values": values.astype(np.float64), **counts, "summary": dict(summary)})
@@ -262,16 +262,16 @@ def load_matrices(
     experiment_id: int,
     *,
     metric: str | None = None,
-    protocol: str | None = None,
+    gallery_kind: str | None = None,
     view: str | None = None,
 ) -> list[CompatibilityMatrix]:
-    """The experiment's matrices, optionally filtered, ordered by (metric, protocol, view, eval_classes)."""
+    """The experiment's matrices, optionally filtered, ordered by (metric, gallery kind, view, eval_classes)."""
     query = select(CompatibilityMatrix).where(CompatibilityMatrix.experiment_id == experiment_id)
-    for column, wanted in ((CompatibilityMatrix.metric, metric), (CompatibilityMatrix.protocol, protocol),
+    for column, wanted in ((CompatibilityMatrix.metric, metric), (CompatibilityMatrix.gallery_kind, gallery_kind),
                            (CompatibilityMatrix.view, view)):
         if wanted is not None:
             query = query.where(column == wanted)
-    order = (CompatibilityMatrix.metric, CompatibilityMatrix.protocol, CompatibilityMatrix.view,
+    order = (CompatibilityMatrix.metric, CompatibilityMatrix.gallery_kind, CompatibilityMatrix.view,
              CompatibilityMatrix.eval_classes)
     return list(session.scalars(query.order_by(*order)))
 

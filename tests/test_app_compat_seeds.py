@@ -45,7 +45,7 @@ def seeded_study(app_db) -> dict:
                 counts = np.where(np.isnan(C), 0, 40).astype(np.int64)
                 summary = summarize(C)
                 summary["comparable"] = np.tril(np.ones((STEPS, STEPS), bool)).tolist()
-                save_matrix(s, exp.id, metric="recall@1", protocol="instance", view="encoder", values=C,
+                save_matrix(s, exp.id, metric="recall@1", gallery_kind="instance", view="encoder", values=C,
                             valid_queries=counts, no_positive=np.zeros_like(counts), summary=summary)
                 set_experiment_status(s, exp.id, "done")
                 matrices[method, seed] = C
@@ -112,7 +112,7 @@ def test_feature_views_side_by_side_average_the_seeds(seeded_study, app_db):
         for e in list_experiments(s):
             C = seeded_study[e.method, e.config["seed"]] - 0.1
             counts = np.where(np.isnan(C), 0, 40).astype(np.int64)
-            save_matrix(s, e.id, metric="recall@1", protocol="instance", view="logits", values=C,
+            save_matrix(s, e.id, metric="recall@1", gallery_kind="instance", view="logits", values=C,
                         valid_queries=counts, no_positive=np.zeros_like(counts), summary=summarize(C))
     at = open_compatibility()
     side = next(d.value for d in at.dataframe if "logits · AA %" in d.value.columns)

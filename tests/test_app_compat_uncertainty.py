@@ -49,7 +49,7 @@ def store(s, exp, C, *, paired: bool) -> None:
     if paired:
         summary["paired"] = paired_test(C)
     counts = np.where(np.isnan(C), -1, 400).astype(np.int64)
-    save_matrix(s, exp.id, metric="recall@1", protocol="instance", view="encoder", values=C, valid_queries=counts,
+    save_matrix(s, exp.id, metric="recall@1", gallery_kind="instance", view="encoder", values=C, valid_queries=counts,
                 no_positive=np.zeros_like(counts), summary=summary)
     set_experiment_status(s, exp.id, "done")
 

@@ -68,6 +68,17 @@ def test_convention_of_checkpoint_and_feature_configs():
                                  "all test classes · ECC strict > (a tie fails) · given features (no training seed)")
 
 
+def test_gallery_kind_is_read_under_its_new_and_its_old_key():
+    """New rows store ``gallery_kind``; rows stored before the rename say ``protocol`` (tested above): same line."""
+    old_ckpt = {"source": "checkpoints", "spec": {"protocol": "template"}, "protocol": "open-set"}
+    new_ckpt = {"source": "checkpoints", "spec": {"gallery_kind": "template"}, "protocol": "open-set"}
+    assert convention(new_ckpt) == convention(old_ckpt)
+    assert "open-set · template gallery (class means) ·" in convention(new_ckpt)
+    old_feats = {"source": "features", "protocol": "template", "same_set": False}
+    new_feats = {"source": "features", "gallery_kind": "template", "same_set": False}
+    assert convention(new_feats) == convention(old_feats) and "open-set · template gallery" in convention(new_feats)
+
+
 def test_annotate_puts_the_line_first_as_a_comment():
     assert annotate("a,b\n", "csv", "Convention: x") == "# Convention: x\na,b\n"
     assert annotate("\\begin{tabular}", "latex", "C") == "% C\n\\begin{tabular}"

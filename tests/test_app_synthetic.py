@@ -107,7 +107,7 @@ def fill_study(
             for metric, values in (("recall@1", C), ("map", C - 0.1)):
                 summary = summarize(values)
                 summary["comparable"] = np.tril(np.ones((steps, steps), bool)).tolist()
-                save_matrix(s, exp.id, metric=metric, protocol="instance", view="encoder", values=values,
+                save_matrix(s, exp.id, metric=metric, gallery_kind="instance", view="encoder", values=values,
                             valid_queries=counts, no_positive=np.zeros_like(counts), summary=summary)
             set_experiment_status(s, exp.id, "done")
     if analyses:

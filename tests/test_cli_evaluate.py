@@ -62,7 +62,7 @@ def test_evaluate_exports_and_template_protocol(tmp_path, capsys):
     folder = _write(tmp_path / "f", T=3)
     assert main(["evaluate", "--features", str(folder), "--protocol", "template", "--same-set", "--export", "latex", "--no-store"]) == 2
     assert "one query per gallery item" not in capsys.readouterr().out  # error goes to stderr
-    assert main(["evaluate", "--features", str(folder), "--protocol", "template", "--export", "latex", "--no-store"]) == 0
+    assert main(["evaluate", "--features", str(folder), "--gallery-kind", "template", "--export", "latex", "--no-store"]) == 0
     assert "\\begin{tabular}" in capsys.readouterr().out
 
 

@@ -33,12 +33,12 @@ def _tied_cell(seed: int, n: int = 600, dim: int = 8, classes: int = 12):
 
 
 @pytest.mark.parametrize("same_set", [False, True])
-@pytest.mark.parametrize("protocol", ["instance", "template"])
-def test_torch_backend_on_cuda_gives_the_cpu_statistics(protocol, same_set):
+@pytest.mark.parametrize("gallery_kind", ["instance", "template"])
+def test_torch_backend_on_cuda_gives_the_cpu_statistics(gallery_kind, same_set):
     query, q_labels, gallery, g_labels = _tied_cell(1)
     if same_set:
         gallery, g_labels = query, q_labels
-    kwargs = dict(protocol=protocol, same_set=same_set, map_k=10, want_ap=True)
+    kwargs = dict(gallery_kind=gallery_kind, same_set=same_set, map_k=10, want_ap=True)
     cpu = cell_stats(query, q_labels, gallery, g_labels, backend=TorchBackend("cpu"), **kwargs)
     gpu = cell_stats(query, q_labels, gallery, g_labels, backend=TorchBackend("cuda"), **kwargs)
     # unit-normalising integer rows rounds differently on the two devices, so compare ranks, not bits

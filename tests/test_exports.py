@@ -29,7 +29,7 @@ def read_csv(text: str) -> pd.DataFrame:
 
 
 def test_matrix_csv_is_one_numeric_row_per_cell():
-    text = render_matrix(C, fmt="csv", names=["v1", "v2", "v3"], metric="recall@1", view="psp", protocol="instance",
+    text = render_matrix(C, fmt="csv", names=["v1", "v2", "v3"], metric="recall@1", view="psp", gallery_kind="instance",
                          eval_classes="all", replaced=(3,))
     assert text.splitlines()[-1].startswith("# †")  # the replaced-step note stays a comment
     frame = read_csv(text)
@@ -40,7 +40,7 @@ def test_matrix_csv_is_one_numeric_row_per_cell():
         t, k = row.query_step - 1, row.gallery_step - 1
         assert row.value == C[t, k]  # full precision, a fraction, no mark inside the cell
         assert (row.query_model, row.gallery_model) == (f"v{t + 1}", f"v{k + 1}")
-        assert (row.metric, row.view, row.protocol, row.eval_classes, row.ecc_ties) == ("recall@1", "psp", "instance",
+        assert (row.metric, row.view, row.gallery_kind, row.eval_classes, row.ecc_ties) == ("recall@1", "psp", "instance",
                                                                                        "all", "fail")
     cross = frame[frame["cell"] == "cross"].set_index(["query_step", "gallery_step"])["ecc_pass"]
     assert cross.to_dict() == {(2, 1): True, (3, 1): False, (3, 2): False}
@@ -113,7 +113,7 @@ def test_study_bundle_files_parse_and_match_stored_rows(db_url):
     with session_scope(get_engine(db_url)) as s:
         exps = [{"id": e.id, "name": e.name, "method": e.method, "config": dict(e.config)}
                 for e in sorted(list_experiments(s, study_id=out["study_id"]), key=lambda e: e.id)]
-        stored = {e["id"]: [{"metric": m.metric, "protocol": m.protocol, "view": m.view, "eval_classes": m.eval_classes,
+        stored = {e["id"]: [{"metric": m.metric, "gallery_kind": m.gallery_kind, "view": m.view, "eval_classes": m.eval_classes,
                              "values": np.asarray(m.values), "valid_queries": np.asarray(m.valid_queries),
                              "no_positive": np.asarray(m.no_positive), "summary": dict(m.summary)}
                             for m in load_matrices(s, e["id"])] for e in exps}
@@ -150,7 +150,7 @@ def test_study_bundle_files_parse_and_match_stored_rows(db_url):
 
 def test_bundle_without_a_run_config_says_why():
     exps = [{"id": 7, "name": "upload", "method": "checkpoints", "config": {"source": "checkpoints", "spec": {}}}]
-    matrices = {7: [{"metric": "recall@1", "protocol": "instance", "view": "encoder", "eval_classes": "all",
+    matrices = {7: [{"metric": "recall@1", "gallery_kind": "instance", "view": "encoder", "eval_classes": "all",
                      "values": C, "valid_queries": np.ones((3, 3), int), "no_positive": np.zeros((3, 3), int),
                      "summary": {"AC": 1 / 3}}]}
     z = zipfile.ZipFile(io.BytesIO(study_bundle(exps, matrices, title="upload")))

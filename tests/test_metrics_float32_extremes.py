@@ -58,7 +58,7 @@ def test_retrieval_metrics_at_the_float32_extremes_equal_float64(magnitude):
 def test_sharded_and_template_cells_at_the_float32_maximum_equal_ordinary_magnitude():
     q, ql, g, gl = _cell(1)
     big, one = (_at(q, F32_MAX), _at(g, F32_MAX)), (_at(q, 1.0), _at(g, 1.0))
-    for kw in ({"protocol": "template"}, {"protocol": "template", "same_set": True}, {"same_set": True}):
+    for kw in ({"gallery_kind": "template"}, {"gallery_kind": "template", "same_set": True}, {"same_set": True}):
         qq = gl if kw.get("same_set") else ql
         a = retrieval_metrics(big[1] if kw.get("same_set") else big[0], qq, big[1], gl, **kw)
         b = retrieval_metrics(one[1] if kw.get("same_set") else one[0], qq, one[1], gl, **kw)

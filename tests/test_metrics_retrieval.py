@@ -78,9 +78,9 @@ def test_template_gallery_uses_class_means():
     g = np.array([[1.0, 0.0], [0.0, 1.0], [math.cos(0.35), math.sin(0.35)]], np.float32)
     gl = np.array([0, 0, 1])
     q = np.array([[math.cos(0.7), math.sin(0.7)]], np.float32)  # 40 degrees: 5 from template 0, 20 from class 1
-    assert retrieval_metrics(q, [0], g, gl, ks=(1,), protocol="template")["recall@1"] == 1.0
+    assert retrieval_metrics(q, [0], g, gl, ks=(1,), gallery_kind="template")["recall@1"] == 1.0
     # as instances, the class-1 image (20 deg away) beats both class-0 images (40 and 50 deg away)
-    assert retrieval_metrics(q, [0], g, gl, ks=(1,), protocol="instance")["recall@1"] == 0.0
+    assert retrieval_metrics(q, [0], g, gl, ks=(1,), gallery_kind="instance")["recall@1"] == 0.0
 
 
 def test_template_same_set_leaves_own_image_out():
@@ -88,13 +88,13 @@ def test_template_same_set_leaves_own_image_out():
     ang = np.array([0.0, 80.0, 30.0]) * np.pi / 180
     x = np.stack([np.cos(ang), np.sin(ang)], 1).astype(np.float32)
     y = np.array([0, 0, 1])
-    m = retrieval_metrics(x, y, x, y, ks=(1,), protocol="template", same_set=True)
+    m = retrieval_metrics(x, y, x, y, ks=(1,), gallery_kind="template", same_set=True)
     # q0: its leave-one-out template is x1 (80 deg) vs class-1 template (30 deg) -> miss
     # q1: leave-one-out template is x0 (80 deg away) vs class 1 (50 deg away) -> miss
     # q2: class 1 without its own image is empty -> no positive
     assert m["n_no_positive"] == 1 and m["recall@1"] == 0.0
     # without same_set the full class-0 template (40 deg) beats class 1 for q0 (30 deg)? 40 > 30 -> miss; q1: 40 vs 50 -> hit
-    m2 = retrieval_metrics(x, y, x, y, ks=(1,), protocol="template")
+    m2 = retrieval_metrics(x, y, x, y, ks=(1,), gallery_kind="template")
     assert m2["recall@1"] == pytest.approx(2 / 3)  # q0 miss, q1 hit, q2 hit (its own template)
 
 
@@ -187,14 +187,14 @@ def test_auto_backend_is_torch_on_a_cpu_machine():
     assert pick_backend("faiss", need_ranking=False).name == "faiss"
 
 
-@pytest.mark.parametrize("protocol", ["instance", "template"])
+@pytest.mark.parametrize("gallery_kind", ["instance", "template"])
 @pytest.mark.parametrize("same_set", [False, True])
-def test_faiss_and_torch_backends_give_identical_results(protocol, same_set):
+def test_faiss_and_torch_backends_give_identical_results(gallery_kind, same_set):
     rng = np.random.default_rng(5)
     g = rng.normal(size=(300, 12)).astype(np.float32)
     gl = rng.integers(0, 8, 300)
     q, ql = (g, gl) if same_set else (rng.normal(size=(200, 12)).astype(np.float32), rng.integers(0, 9, 200))
-    kw = dict(ks=(1, 3, 10), protocol=protocol, same_set=same_set, compute_map=False)
+    kw = dict(ks=(1, 3, 10), gallery_kind=gallery_kind, same_set=same_set, compute_map=False)
     assert retrieval_metrics(q, ql, g, gl, backend="faiss", **kw) == retrieval_metrics(q, ql, g, gl, backend="torch", **kw)
 
 
@@ -228,7 +228,7 @@ def test_chunking_does_not_change_results():
         (dict(query=np.ones(3)), "2-D"),
         (dict(query_labels=np.array([0, 1, 2])), "3 labels for 2 feature rows"),
         (dict(same_set=True, gallery=np.ones((3, 2)), gallery_labels=np.array([0, 1, 1])), "one query per gallery item"),
-        (dict(protocol="nearest"), "unknown protocol"),
+        (dict(gallery_kind="nearest"), "unknown gallery kind"),
         (dict(ks=(0,)), "k must be >= 1"),
     ],
 )

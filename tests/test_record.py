@@ -134,7 +134,7 @@ def test_a_failing_one_transaction_write_leaves_nothing(tmp_path, monkeypatch):
     bad = replace(_version(4), labels={"query": np.arange(3), "gallery": np.arange(4)})
     with pytest.raises(ValueError, match="one label per feature row"):  # step 2's query labels do not fit its features
         record.record_experiment(db, name="x", method="features", config={}, versions=[_version(4), bad], results={},
-                                 protocol="instance", study_kind="checkpoints")
+                                 gallery_kind="instance", study_kind="checkpoints")
     assert set(_counts(db).values()) == {0}
 
     def broken(*a, **kw):  # fails after the experiment, its versions and feature sets were written in the session

@@ -54,7 +54,7 @@ def test_the_bundle_names_models_as_given_neutralises_them_and_its_toml_parses()
                             "scenario": {"initial_classes": 4, "increment": 3, "num_steps": 3}})
     e = {"id": 3, "name": f"{name}/bct/seed 0", "method": "bct", "config": cfg.for_method("bct").to_dict()}
     C = np.array([[0.6, np.nan], [0.7, 0.8]])
-    m = {"metric": "recall@1", "protocol": "instance", "view": "encoder", "eval_classes": "all", "values": C,
+    m = {"metric": "recall@1", "gallery_kind": "instance", "view": "encoder", "eval_classes": "all", "values": C,
          "valid_queries": np.full((2, 2), 10), "no_positive": np.zeros((2, 2), int), "summary": {}}
     z = zipfile.ZipFile(io.BytesIO(study_bundle([e], {3: [m]}, title=name, names={3: {1: "=cmd|' /C calc'!A0", 2: "v2"}})))
     assert tomllib.loads(z.read("study.toml").decode())["name"] == name

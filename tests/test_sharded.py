@@ -90,10 +90,10 @@ def test_same_set_exclusion_by_id_with_shards_out_of_order():
 def test_template_gallery_over_shards_and_refused_with_exclusion():
     q, ql, g, gl = _cell(seed=7)
     shards = _split(g, gl, UNEVEN)
-    _assert_same(cell_stats(q, ql, g, gl, protocol="template", map_k=3),
-                 sharded_cell_stats(q, ql, shards, protocol="template", map_k=3))
+    _assert_same(cell_stats(q, ql, g, gl, gallery_kind="template", map_k=3),
+                 sharded_cell_stats(q, ql, shards, gallery_kind="template", map_k=3))
     with pytest.raises(ValueError, match="template galleries with same-set exclusion"):
-        sharded_cell_stats(g, gl, shards, protocol="template", exclude_ids=np.arange(len(g)))
+        sharded_cell_stats(g, gl, shards, gallery_kind="template", exclude_ids=np.arange(len(g)))
 
 
 def test_memory_is_bounded_by_the_shard(monkeypatch):

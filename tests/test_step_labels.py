@@ -37,7 +37,7 @@ def test_every_matrix_format_marks_and_explains_the_replaced_model(fmt, note):
 
 def test_the_cli_study_matrices_say_it(capsys):
     entry = {"matrix": C.tolist(), "AC": 1 / 3, "AA": 0.5833, "ACA": 0.2, "update_gain": None, "paired": None,
-             "protocol": "instance", "eval_classes": "all"}
+             "gallery_kind": "instance", "eval_classes": "all"}
     summary = {"seeds": [0], "replaced_steps": [3], "methods": {
         "dsimplex_hoc": {"main_view": "encoder", "init_seed": "per_step", "seeds": [0],
                          "views": {"encoder": {"recall@1": entry}}}}}

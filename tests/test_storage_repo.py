@@ -278,14 +278,14 @@ def matrix_arrays(scale: float = 1.0) -> dict:
 def test_save_matrix_upserts_on_its_key_and_stores_float64(engine):
     with session_scope(engine) as session:
         experiment_id = new_experiment(session)
-        first = save_matrix(session, experiment_id, metric="map", protocol="instance", view="encoder",
+        first = save_matrix(session, experiment_id, metric="map", gallery_kind="instance", view="encoder",
                             summary={"AC": 0.5}, **matrix_arrays())
-        save_matrix(session, experiment_id, metric="recall@1", protocol="instance", view="encoder",
+        save_matrix(session, experiment_id, metric="recall@1", gallery_kind="instance", view="encoder",
                     summary={}, **matrix_arrays())
-        save_matrix(session, experiment_id, metric="map", protocol="instance", view="encoder", eval_classes="old",
+        save_matrix(session, experiment_id, metric="map", gallery_kind="instance", view="encoder", eval_classes="old",
                     summary={}, **matrix_arrays())
     with session_scope(engine) as session:
-        again = save_matrix(session, experiment_id, metric="map", protocol="instance", view="encoder",
+        again = save_matrix(session, experiment_id, metric="map", gallery_kind="instance", view="encoder",
                             summary={"AC": 1.0, "ACA": np.nan}, **matrix_arrays(scale=2.0))
     assert again == first
     with session_scope(engine) as session:
@@ -304,10 +304,10 @@ def test_save_matrix_upserts_on_its_key_and_stores_float64(engine):
     [({"values": np.zeros((2, 3))}, "square T x T"),
      ({"valid_queries": np.zeros((2, 2))}, "valid_queries must be an integer array shaped like values"),
      ({"no_positive": np.zeros((3, 3), int)}, "no_positive must be an integer array"),
-     ({"protocol": "pairs"}, "protocol must be one of 'instance', 'template'")],
+     ({"gallery_kind": "pairs"}, "gallery_kind must be one of 'instance', 'template'")],
 )
 def test_bad_matrices_are_refused(engine, change, message):
-    arguments = {"metric": "map", "protocol": "instance", "view": "encoder", "summary": {}, **matrix_arrays(),
+    arguments = {"metric": "map", "gallery_kind": "instance", "view": "encoder", "summary": {}, **matrix_arrays(),
                  **change}
     with pytest.raises(ValueError, match=message):
         with session_scope(engine) as session:
@@ -337,7 +337,7 @@ def test_deleting_an_experiment_removes_everything_it_owns_and_keeps_its_jobs(en
             for step in (1, 2):
                 version = new_model_version(session, experiment_id, step)
                 save_feature_set(session, version, "query", "encoder", FEATURES, LABELS)
-            save_matrix(session, experiment_id, metric="map", protocol="template", view="encoder", summary={},
+            save_matrix(session, experiment_id, metric="map", gallery_kind="template", view="encoder", summary={},
                         **matrix_arrays())
             save_analysis(session, experiment_id, "backfill", "curve", {})
         job_id = enqueue_job(session, "train", {}, experiment_id=doomed)
@@ -388,7 +388,7 @@ def test_clear_experiment_removes_what_it_recorded_but_keeps_the_experiment(engi
     with session_scope(engine) as session:
         exp_id = get_model_version(session, model_version_id).experiment_id
         save_feature_set(session, model_version_id, "query", "encoder", FEATURES, LABELS)
-        save_matrix(session, exp_id, metric="map", protocol="instance", view="encoder", values=values,
+        save_matrix(session, exp_id, metric="map", gallery_kind="instance", view="encoder", values=values,
                     valid_queries=np.ones((2, 2), int), no_positive=np.zeros((2, 2), int), summary={})
         save_analysis(session, exp_id, "k", "key", {})
         clear_experiment(session, exp_id)

@@ -48,7 +48,7 @@ def stored(url: str) -> tuple[dict, dict]:
         (e,) = list_experiments(s)
         (m,) = load_matrices(s, e.id)
         exp = {"id": e.id, "name": e.name, "method": e.method, "config": dict(e.config), "study_id": None}
-        return exp, {"metric": m.metric, "protocol": m.protocol, "view": m.view, "eval_classes": m.eval_classes,
+        return exp, {"metric": m.metric, "gallery_kind": m.gallery_kind, "view": m.view, "eval_classes": m.eval_classes,
                      "values": np.asarray(m.values), "valid_queries": np.asarray(m.valid_queries),
                      "no_positive": np.asarray(m.no_positive), "summary": dict(m.summary)}
 

@@ -140,7 +140,7 @@ def test_compatibility_page_shows_views_side_by_side_and_model_names(app_db):
     P = np.array([[0.6, np.nan, np.nan], [0.5, 0.7, np.nan], [0.65, 0.72, 0.8]])  # 1 of 3 cross-tests fails (0.5 < 0.6)
     with session_scope(get_engine(app_db)) as s:
         counts = np.where(np.isnan(P), 0, 10)
-        save_matrix(s, exp, metric="recall@1", protocol="instance", view="psp", values=P, valid_queries=counts,
+        save_matrix(s, exp, metric="recall@1", gallery_kind="instance", view="psp", values=P, valid_queries=counts,
                     no_positive=np.zeros_like(counts), summary={"AC": 2 / 3, "AA": average_accuracy(P), "ACA": None})
         rename_model_version(s, list_model_versions(s, exp)[0].id, "v1")
     at = open_page("compatibility")

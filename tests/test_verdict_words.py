@@ -45,7 +45,7 @@ def test_overview_gives_the_paired_verdict_next_to_a_point_estimate_ac(app_db):
         exp = create_experiment(s, name="coin flip", method="independent",
                                 config=RunConfig(name="coin flip", methods=("independent",)).to_dict(), config_hash="c")
         counts = np.array([[2000, -1], [2000, 2000]])
-        save_matrix(s, exp.id, metric="recall@1", protocol="instance", view="encoder", values=C, valid_queries=counts,
+        save_matrix(s, exp.id, metric="recall@1", gallery_kind="instance", view="encoder", values=C, valid_queries=counts,
                     no_positive=np.zeros_like(counts), summary=summary)
         set_experiment_status(s, exp.id, "done")
     at = overview()

@@ -25,7 +25,7 @@ def test_vocabulary_matches_the_registries():
     assert vocab.BACKBONE_NAMES == tuple(BACKBONES)
     assert vocab.VIEWS == VIEWS
     assert vocab.RUN_PROTOCOLS == protocols.PROTOCOLS and vocab.EVAL_CLASSES == protocols.EVAL_CLASSES
-    assert vocab.GALLERY_PROTOCOLS == retrieval.PROTOCOLS
+    assert vocab.GALLERY_KINDS == retrieval.GALLERY_KINDS
     assert vocab.TRAINING_MODES == scenario.TRAINING_MODES
     net = torch.nn.Linear(2, 2)
     for name in vocab.OPTIMIZERS:  # each named optimizer and schedule is one the training loop builds

@@ -54,7 +54,7 @@ def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, r
     if paired and family != "none":
         paired = {**paired, "verdict": familywise_verdicts(paired, method=family), "familywise": family}
     return render_matrix(C, fmt=fmt, title=title, comparable=comparable, replaced=replaced, names=names,
-                         metric=m["metric"], view=m["view"], protocol=m["protocol"], eval_classes=m["eval_classes"],
+                         metric=m["metric"], view=m["view"], gallery_kind=m["gallery_kind"], eval_classes=m["eval_classes"],
                          paired=paired if fmt == "csv" else None, ties=stored_ties(m["summary"]))
 
 
@@ -91,8 +91,8 @@ study_download(selected, stored, title=group, key="cm_bundle",
 c = st.columns(4)
 metrics = sorted({m["metric"] for m in everything}, key=lambda m: (m != "recall@1", m))
 metric = c[0].selectbox("Metric", metrics, format_func=metric_name, key="cm_metric")
-protocols = sorted({m["protocol"] for m in everything})
-protocol = c[1].selectbox("Gallery protocol", protocols, key="cm_protocol")
+gallery_kinds = sorted({m["gallery_kind"] for m in everything})
+gallery_kind = c[1].selectbox("Gallery", gallery_kinds, key="cm_gallery")
 classes = sorted({m["eval_classes"] for m in everything})
 eval_classes = c[2].selectbox("Evaluation classes", classes, key="cm_classes")
 views = [MAIN] + sorted({m["view"] for m in everything})
@@ -101,7 +101,7 @@ view_choice = c[3].selectbox("Feature view", views, key="cm_view",
 
 
 def matrix_for(e: dict[str, Any]) -> dict[str, Any] | None:
-    ms = [m for m in stored[e["id"]] if m["metric"] == metric and m["protocol"] == protocol
+    ms = [m for m in stored[e["id"]] if m["metric"] == metric and m["gallery_kind"] == gallery_kind
           and m["eval_classes"] == eval_classes]
     if view_choice == MAIN:
         main = q.main_view(e["method"])
@@ -115,9 +115,9 @@ shown = [(e, matrix_for(e)) for e in selected]
 missing = sorted({e["method"] for e, m in shown if m is None})
 shown = [(e, m) for e, m in shown if m is not None]
 if missing:
-    st.caption("No matrix for this metric / protocol / view: " + plain(", ".join(missing)))
+    st.caption("No matrix for this metric / gallery / view: " + plain(", ".join(missing)))
 if not shown:
-    st.warning("No stored matrix matches these choices; try another view or protocol.")
+    st.warning("No stored matrix matches these choices; try another view or gallery.")
     st.stop()
 
 
@@ -219,8 +219,8 @@ if any(m["summary"].get("paired") for _, m in shown):
                            "T(T-1)/2 cells at once; Holm (step-down on the cells' p-values) or Bonferroni-level "
                            "simultaneous intervals keep the chance that any verdict of the matrix is wrong at 5 %.")
 summary = pd.DataFrame([summary_row(method, view, seeds) for (method, view), seeds in runs.items()])
-st.subheader(f"{metric_name(metric)} · {protocol} gallery · {eval_classes} classes")
-conv = state_convention(selected[0]["config"], metrics=metric, views=[m["view"] for _, m in shown], gallery=protocol,
+st.subheader(f"{metric_name(metric)} · {gallery_kind} gallery · {eval_classes} classes")
+conv = state_convention(selected[0]["config"], metrics=metric, views=[m["view"] for _, m in shown], gallery=gallery_kind,
                         eval_classes=eval_classes, ties=stored_ties(shown[0][1]["summary"]))
 std_help = "Sample standard deviation over the seeds (n − 1); a dash for a single seed"
 table(summary, column_config={**summary_columns(),
@@ -266,11 +266,11 @@ by_view = [{"method": e["method"], "view": m["view"],
             **{f"{k} %": np.nan if m["summary"].get(k) is None else 100 * m["summary"][k] for k in ("AC", "AA", "ACA")},
             "failing cross-tests": int(np.sum(ecc_cells(m["values"], stored_ties(m["summary"])) == 0))}
            for e in selected for m in stored[e["id"]]
-           if m["metric"] == metric and m["protocol"] == protocol and m["eval_classes"] == eval_classes]
+           if m["metric"] == metric and m["gallery_kind"] == gallery_kind and m["eval_classes"] == eval_classes]
 if len({r["view"] for r in by_view}) > 1:
     st.subheader("Feature views side by side")
     st.caption("Every stored view of the chosen methods: the encoder and the output-space views (PSP/LSP) of the same "
-               "models, same metric, protocol and classes" + (", each the mean over the seeds." if many_seeds else "."))
+               "models, same metric, gallery and classes" + (", each the mean over the seeds." if many_seeds else "."))
     values = ["AC %", "AA %", "ACA %", "failing cross-tests"]
     side = pd.DataFrame(by_view).astype({v: float for v in values}).groupby(["method", "view"], sort=False)[values] \
         .mean().unstack("view")
@@ -376,7 +376,7 @@ for start in range(0, len(panels), per_row):
         chart = charts.matrix_heatmap(frame, names, title=p["title"], metric=metric_name(metric),
                                       size=None if per_row == 1 else 400, domain=domain)
         with col:
-            line = convention(e["config"], metrics=metric, views=m["view"], gallery=m["protocol"],
+            line = convention(e["config"], metrics=metric, views=m["view"], gallery=m["gallery_kind"],
                               eval_classes=m["eval_classes"], ties=ties)
             if line != conv:  # said once above when every matrix shares the table's convention
                 st.caption(plain(line))

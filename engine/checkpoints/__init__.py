@@ -5,7 +5,7 @@ torch-free modules (the request, the files, the tables) load without torch: impo
 
 The request (torch-free; the dashboard validates with it before queuing a ``checkpoints`` job)
   ``request``  ``comparison_spec(spec, *, trust=LOCAL) -> ComparisonSpec``  strict, one-sentence ``ValueError``;
-      ``ComparisonSpec(models, dataset | query_dataset + gallery_dataset, views, metrics, protocol, ties, name,
+      ``ComparisonSpec(models, dataset | query_dataset + gallery_dataset, views, metrics, gallery_kind, ties, name,
       max_file_bytes, batch_size, device)``, ``.to_dict()``  the job payload; ``model_source(entry, *, index, trust)
       -> ModelSource(path, arch, num_classes, classes, input_size, mean, std, label, pretrained)``,
       ``.load_trust(trust)``; ``parse_dataset("NAME[:ROOT]")``

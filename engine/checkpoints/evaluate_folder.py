@@ -10,7 +10,6 @@ once); the folder is the operator's own, so its files are not confined to the da
 from __future__ import annotations
 
 import math
-import os
 import re
 import zipfile
 import zlib
@@ -24,6 +23,7 @@ import numpy as np
 from sqlalchemy import Engine
 
 from storage.safe_open import open_regular
+from storage.settings import MAX_ARRAY_BYTES, read_setting
 from engine.metrics import summarize
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices, stored_summary
 from engine.metrics.paired import PairedOptions
@@ -32,8 +32,8 @@ from engine.results.record import NewVersion, record_experiment
 
 KEYS = ("query_features", "query_labels", "gallery_features", "gallery_labels")
 _STEP = re.compile(r"^step_(\d+)\.npz$")
-MAX_ARRAY_BYTES_ENV = "COMPATLAB_MAX_ARRAY_BYTES"
-DEFAULT_MAX_ARRAY_BYTES = 4 * 1024**3  # per array, checked against its declared shape before anything is read
+MAX_ARRAY_BYTES_ENV = MAX_ARRAY_BYTES.name
+DEFAULT_MAX_ARRAY_BYTES = MAX_ARRAY_BYTES.default  # per array, checked against its declared shape before reading
 MAX_LABEL = 2**31 - 1
 MAX_STEPS = 200  # models per folder: T^2 cells are searched
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -52,8 +52,7 @@ class FeatureFolder:
 
 def max_array_bytes() -> int:
     """The per-array size cap: ``$COMPATLAB_MAX_ARRAY_BYTES`` or 4 GiB."""
-    raw = os.environ.get(MAX_ARRAY_BYTES_ENV, "").strip()
-    return int(raw) if raw.isdigit() else DEFAULT_MAX_ARRAY_BYTES
+    return read_setting(MAX_ARRAY_BYTES)
 
 
 def _read_member(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, cap: int) -> np.ndarray:
@@ -176,13 +175,13 @@ def load_feature_folder(folder: str | Path, *, cap: int | None = None) -> Featur
     return FeatureFolder(folder, [p for _, p in numbered], sets)
 
 
-def evaluate_folder(folder: FeatureFolder, *, metrics: tuple[str, ...], protocol: str, same_set: bool,
+def evaluate_folder(folder: FeatureFolder, *, metrics: tuple[str, ...], gallery_kind: str, same_set: bool,
                     ties: str = "pessimistic", paired: PairedOptions | None = None) -> MatrixResult:
     """All metrics' matrices for the folder (one neighbour pass per cell); with ``paired``, every cross-test's
     interval and verdict as check-upgrade computes them (:mod:`engine.metrics.cell_interval`)."""
     for m in metrics:
         parse_metric(m)
-    return compatibility_matrices(folder.sets, metrics=metrics, protocol=protocol, same_set=same_set, ties=ties,
+    return compatibility_matrices(folder.sets, metrics=metrics, gallery_kind=gallery_kind, same_set=same_set, ties=ties,
                                   paired=paired)
 
 
@@ -202,7 +201,7 @@ def result_json(result: MatrixResult, *, ecc_ties: str = "fail") -> dict:
 
 
 def store_feature_evaluation(db: Engine, *, name: str, config: dict, sets: Sequence[CellFeatures], result: MatrixResult,
-                             protocol: str, view: str = "external", ties: str = "fail") -> int:
+                             gallery_kind: str, view: str = "external", ties: str = "fail") -> int:
     """Store an evaluation of external features (one experiment, one model version per step) in one transaction."""
     versions = [NewVersion(architecture="external", method="features",
                         classes=sorted({int(c) for c in fs.gallery_labels} | {int(c) for c in fs.query_labels}),
@@ -211,4 +210,4 @@ def store_feature_evaluation(db: Engine, *, name: str, config: dict, sets: Seque
                         labels={"query": fs.query_labels, "gallery": fs.gallery_labels})
                 for fs in sets]
     return record_experiment(db, name=name, method="features", config=config, versions=versions, results={view: result},
-                             protocol=protocol, ties=ties)
+                             gallery_kind=gallery_kind, ties=ties)

@@ -29,7 +29,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import struct
 import zipfile
 from dataclasses import dataclass
@@ -37,9 +36,10 @@ from pathlib import Path
 
 from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES, lite_weights_path
 from engine.data.roots import torchscript_allowed
+from storage.settings import MAX_CHECKPOINT_BYTES, parse_size, read_setting
 
-DEFAULT_MAX_BYTES = 2_000_000_000
-MAX_BYTES_ENV = "COMPATLAB_MAX_CHECKPOINT_BYTES"  # the operator's ceiling for dashboard jobs (--max-checkpoint-size)
+DEFAULT_MAX_BYTES = MAX_CHECKPOINT_BYTES.default
+MAX_BYTES_ENV = MAX_CHECKPOINT_BYTES.name  # the operator's ceiling for dashboard jobs (--max-checkpoint-size)
 SHOWN = 5  # how many keys / layers an error message lists
 
 
@@ -115,28 +115,10 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str | int) -> int:
-    """``"2GB"``, ``"500M"``, ``"1.5g"`` or a number of bytes -> bytes (powers of 1000)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        m = _SIZE.match(str(text))
-        if not m:
-            raise ValueError(f"size {text!r} is not understood; write e.g. 2GB, 500MB or a number of bytes")
-        value = int(float(m.group(1)) * 1000 ** " kmgt".index(m.group(2).lower() or " "))
-    if value < 1:
-        raise ValueError(f"the size limit must be positive, got {text!r}")
-    return value
-
-
 def server_max_bytes() -> int:
     """The largest checkpoint dashboard jobs may read: ``--max-checkpoint-size`` on ``run_app.py`` or ``worker``
     (``$COMPATLAB_MAX_CHECKPOINT_BYTES``), default ``DEFAULT_MAX_BYTES``; a request can only lower it."""
-    text = os.environ.get(MAX_BYTES_ENV, "").strip()
-    return parse_size(text) if text else DEFAULT_MAX_BYTES
+    return read_setting(MAX_CHECKPOINT_BYTES)
 
 
 def check_ceiling(max_bytes: int) -> int:

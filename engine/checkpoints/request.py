@@ -18,11 +18,10 @@ from engine.checkpoints.pretrained import pretrained_path, trusted_by_name
 from engine.core.config import MAX_RUN_NAME
 from engine.data.bounds import check_batch_size, check_image_size
 from engine.data.roots import confine
-from engine.core.vocab import DATASET_NAMES, GALLERY_PROTOCOLS, parse_metric
+from engine.core.vocab import DATASET_NAMES, GALLERY_KINDS, parse_metric
 from storage import model_name_problem, name_problem
 
 VIEWS = ("encoder", "psp", "lsp")
-PROTOCOLS = GALLERY_PROTOCOLS
 UPLOAD_PREFIX = re.compile(r"^[0-9a-f]{16}_(?=.)")  # the content-hash prefix of a saved upload (app.checkpoint_form)
 
 
@@ -70,7 +69,7 @@ class ComparisonSpec:
     gallery_dataset: str | None = None
     views: tuple[str, ...] = VIEWS
     metrics: tuple[str, ...] = ("recall@1", "map")
-    protocol: str = "instance"
+    gallery_kind: str = "instance"
     ties: str = "fail"
     name: str | None = None
     max_file_bytes: int = DEFAULT_MAX_BYTES
@@ -175,7 +174,7 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = 
     Keys: ``models`` (list of dicts: ``path``, ``arch``, ``num_classes``, ``classes``,
     ``preprocessing`` {``input_size``, ``mean``, ``std``}, ``label``), ``dataset`` (``"NAME[:ROOT]"``,
     e.g. ``"imagefolder:/data/pets"``) or ``query_dataset`` + ``gallery_dataset``, ``views``
-    (``encoder``, ``psp``, ``lsp``), ``metrics``, ``protocol`` (``instance``/``template``), ``ties``,
+    (``encoder``, ``psp``, ``lsp``), ``metrics``, ``gallery_kind`` (``instance``/``template``; ``protocol``, its old name, is read too), ``ties``,
     ``name``, ``max_file_bytes`` (bytes or ``"2GB"``; with ``trust.confine`` at most the operator's
     :func:`engine.checkpoints.files.server_max_bytes`), ``batch_size``, ``device``. ``trust``: see
     :class:`engine.checkpoints.files.Trust` (the dashboard passes ``server_trust()``).
@@ -184,7 +183,7 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = 
         spec = spec.to_dict()
     if not isinstance(spec, Mapping):
         raise ValueError(f"a comparison spec must be a dict, got {type(spec).__name__}")
-    known = [f.name for f in fields(ComparisonSpec)]
+    known = [f.name for f in fields(ComparisonSpec)] + ["protocol"]  # "protocol": gallery_kind's old name (stored specs)
     _unknown("comparison spec", spec, known)
     if spec.get("name") and (problem := name_problem(str(spec["name"]), what="comparison name", limit=MAX_RUN_NAME)):
         raise ValueError(problem)  # the experiment's name on every page and export
@@ -215,9 +214,9 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = 
     metrics = tuple(spec.get("metrics") or ("recall@1", "map"))
     for m in metrics:
         parse_metric(m)
-    protocol = spec.get("protocol") or "instance"
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol must be 'instance' or 'template', got {protocol!r}")
+    gallery_kind = spec.get("gallery_kind") or spec.get("protocol") or "instance"
+    if gallery_kind not in GALLERY_KINDS:
+        raise ValueError(f"gallery_kind must be 'instance' or 'template', got {gallery_kind!r}")
     ties = spec.get("ties") or "fail"
     if ties not in ("fail", "pass"):
         raise ValueError(f"ties must be 'fail' or 'pass', got {ties!r}")
@@ -226,7 +225,7 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = 
         check_ceiling(max_file_bytes)
     return ComparisonSpec(
         models=models, dataset=dataset, query_dataset=query, gallery_dataset=gallery,
-        views=tuple(dict.fromkeys(views)), metrics=tuple(dict.fromkeys(metrics)), protocol=protocol, ties=ties,
+        views=tuple(dict.fromkeys(views)), metrics=tuple(dict.fromkeys(metrics)), gallery_kind=gallery_kind, ties=ties,
         name=spec.get("name") or None, max_file_bytes=max_file_bytes,
         batch_size=check_batch_size(64 if spec.get("batch_size") is None else spec["batch_size"]),
         device=str(spec.get("device") or "auto"),

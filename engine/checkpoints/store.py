@@ -37,7 +37,7 @@ def store_comparison(db: Engine, cmp: Comparison) -> int:
                 for model, names, out, source in zip(cmp.models, cmp.class_names, cmp.outputs, cmp.spec.models)]
     return record_experiment(db, name=(cmp.spec.name or "checkpoints: " + " -> ".join(cmp.labels))[:200],
                              method="checkpoints", config=config, versions=versions, results=cmp.results,
-                             protocol=cmp.spec.protocol, ties=cmp.spec.ties, study_kind="checkpoints")
+                             gallery_kind=cmp.spec.gallery_kind, ties=cmp.spec.ties, study_kind="checkpoints")
 
 
 def comparison_json(cmp: Comparison, experiment_id: int | None = None) -> dict[str, Any]:
@@ -47,7 +47,7 @@ def comparison_json(cmp: Comparison, experiment_id: int | None = None) -> dict[s
         "models": comparison_config(cmp)["models"],
         "dataset": cmp.spec.dataset or {"query": cmp.spec.query_dataset, "gallery": cmp.spec.gallery_dataset},
         "protocol": cmp.protocol_name,
-        "gallery_protocol": cmp.spec.protocol,
+        "gallery_kind": cmp.spec.gallery_kind,
         "same_set": cmp.same_set,
         "shared_classes": [[None if v < 0 else int(v) for v in row] for row in cmp.shared],
         "views": {view: {"comparable": r.comparable.tolist(), "metrics": result_json(r, ecc_ties=cmp.spec.ties)}

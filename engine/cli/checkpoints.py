@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="feature view (repeatable; default encoder, psp and lsp)")
     p.add_argument("--metric", action="append", dest="metrics", metavar="NAME",
                    help="recall@K, map or map@K (repeatable; default recall@1 and map)")
-    p.add_argument("--protocol", choices=("instance", "template"), default="instance", help="gallery items or class templates")
+    p.add_argument("--gallery-kind", "--protocol", dest="gallery_kind", choices=("instance", "template"), default="instance",
+                   help="gallery items or class templates")
     p.add_argument("--ties", choices=("fail", "pass"), default="fail", help="ECC on a tie: strict > (fail) or >= (pass)")
     p.add_argument("--name", help="experiment name in the database (default: the model names)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the matrices, AC/AA/ACA and notes as JSON")
@@ -58,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def spec_from_args(args: argparse.Namespace) -> dict:
     """The JSON-able comparison spec the command line describes."""
-    return {**models_spec_from_args(args), "views": args.views, "metrics": args.metrics, "protocol": args.protocol,
+    return {**models_spec_from_args(args), "views": args.views, "metrics": args.metrics, "gallery_kind": args.gallery_kind,
             "ties": args.ties, "name": args.name}
 
 
@@ -79,7 +80,7 @@ def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
         dim = cmp.outputs[i - 1]["gallery"]["encoder"].shape[1]
         print(f"M{i} {label}: {model.kind} {model.architecture}, {model.num_outputs} outputs, "
               f"{f'{dim}-d encoder' if dim else 'no encoder output'}")
-    title_protocol = f"{cmp.protocol_name}, {cmp.spec.protocol}"
+    title_protocol = f"{cmp.protocol_name}, {cmp.spec.gallery_kind}"
     from engine.results.matrix_text import matrix_text
 
     for view, result in cmp.results.items():
@@ -89,7 +90,7 @@ def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
                               names=list(cmp.labels)), end="")
             if args.export:
                 print(matrix_text(result, metric, fmt=args.export, title=f"{view} / {metric}", ties=cmp.spec.ties,
-                                  names=list(cmp.labels), metric=metric, view=view, protocol=cmp.spec.protocol))
+                                  names=list(cmp.labels), metric=metric, view=view, protocol=cmp.spec.gallery_kind))
     for note in cmp.notes:
         print(f"note: {note}")
     experiment_id = None

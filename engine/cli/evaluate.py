@@ -15,7 +15,7 @@ def add_arguments(ev: argparse.ArgumentParser) -> None:
     ev.add_argument("--features", required=True, type=Path, metavar="DIR", help="folder with step_1.npz ... step_T.npz")
     ev.add_argument("--metric", action="append", dest="metrics", metavar="NAME",
                     help="recall@K, map or map@K (repeatable; default recall@1 and map)")
-    ev.add_argument("--protocol", choices=("instance", "template"), default="instance")
+    ev.add_argument("--gallery-kind", "--protocol", dest="gallery_kind", choices=("instance", "template"), default="instance")
     ev.add_argument("--same-set", action="store_true", help="queries are the gallery images: exclude each query's own image")
     ev.add_argument("--ties", choices=("fail", "pass"), default="fail", help="ECC on a tie: strict > (fail) or >= (pass)")
     ev.add_argument("--json", type=Path, metavar="OUT", help="write the matrices and AC/AA/ACA as JSON")
@@ -47,25 +47,25 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     args.same_set, note = resolve_same_set(folder.sets, args.same_set)  # queries that are the gallery: own item out
     if note:
         print(f"note: {note}", file=sys.stderr)
-    result = evaluate_folder(folder, metrics=metrics, protocol=args.protocol, same_set=args.same_set,
+    result = evaluate_folder(folder, metrics=metrics, gallery_kind=args.gallery_kind, same_set=args.same_set,
                              paired=PairedOptions())
     for name in result.values:
-        print(matrix_text(result, name, title=f"{name} ({args.protocol}{', same set' if args.same_set else ''})",
+        print(matrix_text(result, name, title=f"{name} ({args.gallery_kind}{', same set' if args.same_set else ''})",
                           ties=args.ties))
         if args.export:
             print(matrix_text(result, name, fmt=args.export, title=name, ties=args.ties, metric=name, view="external",
-                              protocol=args.protocol))
-    payload = {"features": str(args.features), "protocol": args.protocol, "same_set": args.same_set,
+                              gallery_kind=args.gallery_kind))
+    payload = {"features": str(args.features), "gallery_kind": args.gallery_kind, "same_set": args.same_set,
                "metrics": result_json(result, ecc_ties=args.ties)}
     if not args.no_store:
         from engine.checkpoints.evaluate_folder import store_feature_evaluation
         from storage import get_engine
 
         config = {"source": "features", "folder": str(args.features.resolve()), "metrics": list(metrics),
-                  "protocol": args.protocol, "same_set": args.same_set, "ties": args.ties}
+                  "gallery_kind": args.gallery_kind, "same_set": args.same_set, "ties": args.ties}
         payload["experiment_id"] = store_feature_evaluation(get_engine(args.db), name=args.name or args.features.name,
                                                             config=config, sets=folder.sets, result=result,
-                                                            protocol=args.protocol, ties=args.ties)
+                                                            gallery_kind=args.gallery_kind, ties=args.ties)
         print(f"stored as experiment {payload['experiment_id']}")
     if args.json:
         write_json_atomic(args.json, payload)

@@ -267,7 +267,7 @@ RULES: dict[str, Rule] = {
     "dataset.image_size": _number(1, 1024),
     "eval.protocol": _choice("protocol", vocab.RUN_PROTOCOLS), "eval.open_set_classes": _number(1, 100_000),
     "eval.open_set_dataset": _open_set_dataset, "eval.eval_classes": _choice("eval_classes", vocab.EVAL_CLASSES),
-    "eval.gallery": _choice("gallery protocol", vocab.GALLERY_PROTOCOLS), "eval.metrics": _metric,
+    "eval.gallery": _choice("gallery kind", vocab.GALLERY_KINDS), "eval.metrics": _metric,
     "eval.topk": _POSITIVE, "eval.train_features_per_class": _number(0, 100_000), "eval.views": _view,
     "scenario.initial_classes": _number(1, MAX_CLASSES), "scenario.increment": _number(0, MAX_CLASSES), "scenario.num_steps": _number(1, 10_000),
     "scenario.class_order_seed": _number(0, 2**32 - 1), "scenario.training": _choice("training mode", vocab.TRAINING_MODES),

@@ -2,7 +2,7 @@
 
 The dashboard imports ``storage``, ``engine.core.config``, ``engine.core.vocab``, ``engine.core.conventions``, ``engine.core.presets``,
 ``engine.data.roots`` and this module; the engine's torch modules import the same facts from here. Vocabularies of a
-config (methods, datasets, backbones, the run and gallery protocols, views) live in :mod:`engine.core.vocab`;
+config (methods, datasets, backbones, the run protocols and gallery kinds, views) live in :mod:`engine.core.vocab`;
 ``tests/test_contract.py`` checks both against the engine's registries.
 
 - views: the raw outputs the worker stores and the derived PSP/LSP views (``DERIVED_VIEWS``: derived -> raw);

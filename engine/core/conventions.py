@@ -7,8 +7,11 @@ ECC tie rule and the seeds. Three kinds of stored config are read:
 
 - a run: ``engine.core.config.RunConfig.to_dict()`` (``eval``, ``scenario``, ``model`` sections, ``seed``;
   ``seeds``, a list, when a study runs several);
-- a checkpoint comparison: ``{"source": "checkpoints", "spec": {"protocol", "ties", ...}, "protocol"}``;
-- a folder of features: ``{"source": "features", "protocol", "same_set"}``.
+- a checkpoint comparison: ``{"source": "checkpoints", "spec": {"gallery_kind", "ties", ...}, "protocol"}``;
+- a folder of features: ``{"source": "features", "gallery_kind", "same_set"}``.
+
+``gallery_kind`` was stored as ``protocol`` in a spec or a features config before "protocol" kept one meaning
+(closed/open set); both are read.
 
 Missing keys take the engine's defaults. Imported by the dashboard and by ``engine.results.report``; it must
 stay free of torch and Streamlit.
@@ -69,11 +72,11 @@ def settings(config: Mapping[str, Any]) -> Settings:
     source = config.get("source")
     if source == "checkpoints":
         spec = config.get("spec", {})
-        return Settings(protocol=config.get("protocol", "closed-set"), gallery=spec.get("protocol") or "instance",
+        return Settings(protocol=config.get("protocol", "closed-set"), gallery=spec.get("gallery_kind") or spec.get("protocol") or "instance",
                         ties=spec.get("ties") or "fail", seeds=_seeds(config))
     if source == "features":
         return Settings(protocol="closed-set" if config.get("same_set") else "open-set",
-                        gallery=config.get("protocol", "instance"), ties=config.get("ties", "fail"),
+                        gallery=config.get("gallery_kind") or config.get("protocol") or "instance", ties=config.get("ties", "fail"),
                         seeds=_seeds(config))
     ev = config.get("eval", {})
     return Settings(protocol=ev.get("protocol", "closed-set"), gallery=ev.get("gallery", "instance"),

@@ -16,7 +16,7 @@ class FanOut:
             raise ValueError(f"task block and shard rows must be >= 1, got {self.block_rows} and {self.shard_rows}")
 
 
-def check_task_gallery(protocol: str) -> None:
-    """Refuse what the task graph does not search: ``ValueError`` for a gallery protocol other than ``instance``."""
-    if protocol != "instance":
-        raise ValueError(f"evaluation through tasks needs the instance gallery (eval.gallery), got {protocol!r}")
+def check_task_gallery(gallery_kind: str) -> None:
+    """Refuse what the task graph does not search: ``ValueError`` for a gallery kind other than ``instance``."""
+    if gallery_kind != "instance":
+        raise ValueError(f"evaluation through tasks needs the instance gallery (eval.gallery), got {gallery_kind!r}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-THREADS_ENV = "COMPATLAB_THREADS"
+THREADS_ENV = "COMPATLAB_THREADS"  # declared in storage.settings (THREADS), which importing here would load SQLAlchemy
 # OpenMP (torch's intra-op pool, numba's omp layer), the BLAS libraries numpy or torch may load, and numba
 LIBRARY_ENVS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
                 "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
@@ -51,8 +51,9 @@ def requested(flag: int | None, environ: Mapping[str, str] | None = None) -> int
     Raises ValueError with one line for a count below 1 or a variable that is not a whole number."""
     if flag is not None:
         return parse_count(flag, source="--threads")
-    value = (os.environ if environ is None else environ).get(THREADS_ENV, "").strip()
-    return parse_count(value, source=f"${THREADS_ENV}") if value else None
+    from storage.settings import THREADS, read_setting  # the one reader; here so that importing this module stays light
+
+    return read_setting(THREADS, environ)
 
 
 def per_process(*, processes: int, cores: int | None = None, override: int | None = None) -> int:

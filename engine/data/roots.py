@@ -27,10 +27,10 @@ import os
 from pathlib import Path
 
 from storage.safe_open import inside_roots
+from storage.settings import ALLOW_TORCHSCRIPT, DATA_ROOTS, DB_URL, read_setting
 
-ROOTS_ENV = "COMPATLAB_DATA_ROOTS"
-TORCHSCRIPT_ENV = "COMPATLAB_ALLOW_TORCHSCRIPT"
-DB_URL_ENV = "COMPATLAB_DB_URL"
+ROOTS_ENV = DATA_ROOTS.name
+TORCHSCRIPT_ENV = ALLOW_TORCHSCRIPT.name
 
 
 class OutsideRootsError(ValueError):
@@ -59,10 +59,10 @@ def sqlite_folder(url: str) -> Path | None:
 def data_roots() -> tuple[Path, ...]:
     """The configured data roots, resolved, without duplicates (see the module docstring)."""
     roots = [_real("data")]
-    folder = sqlite_folder(os.environ.get(DB_URL_ENV, "").strip())
+    folder = sqlite_folder(read_setting(DB_URL) or "")
     if folder is not None:
         roots.append(folder)
-    roots += [_real(p) for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    roots += [_real(p) for p in read_setting(DATA_ROOTS)]
     return tuple(dict.fromkeys(roots))
 
 
@@ -84,7 +84,7 @@ def confine(path: str | Path, *, what: str = "path") -> Path:
 
 def torchscript_allowed() -> bool:
     """Whether dashboard jobs may run TorchScript archives (``--allow-torchscript`` / ``$COMPATLAB_ALLOW_TORCHSCRIPT=1``)."""
-    return os.environ.get(TORCHSCRIPT_ENV, "").strip().lower() in ("1", "true", "yes")
+    return read_setting(ALLOW_TORCHSCRIPT)
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, torchscript: bool = False) -> None:
@@ -106,7 +106,7 @@ def export(args: argparse.Namespace) -> None:
     if folder is not None:
         extra.append(str(folder))
     if extra:
-        current = [p for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+        current = list(read_setting(DATA_ROOTS))
         os.environ[ROOTS_ENV] = os.pathsep.join(dict.fromkeys(current + extra))
     if getattr(args, "allow_torchscript", False):
         os.environ[TORCHSCRIPT_ENV] = "1"

@@ -16,7 +16,6 @@ in this process from the cells' features (``features``), as an in-process evalua
 """
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
@@ -31,21 +30,16 @@ from engine.metrics.paired import PairedOptions
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import VERIFICATION, parse_metric
 from storage import session_scope
+from storage.settings import OWNER_LEASE_S, read_setting
 from storage.tasks import results_of_kind, task_job_state
 
-OWNER_LEASE_ENV = "COMPATLAB_OWNER_LEASE_S"
+OWNER_LEASE_ENV = OWNER_LEASE_S.name
 
 
 def owner_lease_s() -> float:
     """Seconds a task job outlives its owner's last renewal: ``$COMPATLAB_OWNER_LEASE_S``, else the task lease."""
-    raw = os.environ.get(OWNER_LEASE_ENV, "").strip()
-    try:
-        value = float(raw) if raw else LEASE_S
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise ValueError(f"${OWNER_LEASE_ENV} must be a positive number of seconds, got {raw!r}")
-    return value
+    value = read_setting(OWNER_LEASE_S)
+    return LEASE_S if value is None else value
 
 
 def run_task_job(db: Engine, job_id: int, *, should_stop: Callable[[], bool] | None = None, poll_s: float = 0.5,

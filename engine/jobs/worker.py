@@ -45,22 +45,19 @@ from storage import (
     session_scope,
     update_job_progress,
 )
+from storage import settings
 
 
-def _env_seconds(name: str, default: float) -> float:
-    """A positive number of seconds from the environment (tests shorten the heartbeat and stale limit)."""
-    raw = os.environ.get(name, "").strip()
+def _env_seconds(setting: settings.Setting) -> float:
+    """A number of seconds from the environment (tests shorten the heartbeat and stale limit); a bad one stops here."""
     try:
-        value = float(raw) if raw else default
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise SystemExit(f"{name} must be a positive number of seconds, got {raw!r}")
-    return value
+        return settings.read_setting(setting)
+    except settings.SettingError as exc:
+        raise SystemExit(str(exc)) from None
 
 
-HEARTBEAT_S = _env_seconds("COMPATLAB_HEARTBEAT_S", 5.0)
-STALE_AFTER_S = _env_seconds("COMPATLAB_STALE_AFTER_S", 60.0)
+HEARTBEAT_S = _env_seconds(settings.HEARTBEAT_S)
+STALE_AFTER_S = _env_seconds(settings.STALE_AFTER_S)
 
 
 class _Beat(threading.Thread):

@@ -7,7 +7,7 @@ rows (first = re-embedded first). At a fraction beta the first ``round(beta * N)
 carry their new embedding and the others their old one. Each such cell is scored with the evaluation
 core's conventions (:mod:`engine.metrics.ranking`): cosine similarity, label-sorted gallery columns,
 -inf for an excluded item, scikit-learn ties for AP, pessimistic ties for Recall@k by default, and
-queries without a positive counted and left out of the means. The protocol is ``instance`` (class
+queries without a positive counted and left out of the means. The gallery kind is ``instance`` (class
 templates would mix old and new items into one vector).
 
 Choices:

@@ -48,9 +48,9 @@ def cell_seed(seed: int, t: int, k: int) -> tuple[int, int, int]:
     return (int(seed), int(t), int(k))
 
 
-def two_way_applies(kind: str, *, protocol: str = "instance", rank_ties: str = "pessimistic") -> bool:
+def two_way_applies(kind: str, *, gallery_kind: str = "instance", rank_ties: str = "pessimistic") -> bool:
     """Whether the gallery resample is defined for this metric: Recall@k on an instance gallery, pessimistic ties."""
-    return kind == "recall" and protocol == "instance" and rank_ties == "pessimistic"
+    return kind == "recall" and gallery_kind == "instance" and rank_ties == "pessimistic"
 
 
 def paired_intervals(base: np.ndarray, others: Sequence[np.ndarray], *, seed: int | tuple[int, ...], resamples: int,

@@ -27,7 +27,7 @@ from engine.metrics.ranking import QueryStats
 from engine.metrics.cell_interval import cell_seed, pair_images, pair_interval, paired_intervals, two_way_applies
 from engine.metrics.decision import Rule, decide
 from engine.metrics.paired import PairedOptions, count_verdicts, shared_items
-from engine.metrics.retrieval import VERIFICATION, Protocol, RankTies, cell_stats, parse_metric, per_query_from_stats
+from engine.metrics.retrieval import VERIFICATION, GalleryKind, RankTies, cell_stats, parse_metric, per_query_from_stats
 from engine.metrics.gain import MIN_GAIN, gain_cells
 from engine.metrics.summary import summarize
 from engine.metrics.twoway import top_lists
@@ -81,7 +81,7 @@ def _empty_paired(T: int, options: PairedOptions) -> dict:
             "resamples": options.resamples, "seed": options.seed, "confidence": options.confidence}
 
 
-def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: list, *, protocol: Protocol, same_set: bool,
+def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: list, *, gallery_kind: GalleryKind, same_set: bool,
                    ties: RankTies, backend) -> tuple[dict[str, float], dict[str, np.ndarray], int, int]:
     """One cell: each metric's value and per-item outcome vector (NaN = undefined), valid and no-positive counts."""
     ks = tuple(sorted({k for kind, k in parsed if kind == "recall"}))
@@ -92,7 +92,7 @@ def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: 
     n_valid = n_no_pos = 0
     if any(kind in ("recall", "map") for kind, _ in parsed):
         stats = c.stats if isinstance(c, CellStats) else cell_stats(
-            c.query, c.query_labels, c.gallery, c.gallery_labels, protocol=protocol, same_set=same_set, map_k=map_k,
+            c.query, c.query_labels, c.gallery, c.gallery_labels, gallery_kind=gallery_kind, same_set=same_set, map_k=map_k,
             want_ap=want_map, backend=backend, top_k=max(ks, default=1))
         valid, per_query = per_query_from_stats(stats, ks=ks, map_at=map_k or None, want_map=("map", None) in parsed, ties=ties)
         n_valid, n_no_pos = int(valid.sum()), int((~valid).sum())
@@ -117,7 +117,7 @@ def compatibility_matrices(
     *,
     metrics: Sequence[str] = ("recall@1", "map"),
     num_models: int | None = None,
-    protocol: Protocol = "instance",
+    gallery_kind: GalleryKind = "instance",
     same_set: bool = False,
     ties: RankTies = "pessimistic",
     backend=None,
@@ -152,12 +152,12 @@ def compatibility_matrices(
              for m, (kind, _) in zip(metrics, parsed)} if paired else None
     diagonal: dict[int, tuple] = {}  # self-test of each gallery model: (query ids, outcomes, top lists, query features)
     recall_ks = [at for kind, at in parsed if kind == "recall"]
-    two_way = paired is not None and bool(recall_ks) and two_way_applies("recall", protocol=protocol, rank_ties=ties)
+    two_way = paired is not None and bool(recall_ks) and two_way_applies("recall", gallery_kind=gallery_kind, rank_ties=ties)
     cells = [(t, k) for t in range(T) for k in range(t + 1)]
     for i, (t, k) in enumerate(cells):
         c = cell(t, k)
         if _comparable(c):  # otherwise left NaN
-            out, vectors, valid[t, k], no_pos[t, k] = _cell_outcomes(c, metrics, parsed, protocol=protocol,
+            out, vectors, valid[t, k], no_pos[t, k] = _cell_outcomes(c, metrics, parsed, gallery_kind=gallery_kind,
                                                                      same_set=same_set, ties=ties, backend=backend)
             for name in metrics:
                 values[name][t, k] = out[name]
@@ -219,10 +219,10 @@ def _pair_cell(tests: dict, t: int, k: int, cross_cell: tuple, self_cell: tuple,
         entry["verdict"][t][k] = None if np.isnan(got.lo) else decide(got.diff, got.lo, got.hi, Rule())[0]
 
 
-def compatibility_matrix(source: CellSource, *, metric: str = "recall@1", protocol: Protocol = "instance",
+def compatibility_matrix(source: CellSource, *, metric: str = "recall@1", gallery_kind: GalleryKind = "instance",
                          same_set: bool = False, **kwargs) -> np.ndarray:
     """One metric's T x T matrix (NaN above the diagonal and for non-comparable cells)."""
-    return compatibility_matrices(source, metrics=(metric,), protocol=protocol, same_set=same_set, **kwargs).values[metric]
+    return compatibility_matrices(source, metrics=(metric,), gallery_kind=gallery_kind, same_set=same_set, **kwargs).values[metric]
 
 
 def _json_matrix(a: np.ndarray) -> list[list[float | None]]:

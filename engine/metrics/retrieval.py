@@ -3,7 +3,7 @@
 Features are compared by cosine similarity (both sides L2-normalised). The neighbours of a cell are
 computed once (:func:`cell_stats`) and every metric is derived from the same per-query statistics.
 
-Protocols:
+Gallery kinds (``gallery_kind``; the run's closed/open-set "protocol" is another thing):
 * ``instance`` (default): every gallery image is a gallery item.
 * ``template``: the gallery is one template per class, the L2-normalised mean of that class's
   L2-normalised features, as in the IAM-CL2R code (``image2template_feature``).
@@ -29,10 +29,10 @@ from engine.core.norms import EPS
 from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
 from engine.metrics.search import DEFAULT_BLOCK, Backend, pick_backend
 from engine.metrics.validate import check_cell
-from engine.core.vocab import GALLERY_PROTOCOLS as PROTOCOLS
+from engine.core.vocab import GALLERY_KINDS
 from engine.core.vocab import VERIFICATION, parse_metric
 
-Protocol = Literal["instance", "template"]
+GalleryKind = Literal["instance", "template"]
 # how a negative that ties the best positive ranks (Recall@k); not the ECC tie rule (engine.metrics.summary.TieRule)
 RankTies = Literal["pessimistic", "optimistic"]
 
@@ -73,12 +73,12 @@ def unit_tensor_rows(t: torch.Tensor) -> torch.Tensor:
     return t / norm.clamp_min(EPS)  # as F.normalize computes it
 
 
-def prepare_gallery(gallery: np.ndarray, labels: np.ndarray, *, protocol: Protocol = "instance", device: torch.device | str = "cpu") -> Gallery:
+def prepare_gallery(gallery: np.ndarray, labels: np.ndarray, *, gallery_kind: GalleryKind = "instance", device: torch.device | str = "cpu") -> Gallery:
     """Normalise, (optionally) average into class templates, and sort a gallery by label."""
     device = torch.device(device)
     feats = unit_rows(gallery, device)
     labels = np.asarray(labels)
-    if protocol == "template":
+    if gallery_kind == "template":
         classes, inverse = np.unique(labels, return_inverse=True)
         sums = torch.zeros(len(classes), feats.shape[1], device=device).index_add_(0, torch.as_tensor(inverse, device=device), feats)
         return Gallery(unit_tensor_rows(sums), classes, np.full(len(labels), -1), classes, np.arange(len(classes)), np.arange(1, len(classes) + 1))
@@ -109,7 +109,7 @@ def cell_stats(
     gallery: np.ndarray,
     gallery_labels: np.ndarray,
     *,
-    protocol: Protocol = "instance",
+    gallery_kind: GalleryKind = "instance",
     same_set: bool = False,
     map_k: int = 0,
     want_ap: bool = True,
@@ -122,17 +122,17 @@ def cell_stats(
     ``top_k`` is the largest k a Recall@k will be asked of these statistics (used by top-k backends).
     """
     check_cell(query, query_labels, gallery, gallery_labels, same_set=same_set)
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown protocol {protocol!r}; use 'instance' or 'template'")
+    if gallery_kind not in GALLERY_KINDS:
+        raise ValueError(f"unknown gallery kind {gallery_kind!r}; use 'instance' or 'template'")
     be = pick_backend(backend, need_ranking=want_ap or map_k > 0, k=top_k)
     query_labels = np.asarray(query_labels)
-    g = prepare_gallery(gallery, gallery_labels, protocol=protocol, device=be.device)
+    g = prepare_gallery(gallery, gallery_labels, gallery_kind=gallery_kind, device=be.device)
     q = unit_rows(query, be.device)
     starts, ends = g.slices(query_labels)
     loo = None
-    if same_set and protocol == "template":
+    if same_set and gallery_kind == "template":
         loo = _loo_template_sims(q, query_labels, gallery, np.asarray(gallery_labels), g)
-    exclude = g.position if (same_set and protocol == "instance") else None
+    exclude = g.position if (same_set and gallery_kind == "instance") else None
     return be.stats(q, g, starts, ends, exclude=exclude, own_template=loo, map_k=map_k, want_ap=want_ap, max_block=max_block)
 
 
@@ -175,7 +175,7 @@ def retrieval_metrics(
     *,
     ks: tuple[int, ...] = (1, 5),
     map_at: int | None = None,
-    protocol: Protocol = "instance",
+    gallery_kind: GalleryKind = "instance",
     same_set: bool = False,
     ties: RankTies = "pessimistic",
     compute_map: bool = True,
@@ -188,11 +188,11 @@ def retrieval_metrics(
     ks = tuple(int(k) for k in ks)
     if any(k < 1 for k in ks):
         raise ValueError(f"every k must be >= 1, got {ks}")
-    stats = cell_stats(query, query_labels, gallery, gallery_labels, protocol=protocol, same_set=same_set,
+    stats = cell_stats(query, query_labels, gallery, gallery_labels, gallery_kind=gallery_kind, same_set=same_set,
                        map_k=map_at or 0, want_ap=compute_map or bool(map_at), backend=backend,
                        top_k=max(ks, default=1))
     return metrics_from_stats(stats, ks=ks, map_at=map_at, want_map=compute_map, ties=ties)
 
 
 __all__ = ["Gallery", "prepare_gallery", "cell_stats", "metrics_from_stats", "per_query_from_stats", "VERIFICATION", "retrieval_metrics", "parse_metric",
-           "PROTOCOLS", "stats_numba", "stats_torch"]
+           "GALLERY_KINDS", "stats_numba", "stats_torch"]

@@ -35,10 +35,10 @@ import numpy as np
 import torch
 
 from engine.metrics.ranking import QueryStats, _ap_from_counts, _bucket_table, _place
-from engine.metrics.retrieval import Protocol, RankTies, cell_stats, metrics_from_stats, unit_rows
+from engine.metrics.retrieval import GalleryKind, RankTies, cell_stats, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
 from engine.metrics.validate import check_features, check_labels
-from engine.core.vocab import GALLERY_PROTOCOLS as PROTOCOLS
+from engine.core.vocab import GALLERY_KINDS
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ def sharded_cell_stats(
     query_labels: np.ndarray,
     shards: ShardSource,
     *,
-    protocol: Protocol = "instance",
+    gallery_kind: GalleryKind = "instance",
     exclude_ids: np.ndarray | None = None,
     map_k: int = 0,
     want_ap: bool = True,
@@ -245,8 +245,8 @@ def sharded_cell_stats(
     check_features("query features", query)
     query_labels = np.asarray(query_labels)
     check_labels("query labels", query_labels, len(query))
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown protocol {protocol!r}; use 'instance' or 'template'")
+    if gallery_kind not in GALLERY_KINDS:
+        raise ValueError(f"unknown gallery kind {gallery_kind!r}; use 'instance' or 'template'")
     if exclude_ids is not None:
         exclude_ids = np.asarray(exclude_ids)
         check_labels("exclude ids", exclude_ids, len(query))
@@ -254,7 +254,7 @@ def sharded_cell_stats(
             raise ValueError(f"exclude ids must be integer gallery ids (-1 for none), got dtype {exclude_ids.dtype}")
         exclude_ids = exclude_ids.astype(np.int64)
     each_pass = _passes(shards)
-    if protocol == "template":
+    if gallery_kind == "template":
         if exclude_ids is not None:
             raise ValueError("template galleries with same-set exclusion are not supported sharded; evaluate them with cell_stats")
         classes, sums = _class_sums(each_pass, np.asarray(query).shape[1])
@@ -289,7 +289,7 @@ def sharded_retrieval_metrics(
     *,
     ks: tuple[int, ...] = (1, 5),
     map_at: int | None = None,
-    protocol: Protocol = "instance",
+    gallery_kind: GalleryKind = "instance",
     exclude_ids: np.ndarray | None = None,
     ties: RankTies = "pessimistic",
     compute_map: bool = True,
@@ -299,7 +299,7 @@ def sharded_retrieval_metrics(
     ks = tuple(int(k) for k in ks)
     if any(k < 1 for k in ks):
         raise ValueError(f"every k must be >= 1, got {ks}")
-    stats = sharded_cell_stats(query, query_labels, shards, protocol=protocol, exclude_ids=exclude_ids,
+    stats = sharded_cell_stats(query, query_labels, shards, gallery_kind=gallery_kind, exclude_ids=exclude_ids,
                                map_k=map_at or 0, want_ap=compute_map or bool(map_at), max_block=max_block)
     return metrics_from_stats(stats, ks=ks, map_at=map_at, want_map=compute_map, ties=ties)
 

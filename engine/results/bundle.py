@@ -11,11 +11,11 @@ Contents (``BUNDLE_FILES``):
   plus the experiment, method and seed), numbers as numbers, pass/fail in its own column;
 - ``matrices.json``: the same matrices as nested lists (null where undefined) with their query counts and
   stored summaries (AC / AA / ACA, paired test, update gain);
-- ``summary.md``: per metric, gallery protocol and evaluation classes, the convention line, the methods x
+- ``summary.md``: per metric, gallery kind and evaluation classes, the convention line, the methods x
   AC / AA / ACA table and each method's matrix in its main view (``engine.results.report`` renderings).
 
 The rows are the dicts ``app.queries.experiments`` / ``app.queries.matrices`` return (or the storage rows'
-fields): experiment ``{"id", "name", "method", "config"}``, matrix ``{"metric", "protocol", "view",
+fields): experiment ``{"id", "name", "method", "config"}``, matrix ``{"metric", "gallery_kind", "view",
 "eval_classes", "values", "valid_queries", "no_positive", "summary"}``.
 """
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _csv_rows(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[int, S
             cells = matrix_rows(C, names=_names(e, C.shape[0], given), comparable=comparable,
                                 ties=stored_ties(s), paired=s.get("paired"),
                                 gain=s.get("update_gain"), metric=m["metric"], view=m["view"],
-                                protocol=m["protocol"], eval_classes=m["eval_classes"])
+                                gallery_kind=m["gallery_kind"], eval_classes=m["eval_classes"])
             rows += [{"experiment_id": e["id"], "method": e["method"], "seed": e["config"].get("seed"), **r}
                      for r in cells]
     return rows
@@ -88,7 +88,7 @@ def _matrices_json(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[i
                    given: Given) -> list:
     return json_ready([{"experiment_id": e["id"], "method": e["method"], "seed": e["config"].get("seed"),
                         "models": _names(e, np.asarray(m["values"]).shape[0], given),
-                        **{k: m[k] for k in ("metric", "view", "protocol", "eval_classes")},
+                        **{k: m[k] for k in ("metric", "view", "gallery_kind", "eval_classes")},
                         "values": np.asarray(m["values"], dtype=np.float64), "valid_queries": m["valid_queries"],
                         "no_positive": m["no_positive"], "summary": m["summary"]}
                        for e in experiments for m in matrices.get(e["id"], ())])
@@ -100,28 +100,28 @@ def _label(e: Mapping[str, Any], m: Mapping[str, Any]) -> str:
 
 def summary_markdown(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[int, Sequence[Mapping[str, Any]]],
                      *, title: str, given: Given | None = None) -> str:
-    """Per (metric, gallery protocol, evaluation classes): the convention, the methods table and each main-view
+    """Per (metric, gallery kind, evaluation classes): the convention, the methods table and each main-view
     matrix, as the Compatibility page and ``python -m engine compare`` render them."""
     parts = [f"# {title}\n"]
-    keys = sorted({(m["metric"], m["protocol"], m["eval_classes"]) for ms in matrices.values() for m in ms},
+    keys = sorted({(m["metric"], m["gallery_kind"], m["eval_classes"]) for ms in matrices.values() for m in ms},
                   key=lambda k: (k[0] != "recall@1", k))
-    for metric, protocol, classes in keys:
+    for metric, kind, classes in keys:
         shown = []
         for e in experiments:
             ms = [m for m in matrices.get(e["id"], ())
-                  if (m["metric"], m["protocol"], m["eval_classes"]) == (metric, protocol, classes)]
+                  if (m["metric"], m["gallery_kind"], m["eval_classes"]) == (metric, kind, classes)]
             pick = ([m for m in ms if m["view"] == main_view(e["method"])]
                     or [m for m in ms if m["view"] == "encoder"] or ms)
             if pick:
                 shown.append((e, pick[0]))
         if not shown:
             continue
-        line = convention(shown[0][0]["config"], metrics=metric, views=[m["view"] for _, m in shown], gallery=protocol,
+        line = convention(shown[0][0]["config"], metrics=metric, views=[m["view"] for _, m in shown], gallery=kind,
                           eval_classes=classes, ties=stored_ties(shown[0][1]["summary"]))
         table = render_summary_table([(_label(e, m), {**m["summary"], "update_gain": gain_json(np.asarray(m["values"], float)),
                                                       "matrix": np.asarray(m["values"], float)})  # Γ where ECC holds
                                       for e, m in shown], fmt="markdown")  # Γ under one rule, whatever an older row stored
-        parts.append(f"## {metric} · {protocol} gallery · {classes} classes\n\n" + annotate(table, "markdown", line))
+        parts.append(f"## {metric} · {kind} gallery · {classes} classes\n\n" + annotate(table, "markdown", line))
         for e, m in shown:
             C = np.asarray(m["values"], dtype=np.float64)
             s = m["summary"]

@@ -106,11 +106,11 @@ def record_version(s: Session, experiment_id: int, step: int, version: NewVersio
     return mv.id
 
 
-def record_matrices(s: Session, experiment_id: int, result: MatrixResult, *, protocol: str, view: str,
+def record_matrices(s: Session, experiment_id: int, result: MatrixResult, *, gallery_kind: str, view: str,
                     eval_classes: str = "all", ties: str = "fail") -> None:
     """Store every metric's matrix of ``result`` for ``view`` with its summary (AC/AA/ACA, update gain, paired test)."""
     for metric, C in result.values.items():
-        save_matrix(s, experiment_id, metric=metric, protocol=protocol, view=view, values=C,
+        save_matrix(s, experiment_id, metric=metric, gallery_kind=gallery_kind, view=view, values=C,
                     valid_queries=result.valid_queries, no_positive=result.no_positive,
                     summary=stored_summary(result, metric, ties=ties), eval_classes=eval_classes)
 
@@ -121,7 +121,7 @@ def finish(s: Session, experiment_id: int) -> None:
 
 
 def record_experiment(db: Engine, *, name: str, method: str, config: dict[str, Any], versions: Sequence[NewVersion],
-                      results: Mapping[str, MatrixResult], protocol: str, ties: str = "fail",
+                      results: Mapping[str, MatrixResult], gallery_kind: str, ties: str = "fail",
                       study_kind: str | None = None) -> int:
     """Write a whole experiment (steps 1..T, a matrix set per view, done) in one transaction; return its id.
 
@@ -134,7 +134,7 @@ def record_experiment(db: Engine, *, name: str, method: str, config: dict[str, A
         for step, version in enumerate(versions, start=1):
             record_version(s, exp_id, step, version)
         for view, result in results.items():
-            record_matrices(s, exp_id, result, protocol=protocol, view=view, ties=ties)
+            record_matrices(s, exp_id, result, gallery_kind=gallery_kind, view=view, ties=ties)
         finish(s, exp_id)
         return exp_id
 

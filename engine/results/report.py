@@ -4,7 +4,7 @@ Row t = query model, column k = gallery model. A cross-test that fails the empir
 criterion is marked (``*`` in text/Markdown, a red cell in LaTeX), as the papers shade them.
 Values are printed in percent; NaN prints as ``-`` (above the diagonal) or ``n/c`` (not comparable).
 CSV is data, not a picture of the table: one row per lower-triangle cell (``CSV_COLUMNS``), the value a plain
-fraction, the ECC verdict and the paired verdict in their own columns, and metric / view / protocol named in
+fraction, the ECC verdict and the paired verdict in their own columns, and metric / view / gallery kind named in
 every row.
 With a stored paired test (``engine.metrics.paired``), each cross-test also carries its verdict:
 ✓ pass (ECC holds and the paired interval lies above 0), ✗ fail, ? unresolved (the interval
@@ -30,7 +30,7 @@ from engine.metrics.paired import SYMBOLS, count_verdicts
 
 FORMATS = ("text", "csv", "markdown", "latex")
 CSV_COLUMNS = ("query_model", "gallery_model", "query_step", "gallery_step", "cell", "value", "ecc_pass",
-               "paired_verdict", "paired_lo", "paired_hi", "update_gain", "metric", "view", "protocol", "eval_classes",
+               "paired_verdict", "paired_lo", "paired_hi", "update_gain", "metric", "view", "gallery_kind", "eval_classes",
                "ecc_ties", "familywise", "paired_interval")
 
 
@@ -79,7 +79,7 @@ def gain_line(C: np.ndarray, names: Sequence[str]) -> str:
 def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparable: np.ndarray | None = None,
                   ties: str = "fail", names: Sequence[str] | None = None, paired: dict | None = None,
                   gain: np.ndarray | None = None, replaced: Sequence[int] = (), metric: str = "", view: str = "",
-                  protocol: str = "", eval_classes: str = "") -> str:
+                  gallery_kind: str = "", eval_classes: str = "") -> str:
     """One matrix with its AC / AA / ACA line in the chosen format (AA and ACA in percent; CSV: ``matrix_csv``).
 
     ``paired`` is a stored paired test (``stored_summary(...)["paired"]``): verdict symbols per cell and their
@@ -110,7 +110,7 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
             out.write(line + "\n")
     elif fmt == "csv":
         out.write(matrix_csv(C, names=names, comparable=comparable, ties=ties, paired=paired, gain=gain, metric=metric,
-                             view=view, protocol=protocol, eval_classes=eval_classes))
+                             view=view, gallery_kind=gallery_kind, eval_classes=eval_classes))
         if replaced:
             out.write(f"# {replaced_note(replaced)}\n")
     elif fmt == "markdown":
@@ -136,7 +136,7 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
 
 def matrix_rows(C: np.ndarray, *, names: Sequence[str], comparable: np.ndarray | None = None, ties: str = "fail",
                 paired: dict | None = None, gain: np.ndarray | Sequence | None = None, metric: str = "", view: str = "",
-                protocol: str = "", eval_classes: str = "") -> list[dict]:
+                gallery_kind: str = "", eval_classes: str = "") -> list[dict]:
     """The lower triangle as rows of ``CSV_COLUMNS``: numbers as floats (None where undefined), ``cell`` = self /
     cross / n/c / undefined, ``ecc_pass`` True/False on defined cross-tests (None on the diagonal), ``update_gain``
     None where Γ is undefined (``engine.metrics.gain``: the new model not a point better on its own)."""
@@ -160,7 +160,7 @@ def matrix_rows(C: np.ndarray, *, names: Sequence[str], comparable: np.ndarray |
                 "paired_lo": paired["lo"][t][k] if paired and t != k else None,
                 "paired_hi": paired["hi"][t][k] if paired and t != k else None,
                 "update_gain": None if g is None or np.isnan(g) else float(g),
-                "metric": metric, "view": view, "protocol": protocol, "eval_classes": eval_classes, "ecc_ties": ties,
+                "metric": metric, "view": view, "gallery_kind": gallery_kind, "eval_classes": eval_classes, "ecc_ties": ties,
                 "familywise": _familywise(paired) if paired and t != k else None,
                 "paired_interval": _cell_interval(paired, t, k) if paired and t != k else None,
             })

@@ -33,7 +33,7 @@ def study_summary(db: Engine, study_id: int, experiment_ids: list[int]) -> dict:
                     "matrix": [[None if np.isnan(v) else float(v) for v in row] for row in m.values],
                     "AC": m.summary.get("AC"), "AA": m.summary.get("AA"), "ACA": m.summary.get("ACA"),
                     "update_gain": gain_json(np.asarray(m.values, float)), "paired": m.summary.get("paired"),
-                    "protocol": m.protocol, "eval_classes": m.eval_classes, "ties": stored_ties(m.summary),
+                    "gallery_kind": m.gallery_kind, "eval_classes": m.eval_classes, "ties": stored_ties(m.summary),
                 }
             seed = exp.config.get("seed")
             cls = METHODS.get(exp.method)
@@ -63,12 +63,17 @@ def _matrix(rows: list) -> np.ndarray:
     return np.array([[np.nan if v is None else v for v in row] for row in rows], dtype=np.float64)
 
 
+def gallery_kind(entry: dict) -> str:
+    """An entry's gallery kind; ``protocol``, its key in summaries written before the rename, is read too."""
+    return entry.get("gallery_kind") or entry.get("protocol") or ""
+
+
 def header(summary: dict, metric: str) -> str:
     """The conventions of the printed numbers: metric, gallery, classes, seeds and each method's initialisation."""
     first = next((m for info in summary["methods"].values() for m in info["views"].values() if metric in m), {})
     entry = first.get(metric, {})
     inits = ", ".join(f"{name} {info['init_seed']}" for name, info in summary["methods"].items())
-    return (f"{metric} | gallery {entry.get('protocol', '?')} | eval_classes {entry.get('eval_classes', '?')} | "
+    return (f"{metric} | gallery {gallery_kind(entry) or '?'} | eval_classes {entry.get('eval_classes', '?')} | "
             f"seeds {', '.join(str(x) for x in summary.get('seeds', []))} | init_seed: {inits}")
 
 
@@ -111,7 +116,7 @@ def print_study(summary: dict, *, fmt: str = "text", table_only: bool = False, m
                 seed = f", seed {info['seeds'][0]}" if len(info.get("seeds", [])) > 1 else ""
                 print(render_matrix(_matrix(entry["matrix"]), fmt=fmt, title=f"{label}: {metric}{seed}",
                                     paired=entry.get("paired"), gain=gain, replaced=summary.get("replaced_steps", ()),
-                                    metric=metric, view=view, protocol=entry.get("protocol", ""),
+                                    metric=metric, view=view, gallery_kind=gallery_kind(entry),
                                     eval_classes=entry.get("eval_classes", ""), ties=stored_ties(entry)))
                 if len(info.get("seeds", [])) > 1:
                     for line in mean_lines(label, over, len(entry["matrix"])):

@@ -218,9 +218,9 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
         else:
             cells = _view_cells(db, versions, recipes, view)
             result = compatibility_matrices(cells, num_models=len(versions), metrics=cfg.eval.metrics,
-                                            protocol=cfg.eval.gallery, same_set=same_set, paired=PairedOptions())
+                                            gallery_kind=cfg.eval.gallery, same_set=same_set, paired=PairedOptions())
         with session_scope(db) as s:
-            record_matrices(s, exp_id, result, protocol=cfg.eval.gallery, view=view, eval_classes=cfg.eval.eval_classes)
+            record_matrices(s, exp_id, result, gallery_kind=cfg.eval.gallery, view=view, eval_classes=cfg.eval.eval_classes)
         out[view] = {m: {"matrix": result.values[m], **stored_summary(result, m)} for m in result.values}
     return out
 
