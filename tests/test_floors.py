@@ -10,6 +10,7 @@ kernels, each importing only core and the kernels before it in :data:`KERNELS`; 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -135,3 +136,21 @@ def test_the_core_is_torch_free():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def layout_block() -> str:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = readme.index("## Layout")
+    return readme[start:readme.index("\n## ", start + 1)]
+
+
+def test_the_readme_layout_matches_the_tree():
+    """Every engine room is named in the README's Layout, and every file the Layout names exists."""
+    block = layout_block()
+    rooms = {room(module_name(p)) for p in engine_files()} - {"", "__main__"}
+    missing_rooms = sorted(r for r in rooms if f"{r}/" not in block)
+    assert not missing_rooms, f"rooms the Layout does not name: {missing_rooms}"
+    files = {p.name for top in ("app", "engine", "storage", "tests", "bench") for p in (ROOT / top).rglob("*.py")}
+    files |= {p.name for p in ROOT.glob("*.py")}
+    named = set(re.findall(r"[A-Za-z_]+\.py", block))
+    assert not sorted(named - files), f"files the Layout names that do not exist: {sorted(named - files)}"
