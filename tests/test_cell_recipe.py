@@ -24,7 +24,7 @@ from engine.core.contract import normalize_params
 from engine.core.fan_out import FanOut
 from engine.evaluate.search_tasks import CellSpec, _rows
 from engine.methods import build_method
-from engine.upgrade.models import check_models, comparison_pair
+from engine.upgrade.from_checkpoints import check_models, comparison_pair
 from engine.upgrade.stored import check_stored, load_pair
 from storage import get_engine, list_model_versions, load_feature_set, load_matrices, session_scope
 

@@ -126,7 +126,7 @@ def _check_experiment(args: argparse.Namespace, settings: dict) -> tuple[Upgrade
 
 def _check_models(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict]:
     """The --model form: two checkpoints embed the images once (compare-checkpoints' pipeline); stored with --db."""
-    from engine.upgrade.models import check_models
+    from engine.upgrade.from_checkpoints import check_models
 
     if len(args.models) != 2:
         raise ValueError(f"check-upgrade compares two models: --model OLD --model NEW; got {len(args.models)} --model")
