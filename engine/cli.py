@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--json", type=Path, metavar="OUT", help="write the study summary as JSON")
         r.add_argument("--export", choices=FORMATS, default="text" if name == "run" else "markdown",
                        help="format of the printed tables")
-        r.add_argument("--checkpoints", type=Path, default=Path("data") / "checkpoints", help="checkpoint folder")
+        r.add_argument("--checkpoints", type=Path, help="checkpoint folder (default: the database's own, "
+                                                         "storage/checkpoint_folders.py: data/checkpoints/compatlab.db)")
         r.add_argument("--quiet", action="store_true", help="no progress bar")
         r.add_argument("--nproc", type=int, default=1, metavar="N",
                        help="train each step data-parallel in N processes (one per GPU on CUDA, gloo on CPU)")
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("worker", help="run queued jobs from the database (used by the dashboard)")
     w.add_argument("--once", action="store_true", help="exit when the queue is empty")
-    w.add_argument("--checkpoints", type=Path, default=Path("data") / "checkpoints")
+    w.add_argument("--checkpoints", type=Path, help="checkpoint folder (default: the database's own)")
     w.add_argument("--kinds", nargs="+", choices=JOB_KINDS, metavar="KIND",
                    help=f"run only jobs of these kinds ({', '.join(JOB_KINDS)}; default: every kind); run_app.py "
                         f"starts a second worker with --kinds {' '.join(SHORT_JOB_KINDS)}")
@@ -162,14 +163,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from engine.run.pipeline import RunContext, check_study, run_study
     from engine.run.progress import TerminalProgress
     from engine.results.study_summary import print_study, study_summary
-    from storage import get_engine, init_db
+    from storage import default_db_url, get_engine, init_db
+    from storage.checkpoint_folders import checkpoint_root
 
     cfg = _run_config(args)
     check_nproc(args.nproc, pick_device(cfg.device))
     fan_out = FanOut(args.task_block_rows, args.task_shard_rows) if args.tasks else None
     if fan_out is not None:
         check_task_gallery(cfg.eval.gallery)
-    _check_checkpoint_folder(args.checkpoints)
+    _check_checkpoint_folder(checkpoint_root(args.db or default_db_url(), args.checkpoints))
     data = check_study(cfg)  # everything refusable is refused before the database is touched
     db = get_engine(args.db)
     init_db(db)

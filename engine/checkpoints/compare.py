@@ -238,7 +238,7 @@ def run_checkpoint_comparison(db: Engine, spec: Mapping[str, Any] | ComparisonSp
 
 
 def checkpoint_job(db: Engine, payload: Mapping[str, Any], progress: Progress, should_stop: Callable[[], bool],
-                   checkpoint_dir: Path) -> str:
+                   checkpoint_dir: Path | None) -> str:
     """Worker handler for jobs of kind ``checkpoints``: payload ``{"spec": {...}}`` (see :func:`comparison_spec`).
 
     Jobs come from the dashboard, so they run with ``server_trust()``: paths confined to the data

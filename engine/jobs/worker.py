@@ -67,7 +67,7 @@ STALE_AFTER_S = _env_seconds("COMPATLAB_STALE_AFTER_S", 60.0)
 
 
 def _run_job(db: Engine, payload: dict, progress: Callable[[float, str], None], should_stop: Callable[[], bool],
-             checkpoint_dir: Path, on_study: Callable[[int], None] | None = None) -> str:
+             checkpoint_dir: Path | None, on_study: Callable[[int], None] | None = None) -> str:
     from engine.config import config_from_dict
     from engine.jobs.fan_out import FanOut
     from engine.run.pipeline import RunContext, run_study
@@ -80,7 +80,7 @@ def _run_job(db: Engine, payload: dict, progress: Callable[[float, str], None], 
     return f"study {study_id}: experiments {', '.join(map(str, ids))}"
 
 
-def _analysis_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path, **_) -> str:
+def _analysis_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path | None, **_) -> str:
     from engine.analysis.run import run_analysis
 
     progress(0.1, f"computing {payload['kind']} for experiment {payload['experiment_id']}")
@@ -88,7 +88,7 @@ def _analysis_job(db: Engine, payload: dict, progress, should_stop, checkpoint_d
     return f"{payload['kind']} ready"
 
 
-def _adapters_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path, **_) -> str:
+def _adapters_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path | None, **_) -> str:
     from engine.jobs.adapt import AdapterJob, run_adapters
 
     job = AdapterJob(**{**payload, "orderings": tuple(payload.get("orderings", AdapterJob.orderings))})
@@ -98,7 +98,7 @@ def _adapters_job(db: Engine, payload: dict, progress, should_stop, checkpoint_d
     return f"adapters {job.key} ready: {best['row']} Recall@1 {100 * best['recall@1']:.1f}%"
 
 
-def _checkpoints_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path, **_) -> str:
+def _checkpoints_job(db: Engine, payload: dict, progress, should_stop, checkpoint_dir: Path | None, **_) -> str:
     from engine.checkpoints.compare import checkpoint_job
 
     return checkpoint_job(db, payload, progress, should_stop, checkpoint_dir)
@@ -122,11 +122,13 @@ class _Beat(threading.Thread):
                     return
 
 
-def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints",
+def run_one(db: Engine, *, checkpoint_dir: Path | None = None,
             kinds: Collection[str] | None = None, share_cores: bool = False) -> int | None:
     """Claim and run the next queued job (of ``kinds``, default any); return its id, or None when none is queued.
 
     ``share_cores``: run the job with ``cores // (jobs running on this machine)`` threads (``engine.threads``).
+    ``checkpoint_dir``: where run jobs keep their ``experiment_<id>`` folders; None: the database's own folder
+    (``storage.checkpoint_folders.checkpoint_root``), so two databases never share one.
 
     Every write about the job names the claim's lease: once the job is no longer this worker's
     (failed as stale while the worker was paused, taken over), the next progress report or cancel
@@ -181,7 +183,7 @@ def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints",
     return job.id
 
 
-def serve(db: Engine, *, poll_s: float = 1.0, once: bool = False, checkpoint_dir: Path = Path("data") / "checkpoints",
+def serve(db: Engine, *, poll_s: float = 1.0, once: bool = False, checkpoint_dir: Path | None = None,
           kinds: Collection[str] | None = None, share_cores: bool = False) -> None:
     """Run jobs (of ``kinds``, default any) until interrupted (``once``: until none is queued); ``share_cores``: see
     :func:`run_one`."""
