@@ -125,10 +125,12 @@ def absolute_url(url: str) -> str:
 
 
 def checkpoint_dir(url: str) -> Path:
-    """Where the worker keeps checkpoints: beside a SQLite file (``data/compatlab.db`` -> ``data/checkpoints``),
-    so two databases never share (and overwrite) ``experiment_<id>`` folders; ``data/checkpoints`` otherwise."""
-    path = _sqlite_file(url)
-    return (path.parent if path is not None else ROOT / "data") / "checkpoints"
+    """Where the worker keeps checkpoints: the database's own folder (``storage.checkpoint_folders.checkpoint_root``:
+    ``data/compatlab.db`` -> ``data/checkpoints/compatlab.db``; a server database: ``data/checkpoints/<backend>-<hash>``
+    under this checkout), so two databases never share (and overwrite) ``experiment_<id>`` folders."""
+    from storage.checkpoint_folders import checkpoint_root
+
+    return ROOT / checkpoint_root(url)
 
 
 def browser_host(host: str) -> str:

@@ -41,12 +41,15 @@ def test_arguments(monkeypatch):
     dashboard = commands["dashboard"]
     assert dashboard[dashboard.index("--server.address") + 1] == "127.0.0.1"
     assert dashboard[dashboard.index("--server.headless") + 1] == "true"
-    assert commands["worker"][1:] == ["-m", "engine", "worker", "--checkpoints", "/srv/lab/checkpoints", "--share-cores"]
+    assert commands["worker"][1:] == ["-m", "engine", "worker", "--checkpoints", "/srv/lab/checkpoints/x.db", "--share-cores"]
 
 
-def test_checkpoints_live_beside_the_database():
-    assert run_app.checkpoint_dir("sqlite:////tmp/a/lab.db") == run_app.Path("/tmp/a/checkpoints")
-    assert run_app.checkpoint_dir("postgresql://u@h/lab") == run_app.ROOT / "data" / "checkpoints"
+def test_checkpoints_live_beside_the_database(tmp_path):
+    # one folder per database file (two files in one folder stay apart), a hashed one per server database
+    assert run_app.checkpoint_dir(f"sqlite:///{tmp_path}/lab.db") == tmp_path.resolve() / "checkpoints" / "lab.db"
+    server = run_app.checkpoint_dir("postgresql://u:secret@h/lab")
+    assert server.parent == run_app.ROOT / "data" / "checkpoints" and server.name.startswith("postgresql-")
+    assert "secret" not in str(server) and server == run_app.checkpoint_dir("postgresql://u:other@h/lab")
 
 
 def test_relative_sqlite_paths_are_made_absolute(monkeypatch, tmp_path):

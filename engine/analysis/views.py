@@ -159,17 +159,16 @@ def joint_pair(db: Engine, old: StoredVersion, new: StoredVersion, split: str, r
 
 def head_weights(version: StoredVersion) -> tuple[np.ndarray | None, bool]:
     """The classifier rows in class order (row y = class y) and whether they are fixed prototypes (loads torch)."""
-    if not version.checkpoint_path:
-        return None, False
-    from pathlib import Path
+    from storage.checkpoint_folders import stored_checkpoint
 
-    if not Path(version.checkpoint_path).exists():
+    file = stored_checkpoint(version.checkpoint_path)
+    if file is None:
         return None, False
     import torch
 
     from engine.models import FixedHead, load_checkpoint
 
-    net = load_checkpoint(version.checkpoint_path, device="cpu")
+    net = load_checkpoint(file, device="cpu")
     head = net.head
     with torch.no_grad():
         rows = head.class_to_output(torch.arange(head.num_outputs))

@@ -31,7 +31,8 @@ def _add_study_arguments(r: argparse.ArgumentParser, *, export: str) -> None:
     r.add_argument("--epochs", type=int, help="override training.epochs")
     r.add_argument("--json", type=Path, metavar="OUT", help="write the study summary as JSON")
     r.add_argument("--export", choices=FORMATS, default=export, help="format of the printed tables")
-    r.add_argument("--checkpoints", type=Path, default=Path("data") / "checkpoints", help="checkpoint folder")
+    r.add_argument("--checkpoints", type=Path, help="checkpoint folder (default: the database's own, "
+                                                     "storage/checkpoint_folders.py: data/checkpoints/compatlab.db)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="train each step data-parallel in N processes (one per GPU on CUDA, gloo on CPU)")
@@ -81,14 +82,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from engine.run.pipeline import RunContext, check_study, run_study
     from engine.core.progress import TerminalProgress
     from engine.results.study_summary import print_study, study_summary
-    from storage import get_engine, init_db
+    from storage import default_db_url, get_engine, init_db
+    from storage.checkpoint_folders import checkpoint_root
 
     cfg = _run_config(args)
     check_nproc(args.nproc, pick_device(cfg.device))
     fan_out = FanOut(args.task_block_rows, args.task_shard_rows) if args.tasks else None
     if fan_out is not None:
         check_task_gallery(cfg.eval.gallery)
-    _check_checkpoint_folder(args.checkpoints)
+    _check_checkpoint_folder(checkpoint_root(args.db or default_db_url(), args.checkpoints))
     data = check_study(cfg)  # everything refusable is refused before the database is touched
     db = get_engine(args.db)
     init_db(db)

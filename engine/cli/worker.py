@@ -14,7 +14,7 @@ from engine.core.contract import JOB_KINDS, SHORT_JOB_KINDS
 def add_worker_arguments(w: argparse.ArgumentParser) -> None:
     """The options of ``worker``."""
     w.add_argument("--once", action="store_true", help="exit when the queue is empty")
-    w.add_argument("--checkpoints", type=Path, default=Path("data") / "checkpoints")
+    w.add_argument("--checkpoints", type=Path, help="checkpoint folder (default: the database's own)")
     w.add_argument("--kinds", nargs="+", choices=JOB_KINDS, metavar="KIND",
                    help=f"run only jobs of these kinds ({', '.join(JOB_KINDS)}; default: every kind); run_app.py "
                         f"starts a second worker with --kinds {' '.join(SHORT_JOB_KINDS)}")

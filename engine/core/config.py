@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from engine.core import vocab
-from engine.core.splits import check_replacements, check_split
+from engine.core.splits import check_held_out, check_replacements, check_split
 from engine.core.vocab import INIT_SEEDS
 
 
@@ -81,6 +81,9 @@ class ScenarioConfig:
     training: str = "cumulative"  # cumulative (D^t = D^{t-1} + X^t) | finetune (new classes + replay)
     replay_per_class: int = 0
     replacement_steps: tuple[int, ...] = ()
+    # open set on the training dataset itself: the last N classes of the class order are never trained and are the
+    # only evaluation classes (needs eval.protocol = "open-set"; engine.data.scenario, engine.run.data_setup)
+    held_out_classes: int = 0
 
 
 @dataclass(frozen=True)
@@ -272,6 +275,7 @@ RULES: dict[str, Rule] = {
     "scenario.initial_classes": _number(1, MAX_CLASSES), "scenario.increment": _number(0, MAX_CLASSES), "scenario.num_steps": _number(1, 10_000),
     "scenario.class_order_seed": _number(0, 2**32 - 1), "scenario.training": _choice("training mode", vocab.TRAINING_MODES),
     "scenario.replay_per_class": _number(0, 100_000), "scenario.replacement_steps": _number(2),
+    "scenario.held_out_classes": _number(0, MAX_CLASSES),
     "model.backbone": _choice("backbone", vocab.BACKBONE_NAMES), "model.width": _number(1, 2048),
     "model.feature_dim": _number(1, 65_536), "model.dsimplex_classes": _number(2, 10_000),
     "model.init_seed": _choice("init_seed", INIT_SEEDS),
@@ -307,6 +311,7 @@ def _check_values(cfg: RunConfig) -> None:
         raise ValueError(f"config key seeds = {list(cfg.seeds)!r} lists a seed twice")
     if "auto" in cfg.eval.views and len(cfg.eval.views) > 1:
         raise ValueError(f"config key eval.views = {list(cfg.eval.views)!r}: 'auto' stands alone; allowed: ['auto'] or views")
+    _check_held_out(cfg)
     if cfg.eval.eval_classes == "seen" and cfg.eval.protocol == "open-set":
         raise ValueError("config key eval.eval_classes = 'seen' needs the closed-set protocol: open-set classes are never trained on")
     if cfg.eval.open_set_dataset is not None and cfg.eval.open_set_dataset == cfg.dataset.name != "shapes":
@@ -328,6 +333,27 @@ def _check_values(cfg: RunConfig) -> None:
         raise ValueError(f"config key model.dsimplex_normalization = {norm!r} applies only to the methods with a "
                          f"d-Simplex head ({', '.join(vocab.DSIMPLEX_METHODS)}), none of which is in methods "
                          f"{list(cfg.methods)}; leave it 'row'")
+
+
+def _check_held_out(cfg: RunConfig) -> None:
+    """``scenario.held_out_classes`` against the evaluation keys it decides (its open-set classes are the held-out ones)."""
+    n, e = cfg.scenario.held_out_classes, cfg.eval
+    if not n:
+        return
+    key = f"config key scenario.held_out_classes = {n}"
+    if e.protocol != "open-set":
+        raise ValueError(f"{key} evaluates on the held-out classes, an open-set protocol; set eval.protocol = 'open-set' "
+                         f"(got {e.protocol!r}) or hold out 0 classes")
+    if e.open_set_dataset is not None:
+        raise ValueError(f"{key} takes the open-set classes from the training dataset, but eval.open_set_dataset = "
+                         f"{e.open_set_dataset!r} names another source; keep one of the two")
+    if e.eval_classes == "seen":
+        raise ValueError(f"{key} contradicts eval.eval_classes = 'seen': the held-out classes are never trained, so no "
+                         f"model has seen them; use eval_classes = 'all'")
+    if e.open_set_classes != EvalConfig.open_set_classes:  # the default is what every stored config carries
+        raise ValueError(f"config key eval.open_set_classes = {e.open_set_classes} counts the extra shapes classes "
+                         f"generated for the open set; with {key[len('config key '):]} the held-out classes are the "
+                         f"open-set classes: leave eval.open_set_classes out")
 
 
 def _check_training(t: TrainingConfig) -> None:
@@ -360,13 +386,16 @@ def _check_scenario(cfg: RunConfig) -> None:
         _check_generated(cfg)
     steps = s.num_steps
     if classes is not None:
+        held = f" with {s.held_out_classes} held out" if s.held_out_classes else ""
         try:
-            steps = check_split(classes, s.initial_classes, s.increment, s.num_steps)
+            trained = classes - check_held_out(classes, s.held_out_classes)
+            steps = check_split(trained, s.initial_classes, s.increment, s.num_steps)
         except ValueError as exc:
-            raise ValueError(f"config [scenario] does not fit the {classes} classes of dataset {name}: {exc}") from None
+            raise ValueError(f"config [scenario] does not fit the {classes} classes of dataset {name}{held}: {exc}") from None
         k = cfg.model.dsimplex_classes
-        if k is not None and k < classes:
-            raise ValueError(f"config key model.dsimplex_classes = {k} is smaller than the {classes} classes of dataset {name}")
+        if k is not None and k < trained:
+            raise ValueError(f"config key model.dsimplex_classes = {k} is smaller than the {trained} "
+                             f"{'trained ' if held else ''}classes of dataset {name}{held}")
     try:
         check_replacements(s.replacement_steps, steps or max(s.replacement_steps, default=2))
     except ValueError as exc:
@@ -376,8 +405,9 @@ def _check_scenario(cfg: RunConfig) -> None:
 def _check_generated(cfg: RunConfig) -> None:
     """The shapes images a run would generate, bounded before any is drawn."""
     d, s, e = cfg.dataset, cfg.scenario, cfg.eval
-    classes = d.num_classes or (s.initial_classes + s.increment * (s.num_steps - 1) if s.num_steps else 0)
-    classes += e.open_set_classes if e.protocol == "open-set" and e.open_set_dataset is None else 0
+    classes = d.num_classes or (s.initial_classes + s.increment * (s.num_steps - 1) + s.held_out_classes if s.num_steps else 0)
+    generated_open_set = e.protocol == "open-set" and e.open_set_dataset is None and not s.held_out_classes
+    classes += e.open_set_classes if generated_open_set else 0
     if classes > MAX_CLASSES:
         raise ValueError(f"config asks dataset shapes for {classes} classes (scenario and open-set); at most {MAX_CLASSES}")
     images = classes * (d.train_per_class + d.test_per_class)

@@ -35,6 +35,19 @@ def check_split(num_classes: int, initial_classes: int, increment: int, num_step
     return steps
 
 
+def check_held_out(num_classes: int, held_out_classes: int) -> int:
+    """``held_out_classes`` after checking it leaves a class to train and, when not 0, evaluates at least two classes."""
+    if held_out_classes < 0:
+        raise ValueError(f"held_out_classes must be 0 or more, got {held_out_classes}")
+    if held_out_classes == 1:
+        raise ValueError("held_out_classes = 1 would evaluate a single class, where every neighbour is correct; "
+                         "hold out at least 2 classes (or 0 for none)")
+    if held_out_classes >= num_classes:
+        raise ValueError(f"held_out_classes = {held_out_classes} leaves none of the {num_classes} classes to train; "
+                         f"hold out at most {num_classes - 1}")
+    return held_out_classes
+
+
 def check_replacements(replacement_steps: Sequence[int], num_steps: int) -> frozenset[int]:
     """The replaced steps, after checking each is listed once and lies in 2..num_steps."""
     steps = [int(s) for s in replacement_steps]

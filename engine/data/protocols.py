@@ -8,6 +8,14 @@
   (``first_class + num_classes`` onwards, ``open_set_classes`` of them); other datasets need an
   ``open_set_dataset`` (``OPEN_SET_DATASETS`` gives cifar100 -> cifar10 by default).
 
+* held-out classes of the training dataset itself (``scenario.held_out_classes = N`` with ``"open-set"``,
+  any dataset: Fashion-MNIST, digits, shapes, CIFAR, image folders): :func:`held_out_split`. The N
+  classes no step trains on are the only evaluation classes; queries are their images of the "train"
+  split (the same draw the training data comes from), the gallery their "test" split images, as paper
+  001 (Sec. 5.1: "the training and test splits of the test datasets are used for query and gallery")
+  and this module's other open-set protocols do. Pair verification draws its first image from the
+  queries and the second from the gallery (paper 002 draws both from CIFAR-10's test split).
+
 Class-incremental cells may be scored on all test classes or only on those the gallery model was
 trained on (paper 000 leaves it open): option ``eval_classes`` = ``"all"`` | ``"seen"``, applied by
 ``restrict_eval_split`` (closed-set only: open-set classes are never trained on).
@@ -87,3 +95,20 @@ def restrict_eval_split(split: EvalSplit, *, eval_classes: str, seen_classes: Se
         raise ValueError("eval_classes='seen' needs the closed-set protocol: open-set evaluation classes are never trained on")
     kept = split.gallery.select_classes(seen_classes)
     return EvalSplit(kept, kept, True, split.protocol)
+
+
+def held_out_split(train: ImageSet, test: ImageSet, held_out: Sequence[int]) -> EvalSplit:
+    """The open-set split of ``held_out`` classes of the training dataset: their ``train`` images are the queries,
+    their ``test`` images the gallery, no other class in either (labels unchanged). ValueError when the two splits
+    name different classes or a held-out class has no image on one side."""
+    if tuple(test.class_names) != tuple(train.class_names):
+        raise ValueError(f"the train and test splits name different classes ({len(train.class_names)} vs "
+                         f"{len(test.class_names)}), so held-out classes cannot be matched across them")
+    classes = sorted(int(c) for c in held_out)
+    query, gallery = train.select_classes(classes), test.select_classes(classes)
+    for side, images in (("train (query)", query), ("test (gallery)", gallery)):
+        empty = sorted(set(classes) - set(images.labels.unique().tolist()))
+        if empty:
+            raise ValueError(f"held-out class(es) {', '.join(train.class_names[c] for c in empty[:5])} have no "
+                             f"{side} images; every held-out class needs both")
+    return EvalSplit(query, gallery, False, "open-set")

@@ -4,6 +4,11 @@
 PSP/CoReS protocol). ``training="finetune"``: step t trains on its new classes plus an experience
 replay memory of ``replay_per_class`` images per past class (the CL2R protocol).
 
+``held_out_classes = N`` (open set on the training dataset itself): the class order is drawn over every
+class as usual and its **last N** classes are held out: no step trains on them, not even through replay, and
+evaluation uses only them (``engine.run.data_setup``). Which classes these are depends only on the class order
+(``class_order_seed`` or ``class_order``), so a seed names them; the steps split the first C - N classes.
+
 ``replacement_steps`` mark the steps where the model is replaced (IAM-CL2R). The papers' replacement
 is a third-party model trained on more (external) data and then fine-tuned on the current task plus
 replay; with no external data here, the replacing model of a finetune scenario trains on every
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.core.splits import check_replacements, check_split
+from engine.core.splits import check_held_out, check_replacements, check_split
 from engine.core.vocab import TRAINING_MODES
 
 
@@ -41,6 +46,7 @@ class Scenario:
     steps: tuple[Step, ...]
     training: str
     replay_per_class: int
+    held_out_classes: tuple[int, ...] = ()  # never trained by any step: the open-set evaluation classes
 
     @property
     def num_steps(self) -> int:
@@ -56,14 +62,21 @@ class Scenario:
 def build_scenario(*, num_classes: int, initial_classes: int, increment: int, num_steps: int | None = None,
                    class_order_seed: int | None = 0, class_order: Sequence[int] | None = None,
                    training: str = "cumulative", replay_per_class: int = 0,
-                   replacement_steps: Sequence[int] = ()) -> Scenario:
+                   replacement_steps: Sequence[int] = (), held_out_classes: int = 0) -> Scenario:
     """Validate the split and build the scenario.
 
     The class order is ``class_order`` when given (a permutation of 0..num_classes-1), else a
     permutation drawn with ``numpy.random.default_rng(class_order_seed)``, or 0..num_classes-1 when
     ``class_order_seed`` is None. ``num_steps`` is optional; when given it must match the split.
+    ``held_out_classes``: the last ones of the class order, never trained; the steps use the rest exactly.
     """
-    num_steps = check_split(num_classes, initial_classes, increment, num_steps)
+    trained = num_classes - check_held_out(num_classes, held_out_classes)
+    try:
+        num_steps = check_split(trained, initial_classes, increment, num_steps)
+    except ValueError as exc:
+        if not held_out_classes:
+            raise
+        raise ValueError(f"with {held_out_classes} of the {num_classes} classes held out, {trained} are trained: {exc}") from None
     if training not in TRAINING_MODES:
         raise ValueError(f"unknown training mode {training!r}; use 'cumulative' or 'finetune'")
     if replay_per_class < 0:
@@ -87,7 +100,7 @@ def build_scenario(*, num_classes: int, initial_classes: int, increment: int, nu
             steps.append(Step(t, new, seen, seen, (), t in replaced))
         else:
             steps.append(Step(t, new, seen, new, past if replay_per_class else (), False))
-    return Scenario(order, tuple(steps), training, replay_per_class)
+    return Scenario(order, tuple(steps), training, replay_per_class, order[trained:])
 
 
 def select_replay(labels: np.ndarray, classes: Sequence[int], per_class: int, seed: int) -> np.ndarray:

@@ -37,7 +37,7 @@ class JobContext:
 
     progress: Progress
     should_stop: Callable[[], bool]
-    checkpoint_dir: Path
+    checkpoint_dir: Path | None  # None: the database's own folder (storage.checkpoint_folders)
     on_study: Callable[[int], None] | None = None
 
 

@@ -74,13 +74,15 @@ class _Beat(threading.Thread):
                     return
 
 
-def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints",
+def run_one(db: Engine, *, checkpoint_dir: Path | None = None,
             kinds: Collection[str] | None = None, share_cores: bool = False,
             handlers: Mapping[str, JobHandler] = JOB_HANDLERS) -> int | None:
     """Claim and run the next queued job (of ``kinds``, default any) through its kind's handler in ``handlers``;
     return its id, or None when none is queued.
 
     ``share_cores``: run the job with ``cores // (jobs running on this machine)`` threads (``engine.core.threads``).
+    ``checkpoint_dir``: where run jobs keep their ``experiment_<id>`` folders; None: the database's own folder
+    (``storage.checkpoint_folders.checkpoint_root``), so two databases never share one.
 
     Every write about the job names the claim's lease: once the job is no longer this worker's
     (failed as stale while the worker was paused, taken over), the next progress report or cancel
@@ -135,7 +137,7 @@ def run_one(db: Engine, *, checkpoint_dir: Path = Path("data") / "checkpoints",
     return job.id
 
 
-def serve(db: Engine, *, poll_s: float = 1.0, once: bool = False, checkpoint_dir: Path = Path("data") / "checkpoints",
+def serve(db: Engine, *, poll_s: float = 1.0, once: bool = False, checkpoint_dir: Path | None = None,
           kinds: Collection[str] | None = None, share_cores: bool = False) -> None:
     """Run jobs (of ``kinds``, default any) until interrupted (``once``: until none is queued); ``share_cores``: see
     :func:`run_one`."""

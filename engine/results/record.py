@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,6 +39,7 @@ from storage import (
     set_experiment_status,
     set_experiment_study,
 )
+from storage.checkpoint_folders import stored_checkpoint
 from storage.featurestore import check_store
 
 
@@ -162,8 +162,7 @@ def resume_experiment(db: Engine, *, name: str, method: str, config: dict[str, A
         check_store(s)
         if study_id is not None and exp.study_id is None:
             set_experiment_study(s, exp.id, study_id)
-        done = frozenset(v.step for v in list_model_versions(s, exp.id)
-                         if v.checkpoint_path and Path(v.checkpoint_path).exists())
+        done = frozenset(v.step for v in list_model_versions(s, exp.id) if stored_checkpoint(v.checkpoint_path))
         set_experiment_status(s, exp.id, "running")
         return Resumed(exp.id, done, False)
 

@@ -6,12 +6,17 @@ Protocols:
 * ``open-set``: evaluation classes are disjoint from training classes. Built-in data: held-out
   classes (``shapes``: the next ``open_set_classes`` generator classes; query = their "train" draw,
   gallery = their "test" draw). Real data: ``open_set_dataset`` (e.g. CIFAR-100 -> CIFAR-10, with
-  CIFAR-10 train as queries and test as gallery, as in the CL2R papers).
+  CIFAR-10 train as queries and test as gallery, as in the CL2R papers). Any dataset:
+  ``scenario.held_out_classes = N`` holds out the last N classes of the class order (so the class-order seed
+  names them): no step trains on them and they leave the training set, and their train/test images are the
+  queries/gallery (``engine.data.protocols.held_out_split``). They keep their positions C - N .. C - 1, so their
+  labels never coincide with a trained class's, and ``class_names`` lists only the trained classes.
 
 Class ids of the training dataset are remapped to their position in the scenario's class order.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +24,7 @@ import torch
 
 from engine.core.config import RunConfig
 from engine.data.imageset import ImageSet
-from engine.data.protocols import make_eval_split
+from engine.data.protocols import held_out_split, make_eval_split
 from engine.data.registry import NORMALIZATION, load_dataset
 from engine.data.scenario import Scenario, Step, build_scenario, select_replay
 
@@ -78,7 +83,7 @@ def input_normalization(dataset: str) -> dict[str, tuple[float, ...]]:
 def scenario_classes(cfg: RunConfig) -> int | None:
     """Classes the scenario needs when the dataset's count is free (shapes): None when it cannot tell."""
     s = cfg.scenario
-    return s.initial_classes + s.increment * (s.num_steps - 1) if s.num_steps else None
+    return s.initial_classes + s.increment * (s.num_steps - 1) + s.held_out_classes if s.num_steps else None
 
 
 def prepare_run_data(cfg: RunConfig) -> RunData:
@@ -93,14 +98,18 @@ def prepare_run_data(cfg: RunConfig) -> RunData:
     norm = input_normalization(d.name)
     cap = {} if d.max_per_class is None else {"max_per_class": d.max_per_class}
     train = load_dataset(d.name, **_options(cfg, "train", d.train_per_class, **extra, **cap, **norm))
-    split = make_eval_split(e.protocol, dataset=d.name, root=d.root, seed=cfg.seed,
+    split = make_eval_split("closed-set" if s.held_out_classes else e.protocol, dataset=d.name, root=d.root, seed=cfg.seed,
                             options={"download": d.download, "image_size": d.image_size or 32, **extra, **norm},
                             split_options={"train": {"per_class": d.train_per_class}, "test": {"per_class": d.test_per_class}},
                             open_set_dataset=e.open_set_dataset, open_set_classes=e.open_set_classes)
     num_classes = train.num_classes
     scenario = build_scenario(num_classes=num_classes, initial_classes=s.initial_classes, increment=s.increment,
                               num_steps=s.num_steps, class_order_seed=s.class_order_seed, training=s.training,
-                              replay_per_class=s.replay_per_class, replacement_steps=s.replacement_steps)
+                              replay_per_class=s.replay_per_class, replacement_steps=s.replacement_steps,
+                              held_out_classes=s.held_out_classes)
+    if scenario.held_out_classes:  # open set on this dataset: before remapping, while the splits share class ids
+        split = held_out_split(train, split.gallery, scenario.held_out_classes)
+    trained = num_classes - len(scenario.held_out_classes)
     order = np.array(scenario.class_order)
     rank = np.empty(num_classes, np.int64)
     rank[order] = np.arange(num_classes)
@@ -108,10 +117,14 @@ def prepare_run_data(cfg: RunConfig) -> RunData:
     positions = Scenario(tuple(range(num_classes)), tuple(
         Step(st.index, tuple(rank[list(st.new_classes)].tolist()), tuple(rank[list(st.seen_classes)].tolist()),
              tuple(rank[list(st.train_classes)].tolist()), tuple(rank[list(st.replay_classes)].tolist()), st.replaced)
-        for st in scenario.steps), scenario.training, scenario.replay_per_class)
+        for st in scenario.steps), scenario.training, scenario.replay_per_class, tuple(range(trained, num_classes)))
     train = _remap(train, rank, names)
     if split.same_set:  # closed-set: the test images share the training classes, so they share the remapping
         query = gallery = _remap(split.gallery, rank, names)
+    elif scenario.held_out_classes:  # positions trained .. C - 1; the training set keeps only the trained classes
+        query, gallery = _remap(split.query, rank, names), _remap(split.gallery, rank, names)
+        names = names[:trained]
+        train = dataclasses.replace(train.select_classes(range(trained)), class_names=names)
     else:
         query, gallery = split.query, split.gallery
     same_set = split.same_set
@@ -121,6 +134,6 @@ def prepare_run_data(cfg: RunConfig) -> RunData:
             raise ValueError(f"the open-set {side} images have {images.images.shape[1]} channel(s) but the training images "
                              f"({d.name}) have {channels}; choose an open-set dataset with {channels}-channel images")
     per_class = e.train_features_per_class
-    subset = select_replay(train.labels.numpy(), range(num_classes), per_class, cfg.seed) if per_class else np.zeros(0, np.int64)
+    subset = select_replay(train.labels.numpy(), range(trained), per_class, cfg.seed) if per_class else np.zeros(0, np.int64)
     return RunData(train, query, gallery, same_set, positions, names, channels,
                    d.augment and channels == 3 and train.images.shape[-1] >= 32, s.replay_per_class, train.subset(subset))

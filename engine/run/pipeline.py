@@ -67,6 +67,7 @@ from storage import (
     load_feature_set,
     session_scope,
 )
+from storage.checkpoint_folders import experiment_checkpoints, stored_checkpoint
 
 Progress = Callable[[float, str], None]
 
@@ -76,7 +77,7 @@ class RunContext:
     """Where a run reports to and how it learns that it should stop."""
 
     db: Engine
-    checkpoint_dir: Path = Path("data") / "checkpoints"
+    checkpoint_dir: Path | None = None  # None: the database's own folder (storage.checkpoint_folders)
     progress: Progress | None = None
     should_stop: Callable[[], bool] | None = None
     study_id: int | None = None
@@ -256,8 +257,9 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
     # the whole job, or this one experiment (cancelled on its own from the Overview page), stops at the next check
     ctx = dataclasses.replace(ctx, should_stop=lambda: bool(job_stop and job_stop()) or experiment_cancelled(ctx.db, exp_id))
     steps = data.scenario.steps
-    ckpt_dir = ctx.checkpoint_dir / f"experiment_{exp_id}"
+    ckpt_dir = experiment_checkpoints(ctx.db.url, exp_id, ctx.checkpoint_dir).absolute()  # stored absolute
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    stored = _stored_checkpoints(ctx.db, exp_id) if done else {}
     total_work = sum(len(s.train_classes) for s in steps) * cfg.training.epochs or 1
     work_done = 0.0
     started = time.perf_counter()
@@ -268,8 +270,8 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
             seen = len(step.seen_classes)
             ckpt = ckpt_dir / f"step_{step.index}.safetensors"
             step_work = len(step.train_classes) * cfg.training.epochs
-            if step.index in done:
-                previous = load_checkpoint(ckpt, device="cpu")
+            if step.index in done:  # from the path its version recorded (a run from before may have used another folder)
+                previous = load_checkpoint(stored[step.index], device="cpu")
                 work_done += step_work
                 report(work_done / total_work, f"{method.name}: step {step.index} already done")
                 continue
@@ -331,7 +333,7 @@ def reuse_experiment(cfg: RunConfig, ctx: RunContext, source_id: int, *, data: R
     exp_id, done = resumed.experiment_id, resumed.done_steps
     if resumed.finished:
         return exp_id
-    ckpt_dir = ctx.checkpoint_dir / f"experiment_{exp_id}"
+    ckpt_dir = experiment_checkpoints(ctx.db.url, exp_id, ctx.checkpoint_dir).absolute()
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     try:
         with session_scope(ctx.db) as s:
@@ -343,8 +345,8 @@ def reuse_experiment(cfg: RunConfig, ctx: RunContext, source_id: int, *, data: R
                 if v.step in done:
                     continue
                 ckpt: Path | None = ckpt_dir / f"step_{v.step}.safetensors"
-                if v.checkpoint_path and Path(v.checkpoint_path).exists():
-                    shutil.copyfile(v.checkpoint_path, ckpt)
+                if (source_file := stored_checkpoint(v.checkpoint_path)) is not None:
+                    shutil.copyfile(source_file, ckpt)
                 else:
                     ckpt = None  # the source lost its file too; the outputs below are all evaluation needs
                 record_version(s, exp_id, v.step, NewVersion(
@@ -361,6 +363,13 @@ def reuse_experiment(cfg: RunConfig, ctx: RunContext, source_id: int, *, data: R
     except BaseException as exc:
         fail(ctx.db, exp_id, exc)
         raise
+
+
+def _stored_checkpoints(db: Engine, exp_id: int) -> dict[int, Path]:
+    """Step -> the existing checkpoint file each stored model version of the experiment recorded."""
+    with session_scope(db) as s:
+        files = {v.step: stored_checkpoint(v.checkpoint_path) for v in list_model_versions(s, exp_id)}
+    return {step: f for step, f in files.items() if f is not None}
 
 
 def discard_experiment(db: Engine, exp_id: int, ckpt_dir: Path) -> None:
