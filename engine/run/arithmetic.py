@@ -22,6 +22,7 @@ ranks size their own threads.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -33,8 +34,11 @@ import torch
 @contextmanager
 def pinned_arithmetic(threads: int) -> Iterator[None]:
     """Run torch on ``threads`` intra-op threads with deterministic algorithms, then restore the process's settings."""
+    # cuBLAS is deterministic only with a fixed workspace, read when CUDA first creates a handle (the user's setting stays)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     before = torch.get_num_threads()
-    deterministic, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     benchmark = torch.backends.cudnn.benchmark
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -53,7 +57,8 @@ def arithmetic_record(threads: int, *, nproc: int = 1) -> dict[str, Any]:
     import numba
 
     record: dict[str, Any] = {
-        "compute_threads": threads, "deterministic_algorithms": True, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "compute_threads": threads, "deterministic_algorithms": True,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__, "numpy": np.__version__, "numba": numba.__version__,
     }
     if nproc > 1:
