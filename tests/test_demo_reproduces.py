@@ -6,8 +6,9 @@ Asserted here, for the fixed seeds, are the papers' orderings the demo does repr
   paired test, so AC = 0 for every seed;
 * paper 000: PSP makes those same models more compatible; each PSP cross-test lies far above the encoder's (>= 15
   points) and PSP's mean AC over the seeds is above the encoders' (0). Not asserted: a mean AC of at least 0.5.
-  Three seeds do not resolve it: this machine measured 0.67 / 0.33 / 0.33 (mean 0.44, 95 % t-interval over the
-  seeds -0.03 to 0.92), another 0.67 +/- 0.33, and 1 and 2 threads train different models (issue 30);
+  Three seeds do not resolve it: with the arithmetic pinned (``compute_threads = 1``, the same numbers with any
+  thread setting) this machine measured 0.67 / 0.33 / 0.67 (mean 0.56, 95 % t-interval over the seeds 0.08 to
+  1.03); unpinned, 1 and 2 threads had trained different models (0.67 / 0.33 / 0.33 here, 0.67 +/- 0.33 elsewhere);
 * paper 000: LSP has a lower AC than PSP (mean over the seeds);
 * paper 000 Tab. 1a: CoReS under Recall@1 has AC = 0 for every seed.
 

@@ -128,6 +128,10 @@ class RunConfig:
     seed: int = 0
     seeds: tuple[int, ...] = ()  # several seeds (data draws, order, initialisation) per method; () = just `seed`
     device: str = "auto"
+    # intra-op threads of the training and feature-extraction arithmetic, whatever the machine or the worker's share
+    # of the cores: 1 and 2 threads train different models (engine.models.arithmetic says where), so the count is part
+    # of the result; more is faster on an idle machine and reproducible wherever the same count is given
+    compute_threads: int = 1
     dataset: DatasetConfig = DatasetConfig()
     eval: EvalConfig = EvalConfig()
     scenario: ScenarioConfig = ScenarioConfig()
@@ -257,13 +261,14 @@ def _name(v: str) -> str | None:
 
 
 _POSITIVE = _number(1)
+MAX_COMPUTE_THREADS = 1024
 MAX_CLASSES = 100_000
 MAX_GENERATED_IMAGES = 250_000  # shapes: classes x (train_per_class + test_per_class), about 3 GB as float32
 _COUNT = _number(0)
 # key -> rule; a list or tuple value is checked item by item.
 RULES: dict[str, Rule] = {
     "name": _name, "methods": _method, "seed": _number(0, 2**32 - 1),
-    "seeds": _number(0, 2**32 - 1), "device": _device,
+    "seeds": _number(0, 2**32 - 1), "device": _device, "compute_threads": _number(1, MAX_COMPUTE_THREADS),
     "dataset.name": _choice("dataset", vocab.DATASET_NAMES), "dataset.root": _text,
     "dataset.num_classes": _number(1, MAX_CLASSES), "dataset.train_per_class": _number(1, 100_000),
     "dataset.test_per_class": _number(1, 100_000), "dataset.max_per_class": _number(1, 1_000_000),

@@ -3,7 +3,7 @@
 The rule: ``cores // processes`` threads per process, at least 1, where ``cores`` are the CPUs this process
 may run on (``os.sched_getaffinity`` where the platform has it) and ``processes`` the processes computing at the
 same time. ``run_app.py``'s workers share the cores (``worker --share-cores``): as each job starts, its worker
-takes ``cores // (jobs running on this machine, its own included)``, so the demo alone trains on every core and a
+takes ``cores // (jobs running on this machine, its own included)``, so the demo alone evaluates on every core and a
 check started beside it splits them (the measured reason: two workers at every core each ran the demo 4x slower
 under load, one thread each ran it 1.8x slower on an idle machine, see ``bench/bench_demo.py``). The dashboard,
 whose Learn pages compute in short bursts, gets ``cores // workers``. A worker on its own keeps the libraries'
@@ -14,6 +14,10 @@ torch, OpenBLAS, MKL and OpenMP read their counts from the environment when they
 :func:`thread_env` into a child's environment before the child starts; :func:`apply` sets them in a process
 that has already loaded the libraries (the worker) and reports what each library then uses. A count from the
 environment above the cores is capped at the cores by torch and OpenBLAS; :func:`apply` is not.
+
+A run's training and feature extraction do not use this count: they run on the config's ``compute_threads`` (default
+1), since 1 and 2 threads train different models (``engine.models.arithmetic``); the count here sizes the rest (the
+evaluation from stored features, numba's kernels, data preparation, the dashboard's Learn pages).
 """
 from __future__ import annotations
 

@@ -107,12 +107,16 @@ def record_version(s: Session, experiment_id: int, step: int, version: NewVersio
 
 
 def record_matrices(s: Session, experiment_id: int, result: MatrixResult, *, gallery_kind: str, view: str,
-                    eval_classes: str = "all", ties: str = "fail") -> None:
-    """Store every metric's matrix of ``result`` for ``view`` with its summary (AC/AA/ACA, update gain, paired test)."""
+                    eval_classes: str = "all", ties: str = "fail", arithmetic: Mapping[str, Any] | None = None) -> None:
+    """Store every metric's matrix of ``result`` for ``view`` with its summary (AC/AA/ACA, update gain, paired test)
+    and, when given, the arithmetic that made the features (``summary["arithmetic"]``, ``engine.models.arithmetic``)."""
     for metric, C in result.values.items():
+        summary = stored_summary(result, metric, ties=ties)
+        if arithmetic is not None:
+            summary["arithmetic"] = dict(arithmetic)
         save_matrix(s, experiment_id, metric=metric, gallery_kind=gallery_kind, view=view, values=C,
                     valid_queries=result.valid_queries, no_positive=result.no_positive,
-                    summary=stored_summary(result, metric, ties=ties), eval_classes=eval_classes)
+                    summary=summary, eval_classes=eval_classes)
 
 
 def finish(s: Session, experiment_id: int) -> None:

@@ -54,6 +54,7 @@ from engine.results.record import (
     resume_experiment,
     set_status,
 )
+from engine.models.arithmetic import arithmetic_record, pinned_arithmetic
 from engine.run.ddp import train_step_parallel
 from engine.core.signals import Cancelled
 from engine.methods.training import Hooks, train_step
@@ -197,10 +198,13 @@ def _view_cell_specs(db: Engine, versions: list[ModelVersion], recipes: Callable
 
 
 def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method, *, same_set: bool,
-                        fan_out: FanOut | None = None, should_stop: Callable[[], bool] | None = None) -> dict[str, dict]:
+                        fan_out: FanOut | None = None, should_stop: Callable[[], bool] | None = None,
+                        nproc: int = 1) -> dict[str, dict]:
     """Compute and store every (metric, view) matrix; return {view: {metric: summary}}.
 
     ``fan_out``: through tasks that any ``worker --tasks`` may share (this process runs them too); the same matrices.
+    Each summary records the arithmetic the features were made with (``arithmetic``, :mod:`engine.models.arithmetic`;
+    ``nproc``: the data-parallel ranks that trained them).
     """
     with session_scope(db) as s:
         versions = list_model_versions(s, exp_id)
@@ -221,7 +225,8 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
             result = compatibility_matrices(cells, num_models=len(versions), metrics=cfg.eval.metrics,
                                             gallery_kind=cfg.eval.gallery, same_set=same_set, paired=PairedOptions())
         with session_scope(db) as s:
-            record_matrices(s, exp_id, result, gallery_kind=cfg.eval.gallery, view=view, eval_classes=cfg.eval.eval_classes)
+            record_matrices(s, exp_id, result, gallery_kind=cfg.eval.gallery, view=view, eval_classes=cfg.eval.eval_classes,
+                            arithmetic=arithmetic_record(cfg.compute_threads, nproc=nproc))
         out[view] = {m: {"matrix": result.values[m], **stored_summary(result, m)} for m in result.values}
     return out
 
@@ -291,11 +296,13 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
                                         f"loss {parts.get('loss', float('nan')):.3f}, ETA {eta:.0f} s")
 
             train = train_step if ctx.nproc == 1 else functools.partial(train_step_parallel, nproc=ctx.nproc)
-            train(net, method, images, labels, sctx, cfg.training, device=device, seed=cfg.seed + step.index,
-                       augment_images=data.augment, hooks=Hooks(on_epoch=on_epoch, should_stop=ctx.should_stop))
-            net = net.cpu()
-            save_checkpoint(net, ckpt, extra={"experiment": exp_id, "step": step.index, "method": method.name})
-            _store_step(ctx.db, exp_id, step.index, net, method, cfg, data, seen, ckpt, step.replaced, device)
+            with pinned_arithmetic(cfg.compute_threads):  # the same numbers with any thread setting (engine.models.arithmetic)
+                train(net, method, images, labels, sctx, cfg.training, device=device, seed=cfg.seed + step.index,
+                      augment_images=data.augment, hooks=Hooks(on_epoch=on_epoch, should_stop=ctx.should_stop))
+                net = net.cpu()
+                save_checkpoint(net, ckpt, extra={"experiment": exp_id, "step": step.index, "method": method.name,
+                                                  "arithmetic": arithmetic_record(cfg.compute_threads, nproc=ctx.nproc)})
+                _store_step(ctx.db, exp_id, step.index, net, method, cfg, data, seen, ckpt, step.replaced, device)
             previous = net
             work_done += step_work
         report(0.99, f"{method.name}: evaluating")
@@ -313,7 +320,7 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
 def _finish(ctx: RunContext, exp_id: int, cfg: RunConfig, method: Method, data: RunData) -> int:
     """Evaluate every view of a trained (or copied) experiment and mark it done."""
     evaluate_experiment(ctx.db, exp_id, cfg, method, same_set=data.same_set, fan_out=ctx.fan_out,
-                        should_stop=ctx.should_stop)
+                        should_stop=ctx.should_stop, nproc=ctx.nproc)
     with session_scope(ctx.db) as s:
         finish(s, exp_id)
     (ctx.progress or (lambda f, m: None))(1.0, f"{method.name}: done")
