@@ -28,6 +28,7 @@ from engine.results.json_file import json_target, write_json_atomic
 from engine.results.report import FORMATS, render_matrix
 from engine.upgrade.cli import add_arguments as add_upgrade_arguments
 from engine.upgrade.cli import cmd_check_upgrade
+from engine.reproduce.cli import add_arguments as add_reproduce_arguments
 
 
 def _add_db(p: argparse.ArgumentParser, *, torchscript: bool = False) -> None:
@@ -124,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_arguments(sub.add_parser("export-images", help="write a dataset split as PNG class folders (for imagefolder)"))
     sub.add_parser("presets", help="list the named presets")
     add_upgrade_arguments(sub.add_parser("check-upgrade", help="can the new model ship without re-indexing? (ECC verdict, exit 0/1/3)"))
+    rp = sub.add_parser("reproduce", help="reproduce named paper table cells (P2-Tab2, ...) over seeds; queued or --here")
+    add_reproduce_arguments(rp)
+    _add_db(rp)
     return parser
 
 
@@ -309,10 +313,20 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from engine.reproduce.cli import reproduce
+    from engine.run.pipeline import RunContext, run_study
+    from storage import get_engine, init_db
+
+    db = get_engine(args.db)
+    init_db(db)
+    return reproduce(args, db, lambda cfg, db, ckpt: run_study(cfg, RunContext(db, ckpt, None)))
+
+
 COMMANDS = {"run": cmd_run, "compare": cmd_run, "evaluate": cmd_evaluate, "worker": cmd_worker, "presets": cmd_presets,
             "adapt": cmd_adapt, "extract-tasks": cmd_extract_tasks,
             "compare-checkpoints": cmd_compare_checkpoints, "export-images": cmd_export_images,
-            "check-upgrade": cmd_check_upgrade}
+            "check-upgrade": cmd_check_upgrade, "reproduce": cmd_reproduce}
 
 
 def main(argv: list[str] | None = None) -> int:
