@@ -14,6 +14,7 @@ import pytest
 from engine.data.fashion_files import fashion_available
 from engine.reproduce.claims import CLAIMS, CONTROL, GROUPS, PaperCell, claim_names
 from engine.reproduce.plan import enqueue_missing, experiment_hash, missing_seeds, stored_runs, study_config
+from engine.reproduce.sensitivity import compute_matrix, conventions, sensitivity_rows, stored_or_computed
 from engine.reproduce.table import _verdict, cell_value, claim_rows, render
 from storage import find_experiment_by_hash, get_engine, init_db, list_jobs, load_matrices, session_scope
 
@@ -60,7 +61,7 @@ def test_verdict_words_on_hand_intervals():
 
 def _args(**kw) -> argparse.Namespace:
     return argparse.Namespace(**{"name": "P2-Tab2", "scale": "smoke", "seeds": None, "here": False, "table": False,
-                                 "device": "cpu", "checkpoints": Path("data") / "checkpoints", **kw})
+                                 "device": "cpu", "sensitivity": False, "checkpoints": Path("data") / "checkpoints", **kw})
 
 
 def test_missing_seeds_are_queued_once_as_run_jobs(tmp_path):
@@ -79,6 +80,7 @@ def test_missing_seeds_are_queued_once_as_run_jobs(tmp_path):
     assert reproduce(_args(), db, run_here=lambda *a: pytest.fail("not --here")) == 3  # unfinished: exit 3
 
 
+@pytest.mark.slow
 @fashion
 def test_smoke_reproduction_resumes_and_prints_the_stored_margins(tmp_path, capsys):
     from engine.cli import main
@@ -115,6 +117,20 @@ def test_smoke_reproduction_resumes_and_prints_the_stored_margins(tmp_path, caps
     assert (row.interval["lo"], row.interval["hi"]) == pytest.approx((mean - half, mean + half), abs=1e-9)
     assert cell_value(C, None) == pytest.approx(np.mean([C[1, 0] > C[0, 0], C[2, 0] > C[0, 0], C[2, 1] > C[1, 1]]))
     assert "independent (control)" in render(CLAIMS["P2-Tab2"], rows)
+
+    # sensitivity: the run's own convention recomputed from the stored features is the pipeline's matrix, exactly
+    exp_id = runs[(1, "cores")]
+    again = compute_matrix(db, exp_id, view="encoder", metric="verification", gallery="instance", eval_classes="all")
+    np.testing.assert_array_equal(again.values["verification"], C)
+    seen = stored_or_computed(db, exp_id, view="encoder", metric="recall@1", gallery="template", eval_classes="seen")
+    with session_scope(db) as s:  # a convention the run did not compute is stored beside its own, read back next time
+        (m,) = [m for m in load_matrices(s, exp_id, metric="recall@1", protocol="template", view="encoder")
+                if m.eval_classes == "seen"]
+        np.testing.assert_array_equal(np.asarray(m.values), seen)
+    sens = sensitivity_rows(db, CLAIMS["P2-Tab2"], runs, ["cores"])
+    assert len(sens) == len(conventions(CLAIMS["P2-Tab2"])) == 1 * 2 + 2 * 4  # verification: no template gallery
+    own = next(r for r in sens if (r["metric"], r["eval_classes"], r["gallery"]) == ("verification", "all", "instance"))
+    assert own["values"] == pytest.approx(list(by_label[("cores", "AC")].values))
 
 
 def test_unknown_name_is_one_line_exit_2(tmp_path):

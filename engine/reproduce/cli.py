@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 from engine.core.config import RunConfig
 from engine.reproduce.claims import CLAIMS, GROUPS, SCALES, claim_names
 from engine.reproduce.plan import enqueue_missing, missing_seeds, seed_config, stored_runs, study_config
+from engine.reproduce.sensitivity import render_sensitivity, sensitivity_rows
 from engine.reproduce.table import MARKDOWN_HEADER, Interval, claim_rows, render
 from engine.metrics.uncertainty import seed_interval
 
@@ -31,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, metavar="N", help="seeds 0 .. N-1 (default: the scale's)")
     p.add_argument("--here", action="store_true", help="run the missing seeds in this process instead of queueing them")
     p.add_argument("--table", action="store_true", help="print the README's Markdown rows instead of the text table")
+    p.add_argument("--sensitivity", action="store_true",
+                   help="also AC under seen/all x instance/template x metric, re-evaluated from the stored features")
     p.add_argument("--device", default="auto", help="with --here: auto, cpu or cuda")
     p.add_argument("--checkpoints", type=Path, default=Path("data") / "checkpoints", help="checkpoint folder (--here)")
 
@@ -71,4 +74,8 @@ def reproduce(args: argparse.Namespace, db: Engine, run_here: RunHere, *, interv
         if i and not args.table:
             print()
         print(render(CLAIMS[name], rows, markdown=args.table))
+        if args.sensitivity and not args.table:
+            runs = stored_runs(db, cfg)
+            print(render_sensitivity(CLAIMS[name], sensitivity_rows(db, CLAIMS[name], runs, CLAIMS[name].methods,
+                                                                    interval=interval)))
     return 3 if pending else 0
