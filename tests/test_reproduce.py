@@ -56,6 +56,7 @@ def test_verdict_words_on_hand_intervals():
     assert _verdict(ac, iv(0.5, 0.9), 0.0) == "reproduces"
     assert _verdict(ac, iv(0.0, 0.9), 0.0) == "unresolved"  # the control's AC is inside too: cannot tell them apart
     assert _verdict(ac, iv(0.0, 0.3), 0.0) == "does not"
+    assert _verdict(PaperCell("cores", "AC", 0.0), iv(0.0, 0.0), 0.0) == "unresolved"  # the control fails the same way
     assert _verdict(ac, {"mean": 0.5, "lo": None, "hi": None, "n": 1}, 0.0) == "unresolved"
 
 

@@ -41,7 +41,7 @@ def study_config(claim: Claim, scale: str, seeds: int | None = None, *, device: 
         model=dict(backbone="small_cnn", width=s["width"], **claim.model),
         eval=dict(protocol="closed-set", eval_classes=claim.our_convention["eval_classes"],
                   gallery="template" if claim.our_convention["gallery"] == "template" else "instance", metrics=[metric]),
-        training=dict(epochs=s["epochs"], batch_size=64, lr=0.05, lr_schedule="cosine"),
+        training=dict(epochs=s["epochs"], batch_size=64, lr=0.05, lr_schedule="cosine", **claim.training),
     )
     return config_from_dict(data)
 

@@ -5,7 +5,8 @@ The interval is one function of the per-seed values (:data:`Interval`; default
 replaces it by passing ``interval=``. Words: a paper value is *inside* / *outside* our interval (*unresolved* with
 fewer than two seeds); a margin *reproduces* when our interval sits on the paper's side of zero (holds zero for a
 printed tie), *does not* when it sits on the other side, else *unresolved*; an AC reproduces when the paper's AC is
-inside our interval (clipped to [0, 1]) and the negative control's mean AC is not (else unresolved), does not when
+inside our interval (clipped to [0, 1]) and the negative control's mean AC is not (else unresolved: a printed
+AC of 0 that the control shows too is no evidence), does not when
 the paper's AC is outside.
 The negative control (independent encoders) must fail: its AC interval must lie below the paper's AC.
 """
@@ -82,7 +83,7 @@ def _verdict(cell: PaperCell, iv: dict, control_ac: float | None) -> str:
     if cell.cell is None:  # AC: the paper's value inside our interval, and the control's mean AC outside it
         if _inside(cell.value, iv) == "outside":
             return "does not"
-        tells = control_ac is None or cell.value == control_ac or not iv["lo"] <= control_ac <= iv["hi"]
+        tells = control_ac is None or not iv["lo"] <= control_ac <= iv["hi"]  # a paper AC of 0 the control shows too
         return "reproduces" if tells else "unresolved"
     lo, hi = iv["lo"], iv["hi"]
     if cell.value > 0:
