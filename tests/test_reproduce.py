@@ -140,3 +140,22 @@ def test_unknown_name_is_one_line_exit_2(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 2 and out.stderr.strip().startswith("error: unknown table cell 'P9'")
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@fashion
+def test_queued_seeds_run_by_a_worker_are_found_again(tmp_path):
+    """The run jobs a worker finishes store the experiments under the hashes the reproduction looks for."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "engine", "reproduce", "P2-Tab2", "--scale", "smoke", "--seeds", "1", "--db", url]
+    first = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 3 and "queued run jobs" in first.stdout, first.stderr
+    worker = subprocess.run([sys.executable, "-m", "engine", "worker", "--once", "--threads", "1", "--db", url,
+                             "--checkpoints", str(tmp_path / "ckpt")], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600, env=env)
+    assert worker.returncode == 0, worker.stderr
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert again.returncode == 0 and "queued" not in again.stdout, again.stdout + again.stderr
+    cfg = study_config(CLAIMS["P2-Tab2"], "smoke", 1)
+    assert set(stored_runs(get_engine(url), cfg)) == {(0, m) for m in cfg.methods}
