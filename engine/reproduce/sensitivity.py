@@ -97,7 +97,7 @@ def sensitivity_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int],
 def render_sensitivity(claim: Claim, rows: Sequence[dict]) -> str:
     """The sensitivity rows as text: one line per method, one column per convention (AC mean [interval])."""
     own = (claim.our_convention["eval_classes"], claim.our_convention["gallery"], claim.our_convention["metric"])
-    lines = [f"  sensitivity of AC to the convention (closed-set runs re-evaluated from stored features; * = the claim's):"]
+    lines = ["  sensitivity of AC to the convention (closed-set runs re-evaluated from stored features; * = the claim's):"]
     for r in rows:
         iv = r["interval"]
         span = "not run" if iv["mean"] is None else (
