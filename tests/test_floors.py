@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ("data", "models", "methods", "metrics", "adapters")  # a kernel may import the ones before it
 SHARED = ("results", "evaluate", "tasks")
-STAGES = ("run", "checkpoints", "analysis", "upgrade", "learn")
+STAGES = ("run", "checkpoints", "analysis", "upgrade", "learn", "reproduce")
 ENTRY = ("jobs", "cli", "__main__")
 FLOOR = {"core": 0, **{k: 1 for k in KERNELS}, **{s: 2 for s in SHARED}, **{s: 3 for s in STAGES},
          **{e: 4 for e in ENTRY}}

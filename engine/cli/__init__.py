@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from engine.checkpoints.files import export_ceiling
-from engine.cli import adapt, checkpoints, evaluate, export_images, run, upgrade, worker
+from engine.cli import adapt, checkpoints, evaluate, export_images, reproduce, run, upgrade, worker
 from engine.data import roots
 from engine.results.json_file import json_target
 
@@ -53,6 +53,8 @@ COMMANDS: dict[str, Command] = {  # in the order ``--help`` lists them
     "presets": Command("list the named presets", None, run.cmd_presets),
     "check-upgrade": Command("can the new model ship without re-indexing? (ECC verdict, exit 0/1/3)",
                              upgrade.add_arguments, upgrade.cmd_check_upgrade),
+    "reproduce": Command("reproduce named paper table cells (P2-Tab2, ...) over seeds; queued or --here",
+                         reproduce.add_command_arguments, reproduce.cmd_reproduce),
 }
 
 
