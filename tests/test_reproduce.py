@@ -125,7 +125,7 @@ def test_smoke_reproduction_resumes_and_prints_the_stored_margins(tmp_path, caps
     np.testing.assert_array_equal(again.values["verification"], C)
     seen = stored_or_computed(db, exp_id, view="encoder", metric="recall@1", gallery="template", eval_classes="seen")
     with session_scope(db) as s:  # a convention the run did not compute is stored beside its own, read back next time
-        (m,) = [m for m in load_matrices(s, exp_id, metric="recall@1", protocol="template", view="encoder")
+        (m,) = [m for m in load_matrices(s, exp_id, metric="recall@1", gallery_kind="template", view="encoder")
                 if m.eval_classes == "seen"]
         np.testing.assert_array_equal(np.asarray(m.values), seen)
     sens = sensitivity_rows(db, CLAIMS["P2-Tab2"], runs, ["cores"])

@@ -41,14 +41,14 @@ def stored_or_computed(db: Engine, experiment_id: int, *, view: str, metric: str
                        topk: int | None = None) -> np.ndarray:
     """The experiment's matrix under this convention: read when stored, else computed from its features and stored."""
     with session_scope(db) as s:
-        rows = [r for r in load_matrices(s, experiment_id, metric=metric, protocol=gallery, view=view)
+        rows = [r for r in load_matrices(s, experiment_id, metric=metric, gallery_kind=gallery, view=view)
                 if r.eval_classes == eval_classes]
     if rows:
         return np.asarray(rows[0].values, dtype=np.float64)
     result = compute_matrix(db, experiment_id, view=view, metric=metric, gallery=gallery, eval_classes=eval_classes,
                             topk=topk)
     with session_scope(db) as s:
-        record_matrices(s, experiment_id, result, protocol=gallery, view=view, eval_classes=eval_classes)
+        record_matrices(s, experiment_id, result, gallery_kind=gallery, view=view, eval_classes=eval_classes)
     return np.asarray(result.values[metric], dtype=np.float64)
 
 
@@ -76,7 +76,7 @@ def compute_matrix(db: Engine, experiment_id: int, *, view: str, metric: str, ga
         q, g = cell_features({raw: q}, {raw: g}, view, columns=ck, topk=topk)
         return CellFeatures(q, ql, g, gl, query_ids=ids)
 
-    return compatibility_matrices(cell, num_models=len(versions), metrics=(metric,), protocol=gallery,
+    return compatibility_matrices(cell, num_models=len(versions), metrics=(metric,), gallery_kind=gallery,
                                   same_set=True, paired=PairedOptions())
 
 

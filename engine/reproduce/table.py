@@ -49,7 +49,7 @@ def seed_matrices(db: Engine, runs: dict[tuple[int, str], int], claim: Claim, me
         for (seed, m), exp_id in sorted(runs.items()):
             if m != method:
                 continue
-            rows = [r for r in load_matrices(s, exp_id, metric=conv["metric"], protocol=gallery, view=claim.view(method))
+            rows = [r for r in load_matrices(s, exp_id, metric=conv["metric"], gallery_kind=gallery, view=claim.view(method))
                     if r.eval_classes == conv["eval_classes"]]
             if rows:
                 out.append(np.asarray(rows[0].values, dtype=np.float64))
