@@ -136,3 +136,16 @@ def test_definition1_counts_against_a_brute_force_loop():
 def test_definition1_rejects_misaligned_models():
     with pytest.raises(ValueError, match="same images"):
         definition1_check(np.ones((3, 2)), np.ones((4, 2)), [0, 1, 0])
+
+
+def test_update_gain_only_where_ecc_holds():
+    """Γ = (cross - old self) / (new self - old self), by hand, where the cross-test is not below the old self-test;
+    a failing cross-test is undefined with its reason (paper 002 reports Γ only where ECC holds)."""
+    from engine.metrics.gain import gain_cells, gain_text
+
+    C = np.array([[0.50, np.nan, np.nan], [0.60, 0.70, np.nan], [0.45, 0.70, 0.80]])
+    gain, why = gain_cells(C)
+    assert gain[1, 0] == pytest.approx((0.60 - 0.50) / (0.70 - 0.50))  # passes: 50 %
+    assert gain[2, 1] == pytest.approx(0.0)  # a tie with the old self-test: 0 under either tie rule
+    assert np.isnan(gain[2, 0]) and "ECC fails" in why[2][0]  # 45 < 50
+    assert gain_text(C, ["M1", "M2", "M3"]) == "M2→M1 50.0 %, M3→M1 undefined (fails ECC), M3→M2 0.0 %"

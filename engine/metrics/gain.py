@@ -3,8 +3,10 @@
 Γ = (cross-test - old self-test) / (new self-test - old self-test) measures how much of the new model's own gain
 a cross-test keeps. Its denominator is the new model's gain on its own; when that is not clearly above zero the
 ratio explodes or flips sign (a 0.1-point gain turns a 2.5-point cross-test gap into "2538.5 %"), so it is shown
-only where new self - old self is at least ``MIN_GAIN`` (one point), and named undefined, with the reason,
-everywhere else.
+only where new self - old self is at least ``MIN_GAIN`` (one point), and only where the cross-test is not below
+the old self-test: paper 002 reports Γ where ECC holds (a failing cell's Γ is negative by construction and says
+nothing the verdict does not; averaged, it dominates: -1705 % over a study's failing cells). Everywhere else Γ is
+named undefined, with the reason. A tie (cross-test equal to the old self-test) gives Γ = 0 under either tie rule.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ MIN_GAIN = 0.01  # new self-test - old self-test below one point: Γ is undefine
 
 def gain_cells(C: np.ndarray, *, min_gain: float = MIN_GAIN) -> tuple[np.ndarray, list[list[str | None]]]:
     """Γ of every cross-test (NaN where undefined) and, per cell, why it is undefined (None where defined or not a
-    defined cross-test): the new model does not beat the old one on its own by ``min_gain``."""
+    defined cross-test): the new model does not beat the old one on its own by ``min_gain``, or the cross-test is
+    below the old self-test (ECC fails)."""
     C = np.asarray(C, dtype=np.float64)
     T = C.shape[0]
     gain = np.full((T, T), np.nan)
@@ -30,6 +33,9 @@ def gain_cells(C: np.ndarray, *, min_gain: float = MIN_GAIN) -> tuple[np.ndarray
             if denom < min_gain:
                 why[t][k] = (f"undefined: the new model's self-test is {100 * denom:+.1f} points from the old one's "
                              f"(Γ divides by it; needs at least +{100 * min_gain:g})")
+            elif C[t, k] < C[k, k]:
+                why[t][k] = (f"undefined: the cross-test is {100 * (C[t, k] - C[k, k]):+.1f} points from the old "
+                             f"self-test (ECC fails; paper 002 reports Γ only where ECC holds)")
             else:
                 gain[t, k] = (C[t, k] - C[k, k]) / denom
     return gain, why
@@ -56,7 +62,9 @@ def gain_text(C: np.ndarray, names: Sequence[str], *, min_gain: float = MIN_GAIN
         for k in range(t):
             if not np.isnan(gain[t, k]):
                 parts.append(f"{names[t]}→{names[k]} {100 * gain[t, k]:.1f} %")
-            elif why[t][k]:
+            elif why[t][k] and C[t, t] - C[k, k] < min_gain:
                 parts.append(f"{names[t]}→{names[k]} undefined (new self-test {100 * (C[t, t] - C[k, k]):+.1f} points "
                              f"from old; needs +{100 * min_gain:g})")
+            elif why[t][k]:
+                parts.append(f"{names[t]}→{names[k]} undefined (fails ECC)")
     return ", ".join(parts)
