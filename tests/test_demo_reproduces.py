@@ -9,7 +9,8 @@ Asserted here, for the fixed seeds, are the papers' orderings the demo does repr
   Three seeds do not resolve it: with the arithmetic pinned (``compute_threads = 1``, the same numbers with any
   thread setting) this machine measured 0.67 / 0.33 / 0.67 (mean 0.56, 95 % t-interval over the seeds 0.08 to
   1.03); unpinned, 1 and 2 threads had trained different models (0.67 / 0.33 / 0.33 here, 0.67 +/- 0.33 elsewhere);
-* paper 000: LSP has a lower AC than PSP (mean over the seeds);
+* paper 000: LSP is less compatible than PSP: PSP's mean Recall@1 margin is above LSP's, with a 95 % t-interval
+  over the seeds above 0 (AC, 0.56 vs 0.11, is not resolved by three seeds, so it is not asserted);
 * paper 000 Tab. 1a: CoReS under Recall@1 has AC = 0 for every seed.
 
 Not asserted, because they do not reproduce at demo scale (the README gives the numbers and the likely causes):
@@ -82,9 +83,21 @@ def test_psp_makes_the_same_independent_models_compatible(demo):
 
 
 def test_lsp_is_less_compatible_than_psp(demo):
+    """Resolved on the margins, not on AC: per seed, the mean Recall@1 margin (cross-test minus the gallery model's
+    self-test, over the 3 cross-tests) of PSP minus LSP; its 95 % t-interval over the seeds lies above 0 (measured
+    +3.9 points, +0.4 to +7.4). AC, their thresholded count, is not resolved by 3 seeds (0.56 vs 0.11, difference
+    -0.03 to +0.92), so it is not asserted."""
+    from scipy import stats
+
     _, cells = demo
-    ac = {m: np.mean([cells[(m, m, "recall@1", seed)][1]["AC"] for seed in SEEDS]) for m in ("psp", "lsp")}
-    assert ac["lsp"] < ac["psp"]
+
+    def mean_margin(C: np.ndarray) -> float:
+        return float(np.mean([C[t, k] - C[k, k] for t in range(C.shape[0]) for k in range(t)]))
+
+    diff = np.array([mean_margin(cells[("psp", "psp", "recall@1", s)][0]) - mean_margin(cells[("lsp", "lsp", "recall@1", s)][0])
+                     for s in SEEDS])
+    half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff))
+    assert diff.mean() - half > 0, (diff, half)
 
 
 def test_cores_under_recall_at_1_is_not_compatible_as_paper_000_reports(demo):
