@@ -86,7 +86,8 @@ def test_seed_intervals_counts_and_ac_range_in_the_summary(stored):
     mean, sd = sum(acs) / 3, math.sqrt(sum((a - sum(acs) / 3) ** 2 for a in acs) / 2)
     half = 4.302652730 * sd / math.sqrt(3)  # t(0.975, 2 df) from the printed table
     assert row["AC %"] == pytest.approx(100 * mean)
-    assert row["AC % 95% CI"] == f"{100 * (mean - half):.1f} – {100 * (mean + half):.1f}"
+    # a share: the t-interval is clipped to [0, 100] %
+    assert row["AC % 95% CI"] == f"{100 * max(mean - half, 0):.1f} – {100 * min(mean + half, 1):.1f}"
     # the verdict of each cross-test's mean over the 3 seeds (t over seeds, widened by the item half-width 1.96 SE):
     # +2.2 and +2.5 points in every seed pass; C[2, 1] = -0.3 points, t half-width 11.5 -> too close to call
     assert row["cells ✓/✗/?"] == "2/0/1"

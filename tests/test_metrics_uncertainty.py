@@ -152,3 +152,17 @@ def test_summary_csv_carries_seed_intervals_and_the_paired_range_of_ac():
     assert np.isnan(row["ACA_ci_lo"])  # one value: no spread
     assert (row["paired_pass"], row["paired_fail"], row["paired_unresolved"]) == (1, 1, 1)
     assert row["AC_paired_lo"] == pytest.approx(1 / 3) and row["AC_paired_hi"] == pytest.approx(2 / 3)
+
+
+def test_seed_interval_of_a_share_is_clipped_to_its_range():
+    """AC over seeds 0, 1/3, 2/3 ... can have a t-interval below 0; a share's interval is clipped to [0, 1]."""
+    from scipy import stats
+
+    from engine.metrics.uncertainty import seed_interval
+
+    values = [0.0, 0.0, 1 / 3]
+    half = stats.t.ppf(0.975, 2) * np.std(values, ddof=1) / np.sqrt(3)
+    raw = seed_interval(values)
+    assert raw["lo"] == pytest.approx(np.mean(values) - half) and raw["lo"] < 0
+    clipped = seed_interval(values, bounds=(0.0, 1.0))
+    assert clipped["lo"] == 0.0 and clipped["hi"] == pytest.approx(np.mean(values) + half)

@@ -203,7 +203,7 @@ def summary_row(method: str, view: str, seeds: list[tuple[dict[str, Any], dict[s
         spread = seed_spread([m["summary"].get(name) for _, m in seeds])
         row[f"{name} %"] = None if spread["mean"] is None else 100 * spread["mean"]
         row[f"{name} % std"] = None if spread["std"] is None else 100 * spread["std"]
-        ci = seed_interval([m["summary"].get(name) for _, m in seeds])
+        ci = seed_interval([m["summary"].get(name) for _, m in seeds], bounds=(0.0, 1.0))  # shares: clipped
         row[f"{name} % 95% CI"] = interval_text(ci["lo"], ci["hi"])
     row["cells ✓/✗/?"] = verdict_total([m for _, m in seeds], family)
     row["AC % range (paired)"] = paired_range([m for _, m in seeds], family)

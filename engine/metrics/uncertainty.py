@@ -60,9 +60,11 @@ def t_quantile(confidence: float, df: int) -> float:
     return (lo + hi) / 2
 
 
-def seed_interval(values: Sequence[float | None], *, confidence: float = 0.95) -> dict:
+def seed_interval(values: Sequence[float | None], *, confidence: float = 0.95,
+                  bounds: tuple[float, float] | None = None) -> dict:
     """Mean over seeds with its Student-t interval: ``{"mean", "lo", "hi", "n"}``; None and NaN values are left
-    out; lo/hi are None with fewer than two seeds (no spread to measure)."""
+    out; lo/hi are None with fewer than two seeds (no spread to measure). ``bounds``: the range the quantity
+    cannot leave (AC, AA and ACA are shares in [0, 1]); the interval is clipped to it."""
     v = np.array([np.nan if x is None else x for x in values], dtype=np.float64)
     v = v[~np.isnan(v)]
     if not len(v):
@@ -71,7 +73,10 @@ def seed_interval(values: Sequence[float | None], *, confidence: float = 0.95) -
     if len(v) < 2:
         return {"mean": mean, "lo": None, "hi": None, "n": 1}
     half = t_quantile(confidence, len(v) - 1) * float(v.std(ddof=1)) / math.sqrt(len(v))
-    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": int(len(v))}
+    lo, hi = mean - half, mean + half
+    if bounds is not None:
+        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+    return {"mean": mean, "lo": lo, "hi": hi, "n": int(len(v))}
 
 
 def _cross_cells(T: int) -> list[tuple[int, int]]:

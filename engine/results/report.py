@@ -256,11 +256,12 @@ SUMMARY_CSV_COLUMNS = ("method", "familywise", "AC", "AA", "ACA", "AC_std", "AA_
 
 
 def _seed_ci(spread: dict | None) -> tuple[float | None, float | None]:
-    """The 95 % Student-t interval of a mean over seeds from its ``{"mean", "std", "n"}`` (None for one seed)."""
+    """The 95 % Student-t interval of a share's mean over seeds (AC, AA, ACA) from its ``{"mean", "std", "n"}``,
+    clipped to [0, 1] as :func:`engine.metrics.uncertainty.seed_interval` does (None for one seed)."""
     if not spread or spread.get("n", 0) < 2 or spread.get("std") is None:
         return None, None
     half = t_quantile(0.95, spread["n"] - 1) * spread["std"] / math.sqrt(spread["n"])
-    return spread["mean"] - half, spread["mean"] + half
+    return max(spread["mean"] - half, 0.0), min(spread["mean"] + half, 1.0)
 
 
 def _summary_record(name: str, s: dict) -> dict:
