@@ -146,10 +146,34 @@ def test_qdrant_local_mode(tmp_path, data):
     before = fingerprint(tmp_path / "qd")
     source = open_source(f"qdrant:{tmp_path / 'qd'}#collection=items&vector=emb&label=cls", what="old gallery")
     assert source.count == N
-    assert_same(source, data)  # cosine collections keep the vectors as written? checked: exact
+    assert_same(source, data)  # local mode persists points as upserted (a server keeps cosine ones unit-length)
     assert fingerprint(tmp_path / "qd") == before  # not even the client's .lock
     with pytest.raises(SourceError, match="named vectors emb, other; pick one"):
         open_source(f"qdrant:{tmp_path / 'qd'}#collection=items", what="old gallery")
+
+
+def test_qdrant_server_path_scrolls_in_pages(monkeypatch, data):
+    """The server reader (get_collection, scroll by pages, the label from the payload) against qdrant-client's
+    in-memory client, which answers the same calls a server does (no Qdrant server runs here)."""
+    qdrant_client = pytest.importorskip("qdrant_client")
+    from qdrant_client import models
+
+    client = qdrant_client.QdrantClient(":memory:")
+    client.create_collection("items", vectors_config=models.VectorParams(size=D, distance=models.Distance.DOT))
+    client.upsert("items", [models.PointStruct(id=int(i), vector=v.tolist(), payload={"label": int(lab), "text": "x"})
+                            for i, v, lab in zip(*data, strict=True)])
+    seen = {}
+
+    def connect(url, api_key, timeout, check_compatibility):
+        seen.update(url=url, api_key=api_key)
+        return client
+
+    monkeypatch.setattr(qdrant_client, "QdrantClient", connect)
+    source = open_source("qdrant:https://me:pw@q.example:6333#collection=items&api_key=k", what="old gallery")
+    assert seen == {"url": "https://me:pw@q.example:6333", "api_key": "k"}
+    assert "pw" not in source.description and "=k" not in source.description
+    assert source.count == N
+    assert_same(source, data)
 
 
 def test_qdrant_local_never_unpickles_other_classes(tmp_path, data):

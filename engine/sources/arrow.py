@@ -106,7 +106,8 @@ class ArrowSource(Source):
             self._check_dim(dim)
 
     def _raw(self, block_rows: int) -> Iterator[Raw]:
-        for batch in self.dataset.to_batches(columns=self.names.columns, batch_size=block_rows):
+        for batch in self.dataset.to_batches(columns=self.names.columns, batch_size=block_rows,
+                                             batch_readahead=1, fragment_readahead=1):  # about one block held
             yield self.names.raw(batch, where=self.description)
 
     def ids(self) -> np.ndarray:

@@ -84,6 +84,8 @@ class QdrantSource(Source):
         self.collection = text.option("collection")
         if not self.collection:
             raise SourceError(f"{self.description} names no collection; add #collection=NAME")
+        if "/" in self.collection or "\\" in self.collection or self.collection in (".", ".."):
+            raise SourceError(f"{self.description}: {self.collection!r} is not a collection name")
         self.label_key = text.option("label")
         self.server = is_url(text.location)
         self.client = None
@@ -160,10 +162,11 @@ class QdrantSource(Source):
     def _server_points(self, block_rows: int) -> Iterator[list[dict]]:
         offset = None
         with_vectors = [self.vector_name] if self.vector_name else True
+        with_payload = [self.label_key or "label"] if self.label_key != "" else False  # never the documents' text
         while True:
             try:
                 records, offset = self.client.scroll(self.collection, limit=block_rows, offset=offset,
-                                                     with_vectors=with_vectors, with_payload=True)
+                                                     with_vectors=with_vectors, with_payload=with_payload)
             except Exception as exc:  # noqa: BLE001
                 raise SourceError(f"{self.description} cannot be read: {first_line(exc)}") from exc
             if records:
