@@ -15,6 +15,7 @@ import pytest
 
 from engine.sources import SourceError, join_by_id, mask_url, open_source
 from engine.sources.text import mask_in
+from test_featurestore import s3_root  # noqa: F401  (moto's S3 server on 127.0.0.1)
 
 N, D = 200, 16
 BLOCKS = (1, 7, 64, 200, 1000)
@@ -42,6 +43,7 @@ def read_all(source, rows):
 def assert_same(source, data):
     ids, vectors, labels = data
     assert source.dim == D
+    assert source.count in (N, None)  # None: a SQL query (its count is not known before reading)
     for rows in BLOCKS:
         got_ids, got_vectors, got_labels = read_all(source, rows)
         order = np.argsort(got_ids)
@@ -116,6 +118,20 @@ def test_parquet_file_folder_and_fsspec(tmp_path, data):
     with fsspec.open("memory://lab/e.parquet", "wb") as handle:
         handle.write(path.read_bytes())
     assert_same(open_source("memory://lab/e.parquet#id=doc_id&vector=emb&label=cls", what="old gallery"), data)
+
+
+def test_parquet_on_the_local_s3_server(s3_root, tmp_path, data):  # noqa: F811 - the fixture
+    path = write_parquet(tmp_path / "e.parquet", data)
+    s3_root.put(str(path), "lab/emb/e.parquet")
+    half = N // 2
+    for name, part in (("a", slice(0, half)), ("b", slice(half, N))):
+        write_parquet(tmp_path / f"{name}.parquet", tuple(a[part] for a in data), vector_type="list")
+        s3_root.put(str(tmp_path / f"{name}.parquet"), f"lab/lake/{name}.parquet")
+    before = {p: s3_root.info(p)["ETag"] for p in s3_root.find("lab")}
+    assert_same(open_source("s3://lab/emb/e.parquet#id=doc_id&vector=emb&label=cls", what="old gallery"), data)
+    assert_same(open_source("parquet:s3://lab/lake#id=doc_id&vector=emb&label=cls", what="old gallery"), data)
+    s3_root.invalidate_cache()
+    assert {p: s3_root.info(p)["ETag"] for p in s3_root.find("lab")} == before
 
 
 def test_lancedb_table(tmp_path, data):

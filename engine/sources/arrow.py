@@ -98,6 +98,7 @@ class ArrowSource(Source):
         except Exception as exc:  # noqa: BLE001 - any reader failure becomes the one line
             raise SourceError(f"{self.description} cannot be read: {first_line(exc)}") from exc
         self.names = ColumnNames(text, self.dataset.schema, where=self.description)
+        self.count = self.dataset.count_rows()  # from the files' metadata
         dim = _vector_dim(self.dataset.schema, self.names.vector)
         if dim is None:  # a list column: the first vector tells
             first = self.dataset.head(1, columns=[self.names.vector]).column(0)
