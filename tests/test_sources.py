@@ -265,6 +265,16 @@ def test_join_by_id_aligns_old_and_new(tmp_path, data):
         np.testing.assert_array_equal(joined.old, vectors)
         np.testing.assert_array_equal(joined.new, new_vectors)
         np.testing.assert_array_equal(joined.labels, labels)
+    half = join_by_id(old, new, block_rows=7, dtype=np.float16)  # a smaller copy kept by the caller
+    assert half.old.dtype == np.float16 and np.allclose(half.old, vectors, atol=2e-3, rtol=1e-3)
+    text_labels = np.array(["c" * (1 + int(lab)) for lab in labels])  # lengths differ from block to block
+    write_npz(tmp_path / "old_text.npz", (ids.astype(str), vectors, text_labels))
+    write_npz(tmp_path / "new_text.npz", (ids[order].astype(str), new_vectors[order], text_labels[order]))
+    joined = join_by_id(open_source(str(tmp_path / "old_text.npz"), what="old gallery"),
+                        open_source(str(tmp_path / "new_text.npz"), what="new gallery"), block_rows=3)
+    np.testing.assert_array_equal(joined.ids, ids.astype(str))
+    np.testing.assert_array_equal(joined.labels, text_labels)
+    np.testing.assert_array_equal(joined.new, new_vectors)
 
 
 def test_join_refuses_missing_duplicate_and_mismatched_ids(tmp_path, data):

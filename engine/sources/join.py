@@ -92,12 +92,13 @@ def join_by_id(old: Source, new: Source, *, block_rows: int = 65536, dtype: type
             arrays[side][at] = block.vectors
             filled[at] = True
             if block.labels is not None:
-                if side not in labels:
-                    labels[side] = np.empty(n, dtype=block.labels.dtype)
+                if side not in labels:  # text labels as objects until the end: a later block may hold longer ones
+                    labels[side] = np.empty(n, dtype=object if block.labels.dtype.kind == "U" else block.labels.dtype)
                 labels[side][at] = block.labels
         if not filled.all():
             raise SourceError(f"{source.description} changed while it was read: {int((~filled).sum())} items went")
         arrays.setdefault(side, np.zeros((n, source.dim or 0), dtype=dtype))
+    labels = {side: (lab.astype(str) if lab.dtype == object else lab) for side, lab in labels.items()}
     if "old" in labels and "new" in labels:
         differ = labels["old"] != labels["new"]
         if np.any(differ):
