@@ -97,25 +97,41 @@ class ArrowSource(Source):
                               f"reached") from exc
         except Exception as exc:  # noqa: BLE001 - any reader failure becomes the one line
             raise SourceError(f"{self.description} cannot be read: {first_line(exc)}") from exc
+        self.fmt = fmt
         self.names = ColumnNames(text, self.dataset.schema, where=self.description)
         self.count = self.dataset.count_rows()  # from the files' metadata
         dim = _vector_dim(self.dataset.schema, self.names.vector)
         if dim is None:  # a list column: the first vector tells
-            first = self.dataset.head(1, columns=[self.names.vector]).column(0)
-            dim = vectors_of(first, where=self.description).shape[1] if len(first) else None
+            first = next(self._batches([self.names.vector], 1), None)
+            dim = vectors_of(first.column(0), where=self.description).shape[1] if first is not None else None
         if dim is not None:
             self._check_dim(dim)
 
+    def _batches(self, columns: list[str], block_rows: int) -> Iterator[pa.RecordBatch]:
+        """The files one after the other, a batch at a time: about a row group and a block held, no read-ahead."""
+        import pyarrow.parquet as pq
+
+        for path in self.dataset.files:
+            with self.dataset.filesystem.open_input_file(path) as handle:
+                if self.fmt == "parquet":
+                    reader = pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20)
+                    yield from reader.iter_batches(batch_size=block_rows, columns=columns, use_threads=False)
+                    continue
+                reader = pa.ipc.open_file(handle)
+                for i in range(reader.num_record_batches):
+                    batch = reader.get_batch(i).select(columns)
+                    for start in range(0, batch.num_rows, block_rows):
+                        yield batch.slice(start, block_rows)
+
     def _raw(self, block_rows: int) -> Iterator[Raw]:
-        for batch in self.dataset.to_batches(columns=self.names.columns, batch_size=block_rows,
-                                             batch_readahead=1, fragment_readahead=1):  # about one block held
+        for batch in self._batches(self.names.columns, block_rows):
             yield self.names.raw(batch, where=self.description)
 
     def ids(self) -> np.ndarray:
         from engine.sources.base import as_ids
 
         parts = [as_ids(b.column(0).to_numpy(zero_copy_only=False), where=self.description)
-                 for b in self.dataset.to_batches(columns=[self.names.id])]
+                 for b in self._batches([self.names.id], 65536)]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
