@@ -113,6 +113,13 @@ def test_parquet_file_folder_and_fsspec(tmp_path, data):
     write_parquet(folder / "b.parquet", tuple(a[half:] for a in data), vector_type="list")
     assert_same(open_source(f"parquet:{folder}#id=doc_id&vector=emb&label=cls", what="old gallery"), data)
     assert fingerprint(tmp_path).items() >= before.items()
+    ids, vectors, labels = data
+    arrow_file = tmp_path / "e.arrow"  # Arrow IPC, in record batches of 30 (blocks cut across them)
+    table = pa.table({"id": ids, "vector": fixed_list(vectors), "label": labels})
+    with pa.ipc.new_file(arrow_file, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=30):
+            writer.write_batch(batch)
+    assert_same(open_source(str(arrow_file), what="old gallery"), data)
     import fsspec
 
     with fsspec.open("memory://lab/e.parquet", "wb") as handle:
@@ -234,7 +241,8 @@ def test_postgresql_real_arrays_and_pgvector_text(pg_server, data):
             conn.execute(text("CREATE SEQUENCE s"))
             conn.execute(text("INSERT INTO items VALUES (:i, :v, :l, :t)"),
                          [{"i": int(i), "v": v.tolist(), "l": int(lab),
-                           "t": "[" + ",".join(repr(float(x)) for x in v) + "]"} for i, v, lab in zip(*data, strict=True)])
+                           "t": "[" + ",".join(repr(float(x)) for x in v) + "]"}
+                          for i, v, lab in zip(*data, strict=True)])
         assert_same(open_source(f"sql:{url}#table=items", what="old gallery"), data)
         assert_same(open_source(f"{url}#query=SELECT id, emb_text AS vector, label FROM items", what="old gallery"),
                     data)
@@ -242,7 +250,8 @@ def test_postgresql_real_arrays_and_pgvector_text(pg_server, data):
             list(open_source(f"{url}#query=WITH d AS (DELETE FROM items RETURNING *) SELECT * FROM d",
                              what="old gallery").blocks(10))
         with pytest.raises(SourceError, match="the query fails: .*read-only transaction"):  # a write inside a SELECT
-            list(open_source(f"{url}#query=SELECT nextval('s') AS id, vector FROM items", what="old gallery").blocks(10))
+            list(open_source(f"{url}#query=SELECT nextval('s') AS id, vector FROM items",
+                             what="old gallery").blocks(10))
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM items")).scalar() == N
             assert conn.execute(text("SELECT last_value, is_called FROM s")).one() == (1, False)  # never advanced
@@ -359,9 +368,23 @@ def test_every_bad_input_is_one_line(tmp_path, data):
         assert re.search(pattern, line), (pattern, line)
 
 
+def test_importing_the_readers_loads_no_torch():
+    """The dashboard will import engine.sources (the page wiring comes later): no torch, no store client."""
+    import subprocess
+    import sys
+
+    code = ("import sys, engine.sources\n"
+            "print(sorted(m for m in ('torch', 'lancedb', 'qdrant_client', 'pyarrow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_credentials_are_masked():
     assert mask_url("postgresql+psycopg://lab:hunter2@db:5432/x") == "postgresql+psycopg://lab:***@db:5432/x"
-    assert mask_url("https://me:hunter2@host/a.parquet?api_key=k1&x=2") == "https://me:***@host/a.parquet?api_key=***&x=2"
+    assert mask_url("https://me:hunter2@host/a.parquet?api_key=k1&x=2") == \
+        "https://me:***@host/a.parquet?api_key=***&x=2"
     assert mask_url("s3://bucket/a.parquet") == "s3://bucket/a.parquet"
     assert mask_in("failed for s3://key:secret@host/b and http://u:p@h") == \
         "failed for s3://key:***@host/b and http://u:***@h"
