@@ -157,7 +157,8 @@ class LanceSource(Source):
                 raise SourceError(f"{self.description}: {folder} is not a LanceDB folder")
             location = str(folder)
         try:
-            self.table = lancedb.connect(location).open_table(table)
+            small = lancedb.Session(index_cache_size_bytes=1 << 20, metadata_cache_size_bytes=1 << 20)
+            self.table = lancedb.connect(location, session=small).open_table(table)
             schema = self.table.schema
         except Exception as exc:  # noqa: BLE001 - a missing table or unreachable store becomes the one line
             raise SourceError(f"{self.description} cannot be opened: {first_line(exc)}") from exc
@@ -168,7 +169,19 @@ class LanceSource(Source):
             self._check_dim(dim)
 
     def _scan(self, columns: list[str], block_rows: int) -> Iterator[pa.RecordBatch]:
-        yield from self.table.search().select(columns).limit(None).to_batches(block_rows)
+        """A block per query (offset, limit) with small caches: one streamed scan held more than the table (README)."""
+        start = 0
+        while True:
+            try:
+                table = self.table.search().select(columns).offset(start).limit(block_rows).to_arrow()
+            except Exception as exc:  # noqa: BLE001 - a store that went away becomes the one line
+                raise SourceError(f"{self.description} cannot be read: {first_line(exc)}") from exc
+            if table.num_rows == 0:
+                return
+            yield from table.to_batches()
+            start += table.num_rows
+            if table.num_rows < block_rows:
+                return
 
     def _raw(self, block_rows: int) -> Iterator[Raw]:
         for batch in self._scan(self.names.columns, block_rows):

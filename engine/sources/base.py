@@ -32,7 +32,7 @@ def as_ids(values: np.ndarray, *, where: str) -> np.ndarray:
             return arr.astype(np.int64)
         return arr.astype(str)
     if arr.dtype.kind in "iu":
-        return arr.astype(np.int64, copy=False)
+        return arr.astype(np.int64, copy=True)  # a copy: a view could pin a reader's whole batch in memory
     if arr.dtype.kind in "US":
         return arr.astype(str)
     if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
@@ -43,7 +43,7 @@ def as_ids(values: np.ndarray, *, where: str) -> np.ndarray:
 def as_labels(values: np.ndarray | None) -> np.ndarray | None:
     if values is None:
         return None
-    arr = np.asarray(values)
+    arr = np.array(values)  # a copy, as for ids
     if arr.dtype == object:
         arr = arr.astype(np.int64) if all(isinstance(v, (int, np.integer)) for v in arr) else arr.astype(str)
     return arr
