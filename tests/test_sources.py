@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -368,10 +369,22 @@ def test_every_bad_input_is_one_line(tmp_path, data):
         assert re.search(pattern, line), (pattern, line)
 
 
+@pytest.mark.parametrize("module, text, extra", [
+    ("lancedb", "lance:{tmp}#table=items", "lancedb"),
+    ("qdrant_client", "qdrant:http://127.0.0.1:8804#collection=items", "qdrant"),
+    ("psycopg", "postgresql+psycopg://lab:hunter2@127.0.0.1:8805/x#table=t", "postgresql"),
+])
+def test_a_missing_optional_library_names_its_extra(monkeypatch, tmp_path, module, text, extra):
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as when the extra is not installed
+    with pytest.raises(SourceError) as info:
+        open_source(text.format(tmp=tmp_path), what="old gallery")
+    line = one_line(info)
+    assert line.endswith(f"needs the {extra} extra: pip install -e .[{extra}]") and "hunter2" not in line, line
+
+
 def test_importing_the_readers_loads_no_torch():
     """The dashboard will import engine.sources (the page wiring comes later): no torch, no store client."""
     import subprocess
-    import sys
 
     code = ("import sys, engine.sources\n"
             "print(sorted(m for m in ('torch', 'lancedb', 'qdrant_client', 'pyarrow') if m in sys.modules))")
