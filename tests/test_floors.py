@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNELS = ("data", "models", "methods", "metrics", "adapters")  # a kernel may import the ones before it
+KERNELS = ("data", "sources", "models", "methods", "metrics", "adapters")  # a kernel may import the ones before it
 SHARED = ("results", "evaluate", "tasks")
 STAGES = ("run", "checkpoints", "analysis", "upgrade", "learn", "reproduce")
 ENTRY = ("jobs", "cli", "__main__")

@@ -1,0 +1,46 @@
+"""Embeddings where teams keep them, read-only, through one interface (floor 1: imports core and data only).
+
+``open_source(text, what=...)`` -> :class:`~engine.sources.base.Source`; ``source.blocks(rows)`` yields
+:class:`~engine.sources.base.Block` (ids, float32 vectors (n, d), labels or None); ``source.dim``,
+``source.count`` (None when unknown), ``source.description`` (masked, for messages). :func:`join_by_id` aligns
+the old and new embeddings of the same items. Every refusal is one line, a :class:`SourceError` (a ValueError).
+
+A source text is ``[KIND:]LOCATION[#key=value&...]`` (``engine/sources/text.py``); the kinds and their options:
+
+=========  ==============================================  ====================================================
+kind       location                                        options (defaults)
+=========  ==============================================  ====================================================
+npz        ``file.npz``: arrays ids, vectors [, labels]    id=ids, vector=vectors, label=labels
+npy        ``file.npy``: (n, d) vectors; ids = row numbers
+parquet    ``.parquet``/``.arrow`` file, folder, fsspec URL id=id, vector=vector, label=label
+lance      LanceDB folder (``#table=``) or ``T.lance``     table, id=id, vector=vector, label=label
+qdrant     local-mode folder or ``http(s)://`` server      collection, vector (named), label (payload), api_key
+sql        SQLAlchemy URL                                  query=SELECT... or table=NAME, id, vector, label
+=========  ==============================================  ====================================================
+
+A ``label`` option left out takes the ``label`` column when there is one; ``label=`` (empty) reads no labels.
+Local paths are confined to the data roots (``engine.data.roots``); nothing is ever written to a store.
+"""
+from __future__ import annotations
+
+from engine.sources.base import Block, Source
+from engine.sources.join import Joined, join_by_id
+from engine.sources.text import SourceError, mask_url, parse
+
+__all__ = ["Block", "Joined", "Source", "SourceError", "join_by_id", "mask_url", "open_source"]
+
+
+def open_source(text: str, *, what: str, dim: int | None = None) -> Source:
+    """The source a text names, opened read-only and checked (columns, dimension ``dim`` when given)."""
+    spec = parse(text)
+    if spec.kind in ("npz", "npy"):
+        from engine.sources.arrays import ArraySource as reader
+    elif spec.kind == "parquet":
+        from engine.sources.arrow import ArrowSource as reader
+    elif spec.kind == "lance":
+        from engine.sources.arrow import LanceSource as reader
+    elif spec.kind == "qdrant":
+        from engine.sources.qdrant import QdrantSource as reader
+    else:
+        from engine.sources.sql import SqlSource as reader
+    return reader(spec, what=what, expect_dim=dim)

@@ -1,0 +1,196 @@
+"""Parquet / Arrow files or dataset folders (local or any fsspec URL) and LanceDB tables, read as record batches.
+
+Options: ``id=`` (default ``id``), ``vector=`` (default ``vector``; a list or fixed-size list of numbers),
+``label=`` (default ``label`` when the table has it; empty: no labels). LanceDB: ``lance:DB_FOLDER#table=NAME``
+or ``TABLE.lance`` inside a LanceDB folder; only read calls are made (``open_table``, a plain scan).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.sources.base import Raw, Source
+from engine.sources.text import ARROW_SUFFIXES, SourceError, SourceText, first_line, is_url, local_path
+
+
+def vectors_of(column: pa.Array, *, where: str) -> np.ndarray:
+    """A list / fixed-size list column as an (n, d) array; ragged or missing vectors refused."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+            or pa.types.is_fixed_size_list(column.type)):
+        raise SourceError(f"{where}: the vector column holds {column.type}, not lists of numbers")
+    if column.null_count:
+        raise SourceError(f"{where}: {column.null_count} items have no vector")
+    n = len(column)
+    if pa.types.is_fixed_size_list(column.type):
+        dim = column.type.list_size
+    else:
+        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+        if n and lengths.min() != lengths.max():
+            raise SourceError(f"{where}: vectors of {lengths.min()} to {lengths.max()} numbers (ragged)")
+        dim = int(lengths[0]) if n else 0
+    values = column.flatten()
+    if values.null_count:
+        raise SourceError(f"{where}: {values.null_count} vector entries are missing (null)")
+    if not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)):
+        raise SourceError(f"{where}: the vector column holds lists of {values.type}, not numbers")
+    return values.to_numpy(zero_copy_only=False).reshape(n, dim)
+
+
+class ColumnNames:
+    """Which columns hold the id, the vector and the label, checked against a schema."""
+
+    def __init__(self, text: SourceText, schema: pa.Schema, *, where: str) -> None:
+        names = schema.names
+        self.id, self.vector = text.option("id", "id"), text.option("vector", "vector")
+        label = text.option("label")
+        self.label = ("label" if "label" in names else None) if label is None else (label or None)
+        for role, name in (("id", self.id), ("vector", self.vector), ("label", self.label)):
+            if name is not None and name not in names:
+                raise SourceError(f"{where} has no {role} column {name!r} (columns: {', '.join(names)}); "
+                                  f"name it with #{role}=COLUMN")
+
+    @property
+    def columns(self) -> list[str]:
+        return [c for c in (self.id, self.vector, self.label) if c is not None]
+
+    def raw(self, batch: pa.RecordBatch, *, where: str) -> Raw:
+        ids = batch.column(self.id)
+        if ids.null_count:
+            raise SourceError(f"{where} has {ids.null_count} items without an id")
+        labels = None if self.label is None else batch.column(self.label).to_numpy(zero_copy_only=False)
+        return ids.to_numpy(zero_copy_only=False), vectors_of(batch.column(self.vector), where=where), labels
+
+
+def _vector_dim(schema: pa.Schema, name: str) -> int | None:
+    field = schema.field(name)
+    return field.type.list_size if pa.types.is_fixed_size_list(field.type) else None
+
+
+class ArrowSource(Source):
+    """A Parquet or Arrow IPC file, or a folder of them (a dataset), local or at an fsspec URL."""
+
+    def __init__(self, text: SourceText, *, what: str, expect_dim: int | None) -> None:
+        import pyarrow.dataset as ds
+
+        super().__init__(text, what=what, expect_dim=expect_dim)
+        location = text.location
+        suffix = Path(location.rstrip("/")).suffix.lower()
+        fmt = "ipc" if ARROW_SUFFIXES.get(suffix) == "ipc" else "parquet"
+        try:
+            if is_url(location):
+                import fsspec
+
+                fs, path = fsspec.core.url_to_fs(location)
+                self.dataset = ds.dataset(path, filesystem=fs, format=fmt)
+            else:
+                self.dataset = ds.dataset(str(local_path(location, what=what)), format=fmt)
+        except SourceError:
+            raise
+        except FileNotFoundError as exc:
+            raise SourceError(f"{self.description} cannot be read: no such file or folder, or its server cannot be "
+                              f"reached") from exc
+        except Exception as exc:  # noqa: BLE001 - any reader failure becomes the one line
+            raise SourceError(f"{self.description} cannot be read: {first_line(exc)}") from exc
+        self.fmt = fmt
+        self.names = ColumnNames(text, self.dataset.schema, where=self.description)
+        self.count = self.dataset.count_rows()  # from the files' metadata
+        dim = _vector_dim(self.dataset.schema, self.names.vector)
+        if dim is None:  # a list column: the first vector tells
+            first = next(self._batches([self.names.vector], 1), None)
+            dim = vectors_of(first.column(0), where=self.description).shape[1] if first is not None else None
+        if dim is not None:
+            self._check_dim(dim)
+
+    def _batches(self, columns: list[str], block_rows: int) -> Iterator[pa.RecordBatch]:
+        """The files one after the other, a batch at a time: about a row group and a block held, no read-ahead."""
+        import pyarrow.parquet as pq
+
+        for path in self.dataset.files:
+            with self.dataset.filesystem.open_input_file(path) as handle:
+                if self.fmt == "parquet":
+                    reader = pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20)
+                    yield from reader.iter_batches(batch_size=block_rows, columns=columns, use_threads=False)
+                    continue
+                reader = pa.ipc.open_file(handle)
+                for i in range(reader.num_record_batches):
+                    batch = reader.get_batch(i).select(columns)
+                    for start in range(0, batch.num_rows, block_rows):
+                        yield batch.slice(start, block_rows)
+
+    def _raw(self, block_rows: int) -> Iterator[Raw]:
+        for batch in self._batches(self.names.columns, block_rows):
+            yield self.names.raw(batch, where=self.description)
+
+    def ids(self) -> np.ndarray:
+        from engine.sources.base import as_ids
+
+        parts = [as_ids(b.column(0).to_numpy(zero_copy_only=False), where=self.description)
+                 for b in self._batches([self.names.id], 65536)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+class LanceSource(Source):
+    """A LanceDB table (embedded: a local folder or an object-store URI)."""
+
+    def __init__(self, text: SourceText, *, what: str, expect_dim: int | None) -> None:
+        super().__init__(text, what=what, expect_dim=expect_dim)
+        try:
+            import lancedb
+        except ModuleNotFoundError as exc:
+            raise SourceError(f"reading {self.description} needs the lancedb extra: pip install -e .[lancedb]") \
+                from exc
+        location, table = text.location.rstrip("/"), text.option("table")
+        if table is None and location.endswith(".lance"):
+            location, _, name = location.rpartition("/")
+            table = name[:-len(".lance")]
+        if not table:
+            raise SourceError(f"{self.description} names no table; add #table=NAME")
+        if not is_url(location):
+            folder = local_path(location, what=what)
+            if not folder.is_dir():
+                raise SourceError(f"{self.description}: {folder} is not a LanceDB folder")
+            location = str(folder)
+        try:
+            small = lancedb.Session(index_cache_size_bytes=1 << 20, metadata_cache_size_bytes=1 << 20)
+            self.table = lancedb.connect(location, session=small).open_table(table)
+            schema = self.table.schema
+        except Exception as exc:  # noqa: BLE001 - a missing table or unreachable store becomes the one line
+            raise SourceError(f"{self.description} cannot be opened: {first_line(exc)}") from exc
+        self.names = ColumnNames(text, schema, where=self.description)
+        self.count = self.table.count_rows()
+        dim = _vector_dim(schema, self.names.vector)
+        if dim is not None:
+            self._check_dim(dim)
+
+    def _scan(self, columns: list[str], block_rows: int) -> Iterator[pa.RecordBatch]:
+        """A block per query (offset, limit) with small caches: one streamed scan held more than the table (README)."""
+        start = 0
+        while True:
+            try:
+                table = self.table.search().select(columns).offset(start).limit(block_rows).to_arrow()
+            except Exception as exc:  # noqa: BLE001 - a store that went away becomes the one line
+                raise SourceError(f"{self.description} cannot be read: {first_line(exc)}") from exc
+            if table.num_rows == 0:
+                return
+            yield from table.to_batches()
+            start += table.num_rows
+            if table.num_rows < block_rows:
+                return
+
+    def _raw(self, block_rows: int) -> Iterator[Raw]:
+        for batch in self._scan(self.names.columns, block_rows):
+            yield self.names.raw(batch, where=self.description)
+
+    def ids(self) -> np.ndarray:
+        from engine.sources.base import as_ids
+
+        parts = [as_ids(b.column(self.names.id).to_numpy(zero_copy_only=False), where=self.description)
+                 for b in self._scan([self.names.id], 65536)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+

@@ -1,0 +1,143 @@
+"""A source's text: its kind, its location and its options; credentials masked in every message (torch-free).
+
+One syntax for every kind: ``[KIND:]LOCATION[#key=value&key=value]``. ``KIND`` is one of :data:`KINDS`; without
+it the kind is recognised from the location (see :func:`parse`). Option values are percent-decoded (``%26`` for
+``&``, ``%23`` for ``#``; ``+`` stays a plus), so a SQL query fits: ``sql:sqlite:///data/e.db#query=SELECT id,
+emb AS vector FROM items``. The options each kind reads are listed in ``engine/sources/__init__.py``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from engine.data.roots import OutsideRootsError, confine
+
+KINDS = ("npz", "npy", "parquet", "lance", "qdrant", "sql")
+SECRET_KEYS = ("api_key", "apikey", "password", "token", "secret")
+SQL_SCHEMES = ("postgresql", "postgres", "sqlite", "mysql", "mariadb", "oracle", "mssql")
+ARROW_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".arrow": "ipc", ".feather": "ipc", ".ipc": "ipc"}
+
+
+class SourceError(ValueError):
+    """A source that cannot be read as asked; the message is one line, credentials masked."""
+
+
+@dataclass(frozen=True)
+class SourceText:
+    kind: str
+    location: str
+    options: dict[str, str] = field(default_factory=dict)
+
+    def masked(self) -> str:
+        """The text as a message shows it: passwords and secret options replaced by ``***``."""
+        opts = "&".join(f"{k}={'***' if k.lower() in SECRET_KEYS else v}" for k, v in self.options.items())
+        return f"{self.kind}:{mask_url(self.location)}" + (f"#{opts}" if opts else "")
+
+    def option(self, key: str, default: str | None = None) -> str | None:
+        return self.options.get(key, default)
+
+
+def mask_url(text: str) -> str:
+    """``text`` with the password of a URL (``scheme://user:password@host``) and secret query values masked."""
+    if "://" not in text:
+        return text
+    if text.split("://", 1)[0].split("+")[0] in SQL_SCHEMES:
+        try:
+            from sqlalchemy import make_url
+
+            return make_url(text).render_as_string(hide_password=True)
+        except Exception:  # noqa: BLE001 - a URL sqlalchemy cannot parse is masked the generic way below
+            pass
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return re.sub(r"//[^/@]*@", "//***@", text)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, host = netloc.rsplit("@", 1)
+        netloc = f"{user.split(':', 1)[0]}:***@{host}" if ":" in user else f"***@{host}"
+    query = "&".join(f"{k}=***" if k.lower() in SECRET_KEYS else f"{k}={v}" if v or "=" in part else k
+                     for part in parts.query.split("&") if part for k, _, v in [part.partition("=")])
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def split_options(text: str) -> tuple[str, dict[str, str]]:
+    """``LOCATION#k=v&k=v`` -> (location, options); the last ``#`` that starts options splits."""
+    if "#" not in text:
+        return text, {}
+    location, _, tail = text.partition("#")
+    options: dict[str, str] = {}
+    for part in tail.split("&"):
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        if not eq or not key:
+            raise SourceError(f"option {part!r} in the source text is not key=value (options: #key=value&key=value)")
+        options[unquote(key).strip()] = unquote(value)
+    return location, options
+
+
+def parse(text: str) -> SourceText:
+    """The kind, location and options of a source text; :class:`SourceError` when the kind cannot be told."""
+    text = text.strip()
+    if not text:
+        raise SourceError("the source is empty; give a path or URL, optionally prefixed with one of "
+                          + ", ".join(f"{k}:" for k in KINDS))
+    prefix, colon, rest = text.partition(":")
+    if colon and prefix in KINDS:
+        location, options = split_options(rest)
+        return SourceText(prefix, location.strip(), options)
+    location, options = split_options(text)
+    return SourceText(recognise(location), location.strip(), options)
+
+
+def recognise(location: str) -> str:
+    """The kind a location names by its scheme or suffix (a local folder by what it holds)."""
+    scheme = location.split("://", 1)[0].split("+")[0].lower() if "://" in location else ""
+    if scheme in SQL_SCHEMES:
+        return "sql"
+    stem = location.rstrip("/").lower()
+    suffix = Path(stem).suffix
+    if suffix in (".npz", ".npy"):
+        return suffix[1:]
+    if suffix in ARROW_SUFFIXES:
+        return "parquet"
+    if suffix == ".lance":
+        return "lance"
+    if not scheme:
+        folder = local_path(location, what="source")  # confined before anything under it is listed
+        if (folder / "meta.json").is_file() and (folder / "collection").is_dir():
+            return "qdrant"
+        if folder.is_dir() and any(p.suffix == ".lance" for p in folder.iterdir()):
+            return "lance"
+        if folder.is_dir() and any(p.suffix in ARROW_SUFFIXES for p in folder.rglob("*")):
+            return "parquet"
+    raise SourceError(f"cannot tell what kind of source {mask_url(location)} is; prefix it with one of "
+                      + ", ".join(f"{k}:" for k in KINDS))
+
+
+def is_url(location: str) -> bool:
+    return "://" in location and not location.startswith("file://")
+
+
+def local_path(location: str, *, what: str) -> Path:
+    """A local location (a plain path or ``file://``) resolved and confined to the data roots."""
+    if location.startswith("file://"):
+        location = unquote(urlsplit(location).path)
+    try:
+        return confine(location, what=what)
+    except OutsideRootsError as exc:
+        raise SourceError(str(exc)) from exc
+
+
+def mask_in(message: str) -> str:
+    """Every ``scheme://user:password@`` in a message with the password masked."""
+    return re.sub(r"([A-Za-z][\w+.-]*://[^/\s:@]*):[^@\s/]*@", r"\1:***@", message)
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line, passwords masked (what a reader's failure shows)."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return mask_in(lines[0].strip())
