@@ -47,16 +47,16 @@ def _block_topk(sims: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray, np.
     """Top-k columns of each row of a tile in the stable order (position breaks ties), and ties left out at the k-th score."""
     n, width = sims.shape
     kk = min(k, width)
-    vals, cols = torch.topk(sims, kk, dim=1, largest=True, sorted=True)
-    vals_np, cols_np = vals.numpy(), cols.numpy().astype(np.int64)
-    kth = vals[:, -1:]
-    at_least = (sims >= kth).sum(1).numpy()
+    extra = min(kk + 1, width)  # one more item shows whether the k-th score ties an item outside the list
+    vals, cols = torch.topk(sims, extra, dim=1, largest=True, sorted=True)
+    vals_np, cols_np = vals.numpy()[:, :kk].copy(), cols.numpy()[:, :kk].astype(np.int64)
     beyond = np.zeros(n, np.int64)
-    for r in np.flatnonzero(at_least > kk):  # a tie at the cut: take the lowest positions among the tied
-        row = sims[r].numpy()
-        order = np.argsort(-row, kind="stable")[:kk]
-        cols_np[r], vals_np[r] = order, row[order]
-        beyond[r] = at_least[r] - kk
+    if extra > kk:
+        for r in np.flatnonzero(vals.numpy()[:, kk - 1] == vals.numpy()[:, kk]):  # a tie at the cut: lowest positions first
+            row = sims[r].numpy()
+            order = np.argsort(-row, kind="stable")[:kk]
+            cols_np[r], vals_np[r] = order, row[order]
+            beyond[r] = int((row == row[order[-1]]).sum()) - int((row[order] == row[order[-1]]).sum())
     # torch.topk orders equal values arbitrarily inside the list: restore position order among ties
     order = np.lexsort((cols_np, -vals_np), axis=1)
     return np.take_along_axis(vals_np, order, 1), np.take_along_axis(cols_np, order, 1), beyond
