@@ -31,7 +31,7 @@ def numpy_topk(q: np.ndarray, g: np.ndarray, k: int) -> tuple[np.ndarray, np.nda
 
 
 @pytest.mark.parametrize("backend", ["torch", "faiss"])
-@pytest.mark.parametrize("block, tile", [(1000, 1 << 20), (37, 50), (7, 1)])
+@pytest.mark.parametrize("block, tile", [(1000, 1 << 20), (37, 50), (7, 1), (4, 3)])  # (4, 3): blocks smaller than k
 def test_streaming_topk_equals_a_full_stable_argsort_ties_included(backend, block, tile):
     if backend == "faiss":
         pytest.importorskip("faiss")
