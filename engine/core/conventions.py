@@ -157,6 +157,24 @@ def convention(config: Mapping[str, Any], *, metrics: str | Iterable[str] | None
     return "Convention: " + SEPARATOR.join(parts)
 
 
+RELEVANCE_PHRASES = {
+    "labels": "relevant: same class label",
+    "qrels": "relevant: judged in qrels (grade > 0; nDCG with the grades as gains)",
+    "none": "label-free: relevant = the new model's top-{k} on the new gallery (neighbour recall)",
+}
+
+
+def relevance_phrase(relevance: str, *, k: int | None = None, n_no_relevant: int = 0) -> str:
+    """Which relevance a number used, e.g. 'label-free: relevant = the new model's top-10 on the new gallery
+    (neighbour recall)'; with the queries that had no relevant item in the gallery, counted."""
+    if relevance not in RELEVANCE_PHRASES:
+        raise ValueError(f"unknown relevance {relevance!r}; use one of {', '.join(RELEVANCE_PHRASES)}")
+    phrase = RELEVANCE_PHRASES[relevance].replace("{k}", str(k) if k else "k")
+    if n_no_relevant:
+        phrase += f" ({n_no_relevant} quer{'y' if n_no_relevant == 1 else 'ies'} without a relevant item, left out)"
+    return phrase
+
+
 def annotate(text: str, fmt: str, line: str) -> str:
     """An export (csv / markdown / latex / text) with ``line`` first, as a comment where the format has one."""
     if fmt not in _COMMENT:

@@ -108,6 +108,9 @@ LR_SCHEDULES = ("constant", "step", "cosine")
 RUN_PROTOCOLS = ("closed-set", "open-set")  # which images are queries and gallery
 GALLERY_KINDS = ("instance", "template")  # what a gallery item is (config key eval.gallery; "protocol" is the run's)
 EVAL_CLASSES = ("all", "seen")
+# what makes a gallery item relevant to a query (engine.metrics.relevance): the same class label, judgements
+# (qrels: query id -> relevant item ids, graded or binary), or none (the new model's top-k on the new gallery)
+RELEVANCE = ("labels", "qrels", "none")
 VIEWS = ("encoder", "logits", "softmax", "psp", "lsp")
 TRAINING_MODES = ("cumulative", "finetune")
 # models trained from scratch: "auto" = the same initial weights at every step only where the method's paper
