@@ -33,3 +33,15 @@ def test_the_parser_has_every_command_in_the_table_and_no_other():
     assert list(COMMANDS) == ["evaluate", "run", "compare", "worker", "adapt", "extract-tasks", "compare-checkpoints",
                               "export-images", "presets", "check-upgrade", "reproduce"]
     assert sub.choices["compare"].get_default("export") == "markdown" and sub.choices["run"].get_default("export") == "text"
+
+
+def test_importing_the_command_line_loads_no_torch_or_numba():
+    """``python -m engine worker`` sizes torch's and numba's pools after parsing; a command module that loads them at
+    import (as the reproduce command once did) would fix numba's pool at every core first."""
+    import subprocess
+    import sys
+
+    code = "import sys, engine.cli; print(sorted(m for m in ('torch', 'numba', 'faiss') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

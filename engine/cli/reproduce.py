@@ -17,8 +17,6 @@ from sqlalchemy import Engine
 from engine.cli.options import add_db
 from engine.core.config import RunConfig
 from engine.reproduce.claims import CLAIMS, GROUPS, SCALES, claim_names
-from engine.reproduce.plan import enqueue_missing, missing_seeds, seed_config, stored_runs, study_config
-from engine.reproduce.sensitivity import render_sensitivity, sensitivity_rows
 from engine.reproduce.table import MARKDOWN_HEADER, Interval, claim_rows, render
 from engine.metrics.uncertainty import seed_interval
 
@@ -50,6 +48,10 @@ def environment(device: str = "auto") -> str:
 
 def reproduce(args: argparse.Namespace, db: Engine, run_here: RunHere, *, interval: Interval = seed_interval) -> int:
     """Queue or run every claim's missing seeds, then print its table; return the exit code (0, or 3 while unfinished)."""
+    # here, not at the top: importing the CLI package must not load torch or numba (a worker sizes them first)
+    from engine.reproduce.plan import enqueue_missing, missing_seeds, seed_config, stored_runs, study_config
+    from engine.reproduce.sensitivity import render_sensitivity, sensitivity_rows
+
     names = claim_names(args.name)
     configs = {n: study_config(CLAIMS[n], args.scale, args.seeds, device=args.device) for n in names}
     pending = 0
