@@ -72,11 +72,19 @@ def seed_interval(values: Sequence[float | None], *, confidence: float = 0.95,
     mean = float(v.mean())
     if len(v) < 2:
         return {"mean": mean, "lo": None, "hi": None, "n": 1}
-    half = t_quantile(confidence, len(v) - 1) * float(v.std(ddof=1)) / math.sqrt(len(v))
+    lo, hi = t_interval(mean, float(v.std(ddof=1)), len(v), confidence=confidence, bounds=bounds)
+    return {"mean": mean, "lo": lo, "hi": hi, "n": int(len(v))}
+
+
+def t_interval(mean: float, std: float, n: int, *, confidence: float = 0.95,
+               bounds: tuple[float, float] | None = None) -> tuple[float, float]:
+    """The Student-t interval of a mean of ``n`` values with sample standard deviation ``std`` (n >= 2), clipped to
+    ``bounds`` when given."""
+    half = t_quantile(confidence, n - 1) * std / math.sqrt(n)
     lo, hi = mean - half, mean + half
     if bounds is not None:
         lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
-    return {"mean": mean, "lo": lo, "hi": hi, "n": int(len(v))}
+    return lo, hi
 
 
 def _cross_cells(T: int) -> list[tuple[int, int]]:

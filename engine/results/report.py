@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import unicodedata
 from collections.abc import Sequence
 from typing import Any
@@ -25,7 +24,7 @@ from engine.core.conventions import model_names, replaced_note
 from engine.metrics import ecc_pass, summarize
 from engine.metrics.gain import gain_cells, gain_text
 from engine.metrics.over_seeds import ecc_gain
-from engine.metrics.uncertainty import familywise_verdicts, t_quantile
+from engine.metrics.uncertainty import familywise_verdicts, t_interval
 from engine.metrics.paired import SYMBOLS, count_verdicts
 
 FORMATS = ("text", "csv", "markdown", "latex")
@@ -257,11 +256,10 @@ SUMMARY_CSV_COLUMNS = ("method", "familywise", "AC", "AA", "ACA", "AC_std", "AA_
 
 def _seed_ci(spread: dict | None) -> tuple[float | None, float | None]:
     """The 95 % Student-t interval of a share's mean over seeds (AC, AA, ACA) from its ``{"mean", "std", "n"}``,
-    clipped to [0, 1] as :func:`engine.metrics.uncertainty.seed_interval` does (None for one seed)."""
+    clipped to [0, 1] (None for one seed)."""
     if not spread or spread.get("n", 0) < 2 or spread.get("std") is None:
         return None, None
-    half = t_quantile(0.95, spread["n"] - 1) * spread["std"] / math.sqrt(spread["n"])
-    return max(spread["mean"] - half, 0.0), min(spread["mean"] + half, 1.0)
+    return t_interval(spread["mean"], spread["std"], spread["n"], bounds=(0.0, 1.0))
 
 
 def _summary_record(name: str, s: dict) -> dict:
