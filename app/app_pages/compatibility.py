@@ -13,7 +13,7 @@ import streamlit as st
 from app import charts
 from app.exports import download_buttons, study_download
 from app import queries as q
-from app.widgets import MISSING, empty_state, experiment_label, plain, state_convention, summary_columns, table
+from app.widgets import empty_state, experiment_label, plain, state_convention, summary_columns, table
 from engine.core.conventions import annotate, convention, model_names, replaced_note, replaced_steps, stored_ties
 from engine.metrics.gain import gain_cells, gain_json, gain_text
 from engine.metrics.over_seeds import ecc_gain, over_seeds

@@ -23,16 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import Engine
 
 from engine.core.classes import index_names
 from engine.checkpoints.embedding import ImageSource, check_batch_bytes, common_labels, extract, model_batch, probe
-from engine.checkpoints.files import LOCAL, Trust, server_trust
+from engine.checkpoints.files import LOCAL, Trust
 from engine.checkpoints.loading import LoadedModel, load_model
 from engine.checkpoints.request import ComparisonSpec, ModelSource, comparison_spec, source_name
 from engine.data.folder import check_stop
