@@ -323,6 +323,9 @@ def retry_job(session: Session, job_id: int) -> int:
     job = require_row(session, Job, job_id)
     if job.status not in FINISHED_STATUSES:
         raise ValueError(f"job {job_id} is still {job.status}; cancel it or wait for it to finish before retrying")
+    if session.scalar(select(is_task_job()).where(Job.id == job_id)):
+        # no worker claims a task job itself: a copy of its row would wait forever; its command makes new tasks
+        raise ValueError(f"job {job_id} ran as tasks; rerun the command or page action that queued it")
     return enqueue_job(session, job.kind, dict(job.payload), experiment_id=job.experiment_id, study_id=job.study_id)
 
 

@@ -19,7 +19,7 @@ from engine.evaluate.search_tasks import fan_out_cell
 from engine.jobs.task_handlers import TASK_HANDLERS
 from engine.tasks.loop import run_one_task, run_tasks
 from engine.metrics.retrieval import retrieval_metrics
-from storage import Job, add_model_version, create_experiment, fail_stale_jobs, get_engine, init_db, save_feature_set, session_scope
+from storage import Job, add_model_version, retry_job, create_experiment, fail_stale_jobs, get_engine, init_db, save_feature_set, session_scope
 from storage.models import Task
 from storage.tasks import NewTask, claim_task, complete_task, create_task_job, job_result, task_board
 from test_sharded import _cell  # exact float32 similarities with many ties, queries without positives
@@ -131,6 +131,10 @@ def test_a_failing_task_stops_after_its_bound_and_fails_its_job_with_the_error(e
     assert job.error.startswith(f"task {bad.id} (search) failed after 3 attempt(s): RuntimeError: disk on fire")
     with session_scope(engine) as s:
         assert job_result(s, job_id) is None
+        # no worker claims a task job's row: a copy of it would wait forever, so a retry is refused in one line
+        with pytest.raises(ValueError, match=f"job {job_id} ran as tasks; rerun the command"):
+            retry_job(s, job_id)
+        assert s.query(Job).count() == 1
 
 
 def test_a_lease_that_expires_on_the_last_attempt_fails_the_task_and_its_job(engine):

@@ -145,6 +145,8 @@ def job_card(job: dict) -> None:
                 if st.button("Keep", key=f"retry_keep_{job['id']}", help="Do not retry"):
                     st.session_state.pop(confirm_key)
                     st.rerun()
+            elif not active and job.get("tasks"):
+                st.caption("Ran as tasks: rerun what queued it")
             elif not active and st.button("Retry", key=f"retry_{job['id']}", help="Queue the same job again"):
                 if crashed_worker(job["error"]):
                     st.session_state[confirm_key] = True
