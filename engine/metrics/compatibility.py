@@ -109,6 +109,15 @@ def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: 
             vectors[name] = correct.astype(np.float64)
     return values, vectors, n_valid, n_no_pos
 
+def cell_outcomes(c: CellFeatures | CellStats, metric: str, *, gallery_kind: GalleryKind = "instance",
+                  same_set: bool = False, ties: RankTies = "pessimistic", backend=None) -> tuple[float, np.ndarray]:
+    """One cell's value of ``metric`` and its per-item outcomes (per query, or per verification pair in
+    :func:`engine.metrics.cell_interval.pair_images`'s order; NaN = undefined), from the pass that gives its value."""
+    values, vectors, _, _ = _cell_outcomes(c, (metric,), [parse_metric(metric)], gallery_kind=gallery_kind,
+                                           same_set=same_set, ties=ties, backend=backend)
+    return values[metric], vectors[metric]
+
+
 CellSource = Sequence["CellFeatures | Mapping[str, np.ndarray]"] | Callable[[int, int], "CellFeatures | CellStats"]
 
 
