@@ -66,6 +66,8 @@ def test_whole_path_four_formats_stored_as_one_experiment(tmp_path, images, db_u
     assert "encoder / recall@1 (closed-set, instance)" in printed and "n/c" in printed
     assert "note: encoder features of different sizes are not comparable" in printed
     assert "new knows 3 of the 4 classes of step" in printed  # resnet18 with 3 classes vs 4-class models
+    assert "; on its own step is " in printed  # check-upgrade's second interval, beside each cross-test's
+    assert "as the cross-tests' 95% intervals leave it" in printed or "interval decides it" in printed  # AC's range
 
     with session_scope(get_engine(db_url)) as s:
         study = s.scalars(select(Study)).one()

@@ -73,3 +73,35 @@ def test_a_folder_where_only_some_steps_are_their_gallery_is_left_as_given_with_
     used, line = resolve_same_set([same, other], False)
     assert used is False and line.startswith("warning: in step(s) 1 the queries are the gallery")
     assert resolve_same_set([same, same], True) == (True, None) and resolve_same_set([other], False) == (False, None)
+
+
+@pytest.mark.parametrize("pair", [compatible_pair, close_pair])
+def test_evaluate_prints_check_upgrades_on_its_own_line_and_the_ac_range(tmp_path, capsys, pair):
+    folder = write_folder(tmp_path / "f", *pair())
+    out = tmp_path / "r.json"
+    main(["check-upgrade", "--features", str(folder), "--json", str(out)])
+    report = json.loads(out.read_text())
+    capsys.readouterr()
+    assert main(["evaluate", "--features", str(folder), "--no-store", "--metric", "recall@1"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    line = next(x for x in printed if x.startswith("M2 → M1: "))
+    b = report["better"]
+    word = {"better": "better than", "not better": "not better than", "too close to call": "too close to call against"}
+    assert line.endswith(f"; on its own M2 is {word[b['verdict']]} M1 ({100 * b['diff']:+.1f} points, 95% CI "
+                         f"{100 * b['lo']:+.1f} to {100 * b['hi']:+.1f})"), (line, report["sentence"])
+    # one cross-test: AC is 1 when it surely passes, 0 when it surely fails, else left open between 0 and 1
+    ac = next(x for x in printed if x.startswith("AC ") and "interval" in x)
+    expected = {"compatible": "AC 1.00: every cross-test's 95% interval decides it",
+                "not compatible": "AC 0.00: every cross-test's 95% interval decides it"}.get(
+        report["verdict"], "AC between 0.00 and 1.00 as the cross-tests' 95% intervals leave it (0 sure pass(es), "
+                           "1 too close to call, of 1)")
+    assert ac == expected
+
+
+def test_ac_line_counts_sure_passes_to_every_cross_test_not_surely_failing():
+    from engine.results.verdict_words import ac_line
+
+    paired = {"confidence": 0.95, "verdict": [[None, None, None], ["pass", None, None], ["fail", "unresolved", None]]}
+    assert ac_line(paired) == ("AC between 0.33 and 0.67 as the cross-tests' 95% intervals leave it "
+                               "(1 sure pass(es), 1 too close to call, of 3)")
+    assert ac_line({"confidence": 0.9, "verdict": [[None, None], [None, None]]}) is None

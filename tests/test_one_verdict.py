@@ -9,7 +9,7 @@ import pytest
 from engine.metrics.compatibility import CellFeatures, compatibility_matrices, stored_summary
 from engine.metrics.paired import PairedOptions
 from engine.metrics.twoway import top_lists, twoway_bootstrap
-from engine.results.verdict_words import verdict_word
+from engine.results.verdict_words import ALONE_WORDS, verdict_word
 from engine.upgrade.verdict import check_upgrade
 
 
@@ -96,3 +96,21 @@ def test_a_stored_verification_interval_resamples_images_not_pairs():
     assert (p["diff"][1][0], p["lo"][1][0], p["hi"][1][0]) == pytest.approx((want.value, want.lo, want.hi), abs=1e-12)
     _, lo, hi = paired_bootstrap(cross_ok.astype(float), self_ok.astype(float), seed=0)
     assert p["hi"][1][0] - p["lo"][1][0] > 1.2 * (hi - lo)
+
+
+@pytest.mark.parametrize("metric, noise", [("recall@1", 0.3), ("recall@1", 2.0), ("map", 0.3)])
+def test_on_its_own_in_the_matrix_is_check_upgrades_better_line(metric, noise):
+    """``PairedOptions(on_its_own=True)``: each cross-test also carries model t's self-test against model k's, the
+    interval and verdict check-upgrade prints "on its own"; the cross-test's own interval does not move."""
+    old, new = _pair(noise)
+    sets = [_as_set(old), _as_set(new)]
+    plain = stored_summary(compatibility_matrices(sets, metrics=(metric,), paired=PairedOptions()), metric)["paired"]
+    stored = stored_summary(compatibility_matrices(sets, metrics=(metric,), paired=PairedOptions(on_its_own=True)),
+                            metric)["paired"]
+    report = check_upgrade(old, new, names=("v1", "v2"), metric=metric)
+    b, alone = report.better, stored["alone"]
+    assert (alone["diff"][1][0], alone["lo"][1][0], alone["hi"][1][0]) == pytest.approx((b.diff, b.lo, b.hi), abs=1e-12)
+    assert alone["n"][1][0] == b.n
+    assert ALONE_WORDS[alone["verdict"][1][0]] == b.verdict
+    assert (stored["diff"], stored["lo"], stored["hi"]) == (plain["diff"], plain["lo"], plain["hi"])
+    assert "alone" not in plain

@@ -102,8 +102,11 @@ def test_smoke_reproduction_resumes_and_prints_the_stored_margins(tmp_path, caps
     assert missing_seeds(db, cfg) == []
     runs = stored_runs(db, cfg)
     assert set(runs) == {(s, m) for s in cfg.seeds for m in cfg.methods}
-    rows = claim_rows(db, CLAIMS["P2-Tab2"], runs)
+    rows = claim_rows(db, CLAIMS["P2-Tab2"], runs, interval="seeds")
     by_label = {(r.method, r.label): r for r in rows}
+    default = {(r.method, r.label): r for r in claim_rows(db, CLAIMS["P2-Tab2"], runs)}  # outcomes from stored features
+    assert {r.interval_kind for r in default.values()} == {"hierarchical"}
+    assert all(default[key].values == by_label[key].values for key in by_label)
     with session_scope(db) as s:  # the (phi3, phi1) margin of CoReS recomputed from the stored matrices by hand
         margins = []
         for seed in cfg.seeds:

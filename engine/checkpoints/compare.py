@@ -219,7 +219,7 @@ def _compare_loaded(spec: ComparisonSpec, models: list[LoadedModel], report: Pro
     report(0.9, "computing compatibility matrices")
     results = {view: compatibility_matrices(_cells(view, outputs, split_labels, names, same_set), num_models=T,
                                             metrics=spec.metrics, gallery_kind=spec.gallery_kind, same_set=same_set,
-                                            paired=PairedOptions())  # check-upgrade's interval and verdict per cell
+                                            paired=PairedOptions(on_its_own=True))  # check-upgrade's intervals and verdicts per cell
                for view in spec.views}
     cmp = Comparison(spec, models, labels, names, outputs, split_labels, tuple(dataset_classes), same_set, shared, results)
     cmp.notes = _notes(cmp)

@@ -48,7 +48,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if note:
         print(f"note: {note}", file=sys.stderr)
     result = evaluate_folder(folder, metrics=metrics, gallery_kind=args.gallery_kind, same_set=args.same_set,
-                             paired=PairedOptions())
+                             paired=PairedOptions(on_its_own=True))  # check-upgrade's two intervals per cross-test
     for name in result.values:
         print(matrix_text(result, name, title=f"{name} ({args.gallery_kind}{', same set' if args.same_set else ''})",
                           ties=args.ties))

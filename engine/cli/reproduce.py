@@ -17,8 +17,7 @@ from sqlalchemy import Engine
 from engine.cli.options import add_db
 from engine.core.config import RunConfig
 from engine.reproduce.claims import CLAIMS, GROUPS, SCALES, claim_names
-from engine.reproduce.table import MARKDOWN_HEADER, Interval, claim_rows, render
-from engine.metrics.uncertainty import seed_interval
+from engine.reproduce.table import DEFAULT_INTERVAL, INTERVALS, claim_rows, markdown_header, render
 
 RunHere = Callable[[RunConfig, Engine, Path], object]  # one one-seed study config -> stored
 
@@ -30,9 +29,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="smoke: seconds, for tests; reduced: 10 seeds, 400 test images per class; paper: all images")
     p.add_argument("--seeds", type=int, metavar="N", help="seeds 0 .. N-1 (default: the scale's)")
     p.add_argument("--here", action="store_true", help="run the missing seeds in this process instead of queueing them")
-    p.add_argument("--table", action="store_true", help="print the README's Markdown rows instead of the text table")
+    p.add_argument("--table", action="store_true",
+                   help="print the README's Markdown table (header: command, versions, threads, device, interval)")
     p.add_argument("--sensitivity", action="store_true",
-                   help="also AC under seen/all x instance/template x metric, re-evaluated from the stored features")
+                   help="also AC under seen/all x instance/template x metric, re-evaluated from the stored features "
+                        "(with --table: a second Markdown table)")
+    p.add_argument("--interval", choices=tuple(INTERVALS), default=DEFAULT_INTERVAL,
+                   help="hierarchical: bootstrap over seeds, then each seed's test queries (pairs: their images), "
+                        "recomputed from the stored features (default); seeds: Student-t over the seeds' values")
     p.add_argument("--device", default="auto", help="with --here: auto, cpu or cuda")
     p.add_argument("--checkpoints", type=Path, default=Path("data") / "checkpoints", help="checkpoint folder (--here)")
 
@@ -46,11 +50,26 @@ def environment(device: str = "auto") -> str:
     return f"device {pick_device(device)}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
 
 
-def reproduce(args: argparse.Namespace, db: Engine, run_here: RunHere, *, interval: Interval = seed_interval) -> int:
+def run_environment(db: Engine, runs: dict[tuple[int, str], int]) -> str:
+    """The arithmetic the stored runs recorded with their matrices (threads, CPU kernels, versions), each distinct
+    record once; "" when none is recorded."""
+    from storage import load_matrices, session_scope
+
+    seen: dict[str, None] = {}
+    with session_scope(db) as s:
+        for exp_id in runs.values():
+            for m in load_matrices(s, exp_id):
+                a = (m.summary or {}).get("arithmetic")
+                if a:
+                    seen[", ".join(f"{k} {v}" for k, v in a.items())] = None
+    return "; ".join(seen)
+
+
+def reproduce(args: argparse.Namespace, db: Engine, run_here: RunHere) -> int:
     """Queue or run every claim's missing seeds, then print its table; return the exit code (0, or 3 while unfinished)."""
     # here, not at the top: importing the CLI package must not load torch or numba (a worker sizes them first)
     from engine.reproduce.plan import enqueue_missing, missing_seeds, seed_config, stored_runs, study_config
-    from engine.reproduce.sensitivity import render_sensitivity, sensitivity_rows
+    from engine.reproduce.sensitivity import render_sensitivity, sensitivity_header, sensitivity_rows
 
     names = claim_names(args.name)
     configs = {n: study_config(CLAIMS[n], args.scale, args.seeds, device=args.device) for n in names}
@@ -69,19 +88,46 @@ def reproduce(args: argparse.Namespace, db: Engine, run_here: RunHere, *, interv
                       f"({len(new)} new); start `python -m engine worker` and rerun this command", flush=True)
     if args.here:
         print(f"ran in {time.perf_counter() - start:.1f} s", flush=True)
-    print(f"# reproduce {args.name} --scale {args.scale}: {environment(args.device)} (the reader's; a worker records its own)")
+    interval = getattr(args, "interval", DEFAULT_INTERVAL)
+    runs = {name: stored_runs(db, cfg) for name, cfg in configs.items()}
+    here = environment(args.device)
+    recorded = run_environment(db, {k: v for r in runs.values() for k, v in r.items()})
+    made = f"reader {here}" + (f"; runs recorded {recorded}" if recorded else "; the runs recorded no arithmetic")
     if args.table:
-        print(MARKDOWN_HEADER)
+        print(markdown_header(interval, environment=made, command=command_line(args)))
+    else:
+        print(f"# reproduce {args.name} --scale {args.scale}: {made}")
+    sensitivity = []
     for i, (name, cfg) in enumerate(configs.items()):
-        rows = claim_rows(db, CLAIMS[name], stored_runs(db, cfg), interval=interval)
+        rows = claim_rows(db, CLAIMS[name], runs[name], interval=interval)
         if i and not args.table:
             print()
         print(render(CLAIMS[name], rows, markdown=args.table))
-        if args.sensitivity and not args.table:
-            runs = stored_runs(db, cfg)
-            print(render_sensitivity(CLAIMS[name], sensitivity_rows(db, CLAIMS[name], runs, CLAIMS[name].methods,
-                                                                    interval=interval)))
+        if args.sensitivity:
+            sens = render_sensitivity(CLAIMS[name], sensitivity_rows(db, CLAIMS[name], runs[name], CLAIMS[name].methods,
+                                                                     interval=interval), markdown=args.table)
+            if args.table:  # a second table under the claims' table: its columns differ
+                sensitivity.append(sens)
+            else:
+                print(sens)
+    if sensitivity:
+        print()
+        print(sensitivity_header(interval))
+        print("\n".join(sensitivity))
     return 3 if pending else 0
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command that prints this table again (``--db`` left out: it names the reader's database)."""
+    parts = ["python -m engine reproduce", args.name, "--scale", args.scale]
+    if args.seeds is not None:
+        parts += ["--seeds", str(args.seeds)]
+    if getattr(args, "interval", DEFAULT_INTERVAL) != DEFAULT_INTERVAL:
+        parts += ["--interval", args.interval]
+    parts.append("--table")
+    if args.sensitivity:
+        parts.append("--sensitivity")
+    return " ".join(parts)
 
 
 def add_command_arguments(p: argparse.ArgumentParser) -> None:

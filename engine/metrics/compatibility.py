@@ -11,7 +11,8 @@ gallery model k; their queries are paired by ``CellFeatures.query_ids`` when giv
 otherwise. Only the diagonal's outcome vectors are kept (memory T x queries per metric). Each cross-test's interval
 is the one ``check-upgrade`` computes for the same pair (:mod:`engine.metrics.cell_interval`: two-way over queries and
 gallery items for Recall@k when the cells' features are here, the diagonal's top lists kept for it: T x queries x
-(16 + 4k) indices), judged by its rule (:mod:`engine.metrics.decision`).
+(16 + 4k) indices), judged by its rule (:mod:`engine.metrics.decision`). With ``on_its_own``, each cross-test
+also gets check-upgrade's "on its own" comparison, self-test C[t, t] against C[k, k] (``paired[metric]["alone"]``).
 
 A cell may also arrive as :class:`CellStats`: its per-query statistics computed elsewhere (e.g. by many workers,
 :mod:`engine.evaluate.matrix`); everything after the neighbour pass is then the same code.
@@ -27,6 +28,7 @@ from engine.metrics.ranking import QueryStats
 from engine.metrics.cell_interval import cell_seed, pair_images, pair_interval, paired_intervals, two_way_applies
 from engine.metrics.decision import Rule, decide
 from engine.metrics.paired import PairedOptions, count_verdicts, shared_items
+from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import VERIFICATION, GalleryKind, RankTies, cell_stats, parse_metric, per_query_from_stats
 from engine.metrics.gain import MIN_GAIN, gain_cells
 from engine.metrics.summary import summarize
@@ -109,6 +111,15 @@ def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: 
             vectors[name] = correct.astype(np.float64)
     return values, vectors, n_valid, n_no_pos
 
+def cell_outcomes(c: CellFeatures | CellStats, metric: str, *, gallery_kind: GalleryKind = "instance",
+                  same_set: bool = False, ties: RankTies = "pessimistic", backend=None) -> tuple[float, np.ndarray]:
+    """One cell's value of ``metric`` and its per-item outcomes (per query, or per verification pair in
+    :func:`engine.metrics.cell_interval.pair_images`'s order; NaN = undefined), from the pass that gives its value."""
+    values, vectors, _, _ = _cell_outcomes(c, (metric,), [parse_metric(metric)], gallery_kind=gallery_kind,
+                                           same_set=same_set, ties=ties, backend=backend)
+    return values[metric], vectors[metric]
+
+
 CellSource = Sequence["CellFeatures | Mapping[str, np.ndarray]"] | Callable[[int, int], "CellFeatures | CellStats"]
 
 
@@ -175,6 +186,9 @@ def compatibility_matrices(
                            paired)
         if progress:
             progress(i + 1, len(cells))
+    if tests is not None and paired.on_its_own:
+        for t, k in [(t, k) for t in range(T) for k in range(t) if t in diagonal and k in diagonal]:
+            _alone_cell(tests, t, k, diagonal[t], diagonal[k], dict(zip(metrics, parsed)), paired)
     return MatrixResult(values, valid, no_pos, comparable, tests, rank_ties=ties)
 
 
@@ -219,6 +233,36 @@ def _pair_cell(tests: dict, t: int, k: int, cross_cell: tuple, self_cell: tuple,
         entry["verdict"][t][k] = None if np.isnan(got.lo) else decide(got.diff, got.lo, got.hi, Rule())[0]
 
 
+def _alone_cell(tests: dict, t: int, k: int, new_cell: tuple, old_cell: tuple, parsed: dict[str, tuple],
+                options: PairedOptions) -> None:
+    """Is model t better on its own than model k: its self-test against model k's, item by item, with the interval
+    and words check-upgrade gives its "on its own" line for the same pair (seeded as cross-test (t, k); an exact
+    tie stays ``[0, 0]``), stored as ``tests[metric]["alone"]``."""
+    ids, vectors, lists, _, images = new_cell
+    old_ids, old_vectors, old_lists, _, old_images = old_cell
+    same_queries = ids is None or old_ids is None or np.array_equal(ids, old_ids)
+    for name, vec in vectors.items():
+        kind, at = parsed[name]
+        entry = tests[name].setdefault("alone", {**{key: np.full(tests[name]["diff"].shape, np.nan) for key in ("diff", "lo", "hi")},
+                                                 "n": np.full(tests[name]["diff"].shape, -1, np.int64),
+                                                 "verdict": [[None] * len(tests[name]["verdict"]) for _ in tests[name]["verdict"]]})
+        aligned = same_queries and len(vec) == len(old_vectors[name])
+        seed = cell_seed(options.seed, t, k)
+        if tests[name]["items"] == "pairs":
+            if not aligned or images is None or old_images is None or not np.array_equal(images, old_images):
+                continue
+            got = pair_interval(old_vectors[name], vec, images, seed=seed, resamples=options.resamples,
+                                confidence=options.confidence, bound_unchanged=False)
+        else:
+            a, b = shared_items(ids, old_ids, len(vec), len(old_vectors[name]))
+            two_way = kind == "recall" and aligned and lists is not None and old_lists is not None
+            got = paired_intervals(old_vectors[name][b], [vec[a]], seed=seed, resamples=options.resamples,
+                                   confidence=options.confidence, k=at or 1, base_lists=old_lists if two_way else None,
+                                   other_lists=[lists] if two_way else None, bound_unchanged=[False])[0]
+        entry["diff"][t, k], entry["lo"][t, k], entry["hi"][t, k], entry["n"][t, k] = got.diff, got.lo, got.hi, got.n
+        entry["verdict"][t][k] = paired_verdict(got.lo, got.hi, bool(got.diff > 0))
+
+
 def compatibility_matrix(source: CellSource, *, metric: str = "recall@1", gallery_kind: GalleryKind = "instance",
                          same_set: bool = False, **kwargs) -> np.ndarray:
     """One metric's T x T matrix (NaN above the diagonal and for non-comparable cells)."""
@@ -255,4 +299,8 @@ def stored_summary(result: MatrixResult, metric: str, *, ties: str = "fail") -> 
                          "n": np.asarray(p["n"]).tolist(), "verdict": verdicts, "counts": count_verdicts(verdicts),
                          "interval": p.get("interval"), "rule": Rule(0.0, ties).name,
                          "items": p["items"], "resamples": p["resamples"], "seed": p["seed"], "confidence": p["confidence"]}
+        if "alone" in p:  # model t's self-test against model k's: check-upgrade's "on its own"
+            a = p["alone"]
+            out["paired"]["alone"] = {"diff": _json_matrix(a["diff"]), "lo": _json_matrix(a["lo"]), "hi": _json_matrix(a["hi"]),
+                                      "n": np.asarray(a["n"]).tolist(), "verdict": a["verdict"]}
     return out

@@ -38,6 +38,7 @@ class PairedOptions:
     resamples: int = DEFAULT_RESAMPLES
     seed: int = DEFAULT_SEED
     confidence: float = DEFAULT_CONFIDENCE
+    on_its_own: bool = False  # also new self-test vs old self-test per cross-test (check-upgrade's "on its own")
 
     def __post_init__(self) -> None:
         if not isinstance(self.resamples, int) or self.resamples < 1:

@@ -14,16 +14,13 @@ from collections.abc import Sequence
 import numpy as np
 from sqlalchemy import Engine
 
-from engine.core.cell import cell_features
-from engine.core.contract import DERIVED_VIEWS
 from engine.metrics import PairedOptions
-from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
-from engine.metrics.summary import average_compatibility
-from engine.metrics.uncertainty import seed_interval
+from engine.metrics.compatibility import MatrixResult, compatibility_matrices
 from engine.reproduce.claims import Claim
-from engine.reproduce.table import Interval
+from engine.reproduce.outcomes import cell_source
+from engine.reproduce.table import DEFAULT_INTERVAL, INTERVALS, RESAMPLES, SHORT, cell_interval, conv_text, seed_runs
 from engine.results.record import record_matrices
-from storage import list_model_versions, load_feature_set, load_matrices, session_scope
+from storage import load_matrices, session_scope
 
 EVAL_CLASSES = ("all", "seen")
 GALLERIES = ("instance", "template")
@@ -55,53 +52,66 @@ def stored_or_computed(db: Engine, experiment_id: int, *, view: str, metric: str
 def compute_matrix(db: Engine, experiment_id: int, *, view: str, metric: str, gallery: str, eval_classes: str,
                    topk: int | None = None) -> MatrixResult:
     """The experiment's matrix under this convention, computed from its stored closed-set features (not stored)."""
-    with session_scope(db) as s:
-        versions = list_model_versions(s, experiment_id)
-    raw = DERIVED_VIEWS.get(view, view)
-    cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
-
-    def load(i: int, split: str) -> tuple[np.ndarray, np.ndarray]:
-        if (i, split) not in cache:
-            with session_scope(db) as s:
-                cache[(i, split)] = load_feature_set(s, versions[i].id, split, raw)[:2]
-        return cache[(i, split)]
-
-    def cell(t: int, k: int) -> CellFeatures:
-        ck = len(versions[k].classes)
-        (q, ql), (g, gl) = load(t, "query"), load(k, "gallery")
-        ids = np.arange(len(ql))
-        if eval_classes == "seen":
-            qm, gm = ql < ck, gl < ck
-            q, ql, g, gl, ids = q[qm], ql[qm], g[gm], gl[gm], ids[qm]
-        q, g = cell_features({raw: q}, {raw: g}, view, columns=ck, topk=topk)
-        return CellFeatures(q, ql, g, gl, query_ids=ids)
-
-    return compatibility_matrices(cell, num_models=len(versions), metrics=(metric,), gallery_kind=gallery,
-                                  same_set=True, paired=PairedOptions())
+    T, cell = cell_source(db, experiment_id, view=view, eval_classes=eval_classes, topk=topk)
+    return compatibility_matrices(cell, num_models=T, metrics=(metric,), gallery_kind=gallery, same_set=True,
+                                  paired=PairedOptions())
 
 
 def sensitivity_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], methods: Sequence[str], *,
-                     interval: Interval = seed_interval) -> list[dict]:
-    """Per method and convention: AC per seed with its interval over seeds (closed-set runs only)."""
+                     interval: str = DEFAULT_INTERVAL) -> list[dict]:
+    """Per method and convention: AC per seed with its 95 % interval (``interval``: :data:`engine.reproduce.table.
+    INTERVALS`; closed-set runs only): ``{"method", "eval_classes", "gallery", "metric", "values", "interval",
+    "interval_kind", "note"}``."""
     out = []
     for method in methods:
         exps = [e for (seed, m), e in sorted(runs.items()) if m == method]
         for ec, g, metric in conventions(claim):
-            values = [average_compatibility(stored_or_computed(db, e, view=claim.view(method), metric=metric,
-                                                                gallery=g, eval_classes=ec)) for e in exps]
-            out.append({"method": method, "eval_classes": ec, "gallery": g, "metric": metric,
-                        "values": values, "interval": interval(values)})
+            stored = [(e, stored_or_computed(db, e, view=claim.view(method), metric=metric, gallery=g, eval_classes=ec))
+                      for e in exps]
+            got = seed_runs(db, stored, view=claim.view(method), metric=metric, gallery=g, eval_classes=ec,
+                            interval=interval)
+            values, iv, kind = cell_interval(None, got)
+            out.append({"method": method, "eval_classes": ec, "gallery": g, "metric": metric, "values": list(values),
+                        "interval": iv, "interval_kind": kind, "note": got.why})
     return out
 
 
-def render_sensitivity(claim: Claim, rows: Sequence[dict]) -> str:
-    """The sensitivity rows as text: one line per method, one column per convention (AC mean [interval])."""
+SENSITIVITY_COLUMNS = ("cell", "method", "metric", "eval classes", "gallery", "AC: mean [95 % interval] (seeds)",
+                       "interval", "claim's convention")
+
+
+def _span(iv: dict) -> str:
+    if iv["mean"] is None:
+        return "not run"
+    return f"{iv['mean']:.2f}" + ("" if iv["lo"] is None else f" [{max(0.0, iv['lo']):.2f}, {min(1.0, iv['hi']):.2f}]")
+
+
+def _own(claim: Claim, r: dict) -> bool:
     own = (claim.our_convention["eval_classes"], claim.our_convention["gallery"], claim.our_convention["metric"])
-    lines = ["  sensitivity of AC to the convention (closed-set runs re-evaluated from stored features; * = the claim's):"]
+    return (r["eval_classes"], "pairs" if r["metric"] in PAIR_METRICS else r["gallery"], r["metric"]) == own
+
+
+def sensitivity_header(interval: str = DEFAULT_INTERVAL) -> str:
+    """The Markdown sensitivity table's header (its rows: :func:`render_sensitivity` with ``markdown=True``)."""
+    return (f"AC under each convention, closed-set runs re-evaluated from their stored features; 95 % interval: "
+            f"{INTERVALS[interval]}, {RESAMPLES} resamples; n = seeds.\n\n"
+            "| " + " | ".join(SENSITIVITY_COLUMNS) + " |\n|" + "---|" * len(SENSITIVITY_COLUMNS))
+
+
+def render_sensitivity(claim: Claim, rows: Sequence[dict], *, markdown: bool = False) -> str:
+    """The sensitivity rows as text (one line per method and convention, * = the claim's, the interval said) or as
+    Markdown rows (:func:`sensitivity_header` above them)."""
+    if markdown:
+        return "\n".join("| " + " | ".join((claim.name, r["method"], r["metric"], r["eval_classes"], r["gallery"],
+                                              f"{_span(r['interval'])} (n={r['interval']['n']})",
+                                              SHORT[r["interval_kind"]], "yes" if _own(claim, r) else "")) + " |"
+                         for r in rows)
+    kinds = dict.fromkeys(r["interval_kind"] for r in rows)
+    lines = ["  sensitivity of AC to the convention (closed-set runs re-evaluated from stored features; * = the claim's; "
+             f"95 % interval: {'; '.join(INTERVALS[k] for k in kinds)}):"]
+    lines += [f"  seeds only for {r['method']} {r['metric']} {r['eval_classes']} {r['gallery']}: {r['note']}"
+              for r in rows if r.get("note")]
     for r in rows:
-        iv = r["interval"]
-        span = "not run" if iv["mean"] is None else (
-            f"{iv['mean']:.2f}" + ("" if iv["lo"] is None else f" [{max(0.0, iv['lo']):.2f}, {min(1.0, iv['hi']):.2f}]"))
-        mark = "*" if (r["eval_classes"], "pairs" if r["metric"] in PAIR_METRICS else r["gallery"], r["metric"]) == own else " "
-        lines.append(f"  {mark} {r['method']:<14}{r['metric']:<14}{r['eval_classes']:<6}{r['gallery']:<10}{span}")
+        mark = "*" if _own(claim, r) else " "
+        lines.append(f"  {mark} {r['method']:<14}{r['metric']:<14}{r['eval_classes']:<6}{r['gallery']:<10}{_span(r['interval'])}")
     return "\n".join(lines)

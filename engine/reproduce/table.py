@@ -1,8 +1,12 @@
-"""A claim's stored matrices read back per seed, an interval over seeds, and the verdict words.
+"""A claim's stored matrices read back per seed, an interval over seeds and items, and the verdict words.
 
-The interval is one function of the per-seed values (:data:`Interval`; default
-:func:`engine.metrics.uncertainty.seed_interval`, Student-t over seeds): a hierarchical seeds-then-items bootstrap
-replaces it by passing ``interval=``. Words: a paper value is *inside* / *outside* our interval (*unresolved* with
+The interval (:data:`INTERVALS`): by default the hierarchical bootstrap (:mod:`engine.metrics.hierarchical`): the
+seeds resampled, then each drawn seed's test queries (verification: its images, each pair counted once per
+combination of its two images' copies, so pairs that share an image stay together), the per-item outcomes recomputed
+from the stored features (:mod:`engine.reproduce.outcomes`); ``seeds``: Student's t over the per-seed values
+(:func:`engine.metrics.uncertainty.seed_interval`), also where the outcomes cannot be recomputed (no stored features,
+or features that no longer give the stored matrix; the row says so). Fewer than two seeds: no interval (the seeds'
+spread is unknown). Words: a paper value is *inside* / *outside* our interval (*unresolved* with
 fewer than two seeds); a margin *reproduces* when our interval sits on the paper's side of zero (holds zero for a
 printed tie), *does not* when it sits on the other side, else *unresolved*; an AC reproduces when the paper's AC is
 inside our interval (clipped to [0, 1]) and the negative control's mean AC is not (else unresolved: a printed
@@ -12,18 +16,24 @@ The negative control (independent encoders) must fail: its AC interval must lie 
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from sqlalchemy import Engine
 
+from engine.metrics.hierarchical import SeedItems, ac_statistic, hierarchical_bootstrap, margin_statistic
 from engine.metrics.summary import average_compatibility
 from engine.metrics.uncertainty import seed_interval
 from engine.reproduce.claims import CONTROL, Claim, PaperCell
 from storage import load_matrices, session_scope
 
-Interval = Callable[[Sequence[float | None]], dict]  # values per seed -> {"mean", "lo", "hi", "n"}
+RESAMPLES = 1000
+INTERVALS = {  # --interval: what the 95 % interval resamples (said in the table's header)
+    "hierarchical": "hierarchical bootstrap over seeds, then each seed's test queries (pairs: their images)",
+    "seeds": "Student-t over the seeds' values",
+}
+DEFAULT_INTERVAL = "hierarchical"
 
 
 @dataclass(frozen=True)
@@ -38,10 +48,60 @@ class Row:
     interval: dict
     inside: str
     verdict: str
+    interval_kind: str = "seeds"  # the INTERVALS key the row's interval is (hierarchical falls back to seeds)
+    note: str | None = None  # why a hierarchical interval fell back to seeds only
 
 
-def seed_matrices(db: Engine, runs: dict[tuple[int, str], int], claim: Claim, method: str) -> list[np.ndarray]:
-    """``method``'s stored matrix (the claim's metric, gallery, view and eval classes) of every finished seed."""
+@dataclass(frozen=True)
+class SeedRuns:
+    """One method's finished seeds under one convention: the stored matrices and, for the hierarchical interval, each
+    seed's per-item outcomes (``items`` None: seeds only, ``why`` says why when it was not asked)."""
+
+    matrices: tuple[np.ndarray, ...]
+    items: tuple[SeedItems, ...] | None = None
+    why: str | None = None
+
+
+def seed_runs(db: Engine, experiments: Sequence[tuple[int, np.ndarray]], *, view: str, metric: str, gallery: str,
+              eval_classes: str, interval: str = DEFAULT_INTERVAL) -> SeedRuns:
+    """``experiments``' stored matrices (``(experiment id, matrix)`` per seed) with their per-item outcomes recomputed
+    from the stored features when ``interval`` is hierarchical and the recomputed cells give the stored matrix."""
+    if interval not in INTERVALS:
+        raise ValueError(f"unknown interval {interval!r}; use one of {', '.join(INTERVALS)}")
+    matrices = tuple(C for _, C in experiments)
+    if interval == "seeds" or len(experiments) < 2:
+        return SeedRuns(matrices)
+    from engine.reproduce.outcomes import seed_items  # here: the table (and the CLI that imports it) loads no torch
+
+    items = []
+    for exp_id, C in experiments:
+        try:
+            got, again = seed_items(db, exp_id, view=view, metric=metric, gallery=gallery, eval_classes=eval_classes)
+        except (ValueError, LookupError, OSError) as exc:
+            return SeedRuns(matrices, None, f"experiment {exp_id}'s per-item outcomes cannot be recomputed ({exc})")
+        if again.shape != C.shape or not np.allclose(again, C, atol=1e-9, equal_nan=True):
+            return SeedRuns(matrices, None, f"experiment {exp_id}'s stored features no longer give its stored matrix")
+        items.append(got)
+    return SeedRuns(matrices, tuple(items))
+
+
+def cell_interval(cell: tuple[int, int] | None, runs: SeedRuns, *, resamples: int = RESAMPLES) -> tuple[tuple, dict, str]:
+    """``(values per seed, interval, kind)`` of a margin (``cell`` = (t, k)) or of AC (None) over ``runs``: the
+    hierarchical bootstrap when ``runs`` has per-item outcomes (seeded by the cell), else Student's t over seeds."""
+    values = tuple(cell_value(C, cell) for C in runs.matrices)
+    if runs.items is None:
+        return values, seed_interval(values), "seeds"
+    T = runs.matrices[0].shape[0]
+    stat = ac_statistic(T) if cell is None else margin_statistic(T, *cell)
+    got = hierarchical_bootstrap(list(runs.items), stat, resamples=resamples, seed=(0,) if cell is None else (0, *cell))
+    ok = not (np.isnan(got.lo) or np.isnan(got.hi))
+    iv = {"mean": float(np.mean(values)), "lo": got.lo if ok else None, "hi": got.hi if ok else None, "n": len(values)}
+    return values, iv, "hierarchical"
+
+
+def seed_matrices(db: Engine, runs: dict[tuple[int, str], int], claim: Claim, method: str) -> list[tuple[int, np.ndarray]]:
+    """``(experiment id, stored matrix)`` of ``method``'s every finished seed (the claim's metric, gallery, view and
+    eval classes)."""
     conv = claim.our_convention
     gallery = "template" if conv["gallery"] == "template" else "instance"
     out = []
@@ -52,8 +112,17 @@ def seed_matrices(db: Engine, runs: dict[tuple[int, str], int], claim: Claim, me
             rows = [r for r in load_matrices(s, exp_id, metric=conv["metric"], gallery_kind=gallery, view=claim.view(method))
                     if r.eval_classes == conv["eval_classes"]]
             if rows:
-                out.append(np.asarray(rows[0].values, dtype=np.float64))
+                out.append((exp_id, np.asarray(rows[0].values, dtype=np.float64)))
     return out
+
+
+def method_runs(db: Engine, runs: dict[tuple[int, str], int], claim: Claim, method: str, *,
+                interval: str = DEFAULT_INTERVAL) -> SeedRuns:
+    """:func:`seed_runs` of ``method`` under the claim's own convention."""
+    conv = claim.our_convention
+    return seed_runs(db, seed_matrices(db, runs, claim, method), view=claim.view(method), metric=conv["metric"],
+                     gallery="template" if conv["gallery"] == "template" else "instance",
+                     eval_classes=conv["eval_classes"], interval=interval)
 
 
 def cell_value(C: np.ndarray, cell: tuple[int, int] | None) -> float:
@@ -93,27 +162,30 @@ def _verdict(cell: PaperCell, iv: dict, control_ac: float | None) -> str:
     return "reproduces" if lo <= 0 <= hi else "does not"  # a printed tie: our interval must hold 0
 
 
-def claim_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], *, interval: Interval = seed_interval) -> list[Row]:
+def claim_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], *, interval: str = DEFAULT_INTERVAL,
+               resamples: int = RESAMPLES) -> list[Row]:
     """The claim's rows, then the negative control's (its margins of the same cross-tests and its AC)."""
     rows = []
-    control = seed_matrices(db, runs, claim, CONTROL)
-    control_ac = interval(tuple(cell_value(C, None) for C in control))["mean"]
+    by_method = {m: method_runs(db, runs, claim, m, interval=interval) for m in claim.methods}
+    control = by_method[CONTROL]
+    control_ac = seed_interval([cell_value(C, None) for C in control.matrices])["mean"]
     for cell in claim.cells:
-        values = tuple(cell_value(C, cell.cell) for C in seed_matrices(db, runs, claim, cell.method))
-        iv = _clipped(interval(values), cell.cell)
+        values, iv, kind = cell_interval(cell.cell, by_method[cell.method], resamples=resamples)
+        iv = _clipped(iv, cell.cell)
         rows.append(Row(claim.name, cell.method, cell.label, cell.value, values, iv, _inside(cell.value, iv),
-                        _verdict(cell, iv, control_ac)))
+                        _verdict(cell, iv, control_ac), kind, by_method[cell.method].why))
     ac_paper = max((c.value for c in claim.cells if c.cell is None), default=None)
     for cell in {c.cell: c for c in claim.cells}.values():
-        values = tuple(cell_value(C, cell.cell) for C in control)
-        iv = _clipped(interval(values), cell.cell)
+        values, iv, kind = cell_interval(cell.cell, control, resamples=resamples)
+        iv = _clipped(iv, cell.cell)
         if iv["lo"] is None:
             word = "unresolved"
         elif cell.cell is None:
             word = "fails (as it must)" if ac_paper is None or iv["hi"] < ac_paper else "does not fail: the test cannot tell"
         else:
             word = "fails (as it must)" if iv["hi"] < 0 else "does not fail: the test cannot tell"
-        rows.append(Row(claim.name, f"{CONTROL} (control)", cell.label if cell.cell else "AC", None, values, iv, "", word))
+        rows.append(Row(claim.name, f"{CONTROL} (control)", cell.label if cell.cell else "AC", None, values, iv, "", word,
+                        kind, control.why))
     return rows
 
 
@@ -132,26 +204,53 @@ def _ours(row: Row) -> str:
     return f"{_num(iv['mean'], points)}{span} (n={iv['n']})"
 
 
+SHORT = {"hierarchical": "seeds, then items", "seeds": "t over seeds"}  # the interval column's words
+MARKDOWN_COLUMNS = ("cell", "paper's convention", "our convention", "row", "paper", "ours: mean [95 % interval] (seeds)",
+                    "interval", "verdict (paper in ours)")
+CONVENTION_ORDER = "protocol / eval classes / gallery / metric"
+
+
+def conv_text(c: dict[str, str]) -> str:
+    """A convention as words: ``protocol closed-set, eval_classes all, ...``."""
+    return ", ".join(f"{k} {v}" for k, v in c.items())
+
+
+def markdown_header(interval: str = DEFAULT_INTERVAL, *, environment: str = "", command: str = "") -> str:
+    """The lines above the README's table: the command, where the numbers come from, the interval, the columns."""
+    lines = []
+    if command:
+        lines.append(f"Regenerate: `{command}`.")
+    if environment:
+        lines.append(f"Made with: {environment}.")
+    lines.append(f"Interval: 95 %, {INTERVALS[interval]}, {RESAMPLES} resamples; margins in points (cross-test minus the "
+                 f"old model's self-test), AC as a share; n = seeds; conventions: {CONVENTION_ORDER}.")
+    lines.append("")
+    lines.append("| " + " | ".join(MARKDOWN_COLUMNS) + " |")
+    lines.append("|" + "---|" * len(MARKDOWN_COLUMNS))
+    return "\n".join(lines)
+
+
 def render(claim: Claim, rows: Sequence[Row], *, markdown: bool = False) -> str:
-    """The claim's table: text (header with its conventions and deviations) or the README's Markdown rows."""
-    conv = lambda c: ", ".join(f"{k} {v}" for k, v in c.items())  # noqa: E731
+    """The claim's table: text (header with its conventions and deviations) or the README's Markdown rows
+    (:func:`markdown_header` goes above them)."""
     if markdown:
         out = []
         for r in rows:
             paper = "-" if r.paper is None else _num(r.paper, r.label != "AC")
-            out.append(f"| {claim.name} | {conv(claim.paper_convention)} | {r.method} {r.label} | {paper} | {_ours(r)} "
-                       f"| {r.verdict}{f' ({r.inside})' if r.inside else ''} |")
+            cells = (claim.name, " / ".join(claim.paper_convention.values()), " / ".join(claim.our_convention.values()),
+                     f"{r.method} {r.label}", paper,
+                     _ours(r), SHORT[r.interval_kind], f"{r.verdict}{f' ({r.inside})' if r.inside else ''}")
+            out.append("| " + " | ".join(cells) + " |")
         return "\n".join(out)
-    lines = [f"{claim.name}: {claim.source}", f"  paper's convention: {conv(claim.paper_convention)}",
-             f"  ours:               {conv(claim.our_convention)}"]
+    kinds = dict.fromkeys(r.interval_kind for r in rows) or {"seeds": None}
+    lines = [f"{claim.name}: {claim.source}", f"  paper's convention: {conv_text(claim.paper_convention)}",
+             f"  ours:               {conv_text(claim.our_convention)}"]
     lines += [f"  differs: {d}" for d in claim.differs]
-    lines.append("  margins in points (cross - old self-test); 95 % interval over seeds")
+    lines.append("  margins in points (cross - old self-test); 95 % interval: "
+                 + "; ".join(f"{INTERVALS[k]}" + (f" ({RESAMPLES} resamples)" if k == "hierarchical" else "") for k in kinds))
+    lines += [f"  seeds only for {r.method}: {r.note}" for r in {r.method: r for r in rows if r.note}.values()]
     lines.append(f"  {'method':<24}{'cell':<22}{'paper':>8}  {'ours':<34}{'paper in ours':<15}verdict")
     for r in rows:
         paper = "" if r.paper is None else _num(r.paper, r.label != "AC")
         lines.append(f"  {r.method:<24}{r.label:<22}{paper:>8}  {_ours(r):<34}{r.inside:<15}{r.verdict}")
     return "\n".join(lines)
-
-
-MARKDOWN_HEADER = ("| cell | paper's convention | row | paper | ours: mean [95 % interval over seeds] | verdict |\n"
-                   "|---|---|---|---|---|---|")

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
+
 from engine.core.conventions import metric_name
 from engine.metrics.decision import Rule
+from engine.metrics.uncertainty import ac_range
 
 WORDS = {"pass": "compatible", "fail": "not compatible", "unresolved": "too close to call"}
+ALONE_WORDS = {"pass": "better", "fail": "not better", "unresolved": "too close to call"}  # new self vs old self
 RECALL1_ARTEFACT = ("Recall@1 flatters backfilling on an instance gallery: a query counts as found as soon as any one "
                     "item of its class is re-embedded and ranks first, so a few percent of the gallery can match the "
                     "new self-test while most of it is still old; mAP counts every item of the class.")
@@ -89,10 +93,37 @@ def cell_verdict_lines(paired: Mapping | None, names: Sequence[str]) -> list[str
             n = paired["n"][t][k] if paired.get("n") is not None else None
             extra = (" (no item changed: the exact bound on the share that could)" if kind == "unchanged" else "")
             out.append(f"{names[t]} → {names[k]}: {WORDS[v]} ({interval_text(paired['diff'][t][k], paired['lo'][t][k], paired['hi'][t][k], paired['confidence'])}"
-                       f" over {'' if n is None else f'{n:,} '}{over}){extra}")
+                       f" over {'' if n is None else f'{n:,} '}{over}){extra}{_alone(paired, t, k, names)}")
+    if out and (ac := ac_line(paired)):
+        out.append(ac)
     if out:
         family = paired.get("familywise") or "none"
         out.append(f"rule: {paired.get('rule') or Rule().name}; "
                    f"family-wise: {'each cross-test alone' if family == 'none' else family}; "
                    f"{paired.get('resamples', '?')} resamples, seed {paired.get('seed', '?')}")
     return out
+
+
+def _alone(paired: Mapping, t: int, k: int, names: Sequence[str]) -> str:
+    """``; on its own M2 is too close to call against M1 (-18.3 points, 95% CI ...)``: check-upgrade's second line for
+    the pair, when the paired test has it (``alone``)."""
+    a = paired.get("alone")
+    v = a["verdict"][t][k] if a else None
+    if v is None:
+        return ""
+    iv = interval_text(a["diff"][t][k], a["lo"][t][k], a["hi"][t][k], paired["confidence"])
+    return f"; on its own {names[t]} is {ALONE_WORDS[v]}{' than' if v != 'unresolved' else ' against'} {names[k]} ({iv})"
+
+
+def ac_line(paired: Mapping) -> str | None:
+    """What the cross-tests' intervals leave open of AC (:func:`engine.metrics.uncertainty.ac_range`): from the share
+    of sure passes to the share of cross-tests that are not sure failures; None without a judged cross-test."""
+    verdicts = paired["verdict"]
+    r = ac_range(np.zeros((len(verdicts), len(verdicts))), verdicts)
+    if not r["cells"]:
+        return None
+    level = f"{100 * paired['confidence']:g}%"
+    if r["AC_lo"] == r["AC_hi"]:
+        return f"AC {r['AC_lo']:.2f}: every cross-test's {level} interval decides it"
+    return (f"AC between {r['AC_lo']:.2f} and {r['AC_hi']:.2f} as the cross-tests' {level} intervals leave it "
+            f"({r['pass']} sure pass(es), {r['unresolved']} too close to call, of {r['cells']})")

@@ -51,11 +51,12 @@ from engine.metrics.twoway import top_lists
 from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed
 from engine.upgrade.orders import best_by_area
 from engine.upgrade.words import sentence
+from engine.results.verdict_words import ALONE_WORDS
 from engine.core.vocab import parse_metric
 from storage import json_ready
 
 COMPATIBILITY = {"pass": "compatible", "fail": "not compatible", "unresolved": "too close to call"}
-BETTER = {"pass": "better", "fail": "not better", "unresolved": "too close to call"}
+BETTER = ALONE_WORDS  # the matrices print the same words for the same pair (evaluate, compare-checkpoints)
 BOOTSTRAP = "percentile"
 MAX_NAME = 40
 
