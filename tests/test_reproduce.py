@@ -51,7 +51,9 @@ def test_verdict_words_on_hand_intervals():
     assert _verdict(up, iv(-0.03, -0.01), None) == "does not"
     assert _verdict(down, iv(-0.03, -0.01), None) == "reproduces"
     assert _verdict(tie, iv(-0.01, 0.01), None) == "reproduces"
-    assert _verdict(tie, iv(0.01, 0.02), None) == "does not"
+    assert _verdict(tie, iv(0.011, 0.02), None) == "does not"  # outside the +/- 1 point of a printed tie
+    assert _verdict(tie, iv(0.005, 0.02), None) == "unresolved"  # overlaps the band without lying in it
+    assert _verdict(tie, iv(-0.3, 0.3), None) == "unresolved"  # holding 0 is no evidence of a tie
     ac = PaperCell("cores", "AC", 2 / 3)
     assert _verdict(ac, iv(0.5, 0.9), 0.0) == "reproduces"
     assert _verdict(ac, iv(0.0, 0.9), 0.0) == "unresolved"  # the control's AC is inside too: cannot tell them apart

@@ -87,6 +87,29 @@ CLAIMS: dict[str, Claim] = {
         model=dict(dsimplex_normalization="frobenius_uncentred"),
         training=dict(select="best_val"),  # paper 002's released code keeps each step's best-validation epoch
     ),
+    # The same cells on paper 002's protocol: open-set pairs, here from 3 Fashion-MNIST classes no model trains on
+    # (scenario.held_out_classes; the class order's seed names them), 3 + 2 + 2 trained classes for 34 + 33 + 33 %.
+    "P2-Tab2-open": Claim(
+        name="P2-Tab2-open", source="paper 002 (CoReS) Tab. 2, CIFAR-100/10, 2 upgrades, SENet-18, d-Simplex K = 100",
+        paper_convention=_conv("open-set (CIFAR-10 pairs)", "all", "pairs", "verification"),
+        our_convention=_conv("open-set (3 held-out classes' pairs)", "all", "pairs", "verification"),
+        differs=(_FASHION + "CIFAR-100 / SENet-18; 3 + 2 + 2 trained classes for 34 + 33 + 33, 3 held out",
+                 "open-set pairs from 3 held-out Fashion-MNIST classes (query: their training images, gallery: their "
+                 "test images) for CIFAR-10's test pairs",
+                 "d-Simplex of K = 7 (the trained classes) for K = 100; Frobenius scaling and best-validation epoch as "
+                 "paper 002's released code, for BCT and the control too (one study)"),
+        cells=(PaperCell("cores", "(phi2, phi1) margin", 0.02, (1, 0)),
+               PaperCell("cores", "(phi3, phi1) margin", 0.01, (2, 0)),
+               PaperCell("cores", "(phi3, phi2) margin", -0.02, (2, 1)),
+               PaperCell("cores", "AC", 2 / 3),
+               PaperCell("bct", "(phi2, phi1) margin", 0.0, (1, 0)),
+               PaperCell("bct", "(phi3, phi1) margin", -0.01, (2, 0)),
+               PaperCell("bct", "(phi3, phi2) margin", -0.02, (2, 1)),
+               PaperCell("bct", "AC", 1 / 3)),
+        scenario=dict(initial_classes=3, increment=2, num_steps=3, held_out_classes=3),
+        model=dict(dsimplex_normalization="frobenius_uncentred"),
+        training=dict(select="best_val"),
+    ),
     # paper 000 Table 1a: CIFAR-100, ResNet18, 5 steps of 20 classes, Recall@1 (AC only is printed):
     # PSP 0.90, LSP 0.70, BCT 0.40, CoReS 0, Baseline 0 (the 5-step columns).
     "P0-Tab1a": Claim(
@@ -114,7 +137,7 @@ CLAIMS: dict[str, Claim] = {
         method_params={"dsimplex_hoc": {"lam": 0.5}},
     ),
 }
-GROUPS = {"demo": ("P2-Tab2", "P0-Tab1a", "P1-TabII")}  # `reproduce demo --table`: the README's rows
+GROUPS = {"demo": ("P2-Tab2", "P2-Tab2-open", "P0-Tab1a", "P1-TabII")}  # `reproduce demo --table`: the README's rows
 
 
 def claim_names(name: str) -> tuple[str, ...]:

@@ -39,7 +39,7 @@ def study_config(claim: Claim, scale: str, seeds: int | None = None, *, device: 
         dataset=dict(name="fashion", train_per_class=s["train_per_class"], test_per_class=s["test_per_class"]),
         scenario=dict(claim.scenario),
         model=dict(backbone="small_cnn", width=s["width"], **claim.model),
-        eval=dict(protocol="closed-set", eval_classes=claim.our_convention["eval_classes"],
+        eval=dict(protocol="open-set" if claim.scenario.get("held_out_classes") else "closed-set", eval_classes=claim.our_convention["eval_classes"],
                   gallery="template" if claim.our_convention["gallery"] == "template" else "instance", metrics=[metric]),
         training=dict(epochs=s["epochs"], batch_size=64, lr=0.05, lr_schedule="cosine", **claim.training),
     )

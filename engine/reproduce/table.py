@@ -7,8 +7,9 @@ from the stored features (:mod:`engine.reproduce.outcomes`); ``seeds``: Student'
 (:func:`engine.metrics.uncertainty.seed_interval`), also where the outcomes cannot be recomputed (no stored features,
 or features that no longer give the stored matrix; the row says so). Fewer than two seeds: no interval (the seeds'
 spread is unknown). Words: a paper value is *inside* / *outside* our interval (*unresolved* with
-fewer than two seeds); a margin *reproduces* when our interval sits on the paper's side of zero (holds zero for a
-printed tie), *does not* when it sits on the other side, else *unresolved*; an AC reproduces when the paper's AC is
+fewer than two seeds); a margin *reproduces* when our interval sits on the paper's side of zero, *does not* when
+it sits on the other side, else *unresolved* (a printed tie: reproduces when our interval lies within +/- 1 point,
+the rounding of two-decimal scores, does not when it lies outside that band); an AC reproduces when the paper's AC is
 inside our interval (clipped to [0, 1]) and the negative control's mean AC is not (else unresolved: a printed
 AC of 0 that the control shows too is no evidence), does not when
 the paper's AC is outside.
@@ -146,6 +147,9 @@ def _inside(paper: float, iv: dict) -> str:
     return "inside" if iv["lo"] - 1e-12 <= paper <= iv["hi"] + 1e-12 else "outside"
 
 
+TIE_BAND = 0.01  # a margin printed as 0 from two-decimal scores lies within +/- 1 point
+
+
 def _verdict(cell: PaperCell, iv: dict, control_ac: float | None) -> str:
     if iv["lo"] is None:
         return "unresolved"
@@ -159,7 +163,12 @@ def _verdict(cell: PaperCell, iv: dict, control_ac: float | None) -> str:
         return "reproduces" if lo > 0 else ("does not" if hi < 0 else "unresolved")
     if cell.value < 0:
         return "reproduces" if hi < 0 else ("does not" if lo > 0 else "unresolved")
-    return "reproduces" if lo <= 0 <= hi else "does not"  # a printed tie: our interval must hold 0
+    # a printed tie: the paper prints two-decimal scores, so its margin lies within +/- TIE_BAND (1 point); ours
+    # reproduces it when our whole interval lies in that band (an equivalence test: a wide interval that merely
+    # holds 0 is no evidence of a tie), does not when it lies outside the band, else unresolved
+    if -TIE_BAND <= lo and hi <= TIE_BAND:
+        return "reproduces"
+    return "does not" if lo > TIE_BAND or hi < -TIE_BAND else "unresolved"
 
 
 def claim_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], *, interval: str = DEFAULT_INTERVAL,
