@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.core.conventions import relevance_phrase
-from engine.core.vocab import RELEVANCE
+from engine.core.vocab import RELEVANCE, RELEVANCE_K
 from engine.metrics.cell_interval import cell_seed, paired_intervals
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
 from engine.metrics.relevance import Outcomes, label_outcomes, neighbour_recall, qrels_outcomes
@@ -41,7 +41,7 @@ from engine.upgrade.rule import Rule
 from engine.upgrade.verdict import (BETTER, PairedVerdict, UpgradeReport, check_settings, compare, unchanged_note)
 from engine.upgrade.words import NOT_JUDGED
 
-DEFAULT_K = 10
+DEFAULT_K = RELEVANCE_K
 DEFAULT_BLOCK_ROWS = 65536
 _METRIC = re.compile(r"^(recall|map|ndcg|neighbour_recall)@(\d+)$")
 _PRINT_ROWS = 4096  # rows per chunk of the per-item fingerprint
@@ -145,6 +145,11 @@ def scan_gallery(source: Source, *, block_rows: int = DEFAULT_BLOCK_ROWS) -> Gal
     return GalleryScan(np.concatenate(ids), all_labels, np.concatenate(prints), int(source.dim or 0))
 
 
+def _writable(vectors: np.ndarray) -> np.ndarray:
+    """A block torch can wrap without a warning (a reader may hand out a read-only view of its file)."""
+    return vectors if vectors.flags.writeable else vectors.copy()
+
+
 def _in_order(source: Source, ids: np.ndarray, block_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(row numbers, vectors) blocks of the old gallery: row number = reading position, checked against the scan."""
     lo = 0
@@ -152,7 +157,7 @@ def _in_order(source: Source, ids: np.ndarray, block_rows: int) -> Iterator[tupl
         n = len(block)
         if not np.array_equal(block.ids, ids[lo: lo + n]):
             raise SourceError(f"{source.description} changed while it was read (its items came in another order)")
-        yield np.arange(lo, lo + n, dtype=np.int64), block.vectors
+        yield np.arange(lo, lo + n, dtype=np.int64), _writable(block.vectors)
         lo += n
     if lo != len(ids):
         raise SourceError(f"{source.description} changed while it was read: {len(ids)} items, then {lo}")
@@ -161,7 +166,7 @@ def _in_order(source: Source, ids: np.ndarray, block_rows: int) -> Iterator[tupl
 def _by_id(source: Source, slots: IdSlots, block_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(row numbers, vectors) blocks of the new gallery, each item numbered as the same id in the old gallery."""
     for block in source.blocks(block_rows):
-        yield slots(block.ids, source), block.vectors
+        yield slots(block.ids, source), _writable(block.vectors)
 
 
 def _rows_of(wanted: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
