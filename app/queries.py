@@ -31,6 +31,8 @@ from storage import (
     list_jobs,
     list_model_versions,
     load_analysis,
+    load_source_check,
+    payload_hash,
     load_matrices,
     queue_positions,
     queue_start_estimates,
@@ -178,6 +180,12 @@ def retry(url: str, job_id: int) -> int:
         new_id = retry_job(s, job_id)
     jobs.clear()
     return new_id
+
+
+def source_check(url: str, kind: str, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The report a finished ``sources_check`` job stored (under its payload hash), or None (read each time: one row)."""
+    with session_scope(db_engine(url)) as s:
+        return load_source_check(s, payload_hash(kind, payload))
 
 
 def analysis_job(url: str, experiment_id: int, kind: str, key: str) -> dict[str, Any] | None:

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from engine.core.contract import sources_check_payload
 from engine.core.conventions import relevance_phrase
 from engine.core.vocab import RELEVANCE, RELEVANCE_K
 from engine.metrics.cell_interval import cell_seed, paired_intervals
@@ -263,13 +264,7 @@ def _check(specs: SourceSpecs, opened: _Opened, *, relevance: str | None, k: int
     (old_name, new_name), _ = check_settings(names, metric="recall@1", resamples=resamples, level=level, margin=margin,
                                              ties=ties, interval="queries")
     rule = Rule(margin, ties)
-    if relevance == "qrels" and not specs.qrels:
-        raise ValueError("relevance qrels needs a qrels source (--qrels FILE: query id, item id, grade)")
-    if specs.qrels and relevance != "qrels":
-        raise ValueError(f"a qrels source goes with relevance qrels, not {relevance}")
-    if relevance == "none" and not specs.new_gallery:
-        raise ValueError("relevance none (label-free) needs the new gallery (--new-gallery): each query's top-k under "
-                         "the new model on it is the reference")
+    sources_check_payload(asdict(specs), relevance=relevance, k=int(k), names=(old_name, new_name))  # what each needs
     depth = max(int(k), at)
     ks = tuple(sorted({at, int(k)}))
 
