@@ -32,7 +32,7 @@ FIELDS = (("old_gallery", "Old gallery (old model)", True), ("new_gallery", "New
 def _label(job: dict[str, Any]) -> str:
     p = job["payload"]
     gallery = mask_url(p.get("sources", {}).get("old_gallery", "?"))
-    return f"#{job['id']} · {gallery} · relevance {p.get('relevance', '?')} · {job['status']}"
+    return f"#{job['id']} · {gallery} · relevance {p.get('relevance', '?')}"
 
 
 def _form(url: str) -> None:
@@ -75,10 +75,13 @@ def _report(report: dict[str, Any]) -> None:
     k[0].metric(plain(f"ECC gain ({report['new_name']} / {report['old_name']} − {report['old_name']} / "
                       f"{report['old_name']})"), f"{100 * c['diff']:+.1f} pts")
     k[1].metric(f"{100 * report['level']:g}% CI of the gain", f"{100 * c['lo']:+.1f} to {100 * c['hi']:+.1f}")
-    k[2].metric(plain(f"{report['new_name']} on its own"), "not judged" if b["verdict"] == NOT_JUDGED
-                else interval(b, report["level"]), None if b["verdict"] == NOT_JUDGED else b["verdict"],
-                delta_color="off", delta_arrow="off")
-    rows = [{"query / gallery": cell, **{metric_name(m): None if v is None else 100 * v for m, v in means.items()}}
+    judged = b["verdict"] != NOT_JUDGED
+    k[2].metric(plain(f"{report['new_name']} on its own vs {report['old_name']}"),
+                f"{100 * b['diff']:+.1f} pts" if judged else "not judged", b["verdict"] if judged else None,
+                delta_color="off", delta_arrow="off", help=interval(b, report["level"]) if judged else None)
+    shown = [report["metric"]] + [m for m in next(iter(report.get("means", {}).values()), {})
+                                  if m.endswith(f"@{report['k']}") and m != report["metric"]]
+    rows = [{"query / gallery": cell, **{metric_name(m): None if means.get(m) is None else 100 * means[m] for m in shown}}
             for cell, means in report.get("means", {}).items()]
     st.dataframe(pd.DataFrame(rows), hide_index=True, placeholder=MISSING,
                  column_config={col: st.column_config.NumberColumn(format="%.1f") for col in rows[0] if col != "query / gallery"}

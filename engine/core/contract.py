@@ -134,7 +134,7 @@ def analysis_key(kind: str, params: dict[str, Any] | None) -> str:
 # ---------------------------------------------------------------------------------------------- jobs
 JOB_KINDS = ("run", "analysis", "adapters", "checkpoints", "sources_check")  # engine.jobs.job_handlers.JOB_HANDLERS
 # Worker lanes: run_app.py starts a worker that takes every kind and one for the short lane only
-# (``python -m engine worker --kinds analysis adapters checkpoints``), so a map, a backfill curve, an upgrade verdict
+# (``python -m engine worker --kinds analysis adapters checkpoints sources_check``), so a map, a backfill curve, an upgrade verdict
 # (an analysis), an adapter fit or a checkpoint comparison never waits behind training.
 SHORT_JOB_KINDS = ("analysis", "adapters", "checkpoints", "sources_check")
 JOB_LANES = {"short": SHORT_JOB_KINDS, "main": ("run",)}
