@@ -352,3 +352,33 @@ def test_source_errors_are_value_errors_with_counts(tmp_path, drift):
     unlabelled = write("npz", tmp_path / "s", "nolab", (tabs["old_gallery"][0], tabs["old_gallery"][1], None))
     with pytest.raises(SourceError, match="relevance labels needs labels on old gallery"):
         run(replace(specs, old_gallery=unlabelled, new_gallery=None))
+
+
+def test_qrels_read_the_same_from_tsv_trec_csv_and_parquet(tmp_path, drift):
+    """One set of judgements in the four formats: the same table, hence the same check."""
+    from engine.sources.qrels import read_qrels
+
+    g_ids, q_ids = ids_for(drift, text=True)
+    tsv = write_qrels(tmp_path / "q.tsv", q_ids, g_ids, drift)
+    rows = [line.split("\t") for line in tsv.read_text().splitlines()[1:]]
+    (tmp_path / "q.txt").write_text("".join(f"{q} 0 {g} {s}\n" for q, g, s in rows))  # TREC: no header
+    (tmp_path / "q.csv").write_text("qid,doc_id,grade\n" + "".join(f"{q},{g},{s}\n" for q, g, s in rows))
+    pq.write_table(pa.table({"query": [r[0] for r in rows], "item": [r[1] for r in rows],
+                             "rel": [int(r[2]) for r in rows]}), tmp_path / "q.parquet")
+    want = read_qrels(str(tsv))
+    assert len(want.query) == len(rows) and want.grade.sum() == sum(int(r[2]) for r in rows)
+    for text in (tmp_path / "q.txt", tmp_path / "q.csv", f"parquet:{tmp_path / 'q.parquet'}#query=query&item=item"):
+        got = read_qrels(str(text))
+        np.testing.assert_array_equal(got.query, want.query)
+        np.testing.assert_array_equal(got.item, want.item)
+        np.testing.assert_array_equal(got.grade, want.grade)
+    for bad, message in (("q.json", "cannot tell the format"), ("none.tsv", "no such file")):
+        with pytest.raises(SourceError, match=message):
+            read_qrels(str(tmp_path / bad))
+    (tmp_path / "bad.tsv").write_text("query-id\tcorpus-id\tscore\nq/1\tdoc-0001\thigh\n")
+    with pytest.raises(SourceError, match="a grade is not a number"):
+        read_qrels(str(tmp_path / "bad.tsv"))
+    (tmp_path / "twice.tsv").write_text("query-id\tcorpus-id\tscore\nq/1\tdoc-0001\t1\nq/1\tdoc-0001\t2\n")
+    specs = write_all("npz", tmp_path / "s", tables(drift, text=True))
+    with pytest.raises(SourceError, match=r"judges 1 \(query, item\) pairs twice"):
+        run(replace(specs, qrels=str(tmp_path / "twice.tsv")))
