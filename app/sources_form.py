@@ -16,7 +16,7 @@ from engine.core.contract import sources_check_payload
 from engine.core.conventions import metric_name
 from engine.core.vocab import RELEVANCE, RELEVANCE_K
 from engine.upgrade.words import NOT_JUDGED, interval, sentence
-from storage import IdenticalJob, mask_url
+from storage import IdenticalJob
 
 KIND = "sources_check"
 VERDICT_BOX = {"compatible": st.success, "not compatible": st.error, "too close to call": st.warning}
@@ -30,9 +30,7 @@ FIELDS = (("old_gallery", "Old gallery (old model)", True), ("new_gallery", "New
 
 
 def _label(job: dict[str, Any]) -> str:
-    p = job["payload"]
-    gallery = mask_url(p.get("sources", {}).get("old_gallery", "?"))
-    return f"#{job['id']} · {gallery} · relevance {p.get('relevance', '?')}"
+    return f"#{job['id']} · {job['label']}"  # app.queries: the source text masked
 
 
 def _form(url: str) -> None:
