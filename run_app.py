@@ -4,7 +4,7 @@
     python run_app.py --no-browser --port 8600 --db sqlite:////srv/compatlab.db
 
 The children get the database URL in ``COMPATLAB_DB_URL``. One worker takes every job kind; the
-other only the short lane (``--kinds analysis adapters checkpoints``), so a map, an upgrade verdict or a
+other only the short lane (``--kinds analysis adapters checkpoints sources_check``), so a map, an upgrade verdict or a
 checkpoint comparison is computed while a training run holds the first. On a first start with an empty database
 the ``quick-demo`` study is queued (unless ``--no-demo``). This process supervises them: a worker
 that dies (killed for memory, crashed) has its running jobs and experiments failed with the reason

@@ -31,6 +31,9 @@ from storage import (
     list_jobs,
     list_model_versions,
     load_analysis,
+    load_source_check,
+    mask_url,
+    payload_hash,
     load_matrices,
     queue_positions,
     queue_start_estimates,
@@ -85,6 +88,8 @@ def _job_label(kind: str, payload: dict[str, Any]) -> str:
         p = payload.get("params", {})
         steps = f"steps {p['step_a']}→{p['step_b']}, " if "step_a" in p else ""
         return f"{payload.get('kind', '?')} of experiment {payload.get('experiment_id', '?')} ({steps}{p.get('view', 'encoder')})"
+    if kind == "sources_check":  # the source text masked: a URL may carry a password
+        return f"upgrade check on {mask_url(payload.get('sources', {}).get('old_gallery', '?'))} ({payload.get('relevance')})"
     if kind == "extract" or (kind == LEGACY_TASK_JOB_KIND and payload.get("kind") == "extract"):  # extract tasks
         return (f"extract: {payload.get('images', '?')} by model version #{payload.get('model_version_id', '?')} "
                 f"({payload.get('split', '?')})")
@@ -178,6 +183,12 @@ def retry(url: str, job_id: int) -> int:
         new_id = retry_job(s, job_id)
     jobs.clear()
     return new_id
+
+
+def source_check(url: str, kind: str, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The report a finished ``sources_check`` job stored (under its payload hash), or None (read each time: one row)."""
+    with session_scope(db_engine(url)) as s:
+        return load_source_check(s, payload_hash(kind, payload))
 
 
 def analysis_job(url: str, experiment_id: int, kind: str, key: str) -> dict[str, Any] | None:

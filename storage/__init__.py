@@ -63,6 +63,7 @@ from storage.models import (
     FeatureSet,
     Job,
     ModelVersion,
+    SourceCheck,
     Study,
     Task,
 )
@@ -89,6 +90,7 @@ from storage.repo import (
     set_experiment_status,
     set_experiment_study,
 )
+from storage.source_checks import load_source_check, save_source_check
 from storage.tasks import TaskBoard, task_board, task_kinds_of_jobs
 from storage.types import NpyArray, UTCDateTime
 
@@ -104,10 +106,13 @@ __all__ = [
     "Experiment",
     "FeatureSet",
     "Job",
+    "SourceCheck",
     "Task",
     "TaskBoard",
     "task_board",
     "task_kinds_of_jobs",
+    "load_source_check",
+    "save_source_check",
     "LeaseLost",
     "ModelVersion",
     "NpyArray",

@@ -285,3 +285,14 @@ class Task(Base):
     created_at: Mapped[datetime] = _created_at()
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class SourceCheck(Base):
+    """An upgrade check on embeddings read from sources (a ``sources_check`` job), keyed by its job's payload hash."""
+
+    __tablename__ = "source_checks"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)  # storage.jobs.payload_hash of the job that computed it
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)  # engine.upgrade.from_sources.SourcesCheck.to_json()
+    created_at: Mapped[datetime] = _created_at()

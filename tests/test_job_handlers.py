@@ -12,7 +12,7 @@ from storage.models import Job
 
 def test_the_registry_holds_every_job_kind_of_the_contract_and_nothing_else():
     assert sorted(JOB_HANDLERS) == sorted(contract.JOB_KINDS)
-    assert len(JOB_HANDLERS) == len(contract.JOB_KINDS) == 4
+    assert len(JOB_HANDLERS) == len(contract.JOB_KINDS) == 5
     assert set(contract.SHORT_JOB_KINDS) | {"run"} == set(JOB_HANDLERS)  # every lane's kind has a handler
     assert set(contract.JOB_PRIORITY) == set(JOB_HANDLERS)
 

@@ -142,7 +142,8 @@ def test_run_app_starts_a_short_job_worker_beside_the_main_one(monkeypatch):
     monkeypatch.delenv("COMPATLAB_THREADS", raising=False)
     commands = run_app.child_commands(run_app.parse_args([]), "sqlite:////srv/lab/x.db")
     assert commands["worker"][1:] == ["-m", "engine", "worker", "--checkpoints", "/srv/lab/checkpoints/x.db", "--share-cores"]
-    assert commands["short-job worker"] == [*commands["worker"], "--kinds", "analysis", "adapters", "checkpoints"]
+    assert commands["short-job worker"] == [*commands["worker"], "--kinds", "analysis", "adapters", "checkpoints",
+                                            "sources_check"]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

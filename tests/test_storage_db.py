@@ -25,7 +25,7 @@ from storage import (
 )
 
 TABLES = {"studies", "experiments", "model_versions", "feature_sets", "compatibility_matrices", "analyses", "jobs",
-          "tasks"}
+          "tasks", "source_checks"}
 
 
 def test_sqlite_connections_use_wal_foreign_keys_and_a_busy_timeout(engine):

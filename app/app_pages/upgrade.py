@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app import queries as q
+from app.sources_form import sources_section
 from app.widgets import MISSING, analysis_result, model_label, pick_experiment, pick_steps, plain
 from engine.core.contract import ADAPTER_KINDS, adapter_key, adapters_payload, analysis_key, same_set_of
 from engine.core.conventions import metric_name
@@ -23,6 +24,10 @@ st.caption("Paper 002's empirical compatibility criterion: new-model queries sea
            "samples): when it straddles 0 the answer is *too close to call*.")
 st.page_link("app_pages/checkpoints.py", label="Upload your own v1 and v2 on Checkpoints; each comparison is an "
              "experiment you can pick here", icon=":material/upload_file:")
+FROM_STORE = "From a table or store"
+if st.radio("Embeddings", ("From a stored experiment", FROM_STORE), horizontal=True, key="up_mode") == FROM_STORE:
+    sources_section(url)  # app/sources_form.py: queue a check on sources, show its stored report
+    st.stop()
 
 picked = pick_experiment(url, key="up_experiment")
 if picked is None:

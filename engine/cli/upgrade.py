@@ -12,10 +12,14 @@ from typing import TYPE_CHECKING
 
 from engine.cli.options import add_model_arguments, models_spec_from_args
 from engine.core.contract import DEFAULT_ORDERINGS
+from engine.core.vocab import RELEVANCE, RELEVANCE_K as DEFAULT_K
 from engine.data import roots
 from engine.results.json_file import write_json_atomic
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
 from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, TIE_RULES
+from engine.upgrade.words import NOT_JUDGED
+
+SOURCE_OPTIONS = ("new_gallery", "old_queries", "new_queries", "qrels", "relevance")
 
 if TYPE_CHECKING:
     from engine.upgrade.verdict import UpgradeReport
@@ -35,6 +39,13 @@ run, a checkpoint comparison, an evaluated folder; models are named by their sto
 checkpoints embed the images once, with compare-checkpoints' model specs and image options (see
 'python -m engine compare-checkpoints --help'); models are named by --name, else their file names; with --db the
 comparison is stored as compare-checkpoints stores it and the report names the experiment (steps 1 and 2).
+Embeddings from a table or store: --old-gallery SRC [--new-gallery SRC] --old-queries SRC --new-queries SRC [--qrels SRC]
+[--relevance labels|qrels|none] [--k K], a SRC being a path or URL whose kind is recognised (.npz, .npy, .parquet,
+.arrow, a LanceDB or Qdrant folder, a SQLAlchemy URL) or given as npz:, npy:, parquet:, lance:, qdrant:, sql:, with
+#key=value options (e.g. #id=doc_id&vector=emb&label=cls, #table=items, #collection=docs&vector=dense). Old and new
+are joined by item id; the gallery is read in blocks (never whole, nothing written); the interval resamples queries.
+Relevance: labels (a label column), qrels (--qrels: query id, item id, grade) or none (label-free: the new model's
+top-K on --new-gallery is the reference; neighbour recall@K). Backfill curves need --features.
 Exit code: 0 compatible, 1 not compatible, 3 too close to call, 2 bad input."""
 
 
@@ -48,6 +59,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "query_labels, gallery_features, gallery_labels of the same images")
     source.add_argument("--experiment", type=int, metavar="ID", help="a stored experiment (with --old-step, --new-step)")
     add_model_arguments(p, model_group=source)  # --model, --classes, --dataset, ...: compare-checkpoints' own options
+    source.add_argument("--old-gallery", metavar="SRC", help="the gallery the old model embedded, read where it lives "
+                        "(with --old-queries, --new-queries; see 'embeddings from a table or store' above)")
+    p.add_argument("--new-gallery", metavar="SRC", help="with --old-gallery: the same items embedded by the new model "
+                   "(new/new, and the reference of --relevance none)")
+    p.add_argument("--old-queries", metavar="SRC", help="with --old-gallery: the queries embedded by the old model")
+    p.add_argument("--new-queries", metavar="SRC", help="with --old-gallery: the same queries embedded by the new model")
+    p.add_argument("--qrels", metavar="SRC", help="with --old-gallery: judgements query id -> item id -> grade (.tsv BEIR "
+                   "style, TREC .txt, or Parquet); implies --relevance qrels")
+    p.add_argument("--relevance", choices=RELEVANCE, help="with --old-gallery: what is relevant: labels (same class "
+                   "label; the default), qrels (--qrels) or none (label-free: the new model's top-k on --new-gallery)")
+    p.add_argument("--k", type=int, default=DEFAULT_K, metavar="K",
+                   help=f"with --old-gallery: depth of the top-k lists (default {DEFAULT_K})")
     p.add_argument("--old-step", type=int, metavar="A", help="with --experiment: the old model's step")
     p.add_argument("--new-step", type=int, metavar="B", help="with --experiment: the new model's step")
     p.add_argument("--view", default="encoder",
@@ -57,7 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                 "(nothing is stored without --db)")
     p.add_argument("--name", action="append", dest="names", metavar="NAME",
                    help="the models' names, old then new (give it twice; default: old, new, or the stored names)")
-    p.add_argument("--metric", default="recall@1", help="recall@K, map or map@K (default recall@1)")
+    p.add_argument("--metric", help="recall@K, map or map@K (default recall@1); with --old-gallery recall@K, map@K, "
+                                    "ndcg@K or, label-free, neighbour_recall@K (defaults: recall@1, ndcg@K, "
+                                    "neighbour_recall@K by --relevance)")
     p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help=f"bootstrap resamples (default {DEFAULT_RESAMPLES})")
     p.add_argument("--level", type=float, default=DEFAULT_CONFIDENCE,
                    help=f"confidence level of the interval (default {DEFAULT_CONFIDENCE})")
@@ -67,9 +92,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 0: the papers' strict ECC)")
     p.add_argument("--ties", choices=TIE_RULES, default="fail",
                    help="a cross-test equal to the self-test: fail (strict >, the papers' rule, default) or pass (>=)")
-    p.add_argument("--interval", choices=tuple(INTERVALS), default=DEFAULT_INTERVAL,
+    p.add_argument("--interval", choices=tuple(INTERVALS),
                    help="what the bootstrap resamples: two-way = queries and gallery items (default; recall@k, mAP falls "
-                        "back to queries), queries = queries only (the gallery taken as fixed)")
+                        "back to queries), queries = queries only (the gallery taken as fixed; the only one with "
+                        "--old-gallery, whose gallery is streamed)")
     p.add_argument("--same-set", action="store_true", help="queries are the gallery images: exclude each query's own image")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the report as JSON (atomically)")
     roots.add_arguments(p)
@@ -151,6 +177,41 @@ def _check_models(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRepo
                     "view": args.view, "experiment_id": experiment_id, "notes": notes}
 
 
+def _refuse_source_options(args: argparse.Namespace, form: str) -> None:
+    given = [f"--{o.replace('_', '-')}" for o in SOURCE_OPTIONS if getattr(args, o) is not None]
+    if args.k != DEFAULT_K:
+        given.append("--k")
+    if given:
+        raise ValueError(f"{', '.join(given)} go(es) with --old-gallery; {form} does not read sources")
+
+
+def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict]:
+    """The --old-gallery form: embeddings read where they live (engine/sources), the gallery streamed in blocks."""
+    from engine.sources.text import mask_in
+    from engine.upgrade.from_sources import SourceSpecs, check_sources
+
+    _refuse_model_options(args, "--old-gallery")
+    missing = [o for o in ("--old-queries", "--new-queries") if getattr(args, o[2:].replace("-", "_")) is None]
+    if missing:
+        raise ValueError(f"--old-gallery needs {' and '.join(missing)} (the same queries embedded by each model)")
+    for given, why in ((args.old_step is not None or args.new_step is not None, "--old-step and --new-step go with "
+                        "--experiment"), (args.same_set, "--same-set goes with --features"),
+                       (args.db is not None, "--db goes with --experiment or --model; --old-gallery stores nothing"),
+                       (args.interval == "two-way", "--interval two-way needs every feature in memory; --old-gallery "
+                        "streams the gallery and resamples the queries (--interval queries)")):
+        if given:
+            raise ValueError(why)
+    specs = SourceSpecs(args.old_gallery, args.old_queries, args.new_queries, args.new_gallery, args.qrels)
+    try:
+        check = check_sources(specs, relevance=args.relevance, k=args.k, metric=args.metric,
+                              names=args.names or ["old", "new"], resamples=args.resamples, level=args.level,
+                              seed=args.seed, margin=args.margin, ties=args.ties)
+    except ValueError as exc:  # one line, credentials masked, whatever raised it
+        raise ValueError(mask_in((str(exc).strip().splitlines() or [type(exc).__name__])[0])) from None
+    data = check.to_json()
+    return check.report, {key: data[key] for key in ("relevance", "k", "convention", "sources", "means")}
+
+
 def needed_line(needed: int | None, n: int) -> str:
     """The queries that would resolve a too-close call, with the assumption behind the number."""
     if needed is None:
@@ -165,9 +226,13 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
     """Print the verdict sentence and the numbers; the exit code is the verdict's."""
     if args.json is not None:
         _check_json_target(args.json)  # refused before any work, so nothing is half-done
-    settings = {"metric": args.metric, "resamples": args.resamples, "level": args.level, "seed": args.seed,
-                "margin": args.margin, "ties": args.ties, "interval": args.interval}
-    if args.experiment is not None:
+    settings = {"metric": args.metric or "recall@1", "resamples": args.resamples, "level": args.level,
+                "seed": args.seed, "margin": args.margin, "ties": args.ties, "interval": args.interval or DEFAULT_INTERVAL}
+    if args.old_gallery is None:
+        _refuse_source_options(args, "--features, --experiment or --model")
+    if args.old_gallery is not None:
+        report, source = _check_sources(args, settings)
+    elif args.experiment is not None:
         report, source = _check_experiment(args, settings)
     elif args.models is not None:
         report, source = _check_models(args, settings)
@@ -175,15 +240,23 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
         report, source = _check_folder(args, settings)
     c, b = report.compatibility, report.better
     reach = lambda x: "never" if x is None else f"{x:.3f}"  # noqa: E731
+    judged = b.verdict != NOT_JUDGED
+    new_new = f"{report.new_new:.4f}" if judged or report.relevance != "none" else "(the reference)"
+    if report.new_new != report.new_new and report.relevance != "none":  # NaN: no new gallery
+        new_new = "not measured"
+    alone = (f"on its own diff {b.diff:+.4f} [{b.lo:+.4f}, {b.hi:+.4f}] -> {b.verdict} " if judged
+             else "on its own: not judged ")
     lines = [report.sentence(),
              f"  {report.metric}: {report.old_name}/{report.old_name} {report.old_old:.4f}  "
-             f"{report.new_name}/{report.old_name} {report.new_old:.4f}  {report.new_name}/{report.new_name} {report.new_new:.4f}  "
-             f"({report.n_queries} queries, {report.n_no_positive} without a positive; {report.n_gallery} gallery items)",
-             f"  compatibility diff {c.diff:+.4f} [{c.lo:+.4f}, {c.hi:+.4f}] -> {c.verdict}; "
-             f"on its own diff {b.diff:+.4f} [{b.lo:+.4f}, {b.hi:+.4f}] -> {b.verdict} "
+             f"{report.new_name}/{report.old_name} {report.new_old:.4f}  {report.new_name}/{report.new_name} {new_new}  "
+             f"({report.n_queries} queries, {report.n_no_positive} without a "
+             f"{'positive' if report.relevance == 'labels' else 'relevant item'}; {report.n_gallery} gallery items)",
+             f"  compatibility diff {c.diff:+.4f} [{c.lo:+.4f}, {c.hi:+.4f}] -> {c.verdict}; {alone}"
              f"(paired percentile bootstrap over {INTERVALS[report.interval]}, {report.resamples} resamples, "
              f"level {report.level:g}, seed {report.seed})",
              f"  rule: {report.rule.name}"]
+    if "convention" in source:
+        lines.append(f"  convention: {source['convention']}")
     if c.verdict == "too close to call":
         lines.append(f"  queries needed: {needed_line(c.needed, c.n)}")
     lines += [f"  backfill {need.ordering:<16} area {need.area:.4f}  to reach {report.old_name}'s self-test "

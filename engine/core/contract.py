@@ -22,7 +22,7 @@ from typing import Any
 
 from engine.core.fan_out import FanOut, check_task_gallery
 from engine.core.presets import RUN_PRESETS
-from engine.core.vocab import RUN_PROTOCOLS, parse_metric
+from engine.core.vocab import MAX_K, RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, parse_metric
 
 # ---------------------------------------------------------------------------------------------- views
 RAW_VIEWS = ("encoder", "logits", "softmax")  # what the worker extracts and stores per model version and split
@@ -132,16 +132,16 @@ def analysis_key(kind: str, params: dict[str, Any] | None) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- jobs
-JOB_KINDS = ("run", "analysis", "adapters", "checkpoints")  # engine.jobs.job_handlers.JOB_HANDLERS
+JOB_KINDS = ("run", "analysis", "adapters", "checkpoints", "sources_check")  # engine.jobs.job_handlers.JOB_HANDLERS
 # Worker lanes: run_app.py starts a worker that takes every kind and one for the short lane only
-# (``python -m engine worker --kinds analysis adapters checkpoints``), so a map, a backfill curve, an upgrade verdict
+# (``python -m engine worker --kinds analysis adapters checkpoints sources_check``), so a map, a backfill curve, an upgrade verdict
 # (an analysis), an adapter fit or a checkpoint comparison never waits behind training.
-SHORT_JOB_KINDS = ("analysis", "adapters", "checkpoints")
+SHORT_JOB_KINDS = ("analysis", "adapters", "checkpoints", "sources_check")
 JOB_LANES = {"short": SHORT_JOB_KINDS, "main": ("run",)}
 # Claim order: a worker takes the queued job of the lowest priority number first, the oldest among equals; so the
 # short lane's worker takes a map before a comparison of whole image sets, and a free general worker takes any
 # check before a training run.
-JOB_PRIORITY = {"analysis": 0, "adapters": 0, "checkpoints": 1, "run": 2}
+JOB_PRIORITY = {"analysis": 0, "adapters": 0, "checkpoints": 1, "sources_check": 1, "run": 2}
 ADAPTER_KINDS = ("perp", "lambda", "fct")  # engine.adapters.pair.KINDS: B_perp + F, B_lambda + F, F only
 
 
@@ -184,6 +184,40 @@ def adapters_payload(old_version_id: int, new_version_id: int, *, kind: str, vie
 def checkpoints_payload(spec: dict[str, Any]) -> dict[str, Any]:
     """A ``checkpoints`` job: a comparison spec as ``ComparisonSpec.to_dict()`` gives it."""
     return {"spec": spec}
+
+
+SOURCE_SIDES = ("old_gallery", "new_gallery", "old_queries", "new_queries", "qrels")  # the optional: new_gallery, qrels
+
+
+def sources_check_payload(sources: dict[str, str | None], *, relevance: str, k: int = RELEVANCE_K,
+                          metric: str | None = None, names: tuple[str, str] = ("old", "new")) -> dict[str, Any]:
+    """A ``sources_check`` job: the upgrade check on embeddings read from sources (``engine.upgrade.from_sources``).
+
+    ``sources`` maps :data:`SOURCE_SIDES` to source texts; empty ones are left out. Checked here before anything is
+    queued: the three required sources, the relevance and what it needs, ``k``.
+    """
+    given = {side: str(text).strip() for side, text in sources.items() if text is not None and str(text).strip()}
+    unknown = sorted(set(given) - set(SOURCE_SIDES))
+    if unknown:
+        raise ValueError(f"unknown source {unknown[0]!r}; use {', '.join(SOURCE_SIDES)}")
+    missing = [side.replace("_", " ") for side in ("old_gallery", "old_queries", "new_queries") if side not in given]
+    if missing:
+        raise ValueError(f"give the {', the '.join(missing)} (a path or URL each)")
+    if relevance not in RELEVANCE:
+        raise ValueError(f"unknown relevance {relevance!r}; use one of {', '.join(RELEVANCE)}")
+    if relevance == "qrels" and "qrels" not in given:
+        raise ValueError("relevance qrels needs the qrels (query id, item id, grade)")
+    if relevance != "qrels" and "qrels" in given:
+        raise ValueError(f"qrels go with relevance qrels, not {relevance}")
+    if relevance == "none" and "new_gallery" not in given:
+        raise ValueError("label-free relevance needs the new gallery: the new model's top-k on it is the reference")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise ValueError(f"k must be an integer in [1, {MAX_K:,}], got {k!r}")
+    names = tuple(str(n).strip() for n in names)
+    if len(names) != 2 or not all(names) or names[0] == names[1]:
+        raise ValueError("give the old and the new model two different names")
+    return {"sources": {side: given[side] for side in SOURCE_SIDES if side in given}, "relevance": relevance, "k": k,
+            "metric": (metric or "").strip().lower() or None, "names": list(names)}
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

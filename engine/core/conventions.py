@@ -31,12 +31,17 @@ _COMMENT = {"csv": "# ", "latex": "% ", "text": "", "markdown": ""}
 
 
 def metric_name(metric: str) -> str:
-    """'recall@1' -> 'Recall@1', 'map' -> 'mAP', 'map@10' -> 'mAP@10'; anything else as it is."""
+    """'recall@1' -> 'Recall@1', 'map' -> 'mAP', 'map@10' -> 'mAP@10', 'ndcg@10' -> 'nDCG@10',
+    'neighbour_recall@10' -> 'neighbour recall@10'; anything else as it is."""
     low = metric.lower()
     if low.startswith("recall@"):
         return "Recall@" + low[len("recall@"):]
     if low == "map" or low.startswith("map@"):
         return "mAP" + low[len("map"):]
+    if low.startswith("ndcg@"):
+        return "nDCG@" + low[len("ndcg@"):]
+    if low.startswith("neighbour_recall@"):
+        return "neighbour recall@" + low[len("neighbour_recall@"):]
     return metric
 
 

@@ -111,6 +111,7 @@ EVAL_CLASSES = ("all", "seen")
 # what makes a gallery item relevant to a query (engine.metrics.relevance): the same class label, judgements
 # (qrels: query id -> relevant item ids, graded or binary), or none (the new model's top-k on the new gallery)
 RELEVANCE = ("labels", "qrels", "none")
+RELEVANCE_K = 10  # default depth of the top-k lists an upgrade check on sources reads (check-upgrade --k)
 VIEWS = ("encoder", "logits", "softmax", "psp", "lsp")
 TRAINING_MODES = ("cumulative", "finetune")
 # models trained from scratch: "auto" = the same initial weights at every step only where the method's paper

@@ -13,6 +13,8 @@ Payloads, by kind:
   "shard_rows": N}`` (evaluate through tasks, ``engine.evaluate.matrix``): train/evaluate a study.
 * ``analysis``: ``{"experiment_id": id, "kind": ..., "params": {...}}``: see :mod:`engine.jobs.analysis`.
 * ``adapters``: the fields of :class:`engine.analysis.adapted.AdapterJob` (old/new model version ids, kind, view, ...).
+* ``sources_check``: ``engine.core.contract.sources_check_payload``: the upgrade check on embeddings read from sources
+  (``engine.upgrade.from_sources``); the source texts are read as the worker's data roots allow.
 * ``checkpoints``: ``{"spec": {...}}``: a comparison spec (``engine.checkpoints.request.comparison_spec``) of
   bring-your-own models, compared with ``server_trust()``: paths confined to the data roots, TorchScript refused
   unless the worker was started with ``--allow-torchscript``.
@@ -88,5 +90,19 @@ def checkpoints_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> 
     return f"experiment {experiment_id}"
 
 
+def sources_check_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> str:
+    """A ``sources_check`` job: the upgrade check on embeddings read from sources, its report stored under the job's
+    payload hash (``storage.save_source_check``), where the Upgrade check page reads it."""
+    from engine.upgrade.from_sources import SourceSpecs, check_sources
+    from storage import payload_hash, save_source_check, session_scope
+
+    sources = payload["sources"]
+    check = check_sources(SourceSpecs(**sources), relevance=payload["relevance"], k=int(payload["k"]),
+                          metric=payload.get("metric"), names=tuple(payload["names"]), progress=job.progress)
+    with session_scope(db) as s:
+        save_source_check(s, payload_hash("sources_check", dict(payload)), check.to_json())
+    return check.report.sentence().split(":", 1)[0]  # "v2 is compatible with v1"
+
+
 JOB_HANDLERS: dict[str, JobHandler] = {"run": run_job, "analysis": analysis_job, "adapters": adapters_job,
-                                       "checkpoints": checkpoints_job}
+                                       "checkpoints": checkpoints_job, "sources_check": sources_check_job}

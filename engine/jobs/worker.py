@@ -1,7 +1,7 @@
 """The background worker (``python -m engine worker``): claims queued jobs and runs them one at a time.
 
 ``--kinds`` restricts a worker to some job kinds: ``run_app.py`` starts one worker for every kind and a
-second for the short lane (``engine.core.contract.SHORT_JOB_KINDS``: analysis, adapters, checkpoints), so a map,
+second for the short lane (``engine.core.contract.SHORT_JOB_KINDS``: analysis, adapters, checkpoints, sources_check), so a map,
 an upgrade verdict or a checkpoint comparison is computed while a training run occupies the first worker.
 Both claim the queued job they may take in ``engine.core.contract.JOB_PRIORITY`` order (analyses and adapters,
 then comparisons, then training; the oldest among equals); the claim is atomic, so two workers never run

@@ -38,7 +38,7 @@ def _kind(ids: np.ndarray) -> str:
 
 
 class _Slots:
-    """Where each id goes: its position in the old source's order."""
+    """Where each id goes: its position in the old source's order (``IdSlots``: the public name)."""
 
     def __init__(self, ids: np.ndarray) -> None:
         self.order = np.argsort(ids, kind="stable")
@@ -54,12 +54,11 @@ class _Slots:
         return self.order[at]
 
 
-def join_by_id(old: Source, new: Source, *, block_rows: int = 65536, dtype: type = np.float32) -> Joined:
-    """Both sources' vectors of the same items, aligned; one line when ids differ, repeat or labels disagree.
+IdSlots = _Slots
 
-    Holds the two aligned arrays (``dtype``, float16 allowed) plus one block of each source.
-    """
-    old_ids, new_ids = old.ids(), new.ids()
+
+def check_same_ids(old_ids: np.ndarray, old: Source, new_ids: np.ndarray, new: Source) -> None:
+    """One line when two sources' ids are not the same set: of two types, repeated, or how many are missing on each side."""
     if len(old_ids) and len(new_ids) and _kind(old_ids) != _kind(new_ids):
         raise SourceError(f"{old.description} has ids that are {_kind(old_ids)} but {new.description} has "
                           f"{_kind(new_ids)}; the same items need the same ids")
@@ -77,6 +76,15 @@ def join_by_id(old: Source, new: Source, *, block_rows: int = 65536, dtype: type
                          f"({_examples(only_new)})")
         raise SourceError(f"{old.description} and {new.description} do not embed the same items: "
                           + "; ".join(parts))
+
+
+def join_by_id(old: Source, new: Source, *, block_rows: int = 65536, dtype: type = np.float32) -> Joined:
+    """Both sources' vectors of the same items, aligned; one line when ids differ, repeat or labels disagree.
+
+    Holds the two aligned arrays (``dtype``, float16 allowed) plus one block of each source.
+    """
+    old_ids, new_ids = old.ids(), new.ids()
+    check_same_ids(old_ids, old, new_ids, new)
     slots = _Slots(old_ids)
     n = len(old_ids)
     arrays: dict[str, np.ndarray] = {}

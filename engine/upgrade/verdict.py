@@ -45,7 +45,7 @@ from engine.metrics.compatibility import CellFeatures
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, paired_bootstrap
 from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import cell_stats, per_query_from_stats
-from engine.metrics.cell_interval import cell_seed, paired_intervals
+from engine.metrics.cell_interval import PairedInterval, cell_seed, paired_intervals
 from engine.metrics.same_set import resolve_same_set
 from engine.metrics.twoway import top_lists
 from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed
@@ -111,6 +111,7 @@ class UpgradeReport:
     ties: str = "fail"
     interval: str = "queries"  # what the bootstrap resampled (a key of INTERVALS)
     notes: tuple[str, ...] = ()
+    relevance: str = "labels"  # what counts as relevant (engine.core.vocab.RELEVANCE)
 
     @property
     def rule(self) -> Rule:
@@ -169,6 +170,14 @@ def compare(a: np.ndarray, b: np.ndarray, *, resamples: int = DEFAULT_RESAMPLES,
     verdict, tie = decide(diff, lo, hi, rule)
     needed = queries_needed(d, level=level, rule=rule) if verdict == "unresolved" else None
     return PairedVerdict(diff, lo, hi, n, names[verdict], tie, needed)
+
+
+def unchanged_note(got: PairedInterval) -> tuple[str, ...]:
+    """The note of an interval that is the exact zero-change bound (no query's score changed), else nothing."""
+    if got.interval != "unchanged":
+        return ()
+    return (f"no query's score changes but the features differ: the interval is +/-{100 * got.hi:.1f} points, the exact "
+            f"bound on the share of queries that could change when none of {got.n} did",)
 
 
 def check_names(names: Sequence[str]) -> tuple[str, str]:
@@ -282,10 +291,7 @@ def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] 
                            base_lists=lists and lists["oo"], other_lists=lists and [lists["no"], lists["nn"]],
                            bound_unchanged=[not unchanged, False])  # "better": the matrices' rule, [0, 0] is a tie
     bounds = {"compat": (got[0].lo, got[0].hi), "better": (got[1].lo, got[1].hi)}
-    if got[0].interval == "unchanged":
-        r = got[0].hi
-        notes += (f"no query's score changes but the features differ: the interval is +/-{100 * r:.1f} points, the exact "
-                  f"bound on the share of queries that could change when none of {got[0].n} did",)
+    notes += unchanged_note(got[0])
     compat = compare(no, oo, **settings, rule=rule, bounds=bounds["compat"])
     better = compare(nn, oo, **settings, names=BETTER, bounds=bounds["better"])
     old_self = float(np.nanmean(oo))

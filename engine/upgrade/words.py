@@ -12,6 +12,10 @@ HEADS = {"compatible": "{new} is compatible with {old}", "not compatible": "{new
          "too close to call": "Too close to call whether {new} is compatible with {old}"}
 ALONE = {"better": "better than {old}.", "not better": "not better than {old}.",
          "too close to call": "too close to call against {old}."}
+NOT_JUDGED = "not judged"  # the "better" verdict when new/new is not measured (no new gallery, or label-free)
+UNJUDGED = {"none": "{new}'s own top-k on the new gallery is the reference (label-free), so it scores 100% by "
+                    "definition; how {old} alone keeps it is the self-test above.",
+            "gallery": "no new gallery was given, so {new} on its own (new/new) is not measured."}
 
 
 def pct(x: float | None) -> str:
@@ -56,6 +60,9 @@ def sentence(report: Mapping[str, Any]) -> str:
     out = [f"{HEADS[c['verdict']].format(old=old, new=new)}: {new} queries against the {old} gallery score {m} "
            f"{pct(report['new_old'])} vs {pct(report['old_old'])} for {old} alone ({interval(c, level)} over {c['n']} queries"
            f"{_and_gallery(report)}).",
+           (f"On its own {new} is not judged: "
+            + UNJUDGED["none" if report.get("relevance") == "none" else "gallery"].format(old=old, new=new))
+           if b["verdict"] == NOT_JUDGED else
            f"On its own {new} scores {pct(report['new_new'])} vs {pct(report['old_old'])} ({interval(b, level)}): "
            + ALONE[b["verdict"]].format(old=old)]
     if c.get("tie"):

@@ -1,0 +1,120 @@
+"""The Upgrade check's "from a table or store" form: queue a ``sources_check`` job and show the report it stored.
+
+The page computes nothing: the engine worker reads the sources (``engine.upgrade.from_sources``) and stores the
+report under the job's payload hash (``storage.save_source_check``); this module reads it back.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from app import queries as q
+from app.widgets import MISSING, follow_jobs, plain
+from engine.core.contract import sources_check_payload
+from engine.core.conventions import metric_name
+from engine.core.vocab import RELEVANCE, RELEVANCE_K
+from engine.upgrade.words import NOT_JUDGED, interval, sentence
+from storage import IdenticalJob
+
+KIND = "sources_check"
+VERDICT_BOX = {"compatible": st.success, "not compatible": st.error, "too close to call": st.warning}
+RELEVANCE_WORDS = {"labels": "labels (same class label)", "qrels": "qrels (judgements: query id, item id, grade)",
+                   "none": "none (label-free: the new model's top-k on the new gallery)"}
+SOURCE_HELP = ("A path inside the data roots or a URL: .npz / .npy, .parquet / .arrow (file, folder or fsspec URL), a "
+               "LanceDB folder (lance:FOLDER#table=NAME), a Qdrant local folder or server (qdrant:...#collection=NAME), "
+               "a SQLAlchemy URL (sql:...#table=NAME or #query=SELECT ...). Columns: #id=...&vector=...&label=...")
+FIELDS = (("old_gallery", "Old gallery (old model)", True), ("new_gallery", "New gallery (new model, optional)", False),
+          ("old_queries", "Old queries (old model)", True), ("new_queries", "New queries (new model)", True))
+
+
+def _label(job: dict[str, Any]) -> str:
+    return f"#{job['id']} · {job['label']}"  # app.queries: the source text masked
+
+
+def _form(url: str) -> None:
+    with st.form("up_sources_form"):
+        c = st.columns(2)
+        texts = {side: c[i % 2].text_input(label, key=f"up_src_{side}", help=SOURCE_HELP,
+                                           placeholder="data/….parquet" if required else "(optional)")
+                 for i, (side, label, required) in enumerate(FIELDS)}
+        texts["qrels"] = st.text_input("Qrels (with relevance qrels)", key="up_src_qrels", placeholder="(optional)",
+                                       help="A BEIR-style .tsv (query-id, corpus-id, score), a TREC .txt or a Parquet "
+                                            "table of judgements")
+        r = st.columns([3, 1, 2, 2])
+        relevance = r[0].selectbox("Relevance", RELEVANCE, format_func=RELEVANCE_WORDS.get, key="up_src_relevance")
+        k = r[1].number_input("k", min_value=1, max_value=1000, value=RELEVANCE_K, step=1, key="up_src_k",
+                              help="Depth of the top-k lists (Recall@k, nDCG@k, neighbour recall@k)")
+        names = (r[2].text_input("Old model's name", "old", max_chars=40, key="up_src_old_name"),
+                 r[3].text_input("New model's name", "new", max_chars=40, key="up_src_new_name"))
+        submitted = st.form_submit_button("Check the upgrade", type="primary")
+    if not submitted:
+        return
+    try:
+        payload = sources_check_payload(texts, relevance=relevance, k=int(k), names=names)
+    except ValueError as exc:
+        st.error(plain(str(exc)))
+        return
+    try:
+        st.session_state["up_src_job"] = q.enqueue(url, KIND, payload)
+    except IdenticalJob as exc:  # the same check was asked before: show it (its report, or its progress)
+        st.session_state["up_src_job"] = exc.job_id
+        st.info(f"The same check is already queued or done (job #{exc.job_id}); showing it.")
+
+
+def _report(report: dict[str, Any]) -> None:
+    c, b = report["compatibility"], report["better"]
+    VERDICT_BOX[report["verdict"]](plain(sentence(report)))
+    st.caption(plain(f"{metric_name(report['metric'])} · {report['convention']} · {report['n_queries']:,} queries, "
+                     f"{report['n_gallery']:,} gallery items · paired percentile bootstrap over "
+                     f"{report['bootstrap']['paired_over']}, {report['resamples']:,} resamples, seed {report['seed']}"))
+    k = st.columns(3)
+    k[0].metric(plain(f"ECC gain ({report['new_name']} / {report['old_name']} − {report['old_name']} / "
+                      f"{report['old_name']})"), f"{100 * c['diff']:+.1f} pts")
+    k[1].metric(f"{100 * report['level']:g}% CI of the gain", f"{100 * c['lo']:+.1f} to {100 * c['hi']:+.1f}")
+    judged = b["verdict"] != NOT_JUDGED
+    k[2].metric(plain(f"{report['new_name']} on its own vs {report['old_name']}"),
+                f"{100 * b['diff']:+.1f} pts" if judged else "not judged", b["verdict"] if judged else None,
+                delta_color="off", delta_arrow="off", help=interval(b, report["level"]) if judged else None)
+    shown = [report["metric"]] + [m for m in next(iter(report.get("means", {}).values()), {})
+                                  if m.endswith(f"@{report['k']}") and m != report["metric"]]
+    rows = [{"query / gallery": cell, **{metric_name(m): None if means.get(m) is None else 100 * means[m] for m in shown}}
+            for cell, means in report.get("means", {}).items()]
+    st.dataframe(pd.DataFrame(rows), hide_index=True, placeholder=MISSING,
+                 column_config={col: st.column_config.NumberColumn(format="%.1f") for col in rows[0] if col != "query / gallery"}
+                 if rows else None)
+    for note in report.get("notes", []):
+        st.info(plain(note))
+    st.caption(plain(" · ".join(report.get("sources", {}).values())))
+
+
+def sources_section(url: str) -> None:
+    """The form, then the chosen check: its progress while it runs, its error, or its stored report."""
+    st.markdown("Point at the embeddings where they live: the old model's gallery, the queries embedded by both models "
+                "(joined by id) and, optionally, the new model's gallery. The gallery is read in blocks; nothing is "
+                "written to your store.")
+    _form(url)
+    checks = [j for j in q.jobs(url) if j["kind"] == KIND]
+    if not checks:
+        st.info("No check from a table or store yet: fill in the form above.")
+        return
+    ids = [j["id"] for j in checks]
+    chosen = st.session_state.get("up_src_job")
+    job_id = st.selectbox("Check", ids, index=ids.index(chosen) if chosen in ids else 0,
+                          format_func=lambda i: _label(next(j for j in checks if j["id"] == i)), key="up_src_pick")
+    job = next(j for j in checks if j["id"] == job_id)
+    if job["status"] in q.ACTIVE:
+        follow_jobs(url, KIND)
+        return
+    if job["status"] == "failed":
+        st.error(f"The check failed (job #{job['id']}): {plain(job['message'] or job.get('error') or '')}")
+        return
+    if job["status"] == "cancelled":
+        st.warning(f"The check was cancelled (job #{job['id']}).")
+        return
+    report = q.source_check(url, KIND, job["payload"])
+    if report is None:
+        st.warning(f"Job #{job['id']} finished but stored no report; run the check again.")
+        return
+    _report(report)

@@ -1,0 +1,380 @@
+"""The upgrade check on embeddings where a team keeps them: ``check-upgrade --old-gallery SRC ...`` and the page's job.
+
+Reads the old gallery (and, optionally, the new one) in blocks through :func:`engine.sources.open_source`, never whole:
+each gallery item gets a row number once (its position in the old gallery's reading order; the new gallery's items
+are mapped to the same numbers by id), and every top-k list, label, qrels judgement and neighbour match uses those
+numbers, so string ids and two galleries in different orders cost nothing more. The queries (small) are joined by id
+(:func:`engine.sources.join_by_id`). One streamed pass (:func:`engine.metrics.topk.stream_topk`) ranks the old and the
+new queries against the old gallery (old/old, new/old); a second ranks the new queries against the new gallery when it
+is given (new/new). Per-query outcomes come from :mod:`engine.metrics.relevance` under the chosen relevance:
+
+* ``labels``: the same class label (labels from the old gallery and the queries);
+* ``qrels``: judgements query id -> item id -> grade (:func:`engine.sources.qrels.read_qrels`);
+* ``none``: each query's new/new top-k is the reference; neighbour recall@k of new/old and old/old against it
+  (needs the new gallery; new/new is the reference itself, so "better on its own" is not judged).
+
+The verdict is :func:`engine.upgrade.verdict.compare` under the same :class:`~engine.upgrade.rule.Rule`, with the
+interval of :func:`engine.metrics.cell_interval.paired_intervals` seeded as check-upgrade's cell (1, 0): the paired
+bootstrap over queries (the two-way one needs every feature in memory). On the same vectors, with labels and
+Recall@1, the numbers equal ``check-upgrade --features ... --interval queries`` (tests/test_upgrade_sources.py).
+Backfill curves are not computed here: they rank new queries against a gallery mixed item by item from both models,
+which the streamed passes do not provide (a note says so).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from engine.core.contract import sources_check_payload
+from engine.core.conventions import relevance_phrase
+from engine.core.vocab import RELEVANCE, RELEVANCE_K
+from engine.metrics.cell_interval import cell_seed, paired_intervals
+from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
+from engine.metrics.relevance import Outcomes, label_outcomes, neighbour_recall, qrels_outcomes
+from engine.metrics.topk import TopK, stream_topk
+from engine.sources import Source, SourceError, join_by_id, open_source
+from engine.sources.join import IdSlots, check_same_ids
+from engine.sources.qrels import QrelsTable, read_qrels
+from engine.upgrade.rule import Rule
+from engine.upgrade.verdict import (BETTER, PairedVerdict, UpgradeReport, check_settings, compare, unchanged_note)
+from engine.upgrade.words import NOT_JUDGED
+
+DEFAULT_K = RELEVANCE_K
+DEFAULT_BLOCK_ROWS = 65536
+_METRIC = re.compile(r"^(recall|map|ndcg|neighbour_recall)@(\d+)$")
+_PRINT_ROWS = 4096  # rows per chunk of the per-item fingerprint
+NO_BACKFILL = ("backfill curves are not computed from sources: they rank the new queries against a gallery mixed item "
+               "by item from both models; export both galleries to a features folder for check-upgrade --features")
+
+Progress = Callable[[float, str], None]
+
+
+@dataclass(frozen=True)
+class SourceSpecs:
+    """The source texts of one check (``engine/sources/text.py``); the new gallery and the qrels are optional."""
+
+    old_gallery: str
+    old_queries: str
+    new_queries: str
+    new_gallery: str | None = None
+    qrels: str | None = None
+
+
+@dataclass(frozen=True)
+class SourcesCheck:
+    """The report and what it was computed under: relevance, list depth, convention line, masked sources, means."""
+
+    report: UpgradeReport
+    relevance: str
+    k: int
+    convention: str
+    sources: dict[str, str]
+    means: dict[str, dict[str, float]] = field(default_factory=dict)  # cell -> metric -> mean over defined queries
+
+    def to_json(self) -> dict:
+        """The report's JSON with the relevance, the depth, the convention line, the sources and every cell's means."""
+        from storage import json_ready
+
+        return {**self.report.to_json(), "relevance": self.relevance, "k": self.k, "convention": self.convention,
+                "sources": dict(self.sources), "means": json_ready(self.means)}
+
+
+@dataclass(frozen=True)
+class GalleryScan:
+    """One read of a gallery: ids in reading order, labels (or None), a 64-bit fingerprint of each item's vector."""
+
+    ids: np.ndarray
+    labels: np.ndarray | None
+    prints: np.ndarray
+    dim: int
+
+
+def default_relevance(qrels: str | None) -> str:
+    """``qrels`` when a qrels source is given, else ``labels``."""
+    return "qrels" if qrels else "labels"
+
+
+def default_metric(relevance: str, k: int) -> str:
+    """Recall@1 with labels (check-upgrade's default), nDCG@k with qrels (BEIR's), neighbour recall@k label-free."""
+    return {"labels": "recall@1", "qrels": f"ndcg@{k}", "none": f"neighbour_recall@{k}"}[relevance]
+
+
+def parse_source_metric(metric: str, relevance: str) -> tuple[str, int]:
+    """``(kind, K)`` of ``recall@K``, ``map@K``, ``ndcg@K`` (labels, qrels) or ``neighbour_recall@K`` (none)."""
+    m = _METRIC.match(str(metric).strip().lower())
+    allowed = "neighbour_recall@K" if relevance == "none" else "recall@K, map@K or ndcg@K"
+    if not m or int(m.group(2)) < 1 or (m.group(1) == "neighbour_recall") != (relevance == "none"):
+        raise ValueError(f"metric {metric!r} does not go with relevance {relevance}; use {allowed} (K >= 1; the lists "
+                         "are top-k, so a full-ranking mAP is not available)")
+    return m.group(1), int(m.group(2))
+
+
+def _fingerprints(vectors: np.ndarray, coeffs: np.ndarray) -> np.ndarray:
+    """A 64-bit linear hash of each row's float32 bits (equal rows, equal prints; unequal rows collide ~2^-64)."""
+    bits = np.ascontiguousarray(vectors, np.float32).view(np.uint32)
+    out = np.empty(len(bits), np.uint64)
+    for lo in range(0, len(bits), _PRINT_ROWS):
+        out[lo: lo + _PRINT_ROWS] = (bits[lo: lo + _PRINT_ROWS].astype(np.uint64) * coeffs).sum(1, dtype=np.uint64)
+    return out
+
+
+def _coeffs(dim: int) -> np.ndarray:
+    return np.random.default_rng(27).integers(1, 2 ** 63, dim, dtype=np.uint64) | np.uint64(1)
+
+
+def scan_gallery(source: Source, *, block_rows: int = DEFAULT_BLOCK_ROWS) -> GalleryScan:
+    """Ids, labels and fingerprints of a gallery, read block by block (vectors dropped after each block)."""
+    ids, labels, prints = [], [], []
+    coeffs = None
+    for block in source.blocks(block_rows):
+        if coeffs is None:
+            coeffs = _coeffs(block.vectors.shape[1])
+        ids.append(block.ids)
+        prints.append(_fingerprints(block.vectors, coeffs))
+        if block.labels is not None:
+            labels.append(block.labels)
+    if not ids:
+        raise SourceError(f"{source.description} holds no item")
+    all_labels = None
+    if labels:
+        if sum(len(x) for x in labels) != sum(len(x) for x in ids):
+            raise SourceError(f"{source.description}: some items have labels and some do not")
+        all_labels = np.concatenate([x.astype(str) if x.dtype.kind == "U" else x for x in labels])
+    return GalleryScan(np.concatenate(ids), all_labels, np.concatenate(prints), int(source.dim or 0))
+
+
+def _writable(vectors: np.ndarray) -> np.ndarray:
+    """A block torch can wrap without a warning (a reader may hand out a read-only view of its file)."""
+    return vectors if vectors.flags.writeable else vectors.copy()
+
+
+def _in_order(source: Source, ids: np.ndarray, block_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(row numbers, vectors) blocks of the old gallery: row number = reading position, checked against the scan."""
+    lo = 0
+    for block in source.blocks(block_rows):
+        n = len(block)
+        if not np.array_equal(block.ids, ids[lo: lo + n]):
+            raise SourceError(f"{source.description} changed while it was read (its items came in another order)")
+        yield np.arange(lo, lo + n, dtype=np.int64), _writable(block.vectors)
+        lo += n
+    if lo != len(ids):
+        raise SourceError(f"{source.description} changed while it was read: {len(ids)} items, then {lo}")
+
+
+def _by_id(source: Source, slots: IdSlots, block_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(row numbers, vectors) blocks of the new gallery, each item numbered as the same id in the old gallery."""
+    for block in source.blocks(block_rows):
+        yield slots(block.ids, source), _writable(block.vectors)
+
+
+def _rows_of(wanted: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row numbers of the text ids ``wanted`` among ``ids`` (any kind, compared as text), and which were found."""
+    text = ids.astype(str)
+    order = np.argsort(text, kind="stable")
+    at = np.clip(np.searchsorted(text[order], wanted), 0, max(len(text) - 1, 0))
+    found = text[order][at] == wanted if len(text) else np.zeros(len(wanted), bool)
+    return order[at], found
+
+
+def qrels_rows(table: QrelsTable, query_ids: np.ndarray, gallery_ids: np.ndarray) -> dict[int, dict[int, float]]:
+    """Judgements keyed by query row and gallery row; one line naming how many query / item ids are unknown."""
+    q_rows, q_found = _rows_of(table.query, query_ids)
+    i_rows, i_found = _rows_of(table.item, gallery_ids)
+    if not (q_found.all() and i_found.all()):
+        parts = []
+        for side, ids, found, n in (("query", table.query, q_found, len(query_ids)),
+                                    ("item", table.item, i_found, len(gallery_ids))):
+            unknown = np.unique(ids[~found])
+            if len(unknown):
+                shown = ", ".join(unknown[:3].tolist()) + (", ..." if len(unknown) > 3 else "")
+                parts.append(f"{len(unknown)} {side} ids not among the {n:,} {side if side == 'query' else 'gallery'} "
+                             f"{'ids' if side == 'query' else 'items'} (e.g. {shown})")
+        raise SourceError(f"{table.description} names unknown ids: " + "; ".join(parts))
+    pairs = q_rows.astype(np.int64) * max(len(gallery_ids), 1) + i_rows
+    if len(np.unique(pairs)) != len(pairs):
+        raise SourceError(f"{table.description} judges {len(pairs) - len(np.unique(pairs))} (query, item) pairs twice")
+    out: dict[int, dict[int, float]] = {}
+    for q, i, g in zip(q_rows.tolist(), i_rows.tolist(), table.grade.tolist()):
+        out.setdefault(q, {})[i] = g
+    return out
+
+
+def _split(top: TopK, n: int) -> tuple[TopK, TopK]:
+    """The first ``n`` queries' lists and the rest (one pass ranked old and new queries together)."""
+    cut = lambda s: TopK(top.ids[s], top.scores[s], top.tied_beyond[s], top.n_gallery)  # noqa: E731
+    return cut(slice(0, n)), cut(slice(n, None))
+
+
+class _Opened:
+    """The sources one check opened, closed together when it ends (however it ends)."""
+
+    def __init__(self) -> None:
+        self.sources: list[Source] = []
+
+    def open(self, text: str, what: str) -> Source:
+        source = open_source(text, what=what)
+        self.sources.append(source)
+        return source
+
+    def close(self) -> None:
+        for source in self.sources:
+            source.close()
+
+
+def _labels_as(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Query and gallery labels of one kind (compared as text when one side is text)."""
+    if (a.dtype.kind in "US") != (b.dtype.kind in "US"):
+        return a.astype(str), b.astype(str)
+    return a, b
+
+
+def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = DEFAULT_K, metric: str | None = None,
+                  names: Sequence[str] = ("old", "new"), resamples: int = DEFAULT_RESAMPLES,
+                  level: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_SEED, margin: float = 0.0, ties: str = "fail",
+                  block_rows: int = DEFAULT_BLOCK_ROWS, backend: str = "torch",
+                  progress: Progress | None = None) -> SourcesCheck:
+    """The upgrade verdict of the new model's queries on the old gallery, read from sources (module docstring).
+
+    ``relevance`` defaults to ``qrels`` when ``specs.qrels`` is given, else ``labels``; ``k`` is the depth of the top-k
+    lists (raised to the metric's K when that is larger). Raises ``ValueError`` (a :class:`SourceError` for the sources)
+    with one line, credentials masked, for anything it cannot judge; nothing is written anywhere.
+    """
+    opened = _Opened()
+    try:
+        return _check(specs, opened, relevance=relevance, k=k, metric=metric, names=names, resamples=resamples,
+                      level=level, seed=seed, margin=margin, ties=ties, block_rows=block_rows, backend=backend,
+                      say=progress or (lambda f, m: None))
+    finally:
+        opened.close()
+
+
+def _check(specs: SourceSpecs, opened: _Opened, *, relevance: str | None, k: int, metric: str | None,
+           names: Sequence[str], resamples: int, level: float, seed: int, margin: float, ties: str, block_rows: int,
+           backend: str, say: Progress) -> SourcesCheck:
+    relevance = relevance or default_relevance(specs.qrels)
+    if relevance not in RELEVANCE:
+        raise ValueError(f"unknown relevance {relevance!r}; use one of {', '.join(RELEVANCE)}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    metric = str(metric or default_metric(relevance, k)).strip().lower()
+    kind, at = parse_source_metric(metric, relevance)
+    (old_name, new_name), _ = check_settings(names, metric="recall@1", resamples=resamples, level=level, margin=margin,
+                                             ties=ties, interval="queries")
+    rule = Rule(margin, ties)
+    sources_check_payload(asdict(specs), relevance=relevance, k=int(k), names=(old_name, new_name))  # what each needs
+    depth = max(int(k), at)
+    ks = tuple(sorted({at, int(k)}))
+
+    say(0.02, "reading the queries")
+    old_q_src, new_q_src = opened.open(specs.old_queries, "old queries"), opened.open(specs.new_queries, "new queries")
+    queries = join_by_id(old_q_src, new_q_src, block_rows=block_rows)
+    if not len(queries.ids):
+        raise SourceError(f"{old_q_src.description} holds no query")
+    say(0.08, "reading the old gallery's ids")
+    old_g = opened.open(specs.old_gallery, "old gallery")
+    new_g = opened.open(specs.new_gallery, "new gallery") if specs.new_gallery else None
+    old_scan = scan_gallery(old_g, block_rows=block_rows)
+    d_old_q, d_new_q = queries.old.shape[1], queries.new.shape[1]
+    if d_old_q != old_scan.dim:
+        raise SourceError(f"{old_q_src.description} holds {d_old_q}-d vectors but {old_g.description} {old_scan.dim}-d; "
+                          "the old model's queries and gallery must share one space")
+    if d_new_q != old_scan.dim:
+        raise SourceError(f"{new_q_src.description} holds {d_new_q}-d vectors but {old_g.description} {old_scan.dim}-d; "
+                          "the cross-test searches the old gallery with the new model's queries, so both need one "
+                          "space (fit an adapter new -> old first)")
+    new_scan = None
+    if new_g is not None:
+        say(0.14, "reading the new gallery's ids")
+        new_scan = scan_gallery(new_g, block_rows=block_rows)
+        check_same_ids(old_scan.ids, old_g, new_scan.ids, new_g)
+        if new_scan.dim != d_new_q:
+            raise SourceError(f"{new_g.description} holds {new_scan.dim}-d vectors but {new_q_src.description} "
+                              f"{d_new_q}-d; the new model's queries and gallery must share one space")
+    slots = IdSlots(old_scan.ids)
+    if new_scan is not None and new_scan.labels is not None and old_scan.labels is not None:
+        at_new = slots(new_scan.ids, new_g)
+        differ = old_scan.labels[at_new] != new_scan.labels
+        if np.any(differ):
+            raise SourceError(f"{old_g.description} and {new_g.description} give {int(differ.sum())} items different labels")
+
+    n_q, n_g = len(queries.ids), len(old_scan.ids)
+    gallery_rows = np.arange(n_g, dtype=np.int64)
+    if at > n_g:
+        raise ValueError(f"{metric} needs at least {at} gallery items; {old_g.description} holds {n_g}")
+    judged: dict[int, dict[int, float]] = {}
+    qrels_table = None
+    if relevance == "labels":
+        if queries.labels is None:
+            raise SourceError(f"relevance labels needs labels on the queries ({old_q_src.description} and "
+                              f"{new_q_src.description} have none); use --relevance qrels or none")
+        if old_scan.labels is None:
+            raise SourceError(f"relevance labels needs labels on {old_g.description} (a label column); use --relevance "
+                              "qrels or none")
+        q_labels, g_labels = _labels_as(queries.labels, old_scan.labels)
+    elif relevance == "qrels":
+        say(0.18, "reading the qrels")
+        qrels_table = read_qrels(specs.qrels)
+        judged = qrels_rows(qrels_table, queries.ids, old_scan.ids)
+        judged_rows = np.unique(np.fromiter((i for q in judged.values() for i in q), np.int64))
+
+    say(0.2, "searching the old gallery (old and new queries)")
+    stacked = np.concatenate([queries.old, queries.new])
+    on_old = stream_topk(stacked, _in_order(old_g, old_scan.ids, block_rows), k=min(depth, n_g), backend=backend)
+    top_oo, top_no = _split(on_old, n_q)
+    top_nn = None
+    if new_g is not None:
+        say(0.6, "searching the new gallery (new queries)")
+        top_nn = stream_topk(queries.new, _by_id(new_g, slots, block_rows), k=min(depth, n_g), backend=backend)
+    ks = tuple(x for x in ks if x <= min(depth, n_g))
+
+    say(0.9, "per-query outcomes and the paired interval")
+
+    def outcomes(top: TopK) -> Outcomes:
+        if relevance == "labels":
+            return label_outcomes(top, q_labels, gallery_rows, g_labels, ks=ks)
+        if relevance == "qrels":
+            return qrels_outcomes(top, range(n_q), judged, judged_rows, ks=ks)
+        return neighbour_recall(top, top_nn, ks=ks)
+
+    cells = {f"{old_name}/{old_name}": outcomes(top_oo), f"{new_name}/{old_name}": outcomes(top_no)}
+    if top_nn is not None and relevance != "none":
+        cells[f"{new_name}/{new_name}"] = outcomes(top_nn)
+    key = f"{kind}@{at}"
+    oo = cells[f"{old_name}/{old_name}"].values[key]
+    no = cells[f"{new_name}/{old_name}"].values[key]
+    nn = cells[f"{new_name}/{new_name}"].values[key] if f"{new_name}/{new_name}" in cells else None
+    unchanged = bool(new_scan is not None and np.array_equal(queries.old, queries.new)
+                     and np.array_equal(old_scan.prints[slots(new_scan.ids, new_g)], new_scan.prints))
+    others = [no] if nn is None else [no, nn]
+    got = paired_intervals(oo, others, seed=cell_seed(seed, 1, 0), resamples=resamples, confidence=level,
+                           bound_unchanged=[not unchanged, False][: len(others)])
+    settings = {"resamples": resamples, "level": level, "seed": seed}
+    compat = compare(no, oo, **settings, rule=rule, bounds=(got[0].lo, got[0].hi))
+    if nn is None:
+        better = PairedVerdict(float("nan"), float("nan"), float("nan"), 0, NOT_JUDGED)
+    else:
+        better = compare(nn, oo, **settings, names=BETTER, bounds=(got[1].lo, got[1].hi))
+    notes = unchanged_note(got[0]) + ("the interval resamples the queries; the gallery is streamed, not resampled "
+                                      "(the two-way interval of check-upgrade --features needs every feature in memory)",)
+    if compat.verdict == "not compatible" and new_g is not None:
+        notes += (NO_BACKFILL,)
+    n_none = cells[f"{old_name}/{old_name}"].n_no_relevant
+    report = UpgradeReport(old_name, new_name, metric, float(np.nanmean(oo)), float(np.nanmean(no)),
+                           float("nan") if nn is None else float(np.nanmean(nn)), n_q, n_none, n_g, compat, better,
+                           resamples, level, seed, False, (), None, float(margin), ties, "queries", notes, relevance)
+    sources = {"old_gallery": old_g.description, "old_queries": old_q_src.description,
+               "new_queries": new_q_src.description}
+    if new_g is not None:
+        sources["new_gallery"] = new_g.description
+    if qrels_table is not None:
+        sources["qrels"] = qrels_table.description
+    say(1.0, "done")
+    return SourcesCheck(report, relevance, depth, relevance_phrase(relevance, k=at, n_no_relevant=n_none), sources,
+                        {cell: o.means() for cell, o in cells.items()})
+
+
+__all__ = ["DEFAULT_K", "GalleryScan", "SourceSpecs", "SourcesCheck", "check_sources", "default_metric",
+           "default_relevance", "parse_source_metric", "qrels_rows", "scan_gallery"]

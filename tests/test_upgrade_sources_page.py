@@ -1,0 +1,62 @@
+"""The Upgrade check's "from a table or store" form (AppTest): it queues a ``sources_check`` job, the worker's handler
+runs ``check_sources`` and stores the report, and the page shows that report: the CLI's numbers on the same Parquet."""
+from __future__ import annotations
+
+import pytest
+from test_app_pages import jobs, open_page, texts, unplain
+from test_upgrade_sources import embeddings, tables, write_all
+
+from app import queries
+from engine.core.contract import sources_check_payload
+from engine.jobs.worker import run_one
+from engine.upgrade.from_sources import SourceSpecs, check_sources
+from storage import get_engine
+
+
+def fill(at, specs, *, relevance="labels"):
+    at.radio(key="up_mode").set_value("From a table or store").run()
+    for side in ("old_gallery", "new_gallery", "old_queries", "new_queries"):
+        at.text_input(key=f"up_src_{side}").input(getattr(specs, side) or "")
+    at.selectbox(key="up_src_relevance").set_value(relevance)
+    at.button[0].click().run()  # the form's submit button
+    assert not at.exception, at.exception
+    return at
+
+
+@pytest.mark.parametrize("relevance", ["labels", "none"])
+def test_the_form_queues_the_check_and_shows_the_stored_report(app_db, tmp_path, relevance):
+    specs = write_all("parquet", tmp_path / "s", tables(embeddings(), text=True))
+    at = fill(open_page("upgrade"), specs, relevance=relevance)
+    (job,) = jobs(app_db)
+    assert job.kind == "sources_check" and job.payload == sources_check_payload(
+        {s: getattr(specs, s) for s in ("old_gallery", "new_gallery", "old_queries", "new_queries")}, relevance=relevance)
+    assert run_one(get_engine(app_db), kinds=["sources_check"]) == job.id
+    queries.jobs.clear()  # what the job list's 1 s time-to-live does
+    at.run()
+    assert not at.exception, at.exception
+    want = check_sources(SourceSpecs(specs.old_gallery, specs.old_queries, specs.new_queries, specs.new_gallery),
+                         relevance=relevance).to_json()
+    page = texts(at)
+    assert want["sentence"] in page and want["convention"] in page
+    box = {"compatible": at.success, "not compatible": at.error, "too close to call": at.warning}[want["verdict"]]
+    assert any(want["sentence"] in unplain(str(b.value)) for b in box)
+    gain = next(m for m in at.metric if m.label.startswith("ECC gain"))
+    assert gain.value == f"{100 * want['compatibility']['diff']:+.1f} pts"
+
+
+def test_a_bad_form_is_refused_before_anything_is_queued(app_db, tmp_path):
+    at = open_page("upgrade")
+    at.radio(key="up_mode").set_value("From a table or store").run()
+    at.text_input(key="up_src_old_gallery").input("x.parquet")
+    at.button[0].click().run()
+    assert "give the old queries, the new queries" in texts(at)
+    assert jobs(app_db) == []
+
+
+def test_a_failed_check_shows_its_one_line(app_db, tmp_path):
+    specs = write_all("parquet", tmp_path / "s", tables(embeddings(), text=True))
+    at = fill(open_page("upgrade"), SourceSpecs(str(tmp_path / "missing.parquet"), specs.old_queries, specs.new_queries))
+    run_one(get_engine(app_db), kinds=["sources_check"])
+    queries.jobs.clear()
+    at.run()
+    assert "The check failed" in texts(at) and "missing.parquet" in texts(at)
