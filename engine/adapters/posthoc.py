@@ -133,7 +133,7 @@ class PosthocMap:
             raise ValueError(f"this adapter maps {self.new_dim}-d new vectors, got an array of shape {x.shape}")
         out = np.empty((len(x), self.old_dim), np.float32)
         for lo in range(0, len(x), block_rows):
-            block = x[lo: lo + block_rows].astype(np.float32)
+            block = x[lo: lo + block_rows].astype(np.float32, copy=False)
             if not np.isfinite(block).all():
                 raise ValueError(f"rows {lo}..{lo + len(block) - 1} hold a NaN or infinite value")
             out[lo: lo + len(block)] = self.apply_block(block)
@@ -254,13 +254,16 @@ def _apply_affine(x: np.ndarray, t: Mapping[str, np.ndarray], opts: Any) -> np.n
 def _apply_cluster(x: np.ndarray, t: Mapping[str, np.ndarray], opts: ClusterOptions) -> np.ndarray:
     k, do = t["centroids"].shape
     scores = (x @ t["route"]) @ t["centroids"].T
-    if opts.routing == "hard":
-        weights = np.zeros_like(scores)
-        weights[np.arange(len(x)), np.argmax(scores, axis=1)] = 1
-    else:
-        z = scores / np.float32(opts.temperature)
-        z = np.exp(z - z.max(1, keepdims=True))
-        weights = z / z.sum(1, keepdims=True)
+    if opts.routing == "hard":  # each row through its own cluster's map only (the ONNX graph mixes with 0/1 weights)
+        best = np.argmax(scores, axis=1)
+        out = np.empty((len(x), do), np.float32)
+        for c in np.unique(best):
+            rows = best == c
+            out[rows] = x[rows] @ t["stack"][:, c * do: (c + 1) * do]
+        return out
+    z = scores / np.float32(opts.temperature)
+    z = np.exp(z - z.max(1, keepdims=True))
+    weights = z / z.sum(1, keepdims=True)
     mapped = (x @ t["stack"]).reshape(len(x), k, do)
     return (mapped * weights[:, :, None]).sum(1)
 

@@ -9,6 +9,7 @@ old and new embeddings joined by item id. Every refused input is one line ``erro
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -143,6 +144,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     out = roots.confine(args.out, what="--out")
     if out.exists() and not args.force:
         raise ValueError(f"--out {args.out} exists; give --force to replace it")
+    if not args.no_onnx and importlib.util.find_spec("onnx") is None:
+        raise ValueError("the ONNX graph needs the onnx package: pip install -e .[onnx] (requirements-onnx.txt), "
+                         "or give --no-onnx")
     options = options_for(args.kind, _settings(args.settings, [args.kind])[args.kind])
     split, scorer, fitted_on = _split_and_scorer(args)
     m, fit_s = fit_on_pairs(split, args.kind, args.pairs, normalise=args.normalise, options=options, fitted_on=fitted_on)
