@@ -264,8 +264,10 @@ def _apply_cluster(x: np.ndarray, t: Mapping[str, np.ndarray], opts: ClusterOpti
     z = scores / np.float32(opts.temperature)
     z = np.exp(z - z.max(1, keepdims=True))
     weights = z / z.sum(1, keepdims=True)
-    mapped = (x @ t["stack"]).reshape(len(x), k, do)
-    return (mapped * weights[:, :, None]).sum(1)
+    out = np.zeros((len(x), do), np.float32)
+    for c in range(k):  # one cluster at a time: memory of one (rows, old_dim) product, not k of them
+        out += weights[:, c:c + 1] * (x @ t["stack"][:, c * do: (c + 1) * do])
+    return out
 
 
 def _apply_mlp(x: np.ndarray, t: Mapping[str, np.ndarray], opts: Any) -> np.ndarray:
