@@ -3,13 +3,14 @@
 Commands: ``run`` (train/evaluate a config or preset; several methods = a study), ``compare``
 (the same, printing the paper-style methods table), ``evaluate`` (matrices for a folder of
 features), ``compare-checkpoints`` (your own models on an image folder), ``adapt`` (paper 004's
-adapters between two stored models), ``export-images`` (a dataset split as PNG class folders),
+adapters between two stored models), ``adapter fit|curve|apply`` (post-hoc maps fitted on paired embeddings from any
+source, exported as safetensors + JSON + ONNX), ``export-images`` (a dataset split as PNG class folders),
 ``worker`` (the background job runner), ``extract-tasks`` (one checkpoint's embedding of an image set, queued as
 tasks for many workers; prints the job id), ``presets``, ``check-upgrade`` (the upgrade verdict of two
 models' features; exit 0/1/3). Every refused input prints one
 line ``error: ...`` on stderr and exits with code 2.
 
-One module per command group (``run``, ``evaluate``, ``worker``, ``adapt``, ``checkpoints``, ``export_images``,
+One module per command group (``run``, ``evaluate``, ``worker``, ``adapt``, ``adapter``, ``checkpoints``, ``export_images``,
 ``upgrade``), each with its options and its command; the options several commands share are in ``options``.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from engine.checkpoints.files import export_ceiling
-from engine.cli import adapt, checkpoints, evaluate, export_images, reproduce, run, upgrade, worker
+from engine.cli import adapt, adapter, checkpoints, evaluate, export_images, reproduce, run, upgrade, worker
 from engine.data import roots
 from engine.results.json_file import json_target
 
@@ -44,6 +45,8 @@ COMMANDS: dict[str, Command] = {  # in the order ``--help`` lists them
                       worker.cmd_worker),
     "adapt": Command("fit paper 004's adapters between two stored models; print the query/gallery table",
                      adapt.add_arguments, adapt.cmd_adapt),
+    "adapter": Command("post-hoc maps new -> old space fitted on paired embeddings: fit, curve, apply (exported)",
+                       adapter.add_arguments, adapter.cmd_adapter),
     "extract-tasks": Command("queue one checkpoint's embedding of an image set as tasks for many workers",
                              worker.add_extract_arguments, worker.cmd_extract_tasks),
     "compare-checkpoints": Command("compare your own checkpoints (TorchScript, state_dict, safetensors)",
