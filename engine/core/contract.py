@@ -60,7 +60,7 @@ def same_set_of(config: dict[str, Any]) -> bool:
 ANALYSIS_KINDS = ("projection", "backfill", "geometry", "upgrade")
 EMBEDDINGS = ("umap", "pca")
 ORDERINGS = ("random", "distance_mse", "distance_cosine", "distance_mse_reverse", "distance_cosine_reverse",
-             "confidence")  # partial-backfilling orders (engine.metrics.backfill_orders.ORDERINGS)
+             "confidence", "adapter_residual")  # partial-backfilling orders (engine.metrics.backfill_orders.ORDERINGS)
 DEFAULT_ORDERINGS = ("random", "distance_mse", "distance_cosine")
 REACH_SHARES = (1.0, 0.99, 0.95)  # "fraction needed to reach this share of the new model's self-test"
 # map point kinds (column "kind" of the projection array)
