@@ -122,38 +122,10 @@ def mixed_gallery_curves(
 ) -> dict[str, np.ndarray | int]:
     """:func:`backfill_curves` where an item not yet backfilled is scored against ``query_old`` and a backfilled
     one against ``query_new`` (the same query for item replacement; two indexes merged by score otherwise)."""
-    check_features("query features", query_old)
-    if query_new is not query_old:
-        check_features("new-space query features", query_new)
-        if np.shape(query_new)[0] != np.shape(query_old)[0]:
-            raise ValueError(f"the old-space queries have {np.shape(query_old)[0]} rows but the new-space queries "
-                             f"{np.shape(query_new)[0]}; both must embed the same queries in the same row order")
-    check_features("old gallery features", old_gallery)
-    check_features("new gallery features", new_gallery)
-    (n_old, d_old), (n_new, d_new) = np.shape(old_gallery), np.shape(new_gallery)
-    if n_old != n_new:
-        raise ValueError(f"the old gallery has {n_old} rows but the new gallery has {n_new}; "
-                         "both must embed the same items in the same row order")
-    if query_new is query_old and d_old != d_new:
-        raise ValueError(f"old gallery features are {d_old}-d but new gallery features are {d_new}-d; "
-                         "adapt one side (F or B) so both live in the query's space")
-    check_cell(query_old, query_labels, old_gallery, gallery_labels, same_set=same_set)
-    if query_new is not query_old:
-        check_cell(query_new, query_labels, new_gallery, gallery_labels, same_set=same_set)
+    n_old = check_two_spaces(query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels, same_set=same_set)
     order = _check_order(order, n_old)
     fractions = _check_fractions(fractions)
-    metrics = (metrics,) if isinstance(metrics, str) else tuple(metrics)
-    if not metrics or not all(isinstance(m, str) for m in metrics):
-        raise ValueError(f"metrics must be a non-empty list of names such as 'recall@1' or 'map', got {metrics!r}")
-    parsed = [parse_metric(m, pairs=False) for m in metrics]
-    ks = tuple(sorted({k for kind, k in parsed if kind == "recall"}))
-    map_ks = sorted({k for kind, k in parsed if kind == "map" and k})
-    if len(map_ks) > 1:
-        raise ValueError(f"one mAP@k at a time, got {map_ks}")
-    if ties not in ("pessimistic", "optimistic"):
-        raise ValueError(f"unknown tie rule {ties!r}; use 'pessimistic' or 'optimistic'")
-    map_k = map_ks[0] if map_ks else 0
-    want_ap = any(kind == "map" for kind, _ in parsed)
+    metrics, parsed, ks, map_k, want_ap = parse_curve_metrics(metrics, ties)
 
     device = pick_device("auto")
     query_labels = np.asarray(query_labels)
@@ -184,13 +156,58 @@ def mixed_gallery_curves(
         for acc, stats in zip(parts, block):
             acc.append(stats)
 
-    per_beta = [metrics_from_stats(QueryStats.concat(p), ks=ks, map_at=map_k or None, want_map=("map", None) in parsed, ties=ties)
-                for p in parts]
-    out: dict[str, np.ndarray | int] = {"fractions": fractions, "n_backfilled": counts}
+    return curve_output(parts, metrics, parsed, ks, map_k, ties, fractions=fractions, n_backfilled=counts)
+
+
+def check_two_spaces(query_old: np.ndarray, query_new: np.ndarray, query_labels: np.ndarray, old_gallery: np.ndarray,
+                     new_gallery: np.ndarray, gallery_labels: np.ndarray, *, same_set: bool) -> int:
+    """Validate an old index (searched with ``query_old``) and a new one (``query_new``) over the same items; the size."""
+    check_features("query features", query_old)
+    if query_new is not query_old:
+        check_features("new-space query features", query_new)
+        if np.shape(query_new)[0] != np.shape(query_old)[0]:
+            raise ValueError(f"the old-space queries have {np.shape(query_old)[0]} rows but the new-space queries "
+                             f"{np.shape(query_new)[0]}; both must embed the same queries in the same row order")
+    check_features("old gallery features", old_gallery)
+    check_features("new gallery features", new_gallery)
+    (n_old, d_old), (n_new, d_new) = np.shape(old_gallery), np.shape(new_gallery)
+    if n_old != n_new:
+        raise ValueError(f"the old gallery has {n_old} rows but the new gallery has {n_new}; "
+                         "both must embed the same items in the same row order")
+    if query_new is query_old and d_old != d_new:
+        raise ValueError(f"old gallery features are {d_old}-d but new gallery features are {d_new}-d; "
+                         "adapt one side (F or B) so both live in the query's space")
+    check_cell(query_old, query_labels, old_gallery, gallery_labels, same_set=same_set)
+    if query_new is not query_old:
+        check_cell(query_new, query_labels, new_gallery, gallery_labels, same_set=same_set)
+    return n_old
+
+
+def parse_curve_metrics(metrics: Sequence[str] | str, ties: str) -> tuple[tuple[str, ...], list[tuple[str, int | None]], tuple[int, ...], int, bool]:
+    """Validate curve metric names and the tie rule: (names, parsed, Recall@k ks, mAP@k's k or 0, whether AP is needed)."""
+    metrics = (metrics,) if isinstance(metrics, str) else tuple(metrics)
+    if not metrics or not all(isinstance(m, str) for m in metrics):
+        raise ValueError(f"metrics must be a non-empty list of names such as 'recall@1' or 'map', got {metrics!r}")
+    parsed = [parse_metric(m, pairs=False) for m in metrics]
+    ks = tuple(sorted({k for kind, k in parsed if kind == "recall"}))
+    map_ks = sorted({k for kind, k in parsed if kind == "map" and k})
+    if len(map_ks) > 1:
+        raise ValueError(f"one mAP@k at a time, got {map_ks}")
+    if ties not in ("pessimistic", "optimistic"):
+        raise ValueError(f"unknown tie rule {ties!r}; use 'pessimistic' or 'optimistic'")
+    return metrics, parsed, ks, (map_ks[0] if map_ks else 0), any(kind == "map" for kind, _ in parsed)
+
+
+def curve_output(parts: list[list[QueryStats]], metrics: tuple[str, ...], parsed: list[tuple[str, int | None]],
+                 recall_ks: tuple[int, ...], map_k: int, ties: RankTies, **grid: np.ndarray) -> dict[str, np.ndarray | int]:
+    """The curves' dict from the per-block statistics at each grid point: ``grid`` entries, one array per metric, counts."""
+    per_point = [metrics_from_stats(QueryStats.concat(p), ks=recall_ks, map_at=map_k or None, want_map=("map", None) in parsed, ties=ties)
+                 for p in parts]
+    out: dict[str, np.ndarray | int] = dict(grid)
     for name, (kind, at) in zip(metrics, parsed):
-        out[name] = np.array([m[f"{kind}@{at}" if at else kind] for m in per_beta], dtype=np.float64)
+        out[name] = np.array([m[f"{kind}@{at}" if at else kind] for m in per_point], dtype=np.float64)
     for key in ("n_queries", "n_valid", "n_no_positive"):
-        out[key] = per_beta[0][key]
+        out[key] = per_point[0][key]
     return out
 
 
