@@ -183,12 +183,13 @@ def _all_fractions_kernel(s_old, s_new, starts, ends, segment, n_fr, map_k):  # 
                 t += 1
         thr = thr[:t]
         nb, scale, in_bucket, below = _bucket_table(thr, width)
-        # negatives per threshold slot (m = thresholds <= v) and exact ties with thr[m - 1], as difference
-        # tables over the fractions: a new value counts from its segment on, an old one before it
-        d_new = np.zeros((n_fr + 1, t + 1), np.int32)
-        d_old = np.zeros((n_fr + 1, t + 1), np.int32)
-        e_new = np.zeros((n_fr + 1, t + 1), np.int32)
-        e_old = np.zeros((n_fr + 1, t + 1), np.int32)
+        # negatives per threshold slot m (thr[m - 1] <= v < thr[m]) before the first fraction (``cur``), and what
+        # changes at each fraction (``delta``): a new value counts from its item's segment on, an old one before
+        # it; ``eq0`` / ``eq_delta`` the same for negatives exactly equal to thr[m - 1] (read only at the best positive)
+        cur = np.zeros(t + 1, np.int64)
+        delta = np.zeros((n_fr + 1, t + 1), np.int32)
+        eq0 = np.zeros(t + 1, np.int64)
+        eq_delta = np.zeros((n_fr + 1, t + 1), np.int32)
         for part in range(2):
             lo = 0 if part == 0 else b
             hi = a if part == 0 else width
@@ -198,51 +199,63 @@ def _all_fractions_kernel(s_old, s_new, starts, ends, segment, n_fr, map_k):  # 
                     v = s_new[r, j]
                     m = _thresholds_at_or_below(v, thr, scale, nb, in_bucket, below)
                     if m:
-                        d_new[s, m] += 1
+                        delta[s, m] += 1
                         if thr[m - 1] == v:
-                            e_new[s, m] += 1
+                            eq_delta[s, m] += 1
                 if s > 0:
                     v = s_old[r, j]
                     m = _thresholds_at_or_below(v, thr, scale, nb, in_bucket, below)
                     if m:
-                        d_old[s, m] += 1
+                        cur[m] += 1
+                        delta[s, m] -= 1
                         if thr[m - 1] == v:
-                            e_old[s, m] += 1
-        cur = np.zeros(t + 1, np.int64)  # negatives per slot at the current fraction
-        eq = np.zeros(t + 1, np.int64)
-        for s in range(1, n_fr + 1):
-            for m in range(t + 1):
-                cur[m] += d_old[s, m]
-                eq[m] += e_old[s, m]
+                            eq0[m] += 1
+                            eq_delta[s, m] -= 1
+        # positives per threshold (``at``), kept up to date as their items switch to the new similarity
+        k_old = np.full(b - a, -1, np.int64)
+        k_new = np.full(b - a, -1, np.int64)
+        at = np.zeros(t, np.int64)
+        p = 0
+        for j in range(a, b):
+            if s_old[r, j] != -np.inf:
+                k_old[j - a] = np.searchsorted(thr, s_old[r, j])
+            if s_new[r, j] != -np.inf:
+                k_new[j - a] = np.searchsorted(thr, s_new[r, j])
+            if segment[j] > 0 and k_old[j - a] >= 0:
+                at[k_old[j - a]] += 1
+                p += 1
         pos = np.empty(b - a, np.float32)
         cnt = np.zeros(b - a + 1, np.int64)
         for i in range(n_fr):
             for m in range(t + 1):
-                cur[m] += d_new[i, m] - d_old[i, m]
-                eq[m] += e_new[i, m] - e_old[i, m]
-            p = 0
+                cur[m] += delta[i, m]
             for j in range(a, b):
-                v = s_new[r, j] if segment[j] <= i else s_old[r, j]
-                if v != -np.inf:
-                    pos[p] = v
-                    p += 1
+                if segment[j] == i:
+                    if i > 0 and k_old[j - a] >= 0:
+                        at[k_old[j - a]] -= 1
+                        p -= 1
+                    if k_new[j - a] >= 0:
+                        at[k_new[j - a]] += 1
+                        p += 1
             n_pos[i, r] = p
             if p == 0:
                 continue
-            cur_pos = np.sort(pos[:p])
-            best = cur_pos[p - 1]
             cnt[: p + 1] = 0
             q = 0
-            ties_best = 0
-            for m in range(1, t + 1):  # slot m holds negatives v with thr[m - 1] <= v < thr[m]
-                while q < p and cur_pos[q] <= thr[m - 1]:
-                    q += 1
+            top = 0
+            for m in range(1, t + 1):  # slot m holds the negatives with thr[m - 1] <= v < thr[m]
+                q += at[m - 1]
                 cnt[q] += cur[m]
-                if thr[m - 1] == best:
-                    ties_best = eq[m]
+                if at[m - 1]:
+                    top = m  # slot of the best positive's value
+                    for c in range(at[m - 1]):
+                        pos[q - at[m - 1] + c] = thr[m - 1]  # ascending positives, as the ranking kernel sorts them
+            ties_best = eq0[top]
+            for s in range(i + 1):
+                ties_best += eq_delta[s, top]
             neg_ge[i, r] = cnt[p]
             neg_gt[i, r] = cnt[p] - ties_best
-            ap[i, r], ap_k[i, r] = _ap_from_counts(cur_pos, cnt[: p + 1], map_k)
+            ap[i, r], ap_k[i, r] = _ap_from_counts(pos[:p], cnt[: p + 1], map_k)
     return n_pos, neg_ge, neg_gt, ap, ap_k, bad
 
 
