@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.cli.options import add_model_arguments, models_spec_from_args
-from engine.core.contract import DEFAULT_ORDERINGS
+from engine.core.contract import DEFAULT_ORDERINGS, ORDERINGS
 from engine.data import roots
 from engine.results.json_file import write_json_atomic
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
@@ -71,6 +71,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="what the bootstrap resamples: two-way = queries and gallery items (default; recall@k, mAP falls "
                         "back to queries), queries = queries only (the gallery taken as fixed)")
     p.add_argument("--same-set", action="store_true", help="queries are the gallery images: exclude each query's own image")
+    p.add_argument("--orderings", nargs="+", default=list(DEFAULT_ORDERINGS), metavar="ORDER",
+                   help=f"backfilling orders when not compatible (default {' '.join(DEFAULT_ORDERINGS)}; known: {', '.join(ORDERINGS)})")
+    p.add_argument("--rollout", action="store_true",
+                   help="when not compatible, also the rank merge of the old index (old queries) and the new one per "
+                        "ordering, and the old index's top K re-ranked by the new model (candidate re-scoring, over K / N)")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the report as JSON (atomically)")
     roots.add_arguments(p)
 
@@ -104,7 +109,7 @@ def _check_folder(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRepo
         raise ValueError(f"{args.features}: check-upgrade compares two models, step_1.npz (old) and step_2.npz (new); "
                          f"found {len(folder.sets)} step file(s)")
     report = check_upgrade(folder.sets[0], folder.sets[1], names=args.names or ["old", "new"], same_set=args.same_set,
-                           orderings=DEFAULT_ORDERINGS, **settings)
+                           **settings)
     return report, {"features": str(args.features)}
 
 
@@ -165,8 +170,12 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
     """Print the verdict sentence and the numbers; the exit code is the verdict's."""
     if args.json is not None:
         _check_json_target(args.json)  # refused before any work, so nothing is half-done
+    unknown = [o for o in args.orderings if o not in ORDERINGS]
+    if unknown:
+        raise ValueError(f"unknown backfilling order(s) {', '.join(unknown)}; known: {', '.join(ORDERINGS)}")
     settings = {"metric": args.metric, "resamples": args.resamples, "level": args.level, "seed": args.seed,
-                "margin": args.margin, "ties": args.ties, "interval": args.interval}
+                "margin": args.margin, "ties": args.ties, "interval": args.interval,
+                "orderings": tuple(args.orderings), "rollout": args.rollout}
     if args.experiment is not None:
         report, source = _check_experiment(args, settings)
     elif args.models is not None:
@@ -189,6 +198,8 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
     lines += [f"  backfill {need.ordering:<16} area {need.area:.4f}  to reach {report.old_name}'s self-test "
               f"{reach(need.to_old_self)}, {report.new_name}'s {reach(need.to_new_self)}"
               + ("  (best)" if need.ordering == report.best_ordering else "") for need in report.backfill]
+    lines += [f"  roll-out {need.ordering:<24} area {need.area:.4f}  to reach {report.old_name}'s self-test "
+              f"{reach(need.to_old_self)}, {report.new_name}'s {reach(need.to_new_self)}" for need in report.rollout]
     if args.json is not None:  # written before anything is printed: a failed write prints only the error
         try:
             write_json_atomic(args.json, {**source, **report.to_json()}, allow_nan=False)
