@@ -23,7 +23,8 @@ Choices:
   blocks come from the torch backend's own ``similarity_blocks``: same normalisation, same row blocks
   (``max_block``), same exclusion by index.
 
-Evaluation is incremental (:mod:`engine.metrics.backfill_kernels`); the orderings live in
+Evaluation is incremental (:mod:`engine.metrics.backfill_kernels`: on CPU every fraction from one pass per block, AP
+included); the orderings live in
 :mod:`engine.metrics.backfill_orders`.
 """
 from __future__ import annotations

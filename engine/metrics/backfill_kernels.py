@@ -1,9 +1,10 @@
 """Compiled and torch kernels of the backfilling curves (:mod:`engine.metrics.backfill`).
 
 Evaluation is incremental: per block of query rows, the similarities to the old and to the new
-gallery are computed once (two matrix products). For each beta, the columns backfilled since the
-previous beta are copied from the new block into the old one (the backfilled sets are nested), and the
-ranking kernel runs on that mixed block. A request for Recall@1 alone skips the ranking kernel: one
+gallery are computed once (two matrix products). On CPU, one compiled pass per query then gives every
+fraction's statistics, AP included (:func:`all_fraction_stats`). On CUDA, for each beta the columns backfilled
+since the previous beta are copied from the new block into the old one (the backfilled sets are nested), and
+the ranking kernel runs on that mixed block (:func:`mixed_stats`). A request for Recall@1 alone skips the ranking kernel: one
 pass over both blocks collects, per query, the best positive and the best negative of each segment of
 the order (the items first backfilled at one fraction); the best positive and negative at every beta
 are then prefix/suffix maxima over those segments (:func:`recall1_stats`). Exact, and its cost does
