@@ -82,6 +82,30 @@ def test_one_pass_curves_equal_recompute_with_ties(same_set, ties):
             assert out[m][i] == pytest.approx(ref[m], abs=1e-9), (m, i)
 
 
+def test_one_pass_kernel_equals_the_per_fraction_kernel_on_raw_blocks():
+    """all_fraction_stats (CPU) against mixed_stats (the path CUDA takes), field by field, on blocks with exact ties,
+    -inf exclusions, an empty class and a fraction grid that stops before 1."""
+    import torch
+
+    from engine.metrics.backfill_kernels import all_fraction_stats, mixed_stats, segment_of_columns
+
+    rng = np.random.default_rng(8)
+    n, width = 25, 40
+    s_old = rng.integers(-4, 5, (n, width)).astype(np.float32) / 4  # few distinct values: ties everywhere
+    s_new = rng.integers(-4, 5, (n, width)).astype(np.float32) / 4
+    s_old[np.arange(n), np.arange(n)] = s_new[np.arange(n), np.arange(n)] = -np.inf  # own items excluded
+    starts = rng.integers(0, 30, n)
+    ends = np.minimum(starts + rng.integers(0, 8, n), width)  # some rows without positives
+    cols = rng.permutation(width)
+    counts = backfill_counts(np.array([0.0, 0.1, 0.35, 0.6, 0.9]), width)
+    fast = all_fraction_stats(torch.from_numpy(s_old), torch.from_numpy(s_new), starts, ends,
+                              segment_of_columns(cols, counts), len(counts), map_k=5)
+    slow = mixed_stats(torch.from_numpy(s_old.copy()), torch.from_numpy(s_new), starts, ends, cols, counts, map_k=5, want_ap=True)
+    for a, b in zip(fast, slow):
+        for field in ("n_positives", "neg_ge_best", "neg_gt_best", "ap", "ap_at_k"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+
+
 # ---- adapter-residual order -------------------------------------------------------------------------------------
 
 
