@@ -162,10 +162,11 @@ def test_rank_merge_by_score_equals_brute_force_and_its_endpoints(same_set):
     assert (out["recall@1"][-1], out["map"][-1]) == _cell(new_q, y, new_g, same_set)
 
 
-def test_rank_merge_by_rank_equals_brute_force():
+@pytest.mark.parametrize("engine", ["auto", "torch"])  # compiled on CPU; torch is the CUDA path
+def test_rank_merge_by_rank_equals_brute_force(engine):
     old_q, new_q, y, old_g, new_g = _data(seed=2, d_new=5)
     order = backfill_order("distance_mse", old_gallery=old_g, gallery_labels=y)
-    out = rank_merge_curves(old_q, new_q, y, old_g, new_g, y, order=order, fractions=FR, merge="rank")
+    out = rank_merge_curves(old_q, new_q, y, old_g, new_g, y, order=order, fractions=FR, merge="rank", engine=engine)
     s_old, s_new = _cos(old_q, old_g), _cos(new_q, new_g)
     for i, k in enumerate(backfill_counts(FR, len(y))):
         moved = np.isin(np.arange(len(y)), order[:k])
@@ -191,14 +192,15 @@ def test_rank_merge_of_identical_spaces_is_plain_search():
 # ---- candidate re-scoring ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("engine", ["auto", "torch"])
 @pytest.mark.parametrize("same_set", [False, True])
-def test_rescoring_equals_brute_force_and_its_endpoints(same_set):
+def test_rescoring_equals_brute_force_and_its_endpoints(same_set, engine):
     old_q, new_q, y, old_g, new_g = _data(seed=6, d_new=4)
     if same_set:
         old_q, new_q = old_g, new_g
     n = len(y)
     ks = np.array([0, 1, 3, 10, 25, n])
-    out = rescoring_curves(old_q, new_q, y, old_g, new_g, y, ks=ks, same_set=same_set)
+    out = rescoring_curves(old_q, new_q, y, old_g, new_g, y, ks=ks, same_set=same_set, engine=engine)
     s_old, s_new = _cos(old_q, old_g), _cos(new_q, new_g)
     for i, k in enumerate(ks):
         keys = np.empty((n, n), dtype=object)
@@ -212,17 +214,39 @@ def test_rescoring_equals_brute_force_and_its_endpoints(same_set):
     assert (out["recall@1"][-1], out["map"][-1]) == pytest.approx(_cell(new_q, y, new_g, same_set), abs=1e-12)
 
 
-def test_rescoring_breaks_ties_at_the_kth_place_by_lower_row():
+@pytest.mark.parametrize("engine", ["auto", "torch"])
+def test_rescoring_breaks_ties_at_the_kth_place_by_lower_row(engine):
     # one query of class 0; old scores: rows 0 and 1 tie (negative 0, positive 1); new scores put the positive first
     q_old, q_new = np.array([[1.0, 0.0]]), np.array([[1.0, 0.0]])
     old_g = np.array([[1.0, 1.0], [1.0, 1.0], [-1.0, 0.0]])
     new_g = np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 0.2]])
     labels, gl = np.array([0]), np.array([1, 0, 2])
-    out = rescoring_curves(q_old, q_new, labels, old_g, new_g, gl, ks=[0, 1, 2, 3])
+    out = rescoring_curves(q_old, q_new, labels, old_g, new_g, gl, ks=[0, 1, 2, 3], engine=engine)
     # K=0: the tie counts against (pessimistic); K=1: only row 0 (a negative) is a candidate, ranked first;
     # K=2: rows 0, 1 re-ranked, the positive (new 1.0) first; K=3: new order positive 1.0, row 2 0.98, row 0 0
     assert out["recall@1"].tolist() == [0.0, 0.0, 1.0, 1.0]
     assert out["map"] == pytest.approx([0.5, 0.5, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("ties", ["pessimistic", "optimistic"])
+@pytest.mark.parametrize("same_set", [False, True])
+def test_compiled_and_torch_paths_agree_on_every_metric_with_ties(same_set, ties):
+    """Features drawn from a few vectors (exact ties, also at the K-th place); the compiled walk against the torch
+    keys read by the ranking kernel, for Recall@1/5 (both tie rules), mAP and mAP@10."""
+    rng = np.random.default_rng(11)
+    atoms = rng.normal(size=(6, 4)).astype(np.float32)
+    n = 60
+    y = rng.integers(0, 4, n)
+    old_g, new_g = atoms[rng.integers(0, 6, n)], atoms[rng.integers(0, 6, n)]
+    old_q, new_q = (old_g, new_g) if same_set else (atoms[rng.integers(0, 6, n)], atoms[rng.integers(0, 6, n)])
+    metrics = ("recall@1", "recall@5", "map", "map@10")
+    order = backfill_order("random", gallery_labels=y, seed=1)
+    kw = {"metrics": metrics, "same_set": same_set, "ties": ties}
+    for run in (lambda e: rank_merge_curves(old_q, new_q, y, old_g, new_g, y, order=order, fractions=FR, merge="rank", engine=e, **kw),
+                lambda e: rescoring_curves(old_q, new_q, y, old_g, new_g, y, ks=[0, 1, 2, 7, 30, 59, 60], engine=e, **kw)):
+        fast, slow = run("auto"), run("torch")
+        for m in metrics:
+            np.testing.assert_array_equal(fast[m], slow[m], err_msg=m)
 
 
 def test_rescoring_grid_and_errors():
@@ -234,6 +258,8 @@ def test_rescoring_grid_and_errors():
         rescoring_curves(q, q, y, g, g, y, ks=[0, 13])
     with pytest.raises(ValueError, match="unknown merge rule"):
         rank_merge_curves(q, q, y, g, g, y, order=np.arange(12), merge="interleave")
+    with pytest.raises(ValueError, match="unknown engine"):
+        rescoring_curves(q, q, y, g, g, y, engine="cuda")
     with pytest.raises(ValueError, match="same queries"):
         rank_merge_curves(q, q[:5], y, g, g, y, order=np.arange(12))
 

@@ -46,6 +46,7 @@ from engine.metrics.backfill import (
 )
 from engine.metrics.backfill_kernels import _stats, segment_of_columns
 from engine.metrics.backfill_orders import RESIDUAL_BLOCK, backfill_order
+from engine.metrics.backfill_rollout_kernels import rank_merge_stats, rescoring_stats, sorted_columns
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import RankTies, prepare_gallery, retrieval_metrics, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK, similarity_blocks
@@ -62,9 +63,20 @@ def _greater_counts(vals: torch.Tensor) -> torch.Tensor:
     return vals.shape[1] - torch.searchsorted(ascending, vals.contiguous(), right=True)
 
 
+KEY_ENGINES = ("auto", "torch")
+
+
+def _check_engine(engine: str) -> None:
+    if engine not in KEY_ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; use 'auto' (compiled on CPU, torch on CUDA) or 'torch'")
+
+
 def _keyed_curves(query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels, *, n_points: int,
-                  keys: Callable[..., torch.Tensor], metrics, same_set: bool, ties: RankTies, max_block: int):
-    """Per grid point, statistics of the ranking given by ``keys(s_old, s_new, point, block_context)``."""
+                  keys: Callable[..., torch.Tensor], compiled: Callable[..., tuple[np.ndarray, ...]], engine: str,
+                  metrics, same_set: bool, ties: RankTies, max_block: int):
+    """Per grid point, the statistics of a ranking: on CPU (``engine="auto"``) from ``compiled(s_old, s_new, by_old,
+    by_new, starts, ends, map_k, ctx)`` (every point at once, rows sorted once per block), else from the ranking
+    kernel over the keys ``keys(s_old, s_new, point, ctx)``."""
     n = check_two_spaces(query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels, same_set=same_set)
     metrics, parsed, ks, map_k, want_ap = parse_curve_metrics(metrics, ties)
     device = pick_device("auto")
@@ -77,11 +89,20 @@ def _keyed_curves(query_old, query_new, query_labels, old_gallery, new_gallery, 
     parts: list[list[QueryStats]] = [[] for _ in range(n_points)]
     blocks = zip(similarity_blocks(q_old, old_g, starts, ends, exclude, None, max_block),
                  similarity_blocks(q_new, new_g, starts, ends, exclude, None, max_block))
+    ctx: dict = {"position": old_g.position, "n": n}
     for (rows, s_old), (_, s_new) in blocks:
-        context: dict = {"position": old_g.position, "n": n}
+        if engine == "auto" and s_old.device.type == "cpu":
+            so, sn = np.ascontiguousarray(s_old.numpy()), np.ascontiguousarray(s_new.numpy())
+            by_old, by_new = sorted_columns(so, old_g.position), sorted_columns(sn, old_g.position)
+            threads = torch.get_num_threads()  # numba's OpenMP layer can reset torch's thread count
+            n_pos, neg_ge, neg_gt, ap, ap_k = compiled(so, sn, by_old, by_new, starts[rows], ends[rows], map_k, ctx)
+            torch.set_num_threads(threads)
+            for i in range(n_points):
+                parts[i].append(QueryStats(n_pos[i], neg_ge[i], neg_gt[i], ap[i], ap_k[i]))
+            continue
+        ctx.pop("old_place", None)  # per-block state of the torch path
         for i in range(n_points):
-            key = keys(s_old, s_new, i, context)
-            parts[i].append(_stats(key, starts[rows], ends[rows], map_k=map_k, want_ap=want_ap))
+            parts[i].append(_stats(keys(s_old, s_new, i, ctx), starts[rows], ends[rows], map_k=map_k, want_ap=want_ap))
     return n, metrics, parsed, ks, map_k, parts
 
 
@@ -100,14 +121,17 @@ def rank_merge_curves(
     same_set: bool = False,
     ties: RankTies = "pessimistic",
     max_block: int = DEFAULT_BLOCK,
+    engine: str = "auto",
 ) -> dict[str, np.ndarray | int]:
     """Rank-merge curves while items move from the old index to the new one in ``order`` (see the module docstring).
 
     ``query_old`` searches the old index (``old_gallery``), ``query_new`` the new one (``new_gallery``); the two
-    may differ in dimension. Returns the same dict as :func:`engine.metrics.backfill.backfill_curves`.
+    may differ in dimension. Returns the same dict as :func:`engine.metrics.backfill.backfill_curves`. ``engine``
+    (merge by rank): "auto" = compiled kernels on CPU and torch on CUDA, "torch" = torch everywhere.
     """
     if merge not in MERGE_RULES:
         raise ValueError(f"unknown merge rule {merge!r}; use one of {', '.join(MERGE_RULES)}")
+    _check_engine(engine)
     if merge == "score":
         return mixed_gallery_curves(query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels,
                                     order=order, fractions=fractions, metrics=metrics, same_set=same_set, ties=ties,
@@ -127,9 +151,14 @@ def rank_merge_curves(
         own = torch.where(in_new, new_vals, old_vals)
         return torch.where(own == -torch.inf, -torch.inf, -place.to(torch.float32))
 
+    def compiled(so, sn, by_old, by_new, starts, ends, map_k, ctx):
+        if "segment_np" not in ctx:
+            ctx["segment_np"] = segment_of_columns(ctx["position"][order], counts)
+        return rank_merge_stats(so, sn, by_old, by_new, ctx["segment_np"], starts, ends, len(counts), map_k=map_k)
+
     n, metrics, parsed, ks, map_k, parts = _keyed_curves(
         query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels, n_points=len(fractions), keys=keys,
-        metrics=metrics, same_set=same_set, ties=ties, max_block=max_block)
+        compiled=compiled, engine=engine, metrics=metrics, same_set=same_set, ties=ties, max_block=max_block)
     return curve_output(parts, metrics, parsed, ks, map_k, ties, fractions=fractions, n_backfilled=counts)
 
 
@@ -151,12 +180,14 @@ def rescoring_curves(
     same_set: bool = False,
     ties: RankTies = "pessimistic",
     max_block: int = DEFAULT_BLOCK,
+    engine: str = "auto",
 ) -> dict[str, np.ndarray | int]:
     """Candidate re-scoring curves over K: the old index's top K re-ranked by the new model (module docstring).
 
     ``ks``: strictly increasing candidate counts in [0, N] (default :func:`rescoring_ks`). Returns ``ks``,
-    ``fractions`` (K / N), one array per metric and the query counts.
+    ``fractions`` (K / N), one array per metric and the query counts. ``engine`` as in :func:`rank_merge_curves`.
     """
+    _check_engine(engine)
     n = len(np.asarray(gallery_labels))
     grid = rescoring_ks(n) if ks is None else np.asarray(ks)
     if grid.ndim != 1 or len(grid) == 0 or not np.issubdtype(grid.dtype, np.integer):
@@ -182,9 +213,12 @@ def rescoring_curves(
         key = torch.where(head, 2 * width - head_rank, width - tail_rank).to(torch.float32)  # head above tail
         return key.masked_fill(~valid, -torch.inf)
 
+    def compiled(so, sn, by_old, by_new, starts, ends, map_k, ctx):
+        return rescoring_stats(so, sn, by_old, by_new, grid, starts, ends, map_k=map_k)
+
     n, metrics, parsed, ks_, map_k, parts = _keyed_curves(
         query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels, n_points=len(grid), keys=keys,
-        metrics=metrics, same_set=same_set, ties=ties, max_block=max_block)
+        compiled=compiled, engine=engine, metrics=metrics, same_set=same_set, ties=ties, max_block=max_block)
     return curve_output(parts, metrics, parsed, ks_, map_k, ties, ks=grid, fractions=grid / max(n, 1))
 
 
