@@ -256,6 +256,34 @@ def test_backfill_endpoints_match_retrieval_metrics(experiment):
     assert payload["cross_test"]["recall@1"] == pytest.approx(cross["recall@1"])
 
 
+def test_backfill_rollout_adds_rank_merge_and_rescoring(experiment):
+    from engine.metrics.backfill_rollout import curve_summary
+
+    db, (exp_id, *_), labels = experiment["db"], experiment["ids"], experiment["labels"]
+    f1, f2 = experiment["f1"], experiment["f2"]
+    params = {"step_a": 1, "step_b": 2, "num_fractions": 11, "rollout": True, "orderings": ["random", "adapter_residual"]}
+    run_analysis(db, exp_id, "backfill", params)
+    payload, _ = _load(db, exp_id, "backfill", params)
+    out = payload["rollout"]
+    old_self = retrieval_metrics(f1, labels, f1, labels, ks=(1,), same_set=True)  # the old index, old queries
+    new_self = retrieval_metrics(f2, labels, f2, labels, ks=(1,), same_set=True)
+    grid = np.linspace(0, 1, 11)
+    for metric in ("recall@1", "map"):
+        assert out["self_test"]["old"][metric] == pytest.approx(old_self[metric], abs=1e-12)
+        for curve in (out["rank_merge"]["random"]["curves"][metric], out["rank_merge"]["adapter_residual"]["curves"][metric],
+                      out["rescoring"]["curves"][metric]):
+            assert curve[0] == pytest.approx(old_self[metric], abs=1e-12)
+            assert curve[-1] == pytest.approx(new_self[metric], abs=1e-12)
+        replaced = payload["curves"]["random"][metric]
+        assert out["replacement_summary"]["random"][metric] == curve_summary(
+            grid, np.array(replaced), old_self=old_self[metric], new_self=new_self[metric])
+    assert out["rescoring"]["ks"] == np.unique(np.floor(grid * len(labels) + 0.5)).astype(int).tolist()
+    assert analysis_key("backfill", {"step_a": 1, "step_b": 2}) == analysis_key("backfill", {"step_a": 1, "step_b": 2, "rollout": False})
+    assert '"rollout"' not in analysis_key("backfill", {"step_a": 1, "step_b": 2})  # keys of analyses stored before stay
+    with pytest.raises(ValueError, match="rollout must be true or false"):
+        normalize_params("backfill", {"step_a": 1, "step_b": 2, "rollout": "yes"})
+
+
 def test_backfill_seen_classes_restricts_to_the_old_model(experiment):
     db, (exp_id, *_), labels = experiment["db"], experiment["ids"], experiment["labels"]
     cfg = config_from_dict({"eval": {"eval_classes": "seen"}}).to_dict()

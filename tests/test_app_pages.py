@@ -275,6 +275,27 @@ def test_backfilling_shows_curves_and_m_tilde(study):
     assert f"{payload['n_gallery']} gallery items" in texts(at)
 
 
+def test_backfilling_rollout_curves(study):
+    from engine.jobs.analysis import run_analysis
+
+    params = {"step_a": 2, "step_b": 3, "view": "encoder", "orderings": ["random", "distance_mse", "distance_cosine"],
+              "metrics": ["recall@1", "map"], "rollout": True}
+    db = get_engine(study["url"])
+    run_analysis(db, study["experiments"]["independent"], "backfill", params)
+    with session_scope(db) as s:
+        roll = load_analysis(s, study["experiments"]["independent"], "backfill", analysis_key("backfill", params)).payload["rollout"]
+    at = open_page("backfilling")
+    at.selectbox(key="bf_experiment").set_value(1).run()
+    assert "Roll-out" not in texts(at)  # off by default: the stored analysis without roll-out curves
+    at.checkbox(key="bf_rollout").check().run()
+    assert not at.exception
+    table = at.dataframe[-1].value
+    assert list(table["curve"]) == [*(f"item replacement, {o}" for o in params["orderings"]),
+                                    *(f"rank merge, {o}" for o in params["orderings"]), "candidate re-scoring"]
+    assert table["M̃ mAP %"].iloc[-1] == pytest.approx(100 * roll["rescoring"]["summary"]["map"]["area"])
+    assert len(at.get("vega_lite_chart")) == 4  # two metrics, item replacement and roll-out
+
+
 def test_backfilling_compute_button(study):
     at = open_page("backfilling")  # newest experiment (bct) has no stored curves
     at.button(key="bf_compute").click().run()

@@ -210,7 +210,7 @@ def test_unknown_ordering_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown backfilling order 'fastfill'.*distance_cosine_reverse"):
         backfill_order("fastfill", gallery_labels=np.zeros(3))
     assert set(ORDERINGS) == {"random", "distance_mse", "distance_cosine", "distance_mse_reverse",
-                              "distance_cosine_reverse", "confidence"}
+                              "distance_cosine_reverse", "confidence", "adapter_residual"}
 
 
 @pytest.mark.parametrize("name, kwargs, message", [

@@ -145,3 +145,25 @@ def test_experiment_and_features_are_exclusive(tmp_path):
     with pytest.raises(SystemExit) as exit_:
         main(["check-upgrade", "--experiment", "1", "--features", str(tmp_path)])
     assert exit_.value.code == 2
+
+
+def test_rollout_and_orderings_options(tmp_path, capsys):
+    """A rotated copy: new/new equals old/old, and so does every roll-out curve (the two indexes agree on every score)."""
+    folder = write_folder(tmp_path / "f", *incompatible_pair())
+    out = tmp_path / "report.json"
+    args = ["check-upgrade", "--features", str(folder), "--resamples", "50", "--json", str(out)]
+    assert main([*args, "--orderings", "random", "adapter_residual", "--rollout"]) == 1
+    report = json.loads(out.read_text())
+    assert [n["ordering"] for n in report["backfill"]] == ["random", "adapter_residual"]
+    assert [n["ordering"] for n in report["rollout"]] == ["rank_merge:random", "rank_merge:adapter_residual", "rescoring"]
+    for need in report["rollout"]:
+        assert need["values"] == pytest.approx([report["old_old"]] * len(need["values"]), abs=1e-9)
+        assert need["area"] == pytest.approx(report["old_old"]) and need["to_old_self"] == 0.0
+    printed = capsys.readouterr().out
+    assert "roll-out rank_merge:random" in printed and "roll-out rescoring" in printed
+    assert main(args) == 1
+    assert json.loads(out.read_text())["rollout"] == []
+    capsys.readouterr()
+    assert main([*args, "--orderings", "fastfill"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown backfilling order(s) fastfill; known: random,") and "\n" not in err

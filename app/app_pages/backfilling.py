@@ -22,6 +22,8 @@ ORDERING_HELP = {
     "distance_mse_reverse": "nearest to the class mean first",
     "distance_cosine_reverse": "nearest to the class mean first (cosine)",
     "confidence": "lowest new-model confidence first (uses the new model's gallery logits: an oracle)",
+    "adapter_residual": "largest distance between an item's new and old (unit) vectors first, no labels "
+                        "(identity map: needs one feature space; reads every new vector: an oracle)",
 }
 
 st.title("Backfilling")
@@ -46,6 +48,12 @@ if not orderings:
     st.stop()
 params = {"step_a": old["step"], "step_b": new["step"], "view": view, "orderings": orderings,
           "metrics": ["recall@1", "map"]}
+if st.checkbox("Roll-out curves: rank merge and candidate re-scoring", key="bf_rollout",
+               help="Also the rank merge of the old index (old-model queries) and the new index (new-model queries) "
+                    "while items move in each ordering, and the old index's top K re-ranked by the new model (a curve "
+                    "over K as a fraction of the gallery); each with its M̃ and the share needed to reach either "
+                    "self-test. Computed once per choice; re-scoring sorts every query block once per point."):
+    params["rollout"] = True
 
 with st.expander("Mapping adapters (paper 004): align the two models, then backfill in the adapted spaces"):
     st.caption("Trains a forward adapter F (old → new) and a backward adapter B (new → old) on the stored training "
@@ -141,3 +149,39 @@ if note := artefact_note(metrics):
     st.caption(note)
 st.caption("The fraction columns: the smallest share of the gallery to backfill for the curve to reach the new "
            "model's self-test (or 99% of it), reading the curve as piecewise linear.")
+
+if roll := p.get("rollout"):
+    st.subheader("Roll-out: rank merge and candidate re-scoring")
+    st.caption("Rank merge: each item lives in one index, the old one (searched with old-model queries) until it is "
+               "moved, then the new one (new-model queries); results merged by similarity. Candidate re-scoring: the "
+               "old index's top K re-ranked by the new model, K as a share of the gallery. 0% = old-model queries on "
+               "the old gallery, 100% = the new model's self-test.")
+    named = {**{f"rank merge, {o}": c for o, c in roll["rank_merge"].items()}, "candidate re-scoring": roll["rescoring"]}
+    grids = {k: (roll["rescoring"]["fractions"] if k == "candidate re-scoring" else p["fractions"]) for k in named}
+    cols = st.columns(len(metrics))
+    for col, metric in zip(cols, metrics):
+        name = metric_name(metric)
+        curves = pd.DataFrame([{"ordering": k, "fraction": f, "value": v} for k, c in named.items()
+                               for f, v in zip(grids[k], c["curves"][metric])])
+        refs = pd.DataFrame([{"kind": "self", "label": f"new model's self-test {charts.percent(roll['self_test']['new'][metric])}",
+                              "value": roll["self_test"]["new"][metric]},
+                             {"kind": "cross", "label": f"old model's self-test {charts.percent(roll['self_test']['old'][metric])}",
+                              "value": roll["self_test"]["old"][metric]}]).dropna()
+        col.altair_chart(charts.with_convention(charts.backfill_chart(curves, refs, metric=name), conv, 70), width="stretch")
+    rows = []
+    summaries = {**{f"item replacement, {o}": s for o, s in roll["replacement_summary"].items()},
+                 **{k: c["summary"] for k, c in named.items()}}
+    for k, summary in summaries.items():
+        row = {"curve": k}
+        for metric in metrics:
+            name = metric_name(metric)
+            row[f"M̃ {name} %"] = None if summary[metric]["area"] is None else 100 * summary[metric]["area"]
+            row[f"{name}: to reach old"] = summary[metric]["reach_old"]
+            row[f"{name}: to reach new"] = summary[metric]["reach_new"]
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    config = {c: st.column_config.NumberColumn(format="%.2f") for c in table.columns if c.startswith("M̃")}
+    config.update({c: st.column_config.NumberColumn(format="percent") for c in table.columns if ": " in c})
+    st.dataframe(table, hide_index=True, placeholder=MISSING, width="stretch", column_config=config)
+    st.caption("To reach old / new: the smallest share of the gallery (moved, or re-scored per query) at which the "
+               "curve reaches the old model's / the new model's self-test, empty when it never does.")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.cli.options import add_model_arguments, models_spec_from_args
-from engine.core.contract import DEFAULT_ORDERINGS
+from engine.core.contract import DEFAULT_ORDERINGS, ORDERINGS
 from engine.core.vocab import RELEVANCE, RELEVANCE_K as DEFAULT_K
 from engine.data import roots
 from engine.results.json_file import write_json_atomic
@@ -97,6 +97,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "back to queries), queries = queries only (the gallery taken as fixed; the only one with "
                         "--old-gallery, whose gallery is streamed)")
     p.add_argument("--same-set", action="store_true", help="queries are the gallery images: exclude each query's own image")
+    p.add_argument("--orderings", nargs="+", default=list(DEFAULT_ORDERINGS), metavar="ORDER",
+                   help=f"backfilling orders when not compatible (default {' '.join(DEFAULT_ORDERINGS)}; known: {', '.join(ORDERINGS)})")
+    p.add_argument("--rollout", action="store_true",
+                   help="when not compatible, also the rank merge of the old index (old queries) and the new one per "
+                        "ordering, and the old index's top K re-ranked by the new model (candidate re-scoring, over K / N)")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the report as JSON (atomically)")
     roots.add_arguments(p)
 
@@ -130,7 +135,7 @@ def _check_folder(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRepo
         raise ValueError(f"{args.features}: check-upgrade compares two models, step_1.npz (old) and step_2.npz (new); "
                          f"found {len(folder.sets)} step file(s)")
     report = check_upgrade(folder.sets[0], folder.sets[1], names=args.names or ["old", "new"], same_set=args.same_set,
-                           orderings=DEFAULT_ORDERINGS, **settings)
+                           **settings)
     return report, {"features": str(args.features)}
 
 
@@ -197,6 +202,8 @@ def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRep
     for given, why in ((args.old_step is not None or args.new_step is not None, "--old-step and --new-step go with "
                         "--experiment"), (args.same_set, "--same-set goes with --features"),
                        (args.db is not None, "--db goes with --experiment or --model; --old-gallery stores nothing"),
+                       (args.rollout, "--rollout ranks mixed galleries held in memory (--features, --experiment or "
+                        "--model); --old-gallery streams its galleries"),
                        (args.interval == "two-way", "--interval two-way needs every feature in memory; --old-gallery "
                         "streams the gallery and resamples the queries (--interval queries)")):
         if given:
@@ -226,8 +233,12 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
     """Print the verdict sentence and the numbers; the exit code is the verdict's."""
     if args.json is not None:
         _check_json_target(args.json)  # refused before any work, so nothing is half-done
+    unknown = [o for o in args.orderings if o not in ORDERINGS]
+    if unknown:
+        raise ValueError(f"unknown backfilling order(s) {', '.join(unknown)}; known: {', '.join(ORDERINGS)}")
     settings = {"metric": args.metric or "recall@1", "resamples": args.resamples, "level": args.level,
-                "seed": args.seed, "margin": args.margin, "ties": args.ties, "interval": args.interval or DEFAULT_INTERVAL}
+                "seed": args.seed, "margin": args.margin, "ties": args.ties, "interval": args.interval or DEFAULT_INTERVAL,
+                "orderings": tuple(args.orderings), "rollout": args.rollout}
     if args.old_gallery is None:
         _refuse_source_options(args, "--features, --experiment or --model")
     if args.old_gallery is not None:
@@ -262,6 +273,8 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
     lines += [f"  backfill {need.ordering:<16} area {need.area:.4f}  to reach {report.old_name}'s self-test "
               f"{reach(need.to_old_self)}, {report.new_name}'s {reach(need.to_new_self)}"
               + ("  (best)" if need.ordering == report.best_ordering else "") for need in report.backfill]
+    lines += [f"  roll-out {need.ordering:<24} area {need.area:.4f}  to reach {report.old_name}'s self-test "
+              f"{reach(need.to_old_self)}, {report.new_name}'s {reach(need.to_new_self)}" for need in report.rollout]
     if args.json is not None:  # written before anything is printed: a failed write prints only the error
         try:
             write_json_atomic(args.json, {**source, **report.to_json()}, allow_nan=False)

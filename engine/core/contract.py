@@ -60,7 +60,7 @@ def same_set_of(config: dict[str, Any]) -> bool:
 ANALYSIS_KINDS = ("projection", "backfill", "geometry", "upgrade")
 EMBEDDINGS = ("umap", "pca")
 ORDERINGS = ("random", "distance_mse", "distance_cosine", "distance_mse_reverse", "distance_cosine_reverse",
-             "confidence")  # partial-backfilling orders (engine.metrics.backfill_orders.ORDERINGS)
+             "confidence", "adapter_residual")  # partial-backfilling orders (engine.metrics.backfill_orders.ORDERINGS)
 DEFAULT_ORDERINGS = ("random", "distance_mse", "distance_cosine")
 REACH_SHARES = (1.0, 0.99, 0.95)  # "fraction needed to reach this share of the new model's self-test"
 # map point kinds (column "kind" of the projection array)
@@ -72,7 +72,7 @@ ANALYSIS_DEFAULTS: dict[str, dict[str, Any]] = {
                    "max_points": 2000, "seed": 0, "n_pairs": 10_000},
     "backfill": {"step_a": None, "step_b": None, "view": "encoder",
                  "orderings": list(DEFAULT_ORDERINGS), "metrics": ["recall@1", "map"],
-                 "num_fractions": 21, "seed": 0},
+                 "num_fractions": 21, "seed": 0, "rollout": False},
     "geometry": {"view": "encoder", "split": "gallery", "n_pairs": 10_000, "seed": 0},
     # engine.metrics.paired's defaults: a seeded percentile bootstrap, 1,000 resamples, 95%
     "upgrade": {"step_a": None, "step_b": None, "view": "encoder", "metric": "recall@1", "resamples": 1000,
@@ -123,12 +123,20 @@ def normalize_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any]
             raise ValueError("backfill needs at least one metric, e.g. 'recall@1' or 'map'")
         if out["num_fractions"] < 2:
             raise ValueError(f"num_fractions must be at least 2 (0 and 1), got {out['num_fractions']}")
+        if not isinstance(out["rollout"], bool):
+            raise ValueError(f"rollout must be true or false (add the rank-merge and re-scoring curves), got {out['rollout']!r}")
     return out
+
+
+# Parameters added after analyses were stored: left out of the key at these values, so older analyses keep their key.
+LATER_PARAMS: dict[str, dict[str, Any]] = {"backfill": {"rollout": False}}
 
 
 def analysis_key(kind: str, params: dict[str, Any] | None) -> str:
     """The storage key of an analysis: canonical JSON of its normalised parameters (deterministic)."""
-    return json.dumps(normalize_params(kind, params), sort_keys=True, separators=(",", ":"))
+    later = LATER_PARAMS.get(kind, {})
+    out = {k: v for k, v in normalize_params(kind, params).items() if not (k in later and v == later[k])}
+    return json.dumps(out, sort_keys=True, separators=(",", ":"))
 
 
 # ---------------------------------------------------------------------------------------------- jobs

@@ -23,7 +23,8 @@ Choices:
   blocks come from the torch backend's own ``similarity_blocks``: same normalisation, same row blocks
   (``max_block``), same exclusion by index.
 
-Evaluation is incremental (:mod:`engine.metrics.backfill_kernels`); the orderings live in
+Evaluation is incremental (:mod:`engine.metrics.backfill_kernels`: on CPU every fraction from one pass per block, AP
+included); the orderings live in
 :mod:`engine.metrics.backfill_orders`.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.metrics.backfill_kernels import mixed_stats, recall1_stats, segment_of_columns
+from engine.metrics.backfill_kernels import all_fraction_stats, mixed_stats, recall1_stats, segment_of_columns
 from engine.models.device import pick_device
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import RankTies, unit_rows, metrics_from_stats, parse_metric, prepare_gallery
@@ -101,19 +102,90 @@ def backfill_curves(
     that name: ``recall@K``, ``map``, at most one ``map@K``), and ``n_queries``, ``n_valid`` and
     ``n_no_positive`` (the same at every fraction: exclusions are by index on both galleries).
     """
-    check_features("query features", query)
+    return mixed_gallery_curves(query, query, query_labels, old_gallery, new_gallery, gallery_labels, order=order,
+                                fractions=fractions, metrics=metrics, same_set=same_set, ties=ties, max_block=max_block)
+
+
+def mixed_gallery_curves(
+    query_old: np.ndarray,
+    query_new: np.ndarray,
+    query_labels: np.ndarray,
+    old_gallery: np.ndarray,
+    new_gallery: np.ndarray,
+    gallery_labels: np.ndarray,
+    *,
+    order: Sequence[int] | np.ndarray,
+    fractions: Sequence[float] | np.ndarray | None = None,
+    metrics: Sequence[str] = ("recall@1", "map"),
+    same_set: bool = False,
+    ties: RankTies = "pessimistic",
+    max_block: int = DEFAULT_BLOCK,
+) -> dict[str, np.ndarray | int]:
+    """:func:`backfill_curves` where an item not yet backfilled is scored against ``query_old`` and a backfilled
+    one against ``query_new`` (the same query for item replacement; two indexes merged by score otherwise)."""
+    n_old = check_two_spaces(query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels, same_set=same_set)
+    order = _check_order(order, n_old)
+    fractions = _check_fractions(fractions)
+    metrics, parsed, ks, map_k, want_ap = parse_curve_metrics(metrics, ties)
+
+    device = pick_device("auto")
+    query_labels = np.asarray(query_labels)
+    old_g = prepare_gallery(old_gallery, gallery_labels, device=device)
+    new_g = prepare_gallery(new_gallery, gallery_labels, device=device)  # same labels -> same column order
+    q_old = unit_rows(query_old, device)
+    q_new = q_old if query_new is query_old else unit_rows(query_new, device)
+    starts, ends = old_g.slices(query_labels)
+    exclude = old_g.position if same_set else None
+    counts = backfill_counts(fractions, n_old)
+    cols = old_g.position[order]  # gallery column of each item, in backfilling order
+    recall1_only = all(p == ("recall", 1) for p in parsed)
+    segment = segment_of_columns(cols, counts) if recall1_only or device.type == "cpu" else None
+    n_pos = ends - starts
+    if exclude is not None:
+        n_pos = n_pos - ((exclude >= starts) & (exclude < ends))
+
+    parts: list[list[QueryStats]] = [[] for _ in fractions]
+    blocks = zip(similarity_blocks(q_old, old_g, starts, ends, exclude, None, max_block),
+                 similarity_blocks(q_new, new_g, starts, ends, exclude, None, max_block))
+    for (rows, s_old), (_, s_new) in blocks:
+        if recall1_only:
+            block = recall1_stats(s_old, s_new, starts[rows], ends[rows], segment, len(counts), n_pos[rows].astype(np.int64))
+        elif segment is not None:  # CPU: every fraction from one pass (AP included)
+            block = all_fraction_stats(s_old, s_new, starts[rows], ends[rows], segment, len(counts), map_k=map_k)
+        else:
+            block = mixed_stats(s_old, s_new, starts[rows], ends[rows], cols, counts, map_k=map_k, want_ap=want_ap)
+        for acc, stats in zip(parts, block):
+            acc.append(stats)
+
+    return curve_output(parts, metrics, parsed, ks, map_k, ties, fractions=fractions, n_backfilled=counts)
+
+
+def check_two_spaces(query_old: np.ndarray, query_new: np.ndarray, query_labels: np.ndarray, old_gallery: np.ndarray,
+                     new_gallery: np.ndarray, gallery_labels: np.ndarray, *, same_set: bool) -> int:
+    """Validate an old index (searched with ``query_old``) and a new one (``query_new``) over the same items; the size."""
+    check_features("query features", query_old)
+    if query_new is not query_old:
+        check_features("new-space query features", query_new)
+        if np.shape(query_new)[0] != np.shape(query_old)[0]:
+            raise ValueError(f"the old-space queries have {np.shape(query_old)[0]} rows but the new-space queries "
+                             f"{np.shape(query_new)[0]}; both must embed the same queries in the same row order")
     check_features("old gallery features", old_gallery)
     check_features("new gallery features", new_gallery)
     (n_old, d_old), (n_new, d_new) = np.shape(old_gallery), np.shape(new_gallery)
     if n_old != n_new:
         raise ValueError(f"the old gallery has {n_old} rows but the new gallery has {n_new}; "
                          "both must embed the same items in the same row order")
-    if d_old != d_new:
+    if query_new is query_old and d_old != d_new:
         raise ValueError(f"old gallery features are {d_old}-d but new gallery features are {d_new}-d; "
                          "adapt one side (F or B) so both live in the query's space")
-    check_cell(query, query_labels, old_gallery, gallery_labels, same_set=same_set)
-    order = _check_order(order, n_old)
-    fractions = _check_fractions(fractions)
+    check_cell(query_old, query_labels, old_gallery, gallery_labels, same_set=same_set)
+    if query_new is not query_old:
+        check_cell(query_new, query_labels, new_gallery, gallery_labels, same_set=same_set)
+    return n_old
+
+
+def parse_curve_metrics(metrics: Sequence[str] | str, ties: str) -> tuple[tuple[str, ...], list[tuple[str, int | None]], tuple[int, ...], int, bool]:
+    """Validate curve metric names and the tie rule: (names, parsed, Recall@k ks, mAP@k's k or 0, whether AP is needed)."""
     metrics = (metrics,) if isinstance(metrics, str) else tuple(metrics)
     if not metrics or not all(isinstance(m, str) for m in metrics):
         raise ValueError(f"metrics must be a non-empty list of names such as 'recall@1' or 'map', got {metrics!r}")
@@ -124,42 +196,19 @@ def backfill_curves(
         raise ValueError(f"one mAP@k at a time, got {map_ks}")
     if ties not in ("pessimistic", "optimistic"):
         raise ValueError(f"unknown tie rule {ties!r}; use 'pessimistic' or 'optimistic'")
-    map_k = map_ks[0] if map_ks else 0
-    want_ap = any(kind == "map" for kind, _ in parsed)
+    return metrics, parsed, ks, (map_ks[0] if map_ks else 0), any(kind == "map" for kind, _ in parsed)
 
-    device = pick_device("auto")
-    query_labels = np.asarray(query_labels)
-    old_g = prepare_gallery(old_gallery, gallery_labels, device=device)
-    new_g = prepare_gallery(new_gallery, gallery_labels, device=device)  # same labels -> same column order
-    q = unit_rows(query, device)
-    starts, ends = old_g.slices(query_labels)
-    exclude = old_g.position if same_set else None
-    counts = backfill_counts(fractions, n_old)
-    cols = old_g.position[order]  # gallery column of each item, in backfilling order
-    recall1_only = all(p == ("recall", 1) for p in parsed)
-    segment = segment_of_columns(cols, counts) if recall1_only else None
-    n_pos = ends - starts
-    if exclude is not None:
-        n_pos = n_pos - ((exclude >= starts) & (exclude < ends))
 
-    parts: list[list[QueryStats]] = [[] for _ in fractions]
-    blocks = zip(similarity_blocks(q, old_g, starts, ends, exclude, None, max_block),
-                 similarity_blocks(q, new_g, starts, ends, exclude, None, max_block))
-    for (rows, s_old), (_, s_new) in blocks:
-        if recall1_only:
-            block = recall1_stats(s_old, s_new, starts[rows], ends[rows], segment, len(counts), n_pos[rows].astype(np.int64))
-        else:
-            block = mixed_stats(s_old, s_new, starts[rows], ends[rows], cols, counts, map_k=map_k, want_ap=want_ap)
-        for acc, stats in zip(parts, block):
-            acc.append(stats)
-
-    per_beta = [metrics_from_stats(QueryStats.concat(p), ks=ks, map_at=map_k or None, want_map=("map", None) in parsed, ties=ties)
-                for p in parts]
-    out: dict[str, np.ndarray | int] = {"fractions": fractions, "n_backfilled": counts}
+def curve_output(parts: list[list[QueryStats]], metrics: tuple[str, ...], parsed: list[tuple[str, int | None]],
+                 recall_ks: tuple[int, ...], map_k: int, ties: RankTies, **grid: np.ndarray) -> dict[str, np.ndarray | int]:
+    """The curves' dict from the per-block statistics at each grid point: ``grid`` entries, one array per metric, counts."""
+    per_point = [metrics_from_stats(QueryStats.concat(p), ks=recall_ks, map_at=map_k or None, want_map=("map", None) in parsed, ties=ties)
+                 for p in parts]
+    out: dict[str, np.ndarray | int] = dict(grid)
     for name, (kind, at) in zip(metrics, parsed):
-        out[name] = np.array([m[f"{kind}@{at}" if at else kind] for m in per_beta], dtype=np.float64)
+        out[name] = np.array([m[f"{kind}@{at}" if at else kind] for m in per_point], dtype=np.float64)
     for key in ("n_queries", "n_valid", "n_no_positive"):
-        out[key] = per_beta[0][key]
+        out[key] = per_point[0][key]
     return out
 
 

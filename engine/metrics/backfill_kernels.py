@@ -1,9 +1,10 @@
 """Compiled and torch kernels of the backfilling curves (:mod:`engine.metrics.backfill`).
 
 Evaluation is incremental: per block of query rows, the similarities to the old and to the new
-gallery are computed once (two matrix products). For each beta, the columns backfilled since the
-previous beta are copied from the new block into the old one (the backfilled sets are nested), and the
-ranking kernel runs on that mixed block. A request for Recall@1 alone skips the ranking kernel: one
+gallery are computed once (two matrix products). On CPU, one compiled pass per query then gives every
+fraction's statistics, AP included (:func:`all_fraction_stats`). On CUDA, for each beta the columns backfilled
+since the previous beta are copied from the new block into the old one (the backfilled sets are nested), and
+the ranking kernel runs on that mixed block (:func:`mixed_stats`). A request for Recall@1 alone skips the ranking kernel: one
 pass over both blocks collects, per query, the best positive and the best negative of each segment of
 the order (the items first backfilled at one fraction); the best positive and negative at every beta
 are then prefix/suffix maxima over those segments (:func:`recall1_stats`). Exact, and its cost does
@@ -15,7 +16,7 @@ import numba
 import numpy as np
 import torch
 
-from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
+from engine.metrics.ranking import QueryStats, _ap_from_counts, _bucket, _bucket_table, stats_numba, stats_torch
 
 
 def _stats(sims: torch.Tensor, starts: np.ndarray, ends: np.ndarray, *, map_k: int, want_ap: bool) -> QueryStats:
@@ -126,3 +127,157 @@ def recall1_stats(s_old: torch.Tensor, s_new: torch.Tensor, starts: np.ndarray, 
     nan = np.full(len(n_pos), np.nan)
     return [QueryStats(n_pos, (neg[:, i] >= best[:, i]).astype(np.int64), (neg[:, i] > best[:, i]).astype(np.int64), nan, nan)
             for i in range(n_fractions)]
+
+
+# Every fraction in one pass (any metric, AP included) --------------------------------------------------------
+
+
+@numba.njit(inline="always")
+def _thresholds_at_or_below(v, thr, scale, nb, in_bucket, below):  # pragma: no cover - compiled
+    """How many of the ascending thresholds ``thr`` are <= v (bucketed like the ranking kernel, then exact)."""
+    if v < thr[0]:
+        return 0
+    k = _bucket(v, thr[0], scale, nb)
+    m = below[k]
+    if in_bucket[k] == 0:
+        return m
+    while m < len(thr) and thr[m] <= v:
+        m += 1
+    return m
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _all_fractions_kernel(s_old, s_new, starts, ends, segment, n_fr, map_k):  # pragma: no cover - compiled
+    """Ranking statistics of every row at every fraction; arrays are (n_fr, n), plus the NaN/+inf count per row."""
+    n, width = s_old.shape
+    n_pos = np.zeros((n_fr, n), np.int64)
+    neg_ge = np.zeros((n_fr, n), np.int64)
+    neg_gt = np.zeros((n_fr, n), np.int64)
+    ap = np.full((n_fr, n), np.nan)
+    ap_k = np.full((n_fr, n), np.nan)
+    bad = np.zeros(n, np.int64)
+    for r in numba.prange(n):
+        a = starts[r]
+        b = ends[r]
+        nonfinite = 0
+        for j in range(width):
+            nonfinite += (not s_old[r, j] < np.inf) + (not s_new[r, j] < np.inf)
+        bad[r] = nonfinite
+        if nonfinite or b == a:
+            continue
+        # thresholds: every value a positive takes at some fraction (its old and its new similarity)
+        raw = np.empty(2 * (b - a), np.float32)
+        u = 0
+        for j in range(a, b):
+            for v in (s_old[r, j], s_new[r, j]):
+                if v != -np.inf:
+                    raw[u] = v
+                    u += 1
+        if u == 0:
+            continue
+        raw = np.sort(raw[:u])
+        thr = np.empty(u, np.float32)
+        t = 0
+        for i in range(u):
+            if i == 0 or raw[i] != raw[i - 1]:
+                thr[t] = raw[i]
+                t += 1
+        thr = thr[:t]
+        nb, scale, in_bucket, below = _bucket_table(thr, width)
+        # negatives per threshold slot m (thr[m - 1] <= v < thr[m]) before the first fraction (``cur``), and what
+        # changes at each fraction (``delta``): a new value counts from its item's segment on, an old one before
+        # it; ``eq0`` / ``eq_delta`` the same for negatives exactly equal to thr[m - 1] (read only at the best positive)
+        cur = np.zeros(t + 1, np.int64)
+        delta = np.zeros((n_fr + 1, t + 1), np.int32)
+        eq0 = np.zeros(t + 1, np.int64)
+        eq_delta = np.zeros((n_fr + 1, t + 1), np.int32)
+        for part in range(2):
+            lo = 0 if part == 0 else b
+            hi = a if part == 0 else width
+            for j in range(lo, hi):
+                s = segment[j]
+                if s < n_fr:
+                    v = s_new[r, j]
+                    m = _thresholds_at_or_below(v, thr, scale, nb, in_bucket, below)
+                    if m:
+                        delta[s, m] += 1
+                        if thr[m - 1] == v:
+                            eq_delta[s, m] += 1
+                if s > 0:
+                    v = s_old[r, j]
+                    m = _thresholds_at_or_below(v, thr, scale, nb, in_bucket, below)
+                    if m:
+                        cur[m] += 1
+                        delta[s, m] -= 1
+                        if thr[m - 1] == v:
+                            eq0[m] += 1
+                            eq_delta[s, m] -= 1
+        # positives per threshold (``at``), kept up to date as their items switch to the new similarity
+        k_old = np.full(b - a, -1, np.int64)
+        k_new = np.full(b - a, -1, np.int64)
+        at = np.zeros(t, np.int64)
+        p = 0
+        for j in range(a, b):
+            if s_old[r, j] != -np.inf:
+                k_old[j - a] = np.searchsorted(thr, s_old[r, j])
+            if s_new[r, j] != -np.inf:
+                k_new[j - a] = np.searchsorted(thr, s_new[r, j])
+            if segment[j] > 0 and k_old[j - a] >= 0:
+                at[k_old[j - a]] += 1
+                p += 1
+        pos = np.empty(b - a, np.float32)
+        cnt = np.zeros(b - a + 1, np.int64)
+        for i in range(n_fr):
+            for m in range(t + 1):
+                cur[m] += delta[i, m]
+            for j in range(a, b):
+                if segment[j] == i:
+                    if i > 0 and k_old[j - a] >= 0:
+                        at[k_old[j - a]] -= 1
+                        p -= 1
+                    if k_new[j - a] >= 0:
+                        at[k_new[j - a]] += 1
+                        p += 1
+            n_pos[i, r] = p
+            if p == 0:
+                continue
+            cnt[: p + 1] = 0
+            q = 0
+            top = 0
+            for m in range(1, t + 1):  # slot m holds the negatives with thr[m - 1] <= v < thr[m]
+                q += at[m - 1]
+                cnt[q] += cur[m]
+                if at[m - 1]:
+                    top = m  # slot of the best positive's value
+                    for c in range(at[m - 1]):
+                        pos[q - at[m - 1] + c] = thr[m - 1]  # ascending positives, as the ranking kernel sorts them
+            ties_best = eq0[top]
+            for s in range(i + 1):
+                ties_best += eq_delta[s, top]
+            neg_ge[i, r] = cnt[p]
+            neg_gt[i, r] = cnt[p] - ties_best
+            ap[i, r], ap_k[i, r] = _ap_from_counts(pos[:p], cnt[: p + 1], map_k)
+    return n_pos, neg_ge, neg_gt, ap, ap_k, bad
+
+
+def all_fraction_stats(s_old: torch.Tensor, s_new: torch.Tensor, starts: np.ndarray, ends: np.ndarray,
+                       segment: np.ndarray, n_fractions: int, *, map_k: int) -> list[QueryStats]:
+    """Ranking statistics (counts, AP, AP@k) at every fraction from one pass over both CPU blocks (exact).
+
+    Every value a positive can take is one of its two similarities, so per query the negatives are counted
+    once into slots between those thresholds, with a difference table over the fractions (a negative counts
+    with its new similarity from its segment on, with its old one before). At each fraction the slots are
+    mapped onto that fraction's sorted positives: the same ``cnt`` the ranking kernel builds, hence the same
+    AP bit for bit (:func:`engine.metrics.ranking._ap_from_counts`). Cost: one pass over the block plus
+    O(fractions x positives) per query, instead of one ranking pass per fraction.
+    """
+    threads = torch.get_num_threads()
+    *out, bad = _all_fractions_kernel(np.ascontiguousarray(s_old.numpy()), np.ascontiguousarray(s_new.numpy()),
+                                      starts.astype(np.int64), ends.astype(np.int64), segment, n_fractions, int(map_k))
+    torch.set_num_threads(threads)
+    rows = np.flatnonzero(bad)
+    if len(rows):
+        raise ValueError(f"similarities have NaN/inf values in {len(rows)} query row(s) (first: row {rows[0]}); "
+                         f"the features are not finite after the float32 cast")
+    n_pos, neg_ge, neg_gt, ap, ap_k = out
+    return [QueryStats(n_pos[i], neg_ge[i], neg_gt[i], ap[i], ap_k[i]) for i in range(n_fractions)]

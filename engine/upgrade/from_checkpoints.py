@@ -44,11 +44,12 @@ def comparison_pair(cmp: Comparison, view: str) -> tuple[CellFeatures, CellFeatu
 def check_models(spec: Mapping[str, Any], *, view: str = "encoder", names: Sequence[str] | None = None,
                  metric: str = "recall@1", resamples: int, level: float, seed: int, margin: float = 0.0,
                  ties: str = "fail", interval: str = DEFAULT_INTERVAL,
-                 db: Engine | None = None) -> tuple[UpgradeReport, Comparison, int | None]:
+                 db: Engine | None = None, **backfill: Any) -> tuple[UpgradeReport, Comparison, int | None]:
     """The verdict of the second model of ``spec`` over the first on its images; stored in ``db`` when given.
 
     ``spec`` is a comparison spec without views or metrics (see :func:`engine.checkpoints.request.comparison_spec`).
-    ``names`` default to the checkpoints' file stems; they name the stored models too. Everything that can be
+    ``names`` default to the checkpoints' file stems; they name the stored models too; ``backfill``: check_upgrade's
+    ``orderings`` and ``rollout``. Everything that can be
     checked before the embedding is; ``ValueError`` with one sentence for any bad input, and then nothing is stored.
     """
     checked = comparison_spec({**spec, "views": [view], "metrics": [metric]})
@@ -65,7 +66,7 @@ def check_models(spec: Mapping[str, Any], *, view: str = "encoder", names: Seque
     cmp = compare_checkpoints(checked)
     old, new = comparison_pair(cmp, view)
     report = check_upgrade(old, new, names=labels, metric=metric, resamples=resamples, level=level, seed=seed,
-                           same_set=cmp.same_set, margin=margin, ties=ties, interval=interval)
+                           same_set=cmp.same_set, margin=margin, ties=ties, interval=interval, **backfill)
     experiment_id = store_comparison(db, cmp) if db is not None else None
     return report, cmp, experiment_id
 

@@ -19,7 +19,9 @@ cells) and carries a confidence interval:
 * the same test of new/new against old/old: is the new model better on its own (the matrices' strict rule)?
 * when not compatible, the partial-backfill curves (new queries, gallery re-embedded item by item) of
   each ordering, the fraction of the gallery each needs to reach the old and the new self-test, and the
-  best ordering: the one with the **largest** area under its curve (M-tilde, trapezoid over 0..1).
+  best ordering: the one with the **largest** area under its curve (M-tilde, trapezoid over 0..1);
+  with ``rollout`` also the roll-out curves (:mod:`engine.metrics.backfill_rollout`): the rank merge of the old
+  index (old queries) and the new one (new queries) in each ordering, and candidate re-scoring over K.
 
 Why the percentile bootstrap: the statistic is a mean of bounded per-query differences (hits: -1, 0, 1;
 APs: in [-1, 1]) over hundreds of queries; the percentile interval needs no variance formula, stays inside
@@ -40,6 +42,7 @@ import numpy as np
 # ---- the engine pieces this check reuses
 from engine.metrics.backfill import backfill_curve, curve_area, fraction_to_reach
 from engine.metrics.backfill_orders import backfill_order
+from engine.metrics.backfill_rollout import rank_merge_curves, rescoring_curves, rescoring_ks
 from engine.core.contract import DEFAULT_ORDERINGS
 from engine.metrics.compatibility import CellFeatures
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, paired_bootstrap
@@ -112,6 +115,7 @@ class UpgradeReport:
     interval: str = "queries"  # what the bootstrap resampled (a key of INTERVALS)
     notes: tuple[str, ...] = ()
     relevance: str = "labels"  # what counts as relevant (engine.core.vocab.RELEVANCE)
+    rollout: tuple[BackfillNeed, ...] = ()  # with rollout=True: "rank_merge:<ordering>" curves and "rescoring" (over K / N)
 
     @property
     def rule(self) -> Rule:
@@ -231,6 +235,26 @@ def backfill_needs(old: CellFeatures, new: CellFeatures, *, metric: str, old_sel
     return tuple(out)
 
 
+def rollout_needs(old: CellFeatures, new: CellFeatures, *, metric: str, old_self: float, new_self: float,
+                  orderings: Sequence[str] = DEFAULT_ORDERINGS, seed: int = DEFAULT_SEED,
+                  same_set: bool = False) -> tuple[BackfillNeed, ...]:
+    """Roll-out curves and what they take: per ordering the rank merge of the old index (searched with the old
+    model's queries) and the new one (new queries, merged by score), named ``rank_merge:<ordering>``; then
+    ``rescoring``, the old index's top K re-ranked by the new model, over K / N."""
+    out = []
+    for name in orderings:
+        order = backfill_order(name, old_gallery=old.gallery, new_gallery=new.gallery, gallery_labels=old.gallery_labels,
+                               seed=seed)
+        got = rank_merge_curves(old.query, new.query, new.query_labels, old.gallery, new.gallery, old.gallery_labels,
+                                order=order, metrics=(metric,), same_set=same_set)
+        out.append((f"rank_merge:{name}", got["fractions"], got[metric]))
+    got = rescoring_curves(old.query, new.query, new.query_labels, old.gallery, new.gallery, old.gallery_labels,
+                           ks=rescoring_ks(len(old.gallery_labels)), metrics=(metric,), same_set=same_set)
+    out.append(("rescoring", got["fractions"], got[metric]))
+    return tuple(BackfillNeed(name, curve_area(f, v), fraction_to_reach(f, v, old_self), fraction_to_reach(f, v, new_self),
+                              [float(x) for x in f], [float(x) for x in v]) for name, f, v in out)
+
+
 def best_ordering(needs: Sequence[BackfillNeed]) -> str | None:
     """The ordering with the largest area under its curve (the first listed among equal areas)."""
     return best_by_area({n.ordering: n.area for n in needs})
@@ -258,13 +282,14 @@ def check_settings(names: Sequence[str], *, metric: str, resamples: int, level: 
 def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] = ("old", "new"), metric: str = "recall@1",
                   resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_SEED,
                   same_set: bool = False, orderings: Sequence[str] = DEFAULT_ORDERINGS, margin: float = 0.0,
-                  ties: str = "fail", interval: str = DEFAULT_INTERVAL) -> UpgradeReport:
+                  ties: str = "fail", interval: str = DEFAULT_INTERVAL, rollout: bool = False) -> UpgradeReport:
     """The upgrade verdict of ``new`` over ``old`` on one image set (see the module docstring).
 
     Both bootstraps draw from a generator seeded by ``seed``. ``margin`` (points) and ``ties`` pick the rule
     (:class:`engine.upgrade.rule.Rule`; strict ECC by default); ``interval`` what the bootstrap resamples
     (``two-way``: queries and gallery items, for Recall@k; mAP falls back to queries, with a note). Raises
-    ``ValueError`` with one sentence for any input it cannot judge.
+    ``ValueError`` with one sentence for any input it cannot judge. ``rollout``: when not compatible, also the
+    rank-merge and candidate re-scoring curves (:func:`rollout_needs`).
     """
     (old_name, new_name), metric = check_settings(names, metric=metric, resamples=resamples, level=level, margin=margin,
                                                   ties=ties, interval=interval)
@@ -297,7 +322,9 @@ def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] 
     old_self = float(np.nanmean(oo))
     needs = backfill_needs(old, new, metric=metric, old_self=old_self, orderings=orderings, seed=seed,
                            same_set=same_set) if compat.verdict == COMPATIBILITY["fail"] else ()
+    rolled = rollout_needs(old, new, metric=metric, old_self=old_self, new_self=float(np.nanmean(nn)), orderings=orderings,
+                           seed=seed, same_set=same_set) if rollout and compat.verdict == COMPATIBILITY["fail"] else ()
     n_no_pos = int(np.isnan(oo).sum())
     return UpgradeReport(old_name, new_name, metric, old_self, float(np.nanmean(no)), float(np.nanmean(nn)),
                          len(oo), n_no_pos, len(old.gallery_labels), compat, better, resamples, level, seed, same_set,
-                         needs, best_ordering(needs), float(margin), ties, interval, notes)
+                         needs, best_ordering(needs), float(margin), ties, interval, notes, rolled)
