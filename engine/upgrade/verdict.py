@@ -327,4 +327,4 @@ def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] 
     n_no_pos = int(np.isnan(oo).sum())
     return UpgradeReport(old_name, new_name, metric, old_self, float(np.nanmean(no)), float(np.nanmean(nn)),
                          len(oo), n_no_pos, len(old.gallery_labels), compat, better, resamples, level, seed, same_set,
-                         needs, best_ordering(needs), float(margin), ties, interval, notes, rolled)
+                         needs, best_ordering(needs), float(margin), ties, interval, notes, rollout=rolled)
