@@ -215,3 +215,10 @@ def test_readme_table_is_laid_out_as_reproduce_demo_table_prints_it(tmp_path):
         assert got[:5] == [c.strip() for c in want[:5]]
         assert got[6] in ("seeds, then items", "t over seeds")
         assert re.match(r"(reproduces|unresolved|does not|fails \(as it must\)|does not fail)", got[7])
+
+
+def test_the_arithmetic_record_names_the_device():
+    from engine.models.arithmetic import arithmetic_record
+
+    assert arithmetic_record(1, device="cpu")["device"] == "cpu" and "gpu" not in arithmetic_record(1, device="cpu")
+    assert "device" not in arithmetic_record(1)
