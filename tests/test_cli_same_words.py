@@ -17,15 +17,20 @@ from engine.metrics.same_set import queries_are_gallery, resolve_same_set
 from engine.upgrade.verdict import check_upgrade
 
 
-@pytest.mark.parametrize("pair", [compatible_pair, incompatible_pair, close_pair])
-def test_evaluate_prints_check_upgrades_interval_and_words(tmp_path, capsys, pair):
+def _both(tmp_path, capsys, pair) -> tuple[dict, str]:
+    """check-upgrade's JSON report and what ``evaluate`` prints, for the same two-model folder."""
     folder = write_folder(tmp_path / "f", *pair())
     out = tmp_path / "r.json"
     main(["check-upgrade", "--features", str(folder), "--json", str(out)])
     report = json.loads(out.read_text())
     capsys.readouterr()
     assert main(["evaluate", "--features", str(folder), "--no-store", "--metric", "recall@1"]) == 0
-    printed = capsys.readouterr().out
+    return report, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("pair", [compatible_pair, incompatible_pair, close_pair])
+def test_evaluate_prints_check_upgrades_interval_and_words(tmp_path, capsys, pair):
+    report, printed = _both(tmp_path, capsys, pair)
     line = next(x for x in printed.splitlines() if x.startswith("M2 → M1: "))
     c = report["compatibility"]
     interval = (f"{100 * c['diff']:+.1f} points, 95% CI {100 * c['lo']:+.1f} to {100 * c['hi']:+.1f} over {c['n']:,} "
@@ -77,13 +82,8 @@ def test_a_folder_where_only_some_steps_are_their_gallery_is_left_as_given_with_
 
 @pytest.mark.parametrize("pair", [compatible_pair, close_pair])
 def test_evaluate_prints_check_upgrades_on_its_own_line_and_the_ac_range(tmp_path, capsys, pair):
-    folder = write_folder(tmp_path / "f", *pair())
-    out = tmp_path / "r.json"
-    main(["check-upgrade", "--features", str(folder), "--json", str(out)])
-    report = json.loads(out.read_text())
-    capsys.readouterr()
-    assert main(["evaluate", "--features", str(folder), "--no-store", "--metric", "recall@1"]) == 0
-    printed = capsys.readouterr().out.splitlines()
+    report, printed = _both(tmp_path, capsys, pair)
+    printed = printed.splitlines()
     line = next(x for x in printed if x.startswith("M2 → M1: "))
     b = report["better"]
     word = {"better": "better than", "not better": "not better than", "too close to call": "too close to call against"}

@@ -114,3 +114,25 @@ def test_on_its_own_in_the_matrix_is_check_upgrades_better_line(metric, noise):
     assert ALONE_WORDS[alone["verdict"][1][0]] == b.verdict
     assert (stored["diff"], stored["lo"], stored["hi"]) == (plain["diff"], plain["lo"], plain["hi"])
     assert "alone" not in plain
+
+
+def test_on_its_own_with_different_galleries_resamples_the_queries():
+    """Steps whose galleries differ (other images, other sizes) have no shared gallery to resample: model 2's self-test
+    against model 1's is the paired bootstrap over the queries, as called directly on the two self-tests' hits."""
+    from engine.metrics.cell_interval import cell_seed, paired_intervals
+    from engine.metrics.compatibility import cell_outcomes
+
+    rng = np.random.default_rng(3)
+    labels = np.repeat(np.arange(4), 10)
+    q1, q2 = rng.normal(size=(2, 40, 5))
+    g1, g2 = rng.normal(size=(30, 5)), rng.normal(size=(36, 5))
+    gl1, gl2 = np.repeat(np.arange(4), [8, 7, 8, 7]), np.repeat(np.arange(4), 9)
+    one, two = CellFeatures(q1, labels, g1, gl1), CellFeatures(q2, labels, g2, gl2)
+    result = compatibility_matrices([_as_set(one), _as_set(two)], metrics=("recall@1",),
+                                    paired=PairedOptions(on_its_own=True))
+    alone = result.paired["recall@1"]["alone"]
+    _, old = cell_outcomes(one, "recall@1")
+    _, new = cell_outcomes(two, "recall@1")
+    want = paired_intervals(old, [new], seed=cell_seed(0, 1, 0), resamples=1000, confidence=0.95,
+                            bound_unchanged=[False])[0]
+    assert (alone["diff"][1, 0], alone["lo"][1, 0], alone["hi"][1, 0]) == pytest.approx((want.diff, want.lo, want.hi), abs=1e-12)

@@ -98,6 +98,9 @@ def test_smoke_reproduction_resumes_and_prints_the_stored_margins(tmp_path, caps
     assert main(argv + ["--table"]) == 0  # everything stored: nothing runs again (found by config hash)
     second = capsys.readouterr().out
     assert "running seed" not in second and second.count("| P2-Tab2 |") == 8 + 4  # 8 paper cells + 4 control rows
+    made = next(line for line in second.splitlines() if line.startswith("Made with: "))
+    assert "runs recorded compute_threads 1" in made and "device cpu" in made.split("runs recorded")[1]  # the runs' own
+    assert "Interval: 95 %, hierarchical bootstrap over seeds" in second
 
     db = get_engine(url)
     cfg = study_config(CLAIMS["P2-Tab2"], "smoke", device="cpu")

@@ -215,3 +215,29 @@ def test_readme_table_is_laid_out_as_reproduce_demo_table_prints_it(tmp_path):
         assert got[:5] == [c.strip() for c in want[:5]]
         assert got[6] in ("seeds, then items", "t over seeds")
         assert re.match(r"(reproduces|unresolved|does not|fails \(as it must\)|does not fail)", got[7])
+
+
+def test_the_arithmetic_record_names_the_device():
+    from engine.models.arithmetic import arithmetic_record
+
+    assert arithmetic_record(1, device="cpu")["device"] == "cpu" and "gpu" not in arithmetic_record(1, device="cpu")
+    assert "device" not in arithmetic_record(1)
+
+
+def test_rows_fall_back_to_seeds_and_say_why_when_the_features_are_gone(tmp_path):
+    from sqlalchemy import delete, select
+
+    from storage import FeatureSet, ModelVersion, session_scope
+
+    db, claim, runs, _ = _study(tmp_path, "recall@1", seeds=2)
+    with session_scope(db) as s:
+        ids = s.scalars(select(ModelVersion.id).where(ModelVersion.experiment_id == runs[(1, "cores")])).all()
+        s.execute(delete(FeatureSet).where(FeatureSet.model_version_id.in_(ids)))
+    rows = claim_rows(db, claim, runs)
+    cores = [r for r in rows if r.method == "cores"]
+    assert {r.interval_kind for r in cores} == {"seeds"}
+    assert all(f"experiment {runs[(1, 'cores')]}'s per-item outcomes cannot be recomputed" in r.note for r in cores)
+    assert {r.interval_kind for r in rows if r.method != "cores"} == {"hierarchical"}  # the control's are all there
+    text = render(claim, rows)
+    assert "seeds only for cores: experiment" in text and "Student-t over the seeds' values" in text
+    assert "| t over seeds |" in render(claim, rows, markdown=True)

@@ -254,13 +254,23 @@ def _alone_cell(tests: dict, t: int, k: int, new_cell: tuple, old_cell: tuple, p
             got = pair_interval(old_vectors[name], vec, images, seed=seed, resamples=options.resamples,
                                 confidence=options.confidence, bound_unchanged=False)
         else:
-            a, b = shared_items(ids, old_ids, len(vec), len(old_vectors[name]))
-            two_way = kind == "recall" and aligned and lists is not None and old_lists is not None
+            try:
+                a, b = shared_items(ids, old_ids, len(vec), len(old_vectors[name]))
+            except ValueError:  # the two self-tests' queries cannot be paired: no comparison
+                continue
+            two_way = (kind == "recall" and aligned and lists is not None and old_lists is not None
+                       and _same_gallery(lists, old_lists))  # the gallery resample needs the same gallery items
             got = paired_intervals(old_vectors[name][b], [vec[a]], seed=seed, resamples=options.resamples,
                                    confidence=options.confidence, k=at or 1, base_lists=old_lists if two_way else None,
                                    other_lists=[lists] if two_way else None, bound_unchanged=[False])[0]
         entry["diff"][t, k], entry["lo"][t, k], entry["hi"][t, k], entry["n"][t, k] = got.diff, got.lo, got.hi, got.n
         entry["verdict"][t][k] = paired_verdict(got.lo, got.hi, bool(got.diff > 0))
+
+
+def _same_gallery(a, b) -> bool:
+    """Whether two cells' top lists rank the same gallery items (sizes and classes), as a two-way bootstrap needs."""
+    return (a.gallery.shape[0] == b.gallery.shape[0] and a.n_classes == b.n_classes
+            and np.array_equal(a.gallery_class, b.gallery_class))
 
 
 def compatibility_matrix(source: CellSource, *, metric: str = "recall@1", gallery_kind: GalleryKind = "instance",

@@ -51,9 +51,10 @@ def pinned_arithmetic(threads: int) -> Iterator[None]:
         torch.backends.cudnn.benchmark = benchmark
 
 
-def arithmetic_record(threads: int, *, nproc: int = 1) -> dict[str, Any]:
+def arithmetic_record(threads: int, *, nproc: int = 1, device: torch.device | str | None = None) -> dict[str, Any]:
     """What a run's numbers depend on beyond its config: the pinned thread count, deterministic algorithms, the CPU
-    instruction set torch dispatches to, and the library versions (JSON-able, stored with the run)."""
+    instruction set torch dispatches to, the library versions and, when given, the device (with a GPU's name)
+    (JSON-able, stored with the run)."""
     import numba
 
     record: dict[str, Any] = {
@@ -61,6 +62,11 @@ def arithmetic_record(threads: int, *, nproc: int = 1) -> dict[str, Any]:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__, "numpy": np.__version__, "numba": numba.__version__,
     }
+    if device is not None:
+        device = torch.device(device)
+        record["device"] = str(device)
+        if device.type == "cuda":
+            record["gpu"] = torch.cuda.get_device_name(device)
     if nproc > 1:
         record["data_parallel_ranks"] = nproc  # each rank sizes its own threads (engine.run.ddp)
     return record

@@ -18,7 +18,7 @@ from engine.metrics import PairedOptions
 from engine.metrics.compatibility import MatrixResult, compatibility_matrices
 from engine.reproduce.claims import Claim
 from engine.reproduce.outcomes import cell_source
-from engine.reproduce.table import DEFAULT_INTERVAL, INTERVALS, RESAMPLES, SHORT, cell_interval, conv_text, seed_runs
+from engine.reproduce.table import DEFAULT_INTERVAL, INTERVALS, RESAMPLES, SHORT, cell_interval, seed_runs
 from engine.results.record import record_matrices
 from storage import load_matrices, session_scope
 

@@ -226,7 +226,7 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
                                             gallery_kind=cfg.eval.gallery, same_set=same_set, paired=PairedOptions())
         with session_scope(db) as s:
             record_matrices(s, exp_id, result, gallery_kind=cfg.eval.gallery, view=view, eval_classes=cfg.eval.eval_classes,
-                            arithmetic=arithmetic_record(cfg.compute_threads, nproc=nproc))
+                            arithmetic=arithmetic_record(cfg.compute_threads, nproc=nproc, device=pick_device(cfg.device)))
         out[view] = {m: {"matrix": result.values[m], **stored_summary(result, m)} for m in result.values}
     return out
 
@@ -301,7 +301,8 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
                       augment_images=data.augment, hooks=Hooks(on_epoch=on_epoch, should_stop=ctx.should_stop))
                 net = net.cpu()
                 save_checkpoint(net, ckpt, extra={"experiment": exp_id, "step": step.index, "method": method.name,
-                                                  "arithmetic": arithmetic_record(cfg.compute_threads, nproc=ctx.nproc)})
+                                                  "arithmetic": arithmetic_record(cfg.compute_threads, nproc=ctx.nproc,
+                                                                                 device=device)})
                 _store_step(ctx.db, exp_id, step.index, net, method, cfg, data, seen, ckpt, step.replaced, device)
             previous = net
             work_done += step_work
