@@ -33,6 +33,7 @@ from engine.checkpoints.embedding import ImageSource, check_batch_bytes, common_
 from engine.checkpoints.files import LOCAL, Trust
 from engine.checkpoints.loading import LoadedModel, load_model
 from engine.checkpoints.request import ComparisonSpec, ModelSource, comparison_spec, source_name
+from engine.checkpoints.text_compare import compare_text, is_text_spec
 from engine.data.folder import check_stop
 from engine.core.cell import RAW_VIEWS, apply_recipe, cell_recipe
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
@@ -153,6 +154,8 @@ def compare_checkpoints(spec: ComparisonSpec | Mapping[str, Any], *, progress: P
     """
     spec = comparison_spec(spec, trust=trust)
     report = progress or (lambda f, m: None)
+    if is_text_spec(spec):  # text encoders on a text corpus (engine.checkpoints.text_compare)
+        return compare_text(spec, report, should_stop)
     report(0.0, "loading checkpoints")
     models: list[LoadedModel] = []
     try:

