@@ -33,7 +33,7 @@ from engine.checkpoints.embedding import ImageSource, check_batch_bytes, common_
 from engine.checkpoints.files import LOCAL, Trust
 from engine.checkpoints.loading import LoadedModel, load_model
 from engine.checkpoints.request import ComparisonSpec, ModelSource, comparison_spec, source_name
-from engine.checkpoints.text_compare import compare_text, is_text_spec
+from engine.checkpoints.text_compare import compare_text, is_text_model, is_text_spec
 from engine.data.folder import check_stop
 from engine.core.cell import RAW_VIEWS, apply_recipe, cell_recipe
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
@@ -67,8 +67,9 @@ class Comparison:
 
 
 def model_labels(sources: Sequence[ModelSource]) -> list[str]:
-    """Short model names: each source's label, else its file stem (``source_name``; ``stem#i`` when two are the same)."""
-    stems = [source_name(s.label, s.path) for s in sources]
+    """Short model names: each source's label, else its file stem (``source_name``; ``stem#i`` when two are the same);
+    an offline text model is called by its name (``minilm_l6``), its files having generic names."""
+    stems = [s.label or (s.pretrained if is_text_model(s.pretrained) else source_name(None, s.path)) for s in sources]
     return [f"{stem}#{i}" if stems.count(stem) > 1 else stem for i, stem in enumerate(stems, start=1)]
 
 

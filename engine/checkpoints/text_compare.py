@@ -40,9 +40,14 @@ class TextModelRecord:
     net: object = None
 
 
+def is_text_model(name: str | None) -> bool:
+    """Whether ``pretrained:NAME`` names an offline text model."""
+    return name in TEXT_MODEL_FILES
+
+
 def is_text_spec(spec: ComparisonSpec) -> bool:
     """Whether the spec asks for text models or a text corpus; ``ValueError`` when it mixes text and images."""
-    text_models = [m.pretrained in TEXT_MODEL_FILES for m in spec.models]
+    text_models = [is_text_model(m.pretrained) for m in spec.models]
     datasets = [d for d in (spec.dataset, spec.query_dataset, spec.gallery_dataset) if d]
     text_data = [parse_dataset(d)[0] == "wordnet" for d in datasets]
     if not any(text_models) and not any(text_data):
@@ -55,14 +60,13 @@ def is_text_spec(spec: ComparisonSpec) -> bool:
 
 def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], should_stop: Callable[[], bool] | None):
     """The :class:`engine.checkpoints.compare.Comparison` of text models on the spec's corpus (nothing stored)."""
-    from engine.checkpoints.compare import Comparison
+    from engine.checkpoints.compare import Comparison, model_labels
 
     options = parse_options(parse_dataset(spec.dataset)[1])
     report(0.0, "reading WordNet")
     task = wordnet_task(queries=options.queries, gallery=options.gallery, seed=options.seed)
     q_labels, g_labels = task.relevance_labels(options.task)
-    names = [s.label or s.pretrained for s in spec.models]  # a text model is called by its name, not its file's
-    labels = [f"{n}#{i}" if names.count(n) > 1 else n for i, n in enumerate(names, start=1)]
+    labels = model_labels(spec.models)
     T = len(spec.models)
     n_texts = len(task.query_texts) + len(task.gallery_texts)
     records, outputs = [], []
