@@ -37,7 +37,7 @@ _QUOTED = re.compile(r'"([^"]*)"')
 _SS_TYPE = {"n": "n", "v": "v", "a": "a", "s": "a", "r": "r"}  # an adjective satellite (s) is an adjective
 
 
-class WordNetMissing(FileNotFoundError):
+class WordNetMissing(ValueError):
     """WordNet's data files are not on this machine."""
 
 
