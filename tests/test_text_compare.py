@@ -78,3 +78,22 @@ def test_cli_stores_and_check_upgrade_reads_the_text_pair(tmp_path, db_url, caps
     report = capsys.readouterr().out
     assert code in (1, 3)  # not compatible or, on 40 queries, too close to call; never compatible (exit 0)
     assert f"minilm_l6_int8/minilm_l3 {cross:.4f}" in report  # the same cross-test as compare-checkpoints' matrix
+
+
+def test_a_users_onnx_folder_is_the_same_model_as_its_pinned_copy(tmp_path):
+    from engine.data.text_model_files import MINILM_L3_ONNX, MINILM_TOKENIZER, installed_path, read_pinned
+
+    folder = tmp_path / "my-l3"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(installed_path(MINILM_L3_ONNX).read_bytes())
+    (folder / "tokenizer.json").write_bytes(read_pinned(MINILM_TOKENIZER))
+    (folder / "sentence_bert_config.json").write_text('{"max_seq_length": 128}')
+    cmp = compare_checkpoints({"models": [{"path": "pretrained:minilm_l3"}, {"path": str(folder), "arch": "text"}],
+                               "dataset": SMALL, "views": ["encoder"], "metrics": ["recall@1"]})
+    assert cmp.labels == ["minilm_l3", "my-l3"] and cmp.models[1].sha256 == MINILM_L3_ONNX.sha256
+    a, b = cmp.outputs[0]["query"]["encoder"], cmp.outputs[1]["query"]["encoder"]
+    assert np.allclose(a / np.linalg.norm(a, axis=1, keepdims=True), b, atol=1e-6)  # no modules.json: normalised
+    matrix = cmp.results["encoder"].values["recall@1"]
+    assert matrix[1, 0] == matrix[0, 0] == matrix[1, 1]  # one model under two names is compatible with itself
+    with pytest.raises(ValueError, match="a text model folder holds"):
+        compare_checkpoints({"models": [{"path": str(tmp_path), "arch": "text"}], "dataset": SMALL})

@@ -224,6 +224,10 @@ def test_a_tokenizer_of_another_vocabulary_and_bad_members_are_refused(tmp_path)
     assert "tokenizer does not match" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(TextModelError, match="not a name inside"):
         ModelFolder(tmp_path / "m").read("../m/config.json")
+    (tmp_path / "outside.json").write_text("{}")
+    (tmp_path / "m" / "link.json").symlink_to(tmp_path / "outside.json")
+    with pytest.raises(TextModelError, match="leads outside"):
+        ModelFolder(tmp_path / "m").read("link.json")
     with pytest.raises(TextModelError, match="exceeds the limit"):
         ModelFolder(tmp_path / "m", max_bytes=100).read("model.safetensors")
     (tmp_path / "m" / "model.safetensors").write_bytes(b"\xff" * 64)

@@ -1,6 +1,4 @@
 """WordNet as a text corpus (engine.data.wordnet): lines parsed by hand, the files' counts, the seeded sample."""
-from pathlib import Path
-
 import numpy as np
 import pytest
 

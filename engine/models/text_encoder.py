@@ -14,6 +14,7 @@ memory at a time; the same texts and batch size give the same embeddings.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from collections.abc import Callable, Iterator, Sequence
@@ -95,16 +96,22 @@ class TextTokenizer:
             self.tokenizer = Tokenizer.from_str(data.decode("utf-8"))
         except Exception as exc:  # a malformed file: say which
             raise TextModelError(f"{what} is not a tokenizers file ({str(exc).splitlines()[0][:120]})") from None
-        pad = self.tokenizer.token_to_id("[PAD]")
+        declared = self.tokenizer.padding or {}  # the file's own pad token, else BERT's [PAD]
+        pad_token = declared.get("pad_token") or "[PAD]"
+        pad_id = declared.get("pad_id", self.tokenizer.token_to_id(pad_token) or 0)
         self.tokenizer.no_padding()
-        self.tokenizer.enable_padding(pad_id=0 if pad is None else pad, pad_token="[PAD]")
+        self.tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)  # to each batch's longest text
         self.tokenizer.enable_truncation(max_length)
         self.vocab_size = self.tokenizer.get_vocab_size()
         self.max_length = max_length
 
-    def lengths(self, texts: Sequence[str]) -> np.ndarray:
-        """Token counts (with special tokens, truncated) of ``texts``."""
-        return np.array([len(e.ids) for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=True)], np.int64)
+    def lengths(self, texts: Sequence[str], chunk: int = 4096) -> np.ndarray:
+        """Token counts (with special tokens, truncated) of ``texts``, tokenised ``chunk`` texts at a time."""
+        out = np.empty(len(texts), np.int64)
+        for start in range(0, len(texts), chunk):
+            encoded = self.tokenizer.encode_batch(list(texts[start:start + chunk]))
+            out[start:start + len(encoded)] = [len(e.ids) for e in encoded]
+        return out
 
     def __call__(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         """``input_ids``, ``attention_mask``, ``token_type_ids`` (B, L) int64 of a padded batch."""
@@ -121,6 +128,7 @@ class TextEncoder:
 
     def __init__(self, tokenizer: TextTokenizer, pooling: Pooling, *, name: str, dim: int) -> None:
         self.tokenizer, self.pooling, self.name, self.dim = tokenizer, pooling, name, dim
+        self.sha256 = ""  # of the weights' bytes, set by the loaders
 
     def states(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, bool]:
         """``(output, pooled)``: (B, L, H) token states, or (B, H) when the network pools itself."""
@@ -250,8 +258,16 @@ def load_onnx_encoder(path: str | Path, tokenizer_json: bytes, *, pooling: Pooli
     model = read_limited(path, max_bytes)
     if sha256 is not None:
         check_sha256(model, sha256, str(path), "use the original file")
-    return OnnxTextEncoder(model, TextTokenizer(tokenizer_json, max_length=max_length), pooling,
-                           name=name or path.name, threads=threads, device=device)
+    return onnx_encoder(model, TextTokenizer(tokenizer_json, max_length=max_length), pooling,
+                        name=name or path.name, threads=threads, device=device)
+
+
+def onnx_encoder(model: bytes, tokenizer: TextTokenizer, pooling: Pooling, *, name: str, threads: int | None = None,
+                 device: str = "auto") -> OnnxTextEncoder:
+    """:class:`OnnxTextEncoder` of the graph's bytes, with their SHA-256 recorded."""
+    encoder = OnnxTextEncoder(model, tokenizer, pooling, name=name, threads=threads, device=device)
+    encoder.sha256 = hashlib.sha256(model).hexdigest()
+    return encoder
 
 
 def load_bert_folder(folder: ModelFolder, *, name: str | None = None, max_length: int | None = None,
@@ -268,10 +284,35 @@ def load_bert_folder(folder: ModelFolder, *, name: str | None = None, max_length
     max_length = min(max_length, config.max_position_embeddings)
     tokenizer = TextTokenizer(folder.read("tokenizer.json", max_bytes=64 << 20), max_length=max_length,
                               what=f"{folder.path}!tokenizer.json")
+    weights = folder.read("model.safetensors")
     try:
-        tensors = load_safetensors(folder.read("model.safetensors"))
-    except TextModelError:
-        raise
+        tensors = load_safetensors(weights)
     except Exception as exc:  # a malformed header or truncated data
         raise TextModelError(f"{folder.path}!model.safetensors is not a safetensors file ({exc})") from None
-    return BertTextEncoder(config, tensors, tokenizer, pooling_of(folder), name=name, device=device)
+    encoder = BertTextEncoder(config, tensors, tokenizer, pooling_of(folder), name=name, device=device)
+    encoder.sha256 = hashlib.sha256(weights).hexdigest()
+    return encoder
+
+
+ONNX_MEMBERS = ("model.onnx", "onnx/model.onnx")  # where a model folder keeps its ONNX graph
+
+
+def load_text_folder(folder: ModelFolder, *, name: str | None = None, threads: int | None = None,
+                     device: str = "auto") -> TextEncoder:
+    """A user's text encoder: a folder or zip with ``tokenizer.json`` and either ``model.safetensors`` +
+    ``config.json`` (a BERT, :func:`load_bert_folder`) or ``model.onnx`` (or ``onnx/model.onnx``), pooled as its
+    ``modules.json`` declares (mean and L2 normalisation when it declares nothing) with ``sentence_bert_config.json``'s
+    ``max_seq_length`` (else 512 tokens)."""
+    name = name or folder.path.name
+    if folder.exists("model.safetensors"):
+        target = torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu")
+        return load_bert_folder(folder, name=name, device=target)
+    member = next((m for m in ONNX_MEMBERS if folder.exists(m)), None)
+    if member is None or not folder.exists("tokenizer.json"):
+        raise TextModelError(f"{folder.path}: a text model folder holds tokenizer.json and model.safetensors + "
+                             f"config.json, or {' or '.join(ONNX_MEMBERS)}")
+    sbert = _json(folder, "sentence_bert_config.json") if folder.exists("sentence_bert_config.json") else {}
+    tokenizer = TextTokenizer(folder.read("tokenizer.json", max_bytes=64 << 20),
+                              max_length=int(sbert.get("max_seq_length") or 512), what=f"{folder.path}!tokenizer.json")
+    pooling = pooling_of(folder) if folder.exists("modules.json") else Pooling("mean", True)
+    return onnx_encoder(folder.read(member), tokenizer, pooling, name=name, threads=threads, device=device)

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import torch
 
 from engine.models.text_encoder import (
-    OnnxTextEncoder,
     Pooling,
     TextEncoder,
     TextTokenizer,
     load_bert_folder,
+    onnx_encoder,
 )
 from engine.data.text_model_files import (
     MINILM_L3_ONNX,
@@ -73,5 +73,5 @@ def load_text_model(name: str, *, max_bytes: int = TEXT_MAX_BYTES, threads: int 
         raise TextModelError(f"{model.onnx.distribution} pins another SHA-256 than the engine's "
                              f"({int8_package_pin()[:12]}... vs {model.onnx.sha256[:12]}...); install {model.onnx.install}")
     tokenizer = TextTokenizer(read_pinned(MINILM_TOKENIZER), max_length=model.max_length)
-    return OnnxTextEncoder(read_pinned(model.onnx, max_bytes), tokenizer, model.pooling, name=name, threads=threads,
-                           device=device)
+    return onnx_encoder(read_pinned(model.onnx, max_bytes), tokenizer, model.pooling, name=name, threads=threads,
+                        device=device)
