@@ -26,6 +26,7 @@ from engine.data.wordnet import parse_options, wordnet_task
 from engine.metrics.compatibility import CellFeatures, compatibility_matrices
 from engine.metrics.paired import PairedOptions
 from engine.data.text_model_files import TEXT_MODEL_FILES, ModelFolder
+from engine.models.device import pick_device
 from engine.models.text_encoder import load_text_folder
 from engine.models.text_models import load_text_model
 
@@ -78,15 +79,16 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
     task = wordnet_task(queries=options.queries, gallery=options.gallery, seed=options.seed)
     q_labels, g_labels = task.relevance_labels(options.task)
     labels = model_labels(spec.models)
+    device = pick_device(spec.device).type  # "cuda" asked for on a machine without one is refused here
     T = len(spec.models)
     n_texts = len(task.query_texts) + len(task.gallery_texts)
     records, outputs = [], []
     for i, source in enumerate(spec.models):
         report(0.05 + 0.85 * i / T, f"loading {labels[i]} ({i + 1}/{T})")
-        encoder = (load_text_model(source.pretrained, max_bytes=spec.max_file_bytes, device=spec.device)
+        encoder = (load_text_model(source.pretrained, max_bytes=spec.max_file_bytes, device=device)
                    if source.pretrained else
                    load_text_folder(ModelFolder(source.path, max_bytes=spec.max_file_bytes), name=labels[i],
-                                    device=spec.device))
+                                    device=device))
         done = 0
 
         def step(n: int, i: int = i) -> None:
