@@ -145,6 +145,27 @@ def test_oversize_and_bad_onnx_files_are_refused_in_one_line(tmp_path):
         load_onnx_encoder(installed_path(MINILM_L3_ONNX), tokenizer, sha256="f" * 64)
 
 
+def test_graphs_with_external_data_or_custom_ops_are_refused(tmp_path, monkeypatch):
+    onnx = pytest.importorskip("onnx", reason="pip install -r requirements-text.txt")
+    from onnx import TensorProto, helper, numpy_helper
+
+    def graph(node, initializers=()):
+        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("input_ids", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], list(initializers))
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+
+    tokenizer = tiny_tokenizer_json().encode()
+    external = graph(helper.make_node("Add", ["input_ids", "w"], ["y"]), [numpy_helper.from_array(np.ones(4, np.float32), "w")])
+    onnx.save_model(external, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="w.bin", size_threshold=0)
+    monkeypatch.chdir(tmp_path)  # even beside its data file, a graph loaded from bytes does not read it
+    custom = graph(helper.make_node("Steal", ["input_ids"], ["y"], domain="com.example"))
+    onnx.save_model(custom, str(tmp_path / "custom.onnx"))
+    for name in ("ext.onnx", "custom.onnx"):
+        with pytest.raises(TextModelError) as err:
+            load_onnx_encoder(tmp_path / name, tokenizer)
+        assert "not an ONNX model onnxruntime can run" in str(err.value) and "\n" not in str(err.value)
+
+
 # --- a tiny BERT folder written here: the folder/zip mechanics, declared pooling, tokenizer mismatch -------------
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "mat", "dog"]

@@ -184,6 +184,7 @@ class OnnxTextEncoder(TextEncoder):
         if threads:
             options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        options.log_severity_level = 4  # onnxruntime's own error log stays quiet: its message is in the one line below
         providers = ["CPUExecutionProvider"]
         if device != "cpu" and torch.cuda.is_available() and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
