@@ -56,6 +56,10 @@ def test_class_task_uses_supersenses():
 
 
 def test_text_and_images_do_not_mix():
+    from engine.checkpoints.request import comparison_spec
+
+    with pytest.raises(ValueError, match="text models only"):  # refused when the request is checked, before any load
+        comparison_spec({"models": [{"path": "pretrained:efficientnet_lite0"}], "dataset": "wordnet"})
     with pytest.raises(ValueError, match="text models only"):
         compare_checkpoints({"models": [{"path": "pretrained:minilm_l3"}], "dataset": "digits"})
     with pytest.raises(ValueError, match="wordnet option"):

@@ -32,8 +32,8 @@ from engine.core.classes import index_names
 from engine.checkpoints.embedding import ImageSource, check_batch_bytes, common_labels, extract, model_batch, probe
 from engine.checkpoints.files import LOCAL, Trust
 from engine.checkpoints.loading import LoadedModel, load_model
-from engine.checkpoints.request import ComparisonSpec, ModelSource, comparison_spec, source_name
-from engine.checkpoints.text_compare import compare_text, is_text_model, is_text_spec
+from engine.checkpoints.request import ComparisonSpec, ModelSource, comparison_spec, is_text_model, is_text_spec, source_name
+from engine.checkpoints.text_compare import compare_text
 from engine.data.folder import check_stop
 from engine.core.cell import RAW_VIEWS, apply_recipe, cell_recipe
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices

@@ -20,17 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.checkpoints.request import ComparisonSpec, ModelSource, parse_dataset
+from engine.checkpoints.request import TEXT_ARCH, ComparisonSpec, parse_dataset
 from engine.data.folder import check_stop
 from engine.data.wordnet import parse_options, wordnet_task
 from engine.metrics.compatibility import CellFeatures, compatibility_matrices
 from engine.metrics.paired import PairedOptions
-from engine.data.text_model_files import TEXT_MODEL_FILES, ModelFolder
+from engine.data.text_model_files import ModelFolder
 from engine.models.device import pick_device
 from engine.models.text_encoder import load_text_folder
 from engine.models.text_models import load_text_model
 
-TEXT_ARCH = "text"  # --model PATH:text: a user's text encoder folder or zip (engine.models.text_encoder.load_text_folder)
 NO_HEAD_NOTE = ("psp/lsp do not apply to text encoders: they compare class outputs and a sentence encoder has no "
                 "classifier head; only the encoder view is computed")
 
@@ -45,29 +44,6 @@ class TextModelRecord:
     num_outputs: int
     sha256: str
     net: object = None
-
-
-def is_text_model(name: str | None) -> bool:
-    """Whether ``pretrained:NAME`` names an offline text model."""
-    return name in TEXT_MODEL_FILES
-
-
-def is_text_source(source: ModelSource) -> bool:
-    """Whether a model of the spec is a text encoder: an offline one by name, or ``PATH:text`` (a folder or zip)."""
-    return is_text_model(source.pretrained) or source.arch == TEXT_ARCH
-
-
-def is_text_spec(spec: ComparisonSpec) -> bool:
-    """Whether the spec asks for text models or a text corpus; ``ValueError`` when it mixes text and images."""
-    text_models = [is_text_source(m) for m in spec.models]
-    datasets = [d for d in (spec.dataset, spec.query_dataset, spec.gallery_dataset) if d]
-    text_data = [parse_dataset(d)[0] == "wordnet" for d in datasets]
-    if not any(text_models) and not any(text_data):
-        return False
-    if not all(text_models) or not all(text_data) or spec.dataset is None:
-        raise ValueError("a text comparison takes text models only (pretrained:" + ", pretrained:".join(TEXT_MODEL_FILES)
-                         + ", or PATH:text for a model folder or zip) on one text corpus (--dataset wordnet[:task=qrels|class,queries=N,gallery=N,seed=S])")
-    return True
 
 
 def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], should_stop: Callable[[], bool] | None):
@@ -126,4 +102,4 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
     return cmp
 
 
-__all__ = ["NO_HEAD_NOTE", "TEXT_ARCH", "compare_text", "is_text_model", "is_text_source", "is_text_spec"]
+__all__ = ["NO_HEAD_NOTE", "compare_text"]
