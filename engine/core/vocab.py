@@ -97,6 +97,7 @@ METHOD_NAMES = tuple(METHOD_PARAMS)
 RETIRED_METHODS = {old: f"{old!r} was a class-mean alignment stand-in, not Meng et al. 2021's LCE; it is now {new!r}"
                    for old, new in (("lce", "mean_align"), ("lce_er", "mean_align_er"))}
 DATASET_NAMES = ("digits", "shapes", "cifar10", "cifar100", "fashion", "imagefolder")
+TEXT_DATASET_NAMES = ("wordnet",)  # text corpora, for comparing text encoders (engine.data.wordnet); not for training
 # the classes of the datasets whose count is fixed (shapes generates as many as asked; a folder has its own)
 DATASET_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100, "fashion": 10}
 BACKBONE_NAMES = ("small_cnn", "resnet18_cifar", "resnet32_cifar", "senet18_cifar", "resnet18", "resnet34", "resnet50",

@@ -43,6 +43,12 @@ Files and paths (torch-free)
   ``fashion_files``  where Debian's Fashion-MNIST files are, and their IDX reader; ``cifar_files``  CIFAR batch
   files and their restricted unpickler; ``export_images``  a dataset written as a class-folder tree
 
+Text (torch-free)
+  ``wordnet``  WordNet 3.0 (Debian ``wordnet-base``): ``iter_synsets()``, ``wordnet_task(*, queries, gallery, seed)``
+      -> ``WordNetTask`` (example-sentence queries, definitions, supersense labels, qrels), ``parse_options(text)``
+  ``text_model_files``  a text model's files read as data (``ModelFolder``: a folder or zip, sizes checked), the
+      offline MiniLM wheels' pinned files (``TEXT_MODEL_FILES``, ``read_pinned``), ``TextModelError``
+
 Sample references and thumbnails (torch-free)
   ``samples``  ``SampleRefs(source, ids)``: where each image of an ``ImageSet`` comes from (``ImageSet.refs``)
   ``thumbnails``  ``thumbnails(source, ids, *, cache_dir, size=64) -> list[PNG bytes | None]``, cached on disk
