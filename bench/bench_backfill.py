@@ -10,6 +10,8 @@ are timed, each against its own baseline: Recall@1 alone, mAP alone, and both to
 
     python bench/bench_backfill.py            # 10,000 x 10,000, 128-d, 100 classes, 21 fractions
     python bench/bench_backfill.py --n 2000   # a quick run
+    python bench/bench_backfill.py --n 3000 --rollout   # also rank merge by rank and candidate re-scoring:
+                                                         # compiled walk vs torch keys + ranking kernel per point
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch
 
 from engine.metrics.backfill import DEFAULT_FRACTIONS, backfill_counts, backfill_curves, curve_area, fraction_to_reach
 from engine.metrics.backfill_orders import backfill_order
+from engine.metrics.backfill_rollout import rank_merge_curves, rescoring_curves, rescoring_ks
 from engine.metrics.retrieval import retrieval_metrics
 
 
@@ -62,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--points", type=int, default=len(DEFAULT_FRACTIONS), help="grid points from 0 to 1")
     ap.add_argument("--order", default="distance_mse", help="backfilling order (engine.metrics.backfill_orders.ORDERINGS)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rollout", action="store_true", help="also time the roll-out curves (merge by rank, re-scoring)")
     args = ap.parse_args(argv)
 
     old, new, labels = synthetic_pair(args.n, args.dim, args.classes, args.seed)
@@ -96,6 +100,23 @@ def main(argv: list[str] | None = None) -> int:
                   f"reaches the self-test at beta = {reach:.3f}")
         lines.append(f"| {args.points}-point backfilling curve, {what}, {args.n:,} x {args.n:,}, {args.dim}-d | "
                      f"{t_slow:.1f} s | {t_fast:.1f} s | {t_slow / t_fast:.1f}x | {'identical' if same else 'DIFFERENT'} |")
+
+    if args.rollout:  # old model's queries on the old index, new model's on the new one
+        runs = {"rank merge by rank": lambda e, x: rank_merge_curves(
+                    x[0], x[1], x[2], x[0], x[1], x[2], order=order[order < len(x[2])],  # the warm-up's order: its rows
+                    fractions=fractions, merge="rank", same_set=True, engine=e),
+                "candidate re-scoring": lambda e, x: rescoring_curves(
+                    x[0], x[1], x[2], x[0], x[1], x[2], ks=rescoring_ks(len(x[2]), fractions), same_set=True, engine=e)}
+        for what, run in runs.items():
+            run("auto", (old[small], new[small], labels[small]))  # compile outside the timings
+            fast, t_fast = timed(lambda: run("auto", (old, new, labels)))
+            slow, t_slow = timed(lambda: run("torch", (old, new, labels)))
+            same = all(np.array_equal(fast[m], slow[m]) for m in ("recall@1", "map"))
+            ok &= same
+            print(f"\n[{what}, Recall@1 + mAP] torch keys + ranking per point {t_slow:.2f} s, compiled walk {t_fast:.2f} s, "
+                  f"ratio {t_slow / t_fast:.1f}x, curves identical: {same}")
+            lines.append(f"| {args.points}-point {what}, Recall@1 + mAP, {args.n:,} x {args.n:,}, {args.dim}-d | "
+                         f"{t_slow:.1f} s (torch keys) | {t_fast:.1f} s | {t_slow / t_fast:.1f}x | {'identical' if same else 'DIFFERENT'} |")
 
     print("\n| what | naive (recompute per beta) | incremental | speed-up | curves |")
     print("|---|---|---|---|---|")
