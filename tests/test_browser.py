@@ -602,3 +602,45 @@ def test_the_offline_pretrained_sequence_runs_from_the_checkpoints_page(server, 
     page.get_by_text("Recent comparisons").scroll_into_view_if_needed()  # the main block scrolls, not the page
     check_page(page, "checkpoints_pretrained_done", shots)
     page.close()
+
+
+def test_the_upgrade_check_runs_on_a_parquet_pair_from_the_form(server, browser, shots):
+    """"From a table or store": a Parquet pair (text ids, labels) in the database's folder, checked by the worker; the
+    verdict box, the metrics table and the convention line show, and the numbers are numpy's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = Path(server["db"].removeprefix("sqlite:///")).parent / "lake"  # the database's folder: a data root
+    folder.mkdir(exist_ok=True)
+    rng = np.random.default_rng(5)
+    centers = rng.normal(size=(6, 16))
+    g_labels, q_labels = np.repeat(np.arange(6), 40), np.repeat(np.arange(6), 10)
+    old_g, old_q = centers[g_labels] + rng.normal(size=(240, 16)), centers[q_labels] + rng.normal(size=(60, 16))
+    rotation, _ = np.linalg.qr(rng.normal(size=(16, 16)))
+    new_q = old_q @ rotation  # a rotated model: its queries are lost in the old gallery
+    for name, vectors, labels, prefix in (("v1_gallery", old_g, g_labels, "doc"), ("v1_queries", old_q, q_labels, "q"),
+                                          ("v2_queries", new_q, q_labels, "q")):
+        order = rng.permutation(len(labels))  # each file in its own order: joined by id
+        pq.write_table(pa.table({"id": [f"{prefix}-{i:04d}" for i in order], "vector": vectors[order].astype(np.float32).tolist(),
+                                 "label": labels[order]}), folder / f"{name}.parquet")
+
+    def recall_at_1(q: np.ndarray) -> float:
+        unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
+        return float(np.mean(g_labels[np.argmax(unit(q) @ unit(old_g).T, axis=1)] == q_labels))
+
+    page = browser.new_page(viewport={"width": 1300, "height": 1500})
+    page.goto(f"{server['base']}/upgrade")
+    settle(page)
+    page.get_by_text("From a table or store").click()
+    settle(page)
+    for key, name in (("old_gallery", "v1_gallery"), ("old_queries", "v1_queries"), ("new_queries", "v2_queries")):
+        page.locator(f".st-key-up_src_{key} input").fill(str(folder / f"{name}.parquet"))
+    page.get_by_role("button", name="Check the upgrade").click()
+    wait_for_job(server["db"], "sources_check", JOB_TIMEOUT_S, server["log"])
+    old_old, new_old = recall_at_1(old_q), recall_at_1(new_q)
+    verdict = f"new is not compatible with old: new queries against the old gallery score Recall@\u20601 {100 * new_old:.1f}% vs "
+    expect(page.get_by_text(f"{verdict}{100 * old_old:.1f}% for old alone").first).to_be_visible(timeout=UI_TIMEOUT_MS)
+    expect(page.get_by_text("relevant: same class label").first).to_be_visible(timeout=UI_TIMEOUT_MS)
+    settle(page)
+    check_page(page, "upgrade_sources_parquet", shots)
+    page.close()
