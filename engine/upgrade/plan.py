@@ -49,13 +49,17 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
-    def to_markdown(self) -> str:
-        """The plan as a short Markdown document (a heading, the decision, the numbers, the notes)."""
-        head = self.decision if self.decision not in ("ship with adapter", "backfill") else {
+    def headline(self) -> str:
+        """The decision in a few words: ``ship with adapter X``, ``backfill p % in order Y``, ``ship as is``, ..."""
+        return self.decision if self.decision not in ("ship with adapter", "backfill") else {
             "ship with adapter": f"ship with adapter {self.adapter}",
             "backfill": f"backfill {100 * (self.fraction or 0):.0f} % in order {self.ordering}"
                         + (f" with adapter {self.adapter}" if self.adapter else ""),
         }[self.decision]
+
+    def to_markdown(self) -> str:
+        """The plan as a short Markdown document (a heading, the decision, the numbers, the notes)."""
+        head = self.headline()
         lines = [f"# Migration plan: {self.old_name} -> {self.new_name}", "", f"**Decision: {head}.** {self.reason}", "",
                  f"- metric: {self.metric}; gallery: {self.n_gallery:,} items; items to re-embed: {self.items_to_reembed:,}"]
         lines += [f"- {k}: {v}" for k, v in self.numbers.items()]
