@@ -145,6 +145,7 @@ def test_same_set_adapters_are_scored_on_the_items_they_were_not_fitted_on(tmp_p
     (["--plan", "{tmp}/plan", "--fit-share", "1"], "--fit-share must lie strictly between 0 and 1"),
     (["--plan", "{tmp}/plan", "--adapters", "rotation"], "unknown adapter kind 'rotation'"),
     (["--plan", "{tmp}/plan", "--threshold", "nan"], "--threshold must be a finite score"),
+    (["--plan", "{tmp}/plan", "--adapter", "{tmp}/f"], "adapter.json"),
 ])
 def test_bad_plan_targets_are_refused_in_one_line_before_any_work(tmp_path, tmp_path_factory, capsys, args, message):
     folder = write_folder(tmp_path / "f", *compatible_pair())

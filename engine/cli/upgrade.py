@@ -21,8 +21,7 @@ from engine.core.vocab import RELEVANCE, RELEVANCE_K as DEFAULT_K
 from engine.data import roots
 from engine.results.json_file import write_json_atomic
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
-from engine.adapters.posthoc import POSTHOC
-from engine.upgrade.migration import DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, check_plan_options
+from engine.upgrade.plan import DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K
 from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, TIE_RULES
 from engine.upgrade.words import NOT_JUDGED
 
@@ -128,7 +127,7 @@ def plan_arguments(p: argparse.ArgumentParser) -> None:
                    "neither; OUT.* must not exist and must lie inside the data roots): ship as is, ship with an adapter, "
                    "backfill p %% in an order, or do not ship, with the numbers behind it")
     p.add_argument("--adapters", nargs="*", metavar="KIND", help="with --plan: post-hoc adapters to fit on a seeded share "
-                   f"of the gallery's old/new pairs (default {' '.join(DEFAULT_ADAPTERS)}; known: {', '.join(POSTHOC)}; "
+                   f"of the gallery's old/new pairs (default {' '.join(DEFAULT_ADAPTERS)}; the kinds of 'adapter fit'; "
                    "none: give the option alone)")
     p.add_argument("--adapter", action="append", dest="adapter_files", metavar="DIR",
                    help="with --plan: also judge an exported adapter folder ('adapter fit --out DIR'; repeatable)")
@@ -192,11 +191,15 @@ def _plan_options(args: argparse.Namespace) -> None:
     if args.old_gallery is not None and given:
         raise ValueError(f"{', '.join(given)}: adapters and the threshold need the features in memory (--features, "
                          "--experiment or --model); with --old-gallery the plan is decided from the verdicts alone")
+    from engine.upgrade.migration import check_plan_options
+
     check_plan_options(DEFAULT_ADAPTERS if args.adapters is None else args.adapters, args.fit_share)
     if args.threshold is not None and not math.isfinite(args.threshold):
         raise ValueError(f"--threshold must be a finite score, got {args.threshold!r}")
+    from engine.adapters.artifact import load_adapter
+
     for folder in args.adapter_files or ():
-        roots.confine(folder, what="--adapter")
+        load_adapter(roots.confine(folder, what="--adapter"))  # a bad folder is refused before the check's work
 
 
 def _check_json_target(path: Path) -> None:

@@ -32,14 +32,10 @@ from engine.adapters.posthoc import PosthocMap, fit_map, kind_of
 from engine.metrics.compatibility import CellFeatures
 from engine.metrics.threshold import matched_threshold, threshold_at_precision
 from engine.metrics.topk import array_blocks, stream_topk
-from engine.upgrade.plan import Plan, migration_plan
+from engine.upgrade.plan import DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, migration_plan
 from engine.upgrade.verdict import UpgradeReport, check_upgrade
 from storage import json_ready
 
-DEFAULT_ADAPTERS = ("procrustes", "affine")
-DEFAULT_FIT_SHARE = 0.5
-DEFAULT_PRECISION = 0.9
-THRESHOLD_K = 10
 RANK_MERGE = "rank_merge:"
 
 

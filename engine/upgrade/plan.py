@@ -26,6 +26,11 @@ from typing import Any
 from engine.upgrade.words import interval, pct
 
 DECISIONS = ("ship as is", "ship with adapter", "backfill", "do not ship", "do not ship yet")
+# what a plan is decided from by default (engine.upgrade.migration; here, torch-free, for the command line's help)
+DEFAULT_ADAPTERS = ("procrustes", "affine")  # post-hoc kinds fitted on a share of the gallery's pairs
+DEFAULT_FIT_SHARE = 0.5
+DEFAULT_PRECISION = 0.9  # the default old threshold: the lowest old score with this precision
+THRESHOLD_K = 10  # candidates per query the threshold is measured on
 
 
 @dataclass(frozen=True)
