@@ -165,3 +165,19 @@ def test_sources_form_refuses_adapter_options(tmp_path, capsys):
     assert main(args) == 2
     assert "need the features in memory" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_sources_form_plans_from_the_verdicts_alone(tmp_path, capsys):
+    from test_upgrade_sources import embeddings, tables, write_all
+
+    specs = write_all("npz", tmp_path / "s", tables(embeddings(), text=True))
+    args = ["check-upgrade", "--old-gallery", specs.old_gallery, "--old-queries", specs.old_queries, "--new-queries",
+            specs.new_queries, "--new-gallery", specs.new_gallery, "--resamples", "200", "--json", str(tmp_path / "r.json"),
+            "--plan", str(tmp_path / "plan")]
+    code = main(args)
+    report = json.loads((tmp_path / "r.json").read_text())
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert code == {"compatible": 0, "not compatible": 1, "too close to call": 3}[report["verdict"]]
+    assert plan["decision"] == migration_plan(report).decision and plan["adapters"] == [] == plan["rollouts"]
+    assert plan["threshold"] is None and any("decided from the verdicts alone" in n for n in plan["notes"])
+    assert (tmp_path / "plan.md").read_text() == plan["markdown"]
