@@ -56,7 +56,10 @@ def test_the_plan_files_carry_migration_plans_decision_for_the_same_report(tmp_p
     assert [x for x in md.splitlines() if not x.startswith("- note:")] == [
         x for x in again.to_markdown().splitlines() if not x.startswith("- note:")]
     assert md.startswith("# Migration plan: v1 -> v2") and f"**Decision: {again.headline()}.**" in md
-    assert plan["report"]["verdict"] == report["verdict"]
+    assert plan["report"] == report  # the report the plan was decided from, as --json wrote it
+    assert set(plan) == {"decision", "reason", "old_name", "new_name", "metric", "n_gallery", "adapter", "ordering",
+                         "fraction", "items_to_reembed", "numbers", "threshold", "notes", "headline", "markdown",
+                         "adapters", "rollouts", "rescoring", "report"}
     assert f"  plan: {again.headline()} (written to plan.json and plan.md)" in capsys.readouterr().out.splitlines()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "plan.json", "plan.md", "report.json"]
 
@@ -146,6 +149,7 @@ def test_same_set_adapters_are_scored_on_the_items_they_were_not_fitted_on(tmp_p
     (["--plan", "{tmp}/plan", "--adapters", "rotation"], "unknown adapter kind 'rotation'"),
     (["--plan", "{tmp}/plan", "--threshold", "nan"], "--threshold must be a finite score"),
     (["--plan", "{tmp}/plan", "--adapter", "{tmp}/f"], "adapter.json"),
+    (["--plan", "{tmp}/r"], "is one of --plan's files"),
 ])
 def test_bad_plan_targets_are_refused_in_one_line_before_any_work(tmp_path, tmp_path_factory, capsys, args, message):
     folder = write_folder(tmp_path / "f", *compatible_pair())

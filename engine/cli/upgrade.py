@@ -346,6 +346,8 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
         _check_json_target(args.json)  # refused before any work, so nothing is half-done
     _plan_options(args)
     plan_files = plan_target(args.plan) if args.plan is not None else None
+    if plan_files and args.json is not None and Path(os.path.realpath(args.json)) in plan_files:
+        raise ValueError(f"--json {args.json} is one of --plan's files; give them different names")
     unknown = [o for o in args.orderings if o not in ORDERINGS]
     if unknown:
         raise ValueError(f"unknown backfilling order(s) {', '.join(unknown)}; known: {', '.join(ORDERINGS)}")
