@@ -2,7 +2,8 @@
 
 Exit codes: 0 compatible, 1 not compatible, 3 too close to call, 2 bad input (one line ``error: ...`` on
 stderr from :func:`engine.cli.main`; nothing written). ``--json OUT`` is written to a temporary file in the
-same folder and renamed, so OUT is either the whole report or untouched.
+same folder and renamed, so OUT is either the whole report or untouched. ``--plan OUT`` writes the migration plan
+(:mod:`engine.upgrade.migration`) as OUT.json and OUT.md, both or neither, never over an existing file.
 """
 from __future__ import annotations
 
