@@ -5,12 +5,13 @@ import pandas as pd
 import streamlit as st
 
 from app import queries as q
+from app.plan_view import plan_section
 from app.sources_form import sources_section
 from app.widgets import MISSING, analysis_result, model_label, pick_experiment, pick_steps, plain
 from engine.core.contract import ADAPTER_KINDS, adapter_key, adapters_payload, analysis_key, same_set_of
 from engine.core.conventions import metric_name
 from engine.results.verdict_words import artefact_note, metric_order, needs_lines
-from engine.upgrade.words import interval, pct, sentence, share
+from engine.upgrade.words import interval, sentence, share
 
 url = q.db_url()
 METRICS = ("recall@1", "recall@5", "map")
@@ -145,39 +146,4 @@ if r["backfill"]:
                                experiment_id=experiment["id"])
             st.toast(f"Adapter job #{job_id} queued; the Overview page shows its progress.")
 
-def plan_section(plan: dict | None) -> None:
-    """The migration plan the engine stored with this verdict: the decision, the numbers behind it, a Markdown file."""
-    st.subheader("Migration plan")
-    if plan is None:
-        st.caption("This verdict was stored before migration plans existed; compute it again to get one "
-                   "(or run check-upgrade --experiment ... --plan OUT).")
-        return
-    if "error" in plan:
-        st.warning(plain(f"No migration plan for this pair: {plan['error']}"))
-        return
-    st.info(plain(f"Decision: {plan['headline']}. {plan['reason']}"), icon=":material/route:")  # the verdict keeps its colour
-    k = st.columns(3)
-    k[0].metric("Items to re-embed", f"{plan['items_to_reembed']:,}", f"of {plan['n_gallery']:,}", delta_color="off",
-                delta_arrow="off")
-    t = plan.get("threshold")
-    if t:
-        k[1].metric(plain(f"Similarity threshold under {plan['old_name']}"), f"{t['t_old']:.4g}",
-                    f"precision {pct(t['precision'])}", delta_color="off", delta_arrow="off")
-        k[2].metric(plain(f"Same precision under {plan['new_name']}"), "none" if t["t_new"] is None else f"{t['t_new']:.4g}",
-                    None if t["t_new"] is None else f"precision {pct(t['precision_new'])}", delta_color="off",
-                    delta_arrow="off")
-    if plan["adapters"]:
-        st.dataframe(pd.DataFrame([{"adapter": a["name"], "pairs fitted on": a.get("pairs"),
-                                    f"adapted → {plan['old_name']} %": None if a["adapted_old"] is None else 100 * a["adapted_old"],
-                                    f"{plan['old_name']} alone %": None if a["old_old"] is None else 100 * a["old_old"],
-                                    "interval of the gain": interval(a["compatibility"], r["level"]),
-                                    "verdict": a["compatibility"]["verdict"]} for a in plan["adapters"]]),
-                     hide_index=True, placeholder=MISSING)
-    st.markdown(plain("\n".join(f"- {what}: {value}" for what, value in plan["numbers"].items())))
-    for note in plan["notes"]:
-        st.caption(plain(note))
-    st.download_button("Download the plan (Markdown)", plan["markdown"], file_name="migration-plan.md",
-                       mime="text/markdown", on_click="ignore", key="up_plan_download")
-
-
-plan_section(p.get("plan"))
+plan_section(p.get("plan"), r["level"])

@@ -8,7 +8,6 @@ same folder and renamed, so OUT is either the whole report or untouched. ``--pla
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -318,14 +317,10 @@ def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRep
 
 def _plan(args: argparse.Namespace, report: UpgradeReport, features: Features) -> PlanInputs:
     """The migration plan of this check (:mod:`engine.upgrade.migration`); from the verdicts alone when streamed."""
-    from engine.upgrade.migration import PlanInputs, plan_inputs
-    from engine.upgrade.plan import migration_plan
+    from engine.upgrade.migration import plan_from_verdicts, plan_inputs
 
     if features is None:
-        plan = migration_plan(report.to_json())
-        note = ("adapters, roll-outs and the threshold need the features in memory (--features, --experiment or --model); "
-                "this plan is decided from the verdicts alone")
-        return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, note)), [], [], None)
+        return plan_from_verdicts(report)
     return plan_inputs(features[0], features[1], report, kinds=DEFAULT_ADAPTERS if args.adapters is None else args.adapters,
                        files=[roots.confine(f, what="--adapter") for f in args.adapter_files or ()], share=args.fit_share,
                        t_old=args.threshold)

@@ -197,3 +197,13 @@ def plan_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
                      + ("never" if reach is None else f"at K = {100 * reach:.1f} % of the gallery per query")
                      + ": a query-time cost, not items to re-embed, so it is not a backfill choice")
     return PlanInputs(dataclasses.replace(plan, notes=tuple(notes)), adapters, rollouts, rescoring)
+
+
+VERDICTS_ONLY = ("adapters, roll-outs and the threshold need the features in memory (--features, --experiment or --model); "
+                 "this plan is decided from the verdicts alone")
+
+
+def plan_from_verdicts(report: UpgradeReport) -> PlanInputs:
+    """The plan of a check whose features are streamed (embeddings read from sources): the verdicts alone, said so."""
+    plan = migration_plan(report.to_json())
+    return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, VERDICTS_ONLY)), [], [], None)

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.upgrade.words import interval, pct
+from engine.upgrade.words import NOT_JUDGED, interval, pct
 
 DECISIONS = ("ship as is", "ship with adapter", "backfill", "do not ship", "do not ship yet")
 # what a plan is decided from by default (engine.upgrade.migration; here, torch-free, for the command line's help)
@@ -102,7 +102,8 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
     numbers = {f"{new} queries on the {old} gallery vs {old} alone": f"{pct(report['new_old'])} vs {pct(report['old_old'])} "
                                                                       f"({interval(c, level)}: {c['verdict']})",
                f"{new} alone vs {old} alone": f"{pct(report['new_new'])} vs {pct(report['old_old'])} "
-                                               f"({interval(b, level)}: {b['verdict']})"}
+                                               f"({interval(b, level)}: {b['verdict']})" if b["verdict"] != NOT_JUDGED
+               else "not judged (no new gallery, or label-free: the new model's own top-k is the reference)"}
     for a in adapters:
         numbers[f"adapter {a['name']} -> {old} gallery vs {old} alone"] = (
             f"{pct(a.get('adapted_old'))} ({interval(a['compatibility'], level)}: {a['compatibility']['verdict']})")
