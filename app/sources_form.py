@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from app import queries as q
+from app.plan_view import plan_section
 from app.widgets import MISSING, follow_jobs, plain
 from engine.core.contract import sources_check_payload
 from engine.core.conventions import metric_name
@@ -87,6 +88,7 @@ def _report(report: dict[str, Any]) -> None:
     for note in report.get("notes", []):
         st.info(plain(note))
     st.caption(plain(" · ".join(report.get("sources", {}).values())))
+    plan_section(report.get("plan"), report["level"], key="up_src_plan")
 
 
 def sources_section(url: str) -> None:

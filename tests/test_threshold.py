@@ -48,3 +48,14 @@ def test_precision_recall_and_bad_inputs_in_one_line():
         matched_threshold(np.array([0.1]), np.array([1]), np.array([np.nan]), np.array([1]), 0.1)
     with pytest.raises(ValueError, match="relevance flags must be 0/1"):
         matched_threshold(np.array([0.1]), np.array([2]), np.array([0.1]), np.array([1]), 0.1)
+
+
+def test_threshold_at_precision_is_the_lowest_score_keeping_it():
+    from engine.metrics.threshold import threshold_at_precision
+
+    s = np.array([0.9, 0.8, 0.7, 0.6, 0.5])
+    r = np.array([1, 1, 0, 1, 0])  # precision at 0.9, 0.8, 0.7, 0.6, 0.5: 1, 1, 2/3, 3/4, 3/5
+    assert threshold_at_precision(s, r, 0.75) == 0.6 and threshold_at_precision(s, r, 0.9) == 0.8
+    assert threshold_at_precision(s, np.zeros(5, int), 0.5) is None
+    with pytest.raises(ValueError, match="precision must lie in"):
+        threshold_at_precision(s, r, 0)

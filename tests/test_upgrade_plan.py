@@ -92,3 +92,9 @@ def test_the_threshold_line_names_both_models():
 def test_the_json_form_round_trips(verdict):
     plan = migration_plan(_report(_v(verdict, 0.02, 0.01, 0.03), BETTER))
     assert plan.to_json()["decision"] == plan.decision
+
+
+def test_a_new_model_not_judged_on_its_own_still_gets_a_plan():
+    plan = migration_plan({**_report(FAILS, {"diff": None, "lo": None, "hi": None, "n": 500, "verdict": "not judged",
+                                             "tie": False, "needed": None}), "new_new": None})
+    assert plan.decision == "do not ship yet" and plan.numbers["v2 alone vs v1 alone"].startswith("not judged")

@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app import queries as q
+from app.plan_view import plan_section
 from app.sources_form import sources_section
 from app.widgets import MISSING, analysis_result, model_label, pick_experiment, pick_steps, plain
 from engine.core.contract import ADAPTER_KINDS, adapter_key, adapters_payload, analysis_key, same_set_of
@@ -144,3 +145,5 @@ if r["backfill"]:
                                                                  same_set=same_set_of(experiment["config"])),
                                experiment_id=experiment["id"])
             st.toast(f"Adapter job #{job_id} queued; the Overview page shows its progress.")
+
+plan_section(p.get("plan"), r["level"])

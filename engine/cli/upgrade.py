@@ -2,11 +2,16 @@
 
 Exit codes: 0 compatible, 1 not compatible, 3 too close to call, 2 bad input (one line ``error: ...`` on
 stderr from :func:`engine.cli.main`; nothing written). ``--json OUT`` is written to a temporary file in the
-same folder and renamed, so OUT is either the whole report or untouched.
+same folder and renamed, so OUT is either the whole report or untouched. ``--plan OUT`` writes the migration plan
+(:mod:`engine.upgrade.migration`) as OUT.json and OUT.md, both or neither, never over an existing file.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,13 +21,18 @@ from engine.core.vocab import RELEVANCE, RELEVANCE_K as DEFAULT_K
 from engine.data import roots
 from engine.results.json_file import write_json_atomic
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
+from engine.upgrade.plan import DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K
 from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, TIE_RULES
 from engine.upgrade.words import NOT_JUDGED
 
 SOURCE_OPTIONS = ("new_gallery", "old_queries", "new_queries", "qrels", "relevance")
 
 if TYPE_CHECKING:
+    from engine.metrics.compatibility import CellFeatures
+    from engine.upgrade.migration import PlanInputs
     from engine.upgrade.verdict import UpgradeReport
+
+    Features = tuple[CellFeatures, CellFeatures] | None  # a form's old and new features in memory (None: streamed)
 
 EXIT_CODES = {"compatible": 0, "not compatible": 1, "too close to call": 3}
 DESCRIPTION = """\
@@ -46,6 +56,10 @@ Embeddings from a table or store: --old-gallery SRC [--new-gallery SRC] --old-qu
 are joined by item id; the gallery is read in blocks (never whole, nothing written); the interval resamples queries.
 Relevance: labels (a label column), qrels (--qrels: query id, item id, grade) or none (label-free: the new model's
 top-K on --new-gallery is the reference; neighbour recall@K). Backfill curves need --features.
+--plan OUT writes the migration plan (OUT.json, OUT.md): ship as is / ship with adapter X / backfill p % in order Y /
+do not ship, from the verdicts, post-hoc adapters fitted on a seeded share of the gallery's old/new pairs (--adapters,
+--fit-share, or an exported --adapter DIR), the backfill (and, with --rollout, rank-merge) curves and the similarity
+threshold re-mapped to the same precision (--threshold T).
 Exit code: 0 compatible, 1 not compatible, 3 too close to call, 2 bad input."""
 
 
@@ -103,7 +117,89 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="when not compatible, also the rank merge of the old index (old queries) and the new one per "
                         "ordering, and the old index's top K re-ranked by the new model (candidate re-scoring, over K / N)")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the report as JSON (atomically)")
+    plan_arguments(p)
     roots.add_arguments(p)
+
+
+def plan_arguments(p: argparse.ArgumentParser) -> None:
+    """``--plan OUT`` and what the plan is decided from (:mod:`engine.upgrade.migration`)."""
+    p.add_argument("--plan", type=Path, metavar="OUT", help="also write the migration plan as OUT.json and OUT.md (both or "
+                   "neither; OUT.* must not exist and must lie inside the data roots): ship as is, ship with an adapter, "
+                   "backfill p %% in an order, or do not ship, with the numbers behind it")
+    p.add_argument("--adapters", nargs="*", metavar="KIND", help="with --plan: post-hoc adapters to fit on a seeded share "
+                   f"of the gallery's old/new pairs (default {' '.join(DEFAULT_ADAPTERS)}; the kinds of 'adapter fit'; "
+                   "none: give the option alone)")
+    p.add_argument("--adapter", action="append", dest="adapter_files", metavar="DIR",
+                   help="with --plan: also judge an exported adapter folder ('adapter fit --out DIR'; repeatable)")
+    p.add_argument("--fit-share", type=float, default=DEFAULT_FIT_SHARE, metavar="F",
+                   help=f"with --plan: share of the gallery the adapters are fitted on (default {DEFAULT_FIT_SHARE:g})")
+    p.add_argument("--threshold", type=float, metavar="T", help="with --plan: the old model's similarity threshold to "
+                   f"re-map (default: the old score at which precision is {DEFAULT_PRECISION:g} on the top-"
+                   f"{THRESHOLD_K} candidates)")
+
+
+def plan_target(path: Path) -> tuple[Path, Path]:
+    """OUT.json and OUT.md of ``--plan OUT``, refused in one line when either exists or OUT is outside the data roots."""
+    if not path.name or path.name in (".", ".."):
+        raise ValueError(f"--plan {path}: give a file name (OUT.json and OUT.md are written)")
+    real = roots.confine(path, what="--plan")
+    if not real.parent.is_dir():
+        raise ValueError(f"--plan {path}: folder {path.parent} does not exist")
+    files = (real.with_name(real.name + ".json"), real.with_name(real.name + ".md"))
+    for f in files:
+        if os.path.lexists(f):
+            raise ValueError(f"--plan {path}: {f.name} exists; give a new name (a plan is never overwritten)")
+    return files
+
+
+def write_plan(files: tuple[Path, Path], data: dict, markdown: str) -> None:
+    """Both files or neither: each written to a temporary file in the folder, then both renamed."""
+    texts = (json.dumps(data, indent=2, allow_nan=False), markdown)
+    tmps: list[Path] = []
+    try:
+        for f, text in zip(files, texts):
+            fd, tmp = tempfile.mkstemp(prefix=f".{f.name}.", suffix=".tmp", dir=f.parent)
+            tmps.append(Path(tmp))
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(text)
+        for f in files:
+            if os.path.lexists(f):
+                raise FileExistsError(f"{f.name} appeared meanwhile")
+        os.replace(tmps[0], files[0])
+        try:
+            os.replace(tmps[1], files[1])
+        except BaseException:
+            files[0].unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise ValueError(f"--plan: cannot write {files[0].stem}.json/.md ({exc.strerror or exc})") from None
+    finally:
+        for t in tmps:
+            t.unlink(missing_ok=True)
+
+
+def _plan_options(args: argparse.Namespace) -> None:
+    """Refuse the plan's options without --plan, and bad values, before any work."""
+    given = [o for o, v in (("--adapters", args.adapters), ("--adapter", args.adapter_files),
+                            ("--threshold", args.threshold)) if v is not None]
+    if args.fit_share != DEFAULT_FIT_SHARE:
+        given.append("--fit-share")
+    if args.plan is None:
+        if given:
+            raise ValueError(f"{', '.join(given)} go(es) with --plan OUT")
+        return
+    if args.old_gallery is not None and given:
+        raise ValueError(f"{', '.join(given)}: adapters and the threshold need the features in memory (--features, "
+                         "--experiment or --model); with --old-gallery the plan is decided from the verdicts alone")
+    from engine.upgrade.migration import check_plan_options
+
+    check_plan_options(DEFAULT_ADAPTERS if args.adapters is None else args.adapters, args.fit_share)
+    if args.threshold is not None and not math.isfinite(args.threshold):
+        raise ValueError(f"--threshold must be a finite score, got {args.threshold!r}")
+    from engine.adapters.artifact import load_adapter
+
+    for folder in args.adapter_files or ():
+        load_adapter(roots.confine(folder, what="--adapter"))  # a bad folder is refused before the check's work
 
 
 def _check_json_target(path: Path) -> None:
@@ -122,7 +218,7 @@ def _refuse_model_options(args: argparse.Namespace, form: str) -> None:
         raise ValueError(f"{', '.join(given)} go(es) with --model; {form} reads features that are already embedded")
 
 
-def _check_folder(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict]:
+def _check_folder(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict, Features]:
     """The --features form: step_1.npz is the old model, step_2.npz the new one."""
     from engine.checkpoints.evaluate_folder import load_feature_folder
     from engine.upgrade.verdict import check_upgrade
@@ -136,10 +232,10 @@ def _check_folder(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRepo
                          f"found {len(folder.sets)} step file(s)")
     report = check_upgrade(folder.sets[0], folder.sets[1], names=args.names or ["old", "new"], same_set=args.same_set,
                            **settings)
-    return report, {"features": str(args.features)}
+    return report, {"features": str(args.features)}, (folder.sets[0], folder.sets[1])
 
 
-def _check_experiment(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict]:
+def _check_experiment(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict, Features]:
     """The --experiment form: two steps of a stored experiment, read through storage functions."""
     from engine.upgrade.stored import check_stored
     from storage import get_engine
@@ -152,12 +248,12 @@ def _check_experiment(args: argparse.Namespace, settings: dict) -> tuple[Upgrade
     report, pair = check_stored(get_engine(args.db), args.experiment, args.old_step, args.new_step, view=args.view,
                                 names=args.names, **settings)
     return report, {"experiment_id": args.experiment, "old_step": args.old_step, "new_step": args.new_step,
-                    "view": args.view, "notes": list(pair.notes)}
+                    "view": args.view, "notes": list(pair.notes)}, (pair.old, pair.new)
 
 
-def _check_models(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict]:
+def _check_models(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict, Features]:
     """The --model form: two checkpoints embed the images once (compare-checkpoints' pipeline); stored with --db."""
-    from engine.upgrade.from_checkpoints import check_models
+    from engine.upgrade.from_checkpoints import check_models, comparison_pair
 
     if len(args.models) != 2:
         raise ValueError(f"check-upgrade compares two models: --model OLD --model NEW; got {len(args.models)} --model")
@@ -179,7 +275,7 @@ def _check_models(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRepo
                      "dashboard's Upgrade check shows this report")
     return report, {"models": [m.path for m in cmp.spec.models], "dataset": cmp.spec.dataset,
                     "query_dataset": cmp.spec.query_dataset, "gallery_dataset": cmp.spec.gallery_dataset,
-                    "view": args.view, "experiment_id": experiment_id, "notes": notes}
+                    "view": args.view, "experiment_id": experiment_id, "notes": notes}, comparison_pair(cmp, args.view)
 
 
 def _refuse_source_options(args: argparse.Namespace, form: str) -> None:
@@ -190,7 +286,7 @@ def _refuse_source_options(args: argparse.Namespace, form: str) -> None:
         raise ValueError(f"{', '.join(given)} go(es) with --old-gallery; {form} does not read sources")
 
 
-def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict]:
+def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict, Features]:
     """The --old-gallery form: embeddings read where they live (engine/sources), the gallery streamed in blocks."""
     from engine.sources.text import mask_in
     from engine.upgrade.from_sources import SourceSpecs, check_sources
@@ -216,7 +312,18 @@ def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRep
     except ValueError as exc:  # one line, credentials masked, whatever raised it
         raise ValueError(mask_in((str(exc).strip().splitlines() or [type(exc).__name__])[0])) from None
     data = check.to_json()
-    return check.report, {key: data[key] for key in ("relevance", "k", "convention", "sources", "means")}
+    return check.report, {key: data[key] for key in ("relevance", "k", "convention", "sources", "means")}, None
+
+
+def _plan(args: argparse.Namespace, report: UpgradeReport, features: Features) -> PlanInputs:
+    """The migration plan of this check (:mod:`engine.upgrade.migration`); from the verdicts alone when streamed."""
+    from engine.upgrade.migration import plan_from_verdicts, plan_inputs
+
+    if features is None:
+        return plan_from_verdicts(report)
+    return plan_inputs(features[0], features[1], report, kinds=DEFAULT_ADAPTERS if args.adapters is None else args.adapters,
+                       files=[roots.confine(f, what="--adapter") for f in args.adapter_files or ()], share=args.fit_share,
+                       t_old=args.threshold)
 
 
 def needed_line(needed: int | None, n: int) -> str:
@@ -233,6 +340,10 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
     """Print the verdict sentence and the numbers; the exit code is the verdict's."""
     if args.json is not None:
         _check_json_target(args.json)  # refused before any work, so nothing is half-done
+    _plan_options(args)
+    plan_files = plan_target(args.plan) if args.plan is not None else None
+    if plan_files and args.json is not None and Path(os.path.realpath(args.json)) in plan_files:
+        raise ValueError(f"--json {args.json} is one of --plan's files; give them different names")
     unknown = [o for o in args.orderings if o not in ORDERINGS]
     if unknown:
         raise ValueError(f"unknown backfilling order(s) {', '.join(unknown)}; known: {', '.join(ORDERINGS)}")
@@ -242,13 +353,14 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
     if args.old_gallery is None:
         _refuse_source_options(args, "--features, --experiment or --model")
     if args.old_gallery is not None:
-        report, source = _check_sources(args, settings)
+        report, source, features = _check_sources(args, settings)
     elif args.experiment is not None:
-        report, source = _check_experiment(args, settings)
+        report, source, features = _check_experiment(args, settings)
     elif args.models is not None:
-        report, source = _check_models(args, settings)
+        report, source, features = _check_models(args, settings)
     else:
-        report, source = _check_folder(args, settings)
+        report, source, features = _check_folder(args, settings)
+    plan = _plan(args, report, features) if plan_files is not None else None
     c, b = report.compatibility, report.better
     reach = lambda x: "never" if x is None else f"{x:.3f}"  # noqa: E731
     judged = b.verdict != NOT_JUDGED
@@ -280,5 +392,8 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
             write_json_atomic(args.json, {**source, **report.to_json()}, allow_nan=False)
         except OSError as exc:
             raise ValueError(f"--json {args.json}: cannot write ({exc.strerror or type(exc).__name__})") from None
+    if plan is not None:
+        write_plan(plan_files, plan.to_json({**source, **report.to_json()}), plan.plan.to_markdown())
+        lines.append(f"  plan: {plan.plan.headline()} (written to {plan_files[0].name} and {plan_files[1].name})")
     print("\n".join(lines + [f"  note: {n}" for n in (*report.notes, *source.get("notes", []))]))
     return EXIT_CODES[report.verdict]

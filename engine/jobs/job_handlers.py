@@ -92,15 +92,18 @@ def checkpoints_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> 
 
 def sources_check_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> str:
     """A ``sources_check`` job: the upgrade check on embeddings read from sources, its report stored under the job's
-    payload hash (``storage.save_source_check``), where the Upgrade check page reads it."""
+    payload hash (``storage.save_source_check``) with its migration plan (from the verdicts alone), where the Upgrade
+    check page reads it."""
     from engine.upgrade.from_sources import SourceSpecs, check_sources
+    from engine.upgrade.migration import plan_from_verdicts
     from storage import payload_hash, save_source_check, session_scope
 
     sources = payload["sources"]
     check = check_sources(SourceSpecs(**sources), relevance=payload["relevance"], k=int(payload["k"]),
                           metric=payload.get("metric"), names=tuple(payload["names"]), progress=job.progress)
     with session_scope(db) as s:
-        save_source_check(s, payload_hash("sources_check", dict(payload)), check.to_json())
+        save_source_check(s, payload_hash("sources_check", dict(payload)),
+                          {**check.to_json(), "plan": plan_from_verdicts(check.report).to_json()})
     return check.report.sentence().split(":", 1)[0]  # "v2 is compatible with v1"
 
 

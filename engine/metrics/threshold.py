@@ -79,3 +79,13 @@ def matched_threshold(old_scores: np.ndarray, old_relevant: np.ndarray, new_scor
         return ThresholdMap(float(t_old), p, rec, None, None, None, so.size, sn.size)
     i = ok[-1]  # the lowest threshold that keeps the precision
     return ThresholdMap(float(t_old), p, rec, float(t[i]), float(prec[i]), float(recall[i]), so.size, sn.size)
+
+
+def threshold_at_precision(scores: np.ndarray, relevant: np.ndarray, precision: float) -> float | None:
+    """The lowest score whose pairs at or above it have precision >= ``precision`` (None: no score reaches it)."""
+    if not 0 < precision <= 1:
+        raise ValueError(f"the precision must lie in (0, 1], got {precision!r}")
+    s, r = _pairs(scores, relevant, "pairs")
+    t, prec, _ = _curve(s, r)
+    ok = np.flatnonzero(prec >= precision - 1e-12)
+    return None if ok.size == 0 else float(t[ok[-1]])

@@ -23,9 +23,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.upgrade.words import interval, pct
+from engine.upgrade.words import NOT_JUDGED, interval, pct
 
 DECISIONS = ("ship as is", "ship with adapter", "backfill", "do not ship", "do not ship yet")
+# what a plan is decided from by default (engine.upgrade.migration; here, torch-free, for the command line's help)
+DEFAULT_ADAPTERS = ("procrustes", "affine")  # post-hoc kinds fitted on a share of the gallery's pairs
+DEFAULT_FIT_SHARE = 0.5
+DEFAULT_PRECISION = 0.9  # the default old threshold: the lowest old score with this precision
+THRESHOLD_K = 10  # candidates per query the threshold is measured on
 
 
 @dataclass(frozen=True)
@@ -49,13 +54,17 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
-    def to_markdown(self) -> str:
-        """The plan as a short Markdown document (a heading, the decision, the numbers, the notes)."""
-        head = self.decision if self.decision not in ("ship with adapter", "backfill") else {
+    def headline(self) -> str:
+        """The decision in a few words: ``ship with adapter X``, ``backfill p % in order Y``, ``ship as is``, ..."""
+        return self.decision if self.decision not in ("ship with adapter", "backfill") else {
             "ship with adapter": f"ship with adapter {self.adapter}",
             "backfill": f"backfill {100 * (self.fraction or 0):.0f} % in order {self.ordering}"
                         + (f" with adapter {self.adapter}" if self.adapter else ""),
         }[self.decision]
+
+    def to_markdown(self) -> str:
+        """The plan as a short Markdown document (a heading, the decision, the numbers, the notes)."""
+        head = self.headline()
         lines = [f"# Migration plan: {self.old_name} -> {self.new_name}", "", f"**Decision: {head}.** {self.reason}", "",
                  f"- metric: {self.metric}; gallery: {self.n_gallery:,} items; items to re-embed: {self.items_to_reembed:,}"]
         lines += [f"- {k}: {v}" for k, v in self.numbers.items()]
@@ -93,7 +102,8 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
     numbers = {f"{new} queries on the {old} gallery vs {old} alone": f"{pct(report['new_old'])} vs {pct(report['old_old'])} "
                                                                       f"({interval(c, level)}: {c['verdict']})",
                f"{new} alone vs {old} alone": f"{pct(report['new_new'])} vs {pct(report['old_old'])} "
-                                               f"({interval(b, level)}: {b['verdict']})"}
+                                               f"({interval(b, level)}: {b['verdict']})" if b["verdict"] != NOT_JUDGED
+               else "not judged (no new gallery, or label-free: the new model's own top-k is the reference)"}
     for a in adapters:
         numbers[f"adapter {a['name']} -> {old} gallery vs {old} alone"] = (
             f"{pct(a.get('adapted_old'))} ({interval(a['compatibility'], level)}: {a['compatibility']['verdict']})")

@@ -13,6 +13,7 @@ from sqlalchemy import Engine
 
 from engine.analysis.views import Progress, StoredVersion, experiment_recipe, load_experiment, load_side, seen_note, version_of_step
 from engine.metrics.compatibility import CellFeatures
+from engine.upgrade.migration import plan_inputs
 from engine.upgrade.verdict import UpgradeReport, check_upgrade
 from storage import get_model_version, session_scope
 
@@ -67,11 +68,16 @@ def check_stored(db: Engine, experiment_id: int, old_step: int, new_step: int, *
 
 
 def compute_upgrade(db: Engine, experiment_id: int, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """The payload of an ``upgrade`` analysis: the report as JSON, the two models and notes."""
+    """The payload of an ``upgrade`` analysis: the report as JSON, the two models, notes and the migration plan."""
     progress(0.05, "loading features")
     report, pair = check_stored(db, experiment_id, params["step_a"], params["step_b"], view=params["view"],
                                 metric=params["metric"], resamples=params["resamples"], level=params["level"],
                                 seed=params["seed"])
+    progress(0.6, "migration plan")
+    try:  # the plan's default adapters and threshold (check-upgrade --experiment --plan gives the same plan)
+        plan = plan_inputs(pair.old, pair.new, report).to_json()
+    except ValueError as exc:  # e.g. a gallery too small to fit an adapter on: the verdict stands without a plan
+        plan = {"error": str(exc)}
     return {"params": params, "report": report.to_json(), "notes": list(pair.notes),
             "models": [{"step": v.step, "model_version_id": v.id, "name": n}
-                       for v, n in zip((pair.old_version, pair.new_version), pair.names)]}
+                       for v, n in zip((pair.old_version, pair.new_version), pair.names)], "plan": plan}

@@ -1,0 +1,209 @@
+"""The migration plan of two models' features in memory: adapters fitted and judged, roll-out rows, the threshold.
+
+:func:`plan_inputs` gathers what :func:`engine.upgrade.plan.migration_plan` decides from, for ``check-upgrade --plan``
+and the stored ``upgrade`` analysis (the Upgrade check page shows its plan):
+
+* **adapters**: each kind (default Procrustes and ridge affine, :mod:`engine.adapters.posthoc`) is fitted on a seeded
+  share of the gallery's paired old/new embeddings; the adapted new queries are searched against the old gallery and
+  judged against old/old by :func:`engine.upgrade.verdict.check_upgrade` itself, with the report's metric, rule,
+  interval, resamples, level and seed (one verdict function for the report and the adapters). The fitted items never
+  score: open-set queries are other images anyway; when the queries are the gallery (same set) the fitted items are
+  left out of both queries and gallery, so old/old is recomputed on the other items. An exported adapter folder
+  (``--adapter DIR``) is judged the same way on every query (where it was fitted is its own business);
+* **roll-outs**: the report's item-replacement backfill rows and, when the report has them (``--rollout``), its
+  rank-merge rows; candidate re-scoring is kept as information only (its fraction is K / N per query, not items);
+* **threshold**: each model's top-``k`` (query, gallery item) candidates of its own cell, relevant when the labels
+  agree; the old threshold is given or, by default, the lowest old score whose candidates have precision 0.9, and
+  :func:`engine.metrics.threshold.matched_threshold` gives the new score with the same precision.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.adapters.artifact import load_adapter
+from engine.adapters.posthoc import PosthocMap, fit_map, kind_of
+from engine.metrics.compatibility import CellFeatures
+from engine.metrics.threshold import matched_threshold, threshold_at_precision
+from engine.metrics.topk import array_blocks, stream_topk
+from engine.upgrade.plan import DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, migration_plan
+from engine.upgrade.verdict import UpgradeReport, check_upgrade
+from storage import json_ready
+
+RANK_MERGE = "rank_merge:"
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """The plan and what it was decided from (JSON-ready rows)."""
+
+    plan: Plan
+    adapters: list[dict[str, Any]]
+    rollouts: list[dict[str, Any]]
+    rescoring: dict[str, Any] | None
+
+    def to_json(self, report: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The plan's fields, then its inputs (the report too when given)."""
+        out = {**self.plan.to_json(), "headline": self.plan.headline(), "markdown": self.plan.to_markdown(),
+               "adapters": self.adapters,
+               "rollouts": self.rollouts, "rescoring": self.rescoring}
+        return json_ready({**out, "report": report} if report is not None else out)
+
+
+def check_plan_options(kinds: Sequence[str], share: float, precision: float = DEFAULT_PRECISION) -> None:
+    """Refuse an unknown adapter kind, a share outside (0, 1) or a precision outside (0, 1], in one line."""
+    for kind in kinds:
+        kind_of(kind)
+    if not 0 < share < 1:
+        raise ValueError(f"--fit-share must lie strictly between 0 and 1, got {share!r}")
+    if not 0 < precision <= 1:
+        raise ValueError(f"the precision of the default old threshold must lie in (0, 1], got {precision!r}")
+
+
+def fit_rows(n: int, share: float, seed: int) -> np.ndarray:
+    """The gallery rows the adapters are fitted on: a seeded ``share`` of ``n`` (at least 2, at least 1 left), sorted."""
+    m = int(round(share * n))
+    if m < 2 or m > n - 1:
+        raise ValueError(f"a fit share of {share:g} of {n} gallery items gives {m} pairs; an adapter needs at least 2 and "
+                         "at least one item must be left to score")
+    return np.sort(np.random.default_rng(seed).permutation(n)[:m])
+
+
+def _rows(cell: CellFeatures, keep: np.ndarray) -> CellFeatures:
+    return CellFeatures(cell.query[keep], np.asarray(cell.query_labels)[keep], cell.gallery[keep],
+                        np.asarray(cell.gallery_labels)[keep])
+
+
+def judge_map(m: PosthocMap, old: CellFeatures, new: CellFeatures, report: UpgradeReport,
+              keep: np.ndarray | None = None) -> UpgradeReport:
+    """Adapted new queries on the old gallery vs old/old under the report's settings (``keep``: the same-set items
+    that score; None: all)."""
+    if m.new_dim != new.query.shape[1] or m.old_dim != old.gallery.shape[1]:
+        raise ValueError(f"the adapter maps {m.new_dim}-d new vectors to {m.old_dim}-d old ones, but the new model's "
+                         f"features are {new.query.shape[1]}-d and the old model's {old.gallery.shape[1]}-d")
+    if keep is not None:
+        old, new = _rows(old, keep), _rows(new, keep)
+    adapted = CellFeatures(m.apply(new.query), new.query_labels, old.gallery, old.gallery_labels)
+    return check_upgrade(old, adapted, names=("old", "adapted"), metric=report.metric, resamples=report.resamples,
+                         level=report.level, seed=report.seed, same_set=report.same_set, orderings=(),
+                         margin=report.margin, ties=report.ties, interval=report.interval)
+
+
+def _adapter_row(name: str, m: PosthocMap, got: UpgradeReport, **extra: Any) -> dict[str, Any]:
+    return json_ready({"name": name, "kind": m.kind, **extra, "adapted_old": got.new_old, "old_old": got.old_old,
+                       "n_queries": got.n_queries, "n_gallery": got.n_gallery, "compatibility": asdict(got.compatibility),
+                       "interval": got.interval})
+
+
+def adapter_rows(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, kinds: Sequence[str] = DEFAULT_ADAPTERS,
+                 files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE) -> list[dict[str, Any]]:
+    """One row per adapter kind fitted here (see the module docstring) and per exported adapter folder."""
+    rows = []
+    if kinds:
+        fitted = fit_rows(len(old.gallery), share, report.seed)
+        keep = np.setdiff1d(np.arange(len(old.gallery)), fitted) if report.same_set else None
+        for kind in kinds:
+            start = time.perf_counter()
+            m = fit_map(kind, new.gallery[fitted], old.gallery[fitted],
+                        fitted_on={"pairs": len(fitted), "share": share, "seed": report.seed})
+            seconds = time.perf_counter() - start
+            rows.append(_adapter_row(kind, m, judge_map(m, old, new, report, keep), source="fitted here",
+                                     pairs=len(fitted), fit_seconds=seconds))
+    for folder in files:
+        m = load_adapter(folder)
+        rows.append(_adapter_row(f"{m.kind} ({Path(folder).name})", m, judge_map(m, old, new, report),
+                                 source=str(folder), pairs=m.fitted_on.get("pairs")))
+    return rows
+
+
+def above(fractions: Sequence[float], values: Sequence[float], target: float) -> float | None:
+    """The first measured fraction whose value lies strictly above ``target`` (None: none does)."""
+    return next((float(f) for f, v in zip(fractions, values) if v is not None and v > target), None)
+
+
+def rollout_rows(report: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The roll-outs a plan may choose (backfill and rank-merge rows) and the candidate re-scoring row (information).
+
+    A rank merge at 0 % is the old system itself (old queries on the old index), so its curve "reaches" the old
+    self-test at once; its row's ``to_old_self`` is replaced by the first measured fraction that scores strictly above
+    the old self-test (``reaches_at`` keeps the curve's own reading)."""
+    rows = [dict(r) for r in report.get("backfill") or ()]
+    rows += [{**r, "reaches_at": r["to_old_self"], "to_old_self": above(r["fractions"], r["values"], report["old_old"])}
+             for r in report.get("rollout") or () if str(r["ordering"]).startswith(RANK_MERGE)]
+    rescoring = next((dict(r) for r in report.get("rollout") or () if r["ordering"] == "rescoring"), None)
+    return rows, rescoring
+
+
+def candidate_pairs(cell: CellFeatures, *, k: int = THRESHOLD_K, same_set: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Scores of each query's top-``k`` gallery items in its own model's cell (own item excluded under ``same_set``)
+    and whether each pair is relevant (same label)."""
+    n_g = len(cell.gallery)
+    depth = min(k + (1 if same_set else 0), n_g)
+    top = stream_topk(cell.query, array_blocks(np.arange(n_g, dtype=np.int64), cell.gallery), k=depth)
+    ids, scores = np.asarray(top.ids), np.asarray(top.scores, np.float64)
+    keep = ids >= 0
+    if same_set:
+        keep &= ids != np.arange(len(ids))[:, None]
+    keep &= np.cumsum(keep, axis=1) <= k  # the first k that are kept
+    relevant = np.asarray(cell.gallery_labels)[np.where(ids >= 0, ids, 0)] == np.asarray(cell.query_labels)[:, None]
+    return scores[keep], relevant[keep]
+
+
+def threshold_row(old: CellFeatures, new: CellFeatures, *, same_set: bool, t_old: float | None = None,
+                  precision: float = DEFAULT_PRECISION, k: int = THRESHOLD_K) -> tuple[dict[str, Any] | None, str]:
+    """The re-mapped threshold (None when the old candidates never reach ``precision``) and a note on where it came from."""
+    so, ro = candidate_pairs(old, k=k, same_set=same_set)
+    sn, rn = candidate_pairs(new, k=k, same_set=same_set)
+    how = f"each model's top-{k} candidates per query, relevant when the labels agree"
+    if t_old is None:
+        t_old = threshold_at_precision(so, ro, precision)
+        if t_old is None:
+            return None, f"no old score has precision {precision:g} on {how}: no threshold to re-map (give --threshold T)"
+        how = f"the old threshold is the lowest old score with precision {precision:g} (the default) on {how}"
+    else:
+        how = f"the old threshold {t_old:g} was given; precision measured on {how}"
+    return asdict(matched_threshold(so, ro, sn, rn, float(t_old))), how
+
+
+def plan_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, kinds: Sequence[str] = DEFAULT_ADAPTERS,
+                files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE, t_old: float | None = None,
+                precision: float = DEFAULT_PRECISION) -> PlanInputs:
+    """The migration plan of ``report`` (computed on ``old`` and ``new``) with its adapters, roll-outs and threshold."""
+    data = report.to_json()
+    adapters = adapter_rows(old, new, report, kinds=kinds, files=files, share=share)
+    rollouts, rescoring = rollout_rows(data)
+    threshold, how = threshold_row(old, new, same_set=report.same_set, t_old=t_old, precision=precision)
+    plan = migration_plan(data, adapters=adapters, rollouts=rollouts, threshold=threshold)
+    notes = list(plan.notes)
+    if kinds:
+        scored = ("the other items (the fitted ones left out of queries and gallery)" if report.same_set
+                  else "every query (none of them fitted on)")
+        notes.append(f"adapters {', '.join(kinds)} fitted on {adapters[0]['pairs']:,} paired gallery items (a share of "
+                     f"{share:g}, seed {report.seed}) and scored on {scored}")
+    notes.append(f"similarity threshold: {how}")
+    if any(str(r["ordering"]).startswith(RANK_MERGE) for r in rollouts):
+        notes.append("a rank merge serves both models at query time (old queries on the old index, new queries on the "
+                     "re-embedded part, merged by score); its fraction is the first measured one that scores above the "
+                     "old self-test (at 0 % it is the old system itself)")
+    if rescoring is not None:
+        reach = rescoring.get("to_old_self")
+        notes.append("candidate re-scoring (the old index's top K re-ranked by the new model) reaches the old self-test "
+                     + ("never" if reach is None else f"at K = {100 * reach:.1f} % of the gallery per query")
+                     + ": a query-time cost, not items to re-embed, so it is not a backfill choice")
+    return PlanInputs(dataclasses.replace(plan, notes=tuple(notes)), adapters, rollouts, rescoring)
+
+
+VERDICTS_ONLY = ("adapters, roll-outs and the threshold need the features in memory (--features, --experiment or --model); "
+                 "this plan is decided from the verdicts alone")
+
+
+def plan_from_verdicts(report: UpgradeReport) -> PlanInputs:
+    """The plan of a check whose features are streamed (embeddings read from sources): the verdicts alone, said so."""
+    plan = migration_plan(report.to_json())
+    return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, VERDICTS_ONLY)), [], [], None)

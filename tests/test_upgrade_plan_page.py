@@ -1,0 +1,85 @@
+"""The Upgrade check page shows the migration plan the engine stored with the verdict (AppTest; the page computes nothing)."""
+from __future__ import annotations
+
+from test_app_pages import open_page, texts, unplain
+from test_upgrade import close_pair, compatible_pair, hits
+from test_upgrade_cli import store_pair
+from test_upgrade_page import PARAMS
+from test_upgrade_plan_cli import rotated_back_pair
+
+from engine.core.contract import analysis_key
+from engine.jobs.analysis import run_analysis
+from engine.upgrade.plan import migration_plan
+from storage import get_engine, load_analysis, session_scope, set_experiment_status
+
+
+def stored_plan(url: str, pair) -> dict:
+    exp = store_pair(url, *pair(), names=("v1", "v2"))
+    with session_scope(get_engine(url)) as s:
+        set_experiment_status(s, exp, "done")
+    run_analysis(get_engine(url), exp, "upgrade", PARAMS)
+    with session_scope(get_engine(url)) as s:
+        return dict(load_analysis(s, exp, "upgrade", analysis_key("upgrade", PARAMS)).payload)
+
+
+def test_the_page_shows_the_stored_plan_its_numbers_and_a_markdown_download(app_db):
+    payload = stored_plan(app_db, rotated_back_pair)
+    plan = payload["plan"]
+    again = migration_plan(payload["report"], adapters=plan["adapters"], rollouts=plan["rollouts"],
+                           threshold=plan["threshold"])
+    assert (plan["decision"], plan["adapter"]) == (again.decision, again.adapter) == ("ship with adapter", "procrustes")
+    at = open_page("upgrade")
+    assert not at.exception
+    page = texts(at)
+    assert "Migration plan" in [h.value for h in at.subheader]
+    assert any(unplain(b.value).startswith("Decision: ship with adapter procrustes.") for b in at.info)
+    table = at.dataframe[-1].value  # the plan's adapters, the last table of the page
+    old, _ = rotated_back_pair()
+    row = table[table["adapter"] == "procrustes"].iloc[0]
+    assert row["pairs fitted on"] == 100 and row["verdict"] == "compatible"
+    assert row["adapted → v1 %"] == 100 * hits(compatible_pair()[1], old).mean()
+    assert row["v1 alone %"] == 100 * hits(old, old).mean()
+    t = plan["threshold"]  # its numbers are checked by hand in test_upgrade_plan_cli.py
+    assert shown_metric(at, "Similarity threshold under v1") == f"{t['t_old']:.4g}"
+    assert shown_metric(at, "Same precision under v2") == f"{t['t_new']:.4g}"
+    assert f"v2 alone vs v1 alone: {100 * payload['report']['new_new']:.1f}% vs {100 * payload['report']['old_old']:.1f}%" in page
+    assert shown_metric(at, "Items to re-embed") == "0"
+    assert "Download the plan (Markdown)" in [b.proto.label for b in at.get("download_button")]
+    assert "fitted on 100 paired gallery items" in page
+
+
+def shown_metric(at, label: str) -> str:
+    (m,) = [m for m in at.metric if m.label == label]
+    return m.value
+
+
+def test_a_pair_too_small_for_an_adapter_shows_why_there_is_no_plan(app_db):
+    payload = stored_plan(app_db, close_pair)  # two gallery items: one pair is not enough to fit on
+    assert "error" in payload["plan"]
+    at = open_page("upgrade")
+    assert not at.exception
+    assert "No migration plan for this pair: a fit share of 0.5 of 2 gallery items gives 1 pairs" in texts(at)
+
+
+def test_a_check_from_a_store_shows_the_plan_its_verdicts_give(app_db, tmp_path):
+    from test_app_pages import jobs
+    from test_upgrade_sources import embeddings, tables, write_all
+    from test_upgrade_sources_page import fill
+
+    from app import queries
+    from engine.jobs.worker import run_one
+    from engine.upgrade.from_sources import SourceSpecs, check_sources
+
+    specs = write_all("npz", tmp_path / "s", tables(embeddings(), text=True))
+    at = fill(open_page("upgrade"), specs)
+    (job,) = jobs(app_db)
+    assert run_one(get_engine(app_db), kinds=["sources_check"]) == job.id
+    queries.jobs.clear()
+    at.run()
+    assert not at.exception, at.exception
+    report = check_sources(SourceSpecs(specs.old_gallery, specs.old_queries, specs.new_queries, specs.new_gallery),
+                           relevance="labels").to_json()
+    want = migration_plan(report)
+    assert any(unplain(b.value).startswith(f"Decision: {want.headline()}. {want.reason}") for b in at.info)
+    assert "decided from the verdicts alone" in texts(at)
+    assert "Download the plan (Markdown)" in [b.proto.label for b in at.get("download_button")]
