@@ -204,3 +204,28 @@ def test_curve_prints_and_writes_every_kind_at_every_count(pairs, capsys):
     code, _, err = run(["adapter", "curve", "--old", str(root / "old.npz"), "--new", str(root / "new.npz"),
                         "--kind", "procrustes", "--kind", "affine", "--set", "ridge=2"], capsys)
     assert code == 2 and "several kinds are fitted; name one" in err
+
+
+def test_curve_with_separate_queries_and_no_labels(pairs, capsys):
+    root, _, _ = pairs
+    rng = np.random.default_rng(5)
+    with np.load(root / "old.npz") as o, np.load(root / "new.npz") as n:
+        order = np.argsort(n["ids"])
+        old, new, ids = o["vectors"], n["vectors"][order], o["ids"]
+        assert np.array_equal(n["ids"][order], ids)
+    q = rng.choice(600, 80, replace=False)
+    g = np.setdiff1d(np.arange(600), q)
+    np.save(root / "q_old.npy", old[q])
+    np.save(root / "q_new.npy", new[q])
+    np.savez(root / "g_old.npz", ids=ids[g], vectors=old[g])
+    np.savez(root / "g_new.npz", ids=ids[g], vectors=new[g])
+    code, out, err = run(["adapter", "curve", "--old", str(root / "g_old.npz"), "--new", str(root / "g_new.npz"),
+                          "--query-old", str(root / "q_old.npy"), "--query-new", str(root / "q_new.npy"),
+                          "--kind", "affine", "--pairs", "100,520", "--k", "5", "--resamples", "50",
+                          "--json", str(root / "c.json")], capsys)
+    assert code == 0, err
+    curve = json.loads((root / "c.json").read_text())
+    assert curve["relevance"] == "none" and curve["metric"] == "neighbour_recall@5"
+    assert curve["baselines"]["n_queries"] == 80 and curve["baselines"]["n_gallery"] == 520
+    assert curve["baselines"]["new/new"] == 1.0 and curve["pair_counts"] == [100, 520]
+    assert curve["fitted_on"]["queries"] == "separate"
