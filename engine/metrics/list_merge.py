@@ -7,9 +7,10 @@ rank merge by score of :mod:`engine.metrics.backfill_rollout` (``merge="score"``
 streamed pass (:func:`engine.metrics.topk.stream_topk`) kept, so a gallery of any size costs queries x D numbers.
 
 Decided or not: an item beyond a truncated list scores at most that list's last kept score. The merged top-k is
-therefore exact when its k-th score is strictly above the last kept score of every truncated list; otherwise an
-item beyond depth D could enter or tie, and the query is flagged undecided at that point (never guessed). A list
-that holds the whole gallery (D >= gallery size) is complete: every query is decided.
+therefore exact when its k-th score is strictly above the last kept score of every truncated list that may hide an
+eligible item (one of its index's items at this point that the list does not hold); otherwise an item beyond depth D
+could enter or tie, and the query is flagged undecided at that point (never guessed). A list that holds the whole
+gallery (D >= gallery size) is complete: every query is decided; so is every query at beta = 0 and 1 when k <= D.
 
 Order of the merged list: descending score; equal scores keep the order of their own list (stream position), and an
 old-index item comes before a new-index item of the same score. At beta = 0 the merged list is the old list, at
@@ -68,9 +69,10 @@ def merge_backfilled(old: TopK, new: TopK, in_new: np.ndarray, k: int) -> Merged
         top_i = np.concatenate([top_i, np.full((len(top_i), pad), -1, np.int64)], 1)
     kth = top_s[:, -1]
     decided = np.isfinite(kth)
-    for lst in (old, new):
-        if not _complete(lst):
-            decided &= kth > lst.scores[:, -1]
+    n_new = int(in_new.sum())
+    for lst, kept, eligible in ((old, keep_old, len(in_new) - n_new), (new, keep_new, n_new)):
+        if not _complete(lst):  # an eligible item beyond the list scores <= its last kept score
+            decided &= (kept.sum(1) == eligible) | (kth > lst.scores[:, -1])
     tied = (s_sorted[:, width:] == kth[:, None]).sum(1) if scores.shape[1] > width else np.zeros(len(kth), np.int64)
     tied = np.where(np.isfinite(kth), tied, 0).astype(np.int64)
     return MergedLists(TopK(top_i.astype(np.int64), top_s.astype(np.float32), tied, old.n_gallery), decided)
