@@ -15,7 +15,7 @@ from engine.metrics.backfill_orders import adapter_residual, backfill_order
 from engine.metrics.list_merge import list_curves, merge_backfilled
 from engine.metrics.relevance import label_outcomes
 from engine.metrics.topk import array_blocks, stream_topk
-from engine.upgrade.backfill_sources import residual_order
+from engine.upgrade.backfill_sources import SOURCE_ORDERINGS, class_mean_orders, residual_order
 from engine.upgrade.from_sources import SourceSpecs, check_sources
 
 SIDES = ("old_gallery", "new_gallery", "old_queries", "new_queries")
@@ -144,13 +144,21 @@ def test_the_residual_order_pairs_blocks_by_id_in_any_nearby_order(drift):
     assert np.all(np.diff(res[want]) <= 0)  # largest residual first
 
 
+def test_the_class_mean_orders_equal_the_in_memory_ones_from_two_passes(drift):
+    labels = drift["g_labels"].astype(str)  # text labels, as a Parquet column may hold them
+    got = class_mean_orders(lambda: iter(array_blocks(np.arange(NG), drift["old_gallery"], 37)), labels)
+    for name in ("distance_mse", "distance_cosine"):
+        want = backfill_order(name, old_gallery=drift["old_gallery"], gallery_labels=labels, seed=0)
+        np.testing.assert_array_equal(got[name], want)
+
+
 # ---- through check_sources -----------------------------------------------------------------------------------------
 
 def test_labels_backfill_equals_the_features_check(tmp_path, drift):
     """D covers the gallery: each ordering's curve, area and reach equal the in-memory backfill of the same order."""
     got = check_sources(write_npz(tmp_path / "s", drift), relevance="labels", resamples=RESAMPLES, backfill_depth=NG)
     assert got.report.verdict == "not compatible"
-    assert [n.ordering for n in got.report.backfill] == ["random", "adapter_residual"]
+    assert [n.ordering for n in got.report.backfill] == list(SOURCE_ORDERINGS)  # labels: the distance orders too
     old_self = got.report.old_old
     for need in got.report.backfill:
         order = backfill_order(need.ordering, old_gallery=drift["old_gallery"], new_gallery=drift["new_gallery"],
@@ -229,7 +237,7 @@ def test_cli_prints_and_exports_the_backfill(tmp_path, capsys, drift):
     printed = capsys.readouterr().out
     assert code == 1
     data = json.loads(out.read_text())
-    assert [n["ordering"] for n in data["backfill"]] == ["random", "adapter_residual"]
+    assert [n["ordering"] for n in data["backfill"]] == list(SOURCE_ORDERINGS)
     assert data["backfill_depth"] == NG and data["backfill_decided"]["random"] == [1.0] * len(GRID)
     for need in data["backfill"]:
         assert f"backfill {need['ordering']:<16} area {need['area']:.4f}" in printed

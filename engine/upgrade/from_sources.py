@@ -381,7 +381,7 @@ def _check(specs: SourceSpecs, opened: _Opened, *, relevance: str | None, k: int
         needs, decided, b_notes = source_backfill(
             queries.new, lambda: _in_order(old_g, old_scan.ids, block_rows), lambda: _by_id(new_g, slots, block_rows),
             n_gallery=n_g, k=at, depth=b_depth, outcome=at_rows, old_self=float(np.nanmean(oo)), seed=seed,
-            block_rows=block_rows, backend=backend, say=say)
+            block_rows=block_rows, backend=backend, say=say, gallery_labels=old_scan.labels)
         notes += b_notes + (("label-free, the backfill curves' reference is each query's new/new top-k: at beta = 1 "
                              "the merged list is new/new itself, so every curve ends at 1 by definition",)
                             if relevance == "none" else ())
