@@ -16,7 +16,7 @@ from app.widgets import MISSING, follow_jobs, plain
 from engine.core.contract import sources_check_payload
 from engine.core.conventions import metric_name
 from engine.core.vocab import RELEVANCE, RELEVANCE_K
-from engine.upgrade.words import NOT_JUDGED, interval, sentence
+from engine.upgrade.words import NOT_JUDGED, interval, sentence, share
 from storage import IdenticalJob
 
 KIND = "sources_check"
@@ -85,10 +85,31 @@ def _report(report: dict[str, Any]) -> None:
     st.dataframe(pd.DataFrame(rows), hide_index=True, placeholder=MISSING,
                  column_config={col: st.column_config.NumberColumn(format="%.1f") for col in rows[0] if col != "query / gallery"}
                  if rows else None)
+    _backfill(report)
     for note in report.get("notes", []):
         st.info(plain(note))
     st.caption(plain(" · ".join(report.get("sources", {}).values())))
     plan_section(report.get("plan"), report["level"], key="up_src_plan")
+
+
+def _backfill(report: dict[str, Any]) -> None:
+    """The stored backfill needs, as the features check shows them, with each curve's worst share of decided queries."""
+    if not report.get("backfill"):
+        return
+    old, new, best = report["old_name"], report["new_name"], report.get("best_ordering")
+    decided = report.get("backfill_decided") or {}
+    st.subheader("Backfilling needed")
+    st.markdown(plain(f"Not compatible: re-embed part of the gallery with {new}. The best ordering is the one with the "
+                      f"**largest area** under its curve: **{best}** (top-{report.get('backfill_depth')} lists merged "
+                      "by score at each point)."))
+    rows = [{"ordering": n["ordering"] + (" (best)" if n["ordering"] == best else ""),
+             "M̃ %": None if n["area"] is None else 100 * n["area"], f"to reach {old}'s self-test": share(n["to_old_self"]),
+             f"to reach {new}'s self-test": share(n["to_new_self"]),
+             "queries decided % (worst point)": 100 * min(decided[n["ordering"]]) if decided.get(n["ordering"]) else None}
+            for n in report["backfill"]]
+    st.dataframe(pd.DataFrame(rows), hide_index=True, placeholder=MISSING,
+                 column_config={c: st.column_config.NumberColumn(format="%.2f")
+                                for c in ("M̃ %", "queries decided % (worst point)")})
 
 
 def sources_section(url: str) -> None:

@@ -16,6 +16,11 @@ Prints wall time split into read / search / outcomes / bootstrap, the peak RSS o
 after the baseline, which holds a float32 block of similarities and its argpartition), and a ratio of the
 engine's search against a plain numpy baseline (blocked float32 matmul + argpartition + merge) measured in the same
 run on ``--baseline-queries`` queries against the same gallery. Run: ``python bench/bench_million.py --items 100000``.
+
+``--backfill-depth D`` also times the backfill curves from sources (:mod:`engine.upgrade.backfill_sources`): the new
+queries' top-D lists on both galleries (two more streamed passes), the adapter-residual order (one lock-step pass),
+and the merges of the 21-point curves for the random and residual orders (Recall@1 with labels), with the share of
+queries the lists decide; its time is printed as a ratio against the check's own search measured in the same run.
 """
 from __future__ import annotations
 
@@ -30,8 +35,12 @@ import torch
 
 from engine.core.conventions import relevance_phrase
 from engine.metrics.cell_interval import paired_intervals
+from engine.metrics.backfill import curve_area
+from engine.metrics.backfill_orders import backfill_order
+from engine.metrics.list_merge import list_curves
 from engine.metrics.relevance import label_outcomes, neighbour_recall
 from engine.metrics.topk import stream_topk
+from engine.upgrade.backfill_sources import MAX_PENDING_BLOCKS, residual_order
 
 GEN_BLOCK = 16384
 
@@ -140,6 +149,8 @@ def main() -> None:
     ap.add_argument("--backend", choices=("torch", "faiss"), default="torch")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--folder", type=Path, default=None, help="where the .npy files go (default: a temporary folder)")
+    ap.add_argument("--backfill-depth", type=int, default=0, metavar="D",
+                    help="also time the backfill curves from top-D lists (0: not timed)")
     args = ap.parse_args()
     dtype = np.dtype(args.dtype)
     clock = Clock()
@@ -205,6 +216,8 @@ def main() -> None:
         mine = stream_topk(q_new[:nb], read_blocks(folder / "old.npy", args.block, Clock()), k=args.k, backend=args.backend)
         engine_s = time.perf_counter() - t
         agree = np.mean([len(set(a) & set(b)) / args.k for a, b in zip(base_ids, mine.ids)])
+        if args.backfill_depth > 0:
+            backfill = time_backfill(folder, q_new, q_labels, g_labels, args)
 
     split = ", ".join(f"{p} {s:.1f} s" for p, s in clock.spent.items())
     print(f"\nend to end (search + outcomes + bootstrap, both relevance kinds): {total:.1f} s = {split}")
@@ -212,6 +225,38 @@ def main() -> None:
           f"{after_imports:,.0f} MB; with the numpy baseline run after it: {peak_mb():,.0f} MB)")
     print(f"search of {nb} queries x {args.items:,} items: engine {engine_s:.2f} s, numpy baseline {numpy_s:.2f} s, "
           f"ratio numpy/engine {numpy_s / engine_s:.2f}x; same neighbours {agree:.4f}")
+    if args.backfill_depth > 0:
+        spent, decided, areas, peak = backfill
+        total_b = sum(spent.values())
+        print(f"backfill curves (top-{args.backfill_depth} lists, 2 orders x 21 points, Recall@1): {total_b:.1f} s = "
+              + ", ".join(f"{p} {s:.1f} s" for p, s in spent.items())
+              + f"; ratio backfill / the check's search {total_b / clock.spent['search']:.2f}x; queries decided at the "
+              f"worst point {100 * decided:.1f}%; areas " + ", ".join(f"{o} {a:.4f}" for o, a in areas.items())
+              + f"; peak RSS after it {peak:,.0f} MB")
+
+
+def time_backfill(folder: Path, q_new: np.ndarray, q_labels: np.ndarray, g_labels: np.ndarray, args):
+    """Seconds per phase of the backfill from sources, the worst share of decided queries, the areas, the peak RSS."""
+    spent: dict[str, float] = {}
+    t = time.perf_counter()
+    on_old = stream_topk(q_new, read_blocks(folder / "old.npy", args.block, Clock()), k=args.backfill_depth,
+                         backend=args.backend)
+    on_new = stream_topk(q_new, read_blocks(folder / "new.npy", args.block, Clock()), k=args.backfill_depth,
+                         backend=args.backend)
+    spent["top-D lists (read + search)"] = time.perf_counter() - t
+    t = time.perf_counter()
+    orders = {"random": backfill_order("random", gallery_labels=g_labels, seed=args.seed),
+              "adapter_residual": residual_order(read_blocks(folder / "old.npy", args.block, Clock()),
+                                                 read_blocks(folder / "new.npy", args.block, Clock()), args.items,
+                                                 max_pending=MAX_PENDING_BLOCKS * args.block)}
+    spent["orders"] = time.perf_counter() - t
+    t = time.perf_counter()
+    ids = np.arange(args.items)
+    curves = list_curves(on_old, on_new, orders, lambda top, rows: label_outcomes(
+        top, q_labels[rows], ids, g_labels, ks=(1,)).values["recall@1"], k=1)
+    spent["merges"] = time.perf_counter() - t
+    areas = {name: curve_area(c.fractions, c.values) for name, c in curves.items()}
+    return spent, min(float(c.decided.min()) for c in curves.values()), areas, peak_mb()
 
 
 if __name__ == "__main__":

@@ -42,6 +42,11 @@ def test_the_form_queues_the_check_and_shows_the_stored_report(app_db, tmp_path,
     assert any(want["sentence"] in unplain(str(b.value)) for b in box)
     gain = next(m for m in at.metric if m.label.startswith("ECC gain"))
     assert gain.value == f"{100 * want['compatibility']['diff']:+.1f} pts"
+    if want["backfill"]:  # the stored backfill needs, as the report holds them
+        table = next(d.value for d in at.dataframe if "ordering" in d.value.columns)
+        assert table["ordering"].str.replace(" (best)", "").tolist() == [n["ordering"] for n in want["backfill"]]
+        assert table["M̃ %"].tolist() == [100 * n["area"] for n in want["backfill"]]
+        assert "Backfilling needed" in texts(at)
 
 
 def test_a_bad_form_is_refused_before_anything_is_queued(app_db, tmp_path):

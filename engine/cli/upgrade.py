@@ -25,7 +25,7 @@ from engine.upgrade.plan import DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRE
 from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, TIE_RULES
 from engine.upgrade.words import NOT_JUDGED
 
-SOURCE_OPTIONS = ("new_gallery", "old_queries", "new_queries", "qrels", "relevance")
+SOURCE_OPTIONS = ("new_gallery", "old_queries", "new_queries", "qrels", "relevance", "backfill_depth")
 
 if TYPE_CHECKING:
     from engine.metrics.compatibility import CellFeatures
@@ -85,6 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "label; the default), qrels (--qrels) or none (label-free: the new model's top-k on --new-gallery)")
     p.add_argument("--k", type=int, default=DEFAULT_K, metavar="K",
                    help=f"with --old-gallery: depth of the top-k lists (default {DEFAULT_K})")
+    p.add_argument("--backfill-depth", type=int, metavar="D",
+                   help="with --old-gallery and --new-gallery: depth of the lists the backfill curves merge (default "
+                        "max(10 k, 100); a query the lists cannot decide at a point is left out of it and counted)")
     p.add_argument("--old-step", type=int, metavar="A", help="with --experiment: the old model's step")
     p.add_argument("--new-step", type=int, metavar="B", help="with --experiment: the new model's step")
     p.add_argument("--view", default="encoder",
@@ -308,11 +311,12 @@ def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRep
     try:
         check = check_sources(specs, relevance=args.relevance, k=args.k, metric=args.metric,
                               names=args.names or ["old", "new"], resamples=args.resamples, level=args.level,
-                              seed=args.seed, margin=args.margin, ties=args.ties)
+                              seed=args.seed, margin=args.margin, ties=args.ties, backfill_depth=args.backfill_depth)
     except ValueError as exc:  # one line, credentials masked, whatever raised it
         raise ValueError(mask_in((str(exc).strip().splitlines() or [type(exc).__name__])[0])) from None
     data = check.to_json()
-    return check.report, {key: data[key] for key in ("relevance", "k", "convention", "sources", "means")}, None
+    return check.report, {key: data[key] for key in ("relevance", "k", "convention", "sources", "means",
+                                                      "backfill_depth", "backfill_decided")}, None
 
 
 def _plan(args: argparse.Namespace, report: UpgradeReport, features: Features) -> PlanInputs:

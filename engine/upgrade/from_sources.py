@@ -17,8 +17,9 @@ The verdict is :func:`engine.upgrade.verdict.compare` under the same :class:`~en
 interval of :func:`engine.metrics.cell_interval.paired_intervals` seeded as check-upgrade's cell (1, 0): the paired
 bootstrap over queries (the two-way one needs every feature in memory). On the same vectors, with labels and
 Recall@1, the numbers equal ``check-upgrade --features ... --interval queries`` (tests/test_upgrade_sources.py).
-Backfill curves are not computed here: they rank new queries against a gallery mixed item by item from both models,
-which the streamed passes do not provide (a note says so).
+When the new gallery is given and the pair is not compatible, backfill curves follow, one more streamed pass each
+gallery (:mod:`engine.upgrade.backfill_sources`): every point merges the new queries' top-D lists on the two galleries
+by score, under the same relevance (label-free, the reference is new/new, so every curve ends at 1 by definition).
 """
 from __future__ import annotations
 
@@ -32,22 +33,23 @@ from engine.core.contract import sources_check_payload
 from engine.core.conventions import relevance_phrase
 from engine.core.vocab import RELEVANCE, RELEVANCE_K
 from engine.metrics.cell_interval import cell_seed, paired_intervals
+from engine.metrics.list_merge import rows_of
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
 from engine.metrics.relevance import Outcomes, label_outcomes, neighbour_recall, qrels_outcomes
 from engine.metrics.topk import TopK, stream_topk
 from engine.sources import Source, SourceError, join_by_id, open_source
 from engine.sources.join import IdSlots, check_same_ids
 from engine.sources.qrels import QrelsTable, read_qrels
+from engine.upgrade.backfill_sources import default_depth, source_backfill
 from engine.upgrade.rule import Rule
-from engine.upgrade.verdict import (BETTER, PairedVerdict, UpgradeReport, check_settings, compare, unchanged_note)
+from engine.upgrade.verdict import (BETTER, PairedVerdict, UpgradeReport, best_ordering, check_settings, compare,
+                                    unchanged_note)
 from engine.upgrade.words import NOT_JUDGED
 
 DEFAULT_K = RELEVANCE_K
 DEFAULT_BLOCK_ROWS = 65536
 _METRIC = re.compile(r"^(recall|map|ndcg|neighbour_recall)@(\d+)$")
 _PRINT_ROWS = 4096  # rows per chunk of the per-item fingerprint
-NO_BACKFILL = ("backfill curves are not computed from sources: they rank the new queries against a gallery mixed item "
-               "by item from both models; export both galleries to a features folder for check-upgrade --features")
 
 Progress = Callable[[float, str], None]
 
@@ -73,13 +75,16 @@ class SourcesCheck:
     convention: str
     sources: dict[str, str]
     means: dict[str, dict[str, float]] = field(default_factory=dict)  # cell -> metric -> mean over defined queries
+    backfill_depth: int | None = None  # D of the backfill's top-D lists (None: no backfill computed)
+    backfill_decided: dict[str, list[float]] = field(default_factory=dict)  # ordering -> share of queries decided per point
 
     def to_json(self) -> dict:
         """The report's JSON with the relevance, the depth, the convention line, the sources and every cell's means."""
         from storage import json_ready
 
         return {**self.report.to_json(), "relevance": self.relevance, "k": self.k, "convention": self.convention,
-                "sources": dict(self.sources), "means": json_ready(self.means)}
+                "sources": dict(self.sources), "means": json_ready(self.means), "backfill_depth": self.backfill_depth,
+                "backfill_decided": json_ready(self.backfill_decided)}
 
 
 @dataclass(frozen=True)
@@ -235,31 +240,35 @@ def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = 
                   names: Sequence[str] = ("old", "new"), resamples: int = DEFAULT_RESAMPLES,
                   level: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_SEED, margin: float = 0.0, ties: str = "fail",
                   block_rows: int = DEFAULT_BLOCK_ROWS, backend: str = "torch",
-                  progress: Progress | None = None) -> SourcesCheck:
+                  progress: Progress | None = None, backfill_depth: int | None = None) -> SourcesCheck:
     """The upgrade verdict of the new model's queries on the old gallery, read from sources (module docstring).
 
     ``relevance`` defaults to ``qrels`` when ``specs.qrels`` is given, else ``labels``; ``k`` is the depth of the top-k
-    lists (raised to the metric's K when that is larger). Raises ``ValueError`` (a :class:`SourceError` for the sources)
+    lists (raised to the metric's K when that is larger); ``backfill_depth`` the backfill's list depth D (default
+    :func:`engine.upgrade.backfill_sources.default_depth`). Raises ``ValueError`` (a :class:`SourceError` for the sources)
     with one line, credentials masked, for anything it cannot judge; nothing is written anywhere.
     """
     opened = _Opened()
     try:
         return _check(specs, opened, relevance=relevance, k=k, metric=metric, names=names, resamples=resamples,
                       level=level, seed=seed, margin=margin, ties=ties, block_rows=block_rows, backend=backend,
-                      say=progress or (lambda f, m: None))
+                      say=progress or (lambda f, m: None), backfill_depth=backfill_depth)
     finally:
         opened.close()
 
 
 def _check(specs: SourceSpecs, opened: _Opened, *, relevance: str | None, k: int, metric: str | None,
            names: Sequence[str], resamples: int, level: float, seed: int, margin: float, ties: str, block_rows: int,
-           backend: str, say: Progress) -> SourcesCheck:
+           backend: str, say: Progress, backfill_depth: int | None = None) -> SourcesCheck:
     relevance = relevance or default_relevance(specs.qrels)
     if relevance not in RELEVANCE:
         raise ValueError(f"unknown relevance {relevance!r}; use one of {', '.join(RELEVANCE)}")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     metric = str(metric or default_metric(relevance, k)).strip().lower()
+    if backfill_depth is not None and (isinstance(backfill_depth, bool) or not isinstance(backfill_depth, (int, np.integer))
+                                       or backfill_depth < 1):
+        raise ValueError(f"the backfill depth must be a positive integer, got {backfill_depth!r}")
     kind, at = parse_source_metric(metric, relevance)
     (old_name, new_name), _ = check_settings(names, metric="recall@1", resamples=resamples, level=level, margin=margin,
                                              ties=ties, interval="queries")
@@ -359,12 +368,27 @@ def _check(specs: SourceSpecs, opened: _Opened, *, relevance: str | None, k: int
         better = compare(nn, oo, **settings, names=BETTER, bounds=(got[1].lo, got[1].hi))
     notes = unchanged_note(got[0]) + ("the interval resamples the queries; the gallery is streamed, not resampled "
                                       "(the two-way interval of check-upgrade --features needs every feature in memory)",)
+    needs, decided, b_depth = (), {}, None
     if compat.verdict == "not compatible" and new_g is not None:
-        notes += (NO_BACKFILL,)
+        def at_rows(top: TopK, rows: np.ndarray) -> np.ndarray:
+            if relevance == "labels":
+                return label_outcomes(top, q_labels[rows], gallery_rows, g_labels, ks=(at,)).values[key]
+            if relevance == "qrels":
+                return qrels_outcomes(top, rows.tolist(), judged, judged_rows, ks=(at,)).values[key]
+            return neighbour_recall(top, rows_of(top_nn, rows), ks=(at,)).values[key]
+
+        b_depth = min(backfill_depth or default_depth(max(int(k), at)), n_g)
+        needs, decided, b_notes = source_backfill(
+            queries.new, lambda: _in_order(old_g, old_scan.ids, block_rows), lambda: _by_id(new_g, slots, block_rows),
+            n_gallery=n_g, k=at, depth=b_depth, outcome=at_rows, old_self=float(np.nanmean(oo)), seed=seed,
+            block_rows=block_rows, backend=backend, say=say, gallery_labels=old_scan.labels)
+        notes += b_notes + (("label-free, the backfill curves' reference is each query's new/new top-k: at beta = 1 "
+                             "the merged list is new/new itself, so every curve ends at 1 by definition",)
+                            if relevance == "none" else ())
     n_none = cells[f"{old_name}/{old_name}"].n_no_relevant
     report = UpgradeReport(old_name, new_name, metric, float(np.nanmean(oo)), float(np.nanmean(no)),
                            float("nan") if nn is None else float(np.nanmean(nn)), n_q, n_none, n_g, compat, better,
-                           resamples, level, seed, False, (), None, float(margin), ties, "queries", notes, relevance)
+                           resamples, level, seed, False, needs, best_ordering(needs), float(margin), ties, "queries", notes, relevance)
     sources = {"old_gallery": old_g.description, "old_queries": old_q_src.description,
                "new_queries": new_q_src.description}
     if new_g is not None:
@@ -373,7 +397,7 @@ def _check(specs: SourceSpecs, opened: _Opened, *, relevance: str | None, k: int
         sources["qrels"] = qrels_table.description
     say(1.0, "done")
     return SourcesCheck(report, relevance, depth, relevance_phrase(relevance, k=at, n_no_relevant=n_none), sources,
-                        {cell: o.means() for cell, o in cells.items()})
+                        {cell: o.means() for cell, o in cells.items()}, b_depth, decided)
 
 
 __all__ = ["DEFAULT_K", "GalleryScan", "SourceSpecs", "SourcesCheck", "check_sources", "default_metric",
