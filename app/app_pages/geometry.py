@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import charts
+from app import charts, images
 from app import map_explore as mx
 from app import queries as q
 from app.exports import download_buttons
@@ -119,7 +119,8 @@ if result is not None:
                          lines, payload=payload, model_names=[names[0], names[1]], conv=conv,
                          title=f"{payload['embedding'].upper()} of L2-normalised {view} features · "
                                f"{payload['n_sampled']:,} of {payload['n_rows']:,} {split} images per model",
-                         image_uris=map_thumbnails(url, old["id"], split))
+                         image_uris=map_thumbnails(url, old["id"], split),
+                         texts=images.texts(url, old["id"], split))
     download_buttons(map_chart, f"map_{view}", key="dl_map")
 
     left, right = st.columns(2)
