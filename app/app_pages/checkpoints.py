@@ -10,6 +10,9 @@ validator judge the spec (with the dashboard's trust: ``server_trust()``), and q
 ``checkpoints`` job. The upload limit shown is Streamlit's ``server.maxUploadSize``, which
 ``run_app.py --max-upload-mb`` sets. The worker loads and embeds;
 nothing heavy runs here: the engine modules the page uses are torch-free (``tests/test_app_imports.py``).
+"Check a text-embedding upgrade" (the text-upgrade preset, ``app.checkpoint_form.TEXT_UPGRADE``) fills the offline
+MiniLM sequence on WordNet, queued as the same ``checkpoints`` job; the worker stores the texts with the features,
+and the Feature geometry page shows them where it shows images.
 """
 from __future__ import annotations
 
