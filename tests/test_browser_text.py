@@ -1,13 +1,15 @@
 """In a real browser (headless Chromium, as ``tests/test_browser.py``): a stored text comparison's neighbours show
 sentences. The engine compares paraphrase-MiniLM-L3-v2 and all-MiniLM-L6-v2 int8 on a small WordNet sample and
 stores it in the dashboard's database; the Feature geometry page then finds a query sentence by substring and shows
-it with the definitions each gallery retrieves, hits marked (``geometry_text_neighbours.png``)."""
+it with the definitions each gallery retrieves, hits marked (``geometry_text_neighbours.png``); the worker computes
+the feature map and a hovered point's tooltip shows its definition (``geometry_text_hover.png``)."""
 from __future__ import annotations
 
 import pytest
 
 from engine.data.wordnet import WORDNET_ROOT, wordnet_task
-from test_browser import UI_TIMEOUT_MS, browser, expect, server, settle, shots  # noqa: F401  (fixtures)
+from test_browser import (ANALYSIS_TIMEOUT_S, UI_TIMEOUT_MS, PlaywrightTimeout, browser, expect, hover_spots,  # noqa: F401
+                          result_shown, server, settle, shots, wait_for_job)
 
 QUERIES, GALLERY, SEED = 40, 120, 1
 pytestmark = [pytest.mark.slow,
@@ -53,5 +55,30 @@ def test_a_text_comparison_shows_sentences_in_the_neighbours(server, browser, sh
             .scroll_into_view_if_needed()
         page.screenshot(path=str(shots / "geometry_text_neighbours.png"), full_page=True)
         assert page.locator('[data-testid="stException"]').count() == 0
+
+        geometry = f"{server['base']}/geometry"  # the feature map (PCA), computed by the server's worker
+
+        def pick_pca() -> None:
+            page.get_by_text("PCA", exact=True).click()
+            settle(page)
+
+        pick_pca()
+        page.get_by_role("button", name="Compute the feature map").click()
+        wait_for_job(server["db"], "analysis", ANALYSIS_TIMEOUT_S, server["log"], analysis="projection")
+        result_shown(page, geometry, "Neural collapse", pick_pca)
+        chart = page.locator(".st-key-geo_map")
+        chart.scroll_into_view_if_needed()
+        expect(chart.locator("canvas, svg").first).to_be_visible(timeout=UI_TIMEOUT_MS)
+        tooltip = page.locator("#vg-tooltip-element")
+        for x, y in hover_spots(chart):
+            page.mouse.move(x, y)
+            try:  # Vega draws the tooltip on the next frame
+                expect(tooltip).to_contain_text("text", timeout=250)
+                break
+            except AssertionError:
+                continue
+        shown = tooltip.inner_text()
+        assert any(definition[:40] in shown for definition in task.gallery_texts), shown[:300]
+        page.screenshot(path=str(shots / "geometry_text_hover.png"))
     finally:
         page.close()
