@@ -186,6 +186,8 @@ def test_neighbours_show_the_query_sentence_and_the_retrieved_definitions(text_s
 
 @WORDNET
 def test_the_map_tooltip_search_and_box_show_texts(text_study):
+    import json
+
     from test_app_pages import open_page, texts
     from test_map_explore import drawn, map_layer
 
@@ -203,6 +205,10 @@ def test_the_map_tooltip_search_and_box_show_texts(text_study):
     assert any(t == "text" or (isinstance(t, dict) and t.get("field") == "text")
                for t in map_layer(spec)["encoding"]["tooltip"])
     assert all(mx.short(task.gallery_texts[r]) == t for r, t in zip(frame["row"], frame["text"]))
+    # qrels: gallery text r is its own class, named by its synset id (stored in the comparison's config)
+    assert all(task.gallery_ids[r] == c for r, c in zip(frame["row"], frame["class"]))
+    assert "120 of 120 gallery texts per model" in json.dumps(spec)  # the map's title counts texts
+    assert not at.checkbox[1].value and at.checkbox[1].label == "Class means"  # one text per class: off
     word = max(task.gallery_texts[5].split(), key=len)
     at.text_input(key="geo_text_search").input(word).run()
     rows = [r for r, t in enumerate(task.gallery_texts) if word.casefold() in t.casefold()]

@@ -93,6 +93,11 @@ if result is not None:
     payload, array = result["payload"], result["array"]
     frame = pd.DataFrame(array, columns=payload["columns"])
     class_name = {c["label"]: c["name"] for c in payload["classes"]}
+    stored_texts = images.texts(url, old["id"], split)  # None unless the items are texts
+    items = "images" if stored_texts is None else "texts"
+    if stored_texts is not None:  # a text comparison names its labels in its config (synset ids, or supersenses)
+        named = list(experiment["config"].get("dataset_classes") or [])
+        class_name.update({label: str(named[label]) for label in class_name if 0 <= label < len(named)})
     frame["class"] = frame["label"].astype(int).map(lambda l: class_name.get(l, f"class {l}"))
     frame["model"] = frame["model"].astype(int).map(names)
     frame["row"] = frame["row"].astype(int)
@@ -103,8 +108,6 @@ if result is not None:
     points = frame[frame["kind"] == SAMPLE]
     means = frame[frame["kind"] == CLASS_MEAN]
     protos = frame[frame["kind"] == PROTOTYPE]
-    stored_texts = images.texts(url, old["id"], split)  # None unless the items are texts
-    items = "images" if stored_texts is None else "texts"
     o = st.columns(4)
     show_lines = o[0].checkbox("Lines old → new", value=payload["joint"], disabled=not payload["joint"],
                                help=f"For {LINES_SHOWN} sampled images: where the same image moves")
