@@ -116,6 +116,10 @@ def move(model_id: int, by: int) -> None:
 
 def pretrained_sequence() -> None:
     st.session_state[PREFIX + "order"] = [_new_model("Pretrained", name) for name in PRETRAINED]
+    if st.session_state.get(PREFIX + "dataset") in TEXT_DATASET_NAMES:  # after the text entry: back to images
+        for name in ("dataset", "views", "metrics", "name"):
+            value = FORM_DEFAULTS[name]
+            st.session_state[PREFIX + name] = list(value) if isinstance(value, list) else value
     st.session_state.pop(PREFIX + "result", None)
 
 

@@ -86,6 +86,15 @@ def test_text_upgrade_entry_queues_the_minilm_sequence_on_wordnet(app_db):
     assert spec["name"] == TEXT_UPGRADE["name"] and comparison_spec(spec).to_dict() == spec
 
 
+def test_the_image_entry_after_the_text_entry_goes_back_to_images(app_db):
+    at = checkpoints_page()
+    at.button(key="ck_use_text").click().run()
+    at.button(key="ck_use_pretrained").click().run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="ck_dataset").value == "imagefolder"
+    assert at.multiselect(key="ck_views").value == ["encoder", "psp", "lsp"]
+
+
 def test_corpus_sizes_and_task_are_options(app_db):
     at = checkpoints_page()
     at.button(key="ck_use_text").click().run()
