@@ -250,13 +250,17 @@ def _map_colour(points: pd.DataFrame, colour_by: str, model_names: Sequence[str]
 def projection_chart(points: pd.DataFrame, means: pd.DataFrame, prototypes: pd.DataFrame, lines: pd.DataFrame, *,
                      model_names: Sequence[str], title: str, facet: bool, colour_by: str = "class",
                      highlight: Sequence[str] = (), query_row: int | None = None,
-                     pick: str = "pick", box: str = "box") -> alt.TopLevelMixin:
+                     pick: str = "pick", box: str = "box", highlight_rows: Sequence[int] = ()) -> alt.TopLevelMixin:
     """Old and new features in one 2-D map: colour = ``colour_by`` (a column of ``points``), shape = model; class
     means ringed, prototypes as +. Classes in ``highlight`` keep their colour and the others fade; the points
-    of image ``query_row`` are ringed. Selections for ``st.altair_chart(on_select=...)``: ``pick`` (click a
+    of image ``query_row`` are ringed; points of the stored rows ``highlight_rows`` (texts found by search) too keep
+    their colour. Selections for ``st.altair_chart(on_select=...)``: ``pick`` (click a
     point: its ``row`` and ``model``) and ``box`` (shift + drag: an x/y interval); drag pans, the wheel zooms."""
     points, means = (d.assign(highlighted=d["class"].isin(highlight) if len(highlight) else True)
                      for d in (points, means))
+    if len(highlight_rows):
+        found = points["row"].isin(highlight_rows)
+        points = points.assign(highlighted=found | (points["class"].isin(highlight) if len(highlight) else False))
     colour = _map_colour(points, colour_by, model_names)
     faded = lambda c: alt.condition(alt.datum.highlighted, c, alt.value(FADED))  # noqa: E731
     legend_pick = alt.selection_point(fields=["class"], bind="legend") if colour_by == "class" else None
@@ -269,7 +273,7 @@ def projection_chart(points: pd.DataFrame, means: pd.DataFrame, prototypes: pd.D
 
     def seen(on: float, off: float):  # noqa: ANN202  opacity: dimmed outside the class picked in the legend
         return alt.value(on) if legend_pick is None else alt.condition(legend_pick, alt.value(on), alt.value(off))
-    tooltip = [c for c in ("image", "class", "model", "row", "retrieval") if c in points]
+    tooltip = [c for c in ("image", "text", "class", "model", "row", "retrieval") if c in points]
     if "drift" in points and points["drift"].notna().any():
         tooltip.append(alt.Tooltip("drift:Q", format=".3f", title="drift (1 - cos)"))
     params = [click, brush] + ([legend_pick] if legend_pick is not None else [])

@@ -31,15 +31,25 @@ from engine.checkpoints.request import comparison_spec
 from engine.checkpoints.torch_zip import check_torch_zip
 from engine.core.contract import CHECKPOINT_FORMAT
 from engine.data.roots import OutsideRootsError, confine, sqlite_folder, torchscript_allowed
-from engine.core.vocab import DATASET_NAMES, RUN_PROTOCOLS
+from engine.core.vocab import DATASET_NAMES, RUN_PROTOCOLS, TEXT_DATASET_NAMES
+from engine.data.text_model_files import TEXT_SEQUENCE
+from engine.data.wordnet import TASKS as WORDNET_TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "ck_"
 NO_ARCH = "TorchScript / project checkpoint: no architecture"
 SOURCES = ("Server path", "Upload", "Pretrained")
 PRETRAINED = tuple(LITE_WEIGHT_PACKAGES)  # efficientnet_lite0, 1, 2
+TEXT_PRETRAINED = TEXT_SEQUENCE  # minilm_l3, minilm_l6, minilm_l6_int8: text encoders, compared on a text corpus
 UPLOAD_TYPES = ["pt", "pth", "safetensors", "ts", "ptl", "bin", "zip"]
-BUILTIN = ("imagefolder", *(name for name in DATASET_NAMES if name != "imagefolder"))  # a folder first
+BUILTIN = ("imagefolder", *(name for name in DATASET_NAMES if name != "imagefolder"), *TEXT_DATASET_NAMES)  # a folder first
+WORDNET_QUERIES = (200, 500, 1000, 2000, 5000, 10_000)  # example sentences (32,923 synsets have one)
+WORDNET_GALLERY = (800, 2000, 4000, 8000, 20_000, 50_000)  # definitions: the queries' own plus others
+# The dashboard's "check a text-embedding upgrade" entry (the text-upgrade preset): the offline MiniLM sequence on
+# WordNet's qrels task, 500 example sentences against 2,000 definitions (3 x 2,500 texts: a few minutes on 2 cores).
+TEXT_UPGRADE = {"dataset": "wordnet", "wn_task": "qrels", "wn_queries": 500, "wn_gallery": 2000, "wn_seed": 0,
+                "protocol": RUN_PROTOCOLS[0], "views": ["encoder"], "metrics": "recall@1, recall@10, map",
+                "name": "text upgrade: MiniLM L3 -> L6 -> L6 int8"}
 CLOSED, OPEN = RUN_PROTOCOLS
 VIEW_HELP = {"encoder": "encoder: the feature vectors (models with different feature sizes are not comparable)",
              "psp": "psp: class-probability vectors, centred and normalised (compares any two models through shared classes)",
@@ -64,7 +74,8 @@ MODEL_DEFAULTS: dict[str, Any] = {"source": SOURCES[0], "path": "", "pretrained"
 FORM_DEFAULTS: dict[str, Any] = {"protocol": CLOSED, "dataset": "imagefolder", "root": "", "query": "",
                                  "gallery_folder": "", "views": ["encoder", "psp", "lsp"], "gallery": "instance",
                                  "name": "", "metrics": "recall@1, map", "ties": "fail", "max_size": "",
-                                 "batch_size": 64, "device": "auto"}
+                                 "batch_size": 64, "device": "auto", "wn_task": "qrels", "wn_queries": 500,
+                                 "wn_gallery": 2000, "wn_seed": 0}
 
 
 def _defaults(model_ids: list[int]) -> None:
@@ -105,7 +116,26 @@ def move(model_id: int, by: int) -> None:
 
 def pretrained_sequence() -> None:
     st.session_state[PREFIX + "order"] = [_new_model("Pretrained", name) for name in PRETRAINED]
+    if st.session_state.get(PREFIX + "dataset") in TEXT_DATASET_NAMES:  # after the text entry: back to images
+        for name in ("dataset", "views", "metrics", "name"):
+            value = FORM_DEFAULTS[name]
+            st.session_state[PREFIX + name] = list(value) if isinstance(value, list) else value
     st.session_state.pop(PREFIX + "result", None)
+
+
+def text_upgrade_sequence() -> None:
+    """The text-upgrade preset: MiniLM L3 -> L6 -> L6 int8 on WordNet (qrels), encoder view (:data:`TEXT_UPGRADE`)."""
+    st.session_state[PREFIX + "order"] = [_new_model("Pretrained", name) for name in TEXT_PRETRAINED]
+    for name, value in TEXT_UPGRADE.items():
+        st.session_state[PREFIX + name] = list(value) if isinstance(value, list) else value
+    st.session_state.pop(PREFIX + "result", None)
+
+
+def wordnet_dataset() -> str:
+    """The form's WordNet corpus as a dataset text, ``wordnet:task=T,queries=N,gallery=N,seed=S``."""
+    s = st.session_state
+    return (f"wordnet:task={s[PREFIX + 'wn_task']},queries={int(s[PREFIX + 'wn_queries'])},"
+            f"gallery={int(s[PREFIX + 'wn_gallery'])},seed={int(s[PREFIX + 'wn_seed'])}")
 
 
 def start_sequence() -> None:
@@ -296,6 +326,8 @@ def build_spec(archs: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]
             if problem:
                 problems.append(problem)
         dataset["dataset"] = f"{name}:{root}" if root and name in ("imagefolder", "cifar10", "cifar100") else name
+        if name in TEXT_DATASET_NAMES:
+            dataset["dataset"] = wordnet_dataset()
     else:
         for split, key, what in (("query", "query", "Query images"), ("gallery", "gallery_folder", "Gallery images")):
             folder = s[PREFIX + key].strip()

@@ -68,6 +68,18 @@ def matching_classes(classes: Sequence[str], text: str) -> list[str]:
     return [c for c in classes if needle and needle in str(c).casefold()]
 
 
+def matching_rows(texts: Sequence[str], text: str) -> list[int]:
+    """Rows whose text contains ``text`` (case-insensitive; blank text matches none), in row order."""
+    needle = text.strip().casefold()
+    return [row for row, t in enumerate(texts) if needle and needle in str(t).casefold()]
+
+
+def short(text: str, limit: int = 120) -> str:
+    """``text`` on one line, cut to ``limit`` characters with an ellipsis."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+
+
 def clicked_row(event: Mapping[str, Any] | None) -> int | None:
     """The stored row of the point a map click selected (Streamlit's selection state), or None."""
     picked = ((event or {}).get("selection") or {}).get(PICK) or []
@@ -84,10 +96,14 @@ def boxed_points(event: Mapping[str, Any] | None, points: pd.DataFrame) -> pd.Da
     return points[points["x"].between(x0, x1) & points["y"].between(y0, y1)]
 
 
-def selection_table(selected: pd.DataFrame, image_uris: ImageUris | None = None) -> pd.DataFrame:
-    """One line per selected point: class, model, stored row (and ``image`` when ``image_uris`` is given)."""
+def selection_table(selected: pd.DataFrame, image_uris: ImageUris | None = None,
+                    texts: Sequence[str] | None = None) -> pd.DataFrame:
+    """One line per selected point: class, model, stored row (and ``image`` when ``image_uris`` is given, ``text``,
+    the row's text, when ``texts``, one per stored row, are)."""
     columns = [c for c in ("class", "model", "row", "retrieval", "drift") if c in selected]
     table = selected.sort_values(["row", "model"])[columns].reset_index(drop=True)
     if image_uris is not None:
         table.insert(0, "image", list(image_uris(table)))
+    if texts is not None:
+        table.insert(0, "text", [str(texts[r]) for r in table["row"]])
     return table

@@ -10,6 +10,9 @@ validator judge the spec (with the dashboard's trust: ``server_trust()``), and q
 ``checkpoints`` job. The upload limit shown is Streamlit's ``server.maxUploadSize``, which
 ``run_app.py --max-upload-mb`` sets. The worker loads and embeds;
 nothing heavy runs here: the engine modules the page uses are torch-free (``tests/test_app_imports.py``).
+"Check a text-embedding upgrade" (the text-upgrade preset, ``app.checkpoint_form.TEXT_UPGRADE``) fills the offline
+MiniLM sequence on WordNet, queued as the same ``checkpoints`` job; the worker stores the texts with the features,
+and the Feature geometry page shows them where it shows images.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from app.checkpoint_form import (
     PREFIX,
     PRETRAINED,
     SOURCES,
+    TEXT_PRETRAINED,
     UPLOAD_TYPES,
     VIEW_HELP,
     _k,
@@ -38,7 +42,11 @@ from app.checkpoint_form import (
     order,
     pretrained_sequence,
     remove_model,
+    WORDNET_GALLERY,
+    WORDNET_QUERIES,
+    WORDNET_TASKS,
     start_sequence,
+    text_upgrade_sequence,
     upload_limit_mb,
 )
 from app.widgets import QUEUED_HINT_S, launch as launch_job, plain, queue_caption, status_badge
@@ -75,6 +83,11 @@ st.button("Try the offline pretrained sequence: EfficientNet-Lite 0 → 1 → 2"
           icon=":material/auto_awesome:", key=PREFIX + "use_pretrained",
           help="Replaces the models below with three ImageNet models from their PyPI weight packages "
                "(nothing is downloaded)")
+st.button("Check a text-embedding upgrade: MiniLM L3 → L6 → L6 int8 on WordNet", on_click=text_upgrade_sequence,
+          icon=":material/text_fields:", key=PREFIX + "use_text",
+          help="The text-upgrade preset: three sentence-embedding models from their PyPI weight packages (nothing is "
+               "downloaded), compared on WordNet's example sentences (queries) against its definitions (gallery); "
+               "500 queries and 2,000 definitions by default, a few minutes on two CPU cores")
 
 ids = order()
 for position, model_id in enumerate(ids, start=1):
@@ -102,10 +115,15 @@ for position, model_id in enumerate(ids, start=1):
                                key=_k(model_id, "upload"),
                                help="Larger files: copy them to the server and give the path instead")
         else:
-            c[0].selectbox("Pretrained weights", PRETRAINED, key=_k(model_id, "pretrained"))
+            c[0].selectbox("Pretrained weights", (*PRETRAINED, *TEXT_PRETRAINED), key=_k(model_id, "pretrained"),
+                           help="efficientnet_lite*: ImageNet image models; minilm_*: sentence-embedding text models "
+                                "(compared on a text corpus: choose WordNet below)")
         c[1].text_input("Name (optional)", key=_k(model_id, "label"), placeholder="the file name",
                         help="How the model is named in the matrices")
-        if source == "Pretrained":
+        if source == "Pretrained" and st.session_state[_k(model_id, "pretrained")] in TEXT_PRETRAINED:
+            st.caption("A 384-d sentence encoder: tokenizer, pooling and normalisation come with the weights (no "
+                       "classifier head: encoder view only).")
+        elif source == "Pretrained":
             st.caption("Architecture, 1000 ImageNet classes and preprocessing come with the weights.")
         else:
             c = st.columns([3, 1])
@@ -146,7 +164,8 @@ with st.container(border=True):
         dataset = c[0].selectbox("Images", BUILTIN, key=PREFIX + "dataset",
                                  format_func=lambda d: {"imagefolder": "an image folder", "digits": "digits (built in)",
                                                         "shapes": "shapes (built in)",
-                                                        "fashion": "Fashion-MNIST (Debian package)"}.get(d, d))
+                                                        "fashion": "Fashion-MNIST (Debian package)",
+                                                        "wordnet": "WordNet sentences (text, Debian package)"}.get(d, d))
         if dataset == "imagefolder":
             c[1].text_input("Image folder on the server", key=PREFIX + "root", placeholder="/data/pets",
                             help="One sub-folder of images per class: FOLDER/<class>/<image>")
@@ -155,6 +174,17 @@ with st.container(border=True):
         elif dataset == "fashion":
             c[1].caption("Fashion-MNIST's test split: 10,000 real 28x28 product photos of 10 classes, from Debian's "
                          "dataset-fashion-mnist (nothing is downloaded).")
+        elif dataset == "wordnet":
+            c[1].caption("WordNet 3.0 (Debian's wordnet-base): example sentences are the queries, definitions the "
+                         "gallery. qrels: a query's one relevant item is its own synset's definition; class: "
+                         "definitions of the same supersense (45 of them). For text models only.")
+            w = st.columns(4)
+            w[0].radio("Task", WORDNET_TASKS, key=PREFIX + "wn_task", horizontal=True)
+            w[1].selectbox("Queries (sentences)", WORDNET_QUERIES, key=PREFIX + "wn_queries",
+                           format_func=lambda n: f"{n:,}")
+            w[2].selectbox("Gallery (definitions)", WORDNET_GALLERY, key=PREFIX + "wn_gallery",
+                           format_func=lambda n: f"{n:,}", help="The queries' own definitions plus others drawn at random")
+            w[3].number_input("Sample seed", min_value=0, step=1, key=PREFIX + "wn_seed")
         else:
             c[1].caption("Built-in images (test split): a quick check with no data to prepare.")
     else:

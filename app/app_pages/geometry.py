@@ -5,11 +5,11 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import charts
+from app import charts, images
 from app import map_explore as mx
 from app import queries as q
 from app.exports import download_buttons
-from app.map_view import map_thumbnails, show_map
+from app.map_view import TEXT_CLASS_COLOURS, map_thumbnails, show_map
 from app.neighbours_view import show_neighbours
 from app.widgets import MISSING, analysis_result, pick_experiment, pick_steps, plain, state_convention
 from engine.core.contract import CLASS_MEAN, PROTOTYPE, SAMPLE
@@ -93,6 +93,11 @@ if result is not None:
     payload, array = result["payload"], result["array"]
     frame = pd.DataFrame(array, columns=payload["columns"])
     class_name = {c["label"]: c["name"] for c in payload["classes"]}
+    stored_texts = images.texts(url, old["id"], split)  # None unless the items are texts
+    items = "images" if stored_texts is None else "texts"
+    if stored_texts is not None:  # a text comparison names its labels in its config (synset ids, or supersenses)
+        named = list(experiment["config"].get("dataset_classes") or [])
+        class_name.update({label: str(named[label]) for label in class_name if 0 <= label < len(named)})
     frame["class"] = frame["label"].astype(int).map(lambda l: class_name.get(l, f"class {l}"))
     frame["model"] = frame["model"].astype(int).map(names)
     frame["row"] = frame["row"].astype(int)
@@ -106,7 +111,9 @@ if result is not None:
     o = st.columns(4)
     show_lines = o[0].checkbox("Lines old → new", value=payload["joint"], disabled=not payload["joint"],
                                help=f"For {LINES_SHOWN} sampled images: where the same image moves")
-    show_means = o[1].checkbox("Class means", value=True)
+    show_means = o[1].checkbox("Class means", value=stored_texts is None or len(payload["classes"]) <= TEXT_CLASS_COLOURS,
+                               help="Off by default on a text map with one class per text (qrels): a mean would "
+                                    "cover its one point")
     show_protos = o[2].checkbox(f"Fixed prototypes ({payload['prototypes']})", value=payload["prototypes"] > 0,
                                 disabled=payload["prototypes"] == 0,
                                 help=payload.get("prototype_note", "Fixed-prototype heads on the encoder view only"))
@@ -118,8 +125,9 @@ if result is not None:
     map_chart = show_map(points, means if show_means else means.iloc[:0], protos if show_protos else protos.iloc[:0],
                          lines, payload=payload, model_names=[names[0], names[1]], conv=conv,
                          title=f"{payload['embedding'].upper()} of L2-normalised {view} features · "
-                               f"{payload['n_sampled']:,} of {payload['n_rows']:,} {split} images per model",
-                         image_uris=map_thumbnails(url, old["id"], split))
+                               f"{payload['n_sampled']:,} of {payload['n_rows']:,} {split} {items} per model",
+                         image_uris=map_thumbnails(url, old["id"], split),
+                         texts=stored_texts)
     download_buttons(map_chart, f"map_{view}", key="dl_map")
 
     left, right = st.columns(2)

@@ -115,7 +115,8 @@ def compute_projection(db: Engine, config: dict[str, Any], versions: list[Stored
         elif weights is not None and not fixed:
             proto_note = "this method learns its classifier: there are no fixed prototypes to draw"
         elif weights is None:
-            proto_note = "no checkpoint of the new model was found: prototypes cannot be drawn"
+            proto_note = ("no Compatibility Lab checkpoint of the new model was found (a compared model's own "
+                          "file carries no project head): prototypes cannot be drawn")
 
     progress(0.2, f"embedding with {params['method'].upper()}")
     if joint:

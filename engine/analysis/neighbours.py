@@ -1,7 +1,8 @@
 """Cross-model nearest neighbours of one query, computed from stored features with numpy, and the thumbnails of
-stored rows (from their sample references, ``engine.data.thumbnails``).
+stored rows (from their sample references, ``engine.data.thumbnails``), or their texts for a text corpus.
 
-The dashboard calls :func:`nearest_neighbours`, :func:`row_thumbnails` and :func:`row_thumbnail_uris` in its own
+The dashboard calls :func:`nearest_neighbours`, :func:`row_thumbnails`, :func:`row_thumbnail_uris` and
+:func:`row_texts` in its own
 process: this module and what it imports load no torch, torchvision, numba or faiss
 (``tests/test_neighbours_torch_free.py``).
 """
@@ -16,6 +17,7 @@ from sqlalchemy import Engine
 
 from engine.analysis.arrays import unit
 from engine.analysis.views import experiment_recipe, load_cell_versions, load_side
+from engine.data.samples import sample_texts
 from engine.data.thumbnails import THUMB_SIZE, can_render, data_uri, kind_of, thumbnails
 from storage import list_feature_views, load_feature_set, load_image_refs, session_scope
 
@@ -68,6 +70,8 @@ def images_note(db: Engine, model_version_id: int, split: str) -> str | None:
     if refs is None:
         return ("This experiment was stored before sample references existed (or from a feature folder), so its "
                 "images are unknown; run it again to see them.")
+    if sample_texts(refs[0], []) is not None:
+        return "Its items are texts (no images): they are shown as text."
     if not can_render(refs[0]):
         return f"Thumbnails of {kind_of(refs[0])} images are not rendered yet (their files are read with torch)."
     return None
@@ -85,6 +89,23 @@ def row_thumbnails(db: Engine, model_version_id: int, split: str, rows: Sequence
     if len(rows) and not 0 <= rows.min() <= rows.max() < len(ids):
         raise ValueError(f"rows must lie in 0..{len(ids) - 1} (the stored {split} rows), got {rows.min()}..{rows.max()}")
     return thumbnails(source, np.asarray(ids)[rows], cache_dir=cache_dir, size=size)
+
+
+def row_texts(db: Engine, model_version_id: int, split: str, rows: Sequence[int] | None = None) -> list[str] | None:
+    """The stored texts of rows ``rows`` (None: every row) of (model version, split), in that order; None when its
+    items are not texts (images, or stored without references)."""
+    with session_scope(db) as s:
+        refs = load_image_refs(s, model_version_id, split)
+    if refs is None:
+        return None
+    source, ids = refs
+    ids = np.asarray(ids)
+    if rows is not None:
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and not 0 <= rows.min() <= rows.max() < len(ids):
+            raise ValueError(f"rows must lie in 0..{len(ids) - 1} (the stored {split} rows), got {rows.min()}..{rows.max()}")
+        ids = ids[rows]
+    return sample_texts(source, ids)
 
 
 def row_thumbnail_uris(db: Engine, model_version_id: int, split: str, rows: Sequence[int], *, cache_dir: Path,

@@ -158,16 +158,24 @@ def joint_pair(db: Engine, old: StoredVersion, new: StoredVersion, split: str, r
 
 
 def head_weights(version: StoredVersion) -> tuple[np.ndarray | None, bool]:
-    """The classifier rows in class order (row y = class y) and whether they are fixed prototypes (loads torch)."""
+    """The classifier rows in class order (row y = class y) and whether they are fixed prototypes (loads torch);
+    ``(None, False)`` without a Compatibility Lab network checkpoint (none recorded, gone, or a compared model's
+    own file: a state_dict, pretrained weights, a text encoder)."""
     from storage.checkpoint_folders import stored_checkpoint
 
     file = stored_checkpoint(version.checkpoint_path)
     if file is None:
         return None, False
     import torch
+    from safetensors import SafetensorError
 
     from engine.models import FixedHead, load_checkpoint
+    from engine.models.checkpoint import read_checkpoint_meta
 
+    try:
+        read_checkpoint_meta(file)  # the header only: is it one of ours?
+    except (SafetensorError, ValueError, OSError):
+        return None, False
     net = load_checkpoint(file, device="cpu")
     head = net.head
     with torch.no_grad():

@@ -22,6 +22,7 @@ import numpy as np
 
 from engine.checkpoints.request import TEXT_ARCH, ComparisonSpec, parse_dataset
 from engine.data.folder import check_stop
+from engine.data.samples import text_refs
 from engine.data.wordnet import parse_options, wordnet_task
 from engine.metrics.compatibility import CellFeatures, compatibility_matrices
 from engine.metrics.paired import PairedOptions
@@ -98,7 +99,8 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
                  f"{len(task.gallery_texts)} definitions in the gallery, seed {options.seed}"]
     if {"psp", "lsp"} & set(spec.views):
         cmp.notes.append(NO_HEAD_NOTE)
-    cmp.refs = {"query": None, "gallery": None}
+    cmp.refs = {"query": text_refs("wordnet", task.query_texts),  # stored with the features: the dashboard
+                "gallery": text_refs("wordnet", task.gallery_texts)}  # shows texts where it shows images
     return cmp
 
 

@@ -7,7 +7,9 @@ A :class:`SampleRefs` is a JSON-able ``source`` plus one int64 id per image:
   split's files in file order;
 * ``{"dataset": "shapes", "split": ..., "seed": S, "first_class": F, "per_class": P}``: id ``i`` is image
   ``i % P`` of generator class ``F + i // P`` (``engine.data.shapes`` renders it bit for bit);
-* ``{"root": ROOT, "files": [relative path, ...]}``: an image folder or an upload; ids index ``files``.
+* ``{"root": ROOT, "files": [relative path, ...]}``: an image folder or an upload; ids index ``files``;
+* ``{"dataset": "wordnet", "texts": [text, ...]}``: a text corpus's items (a sentence, a definition); ids index
+  ``texts``, which the store keeps so the dashboard shows them without reading the corpus (:func:`sample_texts`).
 
 Loaders attach them to an ``ImageSet`` (``refs``), selections carry them along, and the one write path
 (``engine.results.record``) stores them beside the feature sets; ``engine.data.thumbnails`` renders them.
@@ -58,3 +60,19 @@ def dataset_refs(source: dict[str, Any], ids: np.ndarray | Sequence[int]) -> Sam
 def file_refs(root: str, files: Sequence[str]) -> SampleRefs:
     """References of image files (paths relative to ``root``), one per image, in order."""
     return SampleRefs({"root": str(root), "files": list(files)}, np.arange(len(files), dtype=np.int64))
+
+
+def text_refs(dataset: str, texts: Sequence[str]) -> SampleRefs:
+    """References of text items kept with their texts (``{"dataset", "texts"}``), one per item, in order."""
+    return SampleRefs({"dataset": dataset, "texts": [str(t) for t in texts]}, np.arange(len(texts), dtype=np.int64))
+
+
+def sample_texts(source: dict[str, Any] | None, ids: np.ndarray | Sequence[int]) -> list[str] | None:
+    """The texts of items ``ids`` of a text source (:func:`text_refs`); None when the source holds no texts."""
+    texts = (source or {}).get("texts")
+    if not isinstance(texts, list):
+        return None
+    ids = np.asarray(ids, dtype=np.int64)
+    if len(ids) and not 0 <= ids.min() <= ids.max() < len(texts):
+        raise ValueError(f"text ids must lie in 0..{len(texts) - 1}, got {ids.min()}..{ids.max()}")
+    return [str(texts[i]) for i in ids]

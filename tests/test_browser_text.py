@@ -1,0 +1,84 @@
+"""In a real browser (headless Chromium, as ``tests/test_browser.py``): a stored text comparison's neighbours show
+sentences. The engine compares paraphrase-MiniLM-L3-v2 and all-MiniLM-L6-v2 int8 on a small WordNet sample and
+stores it in the dashboard's database; the Feature geometry page then finds a query sentence by substring and shows
+it with the definitions each gallery retrieves, hits marked (``geometry_text_neighbours.png``); the worker computes
+the feature map and a hovered point's tooltip shows its definition (``geometry_text_hover.png``)."""
+from __future__ import annotations
+
+import pytest
+
+from engine.data.wordnet import WORDNET_ROOT, wordnet_task
+from test_browser import (ANALYSIS_TIMEOUT_S, UI_TIMEOUT_MS, PlaywrightTimeout, browser, expect, hover_spots,  # noqa: F401
+                          result_shown, server, settle, shots, wait_for_job)
+
+QUERIES, GALLERY, SEED = 40, 120, 1
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (WORDNET_ROOT / "data.noun").is_file(),
+                                 reason="WordNet's files are absent: apt-get install wordnet-base")]
+
+
+def test_a_text_comparison_shows_sentences_in_the_neighbours(server, browser, shots):  # noqa: F811
+    pytest.importorskip("onnxruntime", reason="pip install -r requirements-text.txt")
+    from engine.checkpoints.store import run_checkpoint_comparison
+    from engine.models.text_models import missing_text_models
+    from storage import get_engine
+
+    missing = missing_text_models(("minilm_l3", "minilm_l6_int8"))
+    if missing:
+        pytest.skip(f"the offline text models are not installed: {'; '.join(missing)}")
+    run_checkpoint_comparison(get_engine(server["db"]), {
+        "models": [{"path": "pretrained:minilm_l3"}, {"path": "pretrained:minilm_l6_int8"}],
+        "dataset": f"wordnet:queries={QUERIES},gallery={GALLERY},seed={SEED}", "views": ["encoder"],
+        "metrics": ["recall@1"], "name": "text neighbours in a browser"})
+    task = wordnet_task(queries=QUERIES, gallery=GALLERY, seed=SEED)
+    row = 7
+    word = max(task.query_texts[row].split(), key=len)
+    page = browser.new_page(viewport={"width": 1500, "height": 3000})
+    try:
+        page.goto(f"{server['base']}/geometry", timeout=UI_TIMEOUT_MS)
+        settle(page)
+        search = page.get_by_role("textbox", name="Find a query sentence")
+        expect(search).to_be_visible(timeout=UI_TIMEOUT_MS)
+        search.fill(word)
+        search.press("Enter")
+        settle(page)
+        matches = [r for r, t in enumerate(task.query_texts) if word.casefold() in t.casefold()]
+        sentence = task.query_texts[matches[0]]
+        query = page.locator('[data-testid="stMarkdownContainer"]').filter(has_text=sentence)
+        expect(query.first).to_be_visible(timeout=UI_TIMEOUT_MS)  # the query sentence, shown as text
+        expect(page.get_by_text("old gallery", exact=False).first).to_be_visible(timeout=UI_TIMEOUT_MS)
+        marks = page.get_by_text("✓ hit").count() + page.get_by_text("✗ miss").count()
+        assert marks == 10, f"expected 5 marked neighbours per gallery, saw {marks}"
+        shown = page.locator('[data-testid="stMain"]').inner_text()
+        assert sum(definition in shown for definition in task.gallery_texts) >= 5  # retrieved definitions, as text
+        page.locator('[data-testid="stHeading"]').filter(has_text="Nearest neighbours across models").first \
+            .scroll_into_view_if_needed()
+        page.screenshot(path=str(shots / "geometry_text_neighbours.png"), full_page=True)
+        assert page.locator('[data-testid="stException"]').count() == 0
+
+        geometry = f"{server['base']}/geometry"  # the feature map (PCA), computed by the server's worker
+
+        def pick_pca() -> None:
+            page.get_by_text("PCA", exact=True).click()
+            settle(page)
+
+        pick_pca()
+        page.get_by_role("button", name="Compute the feature map").click()
+        wait_for_job(server["db"], "analysis", ANALYSIS_TIMEOUT_S, server["log"], analysis="projection")
+        result_shown(page, geometry, "Neural collapse", pick_pca)
+        chart = page.locator(".st-key-geo_map")
+        chart.scroll_into_view_if_needed()
+        expect(chart.locator("canvas, svg").first).to_be_visible(timeout=UI_TIMEOUT_MS)
+        tooltip = page.locator("#vg-tooltip-element")
+        for x, y in hover_spots(chart):
+            page.mouse.move(x, y)
+            try:  # Vega draws the tooltip on the next frame
+                expect(tooltip).to_contain_text("text", timeout=250)
+                break
+            except AssertionError:
+                continue
+        shown = tooltip.inner_text()
+        assert any(definition[:40] in shown for definition in task.gallery_texts), shown[:300]
+        page.screenshot(path=str(shots / "geometry_text_hover.png"))
+    finally:
+        page.close()
