@@ -42,7 +42,7 @@ def _store(db, feats: list[np.ndarray], metric: str, name: str) -> int:
                            labels={"query": LABELS, "gallery": LABELS}) for f in feats]
     sets = [{"query_features": f, "query_labels": LABELS, "gallery_features": f, "gallery_labels": LABELS} for f in feats]
     result = compatibility_matrices(sets, metrics=(metric,), same_set=True)
-    return record_experiment(db, name=name, method="x", config={"name": name}, versions=versions,
+    return record_experiment(db, name=name, method="x", config={"name": name, "eval": {"protocol": "closed-set"}}, versions=versions,
                              results={"encoder": result}, gallery_kind="instance")
 
 
@@ -241,3 +241,34 @@ def test_rows_fall_back_to_seeds_and_say_why_when_the_features_are_gone(tmp_path
     text = render(claim, rows)
     assert "seeds only for cores: experiment" in text and "Student-t over the seeds' values" in text
     assert "| t over seeds |" in render(claim, rows, markdown=True)
+
+
+@pytest.mark.parametrize("metric", ["recall@1", "verification"])
+def test_open_set_runs_give_their_stored_matrix_and_pairs_name_query_and_gallery_images(tmp_path, metric):
+    """An open-set run (queries: other images than the gallery's): outcomes without leaving out a 'same' image, and
+    a pair's gallery image in its own id range after the queries'."""
+    db = get_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    init_db(db)
+    rng = np.random.default_rng(3)
+    q_feats, g_feats = _features(rng, "cores"), _features(rng, "cores")
+    versions = [NewVersion(architecture="external", method="x", classes=list(range(CLASSES)), num_outputs=0,
+                           feature_dim=DIM, outputs={"query": {"encoder": q}, "gallery": {"encoder": g}},
+                           labels={"query": LABELS, "gallery": LABELS}) for q, g in zip(q_feats, g_feats)]
+    sets = [{"query_features": q, "query_labels": LABELS, "gallery_features": g, "gallery_labels": LABELS}
+            for q, g in zip(q_feats, g_feats)]
+    result = compatibility_matrices(sets, metrics=(metric,), same_set=False)
+    exp = record_experiment(db, name="open", method="x", config={"name": "open", "eval": {"protocol": "open-set"}},
+                            versions=versions, results={"encoder": result}, gallery_kind="instance")
+    items, C = seed_items(db, exp, view="encoder", metric=metric, gallery="instance", eval_classes="all")
+    np.testing.assert_allclose(C[np.tril_indices(T)], result.values[metric][np.tril_indices(T)])
+    if metric == "recall@1":
+        for col, (t, k) in enumerate(_cells()):  # brute force, nothing left out: the gallery holds other images
+            qn = q_feats[t] / np.linalg.norm(q_feats[t], axis=1, keepdims=True)
+            gn = g_feats[k] / np.linalg.norm(g_feats[k], axis=1, keepdims=True)
+            np.testing.assert_array_equal(items.outcomes[:, col], (LABELS[(qn @ gn.T).argmax(1)] == LABELS).astype(float))
+    else:
+        qi, gi, _ = sample_pairs(LABELS, LABELS, same_set=False)
+        np.testing.assert_array_equal(items.images, np.stack([qi, len(LABELS) + gi], 1))
+        t, k = _cells()[1]
+        np.testing.assert_array_equal(items.outcomes[:, 1], pair_verification(q_feats[t], LABELS, g_feats[k], LABELS,
+                                                                              same_set=False)[1].astype(float))

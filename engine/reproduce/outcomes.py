@@ -16,19 +16,25 @@ import numpy as np
 from sqlalchemy import Engine
 
 from engine.core.cell import cell_features
-from engine.core.contract import DERIVED_VIEWS
+from engine.core.contract import DERIVED_VIEWS, same_set_of
 from engine.metrics.cell_interval import pair_images
 from engine.metrics.compatibility import CellFeatures, cell_outcomes
 from engine.metrics.hierarchical import SeedItems, matrix_columns
 from engine.metrics.retrieval import VERIFICATION, parse_metric
-from storage import list_model_versions, load_feature_set, session_scope
+from storage import get_experiment, list_model_versions, load_feature_set, session_scope
+
+
+def experiment_same_set(db: Engine, experiment_id: int) -> bool:
+    """Whether a stored run's queries are its gallery images (closed set) or other images (open set)."""
+    with session_scope(db) as s:
+        return same_set_of(get_experiment(s, experiment_id).config)
 
 
 def cell_source(db: Engine, experiment_id: int, *, view: str, eval_classes: str,
                 topk: int | None = None) -> tuple[int, Callable[[int, int], CellFeatures]]:
-    """The number of models and ``cell(t, k)`` of a stored closed-set experiment: model t's test images as queries,
-    model k's as the gallery (the run's own cells: classes ``0 .. C^k - 1`` after remapping; PSP/LSP keep the first
-    C^k outputs), ``query_ids`` the test image of each query row."""
+    """The number of models and ``cell(t, k)`` of a stored experiment: model t's query split as queries, model k's
+    gallery split as the gallery (closed set: both the test images; the run's own cells: classes ``0 .. C^k - 1``
+    after remapping; PSP/LSP keep the first C^k outputs), ``query_ids`` the query image of each query row."""
     with session_scope(db) as s:
         versions = list_model_versions(s, experiment_id)
     raw = DERIVED_VIEWS.get(view, view)
@@ -57,13 +63,14 @@ def seed_items(db: Engine, experiment_id: int, *, view: str, metric: str, galler
                topk: int | None = None) -> tuple[SeedItems, np.ndarray]:
     """The experiment's per-item outcomes (module docstring) and the T x T matrix of their means (the cells' values)."""
     T, cell = cell_source(db, experiment_id, view=view, eval_classes=eval_classes, topk=topk)
-    return items_from_cells(T, cell, metric=metric, gallery=gallery)
+    return items_from_cells(T, cell, metric=metric, gallery=gallery, same_set=experiment_same_set(db, experiment_id))
 
 
 def items_from_cells(T: int, cell: Callable[[int, int], CellFeatures], *, metric: str,
-                     gallery: str = "instance") -> tuple[SeedItems, np.ndarray]:
-    """:func:`seed_items` for any ``cell(t, k)`` on one set of test images (queries are the gallery, ``query_ids``
-    their image ids; every lower-triangle cell comparable)."""
+                     gallery: str = "instance", same_set: bool = True) -> tuple[SeedItems, np.ndarray]:
+    """:func:`seed_items` for any ``cell(t, k)`` (``query_ids``: the query images' ids; every lower-triangle cell
+    comparable). ``same_set``: the queries are the gallery images (closed set, one id space); else (open set) the
+    gallery images get their own ids after the queries', so a pair names its two images in one id space."""
     columns = matrix_columns(T)
     pairs = parse_metric(metric)[0] == VERIFICATION
     C = np.full((T, T), np.nan)
@@ -73,10 +80,16 @@ def items_from_cells(T: int, cell: Callable[[int, int], CellFeatures], *, metric
         c = cell(t, k)
         if np.asarray(c.query).shape[1] != np.asarray(c.gallery).shape[1]:
             raise ValueError(f"cell ({t + 1}, {k + 1}) is not comparable: no per-item outcomes")
-        C[t, k], vec = cell_outcomes(c, metric, gallery_kind=gallery, same_set=True)
+        C[t, k], vec = cell_outcomes(c, metric, gallery_kind=gallery, same_set=same_set)
         ids = np.arange(len(c.query_labels)) if c.query_ids is None else np.asarray(c.query_ids, np.int64)
         n_images = max(n_images, int(ids.max()) + 1 if len(ids) else 0)
-        rows = ids[pair_images(c.query_labels, c.gallery_labels, same_set=True)] if pairs else ids
+        if pairs and same_set:
+            rows = ids[pair_images(c.query_labels, c.gallery_labels, same_set=True)]
+        elif pairs:  # query image ids, then the gallery's after every query id (pair_images offsets by the queries)
+            qg = pair_images(c.query_labels, c.gallery_labels, same_set=False)
+            rows = np.stack([ids[qg[:, 0]], n_images + qg[:, 1] - len(c.query_labels)], axis=1)
+        else:
+            rows = ids
         per_cell[(t, k)] = (rows, vec)
     if not pairs:  # a row per test image
         x = np.full((n_images, len(columns)), np.nan)

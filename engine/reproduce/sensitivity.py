@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from engine.metrics import PairedOptions
 from engine.metrics.compatibility import MatrixResult, compatibility_matrices
 from engine.reproduce.claims import Claim
-from engine.reproduce.outcomes import cell_source
+from engine.reproduce.outcomes import cell_source, experiment_same_set
 from engine.reproduce.table import DEFAULT_INTERVAL, INTERVALS, RESAMPLES, SHORT, cell_interval, seed_runs
 from engine.results.record import record_matrices
 from storage import load_matrices, session_scope
@@ -51,10 +51,10 @@ def stored_or_computed(db: Engine, experiment_id: int, *, view: str, metric: str
 
 def compute_matrix(db: Engine, experiment_id: int, *, view: str, metric: str, gallery: str, eval_classes: str,
                    topk: int | None = None) -> MatrixResult:
-    """The experiment's matrix under this convention, computed from its stored closed-set features (not stored)."""
+    """The experiment's matrix under this convention, computed from its stored features (not stored)."""
     T, cell = cell_source(db, experiment_id, view=view, eval_classes=eval_classes, topk=topk)
-    return compatibility_matrices(cell, num_models=T, metrics=(metric,), gallery_kind=gallery, same_set=True,
-                                  paired=PairedOptions())
+    return compatibility_matrices(cell, num_models=T, metrics=(metric,), gallery_kind=gallery,
+                                  same_set=experiment_same_set(db, experiment_id), paired=PairedOptions())
 
 
 def sensitivity_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], methods: Sequence[str], *,
