@@ -61,6 +61,15 @@ def _conv(protocol: str, eval_classes: str, gallery: str, metric: str) -> dict[s
 
 
 _FASHION = "Fashion-MNIST (10 classes, small_cnn) instead of "
+# paper 002 Table 2's cells (values and sources: the comment above "P2-Tab2"), shared by its two protocols
+P2_TAB2_CELLS = (PaperCell("cores", "(phi2, phi1) margin", 0.02, (1, 0)),
+                 PaperCell("cores", "(phi3, phi1) margin", 0.01, (2, 0)),
+                 PaperCell("cores", "(phi3, phi2) margin", -0.02, (2, 1)),
+                 PaperCell("cores", "AC", 2 / 3),
+                 PaperCell("bct", "(phi2, phi1) margin", 0.0, (1, 0)),
+                 PaperCell("bct", "(phi3, phi1) margin", -0.01, (2, 0)),
+                 PaperCell("bct", "(phi3, phi2) margin", -0.02, (2, 1)),
+                 PaperCell("bct", "AC", 1 / 3))
 CLAIMS: dict[str, Claim] = {
     # paper 002 Table 2: CIFAR-100/10, 2 upgrades (34/33/33 % of the classes), open-set CIFAR-10 pair verification.
     # CoReS M: (1,1) 0.59, (2,1) 0.61, (3,1) 0.60, (2,2) 0.63, (3,2) 0.61, (3,3) 0.65 -> margins +2 / +1 / -2, AC 2/3
@@ -75,14 +84,7 @@ CLAIMS: dict[str, Claim] = {
                  "verifies open-set CIFAR-10 pairs",
                  "d-Simplex of K = 10 (the classes) for K = 100; Frobenius scaling and best-validation epoch as paper "
                  "002's released code, for BCT and the control too (one study)"),
-        cells=(PaperCell("cores", "(phi2, phi1) margin", 0.02, (1, 0)),
-               PaperCell("cores", "(phi3, phi1) margin", 0.01, (2, 0)),
-               PaperCell("cores", "(phi3, phi2) margin", -0.02, (2, 1)),
-               PaperCell("cores", "AC", 2 / 3),
-               PaperCell("bct", "(phi2, phi1) margin", 0.0, (1, 0)),
-               PaperCell("bct", "(phi3, phi1) margin", -0.01, (2, 0)),
-               PaperCell("bct", "(phi3, phi2) margin", -0.02, (2, 1)),
-               PaperCell("bct", "AC", 1 / 3)),
+        cells=P2_TAB2_CELLS,
         scenario=dict(initial_classes=4, increment=3, num_steps=3),
         model=dict(dsimplex_normalization="frobenius_uncentred"),
         training=dict(select="best_val"),  # paper 002's released code keeps each step's best-validation epoch
@@ -98,14 +100,7 @@ CLAIMS: dict[str, Claim] = {
                  "test images) for CIFAR-10's test pairs",
                  "d-Simplex of K = 7 (the trained classes) for K = 100; Frobenius scaling and best-validation epoch as "
                  "paper 002's released code, for BCT and the control too (one study)"),
-        cells=(PaperCell("cores", "(phi2, phi1) margin", 0.02, (1, 0)),
-               PaperCell("cores", "(phi3, phi1) margin", 0.01, (2, 0)),
-               PaperCell("cores", "(phi3, phi2) margin", -0.02, (2, 1)),
-               PaperCell("cores", "AC", 2 / 3),
-               PaperCell("bct", "(phi2, phi1) margin", 0.0, (1, 0)),
-               PaperCell("bct", "(phi3, phi1) margin", -0.01, (2, 0)),
-               PaperCell("bct", "(phi3, phi2) margin", -0.02, (2, 1)),
-               PaperCell("bct", "AC", 1 / 3)),
+        cells=P2_TAB2_CELLS,
         scenario=dict(initial_classes=3, increment=2, num_steps=3, held_out_classes=3),
         model=dict(dsimplex_normalization="frobenius_uncentred"),
         training=dict(select="best_val"),
