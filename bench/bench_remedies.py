@@ -7,11 +7,11 @@ vectors, labels; the README "Post-hoc adapters" says how they were made), 1,000 
 
 Steps (each skipped when its output exists): embed WordNet with both models into OUT/text_{gallery,queries}_{old,new}.npz
 (ids = synset ids; labels: gallery positions, so label-based Recall@k is the qrels task); run
-``python -m engine adapter curve`` at k=1 and k=10 on them; write the ``check-upgrade --features`` folders
+``python -m engine adapter curve`` at k=1 and k=10 on them (and, with ``--image-curve``, on the image features); write the ``check-upgrade --features`` folders
 (step_1.npz old, step_2.npz new) for both upgrades and run ``check-upgrade --plan``. Prints a summary.
 
     OMP_NUM_THREADS=1 python bench/bench_remedies.py --out /tmp/remedies [--queries 1000 --gallery 4000]
-        [--image-old img_old.npz --image-new img_new.npz]
+        [--image-old img_old.npz --image-new img_new.npz [--image-curve]]
 """
 from __future__ import annotations
 
@@ -71,6 +71,16 @@ def text_curves(out: Path, pairs: str) -> None:
                 "--data-root", str(out), "--json", str(target)], out / f"text_curve_k{k}.log")
 
 
+def image_curve(out: Path, image_old: Path, image_new: Path) -> None:
+    """``adapter curve`` of the four kinds on the image features: 1,000 held-out items the queries, Recall@1 by label."""
+    target = out / "image_curve_k1.json"
+    if not target.exists():
+        engine(["adapter", "curve", "--old", str(image_old), "--new", str(image_new), "--held-out", "1000",
+                "--pairs", "250,500,1000,2000,4000", "--resamples", "1000", "--data-root", str(out),
+                "--data-root", str(image_old.parent), "--data-root", str(image_new.parent), "--json", str(target)],
+               out / "image_curve_k1.log")
+
+
 def _step(path: Path, q: np.ndarray, ql: np.ndarray, g: np.ndarray, gl: np.ndarray) -> None:
     np.savez(path, query_features=q.astype(np.float32), query_labels=ql, gallery_features=g.astype(np.float32),
              gallery_labels=gl)
@@ -121,12 +131,12 @@ def plans(out: Path, names: list[str], text_threshold: float) -> None:
 
 def summary(out: Path) -> None:
     """One line per kind and pair count: adapted/old, its shares of old/old and new/new, the paired interval."""
-    for k in (1, 10):
-        path = out / f"text_curve_k{k}.json"
+    for name, k in (("text", 1), ("text", 10), ("image", 1)):
+        path = out / f"{name}_curve_k{k}.json"
         if not path.exists():
             continue
         curve = json.loads(path.read_text())
-        print(f"text Recall@{k}:", json.dumps(curve["baselines"]))
+        print(f"{name} Recall@{k}:", json.dumps(curve["baselines"]))
         for row in curve["rows"]:
             d = row["vs new/new"]
             print(f"  {row['kind']:10s} {row['pairs']:5d} pairs: {row['adapted/old']:.3f} "
@@ -146,12 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text-threshold", type=float, default=0.6, help="the old (L3) cosine threshold to re-map")
     p.add_argument("--image-old", type=Path, help="EfficientNet-Lite0 features (npz: ids, vectors, labels)")
     p.add_argument("--image-new", type=Path, help="EfficientNet-Lite2 features of the same images")
+    p.add_argument("--image-curve", action="store_true",
+                   help="also the image upgrade's recovery curve (about 15 min of 1280-d fits on one loaded core)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     embed_wordnet(args.out, args.queries, args.gallery, args.seed)
     text_curves(args.out, args.pairs)
     plans(args.out, write_features(args.out, args.image_old, args.image_new, args.seed), args.text_threshold)
+    if args.image_curve and args.image_old is not None and args.image_new is not None:
+        image_curve(args.out, args.image_old, args.image_new)
     summary(args.out)
     print(f"total {time.perf_counter() - start:.0f} s")
     return 0
