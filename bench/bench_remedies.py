@@ -7,7 +7,7 @@ vectors, labels; the README "Post-hoc adapters" says how they were made), 1,000 
 
 Steps (each skipped when its output exists): embed WordNet with both models into OUT/text_{gallery,queries}_{old,new}.npz
 (ids = synset ids; labels: gallery positions, so label-based Recall@k is the qrels task); run
-``python -m engine adapter curve`` at k=1 and k=10 on them (and, with ``--image-curve``, on the image features); write the ``check-upgrade --features`` folders
+``python -m engine adapter curve`` at Recall@1, Recall@10 and label-free neighbour recall@10 on them (and, with ``--image-curve``, on the image features); write the ``check-upgrade --features`` folders
 (step_1.npz old, step_2.npz new) for both upgrades and run ``check-upgrade --plan``. Prints a summary.
 
     OMP_NUM_THREADS=1 python bench/bench_remedies.py --out /tmp/remedies [--queries 1000 --gallery 4000]
@@ -60,15 +60,16 @@ def engine(args: list[str], log: Path) -> int:
 
 
 def text_curves(out: Path, pairs: str) -> None:
-    """``adapter curve`` of the four kinds at Recall@1 and Recall@10 (qrels by gallery position)."""
-    for k in (1, 10):
-        target = out / f"text_curve_k{k}.json"
+    """``adapter curve`` of the four kinds at Recall@1 and Recall@10 (qrels by gallery position) and label-free
+    (neighbour recall@10 against L6's own top-10)."""
+    for relevance, k, tag in (("labels", 1, "k1"), ("labels", 10, "k10"), ("none", 10, "none_k10")):
+        target = out / f"text_curve_{tag}.json"
         if target.exists():
             continue
         engine(["adapter", "curve", "--old", str(out / "text_gallery_old.npz"), "--new", str(out / "text_gallery_new.npz"),
                 "--query-old", str(out / "text_queries_old.npz"), "--query-new", str(out / "text_queries_new.npz"),
-                "--relevance", "labels", "--k", str(k), "--pairs", pairs, "--resamples", "1000",
-                "--data-root", str(out), "--json", str(target)], out / f"text_curve_k{k}.log")
+                "--relevance", relevance, "--k", str(k), "--pairs", pairs, "--resamples", "1000",
+                "--data-root", str(out), "--json", str(target)], out / f"text_curve_{tag}.log")
 
 
 def image_curve(out: Path, image_old: Path, image_new: Path) -> None:
@@ -131,12 +132,12 @@ def plans(out: Path, names: list[str], text_threshold: float) -> None:
 
 def summary(out: Path) -> None:
     """One line per kind and pair count: adapted/old, its shares of old/old and new/new, the paired interval."""
-    for name, k in (("text", 1), ("text", 10), ("image", 1)):
-        path = out / f"{name}_curve_k{k}.json"
+    for name, tag in (("text", "k1"), ("text", "k10"), ("text", "none_k10"), ("image", "k1")):
+        path = out / f"{name}_curve_{tag}.json"
         if not path.exists():
             continue
         curve = json.loads(path.read_text())
-        print(f"{name} Recall@{k}:", json.dumps(curve["baselines"]))
+        print(f"{name} {curve['metric']}:", json.dumps(curve["baselines"]))
         for row in curve["rows"]:
             d = row["vs new/new"]
             print(f"  {row['kind']:10s} {row['pairs']:5d} pairs: {row['adapted/old']:.3f} "
