@@ -110,8 +110,9 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
     rollouts = list(report.get("backfill") or ()) if rollouts is None else list(rollouts)
     for r in rollouts:
         via = f" with adapter {r['adapter']}" if r.get("adapter") else ""
-        reach = "never" if r.get("to_old_self") is None else f"{100 * r['to_old_self']:.0f} %"
-        numbers[f"backfill in order {r['ordering']}{via}"] = f"reaches the {old} self-test at {reach}"
+        numbers[f"backfill in order {r['ordering']}{via}"] = (
+            f"never reaches the {old} self-test" if r.get("to_old_self") is None
+            else f"reaches the {old} self-test at {100 * r['to_old_self']:.0f} %")
     if b["verdict"] == "not better":
         return Plan("do not ship", f"{new} is not better than {old} on its own ({interval(b, level)}): the upgrade "
                     "gains nothing a backfill could pay for.", numbers=numbers, **base)
