@@ -40,37 +40,42 @@ def _npy_header(f, shape: tuple[int, ...]) -> None:
                                             "fortran_order": False, "shape": shape})
 
 
-def _write_npy(m: PosthocMap, source: Source, tmp: Path, block_rows: int) -> int:
-    n = source.count if source.count is not None else len(source.ids())
+def _write_vectors(f, m: PosthocMap, source: Source, block_rows: int, n: int) -> Iterator[Block]:
+    """Write the mapped vectors of ``source`` as one (n, old_dim) float32 .npy into ``f``, yielding each block read;
+    one line when the source holds another count than ``n`` (it changed while it was read)."""
+    _npy_header(f, (n, m.old_dim))
     written = 0
-    with open(tmp, "wb") as f:
-        _npy_header(f, (n, m.old_dim))
-        for block, out in _mapped(m, source, block_rows):
-            if written + len(out) > n:
-                raise ValueError(f"{source.description} changed while it was read (more than {n} items)")
-            f.write(np.ascontiguousarray(out, np.float32).tobytes())
-            written += len(out)
+    for block, out in _mapped(m, source, block_rows):
+        if written + len(out) > n:
+            raise ValueError(f"{source.description} changed while it was read (more than {n} items)")
+        f.write(np.ascontiguousarray(out, np.float32).tobytes())
+        written += len(out)
+        yield block
     if written != n:
         raise ValueError(f"{source.description} changed while it was read ({written} items, {n} at first)")
+
+
+def _count(source: Source) -> int:
+    return source.count if source.count is not None else len(source.ids())
+
+
+def _write_npy(m: PosthocMap, source: Source, tmp: Path, block_rows: int) -> int:
+    n = _count(source)
+    with open(tmp, "wb") as f:
+        for _ in _write_vectors(f, m, source, block_rows, n):
+            pass
     return n
 
 
 def _write_npz(m: PosthocMap, source: Source, tmp: Path, block_rows: int) -> int:
-    n = source.count if source.count is not None else len(source.ids())
-    ids, labels, written = [], [], 0
+    n = _count(source)
+    ids, labels = [], []
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         with zf.open("vectors.npy", "w", force_zip64=True) as f:
-            _npy_header(f, (n, m.old_dim))
-            for block, out in _mapped(m, source, block_rows):
-                if written + len(out) > n:
-                    raise ValueError(f"{source.description} changed while it was read (more than {n} items)")
-                f.write(np.ascontiguousarray(out, np.float32).tobytes())
-                written += len(out)
+            for block in _write_vectors(f, m, source, block_rows, n):
                 ids.append(block.ids)
                 if block.labels is not None:
                     labels.append(block.labels)
-        if written != n:
-            raise ValueError(f"{source.description} changed while it was read ({written} items, {n} at first)")
         extra = {"ids": np.concatenate(ids) if ids else np.zeros(0, np.int64)}
         if labels:
             extra["labels"] = np.concatenate(labels)
