@@ -229,3 +229,24 @@ def test_curve_with_separate_queries_and_no_labels(pairs, capsys):
     assert curve["baselines"]["n_queries"] == 80 and curve["baselines"]["n_gallery"] == 520
     assert curve["baselines"]["new/new"] == 1.0 and curve["pair_counts"] == [100, 520]
     assert curve["fitted_on"]["queries"] == "separate"
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".npz"])
+@pytest.mark.parametrize("said", [3, 5])
+def test_a_source_that_changes_while_it_is_read_leaves_no_output(tmp_path, suffix, said):
+    """A source that announced ``said`` items but yields 4: one line, and no output file (nor temporary) is left."""
+    from engine.adapters.batch_apply import apply_to_file
+    from engine.sources import Block
+
+    rng = np.random.default_rng(0)
+    m = fit_map("procrustes", rng.standard_normal((40, 4)), rng.standard_normal((40, 4)))
+
+    class Shifting:
+        description, dim, count = "a shifting table", 4, said
+
+        def blocks(self, rows):
+            yield Block(np.arange(4), rng.standard_normal((4, 4)).astype(np.float32), None)
+
+    with pytest.raises(ValueError, match="a shifting table changed while it was read"):
+        apply_to_file(m, Shifting(), tmp_path / f"out{suffix}")
+    assert list(tmp_path.iterdir()) == []
