@@ -57,7 +57,7 @@ def same_set_of(config: dict[str, Any]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- analyses
-ANALYSIS_KINDS = ("projection", "backfill", "geometry", "upgrade")
+ANALYSIS_KINDS = ("projection", "backfill", "geometry", "upgrade", "text_upgrade")
 EMBEDDINGS = ("umap", "pca")
 ORDERINGS = ("random", "distance_mse", "distance_cosine", "distance_mse_reverse", "distance_cosine_reverse",
              "confidence", "adapter_residual")  # partial-backfilling orders (engine.metrics.backfill_orders.ORDERINGS)
@@ -77,6 +77,8 @@ ANALYSIS_DEFAULTS: dict[str, dict[str, Any]] = {
     # engine.metrics.paired's defaults: a seeded percentile bootstrap, 1,000 resamples, 95%
     "upgrade": {"step_a": None, "step_b": None, "view": "encoder", "metric": "recall@1", "resamples": 1000,
                 "level": 0.95, "seed": 0},
+    # the summary of a text comparison (engine.upgrade.text_upgrade): every pair of its models, paired over the queries
+    "text_upgrade": {"k": 10, "resamples": 1000, "level": 0.95, "seed": 0, "adapters": True},
 }
 
 
@@ -107,6 +109,13 @@ def normalize_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any]
             raise ValueError(f"unknown embedding {out['method']!r}; use one of {', '.join(EMBEDDINGS)}")
         if out["max_points"] < 10:
             raise ValueError(f"max_points must be at least 10, got {out['max_points']}")
+    if kind == "text_upgrade":
+        out["k"], out["level"] = int(out["k"]), float(out["level"])
+        if out["k"] < 1 or out["resamples"] < 1 or not 0 < out["level"] < 1:
+            raise ValueError(f"text_upgrade needs k >= 1, resamples >= 1 and a level strictly between 0 and 1, "
+                             f"got {out['k']}, {out['resamples']} and {out['level']}")
+        if not isinstance(out["adapters"], bool):
+            raise ValueError(f"adapters must be true or false (fit and judge the adapters), got {out['adapters']!r}")
     if kind == "upgrade":
         out["metric"], out["level"] = str(out["metric"]).strip().lower(), float(out["level"])
         parse_metric(out["metric"], pairs=False)
