@@ -1,4 +1,5 @@
-"""The CUDA paths: training with autocast, extraction, the torch search backend on the GPU, faiss on the GPU.
+"""The CUDA paths: training with autocast, extraction, the torch search backend on the GPU, faiss on the GPU, the
+text encoders (torch BERT on CUDA; onnxruntime's CUDA provider where the installed onnxruntime has one).
 
 Marked ``cuda`` and skipped without a GPU (CI has none); run them where one is present with
 ``python -m pytest -m cuda tests/test_cuda.py``. Every expectation is the CPU result of the same code,
@@ -133,3 +134,48 @@ def test_a_digits_study_on_cuda_stores_what_the_cpu_run_stores(tmp_path):
     for key, values in cpu.items():
         # same seeds and batches; AMP and cuDNN rounding move a 2-epoch model's retrieval by a few points at most
         np.testing.assert_allclose(gpu[key], values, atol=0.06, equal_nan=True, err_msg=str(key))
+
+
+def _text_folder(tmp_path):
+    """A tiny BERT sentence-encoder folder (tokenizer.json, config.json, model.safetensors, mean pooling)."""
+    pytest.importorskip("tokenizers")
+    from test_text_encoders import write_tiny_folder  # the same tiny model the CPU text tests use
+
+    write_tiny_folder(tmp_path / "m")
+    return tmp_path / "m"
+
+
+def test_a_safetensors_text_encoder_on_cuda_gives_the_cpu_embeddings(tmp_path):
+    from engine.data.text_model_files import ModelFolder
+    from engine.models.text_encoder import load_text_folder
+
+    folder = _text_folder(tmp_path)
+    texts = ["the cat sat on the mat", "the dog", "mat", "the cat the dog the mat sat on"] * 40
+    out = {}
+    for device in ("cpu", "cuda"):
+        encoder = load_text_folder(ModelFolder(folder), name="tiny", device=device)
+        try:
+            assert next(encoder.net.parameters()).device.type == device
+            out[device] = encoder.encode(texts, batch_size=32)
+        finally:
+            encoder.close()
+    np.testing.assert_allclose(out["cuda"], out["cpu"], atol=1e-5)  # float32 on both: no autocast in the text path
+
+
+def test_an_onnx_text_encoder_uses_the_cuda_provider_when_onnxruntime_has_one(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip(f"onnxruntime {ort.__version__} here has no CUDA provider ({ort.get_available_providers()})")
+    from engine.models.text_models import load_text_model, missing_text_models
+
+    if missing_text_models(("minilm_l3",)):
+        pytest.skip("the minilm_l3 weight package is not installed")
+    texts = ["A fanatic is one who can't change his mind and won't change the subject", "the cat sat"] * 20
+    cpu = load_text_model("minilm_l3", device="cpu")
+    gpu = load_text_model("minilm_l3", device="cuda")
+    try:
+        assert gpu.session.get_providers()[0] == "CUDAExecutionProvider"
+        np.testing.assert_allclose(gpu.encode(texts, batch_size=8), cpu.encode(texts, batch_size=8), atol=1e-4)
+    finally:
+        cpu.close()
+        gpu.close()
