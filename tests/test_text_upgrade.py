@@ -209,3 +209,16 @@ def test_class_task_labels_are_the_supersenses(db_url, task):
     sims = _unit(models[1]["query"].astype(np.float64)) @ _unit(models[0]["gallery"].astype(np.float64)).T
     assert got["matrices"]["recall@1"][1][0] == pytest.approx(np.mean(task.gallery_labels[sims.argmax(1)] == task.query_labels))
     assert any("coincide" in n for n in got["notes"])
+
+
+def test_an_unchanged_model_is_a_tie_as_check_upgrade_says(db_url, task):
+    """The same embeddings twice: every difference is 0, the interval [0, 0] and the verdict check_upgrade's."""
+    old = embeddings(task)[0]
+    db, exp_id = store(db_url, task, [old, {s: x.copy() for s, x in old.items()}, old])
+    got = compute_text_upgrade(db, exp_id, PARAMS, lambda f, m: None)
+    q_labels, g_labels = task.relevance_labels("qrels")
+    cell = CellFeatures(old["query"], q_labels, old["gallery"], g_labels)
+    c = check_upgrade(cell, cell, resamples=200, seed=0, orderings=()).compatibility
+    r1 = got["pairs"][0]["rows"][0]
+    assert (r1["diff"], r1["lo"], r1["hi"], r1["verdict"]) == (c.diff, c.lo, c.hi, c.verdict) == (0, 0, 0, "too close to call")
+    assert {r["verdict"] for p in got["adapters"] for r in p["rows"] if r["kind"] == "procrustes"} == {"too close to call"}

@@ -200,7 +200,8 @@ def _judged(oo: np.ndarray, no: np.ndarray, nn: np.ndarray | None, *, unchanged:
     settings = {"resamples": resamples, "level": level, "seed": seed}
     compat = compare(no, oo, **settings, rule=Rule(0.0, "fail"), bounds=(got[0].lo, got[0].hi))
     better = None if nn is None else compare(nn, oo, **settings, names=BETTER, bounds=(got[1].lo, got[1].hi))
-    return {"compat": compat, "better": better, "interval": got[0].interval}
+    return {"compat": compat, "better": better, "interval": got[0].interval,  # what was resampled ("unchanged": none)
+            "setting": "two-way" if lists else "queries"}  # check_upgrade's interval option
 
 
 def pair_rows(exp: TextExperiment, cells: dict[tuple[int, int], Cell], old: int, new: int, *, k: int,
@@ -233,7 +234,7 @@ def pair_rows(exp: TextExperiment, cells: dict[tuple[int, int], Cell], old: int,
         if metric == "recall@1":
             report = UpgradeReport(exp.names[old], exp.names[new], metric, _mean(oo), _mean(no), _mean(nn), len(oo),
                                    int(np.isnan(oo).sum()), len(exp.gallery_labels), c, b, resamples, level, seed, False,
-                                   interval=got["interval"])
+                                   interval=got["setting"])
     return rows, report
 
 
