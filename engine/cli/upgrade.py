@@ -120,6 +120,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="when not compatible, also the rank merge of the old index (old queries) and the new one per "
                         "ordering, and the old index's top K re-ranked by the new model (candidate re-scoring, over K / N)")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the report as JSON (atomically)")
+    p.add_argument("--text-summary", action="store_true",
+                   help="with --experiment (a stored text comparison): every pair of its models, the matrices, paired "
+                        "verdicts per metric (qrels, supersense, label-free neighbour recall@K) and the adapters; "
+                        "--json writes the dashboard's payload; exit 0")
     plan_arguments(p)
     roots.add_arguments(p)
 
@@ -340,8 +344,61 @@ def needed_line(needed: int | None, n: int) -> str:
             "gallery's own sampling noise is not in this number, so grow the gallery with the queries)")
 
 
+def _fmt(x: float | None) -> str:
+    return "    -   " if x is None else f"{x:8.4f}"
+
+
+def text_summary_lines(payload: dict) -> list[str]:
+    """The ``text_upgrade`` payload (:mod:`engine.upgrade.text_upgrade`) as plain lines."""
+    names, corpus, at_k = payload["models"], payload["corpus"], f"recall@{payload['k']}"
+    lines = [f"text upgrade summary: {' -> '.join(names)} on wordnet ({corpus['task']}, {corpus['queries']:,} queries, "
+             f"{corpus['gallery']:,} definitions, {corpus['train_texts']:,} training texts, seed {corpus['seed']})"]
+    for metric, matrix in payload["matrices"].items():
+        lines.append(f"  {metric} (row = query model, column = gallery model)")
+        lines += [f"    {names[t]:<20}" + "".join(_fmt(x) for x in row) for t, row in enumerate(matrix)]
+    for pair in payload["pairs"]:
+        lines.append(f"  {names[pair['old']]} -> {names[pair['new']]}: old/old new/old new/new, diff [interval] -> verdict")
+        lines += [f"    {r['metric']:<22}{_fmt(r['old_old'])}{_fmt(r['new_old'])}{_fmt(r['new_new'])}  "
+                  f"{r['diff']:+.4f} [{r['lo']:+.4f}, {r['hi']:+.4f}] -> {r['verdict']}" for r in pair["rows"]]
+    for pair in payload["adapters"]:
+        lines.append(f"  adapters {names[pair['old']]} -> {names[pair['new']]}: recall@1, recall@{payload['k']}, "
+                     "share of new/new, diff [interval] -> verdict")
+        lines += [f"    {r['family'] + ' ' + r['kind']:<22}{_fmt(r['recall@1'])}{_fmt(r[at_k])}"
+                  f"{_fmt(r['share_of_new_new'])}  {r['diff']:+.4f} [{r['lo']:+.4f}, {r['hi']:+.4f}] -> {r['verdict']} "
+                  f"(fitted on {r['fitted_on']})" for r in pair["rows"]]
+    return lines + [f"  note: {n}" for n in payload["notes"]]
+
+
+def _text_summary(args: argparse.Namespace) -> int:
+    """``--text-summary``: the text_upgrade analysis of a stored text comparison, printed (and written with --json)."""
+    from engine.core.contract import normalize_params
+    from engine.upgrade.text_upgrade import compute_text_upgrade
+    from storage import get_engine
+
+    if args.experiment is None:
+        raise ValueError("--text-summary goes with --experiment ID (a stored text comparison)")
+    given = [flag for flag, on in (("--old-step/--new-step", args.old_step is not None or args.new_step is not None),
+                                   ("--plan", args.plan is not None), ("--metric", args.metric is not None)) if on]
+    if given:
+        raise ValueError(f"--text-summary covers every pair and metric of the experiment; leave out {', '.join(given)}")
+    params = normalize_params("text_upgrade", {"k": args.k, "resamples": args.resamples, "level": args.level,
+                                               "seed": args.seed})
+    payload = compute_text_upgrade(get_engine(args.db), args.experiment, params, lambda fraction, message: None)
+    if args.json is not None:
+        try:
+            write_json_atomic(args.json, payload, allow_nan=False)
+        except OSError as exc:
+            raise ValueError(f"--json {args.json}: cannot write ({exc.strerror or type(exc).__name__})") from None
+    print("\n".join(text_summary_lines(payload)))
+    return 0
+
+
 def cmd_check_upgrade(args: argparse.Namespace) -> int:
     """Print the verdict sentence and the numbers; the exit code is the verdict's."""
+    if args.text_summary:
+        if args.json is not None:
+            _check_json_target(args.json)
+        return _text_summary(args)
     if args.json is not None:
         _check_json_target(args.json)  # refused before any work, so nothing is half-done
     _plan_options(args)

@@ -9,6 +9,8 @@ in :mod:`engine.core.contract`, where the dashboard reads them):
 * ``geometry``: NC1-NC4, angles, drift, Definition 1 and stationarity over the steps
   (:mod:`engine.analysis.geometry`).
 * ``upgrade``: the upgrade verdict of step_b over step_a (:mod:`engine.upgrade.stored`).
+* ``text_upgrade``: every pair of a text comparison's models: matrices, paired verdicts per metric and adapters
+  (:mod:`engine.upgrade.text_upgrade`).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from engine.analysis.map import compute_projection
 from engine.analysis.views import Progress, load_experiment
 from engine.core.contract import analysis_key, normalize_params
 from engine.upgrade.stored import compute_upgrade
+from engine.upgrade.text_upgrade import compute_text_upgrade
 from storage import save_analysis, session_scope
 
 
@@ -44,8 +47,12 @@ def run_analysis(db_engine: Engine, experiment_id: int, kind: str, params: dict[
         payload = compute_backfill(db_engine, config, versions, params, report)
     elif kind == "upgrade":
         payload = compute_upgrade(db_engine, experiment_id, params, report)
-    else:
+    elif kind == "text_upgrade":
+        payload = compute_text_upgrade(db_engine, experiment_id, params, report)
+    elif kind == "geometry":
         payload = compute_geometry(db_engine, config, versions, params, report)
+    else:  # normalize_params refuses an unknown kind first; a kind added to the contract needs its branch here
+        raise ValueError(f"no computation for analysis kind {kind!r}")
     report(0.98, "saving")
     with session_scope(db_engine) as s:
         save_analysis(s, experiment_id, kind, analysis_key(kind, params), payload, array)
