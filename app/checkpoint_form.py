@@ -46,9 +46,10 @@ BUILTIN = ("imagefolder", *(name for name in DATASET_NAMES if name != "imagefold
 WORDNET_QUERIES = (200, 500, 1000, 2000, 5000, 10_000)  # example sentences (32,923 synsets have one)
 WORDNET_GALLERY = (800, 2000, 4000, 8000, 20_000, 50_000)  # definitions: the queries' own plus others
 # The dashboard's "check a text-embedding upgrade" entry (the text-upgrade preset): the offline MiniLM sequence on
-# WordNet's qrels task, 500 example sentences against 2,000 definitions (3 x 2,500 texts: a few minutes on 2 cores).
+# WordNet's qrels task, 500 example sentences against 2,000 definitions, and a training split of 1,000 other synsets
+# (2,000 texts) for paper 004's adapters: 3 x 4,500 texts, embedded once per model and corpus (the text cache).
 TEXT_UPGRADE = {"dataset": "wordnet", "wn_task": "qrels", "wn_queries": 500, "wn_gallery": 2000, "wn_seed": 0,
-                "protocol": RUN_PROTOCOLS[0], "views": ["encoder"], "metrics": "recall@1, recall@10, map",
+                "wn_train": 1000, "protocol": RUN_PROTOCOLS[0], "views": ["encoder"], "metrics": "recall@1, recall@10, map",
                 "name": "text upgrade: MiniLM L3 -> L6 -> L6 int8"}
 CLOSED, OPEN = RUN_PROTOCOLS
 VIEW_HELP = {"encoder": "encoder: the feature vectors (models with different feature sizes are not comparable)",
@@ -75,7 +76,7 @@ FORM_DEFAULTS: dict[str, Any] = {"protocol": CLOSED, "dataset": "imagefolder", "
                                  "gallery_folder": "", "views": ["encoder", "psp", "lsp"], "gallery": "instance",
                                  "name": "", "metrics": "recall@1, map", "ties": "fail", "max_size": "",
                                  "batch_size": 64, "device": "auto", "wn_task": "qrels", "wn_queries": 500,
-                                 "wn_gallery": 2000, "wn_seed": 0}
+                                 "wn_gallery": 2000, "wn_seed": 0, "wn_train": 0}
 
 
 def _defaults(model_ids: list[int]) -> None:
@@ -117,7 +118,7 @@ def move(model_id: int, by: int) -> None:
 def pretrained_sequence() -> None:
     st.session_state[PREFIX + "order"] = [_new_model("Pretrained", name) for name in PRETRAINED]
     if st.session_state.get(PREFIX + "dataset") in TEXT_DATASET_NAMES:  # after the text entry: back to images
-        for name in ("dataset", "views", "metrics", "name"):
+        for name in ("dataset", "views", "metrics", "name", "wn_train"):
             value = FORM_DEFAULTS[name]
             st.session_state[PREFIX + name] = list(value) if isinstance(value, list) else value
     st.session_state.pop(PREFIX + "result", None)
@@ -132,10 +133,13 @@ def text_upgrade_sequence() -> None:
 
 
 def wordnet_dataset() -> str:
-    """The form's WordNet corpus as a dataset text, ``wordnet:task=T,queries=N,gallery=N,seed=S``."""
+    """The form's WordNet corpus as a dataset text, ``wordnet:task=T,queries=N,gallery=N,seed=S[,train=N]`` (the
+    training split only when asked for: without it the text is what it was before the split existed)."""
     s = st.session_state
+    train = int(s.get(PREFIX + "wn_train") or 0)
     return (f"wordnet:task={s[PREFIX + 'wn_task']},queries={int(s[PREFIX + 'wn_queries'])},"
-            f"gallery={int(s[PREFIX + 'wn_gallery'])},seed={int(s[PREFIX + 'wn_seed'])}")
+            f"gallery={int(s[PREFIX + 'wn_gallery'])},seed={int(s[PREFIX + 'wn_seed'])}"
+            + (f",train={train}" if train else ""))
 
 
 def start_sequence() -> None:

@@ -81,7 +81,7 @@ def test_text_upgrade_entry_queues_the_minilm_sequence_on_wordnet(app_db):
     spec = queued[0]["payload"]["spec"]
     assert [m["path"] for m in spec["models"]] == [f"pretrained:{name}" for name in TEXT_SEQUENCE]
     assert [m["label"] for m in spec["models"]] == ["minilm_l3", "minilm_l6", "minilm_l6_int8"]
-    assert spec["dataset"] == "wordnet:task=qrels,queries=500,gallery=2000,seed=0"  # the preset's small default
+    assert spec["dataset"] == "wordnet:task=qrels,queries=500,gallery=2000,seed=0,train=1000"  # the preset's default
     assert spec["views"] == ["encoder"] and spec["metrics"] == ["recall@1", "recall@10", "map"]
     assert spec["name"] == TEXT_UPGRADE["name"] and comparison_spec(spec).to_dict() == spec
 
@@ -104,7 +104,7 @@ def test_corpus_sizes_and_task_are_options(app_db):
     at.number_input(key="ck_wn_seed").set_value(3).run()
     at.button(key="ck_launch").click().run()
     assert not at.error, [e.value for e in at.error]
-    assert jobs(app_db)[0]["payload"]["spec"]["dataset"] == "wordnet:task=class,queries=200,gallery=800,seed=3"
+    assert jobs(app_db)[0]["payload"]["spec"]["dataset"] == "wordnet:task=class,queries=200,gallery=800,seed=3,train=1000"
 
 
 def test_more_queries_than_gallery_and_image_models_on_text_are_refused_in_one_line(app_db):
@@ -136,7 +136,7 @@ def text_study(app_db) -> dict:
         pytest.skip(f"needs WordNet and the offline text models: {'; '.join(missing) or 'apt-get install wordnet-base'}")
     spec = {"models": [{"path": "pretrained:minilm_l3"}, {"path": "pretrained:minilm_l6_int8"}],
             "dataset": f"wordnet:queries={QUERIES},gallery={GALLERY},seed={SEED}", "views": ["encoder"],
-            "metrics": ["recall@1"]}
+            "metrics": ["recall@1"], "text_cache": False}  # the checkout's ./data keeps no test embeddings
     experiment = run_checkpoint_comparison(get_engine(app_db), spec)
     return {"url": app_db, "experiment": experiment, "task": wordnet_task(queries=QUERIES, gallery=GALLERY, seed=SEED)}
 

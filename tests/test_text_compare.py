@@ -23,6 +23,12 @@ pytestmark = [pytest.mark.skipif(bool(MISSING), reason=f"the offline text models
 SMALL = "wordnet:queries=40,gallery=120,seed=1"
 
 
+@pytest.fixture(autouse=True)
+def own_data_folder(tmp_path, monkeypatch):
+    """Each test runs in its own folder, so ./data (the first data root: the text embedding cache) starts empty."""
+    monkeypatch.chdir(tmp_path)
+
+
 def recall_at_1(query: np.ndarray, gallery: np.ndarray, q_labels: np.ndarray, g_labels: np.ndarray) -> float:
     """Recall@1 by plain cosine argmax (no ties on these real-valued embeddings)."""
     q = query / np.linalg.norm(query, axis=1, keepdims=True)
@@ -101,3 +107,36 @@ def test_a_users_onnx_folder_is_the_same_model_as_its_pinned_copy(tmp_path):
     assert matrix[1, 0] == matrix[0, 0] == matrix[1, 1]  # one model under two names is compatible with itself
     with pytest.raises(ValueError, match="a text model folder holds"):
         compare_checkpoints({"models": [{"path": str(tmp_path), "arch": "text"}], "dataset": SMALL})
+
+
+@pytest.mark.slow
+def test_a_train_split_is_stored_for_the_adapters_and_adapt_runs_on_it(db_url, capsys):
+    from storage import get_engine, list_model_versions, load_feature_set, session_scope
+    from engine.checkpoints.store import store_comparison
+
+    spec = {"models": [{"path": "pretrained:minilm_l3"}, {"path": "pretrained:minilm_l6_int8"}],
+            "dataset": SMALL + ",train=60", "views": ["encoder"], "metrics": ["recall@1", "map"]}
+    cmp = compare_checkpoints(spec)
+    messages = []
+    plain = compare_checkpoints({**spec, "dataset": SMALL}, progress=lambda f, m: messages.append(m))
+    assert sum(m.endswith(("query texts cached", "gallery texts cached")) for m in messages) == 4  # the same sample
+    for metric in ("recall@1", "map"):  # the matrices use the queries and the gallery only
+        assert np.array_equal(cmp.results["encoder"].values[metric], plain.results["encoder"].values[metric], equal_nan=True)
+    ql, gl = cmp.split_labels["query"], cmp.split_labels["gallery"]
+    assert cmp.results["encoder"].values["recall@1"][1, 0] == pytest.approx(
+        recall_at_1(cmp.outputs[1]["query"]["encoder"], cmp.outputs[0]["gallery"]["encoder"], ql, gl), abs=1e-9)
+    task = wordnet_task(queries=40, gallery=120, seed=1, train=60)
+    experiment = store_comparison(get_engine(db_url), cmp)
+    with session_scope(get_engine(db_url)) as s:
+        versions = list_model_versions(s, experiment)
+        stored = [load_feature_set(s, v.id, "train", "encoder") for v in versions]
+        query = load_feature_set(s, versions[0].id, "query", "encoder")
+    assert len(stored) == 2
+    for (features, labels, ids), out in zip(stored, cmp.outputs):
+        assert features.shape == (120, 384) and np.array_equal(labels, task.train_labels)  # supersenses
+        assert np.allclose(features, out["train"]["encoder"]) and np.array_equal(ids, np.arange(120))
+    assert np.array_equal(query[1], cmp.split_labels["query"])  # qrels labels stay on the queries
+    assert main(["adapt", "--experiment", str(experiment), "--old-step", "1", "--new-step", "2", "--kind", "perp",
+                 "--epochs", "20", "--db", db_url]) == 0
+    printed = capsys.readouterr().out
+    assert "query/gallery" in printed and "backfill random" in printed

@@ -111,3 +111,61 @@ def test_sizes_beyond_the_files_are_refused():
         wordnet_task(queries=40_000, gallery=50_000)
     with pytest.raises(ValueError, match="at least the queries"):
         wordnet_task(queries=10, gallery=5)
+
+
+def file_synsets(ids: set[str]) -> dict[str, tuple[int, str, str]]:
+    """``id -> (lexicographer file number, first example, definition)`` read from the files with str methods only
+    (independent of the parser): the text between the first two double quotes, and the gloss outside quotes split on
+    ';' with empty parts dropped."""
+    files = {"n": "noun", "v": "verb", "a": "adj", "r": "adv"}
+    out = {}
+    for pos in sorted({i.split("-")[1] for i in ids}):
+        with open(WORDNET_ROOT / f"data.{files[pos]}", encoding="utf-8") as handle:
+            for line in handle:
+                offset = line.split(" ", 1)[0]
+                if f"{offset}-{pos}" in ids:
+                    head, gloss = line.split(" | ", 1)
+                    outside = "".join(gloss.split('"')[0::2])
+                    definition = "; ".join(p.strip() for p in outside.split(";") if p.strip())
+                    out[f"{offset}-{pos}"] = (int(head.split()[1]), gloss.split('"')[1].strip(), definition)
+    return out
+
+
+@needs_wordnet
+def test_train_split_is_two_texts_of_other_synsets_and_leaves_the_sample_as_it_was():
+    plain = wordnet_task(queries=40, gallery=120, seed=1)
+    task = wordnet_task(queries=40, gallery=120, seed=1, train=50)
+    for split in ("query", "gallery"):  # train=50 draws from its own stream: the sample does not move
+        assert getattr(task, f"{split}_ids") == getattr(plain, f"{split}_ids")
+        assert getattr(task, f"{split}_texts") == getattr(plain, f"{split}_texts")
+        assert np.array_equal(getattr(task, f"{split}_labels"), getattr(plain, f"{split}_labels"))
+    assert plain.train_texts == [] and plain.train_ids == [] and len(plain.train_labels) == 0
+    assert len(task.train_texts) == len(task.train_ids) == len(task.train_labels) == 100
+    synsets = task.train_ids[0::2]
+    assert synsets == task.train_ids[1::2] and len(set(synsets)) == 50  # two texts per synset, 50 synsets
+    assert not set(synsets) & (set(task.query_ids) | set(task.gallery_ids))
+    truth = file_synsets(set(synsets))
+    assert len(truth) == 50
+    for i, sid in enumerate(synsets):
+        lex, example, definition = truth[sid]
+        assert task.train_texts[2 * i: 2 * i + 2] == [example, definition]
+        assert task.train_labels[2 * i] == task.train_labels[2 * i + 1] == lex
+        assert LEXNAMES[lex].startswith({"n": "noun.", "v": "verb.", "a": "adj.", "r": "adv."}[sid[-1]])
+    again = wordnet_task(queries=40, gallery=120, seed=1, train=50)
+    other = wordnet_task(queries=40, gallery=120, seed=2, train=50)
+    assert again.train_texts == task.train_texts and other.train_ids != task.train_ids
+
+
+@needs_wordnet
+def test_a_train_split_that_does_not_fit_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="asked for train=40000") as err:
+        wordnet_task(queries=40, gallery=120, train=40_000)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="whole number of synsets"):
+        wordnet_task(queries=40, gallery=120, train=-1)
+
+
+def test_train_option_defaults_to_none():
+    assert parse_options(None).train == 0 and parse_options("train=7,queries=5,gallery=9").train == 7
+    with pytest.raises(ValueError, match="whole number"):
+        parse_options("train=-3")

@@ -78,10 +78,14 @@ class ComparisonSpec:
     max_file_bytes: int = DEFAULT_MAX_BYTES
     batch_size: int = 64
     device: str = "auto"
+    text_cache: bool = True  # text encoders: reuse embeddings cached on disk (engine.checkpoints.text_cache)
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec as :func:`comparison_spec` accepts it (model preprocessing nested)."""
+        """The spec as :func:`comparison_spec` accepts it (model preprocessing nested). ``text_cache`` changes how
+        long a comparison takes, not what it finds: left out at its default, so stored configs stay as they were."""
         out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if k != "models"}
+        if self.text_cache:
+            del out["text_cache"]
         out["models"] = [_model_dict(m) for m in self.models]  # pretrained models by name
         return out
 
@@ -179,7 +183,8 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = 
     e.g. ``"imagefolder:/data/pets"``) or ``query_dataset`` + ``gallery_dataset``, ``views``
     (``encoder``, ``psp``, ``lsp``), ``metrics``, ``gallery_kind`` (``instance``/``template``; ``protocol``, its old name, is read too), ``ties``,
     ``name``, ``max_file_bytes`` (bytes or ``"2GB"``; with ``trust.confine`` at most the operator's
-    :func:`engine.checkpoints.files.server_max_bytes`), ``batch_size``, ``device``. ``trust``: see
+    :func:`engine.checkpoints.files.server_max_bytes`), ``batch_size``, ``device``, ``text_cache`` (true/false: text
+    embeddings read from and kept in the cache). ``trust``: see
     :class:`engine.checkpoints.files.Trust` (the dashboard passes ``server_trust()``).
     """
     if isinstance(spec, ComparisonSpec):
@@ -226,12 +231,15 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = 
     max_file_bytes = parse_size(spec.get("max_file_bytes") or DEFAULT_MAX_BYTES)
     if trust.confine:  # a dashboard request: the operator's limit is a ceiling
         check_ceiling(max_file_bytes)
+    text_cache = spec.get("text_cache", True)
+    if not isinstance(text_cache, bool):
+        raise ValueError(f"text_cache must be true or false, got {text_cache!r}")
     checked = ComparisonSpec(
         models=models, dataset=dataset, query_dataset=query, gallery_dataset=gallery,
         views=tuple(dict.fromkeys(views)), metrics=tuple(dict.fromkeys(metrics)), gallery_kind=gallery_kind, ties=ties,
         name=spec.get("name") or None, max_file_bytes=max_file_bytes,
         batch_size=check_batch_size(64 if spec.get("batch_size") is None else spec["batch_size"]),
-        device=str(spec.get("device") or "auto"),
+        device=str(spec.get("device") or "auto"), text_cache=text_cache,
     )
     is_text_spec(checked)  # text models and a text corpus together, or neither
     return checked
@@ -260,7 +268,7 @@ def is_text_spec(spec: ComparisonSpec) -> bool:
     if not all(text_models) or not all(text_data) or spec.dataset is None:
         names = ", ".join(f"pretrained:{n}" for n in TEXT_MODEL_FILES)
         raise ValueError(f"a text comparison takes text models only ({names}, or PATH:text for a model folder or zip) "
-                         "on one text corpus (--dataset wordnet[:task=qrels|class,queries=N,gallery=N,seed=S])")
+                         "on one text corpus (--dataset wordnet[:task=qrels|class,queries=N,gallery=N,seed=S,train=N])")
     return True
 
 

@@ -5,7 +5,15 @@ The corpus is ``wordnet[:OPTIONS]`` (:func:`engine.data.wordnet.parse_options`):
 the gallery definitions. ``task=qrels`` (the default): a query's one relevant item is its own synset's definition,
 given to the metrics as labels (query label = the gallery position of its synset, gallery labels = positions), so
 Recall@k is the qrels Recall@k and AP is 1 / rank. ``task=class``: relevant are definitions of the same supersense.
-PSP/LSP need a classifier head; text encoders have none, so those views are left out with a note.
+PSP/LSP need a classifier head; text encoders have none, so those views are left out with a note. With ``train=N``
+the corpus's training split (two texts per synset, labelled by supersense) is embedded too and stored as split
+``train`` (view ``encoder``) for paper 004's adapters (``python -m engine adapt``); the matrices use the queries and
+the gallery only.
+
+Each (model, split) is embedded once: the embeddings are kept in the text embedding cache
+(:mod:`engine.checkpoints.text_cache`, keyed by the encoder and the exact texts), so a second comparison with the same
+model and corpus reads them back (the progress message says "cached"); ``text_cache: false`` in the spec
+(``compare-checkpoints --no-cache``) embeds everything and keeps nothing.
 
 Models: the offline MiniLM sequence by name (``pretrained:minilm_l3`` ...), or a user's encoder as ``PATH:text``, a
 folder or zip with ``tokenizer.json`` and ``model.safetensors`` + ``config.json`` or ``model.onnx``
@@ -21,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.checkpoints.request import TEXT_ARCH, ComparisonSpec, parse_dataset
+from engine.checkpoints.text_cache import TextEmbeddingCache, cached_encode
 from engine.data.folder import check_stop
 from engine.data.samples import text_refs
 from engine.data.wordnet import parse_options, wordnet_task
@@ -53,12 +62,16 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
 
     options = parse_options(parse_dataset(spec.dataset)[1])
     report(0.0, "reading WordNet")
-    task = wordnet_task(queries=options.queries, gallery=options.gallery, seed=options.seed)
+    task = wordnet_task(queries=options.queries, gallery=options.gallery, seed=options.seed, train=options.train)
     q_labels, g_labels = task.relevance_labels(options.task)
     labels = model_labels(spec.models)
     device = pick_device(spec.device).type  # "cuda" asked for on a machine without one is refused here
+    cache = TextEmbeddingCache() if spec.text_cache else None
     T = len(spec.models)
-    n_texts = len(task.query_texts) + len(task.gallery_texts)
+    texts = {"query": task.query_texts, "gallery": task.gallery_texts}
+    if task.train_texts:
+        texts["train"] = task.train_texts
+    n_texts = sum(map(len, texts.values()))
     records, outputs = [], []
     for i, source in enumerate(spec.models):
         report(0.05 + 0.85 * i / T, f"loading {labels[i]} ({i + 1}/{T})")
@@ -75,9 +88,16 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
             report(0.05 + 0.85 * (i + done / n_texts) / T,
                    f"embedding texts with {labels[i]} ({i + 1}/{T}): {done}/{n_texts} texts")
 
+        per_split = {}
         try:
-            per_split = {"query": encoder.encode(task.query_texts, batch_size=spec.batch_size, progress=step),
-                         "gallery": encoder.encode(task.gallery_texts, batch_size=spec.batch_size, progress=step)}
+            for split, split_texts in texts.items():
+                per_split[split], cached = cached_encode(encoder, split_texts, cache=cache,
+                                                         batch_size=spec.batch_size, progress=step)
+                if cached:
+                    check_stop(should_stop, "text comparison cancelled; nothing was stored")
+                    done += len(split_texts)
+                    report(0.05 + 0.85 * (i + done / n_texts) / T, f"embedding texts with {labels[i]} ({i + 1}/{T}): "
+                                                                   f"{len(split_texts)} {split} texts cached")
         finally:
             encoder.close()
         outputs.append({split: {"encoder": emb, "logits": np.zeros((len(emb), 0), np.float32),
@@ -86,6 +106,8 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
 
     report(0.9, "computing compatibility matrices")
     split_labels = {"query": q_labels, "gallery": g_labels}
+    if "train" in texts:
+        split_labels["train"] = task.train_labels  # supersenses, whatever the task: what the adapters learn from
 
     def cell(t: int, k: int) -> CellFeatures:
         return CellFeatures(outputs[t]["query"]["encoder"], q_labels, outputs[k]["gallery"]["encoder"], g_labels)
@@ -96,11 +118,13 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
     cmp = Comparison(spec, records, labels, [() for _ in records], outputs, split_labels, classes, False,
                      np.full((T, T), -1, dtype=np.int64), results)
     cmp.notes = [f"wordnet ({options.task}): {len(task.query_texts)} example-sentence queries, "
-                 f"{len(task.gallery_texts)} definitions in the gallery, seed {options.seed}"]
+                 f"{len(task.gallery_texts)} definitions in the gallery, seed {options.seed}"
+                 + (f"; a training split of {options.train} other synsets (an example and a definition each, "
+                    "labelled by supersense)" if options.train else "")]
     if {"psp", "lsp"} & set(spec.views):
         cmp.notes.append(NO_HEAD_NOTE)
-    cmp.refs = {"query": text_refs("wordnet", task.query_texts),  # stored with the features: the dashboard
-                "gallery": text_refs("wordnet", task.gallery_texts)}  # shows texts where it shows images
+    cmp.refs = {split: text_refs("wordnet", split_texts)  # stored with the features: the dashboard shows texts
+                for split, split_texts in texts.items()}  # where it shows images
     return cmp
 
 

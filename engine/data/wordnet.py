@@ -10,12 +10,19 @@ gallery holds definitions. ``qrels``: the one relevant item of a query is its ow
 relevant are the definitions of the same supersense. The sample is fixed by the seed: the query synsets are drawn
 from those with an example, and the gallery is their definitions plus definitions of other synsets drawn from the
 rest. The files are streamed twice (a count, then the chosen lines); only the chosen texts are kept.
+
+An optional training split (``train=N``, default 0: none) holds texts that are never queries or gallery items, for
+adapters that learn on labelled ``train`` features (paper 004, ``engine.analysis.adapted``): ``N`` synsets with an
+example that are neither query nor gallery synsets, each giving two texts, its first example sentence and its
+definition (both kinds of text the queries and the gallery hold, so an adapter sees both), labelled by its supersense
+(the only label shared beyond one synset; every class in the split then has at least two texts). They are drawn from
+a child stream of the seed, after the query and gallery draws, so a seed's query/gallery sample is the same whatever N.
 """
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +71,9 @@ class WordNetTask:
     gallery_labels: np.ndarray  # (n_g,) int64
     class_names: tuple[str, ...] = LEXNAMES
     seed: int = 0
+    train_texts: list[str] = field(default_factory=list)  # per train synset: its first example, then its definition
+    train_ids: list[str] = field(default_factory=list)  # the synset of each train text (each id twice)
+    train_labels: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (2 n_train,) supersenses
 
     @property
     def qrels(self) -> dict[str, dict[str, int]]:
@@ -83,24 +93,26 @@ class WordNetTask:
 
 @dataclass(frozen=True)
 class WordNetOptions:
-    """The corpus options of ``wordnet:OPTIONS``: the task, the sample's sizes and seed (the files: Debian's)."""
+    """The corpus options of ``wordnet:OPTIONS``: the task, the sample's sizes and seed (the files: Debian's), and the
+    training split's size in synsets (0: none)."""
 
     task: str = "qrels"
     queries: int = 2000
     gallery: int = 8000
     seed: int = 0
+    train: int = 0
 
 
 def parse_options(text: str | None) -> WordNetOptions:
-    """``task=qrels|class,queries=N,gallery=N,seed=S`` (any subset; empty: the defaults) as options."""
+    """``task=qrels|class,queries=N,gallery=N,seed=S,train=N`` (any subset; empty: the defaults) as options."""
     values: dict[str, object] = {}
     for part in filter(None, (text or "").split(",")):
         key, eq, value = part.partition("=")
         key = key.strip()
         if not eq or key not in WordNetOptions.__dataclass_fields__:
-            raise ValueError(f"wordnet option {part!r}: use KEY=VALUE with KEY one of task, queries, gallery, seed "
-                             "(e.g. wordnet:task=class,queries=500)")
-        if key in ("queries", "gallery", "seed"):
+            raise ValueError(f"wordnet option {part!r}: use KEY=VALUE with KEY one of task, queries, gallery, seed, "
+                             "train (e.g. wordnet:task=class,queries=500)")
+        if key in ("queries", "gallery", "seed", "train"):
             if not value.strip().isdigit():
                 raise ValueError(f"wordnet option {key} must be a whole number, got {value!r}")
             values[key] = int(value)
@@ -157,16 +169,19 @@ def iter_synsets(root: str | Path = WORDNET_ROOT) -> Iterator[Synset]:
                     yield synset
 
 
-def wordnet_task(*, queries: int = 2000, gallery: int = 8000, seed: int = 0,
+def wordnet_task(*, queries: int = 2000, gallery: int = 8000, seed: int = 0, train: int = 0,
                  root: str | Path = WORDNET_ROOT) -> WordNetTask:
     """A fixed sample: ``queries`` synsets with an example (query: the first example; seeded), and a gallery of
-    ``gallery`` definitions: the query synsets' own plus ``gallery - queries`` others drawn from the rest.
+    ``gallery`` definitions: the query synsets' own plus ``gallery - queries`` others drawn from the rest; and
+    ``train`` other synsets with an example, two texts each (see the module docstring).
 
-    Queries and gallery keep the files' order. ``ValueError`` when the sizes do not fit the files.
+    Queries, gallery and train texts keep the files' order. ``ValueError`` when the sizes do not fit the files.
     """
     for value, what in ((queries, "queries"), (gallery, "gallery")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"wordnet {what} must be a positive integer, got {value!r}")
+    if isinstance(train, bool) or not isinstance(train, int) or train < 0:
+        raise ValueError(f"wordnet train must be a whole number of synsets (0: no training split), got {train!r}")
     if gallery < queries:
         raise ValueError(f"the wordnet gallery ({gallery}) must hold at least the queries' own definitions ({queries})")
     has_example = np.fromiter((bool(s.examples) for s in iter_synsets(root)), dtype=bool)  # pass 1: one bool per synset
@@ -182,7 +197,16 @@ def wordnet_task(*, queries: int = 2000, gallery: int = 8000, seed: int = 0,
     is_query[query_rows] = True
     in_gallery = np.zeros(len(has_example), bool)
     in_gallery[gallery_rows] = True
+    in_train = np.zeros(len(has_example), bool)
+    if train:  # a child stream of the seed: the draws above never depend on the training split's size
+        free = np.flatnonzero(has_example & ~is_query & ~in_gallery)
+        if train > len(free):
+            raise ValueError(f"wordnet has {len(free)} synsets with an example outside the {queries} queries and the "
+                             f"gallery of {gallery} (seed {seed}); asked for train={train}")
+        train_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0])
+        in_train[train_rng.choice(free, size=train, replace=False)] = True
     q_texts, q_ids, q_labels, g_texts, g_ids, g_labels = [], [], [], [], [], []
+    t_texts, t_ids, t_labels = [], [], []
     for row, synset in enumerate(iter_synsets(root)):  # pass 2: the chosen texts only
         if row >= len(has_example):
             raise ValueError(f"WordNet's files under {root} changed while they were read")
@@ -194,5 +218,9 @@ def wordnet_task(*, queries: int = 2000, gallery: int = 8000, seed: int = 0,
             g_texts.append(synset.definition)
             g_ids.append(synset.id)
             g_labels.append(synset.lexname)
+        if in_train[row]:
+            t_texts += [synset.examples[0], synset.definition]
+            t_ids += [synset.id, synset.id]
+            t_labels += [synset.lexname, synset.lexname]
     return WordNetTask(q_texts, q_ids, np.array(q_labels, np.int64), g_texts, g_ids, np.array(g_labels, np.int64),
-                       seed=seed)
+                       seed=seed, train_texts=t_texts, train_ids=t_ids, train_labels=np.array(t_labels, np.int64))
