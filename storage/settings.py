@@ -124,13 +124,17 @@ MAX_CHECKPOINT_BYTES = Setting("COMPATLAB_MAX_CHECKPOINT_BYTES", parse_size,
 SECRET = Setting("COMPATLAB_SECRET", _text, "a text of at least 16 characters (`app.gate.check_secret` checks it)",
                  "the shared secret dashboard visitors must enter; needed to listen beyond this machine "
                  "(`--secret-file PATH`)")
+TEXT_CACHE = Setting("COMPATLAB_TEXT_CACHE", _text, "a folder inside the data roots",
+                     "where text comparisons keep the embeddings they computed, one `.npy` per encoder and list of "
+                     "texts (`compare-checkpoints --no-cache` neither reads nor writes it)",
+                     shown_default="`cache/text-embeddings/` in the first data root (`./data`)")
 THREADS = Setting("COMPATLAB_THREADS", _whole, "a whole number of threads (1 or more)",
                   "torch / BLAS / numba threads of every process (`--threads N`)",
                   shown_default="unset (`cores // processes`, or the libraries' own)")
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     DB_URL, DATA_ROOTS, ALLOW_TORCHSCRIPT, FEATURE_STORE, FEATURE_DTYPE, HEARTBEAT_S, STALE_AFTER_S, OWNER_LEASE_S,
-    MAX_ARRAY_BYTES, MAX_CHECKPOINT_BYTES, SECRET, THREADS)}
+    MAX_ARRAY_BYTES, MAX_CHECKPOINT_BYTES, SECRET, TEXT_CACHE, THREADS)}
 
 
 def read_setting(setting: Setting, environ: Mapping[str, str] | None = None) -> Any:

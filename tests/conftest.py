@@ -13,6 +13,7 @@ torch.set_num_threads(2)
 def data_root(tmp_path, monkeypatch):
     """Each test's temporary folder is a data root (engine.data.roots), as ./data is for the dashboard."""
     monkeypatch.setenv("COMPATLAB_DATA_ROOTS", str(tmp_path))
+    monkeypatch.setenv("COMPATLAB_TEXT_CACHE", str(tmp_path / "text-cache"))  # never the checkout's ./data/cache
     return tmp_path
 
 

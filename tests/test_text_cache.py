@@ -166,7 +166,8 @@ def test_a_corrupt_or_wrong_shaped_file_is_computed_again(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
 
 
-def test_the_cache_stays_inside_the_first_data_root(tmp_path):
+def test_the_cache_stays_inside_the_first_data_root(tmp_path, monkeypatch):
+    monkeypatch.delenv("COMPATLAB_TEXT_CACHE")  # conftest points it at the test's folder; here: the default
     root = data_roots()[0]
     assert root == (tmp_path / "data").resolve() and default_folder() == root / "cache" / "text-embeddings"
     cache = TextEmbeddingCache()
@@ -184,3 +185,12 @@ def _npy(array: np.ndarray, *, allow_pickle: bool = False) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=allow_pickle)
     return buffer.getvalue()
+
+
+def test_compatlab_text_cache_names_the_folder_inside_the_data_roots(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMPATLAB_TEXT_CACHE", str(tmp_path / "elsewhere"))
+    assert default_folder() == tmp_path / "elsewhere"
+    assert TextEmbeddingCache().folder.resolve() == (tmp_path / "elsewhere").resolve()
+    monkeypatch.setenv("COMPATLAB_TEXT_CACHE", "/etc/cache")
+    with pytest.raises(OutsideRootsError, match="outside the data roots"):
+        TextEmbeddingCache()

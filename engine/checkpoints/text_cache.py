@@ -8,7 +8,7 @@ Value: ``<folder>/<key[:2]>/<key>.npy``, written under a temporary name in the s
 the whole file or none), read with ``allow_pickle=False`` as a regular file inside the folder
 (``storage.safe_open``). A file that does not load, or is not a float32 ``(len(texts), dim)`` array of finite values,
 is ignored and written again, never trusted. The folder is ``<first data root>/cache/text-embeddings``
-(:func:`default_folder`); one outside the data roots is refused. A read-only or full disk is no error: the
+(:func:`default_folder`; ``COMPATLAB_TEXT_CACHE`` names another); one outside the data roots is refused. A read-only or full disk is no error: the
 embeddings are computed and returned, only not kept.
 """
 from __future__ import annotations
@@ -27,14 +27,16 @@ import numpy as np
 
 from engine.data.roots import confine, data_roots
 from storage.safe_open import read_regular
+from storage.settings import TEXT_CACHE, read_setting
 
 CACHE_FORMAT = 1  # bump when what a cached file means changes: every older file then misses
 NPY_HEADER_BYTES = 4096  # an .npy header is far smaller; bounds the read with the array's own size
 
 
 def default_folder() -> Path:
-    """``<first data root>/cache/text-embeddings`` (``engine.data.roots.data_roots``: the project's ``./data``)."""
-    return data_roots()[0] / "cache" / "text-embeddings"
+    """``$COMPATLAB_TEXT_CACHE``, else ``<first data root>/cache/text-embeddings`` (``engine.data.roots.data_roots``:
+    the project's ``./data``)."""
+    return Path(read_setting(TEXT_CACHE) or data_roots()[0] / "cache" / "text-embeddings")
 
 
 def _package(name: str) -> str | None:
