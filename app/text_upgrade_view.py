@@ -189,6 +189,22 @@ VERDICT_BOX = {"compatible": st.success, "not compatible": st.error, "too close 
 _PERCENT = st.column_config.NumberColumn(format="%.1f")
 
 
+def show_matrix(payload: Mapping[str, Any], metrics: Sequence[str], *, key: str) -> None:
+    """The T x T matrix of a chosen metric, each cross cell marked by its pair's verdict, beside how to read it."""
+    models, task = payload["models"], payload["corpus"].get("task", "qrels")
+    chart_column, text_column = st.columns([3, 2])
+    metric = text_column.selectbox("Metric", metrics, format_func=display_metric, key=f"{key}_metric")
+    text_column.caption(plain(f"{meaning(metric, task)}."))
+    text_column.caption(plain("Row = query model (new), column = the model that embedded the index (old). Each cross "
+                              "cell is marked by its pair's paired verdict: ✓ compatible, ✗ not compatible (red), ? too "
+                              "close to call (dashed): new queries on the old index against the old model alone. The "
+                              "label-free metric has no matrix: its reference is new/new."))
+    C, ecc, paired = matrix_arrays(payload, metric)
+    frame = charts.matrix_frame(C, ecc, models, paired=paired)
+    chart_column.altair_chart(charts.matrix_heatmap(frame, models, title=f"{display_metric(metric)} (%)",
+                                                    metric=display_metric(metric)), width="content")
+
+
 def show_summary(payload: Mapping[str, Any], *, key: str = "tu") -> None:
     """The stored summary: a verdict per pair, then tabs with the matrix, every metric, the adapters and the notes."""
     models, task = payload["models"], payload["corpus"].get("task", "qrels")
@@ -201,18 +217,11 @@ def show_summary(payload: Mapping[str, Any], *, key: str = "tu") -> None:
     matrix_tab, metrics_tab, adapters_tab, notes_tab = st.tabs(
         ["Matrix", "Every metric per pair", "Adapters", f"Notes ({len(notes)})"])
     with matrix_tab:
-        chart_column, text_column = st.columns([3, 2])
-        shown = [m for m in payload["metrics"] if m in payload["matrices"]]
-        metric = text_column.selectbox("Metric", shown, format_func=display_metric, key=f"{key}_metric")
-        text_column.caption(plain(f"{meaning(metric, task)}."))
-        text_column.caption(plain("Row = query model (new), column = the model that embedded the index (old). Each "
-                                  "cross cell is marked by its pair's paired verdict: ✓ compatible, ✗ not compatible "
-                                  "(red), ? too close to call (dashed): new queries on the old index against the old "
-                                  "model alone. The label-free metric has no matrix: its reference is new/new."))
-        C, ecc, paired = matrix_arrays(payload, metric)
-        frame = charts.matrix_frame(C, ecc, models, paired=paired)
-        chart_column.altair_chart(charts.matrix_heatmap(frame, models, title=f"{display_metric(metric)} (%)",
-                                                        metric=display_metric(metric)), width="content")
+        shown = [m for m in payload["metrics"] if m in payload.get("matrices", {})]
+        if shown:
+            show_matrix(payload, shown, key=key)
+        else:
+            st.caption("No matrix in this summary: its metrics are label-free (new/new is their reference).")
     with metrics_tab:
         frame = pairs_frame(payload)
         st.dataframe(frame, hide_index=True, width="stretch", height=table_height(len(frame)), placeholder=MISSING,
