@@ -2,14 +2,17 @@
 sentences. The engine compares paraphrase-MiniLM-L3-v2 and all-MiniLM-L6-v2 int8 on a small WordNet sample and
 stores it in the dashboard's database; the Feature geometry page then finds a query sentence by substring and shows
 it with the definitions each gallery retrieves, hits marked (``geometry_text_neighbours.png``); the worker computes
-the feature map and a hovered point's tooltip shows its definition (``geometry_text_hover.png``)."""
+the feature map and a hovered point's tooltip shows its definition (``geometry_text_hover.png``). A comparison of the
+three MiniLM models with a hand-made ``text_upgrade`` summary stored beside it shows, on the Checkpoints page, its
+verdicts, 3 x 3 matrix, every metric and the adapters (``text_upgrade_summary.png``, ``text_upgrade_pairs.png``,
+``text_upgrade_adapters.png``)."""
 from __future__ import annotations
 
 import pytest
 
 from engine.data.wordnet import WORDNET_ROOT, wordnet_task
-from test_browser import (ANALYSIS_TIMEOUT_S, UI_TIMEOUT_MS, PlaywrightTimeout, browser, expect, hover_spots,  # noqa: F401
-                          result_shown, server, settle, shots, wait_for_job)
+from test_browser import (ANALYSIS_TIMEOUT_S, UI_TIMEOUT_MS, PlaywrightTimeout, browser, charts_drawn,  # noqa: F401
+                          expect, hover_spots, result_shown, server, settle, shots, wait_for_job)
 
 QUERIES, GALLERY, SEED = 40, 120, 1
 pytestmark = [pytest.mark.slow,
@@ -65,7 +68,7 @@ def test_a_text_comparison_shows_sentences_in_the_neighbours(server, browser, sh
         pick_pca()
         page.get_by_role("button", name="Compute the feature map").click()
         wait_for_job(server["db"], "analysis", ANALYSIS_TIMEOUT_S, server["log"], analysis="projection")
-        result_shown(page, geometry, "Neural collapse", pick_pca)
+        result_shown(page, geometry, "Class-based geometry does not apply here", pick_pca)  # qrels: one text a class
         chart = page.locator(".st-key-geo_map")
         chart.scroll_into_view_if_needed()
         expect(chart.locator("canvas, svg").first).to_be_visible(timeout=UI_TIMEOUT_MS)
@@ -80,5 +83,47 @@ def test_a_text_comparison_shows_sentences_in_the_neighbours(server, browser, sh
         shown = tooltip.inner_text()
         assert any(definition[:40] in shown for definition in task.gallery_texts), shown[:300]
         page.screenshot(path=str(shots / "geometry_text_hover.png"))
+    finally:
+        page.close()
+
+
+def test_the_checkpoints_page_shows_a_text_upgrade_summary(server, browser, shots):  # noqa: F811
+    pytest.importorskip("onnxruntime", reason="pip install -r requirements-text.txt")
+    from engine.checkpoints.store import run_checkpoint_comparison
+    from engine.core.contract import analysis_key
+    from engine.models.text_models import missing_text_models
+    from storage import get_engine, save_analysis, session_scope
+    from test_app_text_upgrade import MODELS, SPEC, summary_payload, tv
+
+    missing = missing_text_models(tuple(MODELS))
+    if missing:
+        pytest.skip(f"the offline text models are not installed: {'; '.join(missing)}")
+    db = get_engine(server["db"])
+    experiment = run_checkpoint_comparison(db, {**SPEC, "name": "text upgrade in a browser"})
+    payload = summary_payload()
+    with session_scope(db) as s:  # the summary the worker's text_upgrade analysis stores, with hand-made numbers
+        save_analysis(s, experiment, "text_upgrade", analysis_key("text_upgrade", {}), payload)
+    page = browser.new_page(viewport={"width": 1500, "height": 1800})
+    try:
+        page.goto(f"{server['base']}/checkpoints", timeout=UI_TIMEOUT_MS)
+        settle(page)
+        section = page.locator('[data-testid="stExpander"]').filter(has_text="Text-embedding upgrade results").first
+        expect(section).to_be_visible(timeout=UI_TIMEOUT_MS)
+        # the headlines (app.widgets.plain puts an invisible word joiner after '@': matched around it)
+        first = tv.headline(payload, payload["pairs"][0]).split("@")
+        expect(section.get_by_text(first[0], exact=False)).to_be_visible(timeout=UI_TIMEOUT_MS)
+        expect(section.get_by_text("6.3% vs 20.0% for minilm_l3 alone (-13.7 points, 95% CI -16.0 to -11.4 over 40 "
+                                   "queries)", exact=False)).to_be_visible()
+        expect(section.get_by_text("22.5% vs 23.0% for minilm_l6 alone", exact=False)).to_be_visible()
+        charts_drawn(page)
+        section.scroll_into_view_if_needed()
+        section.screenshot(path=str(shots / "text_upgrade_summary.png"))
+        for tab, shot, seen in (("Every metric per pair", "text_upgrade_pairs.png", "the top hit is a definition of the sentence"),
+                                ("Adapters", "text_upgrade_adapters.png", "minilm_l3 → minilm_l6_int8")):
+            section.get_by_role("tab", name=tab).click()
+            expect(section.get_by_text(seen, exact=False).first).to_be_visible(timeout=UI_TIMEOUT_MS)
+            expect(section.locator('[data-testid="stDataFrame"]:visible').first).to_be_visible(timeout=UI_TIMEOUT_MS)
+            section.screenshot(path=str(shots / shot))
+        assert page.locator('[data-testid="stException"]').count() == 0
     finally:
         page.close()

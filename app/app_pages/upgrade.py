@@ -7,6 +7,7 @@ import streamlit as st
 from app import queries as q
 from app.plan_view import plan_section
 from app.sources_form import sources_section
+from app.text_upgrade_view import text_task
 from app.widgets import MISSING, analysis_result, model_label, pick_experiment, pick_steps, plain
 from engine.core.contract import ADAPTER_KINDS, adapter_key, adapters_payload, analysis_key, same_set_of
 from engine.core.conventions import metric_name
@@ -34,6 +35,9 @@ picked = pick_experiment(url, key="up_experiment")
 if picked is None:
     st.stop()
 experiment, versions = picked
+if text_task(experiment["config"]) is not None:  # a text comparison: its summary of every pair lives on Checkpoints
+    st.page_link("app_pages/checkpoints.py", icon=":material/fact_check:", label="A text comparison: every pair, every "
+                 "metric and the adapters in one summary under Text-embedding upgrade results on Checkpoints")
 c = st.columns(4)
 old, new = pick_steps(versions, key="up_steps", columns=[c[0], c[1]])
 metric = c[2].selectbox("Metric", METRICS, format_func=metric_name, key="up_metric")
