@@ -27,13 +27,14 @@ from engine.checkpoints.files import (
     sniff,
 )
 from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES
+from engine.checkpoints.presets import TEXT_UPGRADE as TEXT_UPGRADE_PRESET, comparison_preset
 from engine.checkpoints.request import comparison_spec
 from engine.checkpoints.torch_zip import check_torch_zip
 from engine.core.contract import CHECKPOINT_FORMAT
 from engine.data.roots import OutsideRootsError, confine, sqlite_folder, torchscript_allowed
 from engine.core.vocab import DATASET_NAMES, RUN_PROTOCOLS, TEXT_DATASET_NAMES
 from engine.data.text_model_files import TEXT_SEQUENCE
-from engine.data.wordnet import TASKS as WORDNET_TASKS
+from engine.data.wordnet import TASKS as WORDNET_TASKS, parse_options
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "ck_"
@@ -45,12 +46,14 @@ UPLOAD_TYPES = ["pt", "pth", "safetensors", "ts", "ptl", "bin", "zip"]
 BUILTIN = ("imagefolder", *(name for name in DATASET_NAMES if name != "imagefolder"), *TEXT_DATASET_NAMES)  # a folder first
 WORDNET_QUERIES = (200, 500, 1000, 2000, 5000, 10_000)  # example sentences (32,923 synsets have one)
 WORDNET_GALLERY = (800, 2000, 4000, 8000, 20_000, 50_000)  # definitions: the queries' own plus others
-# The dashboard's "check a text-embedding upgrade" entry (the text-upgrade preset): the offline MiniLM sequence on
-# WordNet's qrels task, 500 example sentences against 2,000 definitions, and a training split of 1,000 other synsets
-# (2,000 texts) for paper 004's adapters: 3 x 4,500 texts, embedded once per model and corpus (the text cache).
-TEXT_UPGRADE = {"dataset": "wordnet", "wn_task": "qrels", "wn_queries": 500, "wn_gallery": 2000, "wn_seed": 0,
-                "wn_train": 1000, "protocol": RUN_PROTOCOLS[0], "views": ["encoder"], "metrics": "recall@1, recall@10, map",
-                "name": "text upgrade: MiniLM L3 -> L6 -> L6 int8"}
+# The dashboard's "check a text-embedding upgrade" entry: the text-upgrade comparison preset
+# (engine.checkpoints.presets) as the form's fields: 3 x 4,500 texts, embedded once per model and corpus (the text cache).
+_TEXT_PRESET = comparison_preset(TEXT_UPGRADE_PRESET)
+_WORDNET = parse_options(_TEXT_PRESET["dataset"].partition(":")[2])
+TEXT_UPGRADE = {"dataset": "wordnet", "wn_task": _WORDNET.task, "wn_queries": _WORDNET.queries,
+                "wn_gallery": _WORDNET.gallery, "wn_seed": _WORDNET.seed, "wn_train": _WORDNET.train,
+                "protocol": RUN_PROTOCOLS[0], "views": list(_TEXT_PRESET["views"]),
+                "metrics": ", ".join(_TEXT_PRESET["metrics"]), "name": _TEXT_PRESET["name"]}
 CLOSED, OPEN = RUN_PROTOCOLS
 VIEW_HELP = {"encoder": "encoder: the feature vectors (models with different feature sizes are not comparable)",
              "psp": "psp: class-probability vectors, centred and normalised (compares any two models through shared classes)",
@@ -126,7 +129,8 @@ def pretrained_sequence() -> None:
 
 def text_upgrade_sequence() -> None:
     """The text-upgrade preset: MiniLM L3 -> L6 -> L6 int8 on WordNet (qrels), encoder view (:data:`TEXT_UPGRADE`)."""
-    st.session_state[PREFIX + "order"] = [_new_model("Pretrained", name) for name in TEXT_PRETRAINED]
+    st.session_state[PREFIX + "order"] = [_new_model("Pretrained", m["path"].removeprefix("pretrained:"))
+                                          for m in _TEXT_PRESET["models"]]
     for name, value in TEXT_UPGRADE.items():
         st.session_state[PREFIX + name] = list(value) if isinstance(value, list) else value
     st.session_state.pop(PREFIX + "result", None)

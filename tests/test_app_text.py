@@ -8,6 +8,8 @@ the neighbours by a numpy cosine search over the stored features, the hits from 
 """
 from __future__ import annotations
 
+import argparse
+
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +86,14 @@ def test_text_upgrade_entry_queues_the_minilm_sequence_on_wordnet(app_db):
     assert spec["dataset"] == "wordnet:task=qrels,queries=500,gallery=2000,seed=0,train=1000"  # the preset's default
     assert spec["views"] == ["encoder"] and spec["metrics"] == ["recall@1", "recall@10", "map"]
     assert spec["name"] == TEXT_UPGRADE["name"] and comparison_spec(spec).to_dict() == spec
+    # the same comparison as `compare-checkpoints --preset text-upgrade` (engine.checkpoints.presets)
+    from engine.cli.checkpoints import add_arguments, spec_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cli = comparison_spec(spec_from_args(parser.parse_args(["--preset", "text-upgrade"]))).to_dict()
+    assert {k: cli[k] for k in ("dataset", "views", "metrics", "name")} == {k: spec[k] for k in ("dataset", "views", "metrics", "name")}
+    assert [m["path"] for m in cli["models"]] == [m["path"] for m in spec["models"]]
 
 
 def test_the_image_entry_after_the_text_entry_goes_back_to_images(app_db):

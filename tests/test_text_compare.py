@@ -11,9 +11,11 @@ pytest.importorskip("onnxruntime", reason="pip install -r requirements-text.txt"
 pytest.importorskip("tokenizers", reason="pip install -r requirements-text.txt")
 
 from engine.checkpoints.compare import compare_checkpoints  # noqa: E402
+from engine.checkpoints.request import comparison_spec  # noqa: E402
 from engine.checkpoints.text_compare import NO_HEAD_NOTE  # noqa: E402
 from engine.cli import main  # noqa: E402
 from engine.data.wordnet import WORDNET_ROOT, wordnet_task  # noqa: E402
+from engine.data.text_model_files import TEXT_SEQUENCE  # noqa: E402
 from engine.models.text_models import missing_text_models  # noqa: E402
 
 MISSING = missing_text_models(("minilm_l3", "minilm_l6_int8"))
@@ -62,8 +64,6 @@ def test_class_task_uses_supersenses():
 
 
 def test_text_and_images_do_not_mix():
-    from engine.checkpoints.request import comparison_spec
-
     with pytest.raises(ValueError, match="text models only"):  # refused when the request is checked, before any load
         comparison_spec({"models": [{"path": "pretrained:efficientnet_lite0"}], "dataset": "wordnet"})
     with pytest.raises(ValueError, match="text models only"):
@@ -140,3 +140,28 @@ def test_a_train_split_is_stored_for_the_adapters_and_adapt_runs_on_it(db_url, c
                  "--epochs", "20", "--db", db_url]) == 0
     printed = capsys.readouterr().out
     assert "query/gallery" in printed and "backfill random" in printed
+
+
+def test_the_text_upgrade_preset_on_the_command_line(capsys):
+    import argparse
+
+    from engine.checkpoints.presets import COMPARISON_PRESETS, comparison_preset
+    from engine.cli.checkpoints import add_arguments, spec_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    spec = comparison_spec(spec_from_args(parser.parse_args(["--preset", "text-upgrade"])))
+    assert [m.pretrained for m in spec.models] == list(TEXT_SEQUENCE)
+    assert spec.dataset == "wordnet:task=qrels,queries=500,gallery=2000,seed=0,train=1000" and spec.views == ("encoder",)
+    mine = spec_from_args(parser.parse_args(["--preset", "text-upgrade", "--dataset", SMALL, "--metric", "map"]))
+    assert mine["dataset"] == SMALL and mine["metrics"] == ["map"] and len(mine["models"]) == 3
+    with pytest.raises(SystemExit):  # --preset and --model exclude each other (argparse's one line, exit 2)
+        parser.parse_args(["--preset", "text-upgrade", "--model", "pretrained:minilm_l3"])
+    with pytest.raises(ValueError, match="no comparison preset 'nope'; known: text-upgrade"):
+        comparison_preset("nope")
+    copy = comparison_preset("text-upgrade")
+    copy["models"].clear()
+    assert len(COMPARISON_PRESETS["text-upgrade"]["models"]) == 3  # a copy: the registry is untouched
+    assert main(["presets"]) == 0
+    assert "text-upgrade     comparison: pretrained:minilm_l3 -> pretrained:minilm_l6 -> pretrained:minilm_l6_int8" \
+        in capsys.readouterr().out

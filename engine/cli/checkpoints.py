@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from engine.checkpoints.presets import COMPARISON_PRESETS, comparison_preset
 from engine.cli.options import add_db, add_model_arguments, models_spec_from_args
 from engine.results.json_file import write_json_atomic
 from engine.results.report import FORMATS
@@ -49,7 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``compare-checkpoints``."""
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = MODEL_HELP
-    add_model_arguments(p)
+    which = p.add_mutually_exclusive_group(required=True)
+    add_model_arguments(p, model_group=which)
+    which.add_argument("--preset", choices=tuple(COMPARISON_PRESETS),
+                       help="a named comparison instead of --model: text-upgrade is MiniLM L3 -> L6 -> L6 int8 on "
+                            "wordnet:task=qrels,queries=500,gallery=2000,seed=0,train=1000 (--dataset, --view, "
+                            "--metric and --name replace its own)")
     p.add_argument("--view", action="append", dest="views", choices=("encoder", "psp", "lsp"),
                    help="feature view (repeatable; default encoder, psp and lsp)")
     p.add_argument("--metric", action="append", dest="metrics", metavar="NAME",
@@ -68,9 +74,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> dict:
-    """The JSON-able comparison spec the command line describes."""
-    return {**models_spec_from_args(args), "views": args.views, "metrics": args.metrics, "gallery_kind": args.gallery_kind,
-            "ties": args.ties, "name": args.name, **({"text_cache": False} if args.no_cache else {})}
+    """The JSON-able comparison spec the command line describes (``--preset``: its models, dataset, views, metrics
+    and name, each replaced by the option given)."""
+    preset = comparison_preset(args.preset) if args.preset else {}
+    if preset:  # --preset and --model exclude each other: the preset's models, as --model would give them
+        args = argparse.Namespace(**{**vars(args), "models": [m["path"] for m in preset["models"]],
+                                     "dataset": args.dataset or preset["dataset"]})
+    return {**models_spec_from_args(args), "views": args.views or preset.get("views"),
+            "metrics": args.metrics or preset.get("metrics"), "gallery_kind": args.gallery_kind, "ties": args.ties,
+            "name": args.name or preset.get("name"),
+            **({"text_cache": False} if args.no_cache else {})}
 
 
 def cmd_compare_checkpoints(args: argparse.Namespace) -> int:

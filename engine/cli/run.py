@@ -110,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_presets(args: argparse.Namespace) -> int:
     """``presets``: one line per named preset (dataset, steps, methods, kept epoch, d-Simplex), then how it differs from
-    its paper's released code."""
+    its paper's released code; then the comparison presets (``engine.checkpoints.presets``)."""
     from engine.core.presets import RUN_PRESETS, preset_config, preset_deviations
     from engine.data.fashion_files import fashion_available
     from engine.core.vocab import DSIMPLEX_METHODS
@@ -122,4 +122,9 @@ def cmd_presets(args: argparse.Namespace) -> int:
               f"  keeps: {cfg.training.select} epoch{simplex}")
         for line in preset_deviations(name):
             print(f"    differs: {line}")
+    from engine.checkpoints.presets import COMPARISON_PRESETS
+
+    for name, spec in COMPARISON_PRESETS.items():  # named comparisons of given models (compare-checkpoints --preset)
+        print(f"{name:16s} comparison: {' -> '.join(m['path'] for m in spec['models'])} on {spec['dataset']}, "
+              f"views {', '.join(spec['views'])}  (compare-checkpoints --preset {name})")
     return 0
