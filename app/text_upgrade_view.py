@@ -21,7 +21,7 @@ from app import queries as q
 from app.checkpoint_form import PREFIX
 from app.widgets import MISSING, analysis_result, experiment_label, follow_jobs, plain
 from engine.checkpoints.request import parse_dataset
-from engine.core.contract import analysis_key, analysis_payload
+from engine.core.contract import ADAPTER_NAMES, analysis_key, analysis_payload
 from engine.core.conventions import metric_name
 from engine.core.vocab import TEXT_DATASET_NAMES
 from engine.data.wordnet import parse_options
@@ -157,11 +157,17 @@ def pairs_frame(payload: Mapping[str, Any]) -> pd.DataFrame:
                                        level, "verdict"])
 
 
+def _kind_name(row: Mapping[str, Any]) -> Any:
+    """An adapter's kind as the pages name it: paper 004's by their formula (``B⊥ + F``), post-hoc ones as they are."""
+    return ADAPTER_NAMES.get(row.get("kind"), row.get("kind")) if row.get("family") == "paper 004" else row.get("kind")
+
+
 def adapters_frame(rows: Sequence[Mapping[str, Any]], level: float) -> pd.DataFrame:
     """A pair's adapters: family, kind, Recall@1 of adapted queries on the old index (%), its share of new/new, the
     difference to the old model alone (points), its interval, the verdict, Recall@10 and what they were fitted on."""
     ci = f"{100 * level:g}% CI (points)"
-    out = [{"family": r.get("family"), "kind": r.get("kind"), "Recall@1 %": _percent(r.get("recall@1")),
+    out = [{"family": r.get("family"), "kind": _kind_name(r),
+            "Recall@1 %": _percent(r.get("recall@1")),
             "share of new/new %": _percent(r.get("share_of_new_new")), "difference (points)": _percent(r.get("diff")),
             ci: _ci(r), "verdict": verdict_label(r.get("verdict")), "Recall@10 %": _percent(r.get("recall@10")),
             "fitted on": r.get("fitted_on"), "pairs": r.get("pairs")} for r in rows]

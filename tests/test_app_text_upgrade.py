@@ -141,7 +141,7 @@ def test_pairs_and_adapters_tables_in_percent_and_points():
     assert frame.iloc[16]["verdict"] == "✓ compatible" and frame.iloc[12]["verdict"] == "? too close to call"
     adapters = tv.adapters_frame(ADAPTERS[0]["rows"], 0.95)
     assert adapters[["family", "kind", "pairs"]].values.tolist() == [["post-hoc", "procrustes", 1000],
-                                                                     ["paper 004", "perp", 1000]]
+                                                                     ["paper 004", "B⊥ + F", 1000]]
     assert adapters["Recall@1 %"].tolist() == pytest.approx([11.8, 21.0])
     assert adapters["share of new/new %"].tolist() == pytest.approx([51.3, 91.3])
     assert adapters["95% CI (points)"].tolist() == ["-10.0 to -6.0", "-1.0 to +3.0"]
@@ -253,7 +253,7 @@ def test_the_section_shows_the_stored_summary(study):
     assert pairs.iloc[0]["difference (points)"] == pytest.approx(-13.7) and pairs.iloc[0]["verdict"] == "✗ not compatible"
     assert pairs.iloc[16][["metric", "verdict"]].tolist() == ["supersense Recall@1", "✓ compatible"]
     assert np.isnan(pairs.iloc[5]["new/new %"])
-    assert first["kind"].tolist() == ["procrustes", "perp"] and first["Recall@1 %"].tolist() == pytest.approx([11.8, 21.0])
+    assert first["kind"].tolist() == ["procrustes", "B⊥ + F"] and first["Recall@1 %"].tolist() == pytest.approx([11.8, 21.0])
     assert second[["family", "kind", "verdict"]].values.tolist() == [["post-hoc", "affine", "✓ compatible"]]
     assert second["share of new/new %"].tolist() == pytest.approx([105.3])
     shown = "\n".join(unplain_all([*at.markdown, *at.caption]))

@@ -9,7 +9,7 @@ from app.plan_view import plan_section
 from app.sources_form import sources_section
 from app.text_upgrade_view import text_task
 from app.widgets import MISSING, analysis_result, model_label, pick_experiment, pick_steps, plain
-from engine.core.contract import ADAPTER_KINDS, adapter_key, adapters_payload, analysis_key, same_set_of
+from engine.core.contract import ADAPTER_KINDS, ADAPTER_NAMES, adapter_key, adapters_payload, analysis_key, same_set_of
 from engine.core.conventions import metric_name
 from engine.results.verdict_words import artefact_note, metric_order, needs_lines
 from engine.upgrade.words import interval, sentence, share
@@ -17,7 +17,6 @@ from engine.upgrade.words import interval, sentence, share
 url = q.db_url()
 METRICS = ("recall@1", "recall@5", "map")
 VERDICT_BOX = {"compatible": st.success, "not compatible": st.error, "too close to call": st.warning}
-ADAPTER_NAMES = {"perp": "B⊥ + F", "lambda": "B_λ + F", "fct": "FCT (F only)"}
 
 st.title("Upgrade check")
 st.caption("Paper 002's empirical compatibility criterion: new-model queries searched against the gallery the old model "

@@ -160,6 +160,7 @@ JOB_LANES = {"short": SHORT_JOB_KINDS, "main": ("run",)}
 # check before a training run.
 JOB_PRIORITY = {"analysis": 0, "adapters": 0, "checkpoints": 1, "sources_check": 1, "run": 2}
 ADAPTER_KINDS = ("perp", "lambda", "fct")  # engine.adapters.pair.KINDS: B_perp + F, B_lambda + F, F only
+ADAPTER_NAMES = {"perp": "B⊥ + F", "lambda": "B_λ + F", "fct": "FCT (F only)"}  # paper 004's adapters as pages name them
 
 
 def adapter_key(old_version_id: int, new_version_id: int, kind: str, view: str) -> str:
