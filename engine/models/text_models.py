@@ -1,12 +1,16 @@
 """The offline MiniLM text models, by name: the sequence paraphrase-MiniLM-L3-v2 (ONNX) -> all-MiniLM-L6-v2
 (safetensors, through :mod:`engine.models.bert`) -> all-MiniLM-L6-v2 int8 (ONNX), every file read from its pinned
-wheel (:mod:`engine.data.text_model_files`) and hash-checked; no package's code is imported."""
+wheel (:mod:`engine.data.text_model_files`) and hash-checked; no package's code is imported. A fourth version,
+``minilm_l6_static``, is all-MiniLM-L6-v2 distilled by model2vec into a static embedding table on first use and
+cached (:mod:`engine.models.static_distill`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
+from engine.models.static_distill import load_static_model
+from engine.models.static_text import MAX_TOKENS as STATIC_MAX_TOKENS
 from engine.models.text_encoder import (
     Pooling,
     TextEncoder,
@@ -31,12 +35,14 @@ from engine.data.text_model_files import (
 
 @dataclass(frozen=True)
 class TextModel:
-    """An offline text model: its ONNX file (None: the L6 safetensors folder), pooling and token limit."""
+    """An offline text model: its ONNX file (None: the L6 safetensors folder), pooling and token limit; ``static``:
+    the static model distilled from the L6 folder."""
 
     title: str
     onnx: PinnedFile | None
     pooling: Pooling
     max_length: int
+    static: bool = False
 
     @property
     def files(self) -> tuple[PinnedFile, ...]:
@@ -50,6 +56,8 @@ TEXT_MODELS = {
     "minilm_l3": TextModel("paraphrase-MiniLM-L3-v2 (ONNX fp32)", MINILM_L3_ONNX, Pooling("mean", False), 128),
     "minilm_l6": TextModel("all-MiniLM-L6-v2 (safetensors fp32)", None, Pooling("mean", True), 256),
     "minilm_l6_int8": TextModel("all-MiniLM-L6-v2 (ONNX int8)", MINILM_L6_INT8_ONNX, Pooling("mean", True), 256),
+    "minilm_l6_static": TextModel("all-MiniLM-L6-v2 distilled static (model2vec)", None, Pooling("mean", True),
+                                  STATIC_MAX_TOKENS, static=True),
 }
 __all__ = ["TEXT_MODELS", "TEXT_SEQUENCE", "TextModel", "load_text_model", "missing_text_models"]
 
@@ -66,6 +74,8 @@ def load_text_model(name: str, *, max_bytes: int = TEXT_MAX_BYTES, threads: int 
     if name not in TEXT_MODELS:
         raise TextModelError(f"no offline text model {name!r}; known: {', '.join(TEXT_MODELS)}")
     model = TEXT_MODELS[name]
+    if model.static:  # distilled on first use (needs model2vec then), read from the cache after
+        return load_static_model(max_bytes=max_bytes)
     if model.onnx is None:
         target = torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu")
         return load_bert_folder(minilm_l6_folder(max_bytes), name=name, device=target)
