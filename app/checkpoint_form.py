@@ -33,7 +33,7 @@ from engine.checkpoints.torch_zip import check_torch_zip
 from engine.core.contract import CHECKPOINT_FORMAT
 from engine.data.roots import OutsideRootsError, confine, sqlite_folder, torchscript_allowed
 from engine.core.vocab import DATASET_NAMES, RUN_PROTOCOLS, TEXT_DATASET_NAMES
-from engine.data.text_model_files import TEXT_SEQUENCE
+from engine.data.text_model_files import TEXT_MODEL_FILES
 from engine.data.wordnet import TASKS as WORDNET_TASKS, parse_options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ PREFIX = "ck_"
 NO_ARCH = "TorchScript / project checkpoint: no architecture"
 SOURCES = ("Server path", "Upload", "Pretrained")
 PRETRAINED = tuple(LITE_WEIGHT_PACKAGES)  # efficientnet_lite0, 1, 2
-TEXT_PRETRAINED = TEXT_SEQUENCE  # minilm_l3, minilm_l6, minilm_l6_int8: text encoders, compared on a text corpus
+TEXT_PRETRAINED = tuple(TEXT_MODEL_FILES)  # minilm_l3, l6, l6_int8, l6_static: text encoders, compared on a text corpus
 UPLOAD_TYPES = ["pt", "pth", "safetensors", "ts", "ptl", "bin", "zip"]
 BUILTIN = ("imagefolder", *(name for name in DATASET_NAMES if name != "imagefolder"), *TEXT_DATASET_NAMES)  # a folder first
 WORDNET_QUERIES = (200, 500, 1000, 2000, 5000, 10_000)  # example sentences (32,923 synsets have one)

@@ -130,6 +130,18 @@ def test_more_queries_than_gallery_and_image_models_on_text_are_refused_in_one_l
     assert "\n" not in at.error[0].value and jobs(app_db) == []
 
 
+def test_the_distilled_static_model_is_offered_and_says_what_it_needs(app_db):
+    at = checkpoints_page()
+    at.button(key="ck_use_text").click().run()
+    box = at.selectbox(key="ck_4_pretrained")  # the third model of the entry (ids 2, 3, 4 after the first visit's two)
+    assert "minilm_l6_static" in box.options and box.value == "minilm_l6_int8"
+    box.set_value("minilm_l6_static").run()
+    assert any("distilled from minilm_l6 by model2vec" in c.value for c in at.caption)
+    at.button(key="ck_launch").click().run()
+    assert not at.error, [e.value for e in at.error]
+    assert jobs(app_db)[0]["payload"]["spec"]["models"][2]["path"] == "pretrained:minilm_l6_static"
+
+
 # ------------------------------------------------------------------------------------------ a stored comparison
 
 

@@ -130,8 +130,11 @@ for position, model_id in enumerate(ids, start=1):
         c[1].text_input("Name (optional)", key=_k(model_id, "label"), placeholder="the file name",
                         help="How the model is named in the matrices")
         if source == "Pretrained" and st.session_state[_k(model_id, "pretrained")] in TEXT_PRETRAINED:
+            static = st.session_state[_k(model_id, "pretrained")] == "minilm_l6_static"
             st.caption("A 384-d sentence encoder: tokenizer, pooling and normalisation come with the weights (no "
-                       "classifier head: encoder view only).")
+                       "classifier head: encoder view only)." + (" A static model: distilled from minilm_l6 by model2vec "
+                       "on first use (under a minute; needs `pip install -r requirements-text-static.txt`), then "
+                       "thousands of texts a second." if static else ""))
         elif source == "Pretrained":
             st.caption("Architecture, 1000 ImageNet classes and preprocessing come with the weights.")
         else:
