@@ -56,6 +56,7 @@ from app.widgets import QUEUED_HINT_S, launch as launch_job, plain, queue_captio
 from engine.checkpoints.files import human_bytes, server_max_bytes
 from engine.checkpoints.request import source_name
 from engine.core.contract import checkpoints_payload
+from engine.core.vocab import TEXT_DATASET_NAMES
 
 url = q.db_url()
 start_sequence()
@@ -164,7 +165,7 @@ for position, model_id in enumerate(ids, start=1):
 
 st.button("Add a model", on_click=add_model, icon=":material/add:", key=PREFIX + "add")
 
-st.subheader("Images and views")
+st.subheader("Images or texts, and views")
 with st.container(border=True):
     protocol = st.radio("Protocol", (CLOSED, OPEN), key=PREFIX + "protocol", horizontal=True,
                         format_func=lambda p: {CLOSED: "closed-set: one image set is query and gallery",
@@ -237,9 +238,13 @@ if result:
     for problem in result.get("problems", []):
         st.error(plain(problem), icon=":material/error:")
     if "job_id" in result:
+        text = (result["spec"].get("dataset") or "").partition(":")[0] in TEXT_DATASET_NAMES  # open-set: no dataset
         st.success(f"Queued job #{result['job_id']}: the worker compares {len(result['spec']['models'])} checkpoints. "
-                   "When it is done, the results appear in the **Compatibility**, **Feature geometry** and "
-                   "**Backfilling** pages; **Overview** shows its progress.", icon=":material/rocket_launch:")
+                   + ("When it is done, its summary (verdicts, every metric, adapters) is computed and shown above, "
+                      "under **Text-embedding upgrade results**; the matrices and the neighbours are on the "
+                      "**Compatibility** and **Feature geometry** pages; **Overview** shows its progress." if text else
+                      "When it is done, the results appear in the **Compatibility**, **Feature geometry** and "
+                      "**Backfilling** pages; **Overview** shows its progress."), icon=":material/rocket_launch:")
         links([("app_pages/overview.py", "Overview", ":material/dashboard:"),
                ("app_pages/compatibility.py", "Compatibility", ":material/grid_on:"),
                ("app_pages/geometry.py", "Feature geometry", ":material/scatter_plot:"),
