@@ -21,13 +21,12 @@ from app import queries as q
 from app.checkpoint_form import PREFIX
 from app.widgets import MISSING, analysis_result, experiment_label, follow_jobs, plain
 from engine.checkpoints.request import parse_dataset
-from engine.core.contract import ADAPTER_NAMES, analysis_key, analysis_payload
+from engine.core.contract import ADAPTER_NAMES
 from engine.core.conventions import metric_name
 from engine.core.vocab import TEXT_DATASET_NAMES
 from engine.data.wordnet import parse_options
 from engine.results.verdict_words import interval_text
 from engine.upgrade.words import pct
-from storage import IdenticalJob
 
 KIND = "text_upgrade"
 PARAMS: dict[str, Any] = {}  # the contract's defaults: k 10, 1,000 resamples, 95%, seed 0, adapters fitted
@@ -36,7 +35,6 @@ VERDICT_MARK = {"compatible": "✓", "not compatible": "✗", "too close to call
 PAIRED_WORD = {"compatible": "pass", "not compatible": "fail", "too close to call": "unresolved"}  # charts.matrix_frame
 PSP_LSP_LINE = ("PSP and LSP do not apply: a sentence encoder has no classifier head (no class probabilities or "
                 "logits to project onto shared classes), so its models are compared on the encoder view only.")
-AUTO_QUEUED = PREFIX + "text_summary_queued"  # the checkpoints jobs whose summary this session has queued
 _METRIC = re.compile(r"^(supersense_recall|neighbour_recall|recall|map|ndcg)@(\d+)$")
 
 
@@ -280,26 +278,6 @@ def launched_text_job(url: str) -> dict[str, Any] | None:
     return next((j for j in q.jobs(url) if j["id"] == result["job_id"]), None)
 
 
-def _queue_once(url: str, job: dict[str, Any] | None, experiments: list[dict[str, Any]]) -> None:
-    """Queue the summary of the comparison that ``job`` (this session's launch) stored, once, when it is done."""
-    queued = st.session_state.setdefault(AUTO_QUEUED, [])
-    if job is None or job["status"] != "done" or job["id"] in queued or q.read_only(url) is not None:
-        return
-    spec = (st.session_state.get(PREFIX + "result") or {}).get("spec")
-    mine = next((e for e in experiments if e["config"].get("spec") == spec), None)  # newest first: the one it stored
-    if mine is None:
-        return
-    queued.append(job["id"])
-    st.session_state[PREFIX + "text_experiment"] = mine["id"]  # the section opens on it
-    key = analysis_key(KIND, PARAMS)
-    if q.analysis_job(url, mine["id"], KIND, key) is None and \
-            q.stored_analysis(url, mine["id"], KIND, key, q.stamp(mine)) is None:
-        try:
-            q.enqueue(url, "analysis", analysis_payload(mine["id"], KIND, PARAMS), experiment_id=mine["id"])
-        except IdenticalJob:  # another session queued it in between: the section follows that one
-            pass
-
-
 def text_results_exist(url: str) -> bool:
     """Whether the Checkpoints page has text-upgrade results to show: a stored text comparison, or this session's
     text comparison queued or running."""
@@ -309,16 +287,15 @@ def text_results_exist(url: str) -> bool:
 
 def text_upgrade_section(url: str) -> None:
     """The Checkpoints page's "Text-embedding upgrade results": pick a text comparison (newest first) and show its
-    stored summary, or its job, or a button to compute it; the comparison this session launched gets its summary
-    queued once, when it is done."""
+    stored summary, or its job, or a button to compute it (a text comparison's job queues its summary itself:
+    ``engine.jobs.job_handlers.checkpoints_job``)."""
     job = launched_text_job(url)
     experiments = text_experiments(url)
     st.caption("Every pair of models judged on the same queries (new queries on the old index against the old model "
                "alone): the matrices, every metric, and the adapters that map new queries into the old space.")
     if job is not None and job["status"] in q.ACTIVE:
         follow_jobs(url, "checkpoints")  # redraws the page when the comparison is stored
-        st.caption("Its summary is queued as soon as the comparison is stored, and shown here.")
-    _queue_once(url, job, experiments)
+        st.caption("Its summary is queued as soon as the comparison is stored (the worker does it), and shown here.")
     if not experiments:
         return
     labels = {e["id"]: experiment_label(e) for e in experiments}

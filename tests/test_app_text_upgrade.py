@@ -23,7 +23,7 @@ from app.checkpoint_form import PREFIX
 from engine.checkpoints.request import comparison_spec
 from engine.core.contract import analysis_key
 from engine.data.wordnet import WORDNET_ROOT
-from storage import (claim_next_job, enqueue_job, finish_job, get_engine, list_jobs, save_analysis, session_scope)
+from storage import enqueue_job, get_engine, list_jobs, save_analysis, session_scope
 
 PAGE = Path(__file__).resolve().parents[1] / "app" / "app_pages" / "checkpoints.py"
 TIMEOUT = 120
@@ -283,22 +283,23 @@ def test_without_a_summary_compute_queues_it(study):
         [("text_upgrade", 1, 1)]
 
 
-def test_the_comparison_this_session_launched_gets_its_summary_queued_once(study):
+def test_a_text_comparisons_job_queues_its_summary_and_an_image_comparisons_does_not(study, monkeypatch):
+    """The worker's ``checkpoints`` job queues the ``text_upgrade`` summary of the text comparison it stored (the
+    comparison itself is stubbed: what is tested is the queuing; the summary's numbers are tests/test_text_upgrade.py's)."""
+    from engine.checkpoints import store
+    from engine.jobs.job_handlers import JobContext, checkpoints_job
+
+    monkeypatch.setattr(store, "run_checkpoint_comparison", lambda db, spec, **kw: 1)
     db = get_engine(study)
-    with session_scope(db) as s:
-        job_id = enqueue_job(s, "checkpoints", {"spec": SPEC})
-    job = claim_next_job(db, 1)
-    with session_scope(db) as s:
-        finish_job(s, job.id, "experiment 1", lease=job.lease)
-    at = AppTest.from_file(str(PAGE), default_timeout=TIMEOUT)
-    spec = comparison_spec(SPEC).to_dict()  # what the Launch button leaves: the checked spec and its job
-    at.session_state[PREFIX + "result"] = {"spec": spec, "job_id": job_id}
-    at.run()
-    assert not at.exception, at.exception
-    at.run()  # a second visit queues nothing more
+    context = JobContext(progress=lambda f, m: None, should_stop=lambda: False, checkpoint_dir=None)
+    message = checkpoints_job(db, {"spec": SPEC}, context)
     queued = [j for j in jobs(study) if j["kind"] == "analysis"]
-    assert [(j["payload"]["kind"], j["payload"]["experiment_id"]) for j in queued] == [("text_upgrade", 1)]
-    assert any("Queued as job" in i.value for i in at.info)  # the section follows it
+    assert [(j["payload"], j["experiment_id"]) for j in queued] == [({"experiment_id": 1, "kind": "text_upgrade",
+                                                                      "params": {}}, 1)]
+    assert message == f"experiment 1; its text-upgrade summary is job #{queued[0]['id']}"
+    image = {"models": [{"path": "pretrained:efficientnet_lite0"}], "dataset": "digits", "views": ["encoder"]}
+    assert checkpoints_job(db, {"spec": image}, context) == "experiment 1"
+    assert len([j for j in jobs(study) if j["kind"] == "analysis"]) == 1
 
 
 def test_while_this_sessions_comparison_runs_the_section_follows_it(app_db):
@@ -310,7 +311,8 @@ def test_while_this_sessions_comparison_runs_the_section_follows_it(app_db):
     assert not at.exception, at.exception
     assert at.expander[0].label == "Text-embedding upgrade results"
     assert any(i.value.startswith(f"Queued as job #{job_id}") for i in at.info)
-    assert "Its summary is queued as soon as the comparison is stored, and shown here." in [c.value for c in at.caption]
+    assert "Its summary is queued as soon as the comparison is stored (the worker does it), and shown here." in \
+        [c.value for c in at.caption]
     assert [j["kind"] for j in jobs(app_db)] == ["checkpoints"]  # nothing queued before the comparison is stored
 
 
