@@ -78,6 +78,8 @@ def test_text_upgrade_entry_queues_the_minilm_sequence_on_wordnet(app_db):
     assert at.selectbox(key="ck_dataset").value == "wordnet" and at.multiselect(key="ck_views").value == ["encoder"]
     at.button(key="ck_launch").click().run()
     assert not at.error, [e.value for e in at.error]
+    # the results section (drawn above the button) follows the new job at once, so its summary shows when done
+    assert any(i.value.startswith("Queued as job #1") for i in at.info), [i.value for i in at.info]
     queued = jobs(app_db)
     assert [j["kind"] for j in queued] == ["checkpoints"]  # the job kind the image comparison uses
     spec = queued[0]["payload"]["spec"]

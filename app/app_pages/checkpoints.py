@@ -232,6 +232,8 @@ if check or launch:
     if spec is not None and launch and (job_id := launch_job(url, "checkpoints", checkpoints_payload(spec))) is not None:
         result["job_id"] = job_id
     st.session_state[PREFIX + "result"] = result
+    if "job_id" in result and (spec.get("dataset") or "").partition(":")[0] in TEXT_DATASET_NAMES:
+        st.rerun()  # the results section above was drawn before this launch: redraw it, following the new job
 
 result = st.session_state.get(PREFIX + "result")
 if result:
