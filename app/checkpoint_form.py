@@ -28,12 +28,12 @@ from engine.checkpoints.files import (
 )
 from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES
 from engine.checkpoints.presets import TEXT_UPGRADE as TEXT_UPGRADE_PRESET, comparison_preset
-from engine.checkpoints.request import comparison_spec
+from engine.checkpoints.request import TEXT_ARCH, comparison_spec
 from engine.checkpoints.torch_zip import check_torch_zip
 from engine.core.contract import CHECKPOINT_FORMAT
 from engine.data.roots import OutsideRootsError, confine, sqlite_folder, torchscript_allowed
 from engine.core.vocab import DATASET_NAMES, RUN_PROTOCOLS, TEXT_DATASET_NAMES
-from engine.data.text_model_files import TEXT_MODEL_FILES
+from engine.data.text_model_files import TEXT_MODEL_FILES, ModelFolder, TextModelError, weights_member
 from engine.data.wordnet import TASKS as WORDNET_TASKS, parse_options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,8 +61,10 @@ VIEW_HELP = {"encoder": "encoder: the feature vectors (models with different fea
 
 
 def architectures() -> dict[str, dict[str, Any]]:
-    """Architecture name -> its preprocessing defaults, by name."""
-    return {name: {"input_size": a.input_size, "mean": a.mean, "std": a.std} for name, a in sorted(ARCH_INPUTS.items())}
+    """Architecture name -> its preprocessing defaults, by name; then ``text``: a text encoder folder or zip (its
+    tokenizer, pooling and normalisation come with it)."""
+    archs = {name: {"input_size": a.input_size, "mean": a.mean, "std": a.std} for name, a in sorted(ARCH_INPUTS.items())}
+    return {**archs, TEXT_ARCH: {"input_size": None, "mean": None, "std": None}}
 
 
 # ---------------------------------------------------------------------------------------------- the sequence
@@ -252,6 +254,21 @@ def _file_problem(what: str, text: str, arch: str | None, max_bytes: int) -> str
     return None
 
 
+def _text_model_problem(what: str, text: str, max_bytes: int) -> str | None:
+    """Cheap checks on a user's text encoder (a folder or zip): inside the data roots, exists, holds
+    ``tokenizer.json`` and its weights within the limit (``engine.data.text_model_files.weights_member``)."""
+    path, problem = _confined(text, f"{what}: text model")
+    if path is None:
+        return problem
+    if not path.exists():
+        return f"{what}: {path} not found on the server."
+    try:
+        weights_member(ModelFolder(path, max_bytes=max_bytes))
+    except TextModelError as exc:
+        return f"{what}: {exc}."
+    return None
+
+
 def model_entry(position: int, model_id: int, max_bytes: int, archs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The spec dict of one model of the form, and the first problem found (None when it looks usable)."""
     s = st.session_state
@@ -285,7 +302,8 @@ def model_entry(position: int, model_id: int, max_bytes: int, archs: dict[str, A
                                "mean": s[_k(model_id, "mean")].strip() or None,
                                "std": s[_k(model_id, "std")].strip() or None}}
     if source != "Pretrained":
-        problem = _file_problem(what, path, arch, max_bytes)
+        problem = (_text_model_problem(what, path, max_bytes) if arch == TEXT_ARCH else
+                   _file_problem(what, path, arch, max_bytes))
         if problem:
             return entry, problem
     return entry, None

@@ -19,7 +19,7 @@ from streamlit.testing.v1 import AppTest
 
 from app import map_explore as mx
 from app.checkpoint_form import TEXT_UPGRADE
-from engine.checkpoints.request import comparison_spec
+from engine.checkpoints.request import TEXT_ARCH, comparison_spec
 from engine.data.samples import SampleRefs, sample_texts, text_refs
 from engine.data.text_model_files import TEXT_SEQUENCE
 from engine.data.wordnet import WORDNET_ROOT, wordnet_task
@@ -142,6 +142,33 @@ def test_the_distilled_static_model_is_offered_and_says_what_it_needs(app_db):
     at.button(key="ck_launch").click().run()
     assert not at.error, [e.value for e in at.error]
     assert jobs(app_db)[0]["payload"]["spec"]["models"][2]["path"] == "pretrained:minilm_l6_static"
+
+
+def test_a_users_own_text_encoder_from_a_server_path(app_db, data_root):
+    """A text encoder folder (tokenizer.json + safetensors) on the server, architecture "text encoder": checked without
+    loading, queued as ``PATH:text``; a folder without its tokenizer, or outside the data roots, gets one line."""
+    from test_text_encoders import write_tiny_folder  # the tiny BERT folder the encoder tests load
+
+    write_tiny_folder(data_root / "my-encoder")
+    (data_root / "broken").mkdir()
+    (data_root / "broken" / "model.onnx").write_bytes(b"not really")
+    at = checkpoints_page()
+    at.button(key="ck_use_text").click().run()
+    at.radio(key="ck_3_source").set_value("Server path").run()  # the second model of the entry (ids 2, 3, 4)
+    assert "text encoder (folder or zip: tokenizer.json + safetensors or ONNX)" in at.selectbox(key="ck_3_arch").options
+    at.text_input(key="ck_3_path").set_value(str(data_root / "my-encoder"))
+    at.selectbox(key="ck_3_arch").set_value(TEXT_ARCH).run()
+    assert not at.get("number_input") or all(n.key != "ck_3_num_classes" for n in at.number_input)  # no classes
+    at.button(key="ck_launch").click().run()
+    assert not at.error, [e.value for e in at.error]
+    model = jobs(app_db)[0]["payload"]["spec"]["models"][1]
+    assert (model["path"], model["arch"]) == (str(data_root / "my-encoder"), TEXT_ARCH)
+    for bad, expected in ((data_root / "broken", "a text model folder holds tokenizer.json"),
+                          ("/etc", "outside the data roots")):
+        at.text_input(key="ck_3_path").set_value(str(bad)).run()
+        at.button(key="ck_check").click().run()
+        assert len(at.error) == 1 and expected in at.error[0].value.replace("\\", ""), [e.value for e in at.error]
+        assert "\n" not in at.error[0].value
 
 
 # ------------------------------------------------------------------------------------------ a stored comparison

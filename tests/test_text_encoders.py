@@ -269,3 +269,19 @@ def test_bert_config_refuses_what_the_encoder_does_not_implement():
                           ({"hidden_size": 0}, "positive integer")):
         with pytest.raises(TextModelError, match=words):
             BertConfig.from_json(json.dumps({**base, **change}))
+
+
+def test_weights_member_names_the_weights_without_reading_them(tmp_path):
+    from engine.data.text_model_files import weights_member
+
+    write_tiny_folder(tmp_path / "m")
+    assert weights_member(ModelFolder(tmp_path / "m")) == "model.safetensors"
+    size = (tmp_path / "m" / "model.safetensors").stat().st_size
+    with pytest.raises(TextModelError, match=r"model.safetensors: .* MiB exceeds the limit"):
+        weights_member(ModelFolder(tmp_path / "m", max_bytes=size - 1))
+    (tmp_path / "m" / "config.json").unlink()  # a safetensors BERT needs its config; no ONNX graph either
+    with pytest.raises(TextModelError, match="a text model folder holds tokenizer.json and model.safetensors"):
+        weights_member(ModelFolder(tmp_path / "m"))
+    (tmp_path / "m" / "onnx").mkdir()
+    (tmp_path / "m" / "onnx" / "model.onnx").write_bytes(b"x")
+    assert weights_member(ModelFolder(tmp_path / "m")) == "onnx/model.onnx"

@@ -54,12 +54,13 @@ from app.checkpoint_form import (
 from app.text_upgrade_view import text_results_exist, text_upgrade_section
 from app.widgets import QUEUED_HINT_S, launch as launch_job, plain, queue_caption, status_badge
 from engine.checkpoints.files import human_bytes, server_max_bytes
-from engine.checkpoints.request import source_name
+from engine.checkpoints.request import TEXT_ARCH, source_name
 from engine.core.contract import checkpoints_payload
 from engine.core.vocab import TEXT_DATASET_NAMES
 
 url = q.db_url()
 start_sequence()
+TEXT_ENCODER_LABEL = "text encoder (folder or zip: tokenizer.json + safetensors or ONNX)"
 
 # ---------------------------------------------------------------------------------------------- the page
 
@@ -119,7 +120,8 @@ for position, model_id in enumerate(ids, start=1):
             c[0].text_input("Path on the server", key=_k(model_id, "path"), placeholder=f"data/models/{'old' if position == 1 else 'new'}_model.pt",
                             help=".pt/.pth (torch.save state_dict), .safetensors or a Compatibility Lab step "
                                  "checkpoint (a TorchScript archive only if the operator allowed it); the format is "
-                                 "read from the content. The file must lie inside a data root (./data by default)")
+                                 "read from the content; or a text encoder's folder or zip (architecture: text "
+                                 "encoder). It must lie inside a data root (./data by default)")
         elif source == "Upload":
             c[0].file_uploader(f"Checkpoint file (up to {upload_limit_mb()} MB)", type=UPLOAD_TYPES,
                                key=_k(model_id, "upload"),
@@ -141,8 +143,16 @@ for position, model_id in enumerate(ids, start=1):
         else:
             c = st.columns([3, 1])
             arch = c[0].selectbox("Architecture", arch_options, key=_k(model_id, "arch"),
+                                  format_func=lambda a: TEXT_ENCODER_LABEL if a == TEXT_ARCH else a,
                                   help="Needed for a plain state_dict; TorchScript archives and Compatibility Lab "
-                                       "checkpoints carry their own")
+                                       "checkpoints carry their own. A text encoder: a folder or zip with "
+                                       "tokenizer.json and model.safetensors + config.json (a BERT) or model.onnx, "
+                                       "read as data (sizes checked, no code run)")
+            if arch == TEXT_ARCH:
+                c[1].caption("No classes: compared on a text corpus (WordNet below), encoder view only.")
+                st.caption("Its tokenizer, pooling and normalisation come from the folder (modules.json; mean pooling "
+                           "and L2 normalisation when it declares none).")
+                continue
             c[1].number_input("Classes (0 = from the file)", min_value=0, step=1,
                               key=_k(model_id, "num_classes"))
         with st.expander("Class list and preprocessing"):

@@ -183,6 +183,14 @@ class ModelFolder:
                 return name in zf.namelist()
         return (self.path / name).is_file()
 
+    def size(self, name: str) -> int:
+        """The member's size in bytes (a zip's declared size), without reading it."""
+        name = self._name(name)
+        if self.is_zip:
+            with zipfile.ZipFile(self.path) as zf:
+                return zf.getinfo(name).file_size
+        return (self.path / name).stat().st_size
+
     def read(self, name: str, max_bytes: int | None = None) -> bytes:
         """The member's bytes (at most ``max_bytes``, default the folder's limit), SHA-256 checked when pinned."""
         name, limit = self._name(name), max_bytes or self.max_bytes
@@ -209,6 +217,25 @@ class ModelFolder:
         if name in self.pins:
             check_sha256(data, self.pins[name], f"{self.path}!{name}", self.fix)
         return data
+
+
+ONNX_MEMBERS = ("model.onnx", "onnx/model.onnx")  # where a model folder keeps its ONNX graph
+
+
+def weights_member(folder: ModelFolder) -> str:
+    """The member holding a user's text model's weights: ``model.safetensors`` (a BERT, with ``config.json``) or its
+    ONNX graph; :class:`TextModelError` (one line) when the folder lacks them or ``tokenizer.json``, or they exceed
+    the folder's limit. Reads no member."""
+    if folder.exists("tokenizer.json"):
+        member = ("model.safetensors" if folder.exists("model.safetensors") and folder.exists("config.json") else
+                  next((m for m in ONNX_MEMBERS if folder.exists(m)), None))
+        if member is not None:
+            if (size := folder.size(member)) > folder.max_bytes:
+                raise TextModelError(f"{folder.path}!{member}: {size / 2**20:.1f} MiB exceeds the limit of "
+                                     f"{folder.max_bytes / 2**20:.1f} MiB")
+            return member
+    raise TextModelError(f"{folder.path}: a text model folder holds tokenizer.json and model.safetensors + "
+                         f"config.json, or {' or '.join(ONNX_MEMBERS)}")
 
 
 def minilm_l6_folder(max_bytes: int = TEXT_MAX_BYTES) -> ModelFolder:

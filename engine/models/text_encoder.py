@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from engine.models.bert import BertConfig, load_bert
-from engine.data.text_model_files import TEXT_MAX_BYTES, ModelFolder, TextModelError, check_sha256, read_limited
+from engine.data.text_model_files import (TEXT_MAX_BYTES, ModelFolder, TextModelError, check_sha256, read_limited,
+                                         weights_member)
 
 POOLINGS = ("mean", "cls")
 MAX_TOKENS_PER_BATCH = 1 << 18  # padded tokens per batch at most (bounds the (B, L, H) activations)
@@ -295,9 +296,6 @@ def load_bert_folder(folder: ModelFolder, *, name: str | None = None, max_length
     return encoder
 
 
-ONNX_MEMBERS = ("model.onnx", "onnx/model.onnx")  # where a model folder keeps its ONNX graph
-
-
 def load_text_folder(folder: ModelFolder, *, name: str | None = None, threads: int | None = None,
                      device: str = "auto") -> TextEncoder:
     """A user's text encoder: a folder or zip with ``tokenizer.json`` and either ``model.safetensors`` +
@@ -305,13 +303,10 @@ def load_text_folder(folder: ModelFolder, *, name: str | None = None, threads: i
     ``modules.json`` declares (mean and L2 normalisation when it declares nothing) with ``sentence_bert_config.json``'s
     ``max_seq_length`` (else 512 tokens)."""
     name = name or folder.path.name
-    if folder.exists("model.safetensors"):
+    member = weights_member(folder)  # the same rule the dashboard checks a folder by, before a worker loads it
+    if member == "model.safetensors":
         target = torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu")
         return load_bert_folder(folder, name=name, device=target)
-    member = next((m for m in ONNX_MEMBERS if folder.exists(m)), None)
-    if member is None or not folder.exists("tokenizer.json"):
-        raise TextModelError(f"{folder.path}: a text model folder holds tokenizer.json and model.safetensors + "
-                             f"config.json, or {' or '.join(ONNX_MEMBERS)}")
     sbert = _json(folder, "sentence_bert_config.json") if folder.exists("sentence_bert_config.json") else {}
     tokenizer = TextTokenizer(folder.read("tokenizer.json", max_bytes=64 << 20),
                               max_length=int(sbert.get("max_seq_length") or 512), what=f"{folder.path}!tokenizer.json")
