@@ -194,3 +194,22 @@ def test_compatlab_text_cache_names_the_folder_inside_the_data_roots(tmp_path, m
     monkeypatch.setenv("COMPATLAB_TEXT_CACHE", "/etc/cache")
     with pytest.raises(OutsideRootsError, match="outside the data roots"):
         TextEmbeddingCache()
+
+
+def test_a_static_models_identity_names_its_tokenizer_and_runtime():
+    """The static encoder holds a bare tokenizers.Tokenizer and averages rows in numpy: it is cached like the others."""
+    from test_text_encoders import WORDS, tiny_tokenizer_json
+
+    from engine.checkpoints.text_cache import encoder_identity
+    from engine.models.static_text import StaticTextEncoder
+
+    table = np.arange(len(WORDS) * 4, dtype=np.float32).reshape(len(WORDS), 4)
+    encoder = StaticTextEncoder(table, np.ones(len(WORDS), np.float32), tiny_tokenizer_json().encode(), name="tiny")
+    encoder.sha256 = "ab" * 32
+    identity = encoder_identity(encoder, batch_size=64)
+    assert identity["numpy"] == np.__version__ and identity["max_length"] == encoder.max_tokens
+    assert identity["class"] == "StaticTextEncoder" and identity["dim"] == 4
+    other = StaticTextEncoder(table, np.ones(len(WORDS), np.float32), tiny_tokenizer_json(WORDS[:-1] + ["cow"]).encode(),
+                              name="tiny")
+    other.sha256 = encoder.sha256
+    assert encoder_identity(other, batch_size=64)["tokenizer_sha256"] != identity["tokenizer_sha256"]

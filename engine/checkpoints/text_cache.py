@@ -54,15 +54,19 @@ def encoder_identity(encoder: Any, *, batch_size: int) -> dict[str, Any] | None:
     if not getattr(encoder, "sha256", ""):
         return None
     tokenizer = encoder.tokenizer
+    raw = getattr(tokenizer, "tokenizer", tokenizer)  # a TextTokenizer wraps one; a static model holds it bare
+    max_length = getattr(tokenizer, "max_length", None) or getattr(encoder, "max_tokens", None)
     session = getattr(encoder, "session", None)
     if session is not None:  # onnxruntime, on its first provider
         runtime = {"onnxruntime": _package("onnxruntime"), "provider": session.get_providers()[0],
                    "output": encoder.output, "pooled": bool(encoder.pooled)}
-    else:  # the engine's torch BERT
+    elif hasattr(encoder, "net"):  # the engine's torch BERT
         runtime = {"torch": _package("torch"), "device": str(getattr(encoder, "device", "cpu"))}
+    else:  # a static model: token rows averaged in numpy (engine.models.static_text)
+        runtime = {"numpy": np.__version__}
     return {"format": CACHE_FORMAT, "class": type(encoder).__name__, "weights_sha256": encoder.sha256,
-            "tokenizer_sha256": hashlib.sha256(tokenizer.tokenizer.to_str().encode("utf-8")).hexdigest(),
-            "tokenizers": _package("tokenizers"), "max_length": int(tokenizer.max_length),
+            "tokenizer_sha256": hashlib.sha256(raw.to_str().encode("utf-8")).hexdigest(),
+            "tokenizers": _package("tokenizers"), "max_length": int(max_length or 0),
             "pooling": encoder.pooling.mode, "normalize": bool(encoder.pooling.normalize), "dim": int(encoder.dim),
             "batch_size": int(batch_size), **runtime}
 
