@@ -8,8 +8,9 @@ Value: ``<folder>/<key[:2]>/<key>.npy``, written under a temporary name in the s
 the whole file or none), read with ``allow_pickle=False`` as a regular file inside the folder
 (``storage.safe_open``). A file that does not load, or is not a float32 ``(len(texts), dim)`` array of finite values,
 is ignored and written again, never trusted. The folder is ``<first data root>/cache/text-embeddings``
-(:func:`default_folder`; ``COMPATLAB_TEXT_CACHE`` names another); one outside the data roots is refused. A read-only or full disk is no error: the
-embeddings are computed and returned, only not kept.
+(:func:`default_folder`; ``COMPATLAB_TEXT_CACHE`` names another); one outside the data roots is refused. A read-only
+or full disk is no error: the embeddings are computed and returned, only not kept. The key's encoder part comes from
+the encoder itself (:meth:`engine.models.text_encoder.TextEncoder.identity`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -39,36 +39,15 @@ def default_folder() -> Path:
     return Path(read_setting(TEXT_CACHE) or data_roots()[0] / "cache" / "text-embeddings")
 
 
-def _package(name: str) -> str | None:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
 def encoder_identity(encoder: Any, *, batch_size: int) -> dict[str, Any] | None:
-    """What makes ``encoder`` (an ``engine.models.text_encoder.TextEncoder``) give the vectors it gives: the weights'
-    and the tokenizer's SHA-256 (the tokenizer as it runs: with its token limit and padding), pooling, normalisation,
-    output, size, the runtime and device that compute them, and the batch size (padding changes the last bits).
-    None when the weights' hash is unknown: such an encoder is not cached."""
+    """What makes ``encoder`` (an ``engine.models.text_encoder.TextEncoder``) give the vectors it gives: its class, the
+    weights' SHA-256, :meth:`~engine.models.text_encoder.TextEncoder.identity` (tokenizer, limit, pooling, size,
+    runtime) and the batch size (padding changes the last bits). None when the weights' hash is unknown: such an
+    encoder is not cached."""
     if not getattr(encoder, "sha256", ""):
         return None
-    tokenizer = encoder.tokenizer
-    raw = getattr(tokenizer, "tokenizer", tokenizer)  # a TextTokenizer wraps one; a static model holds it bare
-    max_length = getattr(tokenizer, "max_length", None) or getattr(encoder, "max_tokens", None)
-    session = getattr(encoder, "session", None)
-    if session is not None:  # onnxruntime, on its first provider
-        runtime = {"onnxruntime": _package("onnxruntime"), "provider": session.get_providers()[0],
-                   "output": encoder.output, "pooled": bool(encoder.pooled)}
-    elif hasattr(encoder, "net"):  # the engine's torch BERT
-        runtime = {"torch": _package("torch"), "device": str(getattr(encoder, "device", "cpu"))}
-    else:  # a static model: token rows averaged in numpy (engine.models.static_text)
-        runtime = {"numpy": np.__version__}
     return {"format": CACHE_FORMAT, "class": type(encoder).__name__, "weights_sha256": encoder.sha256,
-            "tokenizer_sha256": hashlib.sha256(raw.to_str().encode("utf-8")).hexdigest(),
-            "tokenizers": _package("tokenizers"), "max_length": int(max_length or 0),
-            "pooling": encoder.pooling.mode, "normalize": bool(encoder.pooling.normalize), "dim": int(encoder.dim),
-            "batch_size": int(batch_size), **runtime}
+            **encoder.identity(), "batch_size": int(batch_size)}
 
 
 def texts_digest(texts: Sequence[str]) -> str:

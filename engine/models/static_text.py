@@ -14,6 +14,7 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -72,6 +73,19 @@ class StaticTextEncoder(TextEncoder):
             sums = np.add.reduceat(self.rows[np.concatenate(ids)], np.r_[0, np.cumsum(counts)[:-1]][counts > 0], axis=0)
             out[counts > 0] = sums / counts[counts > 0, None]
         return out / np.clip(np.linalg.norm(out, axis=1, keepdims=True), 1e-12, None)
+
+    def tokenizer_json(self) -> str:
+        """The tokenizer as it runs (no padding, no truncation), as ``tokenizer.json`` text."""
+        return self.tokenizer.to_str()
+
+    @property
+    def max_length(self) -> int:
+        """The most tokens of a text the model averages."""
+        return int(self.max_tokens)
+
+    def runtime(self) -> dict[str, Any]:
+        """Token rows averaged in numpy."""
+        return {"numpy": np.__version__}
 
     def encode(self, texts: Sequence[str], *, batch_size: int = 64,
                progress: Callable[[int], None] | None = None) -> np.ndarray:

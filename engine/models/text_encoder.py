@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 import numpy as np
 import torch
@@ -159,6 +161,35 @@ class TextEncoder:
     def close(self) -> None:
         """Release the network (nothing to do for in-process encoders)."""
 
+    def tokenizer_json(self) -> str:
+        """The tokenizer as it runs (padding and truncation included), as ``tokenizer.json`` text."""
+        return self.tokenizer.tokenizer.to_str()
+
+    @property
+    def max_length(self) -> int:
+        """The most tokens of a text the encoder reads."""
+        return int(self.tokenizer.max_length)
+
+    def runtime(self) -> dict[str, Any]:
+        """What computes the vectors: the runtime, its version and where it runs."""
+        raise NotImplementedError
+
+    def identity(self) -> dict[str, Any]:
+        """What besides its weights makes this encoder's vectors what they are (the text embedding cache's key,
+        ``engine.checkpoints.text_cache``): the tokenizer and its token limit, pooling, normalisation, size, runtime."""
+        return {"tokenizer_sha256": hashlib.sha256(self.tokenizer_json().encode("utf-8")).hexdigest(),
+                "tokenizers": package_version("tokenizers"), "max_length": self.max_length,
+                "pooling": self.pooling.mode, "normalize": bool(self.pooling.normalize), "dim": int(self.dim),
+                **self.runtime()}
+
+
+def package_version(name: str) -> str | None:
+    """An installed distribution's version, None when it is not installed."""
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
 
 def batches_by_length(lengths: np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
     """Row indices in batches of similar token counts (stable sort), each at most ``batch_size`` rows and
@@ -207,6 +238,11 @@ class OnnxTextEncoder(TextEncoder):
     def states(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, bool]:
         return self.session.run([self.output], {k: batch[k] for k in self.inputs})[0], self.pooled
 
+    def runtime(self) -> dict[str, Any]:
+        """onnxruntime on its first provider, and the graph output read."""
+        return {"onnxruntime": package_version("onnxruntime"), "provider": self.session.get_providers()[0],
+                "output": self.output, "pooled": bool(self.pooled)}
+
     def _check_vocabulary(self) -> None:
         """The graph must accept the tokenizer's largest id (a smaller embedding table means another vocabulary)."""
         probe = {"input_ids": np.array([[self.tokenizer.vocab_size - 1]], np.int64),
@@ -250,6 +286,10 @@ class BertTextEncoder(TextEncoder):
         with torch.inference_mode():
             args = [torch.from_numpy(batch[k]).to(self.device) for k in ("input_ids", "attention_mask", "token_type_ids")]
             return self.net(*args).float().cpu().numpy(), False
+
+    def runtime(self) -> dict[str, Any]:
+        """The engine's torch BERT, on its device."""
+        return {"torch": package_version("torch"), "device": str(self.device)}
 
 
 def load_onnx_encoder(path: str | Path, tokenizer_json: bytes, *, pooling: Pooling = Pooling(), max_length: int = 512,
