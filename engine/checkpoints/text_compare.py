@@ -81,12 +81,13 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
                                     device=device))
         done = 0
 
-        def step(n: int, i: int = i) -> None:
+        def step(n: int, i: int = i, cached: str = "") -> None:
+            """``n`` more texts embedded (``cached``: the split whose ``n`` texts were read from the cache)."""
             nonlocal done
             check_stop(should_stop, "text comparison cancelled; nothing was stored")
             done += n
-            report(0.05 + 0.85 * (i + done / n_texts) / T,
-                   f"embedding texts with {labels[i]} ({i + 1}/{T}): {done}/{n_texts} texts")
+            said = f"{n} {cached} texts cached" if cached else f"{done}/{n_texts} texts"
+            report(0.05 + 0.85 * (i + done / n_texts) / T, f"embedding texts with {labels[i]} ({i + 1}/{T}): {said}")
 
         per_split = {}
         try:
@@ -94,10 +95,7 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
                 per_split[split], cached = cached_encode(encoder, split_texts, cache=cache,
                                                          batch_size=spec.batch_size, progress=step)
                 if cached:
-                    check_stop(should_stop, "text comparison cancelled; nothing was stored")
-                    done += len(split_texts)
-                    report(0.05 + 0.85 * (i + done / n_texts) / T, f"embedding texts with {labels[i]} ({i + 1}/{T}): "
-                                                                   f"{len(split_texts)} {split} texts cached")
+                    step(len(split_texts), cached=split)
         finally:
             encoder.close()
         outputs.append({split: {"encoder": emb, "logits": np.zeros((len(emb), 0), np.float32),
