@@ -20,10 +20,9 @@ from app import charts
 from app import queries as q
 from app.checkpoint_form import PREFIX
 from app.widgets import MISSING, analysis_result, experiment_label, follow_jobs, plain
-from engine.checkpoints.request import parse_dataset
+from engine.checkpoints.request import parse_dataset, text_corpus
 from engine.core.contract import ADAPTER_NAMES
 from engine.core.conventions import metric_name
-from engine.core.vocab import TEXT_DATASET_NAMES
 from engine.data.wordnet import parse_options
 from engine.results.verdict_words import interval_text
 from engine.upgrade.words import pct
@@ -43,11 +42,8 @@ _METRIC = re.compile(r"^(supersense_recall|neighbour_recall|recall|map|ndcg)@(\d
 
 def text_task(config: Mapping[str, Any]) -> str | None:
     """The task of a text comparison's corpus (``qrels`` or ``class``), or None when the experiment is not one."""
-    dataset = (config.get("spec") or {}).get("dataset") if config.get("source") == "checkpoints" else None
-    if not isinstance(dataset, str):
-        return None
-    name, options = parse_dataset(dataset)
-    return parse_options(options).task if name in TEXT_DATASET_NAMES else None
+    dataset = text_corpus(config.get("spec") or {}) if config.get("source") == "checkpoints" else None
+    return None if dataset is None else parse_options(parse_dataset(dataset)[1]).task
 
 
 def display_metric(metric: str) -> str:

@@ -54,9 +54,8 @@ from app.checkpoint_form import (
 from app.text_upgrade_view import text_results_exist, text_upgrade_section
 from app.widgets import QUEUED_HINT_S, launch as launch_job, plain, queue_caption, status_badge
 from engine.checkpoints.files import human_bytes, server_max_bytes
-from engine.checkpoints.request import TEXT_ARCH, source_name
+from engine.checkpoints.request import TEXT_ARCH, source_name, text_corpus
 from engine.core.contract import checkpoints_payload
-from engine.core.vocab import TEXT_DATASET_NAMES
 
 url = q.db_url()
 start_sequence()
@@ -242,7 +241,7 @@ if check or launch:
     if spec is not None and launch and (job_id := launch_job(url, "checkpoints", checkpoints_payload(spec))) is not None:
         result["job_id"] = job_id
     st.session_state[PREFIX + "result"] = result
-    if "job_id" in result and (spec.get("dataset") or "").partition(":")[0] in TEXT_DATASET_NAMES:
+    if "job_id" in result and text_corpus(spec) is not None:
         st.rerun()  # the results section above was drawn before this launch: redraw it, following the new job
 
 result = st.session_state.get(PREFIX + "result")
@@ -250,7 +249,7 @@ if result:
     for problem in result.get("problems", []):
         st.error(plain(problem), icon=":material/error:")
     if "job_id" in result:
-        text = (result["spec"].get("dataset") or "").partition(":")[0] in TEXT_DATASET_NAMES  # open-set: no dataset
+        text = text_corpus(result["spec"]) is not None
         st.success(f"Queued job #{result['job_id']}: the worker compares {len(result['spec']['models'])} checkpoints. "
                    + ("When it is done, its summary (verdicts, every metric, adapters) is computed and shown above, "
                       "under **Text-embedding upgrade results**; the matrices and the neighbours are on the "

@@ -272,6 +272,13 @@ def is_text_spec(spec: ComparisonSpec) -> bool:
     return True
 
 
+def text_corpus(spec: Mapping[str, Any]) -> str | None:
+    """The ``wordnet[:OPTIONS]`` dataset of a comparison spec as stored or queued (a dict) when it compares text
+    models on a text corpus (:func:`is_text_spec` accepted it), else None."""
+    dataset = spec.get("dataset")
+    return dataset if isinstance(dataset, str) and dataset.partition(":")[0] in TEXT_DATASET_NAMES else None
+
+
 # --- images ----------------------------------------------------------------------------------
 
 

@@ -85,14 +85,14 @@ def checkpoints_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> 
     """A ``checkpoints`` job: compare the spec's checkpoints as the dashboard may (``server_trust()``) and store. A
     text comparison then queues its ``text_upgrade`` summary (the contract's defaults), which the Checkpoints page
     shows, so the dashboard's text entry gives its verdicts without another click."""
-    from engine.checkpoints.request import comparison_spec, is_text_spec
+    from engine.checkpoints.request import text_corpus
     from engine.checkpoints.store import run_checkpoint_comparison
     from engine.core.contract import analysis_payload
     from storage import enqueue_job, session_scope
 
     experiment_id = run_checkpoint_comparison(db, payload["spec"], progress=job.progress, should_stop=job.should_stop,
                                               trust=server_trust())
-    if is_text_spec(comparison_spec(payload["spec"], trust=server_trust())):
+    if text_corpus(payload["spec"]) is not None:  # the spec passed the checks: a text corpus means text models
         with session_scope(db) as s:
             summary = enqueue_job(s, "analysis", analysis_payload(experiment_id, "text_upgrade", {}),
                                   experiment_id=experiment_id)

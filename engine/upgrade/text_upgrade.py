@@ -36,6 +36,7 @@ from sqlalchemy import Engine
 from engine.adapters import fit_adapters
 from engine.adapters.posthoc import fit_map
 from engine.analysis.views import Progress, StoredVersion, load_experiment
+from engine.checkpoints.request import text_corpus
 from engine.core.vocab import TEXT_DATASET_NAMES
 from engine.data.wordnet import LEXNAMES, parse_options, wordnet_task
 from engine.metrics.cell_interval import cell_seed, paired_intervals
@@ -88,9 +89,8 @@ def metric_names(k: int) -> list[str]:
 
 def _text_spec(config: dict[str, Any], experiment_id: int) -> str:
     """The stored ``wordnet[:OPTIONS]`` of a text comparison; one line when the experiment is not one."""
-    spec = config.get("spec") if config.get("source") == "checkpoints" else None
-    dataset = str((spec or {}).get("dataset") or "")
-    if dataset.partition(":")[0] not in TEXT_DATASET_NAMES:
+    dataset = text_corpus(config.get("spec") or {}) if config.get("source") == "checkpoints" else None
+    if dataset is None:
         raise ValueError(f"experiment {experiment_id} is not a text comparison (compare-checkpoints of text models on "
                          f"{' or '.join(TEXT_DATASET_NAMES)}); the text upgrade summary needs one")
     return dataset
@@ -272,8 +272,9 @@ def _train_rows(labels: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def adapter_rows(exp: TextExperiment, old: int, new: int, report: UpgradeReport, *, k: int, seed: int,
-                 notes: list[str]) -> list[dict[str, Any]]:
-    """The post-hoc adapters (fitted on a seeded share of the gallery) and paper 004's (on the train split)."""
+                 notes: list[str], train_rows: np.ndarray | None = None) -> list[dict[str, Any]]:
+    """The post-hoc adapters (fitted on a seeded share of the gallery) and paper 004's (on the train split's
+    ``train_rows``, :func:`_train_rows`; None: none fitted)."""
     o = CellFeatures(exp.queries[old], exp.query_labels, exp.gallery[old], exp.gallery_labels)
     n = CellFeatures(exp.queries[new], exp.query_labels, exp.gallery[new], exp.gallery_labels)
     out = []
@@ -286,26 +287,22 @@ def adapter_rows(exp: TextExperiment, old: int, new: int, report: UpgradeReport,
         out.append(_adapter_row("post-hoc", kind, f"{len(fitted):,} gallery definitions embedded by both models",
                                 len(fitted), judge_map(m, o, n, report), m.apply(n.query), exp, old, report.new_new, k,
                                 seconds))
-    if exp.train is None:
+    if train_rows is None:
         return out
-    rows, dropped = _train_rows(exp.train_labels)
-    if dropped and old == 0 and new == 1:
-        notes.append(f"paper 004: {dropped} training text(s) of supersenses with fewer than 2 training texts left out "
-                     "(the contrastive loss needs a same-supersense positive)")
     for kind in PAPER_KINDS:
         start = time.perf_counter()
         try:
-            pair = fit_adapters(exp.train[old][rows], exp.train[new][rows], exp.train_labels[rows], kind=kind,
-                                **PAPER_FIT, seed=seed)
+            pair = fit_adapters(exp.train[old][train_rows], exp.train[new][train_rows], exp.train_labels[train_rows],
+                                kind=kind, **PAPER_FIT, seed=seed)
         except ValueError as exc:
             notes.append(f"paper 004 {kind} ({exp.names[old]} -> {exp.names[new]}) not fitted: {exc}")
             continue
         seconds = time.perf_counter() - start
         b = _Backward(kind, pair.new_dim, pair.old_dim, pair)
         adapted = b.apply(n.query)
-        out.append(_adapter_row("paper 004", kind, f"{len(rows):,} training texts (split train, supersense labels) "
-                                "embedded by both models", len(rows), judge_map(b, o, n, report), adapted, exp, old,
-                                report.new_new, k, seconds))
+        out.append(_adapter_row("paper 004", kind, f"{len(train_rows):,} training texts (split train, supersense "
+                                "labels) embedded by both models", len(train_rows), judge_map(b, o, n, report), adapted,
+                                exp, old, report.new_new, k, seconds))
     return out
 
 
@@ -332,6 +329,12 @@ def compute_text_upgrade(db: Engine, experiment_id: int, params: dict[str, Any],
         notes.append(f"task class: the stored relevance is the supersense, so recall@1 and {SUPERSENSE} coincide")
     lists = _Lists(exp)
     pairs, adapters = [], []
+    train_rows = None
+    if params.get("adapters", True) and exp.train is not None:  # one set of training rows for every pair
+        train_rows, dropped = _train_rows(exp.train_labels)
+        if dropped:
+            notes.append(f"paper 004: {dropped} training text(s) of supersenses with fewer than 2 training texts left "
+                         "out (the contrastive loss needs a same-supersense positive)")
     pair_list = [(a, b) for a in range(T) for b in range(a + 1, T)]
     for i, (old, new) in enumerate(pair_list):
         at = 0.3 + 0.65 * i / len(pair_list)
@@ -341,7 +344,7 @@ def compute_text_upgrade(db: Engine, experiment_id: int, params: dict[str, Any],
         if params.get("adapters", True):
             progress(at + 0.2 / len(pair_list), f"adapters: {exp.names[old]} -> {exp.names[new]}")
             adapters.append({"old": old, "new": new, "rows": adapter_rows(exp, old, new, report, k=k, seed=seed,
-                                                                        notes=notes)})
+                                                                        notes=notes, train_rows=train_rows)})
     if params.get("adapters", True):
         notes.append(f"post-hoc adapters ({', '.join(POSTHOC_KINDS)}) fitted on a seeded "
                      f"{DEFAULT_FIT_SHARE:.0%} of the gallery's definitions, judged on every query against old/old "
