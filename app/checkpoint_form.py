@@ -84,6 +84,12 @@ FORM_DEFAULTS: dict[str, Any] = {"protocol": CLOSED, "dataset": "imagefolder", "
                                  "wn_gallery": 2000, "wn_seed": 0, "wn_train": 0}
 
 
+def _set_fields(values: dict[str, Any]) -> None:
+    """Set form fields (a list value copied, so the widget never edits the constant)."""
+    for name, value in values.items():
+        st.session_state[PREFIX + name] = list(value) if isinstance(value, list) else value
+
+
 def _defaults(model_ids: list[int]) -> None:
     """Every field's value, also for widgets not shown this run (Streamlit forgets those)."""
     for name, value in FORM_DEFAULTS.items():
@@ -123,9 +129,7 @@ def move(model_id: int, by: int) -> None:
 def pretrained_sequence() -> None:
     st.session_state[PREFIX + "order"] = [_new_model("Pretrained", name) for name in PRETRAINED]
     if st.session_state.get(PREFIX + "dataset") in TEXT_DATASET_NAMES:  # after the text entry: back to images
-        for name in ("dataset", "views", "metrics", "name", "wn_train"):
-            value = FORM_DEFAULTS[name]
-            st.session_state[PREFIX + name] = list(value) if isinstance(value, list) else value
+        _set_fields({name: FORM_DEFAULTS[name] for name in ("dataset", "views", "metrics", "name", "wn_train")})
     st.session_state.pop(PREFIX + "result", None)
 
 
@@ -133,8 +137,7 @@ def text_upgrade_sequence() -> None:
     """The text-upgrade preset: MiniLM L3 -> L6 -> L6 int8 on WordNet (qrels), encoder view (:data:`TEXT_UPGRADE`)."""
     st.session_state[PREFIX + "order"] = [_new_model("Pretrained", m["path"].removeprefix("pretrained:"))
                                           for m in _TEXT_PRESET["models"]]
-    for name, value in TEXT_UPGRADE.items():
-        st.session_state[PREFIX + name] = list(value) if isinstance(value, list) else value
+    _set_fields(TEXT_UPGRADE)
     st.session_state.pop(PREFIX + "result", None)
 
 
