@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -101,20 +101,26 @@ def _adapter_row(name: str, m: PosthocMap, got: UpgradeReport, **extra: Any) -> 
                        "interval": got.interval})
 
 
+def fitted_maps(old: CellFeatures, new: CellFeatures, kinds: Sequence[str], *, share: float,
+                seed: int) -> Iterator[tuple[str, PosthocMap, np.ndarray, float]]:
+    """Each kind's map new -> old fitted on the seeded ``share`` of the gallery's old/new pairs (:func:`fit_rows`):
+    ``(kind, map, the fitted gallery rows, fit seconds)``."""
+    fitted = fit_rows(len(old.gallery), share, seed)
+    for kind in kinds:
+        start = time.perf_counter()
+        m = fit_map(kind, new.gallery[fitted], old.gallery[fitted], fitted_on={"pairs": len(fitted), "share": share,
+                                                                               "seed": seed})
+        yield kind, m, fitted, time.perf_counter() - start
+
+
 def adapter_rows(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, kinds: Sequence[str] = DEFAULT_ADAPTERS,
                  files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE) -> list[dict[str, Any]]:
     """One row per adapter kind fitted here (see the module docstring) and per exported adapter folder."""
     rows = []
-    if kinds:
-        fitted = fit_rows(len(old.gallery), share, report.seed)
+    for kind, m, fitted, seconds in fitted_maps(old, new, kinds, share=share, seed=report.seed):
         keep = np.setdiff1d(np.arange(len(old.gallery)), fitted) if report.same_set else None
-        for kind in kinds:
-            start = time.perf_counter()
-            m = fit_map(kind, new.gallery[fitted], old.gallery[fitted],
-                        fitted_on={"pairs": len(fitted), "share": share, "seed": report.seed})
-            seconds = time.perf_counter() - start
-            rows.append(_adapter_row(kind, m, judge_map(m, old, new, report, keep), source="fitted here",
-                                     pairs=len(fitted), fit_seconds=seconds))
+        rows.append(_adapter_row(kind, m, judge_map(m, old, new, report, keep), source="fitted here",
+                                 pairs=len(fitted), fit_seconds=seconds))
     for folder in files:
         m = load_adapter(folder)
         rows.append(_adapter_row(f"{m.kind} ({Path(folder).name})", m, judge_map(m, old, new, report),

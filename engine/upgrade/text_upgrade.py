@@ -34,7 +34,6 @@ import numpy as np
 from sqlalchemy import Engine
 
 from engine.adapters import fit_adapters
-from engine.adapters.posthoc import fit_map
 from engine.analysis.views import Progress, StoredVersion, load_experiment
 from engine.checkpoints.request import text_corpus
 from engine.core.vocab import TEXT_DATASET_NAMES
@@ -44,7 +43,7 @@ from engine.metrics.compatibility import CellFeatures
 from engine.metrics.relevance import label_outcomes, neighbour_recall
 from engine.metrics.topk import TopK, array_blocks, stream_topk
 from engine.metrics.twoway import TopLists, top_lists
-from engine.upgrade.migration import fit_rows, judge_map
+from engine.upgrade.migration import fitted_maps, judge_map
 from engine.upgrade.plan import DEFAULT_FIT_SHARE
 from engine.upgrade.rule import Rule
 from engine.upgrade.verdict import BETTER, UpgradeReport, compare
@@ -278,12 +277,7 @@ def adapter_rows(exp: TextExperiment, old: int, new: int, report: UpgradeReport,
     o = CellFeatures(exp.queries[old], exp.query_labels, exp.gallery[old], exp.gallery_labels)
     n = CellFeatures(exp.queries[new], exp.query_labels, exp.gallery[new], exp.gallery_labels)
     out = []
-    fitted = fit_rows(len(o.gallery), DEFAULT_FIT_SHARE, report.seed)  # as the migration plan's adapters
-    for kind in POSTHOC_KINDS:
-        start = time.perf_counter()
-        m = fit_map(kind, n.gallery[fitted], o.gallery[fitted],
-                    fitted_on={"pairs": len(fitted), "share": DEFAULT_FIT_SHARE, "seed": report.seed})
-        seconds = time.perf_counter() - start
+    for kind, m, fitted, seconds in fitted_maps(o, n, POSTHOC_KINDS, share=DEFAULT_FIT_SHARE, seed=report.seed):
         out.append(_adapter_row("post-hoc", kind, f"{len(fitted):,} gallery definitions embedded by both models",
                                 len(fitted), judge_map(m, o, n, report), m.apply(n.query), exp, old, report.new_new, k,
                                 seconds))
