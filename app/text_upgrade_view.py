@@ -103,9 +103,11 @@ def headline(payload: Mapping[str, Any], pair: Mapping[str, Any], metric: str = 
         return None
     old, new = payload["models"][pair["old"]], payload["models"][pair["new"]]
     m = display_metric(row["metric"])
+    c = payload["corpus"]
+    over = (f"{c['queries']:,} queries and {c['gallery']:,} gallery items" if row.get("interval") == "two-way"
+            else f"{c['queries']:,} queries")  # what the interval resampled (Recall@k: both, as check-upgrade)
     change = ("" if row.get("diff") is None or row.get("lo") is None else
-              f" ({interval_text(row['diff'], row['lo'], row['hi'], payload['level'])} over "
-              f"{payload['corpus']['queries']:,} queries)")
+              f" ({interval_text(row['diff'], row['lo'], row['hi'], payload['level'])} over {over})")
     alone = "" if row.get("new_new") is None else f"; {new} alone {pct(row['new_new'])}"
     return (f"{new} queries on the {old} index: {row['verdict']}, {m} {pct(row['new_old'])} vs "
             f"{pct(row['old_old'])} for {old} alone{change}{alone}.")
@@ -175,12 +177,14 @@ def table_height(rows: int) -> int:
 
 
 def corpus_line(payload: Mapping[str, Any]) -> str:
-    """The corpus, the paired test and its seed, in one line."""
+    """The corpus, the paired test (what it resamples, its seed) and the rule, in one line."""
     c = payload["corpus"]
     train = f" · {c['train_texts']:,} training texts for the adapters" if c.get("train_texts") else ""
     return (f"WordNet {c['task']}: {c['queries']:,} example sentences (queries) against {c['gallery']:,} definitions "
-            f"(gallery), sample seed {c['seed']}{train} · encoder view · paired percentile bootstrap over the queries, "
-            f"{payload['resamples']:,} resamples, seed {payload['seed']}, {100 * payload['level']:g}% intervals")
+            f"(gallery), sample seed {c['seed']}{train} · encoder view · paired percentile bootstrap over the queries "
+            f"(for Recall@k also over the gallery items, as the Upgrade check), {payload['resamples']:,} resamples, "
+            f"seed {payload['seed']}, {100 * payload['level']:g}% intervals · strict ECC: new/old must score above "
+            "old/old (a tie is not compatible)")
 
 
 # ---------------------------------------------------------------------------------------------- rendering

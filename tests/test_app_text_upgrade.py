@@ -9,6 +9,8 @@ numbers written here by hand (percentages with one decimal, differences in point
 """
 from __future__ import annotations
 
+import copy
+
 import shutil
 import sqlite3
 from pathlib import Path
@@ -115,6 +117,12 @@ def test_headline_in_words_and_points():
     label_free = tv.headline(payload, payload["pairs"][0], "neighbour_recall@10")
     assert label_free.endswith("neighbour recall@10 2.0% vs 21.0% for minilm_l3 alone (-19.0 points, 95% CI -20.0 to "
                                "-18.0 over 40 queries).")  # no "alone" for the new model: new/new is the reference
+    two_way = copy.deepcopy(payload)  # a Recall@k interval that resampled the gallery items too says so
+    two_way["pairs"][0]["rows"][0]["interval"] = "two-way"
+    assert tv.headline(two_way, two_way["pairs"][0]).endswith(
+        "(-13.7 points, 95% CI -16.0 to -11.4 over 40 queries and 120 gallery items); minilm_l6 alone 23.0%.")
+    line = tv.corpus_line(payload)
+    assert "for Recall@k also over the gallery items" in line and "strict ECC" in line and "1,000 resamples" in line
 
 
 def test_matrix_cells_carry_their_pairs_verdicts():
