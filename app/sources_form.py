@@ -11,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from app import queries as q
-from app.plan_view import plan_section
+from app.plan_view import decision_box, plan_section
 from app.widgets import MISSING, follow_jobs, plain
 from engine.core.contract import sources_check_payload
 from engine.core.conventions import metric_name
@@ -67,6 +67,7 @@ def _form(url: str) -> None:
 def _report(report: dict[str, Any]) -> None:
     c, b = report["compatibility"], report["better"]
     VERDICT_BOX[report["verdict"]](plain(sentence(report)))
+    decision_box(report.get("plan"))  # the one decision; its details close the report
     st.caption(plain(f"{metric_name(report['metric'])} · {report['convention']} · {report['n_queries']:,} queries, "
                      f"{report['n_gallery']:,} gallery items · paired percentile bootstrap over "
                      f"{report['bootstrap']['paired_over']}, {report['resamples']:,} resamples, seed {report['seed']}"))
@@ -96,13 +97,14 @@ def _backfill(report: dict[str, Any]) -> None:
     """The stored backfill needs, as the features check shows them, with each curve's worst share of decided queries."""
     if not report.get("backfill"):
         return
-    old, new, best = report["old_name"], report["new_name"], report.get("best_ordering")
+    old, new = report["old_name"], report["new_name"]
     decided = report.get("backfill_decided") or {}
     st.subheader("Backfilling needed")
-    st.markdown(plain(f"Not compatible: re-embed part of the gallery with {new}. The best ordering is the one with the "
-                      f"**largest area** under its curve: **{best}** (top-{report.get('backfill_depth')} lists merged "
-                      "by score at each point)."))
-    rows = [{"ordering": n["ordering"] + (" (best)" if n["ordering"] == best else ""),
+    st.markdown(plain(f"Not compatible: the curves of re-embedding part of the gallery with {new} "
+                      f"(top-{report.get('backfill_depth')} lists merged by score at each point). M̃ is the area under a "
+                      "curve (the metric averaged over a uniformly random backfilled share); the migration plan below "
+                      f"picks the ordering that reaches {old}'s self-test with the fewest items."))
+    rows = [{"ordering": n["ordering"],
              "M̃ %": None if n["area"] is None else 100 * n["area"], f"to reach {old}'s self-test": share(n["to_old_self"]),
              f"to reach {new}'s self-test": share(n["to_new_self"]),
              "queries decided % (worst point)": 100 * min(decided[n["ordering"]]) if decided.get(n["ordering"]) else None}

@@ -21,7 +21,7 @@ def _both(tmp_path, capsys, pair) -> tuple[dict, str]:
     """check-upgrade's JSON report and what ``evaluate`` prints, for the same two-model folder."""
     folder = write_folder(tmp_path / "f", *pair())
     out = tmp_path / "r.json"
-    main(["check-upgrade", "--features", str(folder), "--json", str(out)])
+    main(["check-upgrade", "--features", str(folder), "--metric", "recall@1", "--json", str(out)])
     report = json.loads(out.read_text())
     capsys.readouterr()
     assert main(["evaluate", "--features", str(folder), "--no-store", "--metric", "recall@1"]) == 0

@@ -26,7 +26,8 @@ def write_folder(path, *sets, extra=None):
 def test_exit_code_is_the_verdict(tmp_path, capsys, pair, code, verdict):
     folder = write_folder(tmp_path / "f", *pair())
     out = tmp_path / "report.json"
-    assert main(["check-upgrade", "--features", str(folder), "--name", "v1", "--name", "v2", "--json", str(out)]) == code
+    assert main(["check-upgrade", "--features", str(folder), "--name", "v1", "--name", "v2", "--metric", "recall@1",
+                 "--json", str(out)]) == code
     report = json.loads(out.read_text())
     assert report["verdict"] == verdict and report["old_name"] == "v1" and report["new_name"] == "v2"
     assert report["bootstrap"] == {"method": "percentile", "paired_over": "queries and gallery items", "resamples": 1000,
@@ -102,7 +103,8 @@ def test_experiment_form_exit_code_is_the_verdict(tmp_path, capsys, pair, code, 
     old, new = pair()
     exp = store_pair(url, old, new, names=("v1", "v2"))
     out = tmp_path / "r.json"
-    args = ["check-upgrade", "--experiment", str(exp), "--old-step", "1", "--new-step", "2", "--db", url, "--json", str(out)]
+    args = ["check-upgrade", "--experiment", str(exp), "--old-step", "1", "--new-step", "2", "--db", url, "--metric", "recall@1",
+            "--json", str(out)]
     assert main(args) == code
     report = json.loads(out.read_text())
     # the same verdict as the --features form computes on the same arrays (float32 as stored)

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from sklearn.metrics import average_precision_score
 from test_upgrade import DIM, compatible_pair, hits, incompatible_pair
 from test_upgrade_cli import write_folder
 
@@ -27,8 +28,9 @@ def rotated_back_pair() -> tuple[CellFeatures, CellFeatures]:
 
 def run(tmp_path, pair, *extra: str) -> tuple[int, dict, dict, str]:
     folder = write_folder(tmp_path / "f", *pair())
+    metric = () if "--metric" in extra else ("--metric", "recall@1")  # the pairs are built around Recall@1's hits
     code = main(["check-upgrade", "--features", str(folder), "--name", "v1", "--name", "v2", "--resamples", "300",
-                 "--json", str(tmp_path / "report.json"), "--plan", str(tmp_path / "plan"), *extra])
+                 "--json", str(tmp_path / "report.json"), "--plan", str(tmp_path / "plan"), *metric, *extra])
     report = json.loads((tmp_path / "report.json").read_text())
     return code, report, json.loads((tmp_path / "plan.json").read_text()), (tmp_path / "plan.md").read_text()
 
@@ -59,6 +61,7 @@ def test_the_plan_files_carry_migration_plans_decision_for_the_same_report(tmp_p
     assert plan["report"] == report  # the report the plan was decided from, as --json wrote it
     assert set(plan) == {"decision", "reason", "old_name", "new_name", "metric", "n_gallery", "adapter", "ordering",
                          "fraction", "items_to_reembed", "numbers", "threshold", "notes", "headline", "markdown",
+                         "rule", "success", "guardrail", "backfill_metric", "margin_to_decide", "recovery",
                          "adapters", "rollouts", "rescoring", "report"}
     assert f"  plan: {again.headline()} (written to plan.json and plan.md)" in capsys.readouterr().out.splitlines()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "plan.json", "plan.md", "report.json"]
@@ -118,10 +121,17 @@ def test_backfill_plans_cost_their_items_and_rank_merge_is_read_above_the_old_se
         return old, CellFeatures(better.query @ rotation, better.query_labels, better.gallery @ rotation, better.gallery_labels)
 
     _, report, plan, _ = run(tmp_path, worse_queries, "--adapters", "--rollout")
+    # Recall@1 flatters backfilling: the plan reads its roll-outs on the mAP curves, against mAP's old self-test
+    old, new = worse_queries()
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731 - cosine similarity, as the check
+    ap = [average_precision_score(old.gallery_labels == y, unit(old.gallery) @ q)
+          for q, y in zip(unit(old.query), old.query_labels)]
+    assert report["metric"] == "recall@1" and {r["metric"] for r in plan["rollouts"]} == {"map"}
+    assert all(r["old_self"] == pytest.approx(np.mean(ap), abs=1e-9) for r in plan["rollouts"])
     merges = [r for r in plan["rollouts"] if r["ordering"].startswith("rank_merge:")]
     assert merges and all(r["reaches_at"] == 0.0 for r in merges)  # at 0 % the merge is the old system itself
     for r in merges:
-        above = [f for f, v in zip(r["fractions"], r["values"]) if v > report["old_old"]]
+        above = [f for f, v in zip(r["fractions"], r["values"]) if v > r["old_self"]]
         assert r["to_old_self"] == (above[0] if above else None)
     assert all(not r["ordering"] == "rescoring" for r in plan["rollouts"]) and plan["rescoring"]["ordering"] == "rescoring"
     assert plan["decision"] == "backfill"
@@ -141,7 +151,7 @@ def test_same_set_adapters_are_scored_on_the_items_they_were_not_fitted_on(tmp_p
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--threshold", "0.5"], "--threshold go(es) with --plan OUT"),
+    (["--threshold", "nan"], "--threshold must be a finite score"),  # the decision is taken on every check
     (["--plan", "{tmp}/nowhere/plan"], "does not exist"),
     (["--plan", "{tmp}/taken"], "taken.json exists"),
     (["--plan", "{outside}/plan"], "outside the data roots"),

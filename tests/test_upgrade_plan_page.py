@@ -4,7 +4,7 @@ from __future__ import annotations
 from test_app_pages import open_page, texts, unplain
 from test_upgrade import close_pair, compatible_pair, hits
 from test_upgrade_cli import store_pair
-from test_upgrade_page import PARAMS
+from test_upgrade_page import PARAMS, open_upgrade
 from test_upgrade_plan_cli import rotated_back_pair
 
 from engine.core.contract import analysis_key
@@ -28,7 +28,7 @@ def test_the_page_shows_the_stored_plan_its_numbers_and_a_markdown_download(app_
     again = migration_plan(payload["report"], adapters=plan["adapters"], rollouts=plan["rollouts"],
                            threshold=plan["threshold"])
     assert (plan["decision"], plan["adapter"]) == (again.decision, again.adapter) == ("ship with adapter", "procrustes")
-    at = open_page("upgrade")
+    at = open_upgrade()
     assert not at.exception
     page = texts(at)
     assert "Migration plan" in [h.value for h in at.subheader]
@@ -53,12 +53,12 @@ def shown_metric(at, label: str) -> str:
     return m.value
 
 
-def test_a_pair_too_small_for_an_adapter_shows_why_there_is_no_plan(app_db):
+def test_a_pair_too_small_for_an_adapter_is_decided_from_the_verdicts_and_says_why(app_db):
     payload = stored_plan(app_db, close_pair)  # two gallery items: one pair is not enough to fit on
-    assert "error" in payload["plan"]
-    at = open_page("upgrade")
+    assert payload["plan"]["adapters"] == [] and payload["plan"]["decision"] == "do not ship yet"
+    at = open_upgrade()
     assert not at.exception
-    assert "No migration plan for this pair: a fit share of 0.5 of 2 gallery items gives 1 pairs" in texts(at)
+    assert "no adapter, roll-out or threshold: a fit share of 0.5 of 2 gallery items gives 1 pairs" in texts(at)
 
 
 def test_a_check_from_a_store_shows_the_plan_its_verdicts_give(app_db, tmp_path):

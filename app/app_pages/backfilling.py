@@ -9,22 +9,12 @@ from app.exports import download_buttons
 from app import queries as q
 from app.widgets import (MISSING, analysis_result, follow_jobs, launch, pick_experiment, pick_steps, plain,
                          state_convention)
-from engine.core.contract import ADAPTER_KINDS, DEFAULT_ORDERINGS, ORDERINGS, adapter_key, adapters_payload, same_set_of
+from engine.core.contract import ADAPTER_KINDS, DEFAULT_ORDERINGS, ORDERING_HELP, ORDERINGS, adapter_key, adapters_payload, same_set_of
 from engine.core.conventions import metric_name
 from engine.results.verdict_words import artefact_note, metric_order, needs_lines
 from engine.upgrade.orders import best_by_area
 
 url = q.db_url()
-ORDERING_HELP = {
-    "random": "uniform random order (seeded)",
-    "distance_mse": "farthest (Euclidean) from its class mean in the old gallery first",
-    "distance_cosine": "farthest (cosine) from its class mean in the old gallery first",
-    "distance_mse_reverse": "nearest to the class mean first",
-    "distance_cosine_reverse": "nearest to the class mean first (cosine)",
-    "confidence": "lowest new-model confidence first (uses the new model's gallery logits: an oracle)",
-    "adapter_residual": "largest distance between an item's new and old (unit) vectors first, no labels "
-                        "(identity map: needs one feature space; reads every new vector: an oracle)",
-}
 
 st.title("Backfilling")
 st.caption("New-model queries against a gallery that starts embedded by the old model; gallery items are re-embedded "

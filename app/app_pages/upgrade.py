@@ -5,17 +5,18 @@ import pandas as pd
 import streamlit as st
 
 from app import queries as q
-from app.plan_view import plan_section
+from app.plan_view import decision_box, plan_section
 from app.sources_form import sources_section
 from app.text_upgrade_view import text_task
 from app.widgets import MISSING, analysis_result, model_label, pick_experiment, pick_steps, plain
 from engine.core.contract import ADAPTER_KINDS, ADAPTER_NAMES, adapter_key, adapters_payload, analysis_key, same_set_of
 from engine.core.conventions import metric_name
 from engine.results.verdict_words import artefact_note, metric_order, needs_lines
+from engine.upgrade.plan import pick_rollout
 from engine.upgrade.words import interval, sentence, share
 
 url = q.db_url()
-METRICS = ("recall@1", "recall@5", "map")
+METRICS = ("map", "recall@1", "recall@5")  # the decision's metric first (engine.core.vocab.decision_metric)
 VERDICT_BOX = {"compatible": st.success, "not compatible": st.error, "too close to call": st.warning}
 
 st.title("Upgrade check")
@@ -69,6 +70,7 @@ p = result["payload"]
 r = {**p["report"], "old_name": old_name, "new_name": new_name}  # names as they are now (renames apply at once)
 comp, better = r["compatibility"], r["better"]
 VERDICT_BOX[r["verdict"]](plain(sentence(r)))
+decision_box(p.get("plan"))  # the one decision; its details close the page
 for note in p.get("notes", []):
     st.info(plain(note))
 
@@ -81,9 +83,12 @@ k[2].metric(plain(f"{new_name} on its own vs {old_name}"), f"{100 * better['diff
             delta_color="off", delta_arrow=arrow(round(100 * better["diff"], 1)))  # the shown number's sign
 k[3].metric("Queries scored", f"{comp['n']}", f"{r['n_no_positive']} without a positive" if r["n_no_positive"] else None,
             delta_color="off", delta_arrow="off")
-if comp["lo"] <= 0 <= comp["hi"]:
+if comp["verdict"] == "too close to call":
+    decide = (p.get("plan") or {}).get("margin_to_decide")
     st.warning(f"Too close to call: the {100 * r['level']:g}% interval of the gain ({interval(comp, r['level'])}) "
-               "contains 0. More queries, or a larger margin, would decide it.")
+               "does not clear the rule. More queries would decide it"
+               + (f", or a non-inferiority margin of {decide:g} points (the new model's queries may lose up to that "
+                  "much against the old model alone)." if decide else "."))
 st.caption(plain(f"{metric_name(r['metric'])} · view {view} · {r['n_queries']} queries, {r['n_gallery']} gallery items"
                  f"{' · closed-set: each query’s own image excluded' if r['same_set'] else ''} · paired percentile "
                  f"bootstrap over {r.get('bootstrap', {}).get('paired_over', 'queries')}, {r['resamples']:,} resamples, "
@@ -104,11 +109,11 @@ def stored_reports() -> dict[str, dict]:
 
 
 def backfill_needs() -> str:
-    """The backfilling needed per stored metric, the one that does not flatter (mAP) first, each in its best
-    ordering; a metric under which the pair is already compatible needs none; mAP named when not computed."""
+    """The backfilling needed per stored metric, the one that does not flatter (mAP) first, each in the ordering the
+    plan's rule picks (:func:`engine.upgrade.plan.pick_rollout`: fewest items to reach the old self-test); a metric under
+    which the pair is already compatible needs none; mAP named when not computed."""
     parts = []
-    reach = {m: next(n["to_old_self"] for n in rep["backfill"] if n["ordering"] == rep["best_ordering"])
-             for m, rep in reports.items() if rep.get("best_ordering") is not None}
+    reach = {m: (pick_rollout(rep["backfill"]) or {}).get("to_old_self") for m, rep in reports.items() if rep["backfill"]}
     lines = dict(zip(metric_order(reach), needs_lines(reach, old_name)))
     for m in metric_order(reports):
         parts.append(lines.get(m) or f"{metric_name(m)}: no backfilling needed ({reports[m]['verdict']})")
@@ -119,9 +124,11 @@ def backfill_needs() -> str:
 reports = stored_reports()
 if r["backfill"]:
     st.subheader("Backfilling needed")
-    st.markdown(f"Not compatible: re-embed part of the gallery with {plain(new_name)}. The best ordering is the one with "
-                f"the **largest area** under its curve: **{plain(r['best_ordering'])}**.")
-    st.dataframe(pd.DataFrame([{"ordering": n["ordering"] + (" (best)" if n["ordering"] == r["best_ordering"] else ""),
+    st.markdown(plain(f"Not compatible: the curves of re-embedding part of the gallery with {new_name}, under "
+                      f"{metric_name(r['metric'])}. M̃ is the area under a curve (the metric averaged over a uniformly "
+                      "random backfilled share); the migration plan below picks the ordering that reaches "
+                      f"{old_name}'s self-test with the fewest items, read on a metric that does not flatter backfilling."))
+    st.dataframe(pd.DataFrame([{"ordering": n["ordering"],
                                 "M̃ %": 100 * n["area"], f"to reach {old_name}'s self-test": share(n["to_old_self"]),
                                 f"to reach {new_name}'s self-test": share(n["to_new_self"])} for n in r["backfill"]]),
                  hide_index=True, placeholder=MISSING,

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 
 from engine.cli.options import add_model_arguments, models_spec_from_args
 from engine.core.contract import DEFAULT_ORDERINGS, ORDERINGS
-from engine.core.vocab import RELEVANCE, RELEVANCE_K as DEFAULT_K
+from engine.core.vocab import RELEVANCE, RELEVANCE_K as DEFAULT_K, decision_metric
 from engine.data import roots
 from engine.results.json_file import write_json_atomic
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
-from engine.upgrade.plan import DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K
+from engine.upgrade.plan import (DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, backfill_metric,
+                                 recovery_line)
 from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, TIE_RULES
 from engine.upgrade.words import NOT_JUDGED
 
@@ -97,8 +98,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                 "(nothing is stored without --db)")
     p.add_argument("--name", action="append", dest="names", metavar="NAME",
                    help="the models' names, old then new (give it twice; default: old, new, or the stored names)")
-    p.add_argument("--metric", help="recall@K, map or map@K (default recall@1); with --old-gallery recall@K, map@K, "
-                                    "ndcg@K or, label-free, neighbour_recall@K (defaults: recall@1, ndcg@K, "
+    p.add_argument("--metric", help="the metric the verdict and the plan decide on: map, map@K or recall@K (default map: "
+                                    "Recall@K flatters backfilling); with --old-gallery recall@K, map@K, "
+                                    "ndcg@K or, label-free, neighbour_recall@K (defaults: map@K, ndcg@K, "
                                     "neighbour_recall@K by --relevance)")
     p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help=f"bootstrap resamples (default {DEFAULT_RESAMPLES})")
     p.add_argument("--level", type=float, default=DEFAULT_CONFIDENCE,
@@ -186,15 +188,12 @@ def write_plan(files: tuple[Path, Path], data: dict, markdown: str) -> None:
 
 
 def _plan_options(args: argparse.Namespace) -> None:
-    """Refuse the plan's options without --plan, and bad values, before any work."""
+    """Refuse bad values of what the decision is taken from, before any work (the plan is decided on every check;
+    --plan only writes it)."""
     given = [o for o, v in (("--adapters", args.adapters), ("--adapter", args.adapter_files),
                             ("--threshold", args.threshold)) if v is not None]
     if args.fit_share != DEFAULT_FIT_SHARE:
         given.append("--fit-share")
-    if args.plan is None:
-        if given:
-            raise ValueError(f"{', '.join(given)} go(es) with --plan OUT")
-        return
     if args.old_gallery is not None and given:
         raise ValueError(f"{', '.join(given)}: adapters and the threshold need the features in memory (--features, "
                          "--experiment or --model); with --old-gallery the plan is decided from the verdicts alone")
@@ -324,14 +323,21 @@ def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRep
 
 
 def _plan(args: argparse.Namespace, report: UpgradeReport, features: Features) -> PlanInputs:
-    """The migration plan of this check (:mod:`engine.upgrade.migration`); from the verdicts alone when streamed."""
-    from engine.upgrade.migration import plan_from_verdicts, plan_inputs
+    """The migration plan of this check (:mod:`engine.upgrade.migration`); from the verdicts alone when streamed, or
+    when the default adapters cannot be fitted (a gallery too small) and none was asked for by name."""
+    from engine.upgrade.migration import decide_in_memory, plan_from_verdicts
 
     if features is None:
         return plan_from_verdicts(report)
-    return plan_inputs(features[0], features[1], report, kinds=DEFAULT_ADAPTERS if args.adapters is None else args.adapters,
-                       files=[roots.confine(f, what="--adapter") for f in args.adapter_files or ()], share=args.fit_share,
-                       t_old=args.threshold)
+    return decide_in_memory(features[0], features[1], report, kinds=args.adapters,
+                            files=[roots.confine(f, what="--adapter") for f in args.adapter_files or ()],
+                            share=args.fit_share, t_old=args.threshold)
+
+
+def plan_lines(plan: Plan) -> list[str]:
+    """The decision's recovery rows and notes, one line each (the decision itself is the ``decision:`` line)."""
+    return ([f"recovery: {recovery_line(r, plan.old_name, plan.new_name)}" for r in plan.recovery]
+            + [f"note: {n}" for n in plan.notes])
 
 
 def needed_line(needed: int | None, n: int) -> str:
@@ -408,7 +414,7 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
     unknown = [o for o in args.orderings if o not in ORDERINGS]
     if unknown:
         raise ValueError(f"unknown backfilling order(s) {', '.join(unknown)}; known: {', '.join(ORDERINGS)}")
-    settings = {"metric": args.metric or "recall@1", "resamples": args.resamples, "level": args.level,
+    settings = {"metric": args.metric or decision_metric("labels"), "resamples": args.resamples, "level": args.level,
                 "seed": args.seed, "margin": args.margin, "ties": args.ties, "interval": args.interval or DEFAULT_INTERVAL,
                 "orderings": tuple(args.orderings), "rollout": args.rollout}
     if args.old_gallery is None:
@@ -421,7 +427,7 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
         report, source, features = _check_models(args, settings)
     else:
         report, source, features = _check_folder(args, settings)
-    plan = _plan(args, report, features) if plan_files is not None else None
+    plan = _plan(args, report, features)  # the one decision: printed on every check, written with --plan
     c, b = report.compatibility, report.better
     reach = lambda x: "never" if x is None else f"{x:.3f}"  # noqa: E731
     judged = b.verdict != NOT_JUDGED
@@ -438,14 +444,15 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
              f"  compatibility diff {c.diff:+.4f} [{c.lo:+.4f}, {c.hi:+.4f}] -> {c.verdict}; {alone}"
              f"(paired percentile bootstrap over {INTERVALS[report.interval]}, {report.resamples} resamples, "
              f"level {report.level:g}, seed {report.seed})",
-             f"  rule: {report.rule.name}"]
+             f"  rule: {report.rule.name}",
+             f"  decision: {plan.plan.headline()}: {plan.plan.reason}"]
     if "convention" in source:
         lines.append(f"  convention: {source['convention']}")
     if c.verdict == "too close to call":
         lines.append(f"  queries needed: {needed_line(c.needed, c.n)}")
     lines += [f"  backfill {need.ordering:<16} area {need.area:.4f}  to reach {report.old_name}'s self-test "
-              f"{reach(need.to_old_self)}, {report.new_name}'s {reach(need.to_new_self)}"
-              + ("  (best)" if need.ordering == report.best_ordering else "") for need in report.backfill]
+              f"{reach(need.to_old_self)}, {report.new_name}'s {reach(need.to_new_self)} ({report.metric}; the plan reads "
+              f"{backfill_metric(report.metric, report.relevance)})" for need in report.backfill]
     lines += [f"  roll-out {need.ordering:<24} area {need.area:.4f}  to reach {report.old_name}'s self-test "
               f"{reach(need.to_old_self)}, {report.new_name}'s {reach(need.to_new_self)}" for need in report.rollout]
     if args.json is not None:  # written before anything is printed: a failed write prints only the error
@@ -453,8 +460,9 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
             write_json_atomic(args.json, {**source, **report.to_json()}, allow_nan=False)
         except OSError as exc:
             raise ValueError(f"--json {args.json}: cannot write ({exc.strerror or type(exc).__name__})") from None
-    if plan is not None:
+    if plan_files is not None:
         write_plan(plan_files, plan.to_json({**source, **report.to_json()}), plan.plan.to_markdown())
         lines.append(f"  plan: {plan.plan.headline()} (written to {plan_files[0].name} and {plan_files[1].name})")
+    lines += [f"  plan {line}" for line in plan_lines(plan.plan)]
     print("\n".join(lines + [f"  note: {n}" for n in (*report.notes, *source.get("notes", []))]))
     return EXIT_CODES[report.verdict]

@@ -62,6 +62,16 @@ EMBEDDINGS = ("umap", "pca")
 ORDERINGS = ("random", "distance_mse", "distance_cosine", "distance_mse_reverse", "distance_cosine_reverse",
              "confidence", "adapter_residual")  # partial-backfilling orders (engine.metrics.backfill_orders.ORDERINGS)
 DEFAULT_ORDERINGS = ("random", "distance_mse", "distance_cosine")
+ORDERING_HELP = {  # each order in words (the Backfilling page's help, the plan's and the report's wording)
+    "random": "uniform random order (seeded)",
+    "distance_mse": "farthest (Euclidean) from its class mean in the old gallery first",
+    "distance_cosine": "farthest (cosine) from its class mean in the old gallery first",
+    "distance_mse_reverse": "nearest to the class mean first",
+    "distance_cosine_reverse": "nearest to the class mean first (cosine)",
+    "confidence": "lowest new-model confidence first (uses the new model's gallery logits: an oracle)",
+    "adapter_residual": "largest distance between an item's new and old (unit) vectors first, no labels "
+                        "(identity map: needs one feature space; reads every new vector: an oracle)",
+}
 REACH_SHARES = (1.0, 0.99, 0.95)  # "fraction needed to reach this share of the new model's self-test"
 # map point kinds (column "kind" of the projection array)
 SAMPLE, CLASS_MEAN, PROTOTYPE = 0, 1, 2
@@ -75,7 +85,7 @@ ANALYSIS_DEFAULTS: dict[str, dict[str, Any]] = {
                  "num_fractions": 21, "seed": 0, "rollout": False},
     "geometry": {"view": "encoder", "split": "gallery", "n_pairs": 10_000, "seed": 0},
     # engine.metrics.paired's defaults: a seeded percentile bootstrap, 1,000 resamples, 95%
-    "upgrade": {"step_a": None, "step_b": None, "view": "encoder", "metric": "recall@1", "resamples": 1000,
+    "upgrade": {"step_a": None, "step_b": None, "view": "encoder", "metric": "map", "resamples": 1000,
                 "level": 0.95, "seed": 0},
     # the summary of a text comparison (engine.upgrade.text_upgrade): every pair of its models, paired over the queries
     "text_upgrade": {"k": 10, "resamples": 1000, "level": 0.95, "seed": 0, "adapters": True},

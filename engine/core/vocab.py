@@ -113,6 +113,16 @@ EVAL_CLASSES = ("all", "seen")
 # (qrels: query id -> relevant item ids, graded or binary), or none (the new model's top-k on the new gallery)
 RELEVANCE = ("labels", "qrels", "none")
 RELEVANCE_K = 10  # default depth of the top-k lists an upgrade check on sources reads (check-upgrade --k)
+
+
+def decision_metric(relevance: str = "labels", k: int = RELEVANCE_K, *, streamed: bool = False) -> str:
+    """The metric the upgrade decision is taken on by default, by relevance: mAP with class labels (the full ranking in
+    memory; mAP@k on streamed top-k lists), nDCG@k with qrels (BEIR's), neighbour recall@k label-free. Not Recall@k:
+    it flatters backfilling (one re-embedded item of the query's class can make a hit while most of the gallery is old),
+    so a plan read on it spends less than the upgrade needs; Recall@k stays available with --metric and is shown beside."""
+    if relevance not in RELEVANCE:
+        raise ValueError(f"unknown relevance {relevance!r}; use one of {', '.join(RELEVANCE)}")
+    return {"labels": f"map@{k}" if streamed else "map", "qrels": f"ndcg@{k}", "none": f"neighbour_recall@{k}"}[relevance]
 VIEWS = ("encoder", "logits", "softmax", "psp", "lsp")
 TRAINING_MODES = ("cumulative", "finetune")
 # models trained from scratch: "auto" = the same initial weights at every step only where the method's paper

@@ -13,6 +13,7 @@ for why. numpy-free: the dashboard imports it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 TIE_RULES = ("fail", "pass")
@@ -62,6 +63,24 @@ def decide(diff: float, lo: float, hi: float, rule: Rule = Rule()) -> tuple[str,
     return "unresolved", tie
 
 
+
+
+def equivalent(lo: float, hi: float, margin: float) -> bool:
+    """Two one-sided tests (TOST): the paired difference lies within ``+-margin`` points when the whole interval does.
+
+    With the check's two-sided interval at level ``L`` this is TOST at ``(1 - L) / 2`` per side (95 % -> 2.5 % each),
+    stricter than the textbook 90 % interval for a 5 % TOST: the report's one interval serves both readings. A margin of
+    0 never makes two models equivalent. ``lo``/``hi`` are fractions, ``margin`` points.
+    """
+    m = margin / 100
+    return m > 0 and -m < lo and hi < m
+
+
+def margin_to_decide(lo: float, hi: float, *, equivalence: bool = False) -> float:
+    """The smallest margin in points (rounded up to 0.1) under which the interval ``[lo, hi]`` passes: non-inferiority
+    (``lo > -m``) or, with ``equivalence``, TOST (``-m < lo`` and ``hi < m``)."""
+    need = max(-lo, hi) if equivalence else -lo
+    return max(0.1, math.floor(100 * need * 10 + 1) / 10)
 
 
 def unchanged_bound(n: int, level: float) -> float:

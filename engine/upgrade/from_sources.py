@@ -31,7 +31,7 @@ import numpy as np
 
 from engine.core.contract import sources_check_payload
 from engine.core.conventions import relevance_phrase
-from engine.core.vocab import RELEVANCE, RELEVANCE_K
+from engine.core.vocab import RELEVANCE, RELEVANCE_K, decision_metric
 from engine.metrics.cell_interval import cell_seed, paired_intervals
 from engine.metrics.list_merge import rows_of
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
@@ -103,8 +103,9 @@ def default_relevance(qrels: str | None) -> str:
 
 
 def default_metric(relevance: str, k: int) -> str:
-    """Recall@1 with labels (check-upgrade's default), nDCG@k with qrels (BEIR's), neighbour recall@k label-free."""
-    return {"labels": "recall@1", "qrels": f"ndcg@{k}", "none": f"neighbour_recall@{k}"}[relevance]
+    """The decision's metric on streamed top-k lists (:func:`engine.core.vocab.decision_metric`): mAP@k with labels,
+    nDCG@k with qrels (BEIR's), neighbour recall@k label-free."""
+    return decision_metric(relevance, k, streamed=True)
 
 
 def parse_source_metric(metric: str, relevance: str) -> tuple[str, int]:

@@ -32,8 +32,9 @@ from engine.adapters.posthoc import PosthocMap, fit_map, kind_of
 from engine.metrics.compatibility import CellFeatures
 from engine.metrics.threshold import matched_threshold, threshold_at_precision
 from engine.metrics.topk import array_blocks, stream_topk
-from engine.upgrade.plan import DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, migration_plan
-from engine.upgrade.verdict import UpgradeReport, check_upgrade
+from engine.upgrade.plan import (DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, backfill_metric,
+                                 migration_plan)
+from engine.upgrade.verdict import UpgradeReport, backfill_needs, check_upgrade, per_query_scores, rollout_needs
 from storage import json_ready
 
 RANK_MERGE = "rank_merge:"
@@ -146,6 +147,32 @@ def rollout_rows(report: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str
     return rows, rescoring
 
 
+def plan_rollouts(old: CellFeatures, new: CellFeatures, report: UpgradeReport) -> tuple[list[dict[str, Any]],
+                                                                                     dict[str, Any] | None]:
+    """The roll-out rows the plan chooses from, read on :func:`engine.upgrade.plan.backfill_metric`'s curves: the
+    report's own when its metric does not flatter backfilling, else the same orderings recomputed under mAP (the old
+    self-test target too), each row naming its ``metric``."""
+    data = report.to_json()
+    metric = backfill_metric(report.metric, report.relevance)
+    if metric == report.metric or not (report.backfill or report.rollout):
+        rows, rescoring = rollout_rows(data)
+        return [{**r, "metric": report.metric, "old_self": report.old_old} for r in rows], rescoring
+
+    def mean(q: CellFeatures, g: CellFeatures) -> float:
+        return float(np.nanmean(per_query_scores(q.query, q.query_labels, g.gallery, g.gallery_labels, metric=metric,
+                                                 same_set=report.same_set)))
+
+    old_self = mean(old, old)
+    orderings = tuple(b.ordering for b in report.backfill)
+    needs = backfill_needs(old, new, metric=metric, old_self=old_self, orderings=orderings, seed=report.seed,
+                           same_set=report.same_set)
+    rolled = rollout_needs(old, new, metric=metric, old_self=old_self, new_self=mean(new, new), orderings=orderings,
+                           seed=report.seed, same_set=report.same_set) if report.rollout else ()
+    rows, rescoring = rollout_rows({**data, "old_old": old_self, "backfill": [asdict(n) for n in needs],
+                                    "rollout": [asdict(r) for r in rolled]})
+    return [{**r, "metric": metric, "old_self": old_self} for r in rows], rescoring
+
+
 def candidate_pairs(cell: CellFeatures, *, k: int = THRESHOLD_K, same_set: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Scores of each query's top-``k`` gallery items in its own model's cell (own item excluded under ``same_set``)
     and whether each pair is relevant (same label)."""
@@ -183,7 +210,7 @@ def plan_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
     """The migration plan of ``report`` (computed on ``old`` and ``new``) with its adapters, roll-outs and threshold."""
     data = report.to_json()
     adapters = adapter_rows(old, new, report, kinds=kinds, files=files, share=share)
-    rollouts, rescoring = rollout_rows(data)
+    rollouts, rescoring = plan_rollouts(old, new, report)
     threshold, how = threshold_row(old, new, same_set=report.same_set, t_old=t_old, precision=precision)
     plan = migration_plan(data, adapters=adapters, rollouts=rollouts, threshold=threshold)
     notes = list(plan.notes)
@@ -209,7 +236,24 @@ VERDICTS_ONLY = ("adapters, roll-outs and the threshold need the features in mem
                  "this plan is decided from the verdicts alone")
 
 
-def plan_from_verdicts(report: UpgradeReport) -> PlanInputs:
-    """The plan of a check whose features are streamed (embeddings read from sources): the verdicts alone, said so."""
+def plan_from_verdicts(report: UpgradeReport, *, why: str = VERDICTS_ONLY) -> PlanInputs:
+    """The plan from the verdicts alone (no adapter, roll-out or threshold), with ``why`` as a note."""
     plan = migration_plan(report.to_json())
-    return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, VERDICTS_ONLY)), [], [], None)
+    return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, why)), [], [], None)
+
+
+def decide_in_memory(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *,
+                     kinds: Sequence[str] | None = None, files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE,
+                     t_old: float | None = None, precision: float = DEFAULT_PRECISION) -> PlanInputs:
+    """The plan of a check whose features are in memory (``--features``, ``--experiment``, ``--model``, the stored
+    ``upgrade`` analysis): :func:`plan_inputs`; when the default adapters cannot be fitted (a gallery too small) and no
+    adapter or threshold was asked for by name (``kinds`` None, no ``files``, no ``t_old``), the verdicts alone, with why."""
+    asked = kinds is not None or bool(files) or t_old is not None
+    try:
+        return plan_inputs(old, new, report, kinds=DEFAULT_ADAPTERS if kinds is None else kinds, files=files, share=share,
+                           t_old=t_old, precision=precision)
+    except ValueError as exc:
+        if asked:
+            raise
+        return plan_from_verdicts(report, why=f"no adapter, roll-out or threshold: {exc}")
+

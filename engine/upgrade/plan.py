@@ -1,20 +1,30 @@
-"""The migration plan: what to do with an upgrade, from the verdict, the adapters and the roll-out curves.
+"""The upgrade decision: one rule, one function, and every surface (CLI, plan files, pages, report) prints its output.
 
-One of four decisions, taken in this order (the first that applies):
+The rule, stated once (:func:`migration_plan`; torch-free, the dashboard renders a stored plan):
 
-1. **do not ship** when the new model is *not better* than the old one on its own (new/new vs old/old fails):
-   there is nothing to gain from paying for the upgrade;
-2. **ship as is** when the new model is compatible (new queries on the old gallery beat old/old under the rule);
-3. **ship with adapter X** when some adapter makes the new queries compatible (adapted->old vs old/old passes);
-   among several, the one with the highest lower interval end (then the first listed);
-4. **backfill p % in order Y** (with or without an adapter) when some roll-out curve reaches the old self-test:
-   the smallest fraction wins (then the larger area under its curve); the cost is ceil(p x gallery) items to
-   re-embed. The curves are point estimates over the evaluated queries: the plan says so;
-5. otherwise **do not ship yet**, naming what is unresolved (and the queries that would decide it when known).
+* **success**: is v2 worth paying for? v2 alone (new/new) against v1 alone (old/old), the strict paired verdict
+  (``better`` / ``not better`` / ``too close to call``; ``not judged`` without a new gallery or label-free). With a
+  margin ``m`` > 0 an interval inside ``+-m`` reads **unchanged within +-m points** (two one-sided tests,
+  :func:`engine.metrics.decision.equivalent`): the verdict of a like-for-like re-export (fp32 -> int8).
+* **guardrail**: can v2's queries, raw or through an adapter, search v1's gallery today? new/old (adapted/old)
+  against old/old under the report's :class:`~engine.metrics.decision.Rule`: strict ECC, ties passing, or
+  non-inferiority within ``m`` points ("at parity within m", never "beats").
 
-Inputs are JSON-ready mappings (:meth:`engine.upgrade.verdict.UpgradeReport.to_json`, adapter and roll-out rows),
-so the plan is torch-free and the dashboard renders a stored one. The threshold re-mapping
-(:mod:`engine.metrics.threshold`) is passed in when the caller has scored pairs with known relevance.
+Decisions, the first that applies:
+
+1. **ship as is** when both readings are unchanged within ``+-m`` (an equivalent model: nothing to migrate);
+2. **do not ship** when v2 is not better on its own: no remedy is worth paying for;
+3. **do not ship yet** when v2's own gain is too close to call (or not judged and nothing passes as is): a backfill
+   or an adapter would be spent on a gain nobody has shown; it names the queries, and the margin, that would decide;
+4. **ship as is** when the guardrail passes for v2's own queries;
+5. **ship with adapter X** when an adapter's queries pass the guardrail (highest lower interval end, then first);
+6. **backfill p % in order Y** when v2 is better and a roll-out curve reaches v1's self-test: the smallest fraction
+   (then the larger area), ceil(p x gallery) items; read on the curve of :func:`backfill_metric` (mAP where Recall@k
+   flatters backfilling: one re-embedded item of the class can make a Recall@1 hit);
+7. otherwise **do not ship yet**, naming what is open, the queries and the margin that would decide it.
+
+Recovery is read against its ceiling: a query-side adapter teaches v2's queries to imitate v1 on v1's gallery, so its
+share of a full re-embedding is capped near old/old / new/new (:func:`recovery_rows`).
 """
 from __future__ import annotations
 
@@ -23,6 +33,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.core.contract import ORDERING_HELP
+from engine.core.conventions import metric_name
+from engine.metrics.decision import equivalent, margin_to_decide
 from engine.upgrade.words import NOT_JUDGED, interval, pct
 
 DECISIONS = ("ship as is", "ship with adapter", "backfill", "do not ship", "do not ship yet")
@@ -31,11 +44,66 @@ DEFAULT_ADAPTERS = ("procrustes", "affine")  # post-hoc kinds fitted on a share 
 DEFAULT_FIT_SHARE = 0.5
 DEFAULT_PRECISION = 0.9  # the default old threshold: the lowest old score with this precision
 THRESHOLD_K = 10  # candidates per query the threshold is measured on
+UNCHANGED = "unchanged"  # the success reading of an equivalent model (TOST within the margin)
+NEAR_CEILING = 0.05  # an adapter within 5 % of old/old (either side) is at its ceiling: old/old / new/new
+
+
+def backfill_metric(metric: str, relevance: str = "labels") -> str:
+    """The metric a backfill fraction is read on: Recall@k flatters backfilling with class labels (one re-embedded item
+    of the query's class can make the hit), so labels read mAP; other metrics (mAP, nDCG@k, neighbour recall@k) are
+    read as given."""
+    return "map" if relevance == "labels" and metric.lower().startswith("recall@") else metric
+
+
+def _m(report: Mapping[str, Any]) -> float:
+    return float(report.get("margin") or 0.0)
+
+
+def success_verdict(report: Mapping[str, Any]) -> str:
+    """v2 alone vs v1 alone: the report's strict verdict, or ``unchanged`` when its interval lies within the margin."""
+    b = report["better"]
+    if b["verdict"] != NOT_JUDGED and equivalent(b["lo"], b["hi"], _m(report)):
+        return UNCHANGED
+    return b["verdict"]
+
+
+def recovery_rows(report: Mapping[str, Any], adapters: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each adapter's recovery read against its ceiling: share of the re-embedding (adapted/old / new/new) and of today's
+    system (adapted/old / old/old), the ceiling old/old / new/new (known before any fit), and the label-free reading
+    (agreement with v2's own neighbours, what adapter papers quote) beside it when the row has one."""
+    oo, nn = report.get("old_old"), report.get("new_new")
+    ceiling = oo / nn if oo is not None and nn and not math.isnan(nn) else None
+    rows = []
+    for a in adapters:
+        got = a.get("adapted_old")
+        of_new = None if got is None or not nn or ceiling is None else got / nn
+        of_old = None if got is None or not oo else got / oo
+        rows.append({"name": a["name"], "adapted_old": got, "share_of_new_new": of_new, "share_of_old_old": of_old,
+                     "ceiling": ceiling, "at_ceiling": bool(of_old is not None and ceiling is not None
+                                                            and abs(of_old - 1) <= NEAR_CEILING),
+                     "label_free": a.get("label_free")})
+    return rows
+
+
+def recovery_line(row: Mapping[str, Any], old: str, new: str) -> str:
+    """One adapter's recovery in words, with the reading when the ceiling binds."""
+    if row["share_of_new_new"] is None:
+        return f"adapter {row['name']}: {pct(row['adapted_old'])} ({new} alone not measured: no share of a re-embedding)"
+    out = (f"adapter {row['name']}: {pct(row['share_of_new_new'])} of a full re-embedding ({new}/{new}), "
+           f"{pct(row['share_of_old_old'])} of today's system ({old}/{old}); ceiling {pct(row['ceiling'])} "
+           f"({old}/{old} / {new}/{new})")
+    if row["at_ceiling"]:
+        out += (f": at its ceiling: the adapter makes {new}'s queries imitate {old} on {old}'s gallery, so it cannot "
+                f"recover much more than {old} itself scores; only re-embedding the gallery buys the rest")
+    if row.get("label_free") is not None:
+        out += (f"; against {new}'s own neighbours (label-free, the reading adapter papers quote as 95-99 %): "
+                f"{pct(row['label_free'])}")
+    return out
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The decision, its reason, the numbers behind it and the cost in items to re-embed."""
+    """The decision, its reason, the rule it was taken under, the numbers behind it and the cost in items to re-embed."""
 
     decision: str
     reason: str
@@ -43,11 +111,17 @@ class Plan:
     new_name: str
     metric: str
     n_gallery: int
+    rule: str = ""
+    success: str = ""  # v2 alone vs v1 alone: better / not better / unchanged / too close to call / not judged
+    guardrail: str = ""  # v2's queries on v1's gallery vs v1 alone under the rule
     adapter: str | None = None
     ordering: str | None = None
     fraction: float | None = None
+    backfill_metric: str | None = None  # the curve the fraction was read on
     items_to_reembed: int = 0
+    margin_to_decide: float | None = None  # points: the margin under which a too-close call would pass
     numbers: dict[str, Any] = field(default_factory=dict)
+    recovery: tuple[dict[str, Any], ...] = ()
     threshold: dict[str, Any] | None = None
     notes: tuple[str, ...] = ()
 
@@ -56,18 +130,20 @@ class Plan:
 
     def headline(self) -> str:
         """The decision in a few words: ``ship with adapter X``, ``backfill p % in order Y``, ``ship as is``, ..."""
-        return self.decision if self.decision not in ("ship with adapter", "backfill") else {
-            "ship with adapter": f"ship with adapter {self.adapter}",
-            "backfill": f"backfill {100 * (self.fraction or 0):.0f} % in order {self.ordering}"
-                        + (f" with adapter {self.adapter}" if self.adapter else ""),
-        }[self.decision]
+        if self.decision == "ship with adapter":
+            return f"ship with adapter {self.adapter}"
+        if self.decision == "backfill":
+            return (f"backfill {100 * (self.fraction or 0):.0f} % in order {self.ordering}"
+                    + (f" with adapter {self.adapter}" if self.adapter else ""))
+        return self.decision
 
     def to_markdown(self) -> str:
-        """The plan as a short Markdown document (a heading, the decision, the numbers, the notes)."""
-        head = self.headline()
-        lines = [f"# Migration plan: {self.old_name} -> {self.new_name}", "", f"**Decision: {head}.** {self.reason}", "",
-                 f"- metric: {self.metric}; gallery: {self.n_gallery:,} items; items to re-embed: {self.items_to_reembed:,}"]
+        """The plan as a short Markdown document: the decision, the rule, the numbers, recovery and notes as lists."""
+        lines = [f"# Migration plan: {self.old_name} -> {self.new_name}", "", f"**Decision: {self.headline()}.** {self.reason}",
+                 "", f"- rule: {self.rule}", f"- metric: {metric_name(self.metric)}; gallery: {self.n_gallery:,} items; "
+                 f"items to re-embed: {self.items_to_reembed:,}"]
         lines += [f"- {k}: {v}" for k, v in self.numbers.items()]
+        lines += [f"- recovery: {recovery_line(r, self.old_name, self.new_name)}" for r in self.recovery]
         if self.threshold:
             t = self.threshold
             new = "no new threshold reaches that precision" if t.get("t_new") is None else (
@@ -83,60 +159,114 @@ def _best_adapter(adapters: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | 
     return max(passing, key=lambda a: a["compatibility"]["lo"], default=None)  # max keeps the first among equals
 
 
-def _best_rollout(rollouts: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def pick_rollout(rollouts: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The roll-out a plan chooses: the smallest fraction that reaches v1's self-test, then the larger area."""
     reaching = [r for r in rollouts if r.get("to_old_self") is not None]
-    return min(reaching, key=lambda r: (r["to_old_self"], -r.get("area", 0.0)), default=None)
+    return min(reaching, key=lambda r: (r["to_old_self"], -(r.get("area") or 0.0)), default=None)
+
+
+def order_words(ordering: str) -> str:
+    """``distance_mse (farthest (Euclidean) from its class mean in the old gallery first)``; rank merges likewise."""
+    base = ordering.split(":", 1)[1] if ordering.startswith("rank_merge:") else ordering
+    merge = "a rank merge of both indexes, " if ordering.startswith("rank_merge:") else ""
+    help_ = ORDERING_HELP.get(base)
+    return f"{base} ({merge}{help_})" if help_ else ordering
+
+
+def _passes(c: Mapping[str, Any], margin: float) -> str:
+    """How a passing guardrail is said: above the self-test (strict ECC) or at parity within the margin."""
+    return "score at parity with" if margin > 0 else "already score above"
 
 
 def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str, Any]] = (),
                    rollouts: Sequence[Mapping[str, Any]] | None = None,
                    threshold: Mapping[str, Any] | None = None) -> Plan:
-    """The plan for ``report`` (an ``UpgradeReport.to_json()``), given the adapters' rows (``name``,
-    ``compatibility`` = a paired verdict of adapted->old vs old/old, optional ``adapted_old``) and the roll-out rows
-    (``ordering``, optional ``adapter``, ``to_old_self``, ``to_new_self``, ``area``; default the report's own
-    backfill curves). See the module docstring for the order of the decisions."""
-    old, new, level = report["old_name"], report["new_name"], report["level"]
+    """The decision for ``report`` (an ``UpgradeReport.to_json()``), given the adapters' rows (``name``,
+    ``compatibility`` = a paired verdict of adapted->old vs old/old under the report's rule, optional ``adapted_old``,
+    ``label_free``) and the roll-out rows (``ordering``, optional ``adapter``, ``metric``, ``to_old_self``,
+    ``to_new_self``, ``area``; default the report's own backfill curves). See the module docstring for the rule."""
+    old, new, level, margin = report["old_name"], report["new_name"], report["level"], _m(report)
     c, b, n = report["compatibility"], report["better"], int(report["n_gallery"])
-    base = dict(old_name=old, new_name=new, metric=report["metric"], n_gallery=n,
-                threshold=dict(threshold) if threshold else None)
+    success = success_verdict(report)
+    guard_unchanged = margin > 0 and equivalent(c["lo"], c["hi"], margin)
+    rule = report.get("rule") or ""
+    rollouts = list(report.get("backfill") or ()) if rollouts is None else list(rollouts)
+    base = dict(old_name=old, new_name=new, metric=report["metric"], n_gallery=n, rule=rule, success=success,
+                guardrail=c["verdict"], threshold=dict(threshold) if threshold else None,
+                recovery=tuple(recovery_rows(report, adapters)))
+    alone = (f"{pct(report['new_new'])} vs {pct(report['old_old'])} ({interval(b, level)}: {success})"
+             if b["verdict"] != NOT_JUDGED
+             else "not judged (no new gallery, or label-free: the new model's own top-k is the reference)")
     numbers = {f"{new} queries on the {old} gallery vs {old} alone": f"{pct(report['new_old'])} vs {pct(report['old_old'])} "
                                                                       f"({interval(c, level)}: {c['verdict']})",
-               f"{new} alone vs {old} alone": f"{pct(report['new_new'])} vs {pct(report['old_old'])} "
-                                               f"({interval(b, level)}: {b['verdict']})" if b["verdict"] != NOT_JUDGED
-               else "not judged (no new gallery, or label-free: the new model's own top-k is the reference)"}
+               f"{new} alone vs {old} alone": alone}
     for a in adapters:
         numbers[f"adapter {a['name']} -> {old} gallery vs {old} alone"] = (
             f"{pct(a.get('adapted_old'))} ({interval(a['compatibility'], level)}: {a['compatibility']['verdict']})")
-    rollouts = list(report.get("backfill") or ()) if rollouts is None else list(rollouts)
     for r in rollouts:
         via = f" with adapter {r['adapter']}" if r.get("adapter") else ""
-        numbers[f"backfill in order {r['ordering']}{via}"] = (
+        on = f" ({metric_name(r['metric'])})" if r.get("metric") and r["metric"] != report["metric"] else ""
+        numbers[f"backfill in order {r['ordering']}{via}{on}"] = (
             f"never reaches the {old} self-test" if r.get("to_old_self") is None
             else f"reaches the {old} self-test at {100 * r['to_old_self']:.0f} %")
-    if b["verdict"] == "not better":
-        return Plan("do not ship", f"{new} is not better than {old} on its own ({interval(b, level)}): the upgrade "
-                    "gains nothing a backfill could pay for.", numbers=numbers, **base)
+    base["numbers"] = numbers
+
+    if success == UNCHANGED and guard_unchanged:
+        return Plan("ship as is", f"{new} is unchanged within +-{margin:g} points: alone {interval(b, level)} and its "
+                    f"queries on the {old} gallery {interval(c, level)} against {old} alone both lie inside the margin "
+                    "(two one-sided tests); swap it in without touching the gallery.", **base)
+    if success == "not better":
+        return Plan("do not ship", f"{new} is not better than {old} on its own ({interval(b, level)}): the upgrade gains "
+                    "nothing an adapter or a backfill could pay for.", **base)
+    if success == UNCHANGED:
+        return Plan("do not ship", f"{new} is unchanged within +-{margin:g} points on its own ({interval(b, level)}), "
+                    f"so it gains nothing, and its queries on the {old} gallery are {c['verdict']} "
+                    f"({interval(c, level)}).", **base)
+    if success == "too close to call":
+        m = margin_to_decide(b["lo"], b["hi"], equivalence=True)
+        notes = (f"{b['needed']:,} queries would decide whether {new} is better on its own" if b.get("needed") else
+                 f"no number of queries would decide whether {new} is better on its own (the paired difference is 0)",
+                 f"with --margin {m:g} (+-{m:g} points) two one-sided tests would call {new} unchanged on its own, if "
+                 "that difference is one you would accept as no change")
+        return Plan("do not ship yet", f"too close to call whether {new} is better than {old} on its own "
+                    f"({interval(b, level)}): no adapter or backfill is recommended for a gain nobody has shown.",
+                    margin_to_decide=m, notes=notes, **base)
+    judged = success == "better"
+    unjudged = () if judged else (f"{new}'s own gain is not measured here (no new gallery, or label-free): the plan "
+                                  "says only whether its queries can serve today, never a backfill",)
     if c["verdict"] == "compatible":
-        return Plan("ship as is", f"{new} queries on the {old} gallery already beat {old} alone ({interval(c, level)}); "
-                    f"re-embed the gallery later, at leisure, for the rest of {new}'s gain.", numbers=numbers, **base)
+        return Plan("ship as is", f"{new} queries on the {old} gallery {_passes(c, margin)} {old} alone "
+                    f"({interval(c, level)}); re-embed the gallery later, at leisure, for the rest of {new}'s gain.",
+                    notes=unjudged, **base)
     best = _best_adapter(adapters)
     if best is not None:
-        return Plan("ship with adapter", f"adapter {best['name']} maps {new}'s queries onto the {old} gallery and beats "
-                    f"{old} alone ({interval(best['compatibility'], level)}); apply it to each query until the gallery "
-                    "is re-embedded.", adapter=best["name"], numbers=numbers, **base)
-    roll = _best_rollout(rollouts)
+        return Plan("ship with adapter", f"adapter {best['name']} maps {new}'s queries onto the {old} gallery, where they "
+                    f"{_passes(best['compatibility'], margin)} {old} alone ({interval(best['compatibility'], level)}); "
+                    "apply it to each query until the gallery is re-embedded.", adapter=best["name"], notes=unjudged,
+                    **base)
+    roll = pick_rollout(rollouts) if judged else None
     if roll is not None:
         p = float(roll["to_old_self"])
         via = f" with adapter {roll['adapter']}" if roll.get("adapter") else ""
+        on = roll.get("metric") or report["metric"]
+        flatter = (f"; read on the {metric_name(on)} curve because {metric_name(report['metric'])} flatters backfilling"
+                   if on != report["metric"] else "")
         return Plan("backfill", f"no adapter is compatible; re-embedding {100 * p:.0f} % of the gallery in order "
-                    f"{roll['ordering']}{via} brings {new}'s queries back to {old}'s self-test.", adapter=roll.get("adapter"),
-                    ordering=roll["ordering"], fraction=p, items_to_reembed=math.ceil(p * n - 1e-9), numbers=numbers,
+                    f"{order_words(str(roll['ordering']))}{via} brings {new}'s queries back to {old}'s self-test"
+                    f"{flatter}.", adapter=roll.get("adapter"), ordering=roll["ordering"], fraction=p,
+                    backfill_metric=on, items_to_reembed=math.ceil(p * n - 1e-9),
                     notes=("the backfill fraction is read off one curve over the evaluated queries, without an interval",),
                     **base)
-    open_parts = [what for what, v in ((f"{new} vs {old} alone", b), ("compatibility", c))
-                  if v["verdict"] == "too close to call"]
-    needed = [f"{v['needed']:,} queries would decide {what}" for what, v in ((f"{new} vs {old} alone", b), ("compatibility", c))
-              if v["verdict"] == "too close to call" and v.get("needed")]
-    reason = (f"too close to call: {' and '.join(open_parts)}" if open_parts else
-              "no adapter is compatible and no measured backfill reaches the old self-test")
-    return Plan("do not ship yet", reason + ".", numbers=numbers, notes=tuple(needed), **base)
+    tried = "no adapter was tried" if not adapters else "no adapter is compatible"
+    if c["verdict"] == "too close to call":
+        m = margin_to_decide(c["lo"], c["hi"])
+        needed = (f"{c['needed']:,} queries would decide compatibility" if c.get("needed") else
+                  "no number of queries would decide compatibility (the paired difference sits on the threshold)")
+        return Plan("do not ship yet", f"too close to call: compatibility of {new}'s queries with the {old} gallery "
+                    f"({interval(c, level)}), and {tried}.", margin_to_decide=m,
+                    notes=unjudged + (needed, f"with --margin {m:g} (a non-inferiority margin: {new}'s queries may lose "
+                                               f"up to {m:g} points against {old} alone) it would pass"), **base)
+    what = ("no measured backfill reaches the old self-test" if judged and rollouts
+            else "no backfill curve was measured" if judged else "a backfill is not recommended without a measured gain")
+    return Plan("do not ship yet", f"{new} is not compatible with {old} ({interval(c, level)}), {tried} and {what}.",
+                notes=unjudged, **base)

@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 
 from engine.analysis.views import Progress, StoredVersion, experiment_recipe, load_experiment, load_side, seen_note, version_of_step
 from engine.metrics.compatibility import CellFeatures
-from engine.upgrade.migration import plan_inputs
+from engine.upgrade.migration import decide_in_memory
 from engine.upgrade.verdict import UpgradeReport, check_upgrade
 from storage import get_model_version, session_scope
 
@@ -74,10 +74,7 @@ def compute_upgrade(db: Engine, experiment_id: int, params: dict[str, Any], prog
                                 metric=params["metric"], resamples=params["resamples"], level=params["level"],
                                 seed=params["seed"])
     progress(0.6, "migration plan")
-    try:  # the plan's default adapters and threshold (check-upgrade --experiment --plan gives the same plan)
-        plan = plan_inputs(pair.old, pair.new, report).to_json()
-    except ValueError as exc:  # e.g. a gallery too small to fit an adapter on: the verdict stands without a plan
-        plan = {"error": str(exc)}
+    plan = decide_in_memory(pair.old, pair.new, report).to_json()  # check-upgrade --experiment gives the same plan
     return {"params": params, "report": report.to_json(), "notes": list(pair.notes),
             "models": [{"step": v.step, "model_version_id": v.id, "name": n}
                        for v, n in zip((pair.old_version, pair.new_version), pair.names)], "plan": plan}

@@ -6,12 +6,13 @@ from typing import Any
 
 from engine.core.conventions import metric_name
 from engine.results.verdict_words import interval_text
-from engine.upgrade.rule import Rule
+from engine.metrics.decision import Rule, equivalent
 
 HEADS = {"compatible": "{new} is compatible with {old}", "not compatible": "{new} is not compatible with {old}",
          "too close to call": "Too close to call whether {new} is compatible with {old}"}
 ALONE = {"better": "better than {old}.", "not better": "not better than {old}.",
          "too close to call": "too close to call against {old}."}
+UNCHANGED_WORDS = "unchanged within +-{m:g} points of {old} (two one-sided tests at the margin)."
 NOT_JUDGED = "not judged"  # the "better" verdict when new/new is not measured (no new gallery, or label-free)
 UNJUDGED = {"none": "{new}'s own top-k on the new gallery is the reference (label-free), so it scores 100% by "
                     "definition; how {old} alone keeps it is the self-test above.",
@@ -51,7 +52,8 @@ def _and_gallery(report: Mapping[str, Any]) -> str:
 
 
 def sentence(report: Mapping[str, Any]) -> str:
-    """The verdict in one sentence, then one on the new model alone and, when not compatible, one on backfilling.
+    """The verdict in one sentence, then one on the new model alone (what to do about it is the plan's:
+    :func:`engine.upgrade.plan.migration_plan`, the one decision every surface prints).
 
     ``report`` is :meth:`engine.upgrade.verdict.UpgradeReport.to_json`'s dict (or the dataclass as a dict).
     """
@@ -64,14 +66,11 @@ def sentence(report: Mapping[str, Any]) -> str:
             + UNJUDGED["none" if report.get("relevance") == "none" else "gallery"].format(old=old, new=new))
            if b["verdict"] == NOT_JUDGED else
            f"On its own {new} scores {pct(report['new_new'])} vs {pct(report['old_old'])} ({interval(b, level)}): "
-           + ALONE[b["verdict"]].format(old=old)]
+           + (UNCHANGED_WORDS.format(old=old, m=report.get("margin") or 0.0)
+              if equivalent(b["lo"], b["hi"], report.get("margin") or 0.0) else ALONE[b["verdict"]].format(old=old))]
     if c.get("tie"):
         out.append(f"Every query scores the same with {new} as with {old}: a tie, which the papers' strict ECC (the "
                    "cross-test must score above the self-test) cannot pass; a margin or ties passing accepts it.")
     if report.get("margin") or report.get("ties") == "pass":
         out.append(f"Rule: {rule_name(report.get('margin') or 0.0, report.get('ties') or 'fail')}.")
-    if report.get("best_ordering") is not None:
-        best = next(n for n in report["backfill"] if n["ordering"] == report["best_ordering"])
-        out.append(f"Backfilling in order {best['ordering']} (largest area under the curve, {pct(best['area'])}) "
-                   f"{reach(best['to_old_self'], old)} and {reach(best['to_new_self'], new)}.")
     return " ".join(out)
