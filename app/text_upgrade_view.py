@@ -216,6 +216,9 @@ def show_summary(payload: Mapping[str, Any], *, key: str = "tu") -> None:
         if (line := headline(payload, pair)) is not None:
             row = pair_row(pair, HEADLINE_METRIC) or pair["rows"][0]
             VERDICT_BOX.get(row["verdict"], st.info)(plain(line))
+        if d := pair.get("decision"):  # the pair's one decision (engine.upgrade.plan), stored with the summary
+            st.info(plain(f"Decision for {pair_name(models, pair)}: {d['headline']}. {d['reason']}"),
+                    icon=":material/route:")
     st.caption(plain(corpus_line(payload)))
     notes = payload.get("notes", [])
     matrix_tab, metrics_tab, adapters_tab, notes_tab = st.tabs(

@@ -129,12 +129,14 @@ def test_backfilling_page_names_the_ordering_with_the_largest_area(app_db):
     areas = dict(zip(table["ordering"], table["M̃ mAP %"]))
     best = max(areas, key=areas.get)
     assert study and f"**{best}** has the largest area under its mAP curve" in texts(at)
-    (needs,) = [m.value for m in at.markdown if m.value.startswith("Backfilling needed in that order")]
+    (needs,) = [m.value for m in at.markdown if m.value.startswith("In that order, per metric")]
     assert needs.index("mAP:") < needs.index("Recall@1:")
     reach = dict(zip(table["ordering"], table["mAP: backfilled to match new"]))[best]
     expected = "never reaches" if reach != reach or reach is None else f"after {100 * reach:.0f}% of the gallery"
     assert "mAP: " in needs and expected in needs.split(";")[0]
     assert any("Recall@1 flatters backfilling" in c.value for c in at.caption)
+    # what to do is not this page's to say: without a stored upgrade check it points to the one decision
+    assert any("is the Upgrade check's one decision" in c.value for c in at.caption)
 
 
 def test_compatibility_page_shows_views_side_by_side_and_model_names(app_db):

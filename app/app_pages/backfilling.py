@@ -9,7 +9,7 @@ from app.exports import download_buttons
 from app import queries as q
 from app.widgets import (MISSING, analysis_result, follow_jobs, launch, pick_experiment, pick_steps, plain,
                          state_convention)
-from engine.core.contract import ADAPTER_KINDS, DEFAULT_ORDERINGS, ORDERING_HELP, ORDERINGS, adapter_key, adapters_payload, same_set_of
+from engine.core.contract import ADAPTER_KINDS, analysis_key, DEFAULT_ORDERINGS, ORDERING_HELP, ORDERINGS, adapter_key, adapters_payload, same_set_of
 from engine.core.conventions import metric_name
 from engine.results.verdict_words import artefact_note, metric_order, needs_lines
 from engine.upgrade.orders import best_by_area
@@ -133,8 +133,17 @@ else:
     st.markdown(f"{named}; it reaches the new model's {first} ({charts.percent(p['self_test'][metrics[0]])}) after "
                 f"backfilling **{100 * reach:.0f}%** of the gallery.")
 if best is not None:
-    st.markdown("Backfilling needed in that order, per metric: " + "; ".join(
+    st.markdown("In that order, per metric: " + "; ".join(
         needs_lines({m: p["reach"][best][m].get("1") for m in metrics}, "the new model")) + ".")
+decision = q.stored_analysis(url, experiment["id"], "upgrade",
+                             analysis_key("upgrade", {"step_a": old["step"], "step_b": new["step"], "view": view}),
+                             q.stamp(experiment))  # the decision's metric by default (engine.core.vocab.decision_metric)
+if decision and (plan := decision["payload"].get("plan")) and "headline" in plan:
+    st.info(plain(f"Decision (Upgrade check, {plan['metric']}): {plan['headline']}. {plan['reason']}"),
+            icon=":material/route:")
+else:
+    st.caption("What to do (ship, adapt, or backfill how much in which order) is the Upgrade check's one decision: it "
+               "reads the backfill to the old model's self-test on a metric that does not flatter backfilling.")
 if note := artefact_note(metrics):
     st.caption(note)
 st.caption("The fraction columns: the smallest share of the gallery to backfill for the curve to reach the new "

@@ -363,6 +363,9 @@ def text_summary_lines(payload: dict) -> list[str]:
         lines.append(f"  {metric} (row = query model, column = gallery model)")
         lines += [f"    {names[t]:<20}" + "".join(_fmt(x) for x in row) for t, row in enumerate(matrix)]
     for pair in payload["pairs"]:
+        if pair.get("decision"):  # summaries stored before decisions have none
+            d = pair["decision"]
+            lines.append(f"  {names[pair['old']]} -> {names[pair['new']]}: decision: {d['headline']}: {d['reason']}")
         lines.append(f"  {names[pair['old']]} -> {names[pair['new']]}: old/old new/old new/new, diff [interval] -> verdict")
         lines += [f"    {r['metric']:<22}{_fmt(r['old_old'])}{_fmt(r['new_old'])}{_fmt(r['new_new'])}  "
                   f"{r['diff']:+.4f} [{r['lo']:+.4f}, {r['hi']:+.4f}] -> {r['verdict']}" for r in pair["rows"]]

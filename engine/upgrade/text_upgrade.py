@@ -44,7 +44,8 @@ from engine.metrics.relevance import label_outcomes, neighbour_recall
 from engine.metrics.topk import TopK, array_blocks, stream_topk
 from engine.metrics.twoway import TopLists, top_lists
 from engine.upgrade.migration import fitted_maps, judge_map
-from engine.upgrade.plan import DEFAULT_FIT_SHARE
+from engine.core.contract import ADAPTER_NAMES
+from engine.upgrade.plan import DEFAULT_FIT_SHARE, migration_plan
 from engine.upgrade.rule import Rule
 from engine.upgrade.verdict import BETTER, UpgradeReport, compare
 from storage import get_model_version, json_ready, list_feature_views, load_feature_set, load_image_refs, session_scope
@@ -300,6 +301,17 @@ def adapter_rows(exp: TextExperiment, old: int, new: int, report: UpgradeReport,
     return out
 
 
+def pair_decision(report: UpgradeReport, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The pair's one decision (:func:`engine.upgrade.plan.migration_plan`) from its Recall@1 report and its adapters'
+    verdicts. Recall@1 decides here: a query's one relevant item is its own synset's definition, so it cannot flatter a
+    backfill the way a class label does (and the summary measures no backfill curve)."""
+    adapters = [{"name": ADAPTER_NAMES.get(r["kind"], r["kind"]) if r["family"] == "paper 004" else r["kind"],
+                 "adapted_old": r["recall@1"], "compatibility": {"diff": r["diff"], "lo": r["lo"], "hi": r["hi"],
+                                                                  "verdict": r["verdict"]}} for r in rows]
+    plan = migration_plan(report.to_json(), adapters=adapters, rollouts=())
+    return {**plan.to_json(), "headline": plan.headline()}
+
+
 def compute_text_upgrade(db: Engine, experiment_id: int, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """The payload of a ``text_upgrade`` analysis (see the module docstring), JSON-ready."""
     k, resamples, level, seed = int(params["k"]), int(params["resamples"]), float(params["level"]), int(params["seed"])
@@ -334,11 +346,12 @@ def compute_text_upgrade(db: Engine, experiment_id: int, params: dict[str, Any],
         at = 0.3 + 0.65 * i / len(pair_list)
         progress(at, f"paired verdicts: {exp.names[old]} -> {exp.names[new]}")
         rows, report = pair_rows(exp, cells, old, new, k=k, resamples=resamples, level=level, seed=seed, lists=lists)
-        pairs.append({"old": old, "new": new, "rows": rows})
+        fitted: list[dict[str, Any]] = []
         if params.get("adapters", True):
             progress(at + 0.2 / len(pair_list), f"adapters: {exp.names[old]} -> {exp.names[new]}")
-            adapters.append({"old": old, "new": new, "rows": adapter_rows(exp, old, new, report, k=k, seed=seed,
-                                                                        notes=notes, train_rows=train_rows)})
+            fitted = adapter_rows(exp, old, new, report, k=k, seed=seed, notes=notes, train_rows=train_rows)
+            adapters.append({"old": old, "new": new, "rows": fitted})
+        pairs.append({"old": old, "new": new, "rows": rows, "decision": pair_decision(report, fitted)})
     if params.get("adapters", True):
         notes.append(f"post-hoc adapters ({', '.join(POSTHOC_KINDS)}) fitted on a seeded "
                      f"{DEFAULT_FIT_SHARE:.0%} of the gallery's definitions, judged on every query against old/old "
