@@ -57,10 +57,11 @@ def _form(url: str) -> None:
     except ValueError as exc:
         st.error(plain(str(exc)))
         return
+    # The check picker below keeps its own value across runs (its index= only seeds it), so the submission sets it.
     try:
-        st.session_state["up_src_job"] = q.enqueue(url, KIND, payload)
+        st.session_state["up_src_pick"] = q.enqueue(url, KIND, payload)
     except IdenticalJob as exc:  # the same check was asked before: show it (its report, or its progress)
-        st.session_state["up_src_job"] = exc.job_id
+        st.session_state["up_src_pick"] = exc.job_id
         st.info(f"The same check is already queued or done (job #{exc.job_id}); showing it.")
 
 
@@ -122,10 +123,9 @@ def sources_section(url: str) -> None:
     if not checks:
         st.info("No check from a table or store yet: fill in the form above.")
         return
-    ids = [j["id"] for j in checks]
-    chosen = st.session_state.get("up_src_job")
-    job_id = st.selectbox("Check", ids, index=ids.index(chosen) if chosen in ids else 0,
-                          format_func=lambda i: _label(next(j for j in checks if j["id"] == i)), key="up_src_pick")
+    ids = [j["id"] for j in checks]  # newest first; a picked id no longer listed falls back to the newest
+    job_id = st.selectbox("Check", ids, format_func=lambda i: _label(next(j for j in checks if j["id"] == i)),
+                          key="up_src_pick")
     job = next(j for j in checks if j["id"] == job_id)
     if job["status"] in q.ACTIVE:
         follow_jobs(url, KIND)

@@ -65,3 +65,29 @@ def test_a_failed_check_shows_its_one_line(app_db, tmp_path):
     queries.jobs.clear()
     at.run()
     assert "The check failed" in texts(at) and "missing.parquet" in texts(at)
+
+
+def test_each_submission_shows_its_own_check(app_db, tmp_path):
+    """The chosen check follows the last submission (a queued job, or the identical one found), not the widget's old
+    value: a typo after a good check shows the typo's error, and asking the good check again shows its report."""
+    specs = write_all("parquet", tmp_path / "s", tables(embeddings(), text=True))
+    typo = SourceSpecs(str(tmp_path / "typo.parquet"), specs.old_queries, specs.new_queries)
+    want = check_sources(SourceSpecs(specs.old_gallery, specs.old_queries, specs.new_queries, specs.new_gallery)
+                         ).to_json()["sentence"]
+    engine = get_engine(app_db)
+
+    def submit(at, chosen):
+        fill(at, chosen)
+        run_one(engine, kinds=["sources_check"])
+        queries.jobs.clear()
+        at.run()
+        assert not at.exception, at.exception
+        return texts(at)
+
+    at = open_page("upgrade")
+    assert want in submit(at, specs)
+    page = submit(at, typo)
+    assert "The check failed" in page and "typo.parquet" in page and want not in page
+    page = submit(at, specs)  # the same check as the first: found, not queued again
+    assert want in page and "The check failed" not in page
+    assert len(jobs(app_db)) == 2
