@@ -12,7 +12,7 @@ import streamlit as st
 
 from app import queries as q
 from app.plan_view import plan_section
-from app.widgets import MISSING, follow_jobs, plain
+from app.widgets import MISSING, follow_jobs, pick_rule, plain
 from engine.core.contract import sources_check_payload
 from engine.core.conventions import metric_name
 from engine.core.vocab import RELEVANCE, RELEVANCE_K
@@ -49,11 +49,12 @@ def _form(url: str) -> None:
                               help="Depth of the top-k lists (Recall@k, nDCG@k, neighbour recall@k)")
         names = (r[2].text_input("Old model's name", "old", max_chars=40, key="up_src_old_name"),
                  r[3].text_input("New model's name", "new", max_chars=40, key="up_src_new_name"))
+        margin, ties = pick_rule(key="up_src")
         submitted = st.form_submit_button("Check the upgrade", type="primary")
     if not submitted:
         return
     try:
-        payload = sources_check_payload(texts, relevance=relevance, k=int(k), names=names)
+        payload = sources_check_payload(texts, relevance=relevance, k=int(k), names=names, margin=margin, ties=ties)
     except ValueError as exc:
         st.error(plain(str(exc)))
         return
