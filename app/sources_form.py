@@ -12,7 +12,7 @@ import streamlit as st
 
 from app import queries as q
 from app.plan_view import decision_box, plan_section
-from app.widgets import MISSING, follow_jobs, plain
+from app.widgets import MISSING, follow_jobs, pick_rule, plain
 from engine.core.contract import sources_check_payload
 from engine.core.conventions import metric_name
 from engine.core.vocab import RELEVANCE, RELEVANCE_K
@@ -49,18 +49,20 @@ def _form(url: str) -> None:
                               help="Depth of the top-k lists (Recall@k, nDCG@k, neighbour recall@k)")
         names = (r[2].text_input("Old model's name", "old", max_chars=40, key="up_src_old_name"),
                  r[3].text_input("New model's name", "new", max_chars=40, key="up_src_new_name"))
+        margin, ties = pick_rule(key="up_src")
         submitted = st.form_submit_button("Check the upgrade", type="primary")
     if not submitted:
         return
     try:
-        payload = sources_check_payload(texts, relevance=relevance, k=int(k), names=names)
+        payload = sources_check_payload(texts, relevance=relevance, k=int(k), names=names, margin=margin, ties=ties)
     except ValueError as exc:
         st.error(plain(str(exc)))
         return
+    # The check picker below keeps its own value across runs (its index= only seeds it), so the submission sets it.
     try:
-        st.session_state["up_src_job"] = q.enqueue(url, KIND, payload)
+        st.session_state["up_src_pick"] = q.enqueue(url, KIND, payload)
     except IdenticalJob as exc:  # the same check was asked before: show it (its report, or its progress)
-        st.session_state["up_src_job"] = exc.job_id
+        st.session_state["up_src_pick"] = exc.job_id
         st.info(f"The same check is already queued or done (job #{exc.job_id}); showing it.")
 
 
@@ -124,10 +126,9 @@ def sources_section(url: str) -> None:
     if not checks:
         st.info("No check from a table or store yet: fill in the form above.")
         return
-    ids = [j["id"] for j in checks]
-    chosen = st.session_state.get("up_src_job")
-    job_id = st.selectbox("Check", ids, index=ids.index(chosen) if chosen in ids else 0,
-                          format_func=lambda i: _label(next(j for j in checks if j["id"] == i)), key="up_src_pick")
+    ids = [j["id"] for j in checks]  # newest first; a picked id no longer listed falls back to the newest
+    job_id = st.selectbox("Check", ids, format_func=lambda i: _label(next(j for j in checks if j["id"] == i)),
+                          key="up_src_pick")
     job = next(j for j in checks if j["id"] == job_id)
     if job["status"] in q.ACTIVE:
         follow_jobs(url, KIND)

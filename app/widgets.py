@@ -12,6 +12,7 @@ import streamlit as st
 from app import queries as q
 from engine.core.contract import analysis_key, analysis_payload
 from engine.core.conventions import SEPARATOR, convention, step_label
+from engine.core.vocab import TIE_RULES, Rule
 from storage import IdenticalJob, QueuePlace, TaskBoard
 
 STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue[:material/autorenew: running]",
@@ -116,6 +117,17 @@ def pick_steps(versions: list[dict[str, Any]], *, key: str, columns: list | None
     later = [s for s in steps if s > a]
     b = col_b.selectbox("New model (step b)", later, index=len(later) - 1, key=f"{key}_b", format_func=label)
     return by_step[a], by_step[b]
+
+
+def pick_rule(*, key: str, columns: list | None = None) -> tuple[float, str]:
+    """The upgrade check's rule, ``(margin in points, ties)``: 0 and "fail" are strict ECC, the papers' rule."""
+    col_m, col_t = columns or st.columns(2)
+    margin = col_m.number_input("Non-inferiority margin (points)", min_value=0.0, max_value=99.0, value=0.0, step=0.5,
+                                key=f"{key}_margin", help="How many points the new model's queries on the old gallery "
+                                "may score below the old model's self-test and still pass; 0 is strict ECC")
+    ties = col_t.selectbox("Ties", TIE_RULES, key=f"{key}_ties", format_func=lambda t: Rule(0.0, t).name,
+                           help="Whether a cross-test equal to the self-test (minus the margin) passes")
+    return float(margin), ties
 
 
 LANE_NAMES = {"short": "short-job lane (analyses, upgrade checks, adapters, checkpoint comparisons)",

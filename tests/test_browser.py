@@ -606,7 +606,8 @@ def test_the_offline_pretrained_sequence_runs_from_the_checkpoints_page(server, 
 
 def test_the_upgrade_check_runs_on_a_parquet_pair_from_the_form(server, browser, shots):
     """"From a table or store": a Parquet pair (text ids, labels) in the database's folder, checked by the worker; the
-    verdict box, the metrics table and the convention line show, and the numbers are numpy's."""
+    verdict box, the metrics table and the convention line show, and the numbers are numpy's. A second check on the
+    same form (other new queries) then shows its own report, not the first one's."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -618,8 +619,9 @@ def test_the_upgrade_check_runs_on_a_parquet_pair_from_the_form(server, browser,
     old_g, old_q = centers[g_labels] + rng.normal(size=(240, 16)), centers[q_labels] + rng.normal(size=(60, 16))
     rotation, _ = np.linalg.qr(rng.normal(size=(16, 16)))
     new_q = old_q @ rotation  # a rotated model: its queries are lost in the old gallery
+    near_q = centers[q_labels] + 0.3 * rng.normal(size=(60, 16))  # a model in the old space, closer to the classes
     for name, vectors, labels, prefix in (("v1_gallery", old_g, g_labels, "doc"), ("v1_queries", old_q, q_labels, "q"),
-                                          ("v2_queries", new_q, q_labels, "q")):
+                                          ("v2_queries", new_q, q_labels, "q"), ("v3_queries", near_q, q_labels, "q")):
         order = rng.permutation(len(labels))  # each file in its own order: joined by id
         pq.write_table(pa.table({"id": [f"{prefix}-{i:04d}" for i in order], "vector": vectors[order].astype(np.float32).tolist(),
                                  "label": labels[order]}), folder / f"{name}.parquet")
@@ -636,11 +638,24 @@ def test_the_upgrade_check_runs_on_a_parquet_pair_from_the_form(server, browser,
     for key, name in (("old_gallery", "v1_gallery"), ("old_queries", "v1_queries"), ("new_queries", "v2_queries")):
         page.locator(f".st-key-up_src_{key} input").fill(str(folder / f"{name}.parquet"))
     page.get_by_role("button", name="Check the upgrade").click()
-    wait_for_job(server["db"], "sources_check", JOB_TIMEOUT_S, server["log"])
+    first = wait_for_job(server["db"], "sources_check", JOB_TIMEOUT_S, server["log"])
     old_old, new_old = recall_at_1(old_q), recall_at_1(new_q)
     verdict = f"new is not compatible with old: new queries against the old gallery score Recall@\u20601 {100 * new_old:.1f}% vs "
     expect(page.get_by_text(f"{verdict}{100 * old_old:.1f}% for old alone").first).to_be_visible(timeout=UI_TIMEOUT_MS)
     expect(page.get_by_text("relevant: same class label").first).to_be_visible(timeout=UI_TIMEOUT_MS)
     settle(page)
     check_page(page, "upgrade_sources_parquet", shots)
+
+    page.locator(".st-key-up_src_new_queries input").fill(str(folder / "v3_queries.parquet"))
+    page.get_by_role("button", name="Check the upgrade").click()
+    wait_until("a second check queued", lambda: newest_job(server["db"], "sources_check")[0] != first, JOB_TIMEOUT_S,
+               server["log"])
+    wait_for_job(server["db"], "sources_check", JOB_TIMEOUT_S, server["log"])
+    near_old = recall_at_1(near_q)
+    assert f"{100 * near_old:.1f}" != f"{100 * new_old:.1f}"
+    second = f"new queries against the old gallery score Recall@\u20601 {100 * near_old:.1f}% vs {100 * old_old:.1f}%"
+    expect(page.get_by_text(second).first).to_be_visible(timeout=UI_TIMEOUT_MS)
+    expect(page.get_by_text(verdict)).to_have_count(0)  # the first check's report is gone
+    settle(page)
+    check_page(page, "upgrade_sources_parquet_second", shots)
     page.close()

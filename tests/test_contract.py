@@ -43,3 +43,31 @@ def test_views_and_payloads():
         contract.analysis_payload(7, "backfill", {"step_a": 1, "step_b": 2, "orderings": ["sideways"]})
     assert contract.analysis_key("geometry", {}) == \
         '{"n_pairs":10000,"seed":0,"split":"gallery","view":"encoder"}'
+
+
+def test_the_upgrade_rule_in_payloads_and_analysis_keys():
+    """A margin and a tie rule travel in a sources check's payload and an upgrade analysis's params, checked by
+    engine.core.vocab.Rule before anything is queued; at strict ECC both are left out, so payloads and keys stored
+    before the rule could be chosen stay the same."""
+    sources = {"old_gallery": "g.parquet", "old_queries": "q1.parquet", "new_queries": "q2.parquet"}
+    before = {"sources": sources, "relevance": "labels", "k": 10, "metric": None, "names": ["old", "new"]}
+    assert contract.sources_check_payload(sources, relevance="labels") == before
+    assert contract.sources_check_payload(sources, relevance="labels", margin=0, ties="fail") == before
+    assert contract.sources_check_payload(sources, relevance="labels", margin=2, ties="pass") == {
+        **before, "margin": 2.0, "ties": "pass"}
+    with pytest.raises(ValueError, match=r"the margin is in points and must lie in \[0, 100\), got -1.0"):
+        contract.sources_check_payload(sources, relevance="labels", margin=-1)
+    with pytest.raises(ValueError, match="unknown tie rule 'maybe'"):
+        contract.sources_check_payload(sources, relevance="labels", ties="maybe")
+
+    params = {"step_a": 1, "step_b": 2, "view": "encoder", "metric": "recall@1"}
+    old_key = ('{"level":0.95,"metric":"recall@1","resamples":1000,"seed":0,"step_a":1,"step_b":2,'
+               '"view":"encoder"}')  # the key of an upgrade analysis stored before the rule was a parameter
+    assert contract.analysis_key("upgrade", params) == old_key
+    assert contract.analysis_key("upgrade", {**params, "margin": 0, "ties": "fail"}) == old_key
+    assert contract.analysis_key("upgrade", {**params, "margin": 1.5, "ties": "pass"}) == (
+        '{"level":0.95,"margin":1.5,"metric":"recall@1","resamples":1000,"seed":0,"step_a":1,"step_b":2,'
+        '"ties":"pass","view":"encoder"}')
+    assert contract.normalize_params("upgrade", {**params, "margin": 1})["margin"] == 1.0
+    with pytest.raises(ValueError, match="the margin is in points"):
+        contract.analysis_payload(3, "upgrade", {**params, "margin": 100})

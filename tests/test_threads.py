@@ -144,6 +144,27 @@ def test_a_worker_with_a_bad_count_exits_2(tmp_path):
     assert not db.exists(), "a refused start leaves nothing behind"
 
 
+@pytest.mark.parametrize("counts", [(1, 2), (2, 1)])
+def test_numba_compiles_after_the_count_changed(counts):
+    """A sharing worker applies one count per job; numba, loaded by the first, sized its pool then and refuses a new
+    $NUMBA_NUM_THREADS at its next compilation once its threads run (the first Feature geometry map's UMAP failed:
+    "Cannot set NUMBA_NUM_THREADS to a different value once the threads have been launched"). The variable keeps the
+    pool's size; numba uses the count, at most the pool."""
+    code = ("import json, os, numpy as np\n"
+            "from engine.core import threads\n"
+            f"used = [threads.apply(n)['numba'] for n in {counts!r}]\n"
+            "from engine.analysis.map import embed_2d\n"
+            "fit = np.random.default_rng(0).normal(size=(30, 4))\n"
+            "coords, _, method = embed_2d(fit, [], method='umap', seed=0)\n"
+            "print(json.dumps([used, method, list(coords.shape), os.environ['NUMBA_NUM_THREADS']]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=_worker_env(),
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    used, method, shape, variable = json.loads(out.stdout.strip().splitlines()[-1])
+    assert used == [min(n, counts[0]) for n in counts] and variable == str(counts[0])
+    assert method == "umap" and shape == [30, 2]
+
+
 # run_app.py: what its children receive (fake children write their environment and exit)
 _WRITE_ENV = ("import json, os, sys; json.dump({k: os.environ.get(k) for k in sys.argv[2:]}, "
               "open(sys.argv[1] + '.tmp', 'w')); os.replace(sys.argv[1] + '.tmp', sys.argv[1])")  # whole, or not there

@@ -14,9 +14,12 @@ from test_app_pages import unplain, jobs, open_page, texts
 from test_upgrade import bootstrap_by_hand, close_pair, compatible_pair, hits, incompatible_pair
 from test_upgrade_cli import store_pair
 
+from app import queries
+from engine.core.contract import analysis_key
 from engine.jobs.analysis import run_analysis
+from engine.jobs.worker import run_one
 from engine.upgrade.verdict import check_upgrade
-from storage import get_engine, session_scope, set_experiment_status
+from storage import get_engine, load_analysis, session_scope, set_experiment_status
 
 PARAMS = {"step_a": 1, "step_b": 2, "view": "encoder", "metric": "recall@1"}
 
@@ -104,7 +107,30 @@ def test_compute_button_queues_an_upgrade_analysis(app_db):
     at = open_upgrade()
     at.button(key="up_compute").click().run()
     (job,) = [j for j in jobs(app_db) if j.kind == "analysis"]
-    assert job.payload == {"experiment_id": exp, "kind": "upgrade", "params": PARAMS}
+    assert job.payload == {"experiment_id": exp, "kind": "upgrade", "params": {**PARAMS, "margin": 0.0, "ties": "fail"}}
+
+
+def test_the_margin_reaches_the_stored_check(app_db):
+    """The page's margin goes into the upgrade analysis's params; the worker's check judges with it (the stored
+    report's margin and rule name) and the page names the rule. The close pair's gain is 0: strict ECC cannot pass
+    it, a margin the interval's lower end clears does."""
+    exp = stored(app_db, close_pair, compute=False)
+    at = open_page("upgrade")
+    at.number_input(key="up_rule_margin").set_value(60.0).run()
+    at.button(key="up_compute").click().run()
+    (job,) = [j for j in jobs(app_db) if j.kind == "analysis"]
+    assert job.payload["params"] == {**PARAMS, "margin": 60.0, "ties": "fail"}
+    assert run_one(get_engine(app_db), kinds=["analysis"]) == job.id
+    with session_scope(get_engine(app_db)) as s:
+        report = load_analysis(s, exp, "upgrade", analysis_key("upgrade", job.payload["params"])).payload["report"]
+    c = report["compatibility"]
+    assert report["margin"] == 60.0 and report["rule"].startswith("non-inferiority margin 60 points")
+    assert c["diff"] == 0 and -0.6 < c["lo"] < 0  # the interval's lower end clears -60 points: compatible by hand
+    assert report["verdict"] == "compatible"
+    queries.jobs.clear()
+    at.run()
+    assert not at.exception, at.exception
+    assert at.success[0].value.startswith("v2 \\(step 2\\) is compatible") and "Rule: non-inferiority margin 60" in texts(at)
 
 
 def test_renaming_a_model_shows_the_new_name(app_db):

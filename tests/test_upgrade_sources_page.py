@@ -10,14 +10,18 @@ from app import queries
 from engine.core.contract import sources_check_payload
 from engine.jobs.worker import run_one
 from engine.upgrade.from_sources import SourceSpecs, check_sources
-from storage import get_engine
+from storage import get_engine, load_source_check, payload_hash, session_scope
 
 
-def fill(at, specs, *, relevance="labels"):
+def fill(at, specs, *, relevance="labels", margin=None, ties=None):
     at.radio(key="up_mode").set_value("From a table or store").run()
     for side in ("old_gallery", "new_gallery", "old_queries", "new_queries"):
         at.text_input(key=f"up_src_{side}").input(getattr(specs, side) or "")
     at.selectbox(key="up_src_relevance").set_value(relevance)
+    if margin is not None:
+        at.number_input(key="up_src_margin").set_value(margin)
+    if ties is not None:
+        at.selectbox(key="up_src_ties").set_value(ties)
     at.button[0].click().run()  # the form's submit button
     assert not at.exception, at.exception
     return at
@@ -65,3 +69,50 @@ def test_a_failed_check_shows_its_one_line(app_db, tmp_path):
     queries.jobs.clear()
     at.run()
     assert "The check failed" in texts(at) and "missing.parquet" in texts(at)
+
+
+def test_each_submission_shows_its_own_check(app_db, tmp_path):
+    """The chosen check follows the last submission (a queued job, or the identical one found), not the widget's old
+    value: a typo after a good check shows the typo's error, and asking the good check again shows its report."""
+    specs = write_all("parquet", tmp_path / "s", tables(embeddings(), text=True))
+    typo = SourceSpecs(str(tmp_path / "typo.parquet"), specs.old_queries, specs.new_queries)
+    want = check_sources(SourceSpecs(specs.old_gallery, specs.old_queries, specs.new_queries, specs.new_gallery)
+                         ).to_json()["sentence"]
+    engine = get_engine(app_db)
+
+    def submit(at, chosen):
+        fill(at, chosen)
+        run_one(engine, kinds=["sources_check"])
+        queries.jobs.clear()
+        at.run()
+        assert not at.exception, at.exception
+        return texts(at)
+
+    at = open_page("upgrade")
+    assert want in submit(at, specs)
+    page = submit(at, typo)
+    assert "The check failed" in page and "typo.parquet" in page and want not in page
+    page = submit(at, specs)  # the same check as the first: found, not queued again
+    assert want in page and "The check failed" not in page
+    assert len(jobs(app_db)) == 2
+
+
+def test_the_margin_and_tie_rule_reach_the_check(app_db, tmp_path):
+    """The form's margin and tie rule go into the job's payload, the worker's check judges with them (the stored
+    report's margin, ties and rule name) and the page names the rule."""
+    specs = write_all("parquet", tmp_path / "s", tables(embeddings(), text=True))
+    at = fill(open_page("upgrade"), specs, margin=2.5, ties="pass")
+    (job,) = jobs(app_db)
+    assert job.payload["margin"] == 2.5 and job.payload["ties"] == "pass"
+    run_one(get_engine(app_db), kinds=["sources_check"])
+    with session_scope(get_engine(app_db)) as s:
+        report = load_source_check(s, payload_hash("sources_check", job.payload))
+    assert (report["margin"], report["ties"]) == (2.5, "pass")
+    assert report["rule"] == "non-inferiority margin 2.5 points (cross-test >= self-test - 2.5 points)"
+    c = report["compatibility"]  # the verdict by hand: passes when the interval's lower end clears -2.5 points
+    assert report["verdict"] == ("compatible" if c["diff"] >= -0.025 and c["lo"] >= -0.025 else
+                                 "not compatible" if c["hi"] < -0.025 else "too close to call")
+    assert -0.025 <= c["hi"] < 0  # these embeddings: strict ECC would say not compatible, the margin changes it
+    queries.jobs.clear()
+    at.run()
+    assert "Rule: non-inferiority margin 2.5 points" in texts(at)

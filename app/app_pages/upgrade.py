@@ -8,7 +8,7 @@ from app import queries as q
 from app.plan_view import decision_box, plan_section
 from app.sources_form import sources_section
 from app.text_upgrade_view import text_task
-from app.widgets import MISSING, analysis_result, model_label, pick_experiment, pick_steps, plain
+from app.widgets import MISSING, analysis_result, model_label, pick_experiment, pick_rule, pick_steps, plain
 from engine.core.contract import ADAPTER_KINDS, ADAPTER_NAMES, adapter_key, adapters_payload, analysis_key, same_set_of
 from engine.core.conventions import metric_name
 from engine.results.verdict_words import artefact_note, metric_order, needs_lines
@@ -44,6 +44,7 @@ metric = c[2].selectbox("Metric", METRICS, format_func=metric_name, key="up_metr
 views = [v for v in old["views"] if v in new["views"] and v not in ("logits", "softmax")]
 main = q.main_view(experiment["method"])
 view = c[3].selectbox("View", views, index=views.index(main) if main in views else 0, key=f"up_view_{experiment['id']}")
+margin, ties = pick_rule(key="up_rule", columns=st.columns([1, 2, 1])[:2])
 old_name, new_name = model_label(old), model_label(new)
 
 
@@ -62,7 +63,7 @@ with st.expander("Name these models (v1, v2, ...)"):
         except ValueError as exc:
             st.error(plain(str(exc)))
 
-params = {"step_a": old["step"], "step_b": new["step"], "view": view, "metric": metric}
+params = {"step_a": old["step"], "step_b": new["step"], "view": view, "metric": metric, "margin": margin, "ties": ties}
 result = analysis_result(url, experiment, "upgrade", params, what="the upgrade verdict", button_key="up_compute")
 if result is None:
     st.stop()
@@ -83,10 +84,11 @@ k[2].metric(plain(f"{new_name} on its own vs {old_name}"), f"{100 * better['diff
             delta_color="off", delta_arrow=arrow(round(100 * better["diff"], 1)))  # the shown number's sign
 k[3].metric("Queries scored", f"{comp['n']}", f"{r['n_no_positive']} without a positive" if r["n_no_positive"] else None,
             delta_color="off", delta_arrow="off")
-if comp["verdict"] == "too close to call":
+if r["verdict"] == "too close to call":  # the interval contains the rule's threshold (0, or minus the margin)
+    threshold = f"−{r['margin']:g} points (the margin)" if r.get("margin") else "0"
     decide = (p.get("plan") or {}).get("margin_to_decide")
     st.warning(f"Too close to call: the {100 * r['level']:g}% interval of the gain ({interval(comp, r['level'])}) "
-               "does not clear the rule. More queries would decide it"
+               f"contains {threshold}. More queries would decide it"
                + (f", or a non-inferiority margin of {decide:g} points (the new model's queries may lose up to that "
                   "much against the old model alone)." if decide else "."))
 st.caption(plain(f"{metric_name(r['metric'])} · view {view} · {r['n_queries']} queries, {r['n_gallery']} gallery items"

@@ -22,7 +22,7 @@ from typing import Any
 
 from engine.core.fan_out import FanOut, check_task_gallery
 from engine.core.presets import RUN_PRESETS
-from engine.core.vocab import MAX_K, RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, parse_metric
+from engine.core.vocab import MAX_K, RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, Rule, parse_metric
 
 # ---------------------------------------------------------------------------------------------- views
 RAW_VIEWS = ("encoder", "logits", "softmax")  # what the worker extracts and stores per model version and split
@@ -77,6 +77,9 @@ REACH_SHARES = (1.0, 0.99, 0.95)  # "fraction needed to reach this share of the 
 SAMPLE, CLASS_MEAN, PROTOTYPE = 0, 1, 2
 PROJECTION_COLUMNS = ("x", "y", "model", "kind", "label", "row", "hit", "drift")  # hit: 0/1 top-1, drift: 1 - cos; -1 = none
 
+# an upgrade check's rule (engine.core.vocab.Rule) in a payload: margin in points and ties; these values are strict ECC
+STRICT_RULE: dict[str, Any] = {"margin": Rule().margin, "ties": Rule().ties}
+
 ANALYSIS_DEFAULTS: dict[str, dict[str, Any]] = {
     "projection": {"step_a": None, "step_b": None, "view": "encoder", "split": "gallery", "method": "umap",
                    "max_points": 2000, "seed": 0, "n_pairs": 10_000},
@@ -86,7 +89,7 @@ ANALYSIS_DEFAULTS: dict[str, dict[str, Any]] = {
     "geometry": {"view": "encoder", "split": "gallery", "n_pairs": 10_000, "seed": 0},
     # engine.metrics.paired's defaults: a seeded percentile bootstrap, 1,000 resamples, 95%
     "upgrade": {"step_a": None, "step_b": None, "view": "encoder", "metric": "map", "resamples": 1000,
-                "level": 0.95, "seed": 0},
+                "level": 0.95, "seed": 0, **STRICT_RULE},
     # the summary of a text comparison (engine.upgrade.text_upgrade): every pair of its models, paired over the queries
     "text_upgrade": {"k": 10, "resamples": 1000, "level": 0.95, "seed": 0, "adapters": True},
 }
@@ -129,6 +132,7 @@ def normalize_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any]
     if kind == "upgrade":
         out["metric"], out["level"] = str(out["metric"]).strip().lower(), float(out["level"])
         parse_metric(out["metric"], pairs=False)
+        out["margin"], out["ties"] = _rule(out["margin"], out["ties"])
         if out["resamples"] < 1 or not 0 < out["level"] < 1:
             raise ValueError(f"upgrade needs resamples >= 1 and a level strictly between 0 and 1, "
                              f"got {out['resamples']} and {out['level']}")
@@ -148,7 +152,15 @@ def normalize_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any]
 
 
 # Parameters added after analyses were stored: left out of the key at these values, so older analyses keep their key.
-LATER_PARAMS: dict[str, dict[str, Any]] = {"backfill": {"rollout": False}}
+LATER_PARAMS: dict[str, dict[str, Any]] = {"backfill": {"rollout": False}, "upgrade": STRICT_RULE}
+
+
+def _rule(margin: Any, ties: Any) -> tuple[float, str]:
+    """A checked rule (:class:`engine.core.vocab.Rule`) as the JSON a payload holds: the margin as a float."""
+    if isinstance(margin, numbers.Real) and not isinstance(margin, bool):
+        margin = float(margin)  # an integer or a numpy number, as a form may give it
+    rule = Rule(margin, ties)
+    return rule.margin, rule.ties
 
 
 def analysis_key(kind: str, params: dict[str, Any] | None) -> str:
@@ -218,11 +230,14 @@ SOURCE_SIDES = ("old_gallery", "new_gallery", "old_queries", "new_queries", "qre
 
 
 def sources_check_payload(sources: dict[str, str | None], *, relevance: str, k: int = RELEVANCE_K,
-                          metric: str | None = None, names: tuple[str, str] = ("old", "new")) -> dict[str, Any]:
+                          metric: str | None = None, names: tuple[str, str] = ("old", "new"), margin: float = 0.0,
+                          ties: str = "fail") -> dict[str, Any]:
     """A ``sources_check`` job: the upgrade check on embeddings read from sources (``engine.upgrade.from_sources``).
 
     ``sources`` maps :data:`SOURCE_SIDES` to source texts; empty ones are left out. Checked here before anything is
-    queued: the three required sources, the relevance and what it needs, ``k``.
+    queued: the three required sources, the relevance and what it needs, ``k``, the rule (``margin`` in points,
+    ``ties``). The rule is left out at strict ECC (margin 0, ties fail), the default of payloads that have none, so
+    such a payload is the one queued before the rule could be chosen (same job, same stored report).
     """
     given = {side: str(text).strip() for side, text in sources.items() if text is not None and str(text).strip()}
     unknown = sorted(set(given) - set(SOURCE_SIDES))
@@ -244,8 +259,9 @@ def sources_check_payload(sources: dict[str, str | None], *, relevance: str, k: 
     names = tuple(str(n).strip() for n in names)
     if len(names) != 2 or not all(names) or names[0] == names[1]:
         raise ValueError("give the old and the new model two different names")
+    rule = {k: v for k, v in zip(STRICT_RULE, _rule(margin, ties)) if v != STRICT_RULE[k]}
     return {"sources": {side: given[side] for side in SOURCE_SIDES if side in given}, "relevance": relevance, "k": k,
-            "metric": (metric or "").strip().lower() or None, "names": list(names)}
+            "metric": (metric or "").strip().lower() or None, "names": list(names), **rule}
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

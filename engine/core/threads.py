@@ -13,7 +13,11 @@ worker``), else ``$COMPATLAB_THREADS``.
 torch, OpenBLAS, MKL and OpenMP read their counts from the environment when they load, so a parent puts
 :func:`thread_env` into a child's environment before the child starts; :func:`apply` sets them in a process
 that has already loaded the libraries (the worker) and reports what each library then uses. A count from the
-environment above the cores is capped at the cores by torch and OpenBLAS; :func:`apply` is not.
+environment above the cores is capped at the cores by torch and OpenBLAS; :func:`apply` is not. numba is the
+exception: ``$NUMBA_NUM_THREADS`` sizes its pool once, when it loads, and numba reads it again at every compilation
+and raises once its threads run if it changed, so :func:`apply` sets it only before numba has loaded in this process;
+afterwards it leaves the variable (and so a child's numba pool) as numba loaded it and only sets how many of the
+pool's threads numba uses (at most the pool: a worker whose first count was 1 keeps one numba thread).
 
 A run's training and feature extraction do not use this count: they run on the config's ``compute_threads`` (default
 1), since 1 and 2 threads train different models (``engine.models.arithmetic``); the count here sizes the rest (the
@@ -22,6 +26,7 @@ evaluation from stored features, numba's kernels, data preparation, the dashboar
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 
 THREADS_ENV = "COMPATLAB_THREADS"  # declared in storage.settings (THREADS), which importing here would load SQLAlchemy
@@ -82,8 +87,13 @@ def thread_env(count: int) -> dict[str, str]:
 
 def apply(count: int) -> dict[str, int]:
     """Use ``count`` threads in this process's torch, numba and loaded BLAS / OpenMP libraries, and in the children
-    it starts (environment); return what each library reports afterwards (``blas`` absent when none is loaded)."""
-    os.environ.update(thread_env(count))  # first: numba sizes its pool from $NUMBA_NUM_THREADS when it loads
+    it starts (environment); return what each library reports afterwards (``blas`` absent when none is loaded).
+
+    ``$NUMBA_NUM_THREADS`` is set only while numba is not loaded in this process (module docstring)."""
+    env = thread_env(count)
+    if "numba" in sys.modules:  # its pool is sized: a new value would make its next compilation raise
+        env.pop("NUMBA_NUM_THREADS")
+    os.environ.update(env)  # first: numba sizes its pool from $NUMBA_NUM_THREADS when it loads
     import numba
     import torch
     from threadpoolctl import threadpool_info, threadpool_limits

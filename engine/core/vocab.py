@@ -5,7 +5,8 @@ methods and their hyper-parameters' specs (``engine.methods.METHODS``, whose dat
 values here), datasets (``engine.data.registry.DATASETS``),
 backbones (``engine.models.BACKBONES``), optimizers and schedules (``engine.methods.training``), the run and gallery
 protocols (``engine.data.protocols``, ``engine.metrics.retrieval``), views (``engine.core.cell.VIEWS``) and
-scenario training modes (``engine.data.scenario.TRAINING_MODES``).
+scenario training modes (``engine.data.scenario.TRAINING_MODES``). The upgrade check's :class:`Rule` (margin and tie
+rule) is defined here, so job payloads are checked before they are queued; ``engine.metrics.decision`` applies it.
 """
 from __future__ import annotations
 
@@ -136,6 +137,40 @@ DSIMPLEX_METHODS = ("cores", "dsimplex_fd", "dsimplex_hoc")  # methods whose hea
 CHECKPOINT_SELECTIONS = ("last", "best_val")
 DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # engine.models.device.pick_device
 DEVICE_CHOICES = ("auto", "cpu", "cuda")  # what the forms offer (cuda:N is typed in a config)
+
+# how an upgrade check judges the paired interval (engine.metrics.decision.decide): an exact tie fails (strict ECC, the
+# papers' rule) or passes; a margin > 0 points makes it a non-inferiority test
+TIE_RULES = ("fail", "pass")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How check-upgrade judges the compatibility interval: a margin in points and the tie rule."""
+
+    margin: float = 0.0
+    ties: str = "fail"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 <= self.margin < 100:
+            raise ValueError(f"the margin is in points and must lie in [0, 100), got {self.margin!r}")
+        if self.ties not in TIE_RULES:
+            raise ValueError(f"unknown tie rule {self.ties!r}; use 'fail' (strict >) or 'pass' (>=)")
+
+    @property
+    def threshold(self) -> float:
+        """The mean difference (a fraction) the cross-test must clear."""
+        return -self.margin / 100
+
+    @property
+    def name(self) -> str:
+        """The rule in words, as the output names it."""
+        op = ">=" if self.ties == "pass" else ">"
+        if self.margin > 0:
+            return f"non-inferiority margin {self.margin:g} points (cross-test {op} self-test - {self.margin:g} points)"
+        if self.ties == "pass":
+            return "ECC with ties passing (cross-test >= self-test)"
+        return "strict ECC (cross-test > self-test, the papers' rule)"
+
 
 MAX_K = 1_000_000  # the k of recall@k / map@k: a bound keeps it a machine integer
 _METRIC = re.compile(r"^(recall|map)(?:@(\d+))?$")

@@ -110,7 +110,9 @@ def sources_check_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -
 
     sources = payload["sources"]
     check = check_sources(SourceSpecs(**sources), relevance=payload["relevance"], k=int(payload["k"]),
-                          metric=payload.get("metric"), names=tuple(payload["names"]), progress=job.progress)
+                          metric=payload.get("metric"), names=tuple(payload["names"]),
+                          margin=payload.get("margin", 0.0), ties=payload.get("ties", "fail"),  # older: strict ECC
+                          progress=job.progress)
     with session_scope(db) as s:
         save_source_check(s, payload_hash("sources_check", dict(payload)),
                           {**check.to_json(), "plan": plan_from_verdicts(check.report).to_json()})

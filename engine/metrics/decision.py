@@ -9,45 +9,17 @@ Three rules, one threshold ``t`` on the mean difference d = cross-test - self-te
 Verdict from the point ``d`` and the interval ``[lo, hi]``: ``pass`` when the point passes and so does the
 interval's lower end; ``fail`` when the whole interval lies below ``t``; ``unresolved`` otherwise (an exact tie,
 the point interval ``[t, t]``, is unresolved and flagged ``tie`` under strict ECC). See :mod:`engine.upgrade.rule`
-for why. numpy-free: the dashboard imports it.
+for why. numpy-free. :class:`Rule` (margin and tie rule, checked) is defined in :mod:`engine.core.vocab`, so a job
+payload is checked before it is queued; it is re-exported here.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-TIE_RULES = ("fail", "pass")
+from engine.core.vocab import TIE_RULES, Rule  # noqa: F401 (the rule's record lives in core: job payloads check it)
+
 INTERVALS = {"two-way": "queries and gallery items", "queries": "queries"}  # --interval: what the bootstrap resamples
 DEFAULT_INTERVAL = "two-way"
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How check-upgrade judges the compatibility interval: a margin in points and the tie rule."""
-
-    margin: float = 0.0
-    ties: str = "fail"
-
-    def __post_init__(self) -> None:
-        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 <= self.margin < 100:
-            raise ValueError(f"the margin is in points and must lie in [0, 100), got {self.margin!r}")
-        if self.ties not in TIE_RULES:
-            raise ValueError(f"unknown tie rule {self.ties!r}; use 'fail' (strict >) or 'pass' (>=)")
-
-    @property
-    def threshold(self) -> float:
-        """The mean difference (a fraction) the cross-test must clear."""
-        return -self.margin / 100
-
-    @property
-    def name(self) -> str:
-        """The rule in words, as the output names it."""
-        op = ">=" if self.ties == "pass" else ">"
-        if self.margin > 0:
-            return f"non-inferiority margin {self.margin:g} points (cross-test {op} self-test - {self.margin:g} points)"
-        if self.ties == "pass":
-            return "ECC with ties passing (cross-test >= self-test)"
-        return "strict ECC (cross-test > self-test, the papers' rule)"
 
 
 def decide(diff: float, lo: float, hi: float, rule: Rule = Rule()) -> tuple[str, bool]:

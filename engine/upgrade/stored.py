@@ -60,7 +60,8 @@ def check_stored(db: Engine, experiment_id: int, old_step: int, new_step: int, *
                  names: Sequence[str] | None = None, **settings: Any) -> tuple[UpgradeReport, StoredPair]:
     """The upgrade verdict of step ``new_step`` over ``old_step`` of a stored experiment.
 
-    ``names`` default to the stored ones; ``settings`` are :func:`check_upgrade`'s metric, resamples, level, seed.
+    ``names`` default to the stored ones; ``settings`` are :func:`check_upgrade`'s metric, resamples, level, seed,
+    margin and ties.
     """
     pair = load_pair(db, experiment_id, old_step, new_step, view)
     report = check_upgrade(pair.old, pair.new, names=names or pair.names, same_set=pair.same_set, **settings)
@@ -72,7 +73,7 @@ def compute_upgrade(db: Engine, experiment_id: int, params: dict[str, Any], prog
     progress(0.05, "loading features")
     report, pair = check_stored(db, experiment_id, params["step_a"], params["step_b"], view=params["view"],
                                 metric=params["metric"], resamples=params["resamples"], level=params["level"],
-                                seed=params["seed"])
+                                seed=params["seed"], margin=params["margin"], ties=params["ties"])
     progress(0.6, "migration plan")
     plan = decide_in_memory(pair.old, pair.new, report).to_json()  # check-upgrade --experiment gives the same plan
     return {"params": params, "report": report.to_json(), "notes": list(pair.notes),
