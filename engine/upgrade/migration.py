@@ -37,6 +37,9 @@ from engine.upgrade.verdict import UpgradeReport, check_upgrade
 from storage import json_ready
 
 RANK_MERGE = "rank_merge:"
+RANK_MERGE_NOTE = ("a rank merge serves both models at query time (old queries on the old index, new queries on the "
+                   "re-embedded part, merged by score); its fraction is the first measured one that scores above the "
+                   "old self-test (at 0 % it is the old system itself)")
 
 
 @dataclass(frozen=True)
@@ -66,13 +69,16 @@ def check_plan_options(kinds: Sequence[str], share: float, precision: float = DE
         raise ValueError(f"the precision of the default old threshold must lie in (0, 1], got {precision!r}")
 
 
-def fit_rows(n: int, share: float, seed: int) -> np.ndarray:
-    """The gallery rows the adapters are fitted on: a seeded ``share`` of ``n`` (at least 2, at least 1 left), sorted."""
+def fit_rows(n: int, share: float, seed: int, *, cap: int | None = None) -> np.ndarray:
+    """The gallery rows the adapters are fitted on: a seeded ``share`` of ``n`` (at least 2, at least 1 left), at most
+    ``cap`` of them (the first of the same seeded order), sorted."""
     m = int(round(share * n))
     if m < 2 or m > n - 1:
         raise ValueError(f"a fit share of {share:g} of {n} gallery items gives {m} pairs; an adapter needs at least 2 and "
                          "at least one item must be left to score")
-    return np.sort(np.random.default_rng(seed).permutation(n)[:m])
+    if cap is not None and cap < 2:
+        raise ValueError(f"an adapter needs at least 2 pairs; the cap on them is {cap}")
+    return np.sort(np.random.default_rng(seed).permutation(n)[: m if cap is None else min(m, cap)])
 
 
 def _rows(cell: CellFeatures, keep: np.ndarray) -> CellFeatures:
@@ -166,7 +172,15 @@ def threshold_row(old: CellFeatures, new: CellFeatures, *, same_set: bool, t_old
     """The re-mapped threshold (None when the old candidates never reach ``precision``) and a note on where it came from."""
     so, ro = candidate_pairs(old, k=k, same_set=same_set)
     sn, rn = candidate_pairs(new, k=k, same_set=same_set)
-    how = f"each model's top-{k} candidates per query, relevant when the labels agree"
+    return remapped_threshold(so, ro, sn, rn, how=f"each model's top-{k} candidates per query, relevant when the labels "
+                              "agree", t_old=t_old, precision=precision)
+
+
+def remapped_threshold(so: np.ndarray, ro: np.ndarray, sn: np.ndarray, rn: np.ndarray, *, how: str,
+                       t_old: float | None = None,
+                       precision: float = DEFAULT_PRECISION) -> tuple[dict[str, Any] | None, str]:
+    """:func:`threshold_row` from the scored candidates (``so``, ``sn``) and their relevance (``ro``, ``rn``) of the old
+    and the new model; ``how`` says what the candidates are."""
     if t_old is None:
         t_old = threshold_at_precision(so, ro, precision)
         if t_old is None:
@@ -194,9 +208,7 @@ def plan_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
                      f"{share:g}, seed {report.seed}) and scored on {scored}")
     notes.append(f"similarity threshold: {how}")
     if any(str(r["ordering"]).startswith(RANK_MERGE) for r in rollouts):
-        notes.append("a rank merge serves both models at query time (old queries on the old index, new queries on the "
-                     "re-embedded part, merged by score); its fraction is the first measured one that scores above the "
-                     "old self-test (at 0 % it is the old system itself)")
+        notes.append(RANK_MERGE_NOTE)
     if rescoring is not None:
         reach = rescoring.get("to_old_self")
         notes.append("candidate re-scoring (the old index's top K re-ranked by the new model) reaches the old self-test "
@@ -205,11 +217,12 @@ def plan_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
     return PlanInputs(dataclasses.replace(plan, notes=tuple(notes)), adapters, rollouts, rescoring)
 
 
-VERDICTS_ONLY = ("adapters, roll-outs and the threshold need the features in memory (--features, --experiment or --model); "
-                 "this plan is decided from the verdicts alone")
+VERDICTS_ONLY = ("adapters, roll-outs and the threshold need the features in memory (--features, --experiment or --model) "
+                 "or, from sources, the new gallery (--new-gallery); this plan is decided from the verdicts alone")
 
 
 def plan_from_verdicts(report: UpgradeReport) -> PlanInputs:
-    """The plan of a check whose features are streamed (embeddings read from sources): the verdicts alone, said so."""
+    """The plan of a check read from sources without the new gallery: the verdicts alone, said so (with the new gallery,
+    :func:`engine.upgrade.source_remedies.plan_from_sources`)."""
     plan = migration_plan(report.to_json())
     return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, VERDICTS_ONLY)), [], [], None)
