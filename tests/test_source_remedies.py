@@ -371,3 +371,53 @@ def test_the_sources_job_stores_a_plan_with_adapters(tmp_path, better, better_pl
     assert [a["name"] for a in plan["adapters"]] == list(DEFAULT_ADAPTERS)
     assert plan["threshold"] is not None and not any("decided from the verdicts alone" in n for n in plan["notes"])
     assert seen == sorted(seen) and seen[-1] == pytest.approx(1.0)
+
+
+# ---- adapter fit / curve judged with the check's qrels -------------------------------------------------------------
+
+def test_adapter_curve_judges_with_the_checks_qrels(tmp_path, capsys, better):
+    """``adapter curve --qrels``: nDCG@10 under the same judgements as the check; its old/old and new/new baselines are
+    the check's cells and adapted/old at every pair count is nDCG@10 by hand on the whole arrays."""
+    from engine.adapters.recovery import split_items
+    from engine.sources import join_by_id, open_source
+
+    specs = write(tmp_path / "a", better)
+    judged = write_qrels(tmp_path / "qrels.tsv", better)
+    check = check_sources(SourceSpecs(specs.old_gallery, specs.old_queries, specs.new_queries, specs.new_gallery,
+                                      str(tmp_path / "qrels.tsv")), resamples=RESAMPLES, block_rows=64)
+    args = ["adapter", "curve", "--old", specs.old_gallery, "--new", specs.new_gallery, "--query-old", specs.old_queries,
+            "--query-new", specs.new_queries, "--qrels", str(tmp_path / "qrels.tsv"), "--kind", "procrustes",
+            "--pairs", "40,150", "--resamples", "50", "--json", str(tmp_path / "c.json")]
+    assert main(args) == 0, capsys.readouterr().err
+    curve = json.loads((tmp_path / "c.json").read_text())
+    assert curve["relevance"] == "qrels" and curve["metric"] == "ndcg@10" and "qrels" in curve["fitted_on"]
+    assert curve["baselines"]["old/old"] == pytest.approx(check.means["old/old"]["ndcg@10"], abs=1e-9)
+    assert curve["baselines"]["new/new"] == pytest.approx(check.means["new/new"]["ndcg@10"], abs=1e-9)
+    assert curve["baselines"]["n_no_relevant"] == check.report.n_no_positive
+    opened = [open_source(t, what=w) for t, w in ((specs.old_gallery, "old"), (specs.new_gallery, "new"),
+                                                  (specs.old_queries, "old q"), (specs.new_queries, "new q"))]
+    split = split_items(join_by_id(*opened[:2]), queries=join_by_id(*opened[2:]), seed=0)
+    for source in opened:
+        source.close()
+    for row in curve["rows"]:
+        rows = np.sort(split.fit_order[: row["pairs"]])
+        adapted = fitted(better, "procrustes", rows).apply(better["new_queries"])
+        top = np.argsort(-(unit(adapted) @ unit(better["old_gallery"]).T), axis=1, kind="stable")[:, :10]
+        want = np.nanmean([hand_ndcg(top[q], judged.get(q, {}), 10) for q in range(NQ)])
+        assert row["adapted/old"] == pytest.approx(want, abs=1e-9), row["pairs"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "--qrels judges named queries: give them as --query-old/--query-new"),
+    (["--relevance", "none"], "--qrels goes with --relevance qrels"),
+])
+def test_adapter_qrels_refusals_are_one_line(tmp_path, capsys, better, extra, message):
+    specs = write(tmp_path / "b", better)
+    write_qrels(tmp_path / "qrels.tsv", better)
+    args = ["adapter", "curve", "--old", specs.old_gallery, "--new", specs.new_gallery, "--qrels",
+            str(tmp_path / "qrels.tsv"), *extra]
+    if extra:
+        args += ["--query-old", specs.old_queries, "--query-new", specs.new_queries]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
