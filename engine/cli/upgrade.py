@@ -120,7 +120,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"backfilling orders when not compatible (default {' '.join(DEFAULT_ORDERINGS)}; known: {', '.join(ORDERINGS)})")
     p.add_argument("--rollout", action="store_true",
                    help="when not compatible, also the rank merge of the old index (old queries) and the new one per "
-                        "ordering, and the old index's top K re-ranked by the new model (candidate re-scoring, over K / N)")
+                        "ordering, and the old index's top K re-ranked by the new model (candidate re-scoring, over K / N); "
+                        "with --old-gallery (and --new-gallery, --plan) the plan's rank-merge rows, from top-D lists")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the report as JSON (atomically)")
     p.add_argument("--text-summary", action="store_true",
                    help="with --experiment (a stored text comparison): every pair of its models, the matrices, paired "

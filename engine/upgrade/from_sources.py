@@ -20,6 +20,8 @@ Recall@1, the numbers equal ``check-upgrade --features ... --interval queries`` 
 When the new gallery is given and the pair is not compatible, backfill curves follow, one more streamed pass each
 gallery (:mod:`engine.upgrade.backfill_sources`): every point merges the new queries' top-D lists on the two galleries
 by score, under the same relevance (label-free, the reference is new/new, so every curve ends at 1 by definition).
+The check keeps its lists and its relevance (:class:`CheckLists`, not in the JSON) for the migration plan's adapters,
+rank merge and threshold (:mod:`engine.upgrade.source_remedies`), which read the galleries again.
 """
 from __future__ import annotations
 
@@ -301,8 +303,9 @@ def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = 
     lists (raised to the metric's K when that is larger); ``backfill_depth`` the backfill's list depth D (default
     :func:`engine.upgrade.backfill_sources.default_depth`); ``rollout``: the backfill's pass over the old gallery also
     keeps the old queries' top-D lists, for the rank-merge roll-outs of the plan (the report is the same). The result
-    holds the lists its remedies reuse (:attr:`SourcesCheck.lists`, not in the JSON). Raises ``ValueError`` (a :class:`SourceError` for the sources)
-    with one line, credentials masked, for anything it cannot judge; nothing is written anywhere.
+    holds the lists its remedies reuse (:attr:`SourcesCheck.lists`, not in the JSON). Raises ``ValueError`` (a
+    :class:`SourceError` for the sources) with one line, credentials masked, for anything it cannot judge; nothing is
+    written anywhere.
     """
     opened = Opened()
     try:

@@ -15,6 +15,9 @@ and the stored ``upgrade`` analysis (the Upgrade check page shows its plan):
 * **threshold**: each model's top-``k`` (query, gallery item) candidates of its own cell, relevant when the labels
   agree; the old threshold is given or, by default, the lowest old score whose candidates have precision 0.9, and
   :func:`engine.metrics.threshold.matched_threshold` gives the new score with the same precision.
+
+A check read from sources gets the same rows from :mod:`engine.upgrade.source_remedies` (with the new gallery) or a
+plan from the verdicts alone (:func:`plan_from_verdicts`, without it).
 """
 from __future__ import annotations
 
