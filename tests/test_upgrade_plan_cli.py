@@ -15,7 +15,7 @@ from engine.adapters.artifact import save_adapter
 from engine.adapters.posthoc import fit_map
 from engine.cli import main
 from engine.metrics.compatibility import CellFeatures
-from engine.upgrade.plan import migration_plan
+from engine.upgrade.plan import DEFAULT_ADAPTERS, migration_plan
 
 
 def rotated_back_pair() -> tuple[CellFeatures, CellFeatures]:
@@ -177,11 +177,29 @@ def test_sources_form_refuses_adapter_options(tmp_path, capsys):
     args = ["check-upgrade", "--old-gallery", str(tmp_path / "g.npz"), "--old-queries", str(tmp_path / "q.npz"),
             "--new-queries", str(tmp_path / "n.npz"), "--plan", str(tmp_path / "plan"), "--adapters", "procrustes"]
     assert main(args) == 2
-    assert "need the features in memory" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "need the new gallery (--new-gallery)" in err and "\n" not in err.strip()
     assert not list(tmp_path.iterdir())
 
 
-def test_sources_form_plans_from_the_verdicts_alone(tmp_path, capsys):
+def test_sources_form_without_the_new_gallery_plans_from_the_verdicts_alone(tmp_path, capsys):
+    from test_upgrade_sources import embeddings, tables, write_all
+
+    specs = write_all("npz", tmp_path / "s", tables(embeddings(), text=True))
+    args = ["check-upgrade", "--old-gallery", specs.old_gallery, "--old-queries", specs.old_queries, "--new-queries",
+            specs.new_queries, "--resamples", "200", "--json", str(tmp_path / "r.json"), "--plan", str(tmp_path / "plan")]
+    code = main(args)
+    report = json.loads((tmp_path / "r.json").read_text())
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert code == {"compatible": 0, "not compatible": 1, "too close to call": 3}[report["verdict"]]
+    assert plan["decision"] == migration_plan(report).decision and plan["adapters"] == [] == plan["rollouts"]
+    assert plan["threshold"] is None and any("decided from the verdicts alone" in n for n in plan["notes"])
+    assert (tmp_path / "plan.md").read_text() == plan["markdown"]
+
+
+def test_sources_form_with_the_new_gallery_fits_the_adapters(tmp_path, capsys):
+    """The default adapters fitted on the galleries' pairs and the threshold (tests/test_source_remedies.py checks the
+    numbers), the backfill rows as roll-outs."""
     from test_upgrade_sources import embeddings, tables, write_all
 
     specs = write_all("npz", tmp_path / "s", tables(embeddings(), text=True))
@@ -192,6 +210,7 @@ def test_sources_form_plans_from_the_verdicts_alone(tmp_path, capsys):
     report = json.loads((tmp_path / "r.json").read_text())
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert code == {"compatible": 0, "not compatible": 1, "too close to call": 3}[report["verdict"]]
-    assert plan["decision"] == migration_plan(report).decision and plan["adapters"] == [] == plan["rollouts"]
-    assert plan["threshold"] is None and any("decided from the verdicts alone" in n for n in plan["notes"])
+    assert [a["name"] for a in plan["adapters"]] == list(DEFAULT_ADAPTERS)
+    assert plan["rollouts"] == report["backfill"] and plan["threshold"] is not None
+    assert not any("decided from the verdicts alone" in n for n in plan["notes"])
     assert (tmp_path / "plan.md").read_text() == plan["markdown"]

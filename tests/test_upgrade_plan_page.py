@@ -61,7 +61,7 @@ def test_a_pair_too_small_for_an_adapter_is_decided_from_the_verdicts_and_says_w
     assert "no adapter, roll-out or threshold: a fit share of 0.5 of 2 gallery items gives 1 pairs" in texts(at)
 
 
-def test_a_check_from_a_store_shows_the_plan_its_verdicts_give(app_db, tmp_path):
+def test_a_check_from_a_store_shows_its_plan_with_adapters(app_db, tmp_path):
     from test_app_pages import jobs
     from test_upgrade_sources import embeddings, tables, write_all
     from test_upgrade_sources_page import fill
@@ -69,6 +69,7 @@ def test_a_check_from_a_store_shows_the_plan_its_verdicts_give(app_db, tmp_path)
     from app import queries
     from engine.jobs.worker import run_one
     from engine.upgrade.from_sources import SourceSpecs, check_sources
+    from engine.upgrade.source_remedies import plan_from_sources
 
     specs = write_all("npz", tmp_path / "s", tables(embeddings(), text=True))
     at = fill(open_page("upgrade"), specs)
@@ -77,9 +78,9 @@ def test_a_check_from_a_store_shows_the_plan_its_verdicts_give(app_db, tmp_path)
     queries.jobs.clear()
     at.run()
     assert not at.exception, at.exception
-    report = check_sources(SourceSpecs(specs.old_gallery, specs.old_queries, specs.new_queries, specs.new_gallery),
-                           relevance="labels").to_json()
-    want = migration_plan(report)
+    both = SourceSpecs(specs.old_gallery, specs.old_queries, specs.new_queries, specs.new_gallery)
+    want = plan_from_sources(check_sources(both, relevance="labels"), both).plan  # the job's plan: default adapters
     assert any(unplain(b.value).startswith(f"Decision: {want.headline()}. {want.reason}") for b in at.info)
-    assert "decided from the verdicts alone" in texts(at)
+    page = texts(at)
+    assert "decided from the verdicts alone" not in page and "paired gallery items" in page
     assert "Download the plan (Markdown)" in [b.proto.label for b in at.get("download_button")]

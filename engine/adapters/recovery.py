@@ -10,8 +10,10 @@ streamed top-k pass (:mod:`engine.metrics.topk`) and the relevance kinds of :mod
 * adapted/old: the map's image of the new queries on the old gallery (and new/old, the raw new queries, when the
   widths agree: what happens without an adapter).
 
-``labels`` relevance scores Recall@k (a same-label item in the first k); ``none`` (no labels) scores each query's
-neighbour recall@k against its new/new top-k, so new/new is 1 by construction. The recovery is adapted/old as a
+``labels`` relevance scores Recall@k (a same-label item in the first k); ``qrels`` (judgements query -> item -> grade,
+keyed by query and gallery row, as ``check-upgrade --old-gallery ... --qrels`` judges) scores nDCG@k, the check's
+default under qrels; ``none`` (no labels) scores each query's neighbour recall@k against its new/new top-k, so new/new
+is 1 by construction. The recovery is adapted/old as a
 share of old/old and of new/new; each share's difference in points comes with the paired bootstrap interval over
 queries of :func:`engine.metrics.paired.paired_bootstrap` (the gallery taken as fixed). Fit time is wall time; apply
 time is the map over all queries (float32 numpy, blocks of rows) divided by their number.
@@ -19,7 +21,7 @@ time is the map over all queries (float32 numpy, blocks of rows) divided by thei
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -27,13 +29,13 @@ import numpy as np
 
 from engine.adapters.posthoc import PosthocMap, fit_map, kind_of, options_for
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, paired_bootstrap
-from engine.metrics.relevance import label_outcomes, neighbour_recall
+from engine.metrics.relevance import label_outcomes, neighbour_recall, qrels_outcomes
 from engine.metrics.topk import TopK, array_blocks, stream_topk
 from engine.sources import Joined
 
 DEFAULT_GRID = (250, 500, 1000, 2000, 5000, 10000, 20000)
 DEFAULT_HELD_OUT = 1000
-RELEVANCE_KINDS = ("labels", "none")
+RELEVANCE_KINDS = ("labels", "qrels", "none")
 
 
 @dataclass(frozen=True)
@@ -81,18 +83,25 @@ class Scorer:
     """The held-out queries' outcomes under one relevance kind; the old/old and new/new baselines computed once."""
 
     def __init__(self, split: Split, *, relevance: str | None = None, k: int | None = None,
-                 resamples: int = DEFAULT_RESAMPLES, confidence: float = DEFAULT_CONFIDENCE, seed: int = 0) -> None:
+                 resamples: int = DEFAULT_RESAMPLES, confidence: float = DEFAULT_CONFIDENCE, seed: int = 0,
+                 qrels: Mapping[int, Mapping[int, float]] | None = None) -> None:
+        """``qrels``: judgements keyed by query row and gallery row (relevance ``qrels``, the default when given)."""
         g, q = split.gallery, split.queries
         if relevance is None:
-            relevance = "labels" if g.labels is not None and q.labels is not None else "none"
+            relevance = ("qrels" if qrels is not None else
+                         "labels" if g.labels is not None and q.labels is not None else "none")
         if relevance not in RELEVANCE_KINDS:
             raise ValueError(f"relevance must be one of {', '.join(RELEVANCE_KINDS)}, got {relevance!r}")
         if relevance == "labels" and (g.labels is None or q.labels is None):
             raise ValueError("relevance 'labels' needs labels on the gallery and the query items; use relevance none")
+        if (relevance == "qrels") != (qrels is not None):
+            raise ValueError("relevance 'qrels' needs the qrels, and the qrels go with relevance 'qrels'")
         self.relevance, self.k = relevance, int(k if k is not None else (1 if relevance == "labels" else 10))
         if not 1 <= self.k <= len(g.ids):
             raise ValueError(f"k must be between 1 and the gallery's {len(g.ids)} items, got {self.k}")
-        self.metric = f"recall@{self.k}" if relevance == "labels" else f"neighbour_recall@{self.k}"
+        self.metric = {"labels": "recall", "qrels": "ndcg", "none": "neighbour_recall"}[relevance] + f"@{self.k}"
+        self.qrels = qrels or {}
+        self.judged_rows = np.unique(np.fromiter((i for items in self.qrels.values() for i in items), np.int64))
         self.split, self.resamples, self.confidence, self.seed = split, resamples, confidence, seed
         self.gallery_ids = np.arange(len(g.ids), dtype=np.int64)
         self.reference = self._top(q.new, g.new)
@@ -107,6 +116,8 @@ class Scorer:
     def _values(self, top: TopK) -> np.ndarray:
         if self.relevance == "labels":
             out = label_outcomes(top, self.split.queries.labels, self.gallery_ids, self.split.gallery.labels, ks=(self.k,))
+        elif self.relevance == "qrels":
+            out = qrels_outcomes(top, range(len(top.ids)), self.qrels, self.judged_rows, ks=(self.k,))
         else:
             out = neighbour_recall(top, self.reference, ks=(self.k,))
         return out.values[self.metric]

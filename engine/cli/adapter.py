@@ -40,10 +40,12 @@ def _add_sources(p: argparse.ArgumentParser) -> None:
     p.add_argument("--query-new", metavar="SRC", help="the same queries' new embeddings")
     p.add_argument("--held-out", type=int, default=None, metavar="M",
                    help="without --query-*: items held out as queries, never fitted on (default 1000, at most a fifth)")
-    p.add_argument("--relevance", choices=("labels", "none"),
-                   help="labels: Recall@k by shared label; none: neighbour recall@k against the new model's own top-k "
-                        "(default: labels when both sources have labels)")
-    p.add_argument("--k", type=int, help="the k of the metric (default 1 for labels, 10 for none)")
+    p.add_argument("--relevance", choices=("labels", "qrels", "none"),
+                   help="labels: Recall@k by shared label; qrels: nDCG@k under --qrels; none: neighbour recall@k against "
+                        "the new model's own top-k (default: qrels with --qrels, else labels when both sources have labels)")
+    p.add_argument("--qrels", metavar="SRC", help="with --query-old/--query-new: judgements query id -> item id -> grade "
+                   "(.tsv BEIR style, TREC .txt, or Parquet), the relevance check-upgrade --old-gallery --qrels judges with")
+    p.add_argument("--k", type=int, help="the k of the metric (default 1 for labels, 10 for qrels and none)")
     p.add_argument("--normalise", choices=("l2", "none"), default="l2",
                    help="l2 (default): unit rows in and out (cosine retrieval); none: the raw vectors")
     p.add_argument("--set", action="append", default=[], dest="settings", metavar="[KIND.]KEY=VALUE",
@@ -121,17 +123,31 @@ def _split_and_scorer(args: argparse.Namespace):
         raise ValueError("--held-out goes without --query-old/--query-new (the separate queries are the held-out set)")
     if args.resamples < 1 or not 0 < args.level < 1:
         raise ValueError("--resamples must be at least 1 and --level in (0, 1)")
+    if args.qrels is not None and args.query_old is None:
+        raise ValueError("--qrels judges named queries: give them as --query-old/--query-new (held-out items have no "
+                         "judgements)")
+    if args.relevance == "qrels" and args.qrels is None:
+        raise ValueError("--relevance qrels needs --qrels SRC (query id, item id, grade)")
+    if args.qrels is not None and args.relevance not in (None, "qrels"):
+        raise ValueError(f"--qrels goes with --relevance qrels (its default), not {args.relevance}")
     items, old_desc, new_desc = _paired(args.old, args.new, "embeddings (--old/--new)")
     queries = None
     if args.query_old is not None:
         queries = _paired(args.query_old, args.query_new, "queries (--query-old/--query-new)")[0]
     held_out = args.held_out if args.held_out is not None else max(1, min(DEFAULT_HELD_OUT, len(items.ids) // 5))
     split = split_items(items, queries=queries, held_out=held_out, seed=args.seed)
+    judged, table = None, None
+    if args.qrels is not None:
+        from engine.sources.qrels import read_qrels
+        from engine.upgrade.from_sources import qrels_rows
+
+        table = read_qrels(args.qrels)
+        judged = qrels_rows(table, split.queries.ids, split.gallery.ids)
     scorer = Scorer(split, relevance=args.relevance, k=args.k, resamples=args.resamples, confidence=args.level,
-                    seed=args.seed)
+                    seed=args.seed, qrels=judged)
     fitted_on = {"old": old_desc, "new": new_desc, "items": len(items.ids), "gallery": len(split.gallery.ids),
                  "queries": "held-out" if queries is None else "separate", "held_out": len(split.queries.ids),
-                 "seed": args.seed}
+                 "seed": args.seed, **({} if table is None else {"qrels": table.description})}
     return split, scorer, fitted_on
 
 

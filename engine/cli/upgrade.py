@@ -30,10 +30,11 @@ SOURCE_OPTIONS = ("new_gallery", "old_queries", "new_queries", "qrels", "relevan
 
 if TYPE_CHECKING:
     from engine.metrics.compatibility import CellFeatures
+    from engine.upgrade.from_sources import SourcesCheck
     from engine.upgrade.migration import PlanInputs
     from engine.upgrade.verdict import UpgradeReport
 
-    Features = tuple[CellFeatures, CellFeatures] | None  # a form's old and new features in memory (None: streamed)
+    Features = tuple[CellFeatures, CellFeatures] | SourcesCheck  # a form's features in memory, or the check from sources
 
 EXIT_CODES = {"compatible": 0, "not compatible": 1, "too close to call": 3}
 DESCRIPTION = """\
@@ -56,11 +57,12 @@ Embeddings from a table or store: --old-gallery SRC [--new-gallery SRC] --old-qu
 #key=value options (e.g. #id=doc_id&vector=emb&label=cls, #table=items, #collection=docs&vector=dense). Old and new
 are joined by item id; the gallery is read in blocks (never whole, nothing written); the interval resamples queries.
 Relevance: labels (a label column), qrels (--qrels: query id, item id, grade) or none (label-free: the new model's
-top-K on --new-gallery is the reference; neighbour recall@K). Backfill curves need --features.
+top-K on --new-gallery is the reference; neighbour recall@K). Backfill curves need --new-gallery.
 --plan OUT writes the migration plan (OUT.json, OUT.md): ship as is / ship with adapter X / backfill p % in order Y /
 do not ship, from the verdicts, post-hoc adapters fitted on a seeded share of the gallery's old/new pairs (--adapters,
 --fit-share, or an exported --adapter DIR), the backfill (and, with --rollout, rank-merge) curves and the similarity
-threshold re-mapped to the same precision (--threshold T).
+threshold re-mapped to the same precision (--threshold T). With --old-gallery these need --new-gallery (the pairs are
+read from both galleries block by block, at most 50,000 of them; without it the plan is decided from the verdicts).
 Exit code: 0 compatible, 1 not compatible, 3 too close to call, 2 bad input."""
 
 
@@ -120,7 +122,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"backfilling orders when not compatible (default {' '.join(DEFAULT_ORDERINGS)}; known: {', '.join(ORDERINGS)})")
     p.add_argument("--rollout", action="store_true",
                    help="when not compatible, also the rank merge of the old index (old queries) and the new one per "
-                        "ordering, and the old index's top K re-ranked by the new model (candidate re-scoring, over K / N)")
+                        "ordering, and the old index's top K re-ranked by the new model (candidate re-scoring, over K / N); "
+                        "with --old-gallery (and --new-gallery, --plan) the plan's rank-merge rows, from top-D lists")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the report as JSON (atomically)")
     p.add_argument("--text-summary", action="store_true",
                    help="with --experiment (a stored text comparison): every pair of its models, the matrices, paired "
@@ -194,9 +197,11 @@ def _plan_options(args: argparse.Namespace) -> None:
                             ("--threshold", args.threshold)) if v is not None]
     if args.fit_share != DEFAULT_FIT_SHARE:
         given.append("--fit-share")
-    if args.old_gallery is not None and given:
-        raise ValueError(f"{', '.join(given)}: adapters and the threshold need the features in memory (--features, "
-                         "--experiment or --model); with --old-gallery the plan is decided from the verdicts alone")
+    if args.old_gallery is not None and args.new_gallery is None and (given or args.rollout):
+        from engine.upgrade.source_remedies import NEEDS_NEW_GALLERY
+
+        raise ValueError(f"{', '.join(given + ['--rollout'] * args.rollout)}: {NEEDS_NEW_GALLERY}; without it the plan "
+                         "is decided from the verdicts alone")
     from engine.upgrade.migration import check_plan_options
 
     check_plan_options(DEFAULT_ADAPTERS if args.adapters is None else args.adapters, args.fit_share)
@@ -294,7 +299,7 @@ def _refuse_source_options(args: argparse.Namespace, form: str) -> None:
 
 def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict, Features]:
     """The --old-gallery form: embeddings read where they live (engine/sources), the gallery streamed in blocks."""
-    from engine.sources.text import mask_in
+    from engine.sources.text import first_line
     from engine.upgrade.from_sources import SourceSpecs, check_sources
 
     _refuse_model_options(args, "--old-gallery")
@@ -304,8 +309,6 @@ def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRep
     for given, why in ((args.old_step is not None or args.new_step is not None, "--old-step and --new-step go with "
                         "--experiment"), (args.same_set, "--same-set goes with --features"),
                        (args.db is not None, "--db goes with --experiment or --model; --old-gallery stores nothing"),
-                       (args.rollout, "--rollout ranks mixed galleries held in memory (--features, --experiment or "
-                        "--model); --old-gallery streams its galleries"),
                        (args.interval == "two-way", "--interval two-way needs every feature in memory; --old-gallery "
                         "streams the gallery and resamples the queries (--interval queries)")):
         if given:
@@ -314,24 +317,39 @@ def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRep
     try:
         check = check_sources(specs, relevance=args.relevance, k=args.k, metric=args.metric,
                               names=args.names or ["old", "new"], resamples=args.resamples, level=args.level,
-                              seed=args.seed, margin=args.margin, ties=args.ties, backfill_depth=args.backfill_depth)
+                              seed=args.seed, margin=args.margin, ties=args.ties, backfill_depth=args.backfill_depth,
+                              rollout=args.rollout)
     except ValueError as exc:  # one line, credentials masked, whatever raised it
-        raise ValueError(mask_in((str(exc).strip().splitlines() or [type(exc).__name__])[0])) from None
+        raise ValueError(first_line(exc)) from None
     data = check.to_json()
     return check.report, {key: data[key] for key in ("relevance", "k", "convention", "sources", "means",
-                                                      "backfill_depth", "backfill_decided")}, None
+                                                      "backfill_depth", "backfill_decided")}, check
 
 
 def _plan(args: argparse.Namespace, report: UpgradeReport, features: Features) -> PlanInputs:
-    """The migration plan of this check (:mod:`engine.upgrade.migration`); from the verdicts alone when streamed, or
-    when the default adapters cannot be fitted (a gallery too small) and none was asked for by name."""
-    from engine.upgrade.migration import decide_in_memory, plan_from_verdicts
+    """The migration plan of this check, the one decision every check prints: in memory
+    (:func:`engine.upgrade.migration.decide_in_memory`), from sources with the new gallery
+    (:mod:`engine.upgrade.source_remedies`), else from the verdicts alone."""
+    from engine.sources.text import first_line
+    from engine.upgrade.from_sources import SourcesCheck, SourceSpecs
+    from engine.upgrade.migration import decide_in_memory, or_verdicts, plan_from_verdicts
 
-    if features is None:
-        return plan_from_verdicts(report)
-    return decide_in_memory(features[0], features[1], report, kinds=args.adapters,
-                            files=[roots.confine(f, what="--adapter") for f in args.adapter_files or ()],
-                            share=args.fit_share, t_old=args.threshold)
+    files = [roots.confine(f, what="--adapter") for f in args.adapter_files or ()]
+    if isinstance(features, SourcesCheck):
+        if args.new_gallery is None:
+            return plan_from_verdicts(report)
+        from engine.upgrade.source_remedies import plan_from_sources
+
+        specs = SourceSpecs(args.old_gallery, args.old_queries, args.new_queries, args.new_gallery, args.qrels)
+        try:  # one line, credentials masked
+            return or_verdicts(lambda: plan_from_sources(
+                features, specs, kinds=DEFAULT_ADAPTERS if args.adapters is None else args.adapters, files=files,
+                share=args.fit_share, t_old=args.threshold), report,
+                asked=args.adapters is not None or bool(files) or args.threshold is not None)
+        except ValueError as exc:
+            raise ValueError(first_line(exc)) from None
+    return decide_in_memory(features[0], features[1], report, kinds=args.adapters, files=files, share=args.fit_share,
+                            t_old=args.threshold)
 
 
 def plan_lines(plan: Plan) -> list[str]:

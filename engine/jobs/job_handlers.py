@@ -102,20 +102,26 @@ def checkpoints_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> 
 
 def sources_check_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> str:
     """A ``sources_check`` job: the upgrade check on embeddings read from sources, its report stored under the job's
-    payload hash (``storage.save_source_check``) with its migration plan (from the verdicts alone), where the Upgrade
-    check page reads it."""
+    payload hash (``storage.save_source_check``) with its migration plan, where the Upgrade check page reads it: with
+    the new gallery the default adapters fitted on its pairs and the threshold (``engine.upgrade.source_remedies``, as
+    ``check-upgrade --old-gallery ... --new-gallery ... --plan``), else from the verdicts alone."""
     from engine.upgrade.from_sources import SourceSpecs, check_sources
-    from engine.upgrade.migration import plan_from_verdicts
+    from engine.upgrade.migration import or_verdicts, plan_from_verdicts
+    from engine.upgrade.source_remedies import plan_from_sources
     from storage import payload_hash, save_source_check, session_scope
 
-    sources = payload["sources"]
-    check = check_sources(SourceSpecs(**sources), relevance=payload["relevance"], k=int(payload["k"]),
-                          metric=payload.get("metric"), names=tuple(payload["names"]),
-                          margin=payload.get("margin", 0.0), ties=payload.get("ties", "fail"),  # older: strict ECC
-                          progress=job.progress)
+    specs = SourceSpecs(**payload["sources"])
+    check = check_sources(specs, relevance=payload["relevance"], k=int(payload["k"]), metric=payload.get("metric"),
+                          names=tuple(payload["names"]), margin=payload.get("margin", 0.0),
+                          ties=payload.get("ties", "fail"),  # older payloads: strict ECC
+                          progress=lambda f, m: job.progress(0.8 * f, m))
+    if specs.new_gallery is None:
+        plan = plan_from_verdicts(check.report).to_json()
+    else:  # a gallery too small to fit an adapter on: the verdicts alone, saying why (as the in-memory plan)
+        plan = or_verdicts(lambda: plan_from_sources(check, specs, progress=lambda f, m: job.progress(0.8 + 0.2 * f, m)),
+                           check.report, asked=False).to_json()
     with session_scope(db) as s:
-        save_source_check(s, payload_hash("sources_check", dict(payload)),
-                          {**check.to_json(), "plan": plan_from_verdicts(check.report).to_json()})
+        save_source_check(s, payload_hash("sources_check", dict(payload)), {**check.to_json(), "plan": plan})
     return check.report.sentence().split(":", 1)[0]  # "v2 is compatible with v1"
 
 

@@ -20,6 +20,8 @@ Recall@1, the numbers equal ``check-upgrade --features ... --interval queries`` 
 When the new gallery is given and the pair is not compatible, backfill curves follow, one more streamed pass each
 gallery (:mod:`engine.upgrade.backfill_sources`): every point merges the new queries' top-D lists on the two galleries
 by score, under the same relevance (label-free, the reference is new/new, so every curve ends at 1 by definition).
+The check keeps its lists and its relevance (:class:`CheckLists`, not in the JSON) for the migration plan's adapters,
+rank merge and threshold (:mod:`engine.upgrade.source_remedies`), which read the galleries again.
 """
 from __future__ import annotations
 
@@ -37,10 +39,10 @@ from engine.metrics.list_merge import rows_of
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
 from engine.metrics.relevance import Outcomes, label_outcomes, neighbour_recall, qrels_outcomes
 from engine.metrics.topk import TopK, stream_topk
-from engine.sources import Source, SourceError, join_by_id, open_source
+from engine.sources import Joined, Source, SourceError, join_by_id, open_source
 from engine.sources.join import IdSlots, check_same_ids
 from engine.sources.qrels import QrelsTable, read_qrels
-from engine.upgrade.backfill_sources import default_depth, source_backfill
+from engine.upgrade.backfill_sources import SourceBackfill, default_depth, source_backfill
 from engine.upgrade.rule import Rule
 from engine.upgrade.verdict import (BETTER, PairedVerdict, UpgradeReport, best_ordering, check_settings, compare,
                                     unchanged_note)
@@ -66,6 +68,58 @@ class SourceSpecs:
 
 
 @dataclass(frozen=True)
+class SourceRelevance:
+    """What counts as relevant in one check, and the per-query outcomes of top-k lists whose ids are gallery rows."""
+
+    kind: str  # labels, qrels or none (engine.core.vocab.RELEVANCE)
+    gallery_rows: np.ndarray  # 0 .. n_gallery - 1
+    query_labels: np.ndarray | None = None  # labels: per query row
+    gallery_labels: np.ndarray | None = None  # labels: per gallery row
+    judged: dict[int, dict[int, float]] = field(default_factory=dict)  # qrels: query row -> gallery row -> grade
+    judged_rows: np.ndarray | None = None  # qrels: the gallery rows some query judges
+    reference: TopK | None = None  # none: each query's new/new top-k
+
+    def outcomes(self, top: TopK, rows: np.ndarray | None = None, *, ks: Sequence[int]) -> Outcomes:
+        """Outcomes of the lists ``top`` of the query rows ``rows`` (None: every query, in order)."""
+        rows = np.arange(len(top.ids)) if rows is None else np.asarray(rows)
+        if self.kind == "labels":
+            return label_outcomes(top, self.query_labels[rows], self.gallery_rows, self.gallery_labels, ks=ks)
+        if self.kind == "qrels":
+            return qrels_outcomes(top, rows.tolist(), self.judged, self.judged_rows, ks=ks)
+        return neighbour_recall(top, rows_of(self.reference, rows), ks=ks)
+
+    def relevant(self, ids: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """Whether each gallery row of ``ids`` (n, k) is relevant to its query (the query rows ``rows``; None: 0 .. n - 1):
+        the same label, or a qrels grade above 0. Label-free relevance marks nothing relevant: ``ValueError``."""
+        ids = np.asarray(ids)
+        rows = np.arange(len(ids)) if rows is None else np.asarray(rows)
+        if self.kind == "labels":
+            return self.gallery_labels[ids] == self.query_labels[rows][:, None]
+        if self.kind == "qrels":
+            return np.array([[self.judged.get(q, {}).get(i, 0.0) > 0 for i in items] for q, items in
+                             zip(rows.tolist(), ids.tolist())], bool).reshape(ids.shape)
+        raise ValueError("label-free relevance (none) marks no item relevant")
+
+
+@dataclass(frozen=True)
+class CheckLists:
+    """What a check computed that its remedies reuse (:mod:`engine.upgrade.source_remedies`); never in the JSON."""
+
+    queries: Joined  # ids, old and new vectors, labels of the queries
+    gallery_ids: np.ndarray  # the old gallery's ids in reading order: row i is gallery row i
+    slots: IdSlots  # new-gallery ids -> gallery rows
+    relevance: SourceRelevance
+    key: str  # the metric's outcome key, e.g. recall@1
+    at: int  # the metric's K
+    old_old: TopK
+    new_new: TopK | None  # None: no new gallery
+    oo: np.ndarray  # per-query old/old outcome under the metric
+    block_rows: int
+    backend: str
+    backfill: SourceBackfill | None = None  # when the backfill was computed
+
+
+@dataclass(frozen=True)
 class SourcesCheck:
     """The report and what it was computed under: relevance, list depth, convention line, masked sources, means."""
 
@@ -77,6 +131,7 @@ class SourcesCheck:
     means: dict[str, dict[str, float]] = field(default_factory=dict)  # cell -> metric -> mean over defined queries
     backfill_depth: int | None = None  # D of the backfill's top-D lists (None: no backfill computed)
     backfill_decided: dict[str, list[float]] = field(default_factory=dict)  # ordering -> share of queries decided per point
+    lists: CheckLists | None = field(default=None, repr=False, compare=False)  # for the remedies, not in the JSON
 
     def to_json(self) -> dict:
         """The report's JSON with the relevance, the depth, the convention line, the sources and every cell's means."""
@@ -157,7 +212,7 @@ def _writable(vectors: np.ndarray) -> np.ndarray:
     return vectors if vectors.flags.writeable else vectors.copy()
 
 
-def _in_order(source: Source, ids: np.ndarray, block_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def in_order(source: Source, ids: np.ndarray, block_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(row numbers, vectors) blocks of the old gallery: row number = reading position, checked against the scan."""
     lo = 0
     for block in source.blocks(block_rows):
@@ -170,7 +225,7 @@ def _in_order(source: Source, ids: np.ndarray, block_rows: int) -> Iterator[tupl
         raise SourceError(f"{source.description} changed while it was read: {len(ids)} items, then {lo}")
 
 
-def _by_id(source: Source, slots: IdSlots, block_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def by_id(source: Source, slots: IdSlots, block_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(row numbers, vectors) blocks of the new gallery, each item numbered as the same id in the old gallery."""
     for block in source.blocks(block_rows):
         yield slots(block.ids, source), _writable(block.vectors)
@@ -214,7 +269,7 @@ def _split(top: TopK, n: int) -> tuple[TopK, TopK]:
     return cut(slice(0, n)), cut(slice(n, None))
 
 
-class _Opened:
+class Opened:
     """The sources one check opened, closed together when it ends (however it ends)."""
 
     def __init__(self) -> None:
@@ -241,26 +296,30 @@ def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = 
                   names: Sequence[str] = ("old", "new"), resamples: int = DEFAULT_RESAMPLES,
                   level: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_SEED, margin: float = 0.0, ties: str = "fail",
                   block_rows: int = DEFAULT_BLOCK_ROWS, backend: str = "torch",
-                  progress: Progress | None = None, backfill_depth: int | None = None) -> SourcesCheck:
+                  progress: Progress | None = None, backfill_depth: int | None = None,
+                  rollout: bool = False) -> SourcesCheck:
     """The upgrade verdict of the new model's queries on the old gallery, read from sources (module docstring).
 
     ``relevance`` defaults to ``qrels`` when ``specs.qrels`` is given, else ``labels``; ``k`` is the depth of the top-k
     lists (raised to the metric's K when that is larger); ``backfill_depth`` the backfill's list depth D (default
-    :func:`engine.upgrade.backfill_sources.default_depth`). Raises ``ValueError`` (a :class:`SourceError` for the sources)
-    with one line, credentials masked, for anything it cannot judge; nothing is written anywhere.
+    :func:`engine.upgrade.backfill_sources.default_depth`); ``rollout``: the backfill's pass over the old gallery also
+    keeps the old queries' top-D lists, for the rank-merge roll-outs of the plan (the report is the same). The result
+    holds the lists its remedies reuse (:attr:`SourcesCheck.lists`, not in the JSON). Raises ``ValueError`` (a
+    :class:`SourceError` for the sources) with one line, credentials masked, for anything it cannot judge; nothing is
+    written anywhere.
     """
-    opened = _Opened()
+    opened = Opened()
     try:
         return _check(specs, opened, relevance=relevance, k=k, metric=metric, names=names, resamples=resamples,
                       level=level, seed=seed, margin=margin, ties=ties, block_rows=block_rows, backend=backend,
-                      say=progress or (lambda f, m: None), backfill_depth=backfill_depth)
+                      say=progress or (lambda f, m: None), backfill_depth=backfill_depth, rollout=rollout)
     finally:
         opened.close()
 
 
-def _check(specs: SourceSpecs, opened: _Opened, *, relevance: str | None, k: int, metric: str | None,
+def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int, metric: str | None,
            names: Sequence[str], resamples: int, level: float, seed: int, margin: float, ties: str, block_rows: int,
-           backend: str, say: Progress, backfill_depth: int | None = None) -> SourcesCheck:
+           backend: str, say: Progress, backfill_depth: int | None = None, rollout: bool = False) -> SourcesCheck:
     relevance = relevance or default_relevance(specs.qrels)
     if relevance not in RELEVANCE:
         raise ValueError(f"unknown relevance {relevance!r}; use one of {', '.join(RELEVANCE)}")
@@ -312,6 +371,7 @@ def _check(specs: SourceSpecs, opened: _Opened, *, relevance: str | None, k: int
 
     n_q, n_g = len(queries.ids), len(old_scan.ids)
     gallery_rows = np.arange(n_g, dtype=np.int64)
+    q_labels = g_labels = judged_rows = None
     if at > n_g:
         raise ValueError(f"{metric} needs at least {at} gallery items; {old_g.description} holds {n_g}")
     judged: dict[int, dict[int, float]] = {}
@@ -332,26 +392,19 @@ def _check(specs: SourceSpecs, opened: _Opened, *, relevance: str | None, k: int
 
     say(0.2, "searching the old gallery (old and new queries)")
     stacked = np.concatenate([queries.old, queries.new])
-    on_old = stream_topk(stacked, _in_order(old_g, old_scan.ids, block_rows), k=min(depth, n_g), backend=backend)
+    on_old = stream_topk(stacked, in_order(old_g, old_scan.ids, block_rows), k=min(depth, n_g), backend=backend)
     top_oo, top_no = _split(on_old, n_q)
     top_nn = None
     if new_g is not None:
         say(0.6, "searching the new gallery (new queries)")
-        top_nn = stream_topk(queries.new, _by_id(new_g, slots, block_rows), k=min(depth, n_g), backend=backend)
+        top_nn = stream_topk(queries.new, by_id(new_g, slots, block_rows), k=min(depth, n_g), backend=backend)
     ks = tuple(x for x in ks if x <= min(depth, n_g))
 
     say(0.9, "per-query outcomes and the paired interval")
-
-    def outcomes(top: TopK) -> Outcomes:
-        if relevance == "labels":
-            return label_outcomes(top, q_labels, gallery_rows, g_labels, ks=ks)
-        if relevance == "qrels":
-            return qrels_outcomes(top, range(n_q), judged, judged_rows, ks=ks)
-        return neighbour_recall(top, top_nn, ks=ks)
-
-    cells = {f"{old_name}/{old_name}": outcomes(top_oo), f"{new_name}/{old_name}": outcomes(top_no)}
+    judge = SourceRelevance(relevance, gallery_rows, q_labels, g_labels, judged, judged_rows, top_nn)
+    cells = {f"{old_name}/{old_name}": judge.outcomes(top_oo, ks=ks), f"{new_name}/{old_name}": judge.outcomes(top_no, ks=ks)}
     if top_nn is not None and relevance != "none":
-        cells[f"{new_name}/{new_name}"] = outcomes(top_nn)
+        cells[f"{new_name}/{new_name}"] = judge.outcomes(top_nn, ks=ks)
     key = f"{kind}@{at}"
     oo = cells[f"{old_name}/{old_name}"].values[key]
     no = cells[f"{new_name}/{old_name}"].values[key]
@@ -369,21 +422,16 @@ def _check(specs: SourceSpecs, opened: _Opened, *, relevance: str | None, k: int
         better = compare(nn, oo, **settings, names=BETTER, bounds=(got[1].lo, got[1].hi))
     notes = unchanged_note(got[0]) + ("the interval resamples the queries; the gallery is streamed, not resampled "
                                       "(the two-way interval of check-upgrade --features needs every feature in memory)",)
-    needs, decided, b_depth = (), {}, None
+    needs, decided, b_depth, backfill = (), {}, None, None
     if compat.verdict == "not compatible" and new_g is not None:
-        def at_rows(top: TopK, rows: np.ndarray) -> np.ndarray:
-            if relevance == "labels":
-                return label_outcomes(top, q_labels[rows], gallery_rows, g_labels, ks=(at,)).values[key]
-            if relevance == "qrels":
-                return qrels_outcomes(top, rows.tolist(), judged, judged_rows, ks=(at,)).values[key]
-            return neighbour_recall(top, rows_of(top_nn, rows), ks=(at,)).values[key]
-
         b_depth = min(backfill_depth or default_depth(max(int(k), at)), n_g)
-        needs, decided, b_notes = source_backfill(
-            queries.new, lambda: _in_order(old_g, old_scan.ids, block_rows), lambda: _by_id(new_g, slots, block_rows),
-            n_gallery=n_g, k=at, depth=b_depth, outcome=at_rows, old_self=float(np.nanmean(oo)), seed=seed,
-            block_rows=block_rows, backend=backend, say=say, gallery_labels=old_scan.labels)
-        notes += b_notes + (("label-free, the backfill curves' reference is each query's new/new top-k: at beta = 1 "
+        backfill = source_backfill(
+            queries.new, lambda: in_order(old_g, old_scan.ids, block_rows), lambda: by_id(new_g, slots, block_rows),
+            n_gallery=n_g, k=at, depth=b_depth, outcome=lambda top, rows: judge.outcomes(top, rows, ks=(at,)).values[key],
+            old_self=float(np.nanmean(oo)), seed=seed, block_rows=block_rows, backend=backend, say=say,
+            gallery_labels=old_scan.labels, old_queries=queries.old if rollout else None)
+        needs, decided = backfill.needs, backfill.decided
+        notes += backfill.notes + (("label-free, the backfill curves' reference is each query's new/new top-k: at beta = 1 "
                              "the merged list is new/new itself, so every curve ends at 1 by definition",)
                             if relevance == "none" else ())
     n_none = cells[f"{old_name}/{old_name}"].n_no_relevant
@@ -397,9 +445,11 @@ def _check(specs: SourceSpecs, opened: _Opened, *, relevance: str | None, k: int
     if qrels_table is not None:
         sources["qrels"] = qrels_table.description
     say(1.0, "done")
+    lists = CheckLists(queries, old_scan.ids, slots, judge, key, at, top_oo, top_nn, oo, block_rows, backend, backfill)
     return SourcesCheck(report, relevance, depth, relevance_phrase(relevance, k=at, n_no_relevant=n_none), sources,
-                        {cell: o.means() for cell, o in cells.items()}, b_depth, decided)
+                        {cell: o.means() for cell, o in cells.items()}, b_depth, decided, lists)
 
 
-__all__ = ["DEFAULT_K", "GalleryScan", "SourceSpecs", "SourcesCheck", "check_sources", "default_metric",
-           "default_relevance", "parse_source_metric", "qrels_rows", "scan_gallery"]
+__all__ = ["DEFAULT_K", "CheckLists", "GalleryScan", "Opened", "SourceRelevance", "SourceSpecs", "SourcesCheck", "by_id",
+           "check_sources", "default_metric", "default_relevance", "in_order", "parse_source_metric", "qrels_rows",
+           "scan_gallery"]

@@ -15,12 +15,15 @@ and the stored ``upgrade`` analysis (the Upgrade check page shows its plan):
 * **threshold**: each model's top-``k`` (query, gallery item) candidates of its own cell, relevant when the labels
   agree; the old threshold is given or, by default, the lowest old score whose candidates have precision 0.9, and
   :func:`engine.metrics.threshold.matched_threshold` gives the new score with the same precision.
+
+A check read from sources gets the same rows from :mod:`engine.upgrade.source_remedies` (with the new gallery) or a
+plan from the verdicts alone (:func:`plan_from_verdicts`, without it).
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,7 @@ import numpy as np
 from engine.adapters.artifact import load_adapter
 from engine.adapters.posthoc import PosthocMap, fit_map, kind_of
 from engine.metrics.compatibility import CellFeatures
+from engine.sources.text import first_line
 from engine.metrics.threshold import matched_threshold, threshold_at_precision
 from engine.metrics.topk import array_blocks, stream_topk
 from engine.upgrade.plan import (DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, backfill_metric,
@@ -38,6 +42,9 @@ from engine.upgrade.verdict import UpgradeReport, backfill_needs, check_upgrade,
 from storage import json_ready
 
 RANK_MERGE = "rank_merge:"
+RANK_MERGE_NOTE = ("a rank merge serves both models at query time (old queries on the old index, new queries on the "
+                   "re-embedded part, merged by score); its fraction is the first measured one that scores above the "
+                   "old self-test (at 0 % it is the old system itself)")
 
 
 @dataclass(frozen=True)
@@ -67,13 +74,16 @@ def check_plan_options(kinds: Sequence[str], share: float, precision: float = DE
         raise ValueError(f"the precision of the default old threshold must lie in (0, 1], got {precision!r}")
 
 
-def fit_rows(n: int, share: float, seed: int) -> np.ndarray:
-    """The gallery rows the adapters are fitted on: a seeded ``share`` of ``n`` (at least 2, at least 1 left), sorted."""
+def fit_rows(n: int, share: float, seed: int, *, cap: int | None = None) -> np.ndarray:
+    """The gallery rows the adapters are fitted on: a seeded ``share`` of ``n`` (at least 2, at least 1 left), at most
+    ``cap`` of them (the first of the same seeded order), sorted."""
     m = int(round(share * n))
     if m < 2 or m > n - 1:
         raise ValueError(f"a fit share of {share:g} of {n} gallery items gives {m} pairs; an adapter needs at least 2 and "
                          "at least one item must be left to score")
-    return np.sort(np.random.default_rng(seed).permutation(n)[:m])
+    if cap is not None and cap < 2:
+        raise ValueError(f"an adapter needs at least 2 pairs; the cap on them is {cap}")
+    return np.sort(np.random.default_rng(seed).permutation(n)[: m if cap is None else min(m, cap)])
 
 
 def _rows(cell: CellFeatures, keep: np.ndarray) -> CellFeatures:
@@ -193,7 +203,15 @@ def threshold_row(old: CellFeatures, new: CellFeatures, *, same_set: bool, t_old
     """The re-mapped threshold (None when the old candidates never reach ``precision``) and a note on where it came from."""
     so, ro = candidate_pairs(old, k=k, same_set=same_set)
     sn, rn = candidate_pairs(new, k=k, same_set=same_set)
-    how = f"each model's top-{k} candidates per query, relevant when the labels agree"
+    return remapped_threshold(so, ro, sn, rn, how=f"each model's top-{k} candidates per query, relevant when the labels "
+                              "agree", t_old=t_old, precision=precision)
+
+
+def remapped_threshold(so: np.ndarray, ro: np.ndarray, sn: np.ndarray, rn: np.ndarray, *, how: str,
+                       t_old: float | None = None,
+                       precision: float = DEFAULT_PRECISION) -> tuple[dict[str, Any] | None, str]:
+    """:func:`threshold_row` from the scored candidates (``so``, ``sn``) and their relevance (``ro``, ``rn``) of the old
+    and the new model; ``how`` says what the candidates are."""
     if t_old is None:
         t_old = threshold_at_precision(so, ro, precision)
         if t_old is None:
@@ -221,9 +239,7 @@ def plan_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
                      f"{share:g}, seed {report.seed}) and scored on {scored}")
     notes.append(f"similarity threshold: {how}")
     if any(str(r["ordering"]).startswith(RANK_MERGE) for r in rollouts):
-        notes.append("a rank merge serves both models at query time (old queries on the old index, new queries on the "
-                     "re-embedded part, merged by score); its fraction is the first measured one that scores above the "
-                     "old self-test (at 0 % it is the old system itself)")
+        notes.append(RANK_MERGE_NOTE)
     if rescoring is not None:
         reach = rescoring.get("to_old_self")
         notes.append("candidate re-scoring (the old index's top K re-ranked by the new model) reaches the old self-test "
@@ -232,28 +248,35 @@ def plan_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
     return PlanInputs(dataclasses.replace(plan, notes=tuple(notes)), adapters, rollouts, rescoring)
 
 
-VERDICTS_ONLY = ("adapters, roll-outs and the threshold need the features in memory (--features, --experiment or --model); "
-                 "this plan is decided from the verdicts alone")
+VERDICTS_ONLY = ("adapters, roll-outs and the threshold need the features in memory (--features, --experiment or --model) "
+                 "or, from sources, the new gallery (--new-gallery); this plan is decided from the verdicts alone")
 
 
 def plan_from_verdicts(report: UpgradeReport, *, why: str = VERDICTS_ONLY) -> PlanInputs:
-    """The plan from the verdicts alone (no adapter, roll-out or threshold), with ``why`` as a note."""
+    """The plan from the verdicts alone (no adapter, roll-out or threshold), with ``why`` as a note: a check read from
+    sources without the new gallery (with it, :func:`engine.upgrade.source_remedies.plan_from_sources`), or one whose
+    default adapters cannot be fitted."""
     plan = migration_plan(report.to_json())
     return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, why)), [], [], None)
+
+
+def or_verdicts(build: Callable[[], PlanInputs], report: UpgradeReport, *, asked: bool) -> PlanInputs:
+    """``build()``'s plan; when it cannot be built (a gallery too small for the default adapters) and no adapter or
+    threshold was asked for by name, the plan from the verdicts alone, saying why."""
+    try:
+        return build()
+    except ValueError as exc:
+        if asked:
+            raise
+        return plan_from_verdicts(report, why=f"no adapter, roll-out or threshold: {first_line(exc)}")
 
 
 def decide_in_memory(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *,
                      kinds: Sequence[str] | None = None, files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE,
                      t_old: float | None = None, precision: float = DEFAULT_PRECISION) -> PlanInputs:
     """The plan of a check whose features are in memory (``--features``, ``--experiment``, ``--model``, the stored
-    ``upgrade`` analysis): :func:`plan_inputs`; when the default adapters cannot be fitted (a gallery too small) and no
-    adapter or threshold was asked for by name (``kinds`` None, no ``files``, no ``t_old``), the verdicts alone, with why."""
-    asked = kinds is not None or bool(files) or t_old is not None
-    try:
-        return plan_inputs(old, new, report, kinds=DEFAULT_ADAPTERS if kinds is None else kinds, files=files, share=share,
-                           t_old=t_old, precision=precision)
-    except ValueError as exc:
-        if asked:
-            raise
-        return plan_from_verdicts(report, why=f"no adapter, roll-out or threshold: {exc}")
-
+    ``upgrade`` analysis): :func:`plan_inputs`, or the verdicts alone (:func:`or_verdicts`) when the default adapters
+    cannot be fitted and nothing was asked for by name (``kinds`` None, no ``files``, no ``t_old``)."""
+    return or_verdicts(lambda: plan_inputs(old, new, report, kinds=DEFAULT_ADAPTERS if kinds is None else kinds,
+                                           files=files, share=share, t_old=t_old, precision=precision),
+                       report, asked=kinds is not None or bool(files) or t_old is not None)

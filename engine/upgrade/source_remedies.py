@@ -1,0 +1,239 @@
+"""The migration plan of a check read from sources (``check-upgrade --old-gallery ... --new-gallery ... --plan``, the
+page's sources check): adapters, rank-merge roll-outs and the threshold, the galleries streamed as the check streams them.
+
+:func:`plan_from_sources` gathers what :func:`engine.upgrade.plan.migration_plan` decides from, as
+:func:`engine.upgrade.migration.plan_inputs` does for features in memory, from the check's own lists
+(:class:`engine.upgrade.from_sources.CheckLists`) and under the check's relevance, metric, interval and rule:
+
+* **adapters**: a seeded sample of the gallery's rows (a ``share`` of it, at most ``max_pairs``, default
+  :data:`MAX_FIT_PAIRS`: :func:`engine.upgrade.migration.fit_rows`, in the check's row numbering) is read block by block
+  from both galleries, only the sampled pairs kept; each post-hoc kind (:func:`engine.adapters.posthoc.fit_map`) is
+  fitted on them, each exported folder loaded. The adapted new queries of every map are ranked against the streamed
+  old gallery in one pass and judged against old/old with the check's paired interval (seeded as its cell (1, 0)) and
+  rule, as the check judges new/old. The queries are never fitted on (held out by construction); the fitted gallery
+  items stay in the searched gallery, as in the in-memory open-set check. Each row also carries the check's new/new
+  and ``label_free``: the adapted queries' neighbour recall@k on the old gallery against their new/new top-k;
+* **rank-merge roll-outs** (when the check kept the old queries' top-D lists: ``check_sources(..., rollout=True)``):
+  per ordering of the check's backfill, the old index (the items not yet re-embedded) searched with the old queries
+  and the re-embedded part with the new queries, merged by score from the two top-D lists
+  (:func:`engine.metrics.list_merge.list_curves`: exact for the queries the lists decide, the others left out of a
+  point and counted); the first fraction scoring above old/old is :func:`engine.upgrade.migration.rollout_rows`'s;
+* **threshold**: each model's top-10 candidates of its own cell (the check's old/old and new/new lists), relevant under
+  the check's relevance (the same label; a qrels grade above 0), re-mapped to the same precision as in memory
+  (:func:`engine.upgrade.migration.remapped_threshold`); label-free relevance marks nothing relevant, so no threshold.
+
+This module imports no torch itself (the streamed search and the fits come from the floors below).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.adapters.artifact import load_adapter
+from engine.adapters.posthoc import PosthocMap, fit_map
+from engine.metrics.cell_interval import cell_seed, paired_intervals
+from engine.metrics.list_merge import list_curves, rows_of
+from engine.metrics.relevance import neighbour_recall
+from engine.metrics.topk import stream_topk
+from engine.upgrade.backfill_sources import curve_need, decided_note
+from engine.upgrade.from_sources import CheckLists, Opened, SourcesCheck, SourceSpecs, by_id, in_order
+from engine.upgrade.migration import (RANK_MERGE, RANK_MERGE_NOTE, PlanInputs, check_plan_options, fit_rows,
+                                      remapped_threshold, rollout_rows)
+from engine.upgrade.plan import DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, migration_plan
+from engine.upgrade.verdict import BackfillNeed, PairedVerdict, UpgradeReport, compare
+from storage import json_ready
+
+MAX_FIT_PAIRS = 50_000  # pairs read from the galleries to fit an adapter on, at most
+NEEDS_NEW_GALLERY = ("adapters, roll-outs and the threshold from sources need the new gallery (--new-gallery): the "
+                     "adapters are fitted on its items paired with the old ones, the roll-outs and the threshold rank it")
+
+Blocks = Iterable[tuple[np.ndarray, np.ndarray]]  # (gallery rows, vectors) blocks, as the check reads them
+Progress = Callable[[float, str], None]
+
+
+@dataclass(frozen=True)
+class Adapted:
+    """One map's adapted new queries on the old gallery: per-query outcomes under the check's metric (NaN: undefined),
+    per-query neighbour recall@k against new/new, and whether the adapted queries are the old queries themselves."""
+
+    values: np.ndarray
+    label_free: np.ndarray
+    same_as_old: bool
+
+
+def _gather(blocks: Blocks, rows: np.ndarray, what: str) -> np.ndarray:
+    """The vectors of the sorted gallery ``rows`` from a stream of blocks (float32; nothing else kept)."""
+    out, seen = None, np.zeros(len(rows), bool)
+    for b_rows, vectors in blocks:
+        at = np.minimum(np.searchsorted(rows, b_rows), len(rows) - 1)
+        hit = rows[at] == b_rows
+        if hit.any():
+            if out is None:
+                out = np.empty((len(rows), vectors.shape[1]), np.float32)
+            out[at[hit]] = vectors[hit]
+            seen[at[hit]] = True
+    if out is None or not seen.all():
+        raise ValueError(f"the {what} gallery gave {int(seen.sum())} of the {len(rows)} sampled items; it changed while "
+                         "it was read")
+    return out
+
+
+def read_pairs(old_blocks: Blocks, new_blocks: Blocks, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The old and the new vectors of the sorted, distinct gallery ``rows``, each gallery read once block by block:
+    memory holds the sample and one block, never a whole gallery."""
+    rows = np.asarray(rows, np.int64)
+    return _gather(old_blocks, rows, "old"), _gather(new_blocks, rows, "new")
+
+
+def adapted_outcomes(lists: CheckLists, maps: Sequence[PosthocMap], old_blocks: Blocks) -> list[Adapted]:
+    """Every map's image of the new queries ranked against the old gallery in one streamed pass (the check's depth and
+    backend), each list scored under the check's relevance and metric, and against each query's new/new top-k."""
+    q = lists.queries
+    adapted = []
+    for m in maps:
+        if m.new_dim != q.new.shape[1] or m.old_dim != q.old.shape[1]:
+            raise ValueError(f"the {m.kind} adapter maps {m.new_dim}-d new vectors to {m.old_dim}-d old ones, but the new "
+                             f"queries are {q.new.shape[1]}-d and the old gallery {q.old.shape[1]}-d")
+        adapted.append(m.apply(q.new))
+    if not adapted:
+        return []
+    n_q = len(q.ids)
+    top = stream_topk(np.concatenate(adapted), old_blocks, k=lists.old_old.k, backend=lists.backend)
+    out = []
+    for i, a in enumerate(adapted):
+        mine = rows_of(top, np.arange(i * n_q, (i + 1) * n_q))
+        values = lists.relevance.outcomes(mine, ks=(lists.at,)).values[lists.key]
+        free = neighbour_recall(mine, lists.new_new, ks=(lists.new_new.k,)).values[f"neighbour_recall@{lists.new_new.k}"]
+        out.append(Adapted(values, free, bool(np.array_equal(a, q.old))))
+    return out
+
+
+def judge_adapted(lists: CheckLists, report: UpgradeReport, got: Adapted) -> PairedVerdict:
+    """adapted/old vs old/old with the check's paired interval (seeded as its cell (1, 0)) and rule."""
+    interval = paired_intervals(lists.oo, [got.values], seed=cell_seed(report.seed, 1, 0), resamples=report.resamples,
+                                confidence=report.level, bound_unchanged=[not got.same_as_old])[0]
+    return compare(got.values, lists.oo, resamples=report.resamples, level=report.level, seed=report.seed,
+                   rule=report.rule, bounds=(interval.lo, interval.hi))
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
+
+
+def adapter_row(name: str, m: PosthocMap, report: UpgradeReport, got: Adapted, verdict: PairedVerdict,
+                **extra: Any) -> dict[str, Any]:
+    """The plan's row of one adapter (the form of :func:`engine.upgrade.migration.adapter_rows`' rows)."""
+    return json_ready({"name": name, "kind": m.kind, **extra, "adapted_old": _mean(got.values), "old_old": report.old_old,
+                       "new_new": report.new_new, "n_queries": report.n_queries, "n_gallery": report.n_gallery,
+                       "compatibility": asdict(verdict), "interval": "queries", "label_free": _mean(got.label_free)})
+
+
+def rank_merge_needs(lists: CheckLists, old_self: float) -> tuple[tuple[BackfillNeed, ...], str]:
+    """Per ordering of the check's backfill, the rank merge's need (named ``rank_merge:<ordering>``) and a note on how
+    many queries the lists decide; needs the old queries' top-D lists (``check_sources(..., rollout=True)``)."""
+    b = lists.backfill
+    if b is None or b.old_on_old is None:
+        raise ValueError("the check kept no old-query lists for the rank merge; run it with rollout=True")
+    curves = list_curves(b.old_on_old, b.new_on_new, b.orders,
+                         lambda top, rows: lists.relevance.outcomes(top, rows, ks=(lists.at,)).values[lists.key],
+                         k=lists.at)
+    needs = tuple(curve_need(f"{RANK_MERGE}{name}", c, old_self) for name, c in curves.items())
+    return needs, (f"rank-merge roll-outs from sources: each point merges the old queries' top-{b.depth} lists on the "
+                   f"old gallery and the new queries' on the new gallery by score; "
+                   f"{decided_note(curves, b.depth, lists.old_old.n_gallery)}")
+
+
+def source_threshold(lists: CheckLists, *, t_old: float | None = None, precision: float = DEFAULT_PRECISION,
+                     k: int = THRESHOLD_K) -> tuple[dict[str, Any] | None, str]:
+    """The re-mapped threshold from each model's top-``k`` candidates of its own cell (the check's old/old and new/new
+    lists) and a note on where it came from; label-free, None (nothing is marked relevant)."""
+    rel = lists.relevance
+    if rel.kind == "none":
+        return None, ("label-free (relevance none) marks no candidate relevant, so no precision can be held: no "
+                      "threshold re-mapped (use labels or qrels)")
+    if lists.new_new is None:
+        raise ValueError(NEEDS_NEW_GALLERY)
+    kk = min(int(k), lists.old_old.k)
+    pairs = [(top.scores[:, :kk].astype(np.float64).ravel(), rel.relevant(top.ids[:, :kk]).ravel())
+             for top in (lists.old_old, lists.new_new)]
+    how = (f"each model's top-{kk} candidates per query (the check's own lists"
+           + (f"; they hold {kk}, --k {k} gives the usual {k}" if kk < k else "") + "), relevant when "
+           + ("the labels agree" if rel.kind == "labels" else "the qrels grade them above 0"))
+    return remapped_threshold(*pairs[0], *pairs[1], how=how, t_old=t_old, precision=precision)
+
+
+def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequence[str] = DEFAULT_ADAPTERS,
+                      files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE, t_old: float | None = None,
+                      precision: float = DEFAULT_PRECISION, max_pairs: int = MAX_FIT_PAIRS,
+                      progress: Progress | None = None) -> PlanInputs:
+    """The migration plan of a check from sources (``specs`` are the check's own; the galleries are read again) with
+    its adapters, rank-merge roll-outs and threshold (see the module docstring); ``ValueError`` in one line when the
+    check had no new gallery or an option is bad."""
+    lists, report = check.lists, check.report
+    if lists is None or lists.new_new is None or specs.new_gallery is None:
+        raise ValueError(NEEDS_NEW_GALLERY)
+    check_plan_options(kinds, share, precision)
+    say = progress or (lambda f, m: None)
+    n_g = report.n_gallery
+    maps: list[tuple[str, PosthocMap, dict[str, Any]]] = []
+    opened = Opened()
+    try:
+        old_g = opened.open(specs.old_gallery, "old gallery")
+        rows = None
+        if kinds:
+            rows = fit_rows(n_g, share, report.seed, cap=max_pairs)
+            say(0.1, f"reading {len(rows):,} paired gallery items to fit the adapters on")
+            new_g = opened.open(specs.new_gallery, "new gallery")
+            old_s, new_s = read_pairs(in_order(old_g, lists.gallery_ids, lists.block_rows),
+                                      by_id(new_g, lists.slots, lists.block_rows), rows)
+            for kind in kinds:
+                say(0.3, f"fitting the {kind} adapter")
+                start = time.perf_counter()
+                m = fit_map(kind, new_s, old_s, fitted_on={"pairs": len(rows), "share": share, "seed": report.seed,
+                                                           "cap": max_pairs})
+                maps.append((kind, m, {"source": "fitted here", "pairs": len(rows),
+                                       "fit_seconds": time.perf_counter() - start}))
+            del old_s, new_s
+        for folder in files:
+            m = load_adapter(folder)
+            maps.append((f"{m.kind} ({Path(folder).name})", m, {"source": str(folder), "pairs": m.fitted_on.get("pairs"),
+                                                                 "fit_seconds": None}))
+        say(0.5, "searching the old gallery with the adapted queries")
+        judged = adapted_outcomes(lists, [m for _, m, _ in maps], in_order(old_g, lists.gallery_ids, lists.block_rows))
+    finally:
+        opened.close()
+    say(0.9, "rank merge and threshold")
+    adapters = [adapter_row(name, m, report, got, judge_adapted(lists, report, got), **extra)
+                for (name, m, extra), got in zip(maps, judged)]
+    data = report.to_json()
+    notes = []
+    if rows is not None:
+        capped = f", capped at {max_pairs:,} pairs" if int(round(share * n_g)) > max_pairs else ""
+        notes.append(f"adapters {', '.join(kinds)} fitted on {len(rows):,} paired gallery items (a share of {share:g} of "
+                     f"{n_g:,}{capped}, seed {report.seed}, read from both galleries block by block) and scored on every "
+                     "query: the queries are never fitted on (held out by construction); the fitted items stay in the "
+                     "searched gallery, as in the in-memory open-set check")
+    if maps:
+        notes.append(f"adapters' label_free: the adapted queries' neighbour recall@{lists.new_new.k} on the old gallery "
+                     f"against each query's own new/new top-{lists.new_new.k}")
+    rank_merge: list[dict[str, Any]] = []
+    if lists.backfill is not None and lists.backfill.old_on_old is not None:
+        needs, how = rank_merge_needs(lists, report.old_old)
+        rank_merge = json_ready([asdict(n) for n in needs])
+        notes += [how, RANK_MERGE_NOTE]
+    rollouts, rescoring = rollout_rows({**data, "rollout": rank_merge})
+    threshold, how = source_threshold(lists, t_old=t_old, precision=precision)
+    notes.append(f"similarity threshold: {how}")
+    plan = migration_plan(data, adapters=adapters, rollouts=rollouts, threshold=threshold)
+    say(1.0, "plan ready")
+    return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, *notes)), adapters, rollouts, rescoring)
+
+
+__all__ = ["MAX_FIT_PAIRS", "NEEDS_NEW_GALLERY", "Adapted", "adapted_outcomes", "adapter_row", "judge_adapted",
+           "plan_from_sources", "rank_merge_needs", "read_pairs", "source_threshold"]
