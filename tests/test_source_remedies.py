@@ -134,7 +134,7 @@ def better_specs(better, shared):
 def better_check(better_specs, shared):
     with pytest.MonkeyPatch.context() as mp:  # set up before the tests' own roots
         mp.setenv("COMPATLAB_DATA_ROOTS", str(shared))
-        return check_sources(better_specs, resamples=RESAMPLES, seed=SEED, block_rows=64, backfill_depth=NG,
+        return check_sources(better_specs, metric="recall@1", resamples=RESAMPLES, seed=SEED, block_rows=64, backfill_depth=NG,
                              rollout=True)
 
 
@@ -199,7 +199,7 @@ def test_an_exact_rotation_adapted_equals_old_old_per_query(tmp_path):
     """The whole new model a rotation of the old: the Procrustes adapter's adapted/old is old/old query for query."""
     e = pair(new="rotation")
     specs = write(tmp_path / "r", e)
-    check = check_sources(specs, resamples=RESAMPLES, seed=SEED, block_rows=64)
+    check = check_sources(specs, metric="recall@1", resamples=RESAMPLES, seed=SEED, block_rows=64)
     (got,) = adapted_outcomes(check.lists, [fitted(e, "procrustes", sample_rows())], old_blocks(e))
     np.testing.assert_allclose(got.values, check.lists.oo, atol=1e-9)
     row = plan_from_sources(check, specs, kinds=("procrustes",)).adapters[0]
@@ -308,7 +308,7 @@ def test_the_pair_reader_keeps_only_the_sample():
 def test_a_check_without_the_new_gallery_cannot_plan_remedies(tmp_path, better):
     specs = write(tmp_path / "w", better)
     alone = SourceSpecs(specs.old_gallery, specs.old_queries, specs.new_queries)
-    check = check_sources(alone, resamples=RESAMPLES, block_rows=64)
+    check = check_sources(alone, metric="recall@1", resamples=RESAMPLES, block_rows=64)
     with pytest.raises(ValueError, match="need the new gallery"):
         plan_from_sources(check, alone)
 
@@ -318,6 +318,7 @@ def test_a_check_without_the_new_gallery_cannot_plan_remedies(tmp_path, better):
 def cli_args(specs, *extra):
     args = ["check-upgrade", "--old-gallery", specs.old_gallery, "--old-queries", specs.old_queries, "--new-queries",
             specs.new_queries, "--resamples", str(RESAMPLES), "--seed", str(SEED)]
+    args += [] if "--metric" in extra or "--qrels" in extra else ["--metric", "recall@1"]  # the pairs' hits, by hand
     return args + (["--new-gallery", specs.new_gallery] if specs.new_gallery else []) + list(extra)
 
 
@@ -333,10 +334,11 @@ def test_without_the_new_gallery_the_plan_options_are_refused_in_one_line(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
-def test_rollout_from_sources_goes_with_a_plan(tmp_path, capsys, better_specs):
-    assert main(cli_args(better_specs, "--rollout")) == 2
-    err = capsys.readouterr().err.strip()
-    assert "--rollout with --old-gallery goes with --plan OUT" in err and "\n" not in err
+def test_rollout_from_sources_decides_without_writing_a_plan(tmp_path, capsys, better_specs):
+    """Every check prints the one decision: --rollout from sources needs no --plan (it only writes the files)."""
+    assert main(cli_args(better_specs, "--rollout")) == 1
+    assert "  decision: ship with adapter procrustes: " in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_the_command_line_writes_the_plan_from_sources(tmp_path, capsys, better_specs, better_plan):
