@@ -200,3 +200,13 @@ def test_a_throughput_is_only_read_off_what_this_run_embedded():
     given = report_context(inputs={})
     assert given["throughput"] is None and given["throughput_note"] == "this check read embeddings that were already computed"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", given["created"]) and given["command"] is None
+
+
+def test_without_plan_a_gallery_too_small_for_an_adapter_still_gets_its_report(tmp_path, capsys):
+    from test_upgrade import close_pair
+
+    folder = write_folder(tmp_path / "f", *close_pair())  # two gallery items: one pair is not enough to fit on
+    assert main(["check-upgrade", "--features", str(folder), "--resamples", "50", "--report", str(tmp_path / "r.md")]) == 3
+    text = (tmp_path / "r.md").read_text()
+    assert "**No migration plan.** a fit share of 0.5 of 2 gallery items gives 1 pairs" in text
+    assert "  report: no migration plan (written to r.md)" in capsys.readouterr().out.splitlines()

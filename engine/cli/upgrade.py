@@ -182,6 +182,16 @@ def report_target(args: argparse.Namespace, taken: Sequence[Path]) -> Path | Non
     return real
 
 
+def report_plan(args: argparse.Namespace, report: UpgradeReport, features: Features, source: dict) -> dict:
+    """The plan's JSON for ``--report`` without ``--plan``, computed as ``--plan`` computes it; when no plan can be
+    made (a gallery too small to fit an adapter on) the report says why instead, as the dashboard's stored plan does."""
+    data = {**source, **report.to_json()}
+    try:
+        return _plan(args, report, features).to_json(data)
+    except ValueError as exc:
+        return {"error": str(exc), "report": data}
+
+
 def report_text(args: argparse.Namespace, target: Path, plan_json: dict, source: dict) -> str:
     """The release report of this check, rendered before anything is written (a failure writes nothing)."""
     from engine.upgrade.release_report import render, report_context
@@ -200,6 +210,7 @@ def write_report(target: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(text)
+        os.chmod(tmp, 0o644)  # a report is for sharing (mkstemp makes it private)
         if os.path.lexists(target):
             raise FileExistsError(f"{target.name} appeared meanwhile")
         os.replace(tmp, target)
@@ -488,7 +499,7 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
         report, source, features = _check_models(args, settings)
     else:
         report, source, features = _check_folder(args, settings)
-    plan = _plan(args, report, features) if plan_files is not None or report_file is not None else None
+    plan = _plan(args, report, features) if plan_files is not None else None
     c, b = report.compatibility, report.better
     reach = lambda x: "never" if x is None else f"{x:.3f}"  # noqa: E731
     judged = b.verdict != NOT_JUDGED
@@ -516,7 +527,9 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
     lines += [f"  roll-out {need.ordering:<24} area {need.area:.4f}  to reach {report.old_name}'s self-test "
               f"{reach(need.to_old_self)}, {report.new_name}'s {reach(need.to_new_self)}" for need in report.rollout]
     plan_json = plan.to_json({**source, **report.to_json()}) if plan is not None else None
-    text = report_text(args, report_file, plan_json, source) if report_file is not None else None
+    if report_file is not None:
+        report_json = plan_json or report_plan(args, report, features, source)
+        text = report_text(args, report_file, report_json, source)
     if args.json is not None:  # written before anything is printed: a failed write prints only the error
         try:
             write_json_atomic(args.json, {**source, **report.to_json()}, allow_nan=False)
@@ -527,6 +540,6 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
         lines.append(f"  plan: {plan.plan.headline()} (written to {plan_files[0].name} and {plan_files[1].name})")
     if report_file is not None:
         write_report(report_file, text)
-        lines.append(f"  report: {plan.plan.headline()} (written to {report_file.name})")
+        lines.append(f"  report: {report_json.get('headline') or 'no migration plan'} (written to {report_file.name})")
     print("\n".join(lines + [f"  note: {n}" for n in (*report.notes, *source.get("notes", []))]))
     return EXIT_CODES[report.verdict]

@@ -271,7 +271,7 @@ def input_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     what = "positive" if r.get("relevance", "labels") == "labels" else "relevant item"
     rows += [("queries", f"{r.get('n_queries', 0):,}" + (f" ({missing:,} without a {what})" if missing else "")),
              ("gallery items", f"{r.get('n_gallery', 0):,}"),
-             ("models", f"old {r['old_name']}, new {r['new_name']}"),
+             ("model names", f"old {r['old_name']}, new {r['new_name']}"),
              ("metric", str(r.get("metric")) + (f" ({r['convention']})" if r.get("convention") else ""))]
     rows += [("date (UTC)", str(context.get("created") or "–")), ("tool", f"{TOOL} {context.get('version') or 'unknown'}")]
     if context.get("command"):
@@ -497,7 +497,7 @@ def gain_spec(data: Mapping[str, Any]) -> dict[str, Any] | None:
     y = {"field": "option", "type": "nominal", "title": None, "sort": None, "axis": {"labelLimit": 320}}
     colour = {"field": "verdict", "type": "nominal", "title": "verdict", "scale": {
         "domain": verdicts, "range": [VERDICT_COLOURS.get(v, "#555555") for v in verdicts]}}
-    return {"width": 460, "height": {"step": 34}, "background": "white",
+    return {"width": 560, "height": {"step": 34}, "background": "white",
             "title": {"text": f"Gain over {r['old_name']} alone on the {r['old_name']} gallery (points, {level} interval)",
                       "anchor": "start", "subtitle": "compatible when the whole interval lies right of the dashed line"},
             "layer": [
