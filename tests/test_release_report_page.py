@@ -1,4 +1,5 @@
-"""The Upgrade check page offers the release report of a stored check (the same HTML as ``check-upgrade --report``)."""
+"""The Upgrade check page offers the release report of a stored check (the same HTML as ``check-upgrade --report``;
+a check from a store: tests/test_upgrade_plan_page.py)."""
 from __future__ import annotations
 
 import re
@@ -24,26 +25,3 @@ def test_a_stored_check_offers_its_release_report(app_db):
     assert "<td>experiment</td><td>#1 pair</td>" in page and "Throughput unknown: this report was built from a stored" in page
     assert page.count("<svg") == 2 and not EXTERNAL.search(page) and not re.search("<script", page, re.IGNORECASE)
 
-
-def test_a_check_from_a_store_offers_its_release_report(app_db, tmp_path):
-    from test_app_pages import jobs
-    from test_upgrade_sources import embeddings, tables, write_all
-    from test_upgrade_sources_page import fill
-
-    from app import queries
-    from engine.jobs.worker import run_one
-    from storage import get_engine
-
-    specs = write_all("npz", tmp_path / "s", tables(embeddings(), text=True))
-    at = fill(open_page("upgrade"), specs)
-    (job,) = jobs(app_db)
-    assert run_one(get_engine(app_db), kinds=["sources_check"]) == job.id
-    queries.jobs.clear()
-    at.run()
-    assert not at.exception, at.exception
-    assert LABEL in [b.proto.label for b in at.get("download_button")]
-    stored = queries.source_check(app_db, "sources_check", job.payload)
-    page = report_bytes(stored["plan"], {k: v for k, v in stored.items() if k != "plan"},
-                        {"sources": stored["sources"]}).decode()
-    assert f"Decision: {stored['plan']['headline']}." in page and "sources: old_gallery" in page
-    assert "decided from the verdicts alone" in page

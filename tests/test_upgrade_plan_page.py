@@ -83,3 +83,11 @@ def test_a_check_from_a_store_shows_the_plan_its_verdicts_give(app_db, tmp_path)
     assert any(unplain(b.value).startswith(f"Decision: {want.headline()}. {want.reason}") for b in at.info)
     assert "decided from the verdicts alone" in texts(at)
     assert "Download the plan (Markdown)" in [b.proto.label for b in at.get("download_button")]
+    assert "Download the release report (HTML)" in [b.proto.label for b in at.get("download_button")]
+    from app.report_download import report_bytes  # the button's file, from the check the page shows
+
+    stored = queries.source_check(app_db, "sources_check", job.payload)
+    page = report_bytes(stored["plan"], {k: v for k, v in stored.items() if k != "plan"},
+                        {"sources": stored["sources"]}).decode()
+    assert f"Decision: {want.headline()}." in page and "sources: old_gallery" in page
+    assert "decided from the verdicts alone" in page
