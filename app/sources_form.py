@@ -12,6 +12,7 @@ import streamlit as st
 
 from app import queries as q
 from app.plan_view import decision_box, plan_section
+from app.report_download import report_button
 from app.widgets import MISSING, follow_jobs, pick_rule, plain
 from engine.core.contract import sources_check_payload
 from engine.core.conventions import metric_name
@@ -93,6 +94,9 @@ def _report(report: dict[str, Any]) -> None:
         st.info(plain(note))
     st.caption(plain(" · ".join(report.get("sources", {}).values())))
     plan_section(report.get("plan"), report["level"], key="up_src_plan")
+    report_button(report.get("plan"), {k: v for k, v in report.items() if k != "plan"}, key="up_src_report",
+                  inputs={"sources": report.get("sources") or {}, "relevance": report.get("relevance"),
+                          "k": report.get("k"), "backfill depth": report.get("backfill_depth")})
 
 
 def _backfill(report: dict[str, Any]) -> None:

@@ -66,6 +66,28 @@ def test_a_saved_adapter_loads_back_equal_and_its_onnx_file_applies_it(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]  # no temporary folder left
 
 
+def test_the_json_states_the_weights_orientation_and_x_at_w_reproduces_apply(tmp_path):
+    """A team reading adapter.safetensors without this product: ``x @ weight + bias`` is the map, ``x @ weight.T`` is
+    not (a square, non-symmetric weight, no normalisation, so the transpose has the right shape and differs)."""
+    from safetensors.numpy import load_file
+
+    rng = np.random.default_rng(5)
+    new = rng.standard_normal((80, 5))
+    old = new @ rng.standard_normal((5, 5)) + 0.1 * rng.standard_normal((80, 5))
+    folder = save_adapter(fit_map("affine", new, old, normalise="none", options={"ridge": 0.0}), tmp_path / "a",
+                          onnx=False)
+    files = json.loads((folder / "adapter.json").read_text())["files"]
+    assert "x @ W (+ b)" in files["weights_orientation"] and "x @ W.T is wrong" in files["weights_orientation"]
+    assert files["formula"] == "old = new @ weight + bias"
+    t = load_file(str(folder / "adapter.safetensors"))
+    w, b = t["weight"].astype(np.float64), t["bias"].astype(np.float64)
+    assert w.shape == (5, 5) and np.abs(w - w.T).max() > 0.1  # not symmetric: the orientation matters
+    x = rng.standard_normal((30, 5))
+    applied = load_adapter(folder).apply(x)
+    np.testing.assert_allclose(x @ w + b, applied, rtol=1e-4, atol=1e-4)
+    assert np.abs(x @ w.T + b - applied).max() > 0.1
+
+
 def test_an_existing_folder_is_replaced_only_with_force(tmp_path):
     save_adapter(small_map(), tmp_path / "a")
     with pytest.raises(AdapterFileError, match="exists; give --force"):

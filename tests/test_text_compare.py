@@ -53,6 +53,10 @@ def test_qrels_matrix_equals_a_numpy_search_and_psp_is_explained():
             expected = recall_at_1(cmp.outputs[t]["query"]["encoder"], cmp.outputs[k]["gallery"]["encoder"], ql, gl)
             assert matrix[t, k] == pytest.approx(expected, abs=1e-9)
     assert matrix[1, 1] > 0.2 and matrix[1, 0] < matrix[0, 0]  # L3 -> L6 int8: a real incompatible upgrade
+    assert [(e["model"], e["unit"], e["items"], e["cached"]) for e in cmp.embedding] == [
+        ("minilm_l3", "texts", 160, 0), ("minilm_l6_int8", "texts", 160, 0)]  # 40 queries + 120 definitions, timed
+    again = compare_checkpoints(spec)  # the same texts again: read from the cache, so nothing is timed
+    assert [(e["items"], e["cached"], e["seconds"]) for e in again.embedding] == [(0, 160, 0.0), (0, 160, 0.0)]
 
 
 def test_class_task_uses_supersenses():

@@ -34,7 +34,7 @@ def _report_part(data: dict) -> dict:
     """The report itself, without what each form says about its source."""
     return {k: v for k, v in data.items()
             if k not in ("features", "models", "dataset", "query_dataset", "gallery_dataset", "view", "experiment_id",
-                         "old_step", "new_step", "notes")}
+                         "old_step", "new_step", "notes", "embedding")}
 
 
 def _count(url, table):
@@ -64,6 +64,8 @@ def test_report_equals_the_features_form_on_the_same_embedded_features(tmp_path,
     from_models, from_features = json.loads(out_models.read_text()), json.loads(out_features.read_text())
     assert _report_part(from_models) == _report_part(from_features)
     assert from_models["old_name"] == "v1" and from_models["n_queries"] == 20 and from_models["same_set"] is True
+    assert [(e["model"], e["unit"], e["items"], e["cached"]) for e in from_models["embedding"]] == [
+        ("v1", "images", 20, 0), ("v2", "images", 20, 0)]  # closed-set: each model embeds the 20 images once, timed
     assert code == {"compatible": 0, "not compatible": 1, "too close to call": 3}[from_models["verdict"]]
     assert printed_models[:REPORT_LINES] == printed_features[:REPORT_LINES]
     assert from_models["experiment_id"] is None  # no --db: nothing stored

@@ -84,3 +84,11 @@ def test_a_check_from_a_store_shows_its_plan_with_adapters(app_db, tmp_path):
     page = texts(at)
     assert "decided from the verdicts alone" not in page and "paired gallery items" in page
     assert "Download the plan (Markdown)" in [b.proto.label for b in at.get("download_button")]
+    assert "Download the release report (HTML)" in [b.proto.label for b in at.get("download_button")]
+    from app.report_download import report_bytes  # the button's file, from the check the page shows
+
+    stored = queries.source_check(app_db, "sources_check", job.payload)
+    page = report_bytes(stored["plan"], {k: v for k, v in stored.items() if k != "plan"},
+                        {"sources": stored["sources"]}).decode()
+    assert f"Decision: {want.headline()}." in page and "sources: old_gallery" in page
+    assert "decided from the verdicts alone" in page

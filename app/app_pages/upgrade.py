@@ -6,6 +6,7 @@ import streamlit as st
 
 from app import queries as q
 from app.plan_view import decision_box, plan_section
+from app.report_download import report_button
 from app.sources_form import sources_section
 from app.text_upgrade_view import text_task
 from app.widgets import MISSING, analysis_result, model_label, pick_experiment, pick_rule, pick_steps, plain
@@ -159,3 +160,6 @@ if r["backfill"]:
             st.toast(f"Adapter job #{job_id} queued; the Overview page shows its progress.")
 
 plan_section(p.get("plan"), r["level"])
+report_button(p.get("plan"), {**r, "sentence": sentence(r)}, inputs={
+    "experiment": f"#{experiment['id']} {experiment.get('name') or ''}".strip(), "old step": old["step"],
+    "new step": new["step"], "view": view}, notes=p.get("notes", []), key="up_report")

@@ -28,6 +28,15 @@ MAX_JSON_BYTES = 1 << 20
 MAX_DIM = 1 << 16
 MAX_WEIGHT_BYTES = 1 << 31  # 2 GiB: far above any map of two embedding spaces
 KEYS = {"format", "kind", "new_dim", "old_dim", "normalise", "options", "tensors", "fitted_on", "metrics", "files"}
+# how the stored weights are read (``files.weights_orientation``): row vectors times (in, out) matrices
+ORIENTATION = ("row vectors: a batch x of shape (batch, new_dim) maps as x @ W (+ b), every matrix stored (in, out) "
+               "(weight is (new_dim, old_dim)), not (out, in) as torch.nn.Linear stores it, so x @ W.T is wrong; with "
+               "normalise l2 each row is scaled to unit length before the map and after it")
+FORMULAS = {"procrustes": "old = new @ weight",
+            "affine": "old = new @ weight + bias",
+            "cluster": "c = argmax((new @ route) @ centroids.T) (hard; soft: softmax of those scores / temperature mixes "
+                       "the clusters), old = new @ stack[:, c * old_dim:(c + 1) * old_dim]",
+            "mlp": "old = new @ base + relu(new @ down + down_bias) @ up + bias"}
 
 
 class AdapterFileError(ValueError):
@@ -39,7 +48,8 @@ def describe(m: PosthocMap) -> dict[str, Any]:
     return {"format": FORMAT, "kind": m.kind, "new_dim": m.new_dim, "old_dim": m.old_dim, "normalise": m.normalise,
             "options": asdict(m.options), "tensors": {n: list(t.shape) for n, t in m.tensors.items()},
             "fitted_on": m.fitted_on, "metrics": m.metrics,
-            "files": {"weights": WEIGHTS_NAME, "onnx": ONNX_NAME,
+            "files": {"weights": WEIGHTS_NAME, "weights_orientation": ORIENTATION, "formula": FORMULAS[m.kind],
+                      "onnx": ONNX_NAME,
                       "onnx_io": {"input": "new (batch, new_dim) float32", "output": "old (batch, old_dim) float32"}}}
 
 
@@ -161,4 +171,4 @@ def load_adapter(folder: str | Path) -> PosthocMap:
                       info["metrics"])
 
 
-__all__ = ["FORMAT", "AdapterFileError", "describe", "load_adapter", "save_adapter"]
+__all__ = ["FORMAT", "FORMULAS", "ORIENTATION", "AdapterFileError", "describe", "load_adapter", "save_adapter"]

@@ -21,6 +21,7 @@ outputs.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,10 +61,18 @@ class Comparison:
     results: dict[str, MatrixResult]
     notes: list[str] = field(default_factory=list)
     refs: dict[str, SampleRefs | None] = field(default_factory=dict)  # per split: each row's image (engine.data.samples)
+    embedding: list[dict[str, Any]] = field(default_factory=list)  # per model: embedding_time(...), what this run measured
 
     @property
     def protocol_name(self) -> str:
         return "closed-set" if self.same_set else "open-set"
+
+
+def embedding_time(model: str, unit: str, items: int, seconds: float, device: str, cached: int = 0) -> dict[str, Any]:
+    """What embedding took for one model in this run: ``items`` embedded (reading and preprocessing included) in
+    ``seconds`` on ``device``; ``cached``: items read back from a cache instead (not timed)."""
+    return {"model": model, "unit": unit, "items": int(items), "seconds": float(seconds), "device": device,
+            "cached": int(cached)}
 
 
 def model_labels(sources: Sequence[ModelSource]) -> list[str]:
@@ -202,6 +211,7 @@ def _compare_loaded(spec: ComparisonSpec, models: list[LoadedModel], report: Pro
 
     device = pick_device(spec.device)
     outputs: list[dict[str, dict[str, np.ndarray]]] = []
+    timings: list[dict[str, Any]] = []
     n_images = len(query_set) + (0 if same_set else len(gallery_set))
     for i, model in enumerate(models):
         done = 0
@@ -216,8 +226,10 @@ def _compare_loaded(spec: ComparisonSpec, models: list[LoadedModel], report: Pro
                        f"embedding images with {labels[i]} ({i + 1}/{T}): {done}/{n_images} images")
 
         report(0.1 + 0.8 * i / T, f"embedding images with {labels[i]} ({i + 1}/{T})")
+        started = time.perf_counter()
         per_split = {"query": extract(model, counted("query"), device)}
         per_split["gallery"] = per_split["query"] if same_set else extract(model, counted("gallery"), device)
+        timings.append(embedding_time(labels[i], "images", n_images, time.perf_counter() - started, device.type))
         outputs.append({split: {v: raw[v] for v in RAW_VIEWS} for split, raw in per_split.items()})
 
     report(0.9, "computing compatibility matrices")
@@ -228,4 +240,5 @@ def _compare_loaded(spec: ComparisonSpec, models: list[LoadedModel], report: Pro
     cmp = Comparison(spec, models, labels, names, outputs, split_labels, tuple(dataset_classes), same_set, shared, results)
     cmp.notes = _notes(cmp)
     cmp.refs = {split: source.images.refs for split, source in splits.items()}
+    cmp.embedding = timings
     return cmp

@@ -22,6 +22,7 @@ confined (``engine.checkpoints.request.model_source``), every member's size chec
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +59,7 @@ class TextModelRecord:
 
 def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], should_stop: Callable[[], bool] | None):
     """The :class:`engine.checkpoints.compare.Comparison` of text models on the spec's corpus (nothing stored)."""
-    from engine.checkpoints.compare import Comparison, model_labels
+    from engine.checkpoints.compare import Comparison, embedding_time, model_labels
 
     options = parse_options(parse_dataset(spec.dataset)[1])
     report(0.0, "reading WordNet")
@@ -72,7 +73,7 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
     if task.train_texts:
         texts["train"] = task.train_texts
     n_texts = sum(map(len, texts.values()))
-    records, outputs = [], []
+    records, outputs, timings = [], [], []
     for i, source in enumerate(spec.models):
         report(0.05 + 0.85 * i / T, f"loading {labels[i]} ({i + 1}/{T})")
         encoder = (load_text_model(source.pretrained, max_bytes=spec.max_file_bytes, device=device)
@@ -90,14 +91,21 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
             report(0.05 + 0.85 * (i + done / n_texts) / T, f"embedding texts with {labels[i]} ({i + 1}/{T}): {said}")
 
         per_split = {}
+        timed = {"items": 0, "seconds": 0.0, "cached": 0}
         try:
             for split, split_texts in texts.items():
+                started = time.perf_counter()
                 per_split[split], cached = cached_encode(encoder, split_texts, cache=cache,
                                                          batch_size=spec.batch_size, progress=step)
                 if cached:
+                    timed["cached"] += len(split_texts)
                     step(len(split_texts), cached=split)
+                else:
+                    timed["items"] += len(split_texts)
+                    timed["seconds"] += time.perf_counter() - started
         finally:
             encoder.close()
+        timings.append(embedding_time(labels[i], "texts", device=device, **timed))
         outputs.append({split: {"encoder": emb, "logits": np.zeros((len(emb), 0), np.float32),
                                 "softmax": np.zeros((len(emb), 0), np.float32)} for split, emb in per_split.items()})
         records.append(TextModelRecord(Path(source.path), "text", source.pretrained or TEXT_ARCH, 0, encoder.sha256))
@@ -123,6 +131,7 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
         cmp.notes.append(NO_HEAD_NOTE)
     cmp.refs = {split: text_refs("wordnet", split_texts)  # stored with the features: the dashboard shows texts
                 for split, split_texts in texts.items()}  # where it shows images
+    cmp.embedding = timings
     return cmp
 
 

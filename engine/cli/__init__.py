@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the process's), run the command and return its exit code (2: a refused input)."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line as given (check-upgrade --report)
     roots.export(args)
     export_ceiling(args)
     try:

@@ -4,6 +4,8 @@ Exit codes: 0 compatible, 1 not compatible, 3 too close to call, 2 bad input (on
 stderr from :func:`engine.cli.main`; nothing written). ``--json OUT`` is written to a temporary file in the
 same folder and renamed, so OUT is either the whole report or untouched. ``--plan OUT`` writes the migration plan
 (:mod:`engine.upgrade.migration`) as OUT.json and OUT.md, both or neither, never over an existing file.
+``--report OUT.html`` (or ``OUT.md``) writes the release report (:mod:`engine.upgrade.release_report`) of the check and
+its plan, computed as ``--plan`` computes it, never over an existing file.
 """
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ import argparse
 import json
 import math
 import os
+import sys
 import tempfile
 from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine.cli.options import add_model_arguments, models_spec_from_args
@@ -58,11 +62,16 @@ Embeddings from a table or store: --old-gallery SRC [--new-gallery SRC] --old-qu
 are joined by item id; the gallery is read in blocks (never whole, nothing written); the interval resamples queries.
 Relevance: labels (a label column), qrels (--qrels: query id, item id, grade) or none (label-free: the new model's
 top-K on --new-gallery is the reference; neighbour recall@K). Backfill curves need --new-gallery.
---plan OUT writes the migration plan (OUT.json, OUT.md): ship as is / ship with adapter X / backfill p % in order Y /
-do not ship, from the verdicts, post-hoc adapters fitted on a seeded share of the gallery's old/new pairs (--adapters,
---fit-share, or an exported --adapter DIR), the backfill (and, with --rollout, rank-merge) curves and the similarity
-threshold re-mapped to the same precision (--threshold T). With --old-gallery these need --new-gallery (the pairs are
-read from both galleries block by block, at most 50,000 of them; without it the plan is decided from the verdicts).
+Every check prints one decision (engine.upgrade.plan): ship as is / ship with adapter X / backfill p % in order Y /
+do not ship (yet), from the verdicts (success: new alone vs old alone; guardrail: new or adapted queries on the old
+gallery vs old alone, under the rule), post-hoc adapters fitted on a seeded share of the gallery's old/new pairs
+(--adapters, --fit-share, or an exported --adapter DIR), the backfill (and, with --rollout, rank-merge) curves read on
+a metric that does not flatter backfilling, and the similarity threshold re-mapped to the same precision
+(--threshold T); --plan OUT also writes it (OUT.json, OUT.md). With --old-gallery these need --new-gallery (the pairs
+are read from both galleries block by block, at most 50,000 of them; without it the plan is decided from the verdicts).
+--report OUT.html (or OUT.md) writes the release report:
+the plan's decision first, the inputs (secrets masked), the rule, every number with its interval, the cost of each
+option and the curves as pictures, in one self-contained file.
 Exit code: 0 compatible, 1 not compatible, 3 too close to call, 2 bad input."""
 
 
@@ -130,6 +139,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "verdicts per metric (qrels, supersense, label-free neighbour recall@K) and the adapters; "
                         "--json writes the dashboard's payload; exit 0")
     plan_arguments(p)
+    report_arguments(p)
     roots.add_arguments(p)
 
 
@@ -148,6 +158,64 @@ def plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, metavar="T", help="with --plan: the old model's similarity threshold to "
                    f"re-map (default: the old score at which precision is {DEFAULT_PRECISION:g} on the top-"
                    f"{THRESHOLD_K} candidates)")
+
+
+def report_arguments(p: argparse.ArgumentParser) -> None:
+    """``--report OUT``: the release report (:mod:`engine.upgrade.release_report`)."""
+    p.add_argument("--report", type=Path, metavar="OUT", help="also write the release report as one self-contained file, "
+                   "HTML (OUT.html) or Markdown (OUT.md): the migration plan's decision (computed as --plan computes it, "
+                   "with its options), the inputs with secrets masked, the rule, each number with its interval, the "
+                   "cost of each option and the curves; OUT must not exist and must lie inside the data roots")
+
+
+def report_target(args: argparse.Namespace, taken: Sequence[Path]) -> Path | None:
+    """The file of ``--report OUT`` (None without it), refused in one line before any work: a folder, a suffix other
+    than .html/.md, an existing file, a path outside the data roots, one of the other outputs."""
+    from engine.upgrade.release_report import SUFFIXES
+
+    path = args.report
+    if path is None:
+        return None
+    if path.suffix.lower() not in SUFFIXES:
+        raise ValueError(f"--report {path}: give a file name ending in {', '.join(SUFFIXES)} (HTML or Markdown)")
+    real = roots.confine(path, what="--report")
+    if real.is_dir():
+        raise ValueError(f"--report {path} is a folder; give a file name ending in .html or .md")
+    if os.path.lexists(real):
+        raise ValueError(f"--report {path} exists; give a new name (a report is never overwritten)")
+    if not real.parent.is_dir():
+        raise ValueError(f"--report {path}: folder {path.parent} does not exist")
+    if real in taken:
+        raise ValueError(f"--report {path} is also another output (--json or --plan); give them different names")
+    return real
+
+
+def report_text(args: argparse.Namespace, target: Path, plan_json: dict, source: dict) -> str:
+    """The release report of this check, rendered before anything is written (a failure writes nothing)."""
+    from engine.upgrade.release_report import render, report_context
+
+    skip = ("notes", "means", "backfill_decided", "embedding", "convention")
+    inputs = {key: value for key, value in source.items() if key not in skip}
+    inputs.update({"database": args.db, "adapter folders": args.adapter_files})
+    context = report_context(inputs=inputs, command=getattr(args, "argv", sys.argv[1:]), embedding=source.get("embedding"),
+                             notes=source.get("notes", ()))
+    return render({**plan_json, "context": context}, target.suffix)
+
+
+def write_report(target: Path, text: str) -> None:
+    """The report written to a temporary file in its folder, then renamed: whole or absent, never over a file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(tmp, 0o644)  # a report is for sharing (mkstemp makes it private)
+        if os.path.lexists(target):
+            raise FileExistsError(f"{target.name} appeared meanwhile")
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise ValueError(f"--report: cannot write {target.name} ({exc.strerror or exc})") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def plan_target(path: Path) -> tuple[Path, Path]:
@@ -286,7 +354,8 @@ def _check_models(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRepo
                      "dashboard's Upgrade check shows this report")
     return report, {"models": [m.path for m in cmp.spec.models], "dataset": cmp.spec.dataset,
                     "query_dataset": cmp.spec.query_dataset, "gallery_dataset": cmp.spec.gallery_dataset,
-                    "view": args.view, "experiment_id": experiment_id, "notes": notes}, comparison_pair(cmp, args.view)
+                    "view": args.view, "experiment_id": experiment_id, "notes": notes,
+                    "embedding": cmp.embedding}, comparison_pair(cmp, args.view)
 
 
 def _refuse_source_options(args: argparse.Namespace, form: str) -> None:
@@ -405,7 +474,8 @@ def _text_summary(args: argparse.Namespace) -> int:
     if args.experiment is None:
         raise ValueError("--text-summary goes with --experiment ID (a stored text comparison)")
     given = [flag for flag, on in (("--old-step/--new-step", args.old_step is not None or args.new_step is not None),
-                                   ("--plan", args.plan is not None), ("--metric", args.metric is not None)) if on]
+                                   ("--plan", args.plan is not None), ("--report", args.report is not None),
+                                   ("--metric", args.metric is not None)) if on]
     if given:
         raise ValueError(f"--text-summary covers every pair and metric of the experiment; leave out {', '.join(given)}")
     params = normalize_params("text_upgrade", {"k": args.k, "resamples": args.resamples, "level": args.level,
@@ -432,6 +502,7 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
     plan_files = plan_target(args.plan) if args.plan is not None else None
     if plan_files and args.json is not None and Path(os.path.realpath(args.json)) in plan_files:
         raise ValueError(f"--json {args.json} is one of --plan's files; give them different names")
+    report_file = report_target(args, [*(plan_files or ()), *([Path(os.path.realpath(args.json))] if args.json else [])])
     unknown = [o for o in args.orderings if o not in ORDERINGS]
     if unknown:
         raise ValueError(f"unknown backfilling order(s) {', '.join(unknown)}; known: {', '.join(ORDERINGS)}")
@@ -476,14 +547,20 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
               f"{backfill_metric(report.metric, report.relevance)})" for need in report.backfill]
     lines += [f"  roll-out {need.ordering:<24} area {need.area:.4f}  to reach {report.old_name}'s self-test "
               f"{reach(need.to_old_self)}, {report.new_name}'s {reach(need.to_new_self)}" for need in report.rollout]
+    plan_json = plan.to_json({**source, **report.to_json()})
+    if report_file is not None:  # rendered before anything is written: a failure writes nothing
+        text = report_text(args, report_file, plan_json, source)
     if args.json is not None:  # written before anything is printed: a failed write prints only the error
         try:
             write_json_atomic(args.json, {**source, **report.to_json()}, allow_nan=False)
         except OSError as exc:
             raise ValueError(f"--json {args.json}: cannot write ({exc.strerror or type(exc).__name__})") from None
     if plan_files is not None:
-        write_plan(plan_files, plan.to_json({**source, **report.to_json()}), plan.plan.to_markdown())
+        write_plan(plan_files, plan_json, plan.plan.to_markdown())
         lines.append(f"  plan: {plan.plan.headline()} (written to {plan_files[0].name} and {plan_files[1].name})")
+    if report_file is not None:
+        write_report(report_file, text)
+        lines.append(f"  report: {plan.plan.headline()} (written to {report_file.name})")
     lines += [f"  plan {line}" for line in plan_lines(plan.plan)]
     print("\n".join(lines + [f"  note: {n}" for n in (*report.notes, *source.get("notes", []))]))
     return EXIT_CODES[report.verdict]
