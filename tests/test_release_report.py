@@ -29,7 +29,7 @@ def check(tmp_path, *extra: str, names=("v1", "v2")) -> tuple[int, dict, str]:
     """A tiny features check (a generated step_1/step_2 folder) with --json and the given options."""
     folder = tmp_path / "f" if (tmp_path / "f").exists() else write_folder(tmp_path / "f", *rotated_back_pair())
     code = main(["check-upgrade", "--features", str(folder), "--name", names[0], "--name", names[1], "--resamples", "200",
-                 "--json", str(tmp_path / "r.json"), *extra])
+                 "--metric", "recall@1", "--json", str(tmp_path / "r.json"), *extra])  # the pair's hits, by hand
     return code, json.loads((tmp_path / "r.json").read_text()), str(folder)
 
 
@@ -152,7 +152,7 @@ def test_bad_report_targets_are_refused_in_one_line_before_any_work(tmp_path, tm
     (tmp_path / "folder.html").mkdir()
     outside = tmp_path_factory.mktemp("outside")
     out = target.format(tmp=tmp_path, outside=outside)
-    code = main(["check-upgrade", "--features", str(folder), "--resamples", "50", "--report", out])
+    code = main(["check-upgrade", "--features", str(folder), "--resamples", "50", "--metric", "recall@1", "--report", out])
     if message is None:
         assert code == 1 and Path(out).is_file()
         return
@@ -165,7 +165,7 @@ def test_bad_report_targets_are_refused_in_one_line_before_any_work(tmp_path, tm
 @pytest.mark.parametrize("args, message", [
     (["--json", "{tmp}/same.md", "--report", "{tmp}/same.md"], "is also another output"),
     (["--experiment", "1", "--text-summary", "--report", "{tmp}/r.html"], "leave out --report"),
-    (["--features", "{tmp}/f", "--threshold", "0.5"], "--threshold go(es) with --plan OUT or --report OUT"),
+    (["--features", "{tmp}/f", "--threshold", "nan"], "--threshold must be a finite score"),
 ])
 def test_report_option_clashes_are_one_line(tmp_path, capsys, args, message):
     write_folder(tmp_path / "f", *rotated_back_pair())
@@ -206,7 +206,10 @@ def test_without_plan_a_gallery_too_small_for_an_adapter_still_gets_its_report(t
     from test_upgrade import close_pair
 
     folder = write_folder(tmp_path / "f", *close_pair())  # two gallery items: one pair is not enough to fit on
-    assert main(["check-upgrade", "--features", str(folder), "--resamples", "50", "--report", str(tmp_path / "r.md")]) == 3
+    assert main(["check-upgrade", "--features", str(folder), "--resamples", "50", "--metric", "recall@1",
+                 "--report", str(tmp_path / "r.md")]) == 3
     text = (tmp_path / "r.md").read_text()
-    assert "**No migration plan.** a fit share of 0.5 of 2 gallery items gives 1 pairs" in text
-    assert "  report: no migration plan (written to r.md)" in capsys.readouterr().out.splitlines()
+    # decided from the verdicts alone, saying why (as the stored analysis and every other path)
+    assert text.index("**Decision: do not ship yet.**") < text.index("no adapter, roll-out or threshold: a fit share of "
+                                                                       "0.5 of 2 gallery items gives 1 pairs")
+    assert "  report: do not ship yet (written to r.md)" in capsys.readouterr().out.splitlines()

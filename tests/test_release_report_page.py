@@ -7,6 +7,7 @@ import re
 from test_app_pages import open_page
 from test_release_report import EXTERNAL
 from test_upgrade_plan_cli import rotated_back_pair
+from test_upgrade_page import open_upgrade
 from test_upgrade_plan_page import stored_plan
 
 from app.report_download import report_bytes
@@ -16,7 +17,7 @@ LABEL = "Download the release report (HTML)"
 
 def test_a_stored_check_offers_its_release_report(app_db):
     payload = stored_plan(app_db, rotated_back_pair)
-    at = open_page("upgrade")
+    at = open_upgrade()
     assert not at.exception
     assert LABEL in [b.proto.label for b in at.get("download_button")]
     page = report_bytes(payload["plan"], payload["report"], {"experiment": "#1 pair", "view": "encoder"}).decode()

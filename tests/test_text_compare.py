@@ -88,7 +88,7 @@ def test_cli_stores_and_check_upgrade_reads_the_text_pair(tmp_path, db_url, caps
     assert "stored as experiment" in printed and NO_HEAD_NOTE in printed
     cross = data["views"]["encoder"]["metrics"]["recall@1"]["matrix"][1][0]
     code = main(["check-upgrade", "--model", "pretrained:minilm_l3", "--model", "pretrained:minilm_l6_int8",
-                 "--dataset", SMALL])
+                 "--dataset", SMALL, "--metric", "recall@1"])  # the matrix's metric
     report = capsys.readouterr().out
     assert code in (1, 3)  # not compatible or, on 40 queries, too close to call; never compatible (exit 0)
     assert f"minilm_l6_int8/minilm_l3 {cross:.4f}" in report  # the same cross-test as compare-checkpoints' matrix

@@ -91,4 +91,4 @@ def test_a_check_from_a_store_shows_its_plan_with_adapters(app_db, tmp_path):
     page = report_bytes(stored["plan"], {k: v for k, v in stored.items() if k != "plan"},
                         {"sources": stored["sources"]}).decode()
     assert f"Decision: {want.headline()}." in page and "sources: old_gallery" in page
-    assert "decided from the verdicts alone" in page
+    assert "decided from the verdicts alone" not in page and "paired gallery items" in page
