@@ -98,3 +98,47 @@ def test_a_new_model_not_judged_on_its_own_still_gets_a_plan():
     plan = migration_plan({**_report(FAILS, {"diff": None, "lo": None, "hi": None, "n": 500, "verdict": "not judged",
                                              "tie": False, "needed": None}), "new_new": None})
     assert plan.decision == "do not ship yet" and plan.numbers["v2 alone vs v1 alone"].startswith("not judged")
+
+
+def test_equivalence_within_the_margin_ships_as_is_as_unchanged():
+    """TOST: both intervals inside +-1 point with --margin 1 read 'unchanged within +-1 points' (a re-export)."""
+    report = {**_report(_v("compatible", -0.001, -0.005, 0.004), _v("too close to call", 0.0, -0.004, 0.003)),
+              "margin": 1.0}
+    plan = migration_plan(report)
+    assert (plan.decision, plan.success) == ("ship as is", "unchanged")
+    assert plan.reason.startswith("v2 is unchanged within +-1 points") and "two one-sided tests" in plan.reason
+    wider = {**report, "better": _v("too close to call", 0.0, -0.004, 0.012)}  # +1.2 points is outside the margin
+    assert migration_plan(wider).decision == "do not ship yet"
+
+
+def test_a_too_close_plan_names_the_margin_that_would_decide_it():
+    """Strict ECC on the same intervals: too close to call on its own; the plan names the smallest margin (to 0.1
+    point, above the interval's farthest end) under which two one-sided tests would call v2 unchanged."""
+    plan = migration_plan(_report(_v("compatible", -0.001, -0.005, 0.004), _v("too close to call", 0.0, -0.004, 0.003)))
+    assert plan.decision == "do not ship yet" and plan.margin_to_decide == 0.5
+    assert any(n.startswith("with --margin 0.5 (+-0.5 points) two one-sided tests would call v2 unchanged") for n in plan.notes)
+    compat = migration_plan(_report(_v("too close to call", -0.01, -0.0234, 0.002), BETTER))
+    assert compat.margin_to_decide == 2.4 and any("with --margin 2.4 (a non-inferiority margin" in n for n in compat.notes)
+
+
+def test_with_a_margin_the_plan_says_parity_not_beat_and_ships_the_adapter_at_parity():
+    """--margin 2: v2's raw queries lose 3 points (not compatible), an adapter loses 1 (non-inferior): ship with the
+    adapter, worded as parity within the margin."""
+    report = {**_report(_v("not compatible", -0.03, -0.045, -0.021), BETTER), "margin": 2.0}
+    adapters = [{"name": "procrustes", "compatibility": _v("compatible", -0.01, -0.018, -0.002)}]
+    plan = migration_plan(report, adapters=adapters)
+    assert plan.headline() == "ship with adapter procrustes" and "score at parity with v1 alone" in plan.reason
+    ok = migration_plan({**report, "compatibility": _v("compatible", -0.01, -0.018, -0.002)})
+    assert ok.decision == "ship as is" and "at parity with" in ok.reason and "beat" not in ok.reason
+
+
+def test_a_float16_copy_is_unchanged_within_a_point_end_to_end():
+    from engine.upgrade.migration import decide_in_memory
+
+    old, _ = compatible_pair()
+    half = CellFeatures(old.query.astype(np.float16).astype(np.float32), old.query_labels,
+                        old.gallery.astype(np.float16).astype(np.float32), old.gallery_labels)
+    report = check_upgrade(old, half, names=("fp32", "fp16"), metric="map", resamples=300, margin=1.0)
+    assert "unchanged within +-1 points of fp32" in report.sentence()
+    plan = decide_in_memory(old, half, report).plan
+    assert (plan.decision, plan.success) == ("ship as is", "unchanged")

@@ -34,6 +34,7 @@ from engine.adapters.artifact import load_adapter
 from engine.adapters.posthoc import PosthocMap, fit_map, kind_of
 from engine.metrics.compatibility import CellFeatures
 from engine.sources.text import first_line
+from engine.metrics.relevance import neighbour_recall
 from engine.metrics.threshold import matched_threshold, threshold_at_precision
 from engine.metrics.topk import array_blocks, stream_topk
 from engine.upgrade.plan import (DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, backfill_metric,
@@ -42,6 +43,7 @@ from engine.upgrade.verdict import UpgradeReport, backfill_needs, check_upgrade,
 from storage import json_ready
 
 RANK_MERGE = "rank_merge:"
+LABEL_FREE_K = 10  # the depth of the label-free reading beside each adapter (the sources' default k)
 RANK_MERGE_NOTE = ("a rank merge serves both models at query time (old queries on the old index, new queries on the "
                    "re-embedded part, merged by score); its fraction is the first measured one that scores above the "
                    "old self-test (at 0 % it is the old system itself)")
@@ -124,18 +126,34 @@ def fitted_maps(old: CellFeatures, new: CellFeatures, kinds: Sequence[str], *, s
         yield kind, m, fitted, time.perf_counter() - start
 
 
+def label_free(m: PosthocMap, old: CellFeatures, new: CellFeatures, *, k: int = LABEL_FREE_K) -> float | None:
+    """The adapted new queries' neighbour recall@k on the old gallery against each query's new/new top-k: agreement
+    with the new model's own neighbours, the reading the adapter literature quotes (None under same-set, whose own
+    item would have to be excluded from both lists, or a gallery of fewer than k items)."""
+    n_g = len(new.gallery)
+    if n_g < k:
+        return None
+    rows = np.arange(n_g, dtype=np.int64)
+    ref = stream_topk(new.query, array_blocks(rows, new.gallery), k=k)
+    got = stream_topk(m.apply(new.query), array_blocks(rows, old.gallery), k=k)
+    return float(np.mean(neighbour_recall(got, ref, ks=(k,)).values[f"neighbour_recall@{k}"]))
+
+
 def adapter_rows(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, kinds: Sequence[str] = DEFAULT_ADAPTERS,
                  files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE) -> list[dict[str, Any]]:
-    """One row per adapter kind fitted here (see the module docstring) and per exported adapter folder."""
+    """One row per adapter kind fitted here (see the module docstring) and per exported adapter folder, each with the
+    report's new/new (its recovery's ceiling, :func:`engine.upgrade.plan.recovery_rows`) and :func:`label_free`."""
     rows = []
+    beside = lambda m: {"new_new": report.new_new,  # noqa: E731
+                        "label_free": None if report.same_set else label_free(m, old, new)}
     for kind, m, fitted, seconds in fitted_maps(old, new, kinds, share=share, seed=report.seed):
         keep = np.setdiff1d(np.arange(len(old.gallery)), fitted) if report.same_set else None
         rows.append(_adapter_row(kind, m, judge_map(m, old, new, report, keep), source="fitted here",
-                                 pairs=len(fitted), fit_seconds=seconds))
+                                 pairs=len(fitted), fit_seconds=seconds, **beside(m)))
     for folder in files:
         m = load_adapter(folder)
         rows.append(_adapter_row(f"{m.kind} ({Path(folder).name})", m, judge_map(m, old, new, report),
-                                 source=str(folder), pairs=m.fitted_on.get("pairs")))
+                                 source=str(folder), pairs=m.fitted_on.get("pairs"), **beside(m)))
     return rows
 
 
