@@ -105,7 +105,7 @@ def _backfill(report: dict[str, Any]) -> None:
         return
     old, new = report["old_name"], report["new_name"]
     decided = report.get("backfill_decided") or {}
-    st.subheader("Backfilling needed")
+    st.subheader("Backfilling curves")
     st.markdown(plain(f"Not compatible: the curves of re-embedding part of the gallery with {new} "
                       f"(top-{report.get('backfill_depth')} lists merged by score at each point). M̃ is the area under a "
                       "curve (the metric averaged over a uniformly random backfilled share); the migration plan below "

@@ -68,7 +68,7 @@ def test_compatible_pair(app_db):
     assert points(shown(at, "ECC gain")) == [pytest.approx(100 * d.mean(), abs=0.051)]
     shown_lo, shown_hi = points(shown(at, "95% CI"))
     assert 0 < shown_lo and (shown_lo, shown_hi) == pytest.approx((lo, hi), abs=1.2)
-    assert not at.error and "Too close to call" not in texts(at) and "Backfilling needed" not in texts(at)
+    assert not at.error and "Too close to call" not in texts(at) and "Backfilling curves" not in texts(at)
 
 
 def test_incompatible_pair_shows_its_curves_and_the_one_decision(app_db):

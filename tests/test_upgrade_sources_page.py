@@ -50,7 +50,7 @@ def test_the_form_queues_the_check_and_shows_the_stored_report(app_db, tmp_path,
         table = next(d.value for d in at.dataframe if "ordering" in d.value.columns)
         assert table["ordering"].str.replace(" (best)", "").tolist() == [n["ordering"] for n in want["backfill"]]
         assert table["M̃ %"].tolist() == [100 * n["area"] for n in want["backfill"]]
-        assert "Backfilling needed" in texts(at)
+        assert "Backfilling curves" in texts(at)
 
 
 def test_a_bad_form_is_refused_before_anything_is_queued(app_db, tmp_path):

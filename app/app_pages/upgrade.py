@@ -126,7 +126,7 @@ def backfill_needs() -> str:
 
 reports = stored_reports()
 if r["backfill"]:
-    st.subheader("Backfilling needed")
+    st.subheader("Backfilling curves")
     st.markdown(plain(f"Not compatible: the curves of re-embedding part of the gallery with {new_name}, under "
                       f"{metric_name(r['metric'])}. M̃ is the area under a curve (the metric averaged over a uniformly "
                       "random backfilled share); the migration plan below picks the ordering that reaches "

@@ -133,7 +133,10 @@ class Plan:
         if self.decision == "ship with adapter":
             return f"ship with adapter {self.adapter}"
         if self.decision == "backfill":
-            return (f"backfill {100 * (self.fraction or 0):.0f} % in order {self.ordering}"
+            order = str(self.ordering)
+            merge = order.startswith("rank_merge:")  # both models serve queries until the backfill is done
+            return (f"backfill {100 * (self.fraction or 0):.0f} % in order {order.split(':', 1)[1] if merge else order}"
+                    + (" serving a rank merge of both indexes" if merge else "")
                     + (f" with adapter {self.adapter}" if self.adapter else ""))
         return self.decision
 
@@ -228,7 +231,7 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
                  f"no number of queries would decide whether {new} is better on its own (the paired difference is 0)",
                  f"with --margin {m:g} (+-{m:g} points) two one-sided tests would call {new} unchanged on its own, if "
                  "that difference is one you would accept as no change")
-        return Plan("do not ship yet", f"too close to call whether {new} is better than {old} on its own "
+        return Plan("do not ship yet", f"Too close to call whether {new} is better than {old} on its own "
                     f"({interval(b, level)}): no adapter or backfill is recommended for a gain nobody has shown.",
                     margin_to_decide=m, notes=notes, **base)
     judged = success == "better"
@@ -240,7 +243,7 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
                     notes=unjudged, **base)
     best = _best_adapter(adapters)
     if best is not None:
-        return Plan("ship with adapter", f"adapter {best['name']} maps {new}'s queries onto the {old} gallery, where they "
+        return Plan("ship with adapter", f"Adapter {best['name']} maps {new}'s queries onto the {old} gallery, where they "
                     f"{_passes(best['compatibility'], margin)} {old} alone ({interval(best['compatibility'], level)}); "
                     "apply it to each query until the gallery is re-embedded.", adapter=best["name"], notes=unjudged,
                     **base)
@@ -251,7 +254,7 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
         on = roll.get("metric") or report["metric"]
         flatter = (f"; read on the {metric_name(on)} curve because {metric_name(report['metric'])} flatters backfilling"
                    if on != report["metric"] else "")
-        return Plan("backfill", f"no adapter is compatible; re-embedding {100 * p:.0f} % of the gallery in order "
+        return Plan("backfill", f"No adapter is compatible; re-embedding {100 * p:.0f} % of the gallery in order "
                     f"{order_words(str(roll['ordering']))}{via} brings {new}'s queries back to {old}'s self-test"
                     f"{flatter}.", adapter=roll.get("adapter"), ordering=roll["ordering"], fraction=p,
                     backfill_metric=on, items_to_reembed=math.ceil(p * n - 1e-9),
@@ -262,7 +265,7 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
         m = margin_to_decide(c["lo"], c["hi"])
         needed = (f"{c['needed']:,} queries would decide compatibility" if c.get("needed") else
                   "no number of queries would decide compatibility (the paired difference sits on the threshold)")
-        return Plan("do not ship yet", f"too close to call: compatibility of {new}'s queries with the {old} gallery "
+        return Plan("do not ship yet", f"Too close to call: compatibility of {new}'s queries with the {old} gallery "
                     f"({interval(c, level)}), and {tried}.", margin_to_decide=m,
                     notes=unjudged + (needed, f"with --margin {m:g} (a non-inferiority margin: {new}'s queries may lose "
                                                f"up to {m:g} points against {old} alone) it would pass"), **base)
