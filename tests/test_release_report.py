@@ -69,7 +69,7 @@ def test_markdown_by_the_suffix_without_plan_has_the_same_decision(tmp_path):
     text = (tmp_path / "out.md").read_text()
     lines = [x for x in text.splitlines() if x]
     assert lines[0] == "# Upgrade report: v1 -> v2"
-    assert lines[1].startswith("**Decision: ship with adapter procrustes.** adapter procrustes maps v2")
+    assert lines[1].startswith("**Decision: ship with adapter procrustes.** Adapter procrustes maps v2")
     c = report["compatibility"]
     assert f"| {100 * c['diff']:+.1f} pts | {100 * c['lo']:+.1f} to {100 * c['hi']:+.1f} | not compatible |" in text
     assert "| ship with adapter procrustes (the plan's choice) | 0 | none |" in text.replace("→ ", "")
