@@ -26,6 +26,15 @@ def rotated_back_pair() -> tuple[CellFeatures, CellFeatures]:
     return old, CellFeatures(better.query @ rotation, better.query_labels, old.gallery @ rotation, old.gallery_labels)
 
 
+def same_decision(md: str, plan: dict) -> None:
+    """OUT.md is the release report in Markdown (engine.upgrade.release_report): the plan's decision first, then the
+    inputs, the command line and the rest."""
+    lines = [x for x in md.splitlines() if x]
+    assert lines[0] == f"# Upgrade report: {plan['old_name']} -> {plan['new_name']}"
+    assert lines[1] == f"**Decision: {plan['headline']}.** {plan['reason']}"
+    assert "check-upgrade" in md  # the command line
+
+
 def run(tmp_path, pair, *extra: str) -> tuple[int, dict, dict, str]:
     folder = write_folder(tmp_path / "f", *pair())
     metric = () if "--metric" in extra else ("--metric", "recall@1")  # the pairs are built around Recall@1's hits
@@ -54,10 +63,9 @@ def test_the_plan_files_carry_migration_plans_decision_for_the_same_report(tmp_p
     assert got == code  # --plan leaves check-upgrade's exit codes as they are
     again = migration_plan(report, adapters=plan["adapters"], rollouts=plan["rollouts"], threshold=plan["threshold"])
     assert plan["decision"] == again.decision == decision
-    assert md == plan["markdown"]  # one text, two files; the same lines as migration_plan's, then the inputs' notes
-    assert [x for x in md.splitlines() if not x.startswith("- note:")] == [
-        x for x in again.to_markdown().splitlines() if not x.startswith("- note:")]
-    assert md.startswith("# Migration plan: v1 -> v2") and f"**Decision: {again.headline()}.**" in md
+    assert [x for x in plan["markdown"].splitlines() if not x.startswith("- note:")] == [
+        x for x in again.to_markdown().splitlines() if not x.startswith("- note:")]  # then the inputs' notes
+    same_decision(md, plan)
     assert plan["report"] == report  # the report the plan was decided from, as --json wrote it
     assert set(plan) == {"decision", "reason", "old_name", "new_name", "metric", "n_gallery", "adapter", "ordering",
                          "fraction", "items_to_reembed", "numbers", "threshold", "notes", "headline", "markdown",
@@ -194,7 +202,7 @@ def test_sources_form_without_the_new_gallery_plans_from_the_verdicts_alone(tmp_
     assert code == {"compatible": 0, "not compatible": 1, "too close to call": 3}[report["verdict"]]
     assert plan["decision"] == migration_plan(report).decision and plan["adapters"] == [] == plan["rollouts"]
     assert plan["threshold"] is None and any("decided from the verdicts alone" in n for n in plan["notes"])
-    assert (tmp_path / "plan.md").read_text() == plan["markdown"]
+    same_decision((tmp_path / "plan.md").read_text(), plan)
 
 
 def test_sources_form_with_the_new_gallery_fits_the_adapters(tmp_path, capsys):
@@ -213,4 +221,4 @@ def test_sources_form_with_the_new_gallery_fits_the_adapters(tmp_path, capsys):
     assert [a["name"] for a in plan["adapters"]] == list(DEFAULT_ADAPTERS)
     assert plan["rollouts"] == report["backfill"] and plan["threshold"] is not None
     assert not any("decided from the verdicts alone" in n for n in plan["notes"])
-    assert (tmp_path / "plan.md").read_text() == plan["markdown"]
+    same_decision((tmp_path / "plan.md").read_text(), plan)

@@ -556,7 +556,8 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise ValueError(f"--json {args.json}: cannot write ({exc.strerror or type(exc).__name__})") from None
     if plan_files is not None:
-        write_plan(plan_files, plan_json, plan.plan.to_markdown())
+        # OUT.md is the release report in Markdown: the decision first, the inputs, command line, version, date, costs
+        write_plan(plan_files, plan_json, report_text(args, plan_files[1], plan_json, source))
         lines.append(f"  plan: {plan.plan.headline()} (written to {plan_files[0].name} and {plan_files[1].name})")
     if report_file is not None:
         write_report(report_file, text)
