@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from engine.sources.text import SECRET_KEYS, mask_in, mask_url
+from engine.upgrade.plan import recovery_line
 from engine.upgrade.words import NOT_JUDGED, pct, sentence
 
 SUFFIXES = {".html": "html", ".htm": "html", ".md": "markdown"}
@@ -33,7 +34,8 @@ TOOL = "compatlab"
 # the plan's fields this report renders in their own sections; any other field is listed under "More from the plan"
 KNOWN = {"decision", "reason", "headline", "old_name", "new_name", "metric", "n_gallery", "adapter", "ordering",
          "fraction", "items_to_reembed", "numbers", "threshold", "notes", "adapters", "rollouts", "rescoring", "report",
-         "markdown", "context", "error"}
+         "markdown", "context", "error", "rule", "success", "guardrail", "backfill_metric", "margin_to_decide",
+         "recovery"}
 ADAPTER_KNOWN = {"name", "kind", "source", "pairs", "fit_seconds", "adapted_old", "old_old", "n_queries", "n_gallery",
                  "compatibility", "interval"}
 DECISION_CLASS = {"ship as is": "go", "ship with adapter": "go", "backfill": "wait", "do not ship yet": "wait",
@@ -287,6 +289,14 @@ def rule_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     for key, label in (("rule", "the plan's rule"), ("decision_metric", "the plan decides on")):
         if isinstance(data.get(key), str) and data[key] != rows[0][1]:
             rows.append((label, data[key]))
+    old, new = r.get("old_name"), r.get("new_name")
+    for key, label in (("success", f"success ({new} alone vs {old} alone)"),
+                       ("guardrail", f"guardrail ({new}'s queries on {old}'s gallery vs {old} alone)"),
+                       ("backfill_metric", "backfill fractions read on")):
+        if data.get(key):
+            rows.append((label, str(data[key])))
+    if data.get("margin_to_decide"):
+        rows.append(("margin that would decide", f"{data['margin_to_decide']:g} points (see the notes)"))
     rows.append(("interval", f"paired {boot.get('method', 'percentile')} bootstrap over "
                  f"{boot.get('paired_over', r.get('interval', 'queries'))}, {r.get('resamples', 0):,} resamples, level "
                  f"{r.get('level', 0.95):g}, seed {r.get('seed')}"))
@@ -319,6 +329,12 @@ def curve_rows(data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 def extra_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     """The plan's fields this report has no section for (rendered as they are)."""
     return {k: v for k, v in data.items() if k not in KNOWN and not (k in ("rule", "decision_metric") and isinstance(v, str))}
+
+
+def recovery_lines(data: Mapping[str, Any]) -> list[str]:
+    """Each adapter's recovery against its ceiling, in the plan's own words (:func:`engine.upgrade.plan.recovery_line`)."""
+    r = _report(data)
+    return [recovery_line(row, r["old_name"], r["new_name"]) for row in data.get("recovery") or ()]
 
 
 def notes(data: Mapping[str, Any]) -> list[str]:
@@ -358,7 +374,13 @@ def report_markdown(data: Mapping[str, Any]) -> str:
     r = _report(data)
     head, reason = decision_lines(data)
     lines = [f"# Upgrade report: {_md(r['old_name'])} -> {_md(r['new_name'])}", "", f"**{_md(head)}** {_md(reason)}", "",
-             _md(verdict_sentence(r)), "", "## Inputs", ""]
+             _md(verdict_sentence(r)), ""]
+    lines += ["## Cost of each option", "", _md(throughput_line(data)), ""]
+    lines += _md_table(("option", "items to re-embed", "embedding time", "rests on"),
+                       [(("→ " if o["chosen"] else "") + o["option"] + (" (the plan's choice)" if o["chosen"] else ""),
+                         "never" if o["items"] is None else f"{o['items']:,}", _cost_time(o), o["basis"])
+                        for o in option_costs(data)])
+    lines += ["## Inputs", ""]
     lines += _md_table(("input", "value"), input_rows(data))
     lines += ["## Rule", "", *_md_table(("setting", "value"), rule_rows(data))]
     lines += ["## Numbers", "", *_md_table(("comparison", "scores", "difference", f"{100 * r.get('level', 0.95):g}% interval",
@@ -366,13 +388,10 @@ def report_markdown(data: Mapping[str, Any]) -> str:
                                            [tuple(x.values()) for x in number_rows(data)])]
     if data.get("numbers"):
         lines += ["The plan's numbers:", "", *(f"- {_md(k)}: {_md(v)}" for k, v in data["numbers"].items()), ""]
-    lines += ["## Cost of each option", "", _md(throughput_line(data)), ""]
-    lines += _md_table(("option", "items to re-embed", "embedding time", "rests on"),
-                       [(("→ " if o["chosen"] else "") + o["option"] + (" (the plan's choice)" if o["chosen"] else ""),
-                         "never" if o["items"] is None else f"{o['items']:,}", _cost_time(o), o["basis"])
-                        for o in option_costs(data)])
     if data.get("adapters"):
         lines += ["## Adapters", "", *_md_table(*_adapter_table(data))]
+    if rec := recovery_lines(data):
+        lines += ["## Recovery against its ceiling", "", *(f"- {_md(x)}" for x in rec), ""]
     curves = curve_rows(data)
     if curves:
         lines += ["## Backfill curves", "", f"{_md(r.get('metric'))} of {_md(r['new_name'])}'s queries while the gallery "
@@ -566,6 +585,7 @@ def report_html(data: Mapping[str, Any], *, draw: Callable[[Mapping[str, Any]], 
              f"<section class=\"decision {DECISION_CLASS.get(str(data.get('decision')), '')}\">"
              f"<p class=\"headline\">{_h(head)}</p><p>{_h(reason)}</p></section>",
              f"<p>{_h(verdict_sentence(r))}</p>",
+             "<!-- costs -->",
              "<h2>Inputs</h2>", _h_table(("input", "value"), input_rows(data)),
              "<h2>Rule</h2>", _h_table(("setting", "value"), rule_rows(data)),
              "<h2>Numbers</h2>",
@@ -576,11 +596,12 @@ def report_html(data: Mapping[str, Any], *, draw: Callable[[Mapping[str, Any]], 
                   "</ul>"]
     parts.append(_figure(gain_spec(data), f"each way to serve {new}'s queries on the {old} gallery now", draw))
     costs = option_costs(data)
-    parts += ["<h2>Cost of each option</h2>", f"<p>{_h(throughput_line(data))}</p>",
-              _h_table(("option", "items to re-embed", "embedding time", "rests on"),
-                       [(o["option"] + (" (the plan's choice)" if o["chosen"] else ""),
-                         "never" if o["items"] is None else f"{o['items']:,}", _cost_time(o), o["basis"]) for o in costs],
-                       numeric=(1, 2), chosen=[o["chosen"] for o in costs])]
+    at = parts.index("<!-- costs -->")  # the costs right after the decision: what a release ticket weighs first
+    parts[at: at + 1] = ["<h2>Cost of each option</h2>", f"<p>{_h(throughput_line(data))}</p>",
+                         _h_table(("option", "items to re-embed", "embedding time", "rests on"),
+                                  [(o["option"] + (" (the plan's choice)" if o["chosen"] else ""),
+                                    "never" if o["items"] is None else f"{o['items']:,}", _cost_time(o), o["basis"])
+                                   for o in costs], numeric=(1, 2), chosen=[o["chosen"] for o in costs])]
     if data.get("adapters"):
         header, rows = _adapter_table(data)
         parts += ["<h2>Adapters</h2>",
@@ -588,6 +609,8 @@ def report_html(data: Mapping[str, Any], *, draw: Callable[[Mapping[str, Any]], 
                   "adapter's weights act on row vectors, x @ W (+ b), with W stored (new_dim, old_dim) "
                   "(adapter.json says so under files.weights_orientation).</p>",
                   _h_table(header, rows, numeric=(2, 3, 4, 5, 6))]
+    if rec := recovery_lines(data):
+        parts += ["<h2>Recovery against its ceiling</h2><ul>", *(f"<li>{_h(x)}</li>" for x in rec), "</ul>"]
     curves = curve_rows(data)
     if curves:
         parts += ["<h2>Backfill curves</h2>",
