@@ -125,6 +125,7 @@ def plans(out: Path, names: list[str], text_threshold: float) -> None:
         if Path(f"{target}.json").exists():
             continue
         engine(["check-upgrade", "--features", str(out / f"features_{name}"), "--plan", str(target),
+                "--metric", "recall@1",  # the README's figures: Recall@1 (the decision's own default is mAP)
                 "--adapters", *KINDS, "--orderings", "random", "distance_mse", "distance_cosine", "adapter_residual",
                 "--rollout", *extra, "--json", str(out / f"check_{tag}.json"), "--data-root", str(out)],
                out / f"plan_{tag}.log")
