@@ -43,7 +43,7 @@ def hostile(app_db) -> dict:
             # update gain Γ of M2 -> M1: (0.6 - 0.5) / (0.7 - 0.5) = 50 % (the page computes it from the matrix)
             m.values = np.array([[0.5, np.nan, np.nan], [0.6, 0.7, np.nan], [0.45, 0.8, 0.9]])
         enqueue_job(s, "run", {"config": {"name": STUDY, "methods": ["bct"]}})
-    run_analysis(db, first, "upgrade", {"step_a": 2, "step_b": 3, "view": "encoder", "metric": "recall@1"})
+    run_analysis(db, first, "upgrade", {"step_a": 2, "step_b": 3, "view": "encoder", "metric": "map"})
     return out
 
 

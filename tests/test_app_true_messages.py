@@ -86,8 +86,8 @@ def test_the_on_its_own_badge_points_the_way_of_its_difference(app_db):
 
     out = fill_study(app_db, steps=3, analyses=False)
     db = get_engine(app_db)
-    for experiment_id in out["experiments"].values():
-        run_analysis(db, experiment_id, "upgrade", {"step_a": 2, "step_b": 3, "view": "encoder", "metric": "recall@1"})
+    for experiment_id in out["experiments"].values():  # mAP: the metric the page opens on (the decision's)
+        run_analysis(db, experiment_id, "upgrade", {"step_a": 2, "step_b": 3, "view": "encoder", "metric": "map"})
     at = open_page("upgrade")
     pick = at.selectbox(key="up_experiment")
     seen = set()
