@@ -11,6 +11,7 @@ Each variant runs in its own process so that its peak memory (max RSS) is its ow
     python bench/bench_metrics.py --n 2000   # quick run
     python bench/bench_metrics.py --one-cell 50000   # memory check: one 50,000 x 50,000 cell only
     python bench/bench_metrics.py --cuda     # ours on the GPU (torch backend on CUDA) against ours on the CPU
+    python bench/bench_metrics.py --torch-cpu   # ours on the CPU: the numpy backend (the default) against torch's
 """
 from __future__ import annotations
 
@@ -69,9 +70,10 @@ def _run(variant: str, args: dict, out: mp.Queue) -> None:
     backend = None
     if variant.startswith("ours"):  # load the compiled kernel (cached on disk) or start CUDA before timing
         from engine.metrics.retrieval import retrieval_metrics
-        from engine.metrics.search import TorchBackend
+        from engine.metrics.search import NumpyBackend, TorchBackend
 
-        backend = {"ours-cpu": TorchBackend("cpu"), "ours-cuda": TorchBackend("cuda")}.get(variant)
+        backend = {"ours-cpu": NumpyBackend(), "ours-torch-cpu": TorchBackend("cpu"),
+                   "ours-cuda": TorchBackend("cuda")}.get(variant)
         retrieval_metrics(sets[0]["query_features"][:50], sets[0]["query_labels"][:50], sets[0]["gallery_features"][:50],
                           sets[0]["gallery_labels"][:50], backend=backend)
     t0 = time.perf_counter()
@@ -126,6 +128,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--one-cell", type=int, metavar="N", help="only time one N x N cell and report its memory")
     ap.add_argument("--cuda", action="store_true", help="compare the torch backend on CUDA with ours on the CPU")
+    ap.add_argument("--torch-cpu", action="store_true", help="compare the numpy backend with the torch one on the CPU")
     a = ap.parse_args()
     args = dict(T=a.T, n=a.n, d=a.d, classes=a.classes, one_cell=a.one_cell)
     if a.one_cell:
@@ -133,6 +136,15 @@ def main() -> None:
         full = a.one_cell**2 * 4 / 2**30
         print(f"one {a.one_cell} x {a.one_cell} x {a.d} cell, Recall@1 + mAP: {r['seconds']:.1f} s; peak RSS {r['peak_mb']:.0f} MB, "
               f"+{r['peak_mb'] - r['before_mb']:.0f} MB during the cell (the whole float32 similarity matrix would be {full:.1f} GiB)")
+        return
+    if a.torch_cpu:
+        on_numpy, on_torch = run("ours-cpu", args), run("ours-torch-cpu", args)
+        diff_r1 = np.abs(np.subtract(on_numpy["r1"], on_torch["r1"])).max()
+        diff_map = np.abs(np.subtract(on_numpy["map"], on_torch["map"])).max()
+        print(f"T={a.T} models, {a.n} queries x {a.n} gallery x {a.d}-d, Recall@1 + mAP on the CPU: numpy backend "
+              f"{on_numpy['seconds']:.2f} s (peak RSS {on_numpy['peak_mb']:.0f} MB), torch backend {on_torch['seconds']:.2f} s "
+              f"(peak RSS {on_torch['peak_mb']:.0f} MB), torch / numpy {on_torch['seconds'] / on_numpy['seconds']:.2f}x; "
+              f"largest cell difference Recall@1 {diff_r1:.2e}, mAP {diff_map:.2e} (the two BLAS libraries' summation orders)")
         return
     if a.cuda:
         cpu, gpu = run("ours-cpu", args), run("ours-cuda", args)

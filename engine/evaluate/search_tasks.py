@@ -27,7 +27,7 @@ from engine.core.cell import CellRecipe
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import RankTies, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
-from engine.metrics.sharded import CPU, Shard, ap_kernel, checked_shard, count_kernel, gather_positives, group_by_query, \
+from engine.metrics.sharded import Shard, ap_kernel, checked_shard, count_kernel, gather_positives, group_by_query, \
     label_codes, shard_blocks
 from storage import Task, feature_set_rows, session_scope
 from storage.feature_sets import feature_set_size
@@ -158,7 +158,7 @@ def _query_block(db: Engine, cell: CellSpec, block: list[int]):
     """Unit query rows, their labels, codes among the block's classes, row ids and exclusion ids of one query block."""
     feats, labels, ids = _rows(db, cell, "query", *block)
     classes = np.unique(labels)
-    return unit_rows(feats, CPU), labels, classes, label_codes(classes, labels), ids, ids if cell.same_set else None
+    return unit_rows(feats), labels, classes, label_codes(classes, labels), ids, ids if cell.same_set else None
 
 
 def _merged_positives(db: Engine, pass1_ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
