@@ -72,8 +72,9 @@ def _run(variant: str, args: dict, out: mp.Queue) -> None:
         from engine.metrics.retrieval import retrieval_metrics
         from engine.metrics.search import NumpyBackend, TorchBackend
 
-        backend = {"ours-cpu": NumpyBackend(), "ours-torch-cpu": TorchBackend("cpu"),
-                   "ours-cuda": TorchBackend("cuda")}.get(variant)
+        make = {"ours-cpu": NumpyBackend, "ours-torch-cpu": lambda: TorchBackend("cpu"),
+                "ours-cuda": lambda: TorchBackend("cuda")}.get(variant)
+        backend = make() if make else None  # only the torch variants load torch
         retrieval_metrics(sets[0]["query_features"][:50], sets[0]["query_labels"][:50], sets[0]["gallery_features"][:50],
                           sets[0]["gallery_labels"][:50], backend=backend)
     t0 = time.perf_counter()

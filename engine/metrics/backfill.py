@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.metrics.backfill_kernels import all_fraction_stats, mixed_stats, recall1_stats, segment_of_columns
-from engine.metrics.device import auto_device
+from engine.metrics.device import auto_device, one_blas_thread
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import RankTies, unit_rows, metrics_from_stats, parse_metric, prepare_gallery
 from engine.metrics.search import DEFAULT_BLOCK, similarity_blocks
@@ -148,15 +148,17 @@ def mixed_gallery_curves(
     parts: list[list[QueryStats]] = [[] for _ in fractions]
     blocks = zip(similarity_blocks(q_old, old_g, starts, ends, exclude, None, max_block),
                  similarity_blocks(q_new, new_g, starts, ends, exclude, None, max_block))
-    for (rows, s_old), (_, s_new) in blocks:
-        if recall1_only:
-            block = recall1_stats(s_old, s_new, starts[rows], ends[rows], segment, len(counts), n_pos[rows].astype(np.int64))
-        elif segment is not None:  # CPU: every fraction from one pass (AP included)
-            block = all_fraction_stats(s_old, s_new, starts[rows], ends[rows], segment, len(counts), map_k=map_k)
-        else:
-            block = mixed_stats(s_old, s_new, starts[rows], ends[rows], cols, counts, map_k=map_k, want_ap=want_ap)
-        for acc, stats in zip(parts, block):
-            acc.append(stats)
+    with one_blas_thread(device is None):
+        for (rows, s_old), (_, s_new) in blocks:
+            if recall1_only:
+                block = recall1_stats(s_old, s_new, starts[rows], ends[rows], segment, len(counts),
+                                      n_pos[rows].astype(np.int64))
+            elif segment is not None:  # CPU: every fraction from one pass (AP included)
+                block = all_fraction_stats(s_old, s_new, starts[rows], ends[rows], segment, len(counts), map_k=map_k)
+            else:
+                block = mixed_stats(s_old, s_new, starts[rows], ends[rows], cols, counts, map_k=map_k, want_ap=want_ap)
+            for acc, stats in zip(parts, block):
+                acc.append(stats)
 
     return curve_output(parts, metrics, parsed, ks, map_k, ties, fractions=fractions, n_backfilled=counts)
 

@@ -46,7 +46,7 @@ from engine.metrics.backfill import (
 )
 from engine.metrics.backfill_kernels import _stats, segment_of_columns
 from engine.metrics.backfill_orders import RESIDUAL_BLOCK, backfill_order
-from engine.metrics.device import auto_device, host, on_cpu, torch_threads_kept
+from engine.metrics.device import auto_device, host, on_cpu, one_blas_thread, torch_threads_kept
 from engine.metrics.backfill_rollout_kernels import rank_merge_stats, rescoring_stats, sorted_columns
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import RankTies, prepare_gallery, retrieval_metrics, unit_rows
@@ -92,22 +92,23 @@ def _keyed_curves(query_old, query_new, query_labels, old_gallery, new_gallery, 
     blocks = zip(similarity_blocks(q_old, old_g, starts, ends, exclude, None, max_block),
                  similarity_blocks(q_new, new_g, starts, ends, exclude, None, max_block))
     ctx: dict = {"position": old_g.position, "n": n}
-    for (rows, s_old), (_, s_new) in blocks:
-        if engine == "auto" and on_cpu(s_old):
-            so, sn = np.ascontiguousarray(host(s_old)), np.ascontiguousarray(host(s_new))
-            by_old, by_new = sorted_columns(so, old_g.position), sorted_columns(sn, old_g.position)
-            with torch_threads_kept():
-                n_pos, neg_ge, neg_gt, ap, ap_k = compiled(so, sn, by_old, by_new, starts[rows], ends[rows], map_k, ctx)
-            for i in range(n_points):
-                parts[i].append(QueryStats(n_pos[i], neg_ge[i], neg_gt[i], ap[i], ap_k[i]))
-            continue
-        ctx.pop("old_place", None)  # per-block state of the torch path
-        if isinstance(s_old, np.ndarray):  # the keys are torch's: the same blocks as tensors (no copy)
-            import torch
+    with one_blas_thread(device is None):
+        for (rows, s_old), (_, s_new) in blocks:
+            if engine == "auto" and on_cpu(s_old):
+                so, sn = np.ascontiguousarray(host(s_old)), np.ascontiguousarray(host(s_new))
+                by_old, by_new = sorted_columns(so, old_g.position), sorted_columns(sn, old_g.position)
+                with torch_threads_kept():
+                    n_pos, neg_ge, neg_gt, ap, ap_k = compiled(so, sn, by_old, by_new, starts[rows], ends[rows], map_k, ctx)
+                for i in range(n_points):
+                    parts[i].append(QueryStats(n_pos[i], neg_ge[i], neg_gt[i], ap[i], ap_k[i]))
+                continue
+            ctx.pop("old_place", None)  # per-block state of the torch path
+            if isinstance(s_old, np.ndarray):  # the keys are torch's: the same blocks as tensors (no copy)
+                import torch
 
-            s_old, s_new = torch.from_numpy(s_old), torch.from_numpy(s_new)
-        for i in range(n_points):
-            parts[i].append(_stats(keys(s_old, s_new, i, ctx), starts[rows], ends[rows], map_k=map_k, want_ap=want_ap))
+                s_old, s_new = torch.from_numpy(s_old), torch.from_numpy(s_new)
+            for i in range(n_points):
+                parts[i].append(_stats(keys(s_old, s_new, i, ctx), starts[rows], ends[rows], map_k=map_k, want_ap=want_ap))
     return n, metrics, parsed, ks, map_k, parts
 
 

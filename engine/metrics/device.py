@@ -8,12 +8,19 @@ to find out whether there is a GPU: a process that has already loaded torch and 
 a training run), any other computes on the CPU with numpy, which is as fast there (``bench/bench_check_start.py``).
 The two CPU products differ in summation order only (numpy's OpenBLAS, torch's MKL): similarities agree to a few
 float32 ulps, so a metric can move only where two scores of one query are that close.
+
+A numpy pass runs its products on one BLAS thread (:func:`one_blas_thread`): OpenBLAS's threads spin for a while
+after each product and take the cores the compiled kernel that follows needs (measured on the 2-core machine at load
+average 4: the ranking pass 2.5x slower right after a two-thread product of 800 x 5,000 x 128; product and pass
+0.41 s on one BLAS thread vs 0.62 s on two). It also makes the similarities independent of the number of cores:
+OpenBLAS sums in another order with another thread count.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,6 +53,19 @@ def on_cpu(x: Any) -> bool:
 def host(x: Any) -> np.ndarray:
     """A host array as numpy (a CPU tensor's own memory, no copy)."""
     return x if isinstance(x, np.ndarray) else x.numpy()
+
+
+@functools.cache
+def _thread_pools():
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()  # the libraries loaded now (numpy's BLAS among them), inspected once
+
+
+def one_blas_thread(numpy_products: bool = True) -> AbstractContextManager:
+    """Around a pass that alternates numpy products with compiled kernels: BLAS on one thread (see the module
+    docstring), the previous count back afterwards; nothing when ``numpy_products`` is false (tensors)."""
+    return _thread_pools().limit(limits=1, user_api="blas") if numpy_products else nullcontext()
 
 
 @contextmanager

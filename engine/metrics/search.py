@@ -27,7 +27,7 @@ from typing import Protocol as TypingProtocol
 
 import numpy as np
 
-from engine.metrics.device import auto_device, host, on_cpu, torch_device
+from engine.metrics.device import auto_device, host, on_cpu, one_blas_thread, torch_device
 from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
 
 if TYPE_CHECKING:
@@ -122,14 +122,15 @@ class TorchBackend:
 def _block_stats(q, g, starts, ends, exclude, own_template, map_k, want_ap, max_block) -> QueryStats:
     """The statistics of every block: the compiled kernels on host arrays, torch on CUDA."""
     parts = []
-    for rows, sims in similarity_blocks(q, g, starts, ends, exclude, own_template, max_block):
-        if on_cpu(sims):
-            parts.append(stats_numba(host(sims), starts[rows], ends[rows], map_k=map_k, want_ap=want_ap))
-        else:
-            import torch
+    with one_blas_thread(isinstance(q, np.ndarray)):
+        for rows, sims in similarity_blocks(q, g, starts, ends, exclude, own_template, max_block):
+            if on_cpu(sims):
+                parts.append(stats_numba(host(sims), starts[rows], ends[rows], map_k=map_k, want_ap=want_ap))
+            else:
+                import torch
 
-            parts.append(stats_torch(sims, torch.as_tensor(starts[rows]), torch.as_tensor(ends[rows]), map_k=map_k,
-                                     want_ap=want_ap))
+                parts.append(stats_torch(sims, torch.as_tensor(starts[rows]), torch.as_tensor(ends[rows]), map_k=map_k,
+                                         want_ap=want_ap))
     return QueryStats.concat(parts) if parts else stats_numba(np.zeros((0, g.features.shape[0]), np.float32), starts, ends)
 
 

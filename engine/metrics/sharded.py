@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from engine.metrics.device import torch_threads_kept
+from engine.metrics.device import one_blas_thread, torch_threads_kept
 from engine.metrics.ranking import QueryStats, _ap_from_counts, _bucket_table, _place
 from engine.metrics.retrieval import GalleryKind, RankTies, cell_stats, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
@@ -263,13 +263,14 @@ def sharded_cell_stats(
     classes = np.unique(query_labels)
     qcode = label_codes(classes, query_labels)
     seen: list[int] = []
-    offsets, pos = gather_positives(q, qcode, classes, each_pass, exclude_ids, max_block, seen)
     want_cnt = bool(want_ap or map_k)
-    cnt = np.zeros(offsets[-1] + len(q) if want_cnt else 0, np.int64)
-    neg_ge, neg_gt = np.zeros(len(q), np.int64), np.zeros(len(q), np.int64)
-    for gcode, rows, sims in _pass(q, classes, each_pass, exclude_ids, max_block, None, seen):
-        with torch_threads_kept():
-            count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt)
+    with one_blas_thread():
+        offsets, pos = gather_positives(q, qcode, classes, each_pass, exclude_ids, max_block, seen)
+        cnt = np.zeros(offsets[-1] + len(q) if want_cnt else 0, np.int64)
+        neg_ge, neg_gt = np.zeros(len(q), np.int64), np.zeros(len(q), np.int64)
+        for gcode, rows, sims in _pass(q, classes, each_pass, exclude_ids, max_block, None, seen):
+            with torch_threads_kept():
+                count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt)
     if seen[1] != seen[0]:
         raise ValueError(f"the shards changed between the two passes ({seen[0]} then {seen[1]} items); "
                          "they must yield the same gallery each time")

@@ -27,7 +27,7 @@ import numba
 import numpy as np
 
 from engine.core.norms import unit_rows_np
-from engine.metrics.device import torch_threads_kept
+from engine.metrics.device import one_blas_thread, torch_threads_kept
 from engine.metrics.retrieval import unit_tensor_rows
 
 if TYPE_CHECKING:
@@ -219,8 +219,9 @@ def stream_topk(queries: np.ndarray, blocks: Iterable[tuple[np.ndarray, np.ndarr
         if backend == "faiss":
             parts.append(_faiss_block_topk(q, g, kk))
         else:
-            top = _numpy_block_topk if backend == "numpy" else _block_topk
-            parts.extend(top(tile, kk) for tile in _tiles(q, g, max(1, max_tile // len(g))))
+            with one_blas_thread(backend == "numpy"):
+                top = _numpy_block_topk if backend == "numpy" else _block_topk
+                parts.extend(top(tile, kk) for tile in _tiles(q, g, max(1, max_tile // len(g))))
         b_scores = np.concatenate([p[0] for p in parts])
         b_cols = np.concatenate([p[1] for p in parts])
         b_beyond = np.concatenate([p[2] for p in parts])
