@@ -120,6 +120,18 @@ def run(variant: str, args: dict) -> dict:
     return res
 
 
+def two_variants(args: dict, first: tuple[str, str], second: tuple[str, str], why: str) -> None:
+    """Time two variants of ours (each in its own process) on Recall@1 + mAP and print their ratio and largest gap."""
+    (v1, name1), (v2, name2) = first, second
+    r1, r2 = run(v1, args), run(v2, args)
+    diff_r1 = np.abs(np.subtract(r1["r1"], r2["r1"])).max()
+    diff_map = np.abs(np.subtract(r1["map"], r2["map"])).max()
+    print(f"T={args['T']} models, {args['n']} queries x {args['n']} gallery x {args['d']}-d, Recall@1 + mAP: {name1} "
+          f"{r1['seconds']:.2f} s (peak RSS {r1['peak_mb']:.0f} MB), {name2} {r2['seconds']:.2f} s (peak RSS "
+          f"{r2['peak_mb']:.0f} MB), {name1} / {name2} {r1['seconds'] / r2['seconds']:.2f}x; largest cell difference "
+          f"Recall@1 {diff_r1:.2e}, mAP {diff_map:.2e} ({why})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--T", type=int, default=10)
@@ -139,21 +151,11 @@ def main() -> None:
               f"+{r['peak_mb'] - r['before_mb']:.0f} MB during the cell (the whole float32 similarity matrix would be {full:.1f} GiB)")
         return
     if a.torch_cpu:
-        on_numpy, on_torch = run("ours-cpu", args), run("ours-torch-cpu", args)
-        diff_r1 = np.abs(np.subtract(on_numpy["r1"], on_torch["r1"])).max()
-        diff_map = np.abs(np.subtract(on_numpy["map"], on_torch["map"])).max()
-        print(f"T={a.T} models, {a.n} queries x {a.n} gallery x {a.d}-d, Recall@1 + mAP on the CPU: numpy backend "
-              f"{on_numpy['seconds']:.2f} s (peak RSS {on_numpy['peak_mb']:.0f} MB), torch backend {on_torch['seconds']:.2f} s "
-              f"(peak RSS {on_torch['peak_mb']:.0f} MB), torch / numpy {on_torch['seconds'] / on_numpy['seconds']:.2f}x; "
-              f"largest cell difference Recall@1 {diff_r1:.2e}, mAP {diff_map:.2e} (the two BLAS libraries' summation orders)")
+        two_variants(args, ("ours-torch-cpu", "torch backend"), ("ours-cpu", "numpy backend"),
+                     "the two BLAS libraries' summation orders")
         return
     if a.cuda:
-        cpu, gpu = run("ours-cpu", args), run("ours-cuda", args)
-        diff_r1 = np.abs(np.subtract(cpu["r1"], gpu["r1"])).max()
-        diff_map = np.abs(np.subtract(cpu["map"], gpu["map"])).max()
-        print(f"T={a.T} models, {a.n} queries x {a.n} gallery x {a.d}-d, Recall@1 + mAP: CPU {cpu['seconds']:.2f} s, "
-              f"CUDA {gpu['seconds']:.2f} s ({cpu['seconds'] / gpu['seconds']:.1f}x); largest cell difference "
-              f"Recall@1 {diff_r1:.2e}, mAP {diff_map:.2e} (float rounding of the two devices' matrix products)")
+        two_variants(args, ("ours-cpu", "CPU"), ("ours-cuda", "CUDA"), "float rounding of the two devices' matrix products")
         return
     results = {v: run(v, args) for v in ("ours", "numpy", "ours-R1", "faiss")}
     same_r1 = np.allclose(results["ours"]["r1"], results["numpy"]["r1"]) and np.allclose(results["ours-R1"]["r1"], results["faiss"]["r1"])
