@@ -5,7 +5,8 @@ their similarity blocks from one matrix product per block and read them with the
 product is numpy's (BLAS) and nothing loads torch, so a check from stored vectors starts like a command-line tool;
 with a torch device (CUDA, or the CPU when asked for) the arrays are tensors there. "auto" never loads a GPU library
 to find out whether there is a GPU: a process that has already loaded torch and sees CUDA computes there (the worker,
-a training run), any other computes on the CPU with numpy, which is as fast there (``bench/bench_check_start.py``).
+a training run), any other computes on the CPU with numpy, as fast there or faster (``bench/bench_metrics.py --torch-cpu``; README,
+Benchmarks), and starts without torch's import (``bench/bench_check_start.py``).
 The two CPU products differ in summation order only (numpy's OpenBLAS, torch's MKL): similarities agree to a few
 float32 ulps, so a metric can move only where two scores of one query are that close.
 
@@ -27,6 +28,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     import torch
+
 
 def auto_device() -> torch.device | None:
     """CUDA when torch is already loaded and sees a GPU; otherwise None (numpy on the CPU). Loads nothing."""
