@@ -11,6 +11,7 @@ Each variant runs in its own process so that its peak memory (max RSS) is its ow
     python bench/bench_metrics.py --n 2000   # quick run
     python bench/bench_metrics.py --one-cell 50000   # memory check: one 50,000 x 50,000 cell only
     python bench/bench_metrics.py --cuda     # ours on the GPU (torch backend on CUDA) against ours on the CPU
+    python bench/bench_metrics.py --torch-cpu   # ours on the CPU: the numpy backend (the default) against torch's
 """
 from __future__ import annotations
 
@@ -69,9 +70,11 @@ def _run(variant: str, args: dict, out: mp.Queue) -> None:
     backend = None
     if variant.startswith("ours"):  # load the compiled kernel (cached on disk) or start CUDA before timing
         from engine.metrics.retrieval import retrieval_metrics
-        from engine.metrics.search import TorchBackend
+        from engine.metrics.search import NumpyBackend, TorchBackend
 
-        backend = {"ours-cpu": TorchBackend("cpu"), "ours-cuda": TorchBackend("cuda")}.get(variant)
+        make = {"ours-cpu": NumpyBackend, "ours-torch-cpu": lambda: TorchBackend("cpu"),
+                "ours-cuda": lambda: TorchBackend("cuda")}.get(variant)
+        backend = make() if make else None  # only the torch variants load torch
         retrieval_metrics(sets[0]["query_features"][:50], sets[0]["query_labels"][:50], sets[0]["gallery_features"][:50],
                           sets[0]["gallery_labels"][:50], backend=backend)
     t0 = time.perf_counter()
@@ -117,6 +120,18 @@ def run(variant: str, args: dict) -> dict:
     return res
 
 
+def two_variants(args: dict, first: tuple[str, str], second: tuple[str, str], why: str) -> None:
+    """Time two variants of ours (each in its own process) on Recall@1 + mAP and print their ratio and largest gap."""
+    (v1, name1), (v2, name2) = first, second
+    r1, r2 = run(v1, args), run(v2, args)
+    diff_r1 = np.abs(np.subtract(r1["r1"], r2["r1"])).max()
+    diff_map = np.abs(np.subtract(r1["map"], r2["map"])).max()
+    print(f"T={args['T']} models, {args['n']} queries x {args['n']} gallery x {args['d']}-d, Recall@1 + mAP: {name1} "
+          f"{r1['seconds']:.2f} s (peak RSS {r1['peak_mb']:.0f} MB), {name2} {r2['seconds']:.2f} s (peak RSS "
+          f"{r2['peak_mb']:.0f} MB), {name1} / {name2} {r1['seconds'] / r2['seconds']:.2f}x; largest cell difference "
+          f"Recall@1 {diff_r1:.2e}, mAP {diff_map:.2e} ({why})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--T", type=int, default=10)
@@ -126,6 +141,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--one-cell", type=int, metavar="N", help="only time one N x N cell and report its memory")
     ap.add_argument("--cuda", action="store_true", help="compare the torch backend on CUDA with ours on the CPU")
+    ap.add_argument("--torch-cpu", action="store_true", help="compare the numpy backend with the torch one on the CPU")
     a = ap.parse_args()
     args = dict(T=a.T, n=a.n, d=a.d, classes=a.classes, one_cell=a.one_cell)
     if a.one_cell:
@@ -134,13 +150,12 @@ def main() -> None:
         print(f"one {a.one_cell} x {a.one_cell} x {a.d} cell, Recall@1 + mAP: {r['seconds']:.1f} s; peak RSS {r['peak_mb']:.0f} MB, "
               f"+{r['peak_mb'] - r['before_mb']:.0f} MB during the cell (the whole float32 similarity matrix would be {full:.1f} GiB)")
         return
+    if a.torch_cpu:
+        two_variants(args, ("ours-torch-cpu", "torch backend"), ("ours-cpu", "numpy backend"),
+                     "the two BLAS libraries' summation orders")
+        return
     if a.cuda:
-        cpu, gpu = run("ours-cpu", args), run("ours-cuda", args)
-        diff_r1 = np.abs(np.subtract(cpu["r1"], gpu["r1"])).max()
-        diff_map = np.abs(np.subtract(cpu["map"], gpu["map"])).max()
-        print(f"T={a.T} models, {a.n} queries x {a.n} gallery x {a.d}-d, Recall@1 + mAP: CPU {cpu['seconds']:.2f} s, "
-              f"CUDA {gpu['seconds']:.2f} s ({cpu['seconds'] / gpu['seconds']:.1f}x); largest cell difference "
-              f"Recall@1 {diff_r1:.2e}, mAP {diff_map:.2e} (float rounding of the two devices' matrix products)")
+        two_variants(args, ("ours-cpu", "CPU"), ("ours-cuda", "CUDA"), "float rounding of the two devices' matrix products")
         return
     results = {v: run(v, args) for v in ("ours", "numpy", "ours-R1", "faiss")}
     same_r1 = np.allclose(results["ours"]["r1"], results["numpy"]["r1"]) and np.allclose(results["ours-R1"]["r1"], results["faiss"]["r1"])

@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--resamples", type=int, default=1000)
     ap.add_argument("--baseline-queries", type=int, default=500)
     ap.add_argument("--dtype", choices=("float16", "float32"), default="float16")
-    ap.add_argument("--backend", choices=("torch", "faiss"), default="torch")
+    ap.add_argument("--backend", choices=("numpy", "torch", "faiss"), default="numpy")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--folder", type=Path, default=None, help="where the .npy files go (default: a temporary folder)")
     ap.add_argument("--backfill-depth", type=int, default=0, metavar="D",

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.adapters import AdapterPair, AffineAdapter, OrthogonalAdapter, fit_adapters
+from engine.adapters.fit import fit_adapters
+from engine.adapters.modules import AffineAdapter, OrthogonalAdapter
+from engine.adapters.pair import AdapterPair
 
 
 def clustered(n_classes=12, per_class=20, dim=8, seed=0):

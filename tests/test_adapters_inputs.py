@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.adapters import fit_adapters
+from engine.adapters.fit import fit_adapters
 
 rng = np.random.default_rng(0)
 OLD = rng.normal(size=(12, 4)).astype(np.float32)

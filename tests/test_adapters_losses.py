@@ -4,14 +4,8 @@ import math
 import pytest
 import torch
 
-from engine.adapters import (
-    AffineAdapter,
-    OrthogonalAdapter,
-    lambda_orthogonality,
-    orthogonality_deviation,
-    squared_error,
-    supervised_contrastive_loss,
-)
+from engine.adapters.losses import lambda_orthogonality, orthogonality_deviation, squared_error, supervised_contrastive_loss
+from engine.adapters.modules import AffineAdapter, OrthogonalAdapter
 
 
 def sigmoid(x: float) -> float:

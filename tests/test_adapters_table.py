@@ -6,14 +6,9 @@ import pytest
 import torch
 from scipy.linalg import expm
 
-from engine.adapters import (
-    COMBINATION_ROWS,
-    EXTRA_ROWS,
-    AdapterPair,
-    AffineAdapter,
-    OrthogonalAdapter,
-    combination_table,
-)
+from engine.adapters.modules import AffineAdapter, OrthogonalAdapter
+from engine.adapters.pair import AdapterPair
+from engine.adapters.table import COMBINATION_ROWS, EXTRA_ROWS, combination_table
 
 rng = np.random.default_rng(0)
 LABELS = np.repeat(np.arange(5), 6)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from engine.adapters import orthogonality_deviation
+from engine.adapters.losses import orthogonality_deviation
 from engine.learn.alignment import (
     distance_distortion,
     fit_maps,

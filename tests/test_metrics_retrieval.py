@@ -179,23 +179,63 @@ def test_counting_kernel_without_ap_matches_brute_force_with_ties_and_exclusions
     assert np.isnan(fast.ap).all() and np.isnan(on_torch.ap).all()
 
 
-def test_auto_backend_is_torch_on_a_cpu_machine():
-    from engine.metrics.search import TorchBackend, pick_backend
+def test_auto_backend_is_numpy_unless_a_loaded_torch_sees_a_gpu(monkeypatch):
+    import torch
 
-    assert isinstance(pick_backend(None, need_ranking=False), TorchBackend)
-    assert isinstance(pick_backend("auto", need_ranking=True), TorchBackend)
-    assert pick_backend("faiss", need_ranking=False).name == "faiss"
+    from engine.metrics import search
+
+    monkeypatch.setattr(search, "_faiss_gpus", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for need_ranking in (False, True):
+        assert isinstance(search.pick_backend(None, need_ranking=need_ranking), search.NumpyBackend)
+    assert isinstance(search.pick_backend("torch", need_ranking=True), search.TorchBackend)
+    assert search.pick_backend("faiss", need_ranking=False).name == "faiss"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # torch is loaded here: it would search on its GPU
+    picked = search.pick_backend("auto", need_ranking=True)
+    assert isinstance(picked, search.TorchBackend) and picked.device.type == "cuda"
+
+
+def _four_signs(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    """Rows with four entries +-1, the rest 0: norm 2 exactly, so unit rows and their dot products are exact in float32
+    whatever order a library sums in (many exact ties)."""
+    x = np.zeros((n, d), np.float32)
+    for row in x:
+        row[rng.choice(d, 4, replace=False)] = rng.choice([-1.0, 1.0], 4)
+    return x
+
+
+@pytest.mark.parametrize("same_set", [False, True])
+def test_numpy_and_torch_backends_give_the_same_statistics(same_set):
+    """Exact similarities: the two backends' statistics agree exactly, ties included; on random features, where the two
+    BLAS libraries' summation orders differ by float32 ulps, every metric agrees to 1e-12 (no score pair that close)."""
+    from engine.metrics.retrieval import cell_stats
+
+    rng = np.random.default_rng(11)
+    g, gl = _four_signs(rng, 120, 8), rng.integers(0, 6, 120)
+    q, ql = (g, gl) if same_set else (_four_signs(rng, 90, 8), rng.integers(0, 7, 90))
+    kw = dict(same_set=same_set, map_k=5)
+    on_numpy, on_torch = cell_stats(q, ql, g, gl, backend="numpy", **kw), cell_stats(q, ql, g, gl, backend="torch", **kw)
+    for f in ("n_positives", "neg_ge_best", "neg_gt_best", "ap", "ap_at_k"):
+        np.testing.assert_array_equal(getattr(on_numpy, f), getattr(on_torch, f))
+    qr, gr = rng.normal(size=(200, 32)).astype(np.float32), rng.normal(size=(300, 32)).astype(np.float32)
+    qrl, grl = rng.integers(0, 9, 200), rng.integers(0, 9, 300)
+    for kind in ("instance", "template"):
+        mk = dict(ks=(1, 5), map_at=10, gallery_kind=kind)
+        a, b = retrieval_metrics(qr, qrl, gr, grl, backend="numpy", **mk), retrieval_metrics(qr, qrl, gr, grl, backend="torch", **mk)
+        assert a.keys() == b.keys() and all(a[key] == pytest.approx(b[key], abs=1e-12) for key in a)
 
 
 @pytest.mark.parametrize("gallery_kind", ["instance", "template"])
 @pytest.mark.parametrize("same_set", [False, True])
-def test_faiss_and_torch_backends_give_identical_results(gallery_kind, same_set):
+def test_faiss_and_exact_backends_give_identical_results(gallery_kind, same_set):
     rng = np.random.default_rng(5)
     g = rng.normal(size=(300, 12)).astype(np.float32)
     gl = rng.integers(0, 8, 300)
     q, ql = (g, gl) if same_set else (rng.normal(size=(200, 12)).astype(np.float32), rng.integers(0, 9, 200))
     kw = dict(ks=(1, 3, 10), gallery_kind=gallery_kind, same_set=same_set, compute_map=False)
-    assert retrieval_metrics(q, ql, g, gl, backend="faiss", **kw) == retrieval_metrics(q, ql, g, gl, backend="torch", **kw)
+    faiss = retrieval_metrics(q, ql, g, gl, backend="faiss", **kw)
+    assert faiss == retrieval_metrics(q, ql, g, gl, backend="numpy", **kw)
+    assert faiss == retrieval_metrics(q, ql, g, gl, backend="torch", **kw)
 
 
 def test_faiss_backend_resolves_boundary_ties_exactly():

@@ -30,7 +30,7 @@ def numpy_topk(q: np.ndarray, g: np.ndarray, k: int) -> tuple[np.ndarray, np.nda
     return order, scores, beyond
 
 
-@pytest.mark.parametrize("backend", ["torch", "faiss"])
+@pytest.mark.parametrize("backend", ["numpy", "torch", "faiss"])
 @pytest.mark.parametrize("block, tile", [(1000, 1 << 20), (37, 50), (7, 1), (4, 3)])  # (4, 3): blocks smaller than k
 def test_streaming_topk_equals_a_full_stable_argsort_ties_included(backend, block, tile):
     if backend == "faiss":
@@ -45,6 +45,20 @@ def test_streaming_topk_equals_a_full_stable_argsort_ties_included(backend, bloc
     np.testing.assert_array_equal(top.scores, scores)
     np.testing.assert_array_equal(top.tied_beyond, beyond)
     assert top.n_gallery == 300
+
+
+def test_streaming_topk_keeps_the_stable_order_when_every_item_enters_the_list():
+    """Gallery items in ascending similarity to the query (each one enters the running list at its head) and a list as
+    long as the block: the compiled pass still gives the stable argsort, ties at the cut included."""
+    q = np.array([[1.0, 0.0]], np.float32)
+    angles = np.repeat(np.linspace(np.pi / 2, 0, 20), 3)  # 20 scores, each three times, ascending
+    g = np.stack([np.cos(angles), np.sin(angles)], 1).astype(np.float32)
+    for k in (1, 4, 59, 60, 80):
+        top = stream_topk(q, array_blocks(np.arange(60), g, 64), k=k)
+        order, scores, beyond = numpy_topk(q, g, min(k, 60))
+        np.testing.assert_array_equal(top.ids, order)
+        np.testing.assert_array_equal(top.scores, scores)
+        np.testing.assert_array_equal(top.tied_beyond, beyond)
 
 
 def test_streaming_topk_reads_float16_blocks_and_refuses_bad_blocks():

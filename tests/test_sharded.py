@@ -103,7 +103,7 @@ def test_memory_is_bounded_by_the_shard(monkeypatch):
     real = sharded._similarities
 
     def spy(qb, gb, out):
-        seen.append((qb.shape[0], gb.shape[0], out.numel()))
+        seen.append((qb.shape[0], gb.shape[0], out.size))
         return real(qb, gb, out)
 
     def shards():  # reads one shard at a time, as from disk; records how many it has handed out unread

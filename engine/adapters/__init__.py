@@ -1,32 +1,9 @@
-"""Mapping adapters trained on stored (frozen) features: paper 004's B_perp, B_lambda, F and the FCT baseline.
+"""Mapping adapters between two models' embeddings; the package imports nothing, callers import the module they need.
 
-``fit_adapters`` trains them from old/new feature arrays of the same samples, ``AdapterPair``
-applies, saves and describes them, ``combination_table`` evaluates the paper's query/gallery rows.
+Paper 004's adapters trained on stored (frozen) features (torch): ``fit.fit_adapters`` trains B_perp, B_lambda, F and the
+FCT baseline from old/new feature arrays of the same samples, ``pair.AdapterPair`` applies, saves and describes them,
+``modules`` holds the networks, ``losses`` their losses, ``table.combination_table`` evaluates the paper's
+query/gallery rows. Post-hoc maps new -> old fitted on paired embeddings from any source (numpy; a check's plan fits
+them without loading torch): ``posthoc`` the kinds, ``artifact`` the exported folder, ``onnx_graph`` its ONNX graph,
+``recovery`` the curve vs N, ``batch_apply`` a file mapped block by block.
 """
-from engine.adapters.fit import MIN_PER_CLASS, fit_adapters
-from engine.adapters.losses import (
-    lambda_orthogonality,
-    orthogonality_deviation,
-    squared_error,
-    supervised_contrastive_loss,
-)
-from engine.adapters.modules import AffineAdapter, OrthogonalAdapter
-from engine.adapters.pair import DIM_MISMATCH, KINDS, AdapterPair
-from engine.adapters.table import COMBINATION_ROWS, EXTRA_ROWS, combination_table
-
-__all__ = [
-    "COMBINATION_ROWS",
-    "DIM_MISMATCH",
-    "EXTRA_ROWS",
-    "KINDS",
-    "MIN_PER_CLASS",
-    "AdapterPair",
-    "AffineAdapter",
-    "OrthogonalAdapter",
-    "combination_table",
-    "fit_adapters",
-    "lambda_orthogonality",
-    "orthogonality_deviation",
-    "squared_error",
-    "supervised_contrastive_loss",
-]

@@ -1,15 +1,24 @@
 """Input checks shared by training and evaluation: one-line ``ValueError``s a person can act on."""
 from __future__ import annotations
 
-from typing import Sequence
+import sys
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _numpy(x: np.ndarray | torch.Tensor | Sequence) -> np.ndarray:
+    """``x`` as a numpy array (a tensor detached and moved to the CPU; without torch loaded, ``x`` is no tensor)."""
+    torch = sys.modules.get("torch")
+    return x.detach().cpu().numpy() if torch is not None and isinstance(x, torch.Tensor) else np.asarray(x)
 
 
 def as_features(features: np.ndarray | torch.Tensor, what: str) -> np.ndarray:
     """``features`` as a finite float32 (N, d) array; raises on non-2-D, empty, non-numeric, NaN or inf."""
-    array = features.detach().cpu().numpy() if isinstance(features, torch.Tensor) else np.asarray(features)
+    array = _numpy(features)
     if array.ndim != 2:
         raise ValueError(f"{what} must be a 2-D array (samples x dimensions), got {array.ndim}-D shape {array.shape}")
     if array.shape[0] == 0 or array.shape[1] == 0:
@@ -28,7 +37,7 @@ def as_features(features: np.ndarray | torch.Tensor, what: str) -> np.ndarray:
 
 def as_labels(labels: np.ndarray | torch.Tensor | Sequence, n_rows: int, what: str) -> np.ndarray:
     """``labels`` as a 1-D array with one entry per feature row (any comparable values; NaN refused)."""
-    array = labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    array = _numpy(labels)
     if array.ndim != 1:
         raise ValueError(f"{what} must be 1-D (one label per sample), got shape {array.shape}")
     if array.shape[0] != n_rows:

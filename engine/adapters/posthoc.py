@@ -32,12 +32,12 @@ Kinds (:data:`POSTHOC`; each with a frozen options class, unknown options refuse
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sklearn.cluster import KMeans  # at import, so that no fit's time includes loading scikit-learn
 
 from engine.adapters.inputs import as_features, check_same_rows
 
@@ -203,6 +203,8 @@ def _fit_affine(new: np.ndarray, old: np.ndarray, opts: AffineOptions) -> dict[s
 def _fit_cluster(new: np.ndarray, old: np.ndarray, opts: ClusterOptions) -> dict[str, np.ndarray]:
     if opts.clusters > len(new):
         raise ValueError(f"cluster option clusters={opts.clusters} is more than the {len(new)} pairs to fit on")
+    from sklearn.cluster import KMeans  # loaded by kind_of("cluster") before any fit is timed
+
     route = procrustes_weight(new, old)
     km = KMeans(n_clusters=opts.clusters, n_init=3, random_state=opts.seed).fit(old)
     centroids = _unit64(km.cluster_centers_)
@@ -214,7 +216,7 @@ def _fit_cluster(new: np.ndarray, old: np.ndarray, opts: ClusterOptions) -> dict
 
 
 def _fit_mlp(new: np.ndarray, old: np.ndarray, opts: MlpOptions) -> dict[str, np.ndarray]:
-    import torch
+    import torch  # loaded by kind_of("mlp") before any fit is timed
 
     base = procrustes_weight(new, old)
     g = torch.Generator().manual_seed(opts.seed)
@@ -293,27 +295,33 @@ def _shapes_mlp(dn: int, do: int, opts: MlpOptions) -> dict[str, tuple[int, ...]
 
 @dataclass(frozen=True)
 class Kind:
-    """One post-hoc map kind: its options class, its fit (float64 pairs -> tensors), its apply and tensor shapes."""
+    """One post-hoc map kind: its options class, its fit (float64 pairs -> tensors), its apply and tensor shapes, and
+    the libraries its fit loads beyond numpy."""
 
     options: type
     fit: Callable[[np.ndarray, np.ndarray, Any], dict[str, np.ndarray]]
     apply: Callable[[np.ndarray, Mapping[str, np.ndarray], Any], np.ndarray]
     shapes: Callable[[int, int, Any], dict[str, tuple[int, ...]]]
     min_pairs: int
+    needs: tuple[str, ...] = ()
 
 
 POSTHOC: dict[str, Kind] = {
     "procrustes": Kind(ProcrustesOptions, _fit_procrustes, _apply_procrustes, _shapes_procrustes, 2),
     "affine": Kind(AffineOptions, _fit_affine, _apply_affine, _shapes_affine, 2),
-    "cluster": Kind(ClusterOptions, _fit_cluster, _apply_cluster, _shapes_cluster, 2),
-    "mlp": Kind(MlpOptions, _fit_mlp, _apply_mlp, _shapes_mlp, 2),
+    "cluster": Kind(ClusterOptions, _fit_cluster, _apply_cluster, _shapes_cluster, 2, needs=("sklearn.cluster",)),
+    "mlp": Kind(MlpOptions, _fit_mlp, _apply_mlp, _shapes_mlp, 2, needs=("torch",)),
 }
 
 
 def kind_of(kind: str) -> Kind:
-    """The registry entry of ``kind``; one line naming the kinds when unknown."""
+    """The registry entry of ``kind``, the libraries its fit needs loaded (scikit-learn for cluster, torch for mlp: a
+    check of the kinds comes before the work, so no fit's time includes loading them); one line naming the kinds
+    when unknown."""
     if kind not in POSTHOC:
         raise ValueError(f"unknown adapter kind {kind!r}; use one of {', '.join(POSTHOC)}")
+    for module in POSTHOC[kind].needs:
+        importlib.import_module(module)
     return POSTHOC[kind]
 
 

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from sqlalchemy import Engine
 
-from engine.adapters import combination_table, fit_adapters
+from engine.adapters.fit import fit_adapters
+from engine.adapters.table import combination_table
 from engine.metrics.backfill import backfill_curves, curve_area, fraction_to_reach
 from engine.metrics.backfill_orders import backfill_order
 from engine.core.contract import DEFAULT_ORDERINGS, adapter_key
@@ -36,7 +37,7 @@ class AdapterJob:
     kind: str = "perp"  # perp (B_perp + F) | lambda (B_lambda + F) | fct (F only)
     view: str = "encoder"
     same_set: bool = True  # query set = gallery set (leave-one-out), as the closed-set protocol
-    fit: dict = field(default_factory=lambda: dict(SMALL_DATA_FIT))  # keyword arguments of engine.adapters.fit_adapters
+    fit: dict = field(default_factory=lambda: dict(SMALL_DATA_FIT))  # keyword arguments of engine.adapters.fit.fit_adapters
     orderings: tuple[str, ...] = DEFAULT_ORDERINGS
 
     @property

@@ -24,10 +24,11 @@ import numpy as np
 from sqlalchemy import Engine
 
 from engine.core.cell import CellRecipe
+from engine.metrics.device import one_blas_thread
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import RankTies, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
-from engine.metrics.sharded import CPU, Shard, ap_kernel, checked_shard, count_kernel, gather_positives, group_by_query, \
+from engine.metrics.sharded import Shard, ap_kernel, checked_shard, count_kernel, gather_positives, group_by_query, \
     label_codes, shard_blocks
 from storage import Task, feature_set_rows, session_scope
 from storage.feature_sets import feature_set_size
@@ -158,7 +159,7 @@ def _query_block(db: Engine, cell: CellSpec, block: list[int]):
     """Unit query rows, their labels, codes among the block's classes, row ids and exclusion ids of one query block."""
     feats, labels, ids = _rows(db, cell, "query", *block)
     classes = np.unique(labels)
-    return unit_rows(feats, CPU), labels, classes, label_codes(classes, labels), ids, ids if cell.same_set else None
+    return unit_rows(feats), labels, classes, label_codes(classes, labels), ids, ids if cell.same_set else None
 
 
 def _merged_positives(db: Engine, pass1_ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -183,7 +184,8 @@ def search_task(db: Engine, task: Task) -> tuple[dict[str, Any] | None, dict[str
     if task.payload["pass"] == 1:
         if shard is None or not len(q):  # nothing of the cell's classes in this block or shard
             return None, {"offsets": np.zeros(len(q) + 1, np.int64), "pos": np.zeros(0, np.float32), "ids": qids}
-        offsets, pos = gather_positives(q, qcode, classes, lambda: enumerate([shard]), exclude, DEFAULT_BLOCK, [])
+        with one_blas_thread():
+            offsets, pos = gather_positives(q, qcode, classes, lambda: enumerate([shard]), exclude, DEFAULT_BLOCK, [])
         return None, {"offsets": offsets, "pos": pos, "ids": qids}
     offsets, pos, _ = _merged_positives(db, task.upstream)
     want_cnt = _wants_counts(spec)
@@ -191,8 +193,9 @@ def search_task(db: Engine, task: Task) -> tuple[dict[str, Any] | None, dict[str
     neg_ge, neg_gt = np.zeros(len(q), np.int64), np.zeros(len(q), np.int64)
     if shard is not None and len(q):
         gcode = label_codes(classes, shard.labels)
-        for rows, sims in shard_blocks(q, shard, exclude, DEFAULT_BLOCK, None):
-            count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt)
+        with one_blas_thread():
+            for rows, sims in shard_blocks(q, shard, exclude, DEFAULT_BLOCK, None):
+                count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt)
     return None, {"cnt": cnt, "neg_ge": neg_ge, "neg_gt": neg_gt}
 
 

@@ -1,7 +1,7 @@
 """Orthogonal vs affine vs lambda-orthogonal alignment of a 2-D source space onto a target (paper 004, Figs. 2-3).
 
 The source plays the new model's features, the target the old model's, for the same images; the
-backward map B is fitted with ``engine.adapters.fit_adapters`` alone (no forward adapter, loss L_B
+backward map B is fitted with ``engine.adapters.fit.fit_adapters`` alone (no forward adapter, loss L_B
 = ||B(source) - target||^2, Eq. 2):
 
 * ``orthogonal``: B_perp = expm(skew), a rotation (Sec. 3.2); no bias;
@@ -21,7 +21,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from engine.adapters import fit_adapters, lambda_orthogonality
+from engine.adapters.fit import fit_adapters
+from engine.adapters.losses import lambda_orthogonality
 from engine.learn.runtime import one_thread
 
 MAPS = ("orthogonal", "affine", "lambda-orthogonal")

@@ -20,8 +20,9 @@ Choices:
   and end at 1 (:func:`curve_area`). Values are fractions in [0, 1], like every metric here.
 * Endpoints: beta = 0 is the cross-test (new queries, old gallery) and beta = 1 the new model's
   self-test. Both equal ``retrieval_metrics`` on the pure galleries bit for bit, because the similarity
-  blocks come from the torch backend's own ``similarity_blocks``: same normalisation, same row blocks
-  (``max_block``), same exclusion by index.
+  blocks come from the search backends' own ``similarity_blocks`` on the same device
+  (:func:`engine.metrics.device.auto_device`): same normalisation, same row blocks (``max_block``), same
+  exclusion by index.
 
 Evaluation is incremental (:mod:`engine.metrics.backfill_kernels`: on CPU every fraction from one pass per block, AP
 included); the orderings live in
@@ -34,7 +35,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.metrics.backfill_kernels import all_fraction_stats, mixed_stats, recall1_stats, segment_of_columns
-from engine.models.device import pick_device
+from engine.metrics.device import auto_device, one_blas_thread
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import RankTies, unit_rows, metrics_from_stats, parse_metric, prepare_gallery
 from engine.metrics.search import DEFAULT_BLOCK, similarity_blocks
@@ -92,7 +93,7 @@ def backfill_curves(
     metrics: Sequence[str] = ("recall@1", "map"),
     same_set: bool = False,
     ties: RankTies = "pessimistic",
-    max_block: int = DEFAULT_BLOCK,  # the torch backend's default: same blocks, so the endpoints match it bit for bit
+    max_block: int = DEFAULT_BLOCK,  # the search backends' default: same blocks, so the endpoints match it bit for bit
 ) -> dict[str, np.ndarray | int]:
     """Backfilling curves of several metrics from one pass over the queries.
 
@@ -128,7 +129,7 @@ def mixed_gallery_curves(
     fractions = _check_fractions(fractions)
     metrics, parsed, ks, map_k, want_ap = parse_curve_metrics(metrics, ties)
 
-    device = pick_device("auto")
+    device = auto_device()
     query_labels = np.asarray(query_labels)
     old_g = prepare_gallery(old_gallery, gallery_labels, device=device)
     new_g = prepare_gallery(new_gallery, gallery_labels, device=device)  # same labels -> same column order
@@ -139,7 +140,7 @@ def mixed_gallery_curves(
     counts = backfill_counts(fractions, n_old)
     cols = old_g.position[order]  # gallery column of each item, in backfilling order
     recall1_only = all(p == ("recall", 1) for p in parsed)
-    segment = segment_of_columns(cols, counts) if recall1_only or device.type == "cpu" else None
+    segment = segment_of_columns(cols, counts) if recall1_only or device is None or device.type == "cpu" else None
     n_pos = ends - starts
     if exclude is not None:
         n_pos = n_pos - ((exclude >= starts) & (exclude < ends))
@@ -147,15 +148,17 @@ def mixed_gallery_curves(
     parts: list[list[QueryStats]] = [[] for _ in fractions]
     blocks = zip(similarity_blocks(q_old, old_g, starts, ends, exclude, None, max_block),
                  similarity_blocks(q_new, new_g, starts, ends, exclude, None, max_block))
-    for (rows, s_old), (_, s_new) in blocks:
-        if recall1_only:
-            block = recall1_stats(s_old, s_new, starts[rows], ends[rows], segment, len(counts), n_pos[rows].astype(np.int64))
-        elif segment is not None:  # CPU: every fraction from one pass (AP included)
-            block = all_fraction_stats(s_old, s_new, starts[rows], ends[rows], segment, len(counts), map_k=map_k)
-        else:
-            block = mixed_stats(s_old, s_new, starts[rows], ends[rows], cols, counts, map_k=map_k, want_ap=want_ap)
-        for acc, stats in zip(parts, block):
-            acc.append(stats)
+    with one_blas_thread(device is None):
+        for (rows, s_old), (_, s_new) in blocks:
+            if recall1_only:
+                block = recall1_stats(s_old, s_new, starts[rows], ends[rows], segment, len(counts),
+                                      n_pos[rows].astype(np.int64))
+            elif segment is not None:  # CPU: every fraction from one pass (AP included)
+                block = all_fraction_stats(s_old, s_new, starts[rows], ends[rows], segment, len(counts), map_k=map_k)
+            else:
+                block = mixed_stats(s_old, s_new, starts[rows], ends[rows], cols, counts, map_k=map_k, want_ap=want_ap)
+            for acc, stats in zip(parts, block):
+                acc.append(stats)
 
     return curve_output(parts, metrics, parsed, ks, map_k, ties, fractions=fractions, n_backfilled=counts)
 

@@ -12,17 +12,21 @@ not grow with the grid size.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
-import torch
 
+from engine.metrics.device import host, on_cpu, torch_threads_kept
 from engine.metrics.ranking import QueryStats, _ap_from_counts, _bucket, _bucket_table, stats_numba, stats_torch
 
 
-def _stats(sims: torch.Tensor, starts: np.ndarray, ends: np.ndarray, *, map_k: int, want_ap: bool) -> QueryStats:
-    """The ranking statistics of one block, with the kernel the torch backend uses on that device."""
-    if sims.device.type == "cpu":
-        return stats_numba(sims.numpy(), starts, ends, map_k=map_k, want_ap=want_ap)
+def _stats(sims: Any, starts: np.ndarray, ends: np.ndarray, *, map_k: int, want_ap: bool) -> QueryStats:
+    """The ranking statistics of one block (a numpy array or a tensor), with the kernel the search backends use there."""
+    if on_cpu(sims):
+        return stats_numba(host(sims), starts, ends, map_k=map_k, want_ap=want_ap)
+    import torch
+
     return stats_torch(sims, torch.as_tensor(starts), torch.as_tensor(ends), map_k=map_k, want_ap=want_ap)
 
 
@@ -33,17 +37,19 @@ def _copy_columns_kernel(dst, src, cols):  # pragma: no cover - compiled
             dst[r, c] = src[r, c]
 
 
-def copy_columns(dst: torch.Tensor, src: torch.Tensor, cols: np.ndarray) -> None:
+def copy_columns(dst: Any, src: Any, cols: np.ndarray) -> None:
     """``dst[:, cols] = src[:, cols]`` in place (compiled on CPU, where torch's column indexing is slow)."""
     cols = np.sort(cols)  # ascending columns walk each row forwards
-    if dst.device.type == "cpu":
-        _copy_columns_kernel(dst.numpy(), src.numpy(), cols)
+    if on_cpu(dst):
+        _copy_columns_kernel(host(dst), host(src), cols)
     else:
+        import torch
+
         idx = torch.as_tensor(cols, device=dst.device)
         dst.index_copy_(1, idx, src.index_select(1, idx))
 
 
-def mixed_stats(s_old: torch.Tensor, s_new: torch.Tensor, starts: np.ndarray, ends: np.ndarray,
+def mixed_stats(s_old: Any, s_new: Any, starts: np.ndarray, ends: np.ndarray,
                 cols: np.ndarray, counts: np.ndarray, *, map_k: int, want_ap: bool) -> list[QueryStats]:
     """Statistics at every fraction; ``s_old`` becomes the mixed block (new columns copied in, in place)."""
     out, done = [], 0
@@ -85,7 +91,7 @@ def _segment_maxima_kernel(s_old, s_new, segment, starts, ends, n_seg):  # pragm
     return out
 
 
-def segment_maxima(s_old: torch.Tensor, s_new: torch.Tensor, segment: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+def segment_maxima(s_old: Any, s_new: Any, segment: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                    n_seg: int, *, engine: str = "auto") -> np.ndarray:
     """Per query and segment, the best positive and the best negative similarity, old and new (-inf if none).
 
@@ -94,8 +100,11 @@ def segment_maxima(s_old: torch.Tensor, s_new: torch.Tensor, segment: np.ndarray
     """
     if engine not in ("auto", "numba", "torch"):
         raise ValueError(f"unknown engine {engine!r}; use 'auto', 'numba' or 'torch'")
-    if engine == "numba" or (engine == "auto" and s_old.device.type == "cpu"):
-        return _segment_maxima_kernel(s_old.numpy(), s_new.numpy(), segment, starts.astype(np.int64), ends.astype(np.int64), n_seg)
+    if engine == "numba" or (engine == "auto" and on_cpu(s_old)):
+        return _segment_maxima_kernel(host(s_old), host(s_new), segment, starts.astype(np.int64), ends.astype(np.int64), n_seg)
+    import torch
+
+    s_old, s_new = torch.as_tensor(s_old), torch.as_tensor(s_new)
     n, width = s_old.shape
     dev = s_old.device
     cols = torch.arange(width, device=dev)
@@ -106,7 +115,7 @@ def segment_maxima(s_old: torch.Tensor, s_new: torch.Tensor, segment: np.ndarray
     return torch.stack(out).cpu().numpy()
 
 
-def recall1_stats(s_old: torch.Tensor, s_new: torch.Tensor, starts: np.ndarray, ends: np.ndarray,
+def recall1_stats(s_old: Any, s_new: Any, starts: np.ndarray, ends: np.ndarray,
                   segment: np.ndarray, n_fractions: int, n_pos: np.ndarray) -> list[QueryStats]:
     """Recall@1 statistics at every fraction without the ranking kernel (exact).
 
@@ -260,7 +269,7 @@ def _all_fractions_kernel(s_old, s_new, starts, ends, segment, n_fr, map_k):  # 
     return n_pos, neg_ge, neg_gt, ap, ap_k, bad
 
 
-def all_fraction_stats(s_old: torch.Tensor, s_new: torch.Tensor, starts: np.ndarray, ends: np.ndarray,
+def all_fraction_stats(s_old: Any, s_new: Any, starts: np.ndarray, ends: np.ndarray,
                        segment: np.ndarray, n_fractions: int, *, map_k: int) -> list[QueryStats]:
     """Ranking statistics (counts, AP, AP@k) at every fraction from one pass over both CPU blocks (exact).
 
@@ -271,10 +280,9 @@ def all_fraction_stats(s_old: torch.Tensor, s_new: torch.Tensor, starts: np.ndar
     AP bit for bit (:func:`engine.metrics.ranking._ap_from_counts`). Cost: one pass over the block plus
     O(fractions x positives) per query, instead of one ranking pass per fraction.
     """
-    threads = torch.get_num_threads()
-    *out, bad = _all_fractions_kernel(np.ascontiguousarray(s_old.numpy()), np.ascontiguousarray(s_new.numpy()),
-                                      starts.astype(np.int64), ends.astype(np.int64), segment, n_fractions, int(map_k))
-    torch.set_num_threads(threads)
+    with torch_threads_kept():
+        *out, bad = _all_fractions_kernel(np.ascontiguousarray(host(s_old)), np.ascontiguousarray(host(s_new)),
+                                          starts.astype(np.int64), ends.astype(np.int64), segment, n_fractions, int(map_k))
     rows = np.flatnonzero(bad)
     if len(rows):
         raise ValueError(f"similarities have NaN/inf values in {len(rows)} query row(s) (first: row {rows[0]}); "

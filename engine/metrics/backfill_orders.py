@@ -4,8 +4,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import torch
 
+from engine.core.norms import EPS
 from engine.metrics.validate import check_features, check_labels
 
 
@@ -40,16 +40,21 @@ def class_mean_distance(old_gallery: np.ndarray, gallery_labels: np.ndarray, *, 
     """
     check_features("old gallery features", old_gallery)
     check_labels("gallery labels", gallery_labels, np.shape(old_gallery)[0])
-    x = torch.as_tensor(np.asarray(old_gallery), dtype=torch.float64)
+    if kind not in ("mse", "cosine"):
+        raise ValueError(f"unknown distance {kind!r}; use 'mse' or 'cosine'")
+    x = np.asarray(old_gallery, dtype=np.float64)
     _, inverse = np.unique(np.asarray(gallery_labels), return_inverse=True)
-    idx = torch.as_tensor(inverse)
-    sums = torch.zeros(int(inverse.max()) + 1, x.shape[1], dtype=torch.float64).index_add_(0, idx, x)
-    means = (sums / torch.bincount(idx)[:, None])[idx]
-    if kind == "mse":
-        return torch.linalg.vector_norm(x - means, dim=1).numpy()
-    if kind == "cosine":
-        return (1.0 - torch.nn.functional.cosine_similarity(x, means, dim=1, eps=1e-12)).numpy()
-    raise ValueError(f"unknown distance {kind!r}; use 'mse' or 'cosine'")
+    sums = np.zeros((int(inverse.max()) + 1, x.shape[1]))
+    np.add.at(sums, inverse, x)
+    return mean_distances(x, (sums / np.bincount(inverse)[:, None])[inverse])[kind]
+
+
+def mean_distances(x: np.ndarray, means: np.ndarray) -> dict[str, np.ndarray]:
+    """Per row, ``mse`` = ``||x - mu||_2`` and ``cosine`` = ``1 - cos(x, mu)`` in float64, the cosine as torch's
+    ``cosine_similarity`` takes it (each side divided by its norm floored at 1e-12, so a zero vector has cosine 0)."""
+    x, means = np.asarray(x, dtype=np.float64), np.asarray(means, dtype=np.float64)
+    unit = lambda a: a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), EPS)  # noqa: E731
+    return {"mse": np.linalg.norm(x - means, axis=1), "cosine": 1.0 - (unit(x) * unit(means)).sum(1)}
 
 
 def _distance_ordering(kind: str, *, farthest_first: bool) -> Callable[..., np.ndarray]:
@@ -74,7 +79,9 @@ def _confidence_order(*, old_gallery, new_gallery, gallery_labels, new_logits, s
     if logits.shape[1] < 2:
         raise ValueError(f"new_logits needs at least 2 classes to measure confidence, got {logits.shape[1]}")
     _gallery_size(old_gallery=old_gallery, new_gallery=new_gallery, gallery_labels=gallery_labels, new_logits=logits)
-    confidence = torch.softmax(torch.as_tensor(logits, dtype=torch.float64), dim=1).amax(1).numpy()
+    z = np.asarray(logits, dtype=np.float64)
+    e = np.exp(z - z.max(1, keepdims=True))
+    confidence = (e / e.sum(1, keepdims=True)).max(1)
     return np.argsort(confidence, kind="stable").astype(np.int64)
 
 

@@ -28,9 +28,9 @@ Item replacement (one query, a gallery whose items switch from old to new vector
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
-import torch
 
 from engine.metrics.backfill import (
     _check_fractions,
@@ -46,19 +46,21 @@ from engine.metrics.backfill import (
 )
 from engine.metrics.backfill_kernels import _stats, segment_of_columns
 from engine.metrics.backfill_orders import RESIDUAL_BLOCK, backfill_order
+from engine.metrics.device import auto_device, host, on_cpu, one_blas_thread, torch_threads_kept
 from engine.metrics.backfill_rollout_kernels import rank_merge_stats, rescoring_stats, sorted_columns
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import RankTies, prepare_gallery, retrieval_metrics, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK, similarity_blocks
 from engine.metrics.validate import check_features
-from engine.models.device import pick_device
 
 MERGE_RULES = ("score", "rank")
 ROLLOUT_ORDERS = ("random", "adapter_residual")
 
 
-def _greater_counts(vals: torch.Tensor) -> torch.Tensor:
-    """Per row, for each entry, how many entries of the row are strictly greater (``-inf`` entries count as absent)."""
+def _greater_counts(vals: Any) -> Any:
+    """Per row of a tensor, for each entry, how many entries of the row are strictly greater (``-inf`` entries count as absent)."""
+    import torch
+
     ascending = torch.sort(vals, dim=1).values
     return vals.shape[1] - torch.searchsorted(ascending, vals.contiguous(), right=True)
 
@@ -72,14 +74,14 @@ def _check_engine(engine: str) -> None:
 
 
 def _keyed_curves(query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels, *, n_points: int,
-                  keys: Callable[..., torch.Tensor], compiled: Callable[..., tuple[np.ndarray, ...]], engine: str,
+                  keys: Callable[..., Any], compiled: Callable[..., tuple[np.ndarray, ...]], engine: str,
                   metrics, same_set: bool, ties: RankTies, max_block: int):
     """Per grid point, the statistics of a ranking: on CPU (``engine="auto"``) from ``compiled(s_old, s_new, by_old,
     by_new, starts, ends, map_k, ctx)`` (every point at once, rows sorted once per block), else from the ranking
     kernel over the keys ``keys(s_old, s_new, point, ctx)``."""
     n = check_two_spaces(query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels, same_set=same_set)
     metrics, parsed, ks, map_k, want_ap = parse_curve_metrics(metrics, ties)
-    device = pick_device("auto")
+    device = auto_device()
     query_labels = np.asarray(query_labels)
     old_g = prepare_gallery(old_gallery, gallery_labels, device=device)
     new_g = prepare_gallery(new_gallery, gallery_labels, device=device)  # same labels -> same column order
@@ -90,19 +92,23 @@ def _keyed_curves(query_old, query_new, query_labels, old_gallery, new_gallery, 
     blocks = zip(similarity_blocks(q_old, old_g, starts, ends, exclude, None, max_block),
                  similarity_blocks(q_new, new_g, starts, ends, exclude, None, max_block))
     ctx: dict = {"position": old_g.position, "n": n}
-    for (rows, s_old), (_, s_new) in blocks:
-        if engine == "auto" and s_old.device.type == "cpu":
-            so, sn = np.ascontiguousarray(s_old.numpy()), np.ascontiguousarray(s_new.numpy())
-            by_old, by_new = sorted_columns(so, old_g.position), sorted_columns(sn, old_g.position)
-            threads = torch.get_num_threads()  # numba's OpenMP layer can reset torch's thread count
-            n_pos, neg_ge, neg_gt, ap, ap_k = compiled(so, sn, by_old, by_new, starts[rows], ends[rows], map_k, ctx)
-            torch.set_num_threads(threads)
+    with one_blas_thread(device is None):
+        for (rows, s_old), (_, s_new) in blocks:
+            if engine == "auto" and on_cpu(s_old):
+                so, sn = np.ascontiguousarray(host(s_old)), np.ascontiguousarray(host(s_new))
+                by_old, by_new = sorted_columns(so, old_g.position), sorted_columns(sn, old_g.position)
+                with torch_threads_kept():
+                    n_pos, neg_ge, neg_gt, ap, ap_k = compiled(so, sn, by_old, by_new, starts[rows], ends[rows], map_k, ctx)
+                for i in range(n_points):
+                    parts[i].append(QueryStats(n_pos[i], neg_ge[i], neg_gt[i], ap[i], ap_k[i]))
+                continue
+            ctx.pop("old_place", None)  # per-block state of the torch path
+            if isinstance(s_old, np.ndarray):  # the keys are torch's: the same blocks as tensors (no copy)
+                import torch
+
+                s_old, s_new = torch.from_numpy(s_old), torch.from_numpy(s_new)
             for i in range(n_points):
-                parts[i].append(QueryStats(n_pos[i], neg_ge[i], neg_gt[i], ap[i], ap_k[i]))
-            continue
-        ctx.pop("old_place", None)  # per-block state of the torch path
-        for i in range(n_points):
-            parts[i].append(_stats(keys(s_old, s_new, i, ctx), starts[rows], ends[rows], map_k=map_k, want_ap=want_ap))
+                parts[i].append(_stats(keys(s_old, s_new, i, ctx), starts[rows], ends[rows], map_k=map_k, want_ap=want_ap))
     return n, metrics, parsed, ks, map_k, parts
 
 
@@ -127,7 +133,8 @@ def rank_merge_curves(
 
     ``query_old`` searches the old index (``old_gallery``), ``query_new`` the new one (``new_gallery``); the two
     may differ in dimension. Returns the same dict as :func:`engine.metrics.backfill.backfill_curves`. ``engine``
-    (merge by rank): "auto" = compiled kernels on CPU and torch on CUDA, "torch" = torch everywhere.
+    (merge by rank): "auto" = compiled kernels on CPU and torch on CUDA, "torch" = torch keys read by the ranking kernel
+    everywhere (the same similarity blocks).
     """
     if merge not in MERGE_RULES:
         raise ValueError(f"unknown merge rule {merge!r}; use one of {', '.join(MERGE_RULES)}")
@@ -142,6 +149,8 @@ def rank_merge_curves(
     counts = backfill_counts(fractions, n)
 
     def keys(s_old, s_new, i, ctx):
+        import torch
+
         if "segment" not in ctx:
             ctx["segment"] = torch.as_tensor(segment_of_columns(ctx["position"][order], counts), device=s_old.device)
         in_new = ctx["segment"] <= i  # (width,) columns living in the new index at this fraction
@@ -197,6 +206,8 @@ def rescoring_curves(
     grid = grid.astype(np.int64)
 
     def keys(s_old, s_new, i, ctx):
+        import torch
+
         if "old_place" not in ctx:  # place of each column in the old ranking, ties by lower gallery row
             position = torch.as_tensor(ctx["position"], device=s_old.device)  # column of each gallery row
             by_row = s_old[:, position]

@@ -25,10 +25,15 @@ implementations against each other and against scikit-learn.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
-import torch
+
+from engine.metrics.device import torch_threads_kept
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -174,14 +179,13 @@ def stats_numba(sims: np.ndarray, starts: np.ndarray, ends: np.ndarray, *, map_k
         raise ValueError(f"ranking needs a 2-D block and one column range per row, got {sims.shape}, {starts.shape}, {ends.shape}")
     if len(sims) and (starts.min() < 0 or (ends < starts).any() or ends.max() > sims.shape[1]):
         raise ValueError(f"positive column ranges must lie within the block's {sims.shape[1]} columns")
-    threads = torch.get_num_threads()  # numba's OpenMP layer can reset torch's thread count
-    if want_ap or map_k:
-        *out, bad = _stats_kernel(sims, starts, ends, int(map_k))
-    else:
-        nan = np.full(len(sims), np.nan)
-        *counts, bad = _counts_kernel(sims, starts, ends)
-        out = (*counts, nan, nan.copy())
-    torch.set_num_threads(threads)
+    with torch_threads_kept():
+        if want_ap or map_k:
+            *out, bad = _stats_kernel(sims, starts, ends, int(map_k))
+        else:
+            nan = np.full(len(sims), np.nan)
+            *counts, bad = _counts_kernel(sims, starts, ends)
+            out = (*counts, nan, nan.copy())
     rows = np.flatnonzero(bad)
     if len(rows):
         raise ValueError(f"similarities have NaN/inf values in {len(rows)} query row(s) (first: row {rows[0]}); "
@@ -194,6 +198,8 @@ def stats_torch(sims: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, *,
 
     Without AP (``want_ap=False`` and no ``map_k``) the sort is skipped and AP fields are NaN.
     """
+    import torch
+
     n, width = sims.shape
     dev = sims.device
     cols = torch.arange(width, device=dev)

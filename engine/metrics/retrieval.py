@@ -19,18 +19,19 @@ the averages; the averages are over the ``n_valid`` remaining queries.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
-from engine.core.norms import EPS
+from engine.core.norms import EPS, unit_rows_np
 from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
 from engine.metrics.search import DEFAULT_BLOCK, Backend, pick_backend
 from engine.metrics.validate import check_cell
 from engine.core.vocab import GALLERY_KINDS
 from engine.core.vocab import VERIFICATION, parse_metric
+
+if TYPE_CHECKING:
+    import torch
 
 GalleryKind = Literal["instance", "template"]
 # how a negative that ties the best positive ranks (Recall@k); not the ECC tie rule (engine.metrics.summary.TieRule)
@@ -41,7 +42,7 @@ RankTies = Literal["pessimistic", "optimistic"]
 class Gallery:
     """A gallery ready for search: unit-norm features sorted by label, and each class's column range."""
 
-    features: torch.Tensor  # (n, d) float32, rows sorted by label
+    features: Any  # (n, d) float32, rows sorted by label: a numpy array, or a tensor on the search's torch device
     labels: np.ndarray  # (n,) sorted labels
     position: np.ndarray  # position[i] = column of the caller's gallery row i (-1 if none)
     classes: np.ndarray  # sorted distinct labels
@@ -55,14 +56,21 @@ class Gallery:
         return np.where(present, self.starts[idx], 0).astype(np.int64), np.where(present, self.ends[idx], 0).astype(np.int64)
 
 
-def unit_rows(x: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Rows of ``x`` as float32 on ``device``, scaled to unit L2 norm without overflow (zero rows stay zero)."""
+def unit_rows(x: np.ndarray, device: torch.device | None = None) -> Any:
+    """Rows of ``x`` as float32, scaled to unit L2 norm without overflow (zero rows stay zero): a numpy array when
+    ``device`` is None (:func:`engine.core.norms.unit_rows_np`), else a tensor on ``device``."""
+    if device is None:
+        return unit_rows_np(x, np.float32)
+    import torch
+
     return unit_tensor_rows(torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device))
 
 
 def unit_tensor_rows(t: torch.Tensor) -> torch.Tensor:
     """``F.normalize(t, dim=1)`` (bit for bit), except that rows whose norm overflows (near the float32 maximum) or underflows
     are first divided by their max-abs (engine.core.norms): they keep their direction instead of becoming 0."""
+    import torch
+
     norm = torch.linalg.vector_norm(t, dim=1, keepdim=True)
     bad = ~torch.isfinite(norm) | (norm < EPS)
     if bool(bad.any()):
@@ -73,15 +81,40 @@ def unit_tensor_rows(t: torch.Tensor) -> torch.Tensor:
     return t / norm.clamp_min(EPS)  # as F.normalize computes it
 
 
-def prepare_gallery(gallery: np.ndarray, labels: np.ndarray, *, gallery_kind: GalleryKind = "instance", device: torch.device | str = "cpu") -> Gallery:
-    """Normalise, (optionally) average into class templates, and sort a gallery by label."""
-    device = torch.device(device)
+def _unit(x: Any) -> Any:
+    """:func:`unit_rows` of rows already in place (a numpy array or a tensor)."""
+    return unit_rows_np(x) if isinstance(x, np.ndarray) else unit_tensor_rows(x)
+
+
+def _take(x: Any, rows: np.ndarray) -> Any:
+    """The rows ``rows`` (a numpy index) of a numpy array or a tensor."""
+    if isinstance(x, np.ndarray):
+        return x[rows]
+    import torch
+
+    return x[torch.as_tensor(rows, device=x.device)]
+
+
+def _class_sums(feats: Any, index: np.ndarray, n: int) -> Any:
+    """Row ``c`` = the sum of the rows of ``feats`` whose ``index`` is ``c``, added in row order, of ``feats``' kind."""
+    if isinstance(feats, np.ndarray):
+        sums = np.zeros((n, feats.shape[1]), feats.dtype)
+        np.add.at(sums, index, feats)
+        return sums
+    import torch
+
+    return torch.zeros(n, feats.shape[1], device=feats.device).index_add_(0, torch.as_tensor(index, device=feats.device), feats)
+
+
+def prepare_gallery(gallery: np.ndarray, labels: np.ndarray, *, gallery_kind: GalleryKind = "instance",
+                    device: torch.device | str | None = None) -> Gallery:
+    """Normalise, (optionally) average into class templates, and sort a gallery by label (numpy when ``device`` is None)."""
     feats = unit_rows(gallery, device)
     labels = np.asarray(labels)
     if gallery_kind == "template":
         classes, inverse = np.unique(labels, return_inverse=True)
-        sums = torch.zeros(len(classes), feats.shape[1], device=device).index_add_(0, torch.as_tensor(inverse, device=device), feats)
-        return Gallery(unit_tensor_rows(sums), classes, np.full(len(labels), -1), classes, np.arange(len(classes)), np.arange(1, len(classes) + 1))
+        sums = _class_sums(feats, inverse, len(classes))
+        return Gallery(_unit(sums), classes, np.full(len(labels), -1), classes, np.arange(len(classes)), np.arange(1, len(classes) + 1))
     order = np.argsort(labels, kind="stable")
     sorted_labels = labels[order]
     classes = np.unique(sorted_labels)
@@ -89,18 +122,22 @@ def prepare_gallery(gallery: np.ndarray, labels: np.ndarray, *, gallery_kind: Ga
     position[order] = np.arange(len(labels))
     starts = np.searchsorted(sorted_labels, classes, side="left")
     ends = np.searchsorted(sorted_labels, classes, side="right")
-    return Gallery(feats[torch.as_tensor(order, device=device)], sorted_labels, position, classes, starts, ends)
+    return Gallery(_take(feats, order), sorted_labels, position, classes, starts, ends)
 
 
-def _loo_template_sims(query: torch.Tensor, query_labels: np.ndarray, gallery: np.ndarray, gallery_labels: np.ndarray, g: Gallery) -> torch.Tensor:
+def _loo_template_sims(query: Any, query_labels: np.ndarray, gallery: np.ndarray, gallery_labels: np.ndarray, g: Gallery) -> Any:
     """Similarity of each query to its own class template with its own image left out (-inf if empty)."""
-    feats = unit_rows(gallery, query.device)
-    idx = torch.as_tensor(np.searchsorted(g.classes, gallery_labels), device=query.device)
-    sums = torch.zeros(len(g.classes), feats.shape[1], device=query.device).index_add_(0, idx, feats)
-    counts = torch.bincount(idx, minlength=len(g.classes))
-    loo = unit_tensor_rows(sums[idx] - feats)
-    sims = (query * loo).sum(1)
-    return torch.where(counts[idx] > 1, sims, torch.full_like(sims, -torch.inf))
+    device = None if isinstance(query, np.ndarray) else query.device
+    feats = unit_rows(gallery, device)
+    idx = np.searchsorted(g.classes, gallery_labels)
+    sums = _class_sums(feats, idx, len(g.classes))
+    counts = np.bincount(idx, minlength=len(g.classes))
+    sims = (query * _unit(_take(sums, idx) - feats)).sum(1)
+    if device is None:
+        return np.where(counts[idx] > 1, sims, np.float32(-np.inf))
+    import torch
+
+    return torch.where(torch.as_tensor(counts[idx] > 1, device=device), sims, torch.full_like(sims, -torch.inf))
 
 
 def cell_stats(

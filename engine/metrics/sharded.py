@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
-import torch
 
+from engine.metrics.device import one_blas_thread, torch_threads_kept
 from engine.metrics.ranking import QueryStats, _ap_from_counts, _bucket_table, _place
 from engine.metrics.retrieval import GalleryKind, RankTies, cell_stats, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
@@ -51,7 +51,6 @@ class Shard:
 
 
 ShardSource = Iterable[Shard] | Callable[[], Iterable[Shard]]
-CPU = torch.device("cpu")
 
 
 def _passes(shards: ShardSource) -> Callable[[], Iterator[tuple[int, Shard]]]:
@@ -82,17 +81,18 @@ def checked_shard(index: int, shard: Shard, d: int) -> Shard | None:
     return Shard(feats, labels, ids.astype(np.int64))
 
 
-def _similarities(q: torch.Tensor, g: torch.Tensor, out: torch.Tensor) -> np.ndarray:
+def _similarities(q: np.ndarray, g: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Cosine similarities of a block of unit query rows to a shard's unit rows, written into ``out``."""
-    return torch.mm(q, g.T, out=out[: len(q), : len(g)]).numpy()
+    return np.matmul(q, g.T, out=out[: len(q), : len(g)])
 
 
-def shard_blocks(q: torch.Tensor, shard: Shard, exclude_ids: np.ndarray | None, max_block: int,
+def shard_blocks(q: np.ndarray, shard: Shard, exclude_ids: np.ndarray | None, max_block: int,
                  hits: np.ndarray | None) -> Iterator[tuple[slice, np.ndarray]]:
-    """``(rows, sims)`` of each query block against one shard, own items set to -inf (counted in ``hits``)."""
-    g = unit_rows(shard.features, CPU)
+    """``(rows, sims)`` of each query block (unit float32 rows, :func:`unit_rows`) against one shard, own items set to
+    -inf (counted in ``hits``)."""
+    g = unit_rows(shard.features)
     step = max(1, max_block // len(g))
-    out = torch.empty(min(step, len(q)), len(g))
+    out = np.empty((min(step, len(q)), len(g)), np.float32)
     order = np.argsort(shard.ids)
     sorted_ids = shard.ids[order]
     for lo in range(0, len(q), step):
@@ -187,7 +187,7 @@ def _pass(q, classes, each_pass, exclude_ids, max_block: int, hits, seen: list[i
             yield gcode, rows, sims
 
 
-def gather_positives(q: torch.Tensor, qcode: np.ndarray, classes: np.ndarray, each_pass: Callable[[], Iterator[tuple[int, Shard]]],
+def gather_positives(q: np.ndarray, qcode: np.ndarray, classes: np.ndarray, each_pass: Callable[[], Iterator[tuple[int, Shard]]],
                      exclude_ids: np.ndarray | None, max_block: int, seen: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """Pass 1: each query's positive similarities, sorted ascending, as (offsets, values)."""
     who, vals = [], []
@@ -214,17 +214,17 @@ def group_by_query(who: list[np.ndarray], vals: list[np.ndarray], n: int) -> tup
 
 def _class_sums(each_pass, d: int) -> tuple[np.ndarray, np.ndarray]:
     """Template pass: the sum of each class's unit features over all shards, as (classes, sums)."""
-    classes, sums = None, torch.zeros(0, d)
+    classes, sums = None, np.zeros((0, d), np.float32)
     for shard in _nonempty(each_pass, d):
         merged = np.unique(shard.labels) if classes is None else np.union1d(classes, shard.labels)
-        total = torch.zeros(len(merged), d)
+        total = np.zeros((len(merged), d), np.float32)
         if classes is not None:
-            total.index_add_(0, torch.as_tensor(np.searchsorted(merged, classes)), sums)
-        total.index_add_(0, torch.as_tensor(np.searchsorted(merged, shard.labels)), unit_rows(shard.features, CPU))
+            np.add.at(total, np.searchsorted(merged, classes), sums)
+        np.add.at(total, np.searchsorted(merged, shard.labels), unit_rows(shard.features))
         classes, sums = merged, total
     if classes is None:
         raise ValueError("gallery features are empty: no shard has an item")
-    return classes, sums.numpy()
+    return classes, sums
 
 
 def sharded_cell_stats(
@@ -258,19 +258,19 @@ def sharded_cell_stats(
         if exclude_ids is not None:
             raise ValueError("template galleries with same-set exclusion are not supported sharded; evaluate them with cell_stats")
         classes, sums = _class_sums(each_pass, np.asarray(query).shape[1])
-        return cell_stats(query, query_labels, sums, classes, map_k=map_k, want_ap=want_ap, max_block=max_block, backend="torch")
-    q = unit_rows(query, CPU)
+        return cell_stats(query, query_labels, sums, classes, map_k=map_k, want_ap=want_ap, max_block=max_block)
+    q = unit_rows(query)
     classes = np.unique(query_labels)
     qcode = label_codes(classes, query_labels)
     seen: list[int] = []
-    offsets, pos = gather_positives(q, qcode, classes, each_pass, exclude_ids, max_block, seen)
     want_cnt = bool(want_ap or map_k)
-    cnt = np.zeros(offsets[-1] + len(q) if want_cnt else 0, np.int64)
-    neg_ge, neg_gt = np.zeros(len(q), np.int64), np.zeros(len(q), np.int64)
-    threads = torch.get_num_threads()  # numba's OpenMP layer can reset torch's thread count
-    for gcode, rows, sims in _pass(q, classes, each_pass, exclude_ids, max_block, None, seen):
-        count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt)
-        torch.set_num_threads(threads)
+    with one_blas_thread():
+        offsets, pos = gather_positives(q, qcode, classes, each_pass, exclude_ids, max_block, seen)
+        cnt = np.zeros(offsets[-1] + len(q) if want_cnt else 0, np.int64)
+        neg_ge, neg_gt = np.zeros(len(q), np.int64), np.zeros(len(q), np.int64)
+        for gcode, rows, sims in _pass(q, classes, each_pass, exclude_ids, max_block, None, seen):
+            with torch_threads_kept():
+                count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt)
     if seen[1] != seen[0]:
         raise ValueError(f"the shards changed between the two passes ({seen[0]} then {seen[1]} items); "
                          "they must yield the same gallery each time")

@@ -10,22 +10,30 @@ position first), exactly as ``np.argsort(-sims, kind="stable")[:k]`` on the full
 gallery items *outside* query ``i``'s list whose similarity equals the list's last score, so the metrics can apply
 the engine's pessimistic rule (a non-relevant item tied with a relevant one ranks before it) at the cut as well.
 
-Backends: ``torch`` (default; a matrix product per tile and ``torch.topk``) or ``faiss`` (``IndexFlatIP`` per block,
-CPU), as :mod:`engine.metrics.search`. faiss returns a block's top-k without the tie order above, so a row whose
-k-th score ties another item of the block is recomputed from the block's similarities: both backends give the same
-lists.
+Backends: ``numpy`` (default; a matrix product per tile and a compiled pass per row that keeps the top k in that
+order, no torch), ``torch`` (the product and ``torch.topk`` in torch on the CPU) or ``faiss`` (``IndexFlatIP`` per
+block, CPU), as :mod:`engine.metrics.search`. ``torch.topk`` and faiss return a block's top-k without the tie order
+above, so a row whose k-th score ties another item of the block is recomputed from the block's similarities: every
+backend gives the same lists from the same similarities (numpy's and torch's products differ by a few float32 ulps,
+:mod:`engine.metrics.device`).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
-import torch
 
+from engine.core.norms import unit_rows_np
+from engine.metrics.device import one_blas_thread, torch_threads_kept
 from engine.metrics.retrieval import unit_tensor_rows
 
-TOPK_BACKENDS = ("torch", "faiss")
+if TYPE_CHECKING:
+    import torch
+
+TOPK_BACKENDS = ("numpy", "torch", "faiss")
 DEFAULT_TILE = 1 << 24  # similarity entries per (query rows x block) tile: 64 MB of float32
 
 
@@ -43,8 +51,57 @@ class TopK:
         return self.ids.shape[1]
 
 
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _topk_kernel(sims, k):  # pragma: no cover - compiled
+    """Per row, the top ``k`` columns by descending value, lower column first among equals, and how many columns
+    outside them equal the k-th value. One pass keeps a sorted list (a column enters only above the k-th value,
+    since it comes after every column already listed), a second counts the ties at the cut."""
+    n, width = sims.shape
+    vals = np.empty((n, k), np.float32)
+    cols = np.empty((n, k), np.int64)
+    beyond = np.zeros(n, np.int64)
+    for r in numba.prange(n):
+        row = sims[r]
+        v = vals[r]
+        c = cols[r]
+        size = 0
+        for j in range(width):
+            x = row[j]
+            if size == k:
+                if not x > v[k - 1]:
+                    continue
+                p = k - 1
+            else:
+                p = size
+                size += 1
+            while p > 0 and v[p - 1] < x:
+                v[p] = v[p - 1]
+                c[p] = c[p - 1]
+                p -= 1
+            v[p] = x
+            c[p] = j
+        last = v[k - 1]
+        tied = 0
+        for j in range(width):
+            if row[j] == last:
+                tied += 1
+        for i in range(k):
+            if v[i] == last:
+                tied -= 1
+        beyond[r] = tied
+    return vals, cols, beyond
+
+
+def _numpy_block_topk(sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_block_topk` of a float32 numpy tile, compiled."""
+    with torch_threads_kept():
+        return _topk_kernel(np.ascontiguousarray(sims, dtype=np.float32), min(k, sims.shape[1]))
+
+
 def _block_topk(sims: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Top-k columns of each row of a tile in the stable order (position breaks ties), and ties left out at the k-th score."""
+    import torch
+
     n, width = sims.shape
     kk = min(k, width)
     extra = min(kk + 1, width)  # one more item shows whether the k-th score ties an item outside the list
@@ -92,15 +149,41 @@ def _faiss_block_topk(q: np.ndarray, g: np.ndarray, k: int) -> tuple[np.ndarray,
     unsure = np.flatnonzero(vals[:, kk - 1] == vals[:, extra - 1]) if extra > kk else np.zeros(0, np.int64)
     vals, cols = vals[:, :kk].copy(), cols[:, :kk].copy()
     if len(unsure):
-        sims = torch.mm(torch.from_numpy(q[unsure]), torch.from_numpy(g).T)
-        v, c, b = _block_topk(sims, kk)
+        v, c, b = _numpy_block_topk(q[unsure] @ g.T, kk)
         vals[unsure], cols[unsure], beyond[unsure] = v, c, b
     order = np.lexsort((cols, -vals), axis=1)
     return np.take_along_axis(vals, order, 1), np.take_along_axis(cols, order, 1), beyond
 
 
+def _unit(x: np.ndarray, backend: str):
+    """Unit float32 rows for ``backend``: a torch tensor for "torch", else a C-ordered numpy array; a row beyond float32
+    comes out NaN/inf, for the caller's check."""
+    if backend == "torch":
+        import torch
+
+        return unit_tensor_rows(torch.as_tensor(x, dtype=torch.float32))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.ascontiguousarray(unit_rows_np(x, np.float32))
+
+
+def _tiles(q, g, step: int) -> Iterator:
+    """The similarity tiles of at most ``step`` query rows against a block, of the rows' kind (numpy or torch), each
+    written into one reused buffer (valid until the next tile)."""
+    n_q = len(q)
+    if isinstance(q, np.ndarray):
+        out = np.empty((min(step, n_q), len(g)), np.float32)
+        for lo in range(0, n_q, step):
+            yield np.matmul(q[lo: lo + step], g.T, out=out[: min(step, n_q - lo)])
+        return
+    import torch
+
+    out = torch.empty(min(step, n_q), len(g))
+    for lo in range(0, n_q, step):
+        yield torch.mm(q[lo: lo + step], g.T, out=out[: min(step, n_q - lo)])
+
+
 def stream_topk(queries: np.ndarray, blocks: Iterable[tuple[np.ndarray, np.ndarray]], *, k: int,
-                backend: str = "torch", max_tile: int = DEFAULT_TILE) -> TopK:
+                backend: str = "numpy", max_tile: int = DEFAULT_TILE) -> TopK:
     """Each query's ``k`` nearest items of a gallery given as blocks of ``(ids, vectors)`` (see the module docstring).
 
     ``queries`` (n_q, d) and the vectors are compared by cosine similarity; ids are any distinct integers.
@@ -112,7 +195,7 @@ def stream_topk(queries: np.ndarray, blocks: Iterable[tuple[np.ndarray, np.ndarr
     queries = np.asarray(queries)
     if queries.ndim != 2 or not np.isfinite(queries).all():
         raise ValueError(f"queries must be a finite 2-D array, got shape {queries.shape}")
-    q = unit_tensor_rows(torch.as_tensor(queries, dtype=torch.float32))
+    q = _unit(queries, backend)
     n_q, d = q.shape
     scores = np.zeros((n_q, 0), np.float32)
     ids = np.zeros((n_q, 0), np.int64)
@@ -128,19 +211,17 @@ def stream_topk(queries: np.ndarray, blocks: Iterable[tuple[np.ndarray, np.ndarr
             raise ValueError(f"gallery block {index}: {len(b_ids)} ids for {len(vectors)} vectors")
         if not len(vectors):
             continue
-        g = unit_tensor_rows(torch.as_tensor(vectors, dtype=torch.float32))
-        if not bool(torch.isfinite(g).all()):
+        g = _unit(vectors, backend)
+        if not bool(g.isfinite().all() if backend == "torch" else np.isfinite(g).all()):
             raise ValueError(f"gallery block {index}: vectors have NaN or inf values")
         kk = min(k, len(g))
         parts = []
         if backend == "faiss":
-            parts.append(_faiss_block_topk(q.numpy(), np.ascontiguousarray(g.numpy()), kk))
+            parts.append(_faiss_block_topk(q, g, kk))
         else:
-            step = max(1, max_tile // len(g))
-            out = torch.empty(min(step, n_q), len(g))
-            for lo in range(0, n_q, step):
-                tile = torch.mm(q[lo: lo + step], g.T, out=out[: min(step, n_q - lo)])
-                parts.append(_block_topk(tile, kk))
+            with one_blas_thread(backend == "numpy"):
+                top = _numpy_block_topk if backend == "numpy" else _block_topk
+                parts.extend(top(tile, kk) for tile in _tiles(q, g, max(1, max_tile // len(g))))
         b_scores = np.concatenate([p[0] for p in parts])
         b_cols = np.concatenate([p[1] for p in parts])
         b_beyond = np.concatenate([p[2] for p in parts])

@@ -23,10 +23,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from engine.metrics.backfill import curve_area, fraction_to_reach
-from engine.metrics.backfill_orders import adapter_residual, backfill_order
+from engine.metrics.backfill_orders import adapter_residual, backfill_order, mean_distances
 from engine.metrics.list_merge import ListCurve, list_curves, rows_of
 from engine.metrics.topk import TopK, stream_topk
 from engine.upgrade.verdict import BackfillNeed
@@ -77,20 +76,18 @@ def class_mean_orders(blocks: Blocks, labels: np.ndarray) -> dict[str, np.ndarra
     """``distance_mse`` and ``distance_cosine`` orders (farthest from the class mean first, ties by lower row) from two
     passes over the old gallery; ``labels`` are the gallery rows' labels."""
     _, inverse = np.unique(np.asarray(labels), return_inverse=True)
-    index = torch.as_tensor(inverse.reshape(-1))
+    index = inverse.reshape(-1)
     sums = None
     for rows, vectors in blocks():
-        x = torch.as_tensor(np.asarray(vectors), dtype=torch.float64)
+        x = np.asarray(vectors, dtype=np.float64)
         if sums is None:
-            sums = torch.zeros(int(inverse.max()) + 1, x.shape[1], dtype=torch.float64)
-        sums.index_add_(0, index[torch.as_tensor(rows)], x)
-    means = sums / torch.bincount(index)[:, None]
+            sums = np.zeros((int(inverse.max()) + 1, x.shape[1]))
+        np.add.at(sums, index[rows], x)
+    means = sums / np.bincount(index)[:, None]
     dist = {"mse": np.empty(len(inverse)), "cosine": np.empty(len(inverse))}
     for rows, vectors in blocks():
-        x = torch.as_tensor(np.asarray(vectors), dtype=torch.float64)
-        mu = means[index[torch.as_tensor(rows)]]
-        dist["mse"][rows] = torch.linalg.vector_norm(x - mu, dim=1).numpy()
-        dist["cosine"][rows] = (1.0 - torch.nn.functional.cosine_similarity(x, mu, dim=1, eps=1e-12)).numpy()
+        for kind, d in mean_distances(vectors, means[index[rows]]).items():
+            dist[kind][rows] = d
     return {f"distance_{kind}": np.argsort(-d, kind="stable").astype(np.int64) for kind, d in dist.items()}
 
 
@@ -133,7 +130,7 @@ def decided_note(curves: dict[str, ListCurve], depth: int, n_gallery: int) -> st
 
 def source_backfill(new_queries: np.ndarray, old_blocks: Blocks, new_blocks: Blocks, *, n_gallery: int, k: int,
                     depth: int, outcome: Callable[[TopK, np.ndarray], np.ndarray], old_self: float, seed: int,
-                    block_rows: int, backend: str = "torch", gallery_labels: np.ndarray | None = None,
+                    block_rows: int, backend: str = "numpy", gallery_labels: np.ndarray | None = None,
                     old_queries: np.ndarray | None = None,
                     say: Callable[[float, str], None] = lambda f, m: None) -> SourceBackfill:
     """The backfill needs (one :class:`BackfillNeed` per ordering), each curve's share of decided queries per

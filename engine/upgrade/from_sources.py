@@ -295,7 +295,7 @@ def _labels_as(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = DEFAULT_K, metric: str | None = None,
                   names: Sequence[str] = ("old", "new"), resamples: int = DEFAULT_RESAMPLES,
                   level: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_SEED, margin: float = 0.0, ties: str = "fail",
-                  block_rows: int = DEFAULT_BLOCK_ROWS, backend: str = "torch",
+                  block_rows: int = DEFAULT_BLOCK_ROWS, backend: str = "numpy",
                   progress: Progress | None = None, backfill_depth: int | None = None,
                   rollout: bool = False) -> SourcesCheck:
     """The upgrade verdict of the new model's queries on the old gallery, read from sources (module docstring).

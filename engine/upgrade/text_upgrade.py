@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine
 
-from engine.adapters import fit_adapters
+from engine.adapters.fit import fit_adapters
 from engine.analysis.views import Progress, StoredVersion, load_experiment
 from engine.checkpoints.request import text_corpus
 from engine.core.vocab import TEXT_DATASET_NAMES
