@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from engine.metrics.paired import cluster_variance, group_index
+from engine.metrics.paired import cluster_variance, few_groups_factor, group_index
 
 _BLOCK_ELEMENTS = 1 << 22  # similarities per block of query rows
 _CHUNK_PAIRS = 1 << 21  # (replicate, query) pairs per chunk of replicates
@@ -173,7 +173,8 @@ def twoway_bootstrap(a: TopLists, b: TopLists, *, k: int = 1, resamples: int = 1
 
 def twoway_bootstraps(base: TopLists, others: list[TopLists], *, k: int = 1, resamples: int = 1000,
                       seed: int | tuple[int, ...] = 0, confidence: float = 0.95,
-                      corrected: bool = True, groups: np.ndarray | None = None) -> list[tuple[float, float]]:
+                      corrected: bool = True, groups: np.ndarray | None = None,
+                      recentre: bool = True) -> list[tuple[float, float]]:
     """:func:`twoway_bootstrap` of each of ``others`` minus ``base``, all from the same draws (``base`` ranked once).
 
     ``corrected`` (default) rescales the percentile ends so that the interval's variance is ``V_Q + V_G - I``
@@ -191,7 +192,10 @@ def twoway_bootstraps(base: TopLists, others: list[TopLists], *, k: int = 1, res
     the centre (the choice measured in ``bench/calibrate_verdict.py``'s single-relevant family; README).
 
     ``groups`` (one group per query, any values): the queries are resampled as whole groups (the cluster
-    bootstrap: related queries, e.g. paraphrases of one topic, are not independent); the gallery as before.
+    bootstrap: related queries, e.g. paraphrases of one topic, are not independent); the gallery as before, and the
+    ends use Student's ``t_{G-1}`` (:func:`engine.metrics.paired.few_groups_factor`).
+    ``recentre=False`` rescales about the observed point without re-centring (the interval before; kept to measure
+    the choice).
     """
     n_q, n_g = base.index.shape[0], len(base.gallery_class)
     for o in others:
@@ -249,7 +253,10 @@ def twoway_bootstraps(base: TopLists, others: list[TopLists], *, k: int = 1, res
             interaction = float(per_query[valid[m]].sum()) / n ** 2 if n else 0.0
             v_pig = float(np.var(row[keep], ddof=1))
             scale = np.sqrt(max(v_q, v_q + v_g - interaction) / v_pig) if v_pig > 0 else 1.0
-            centre, mid = float(d.mean()), float(np.median(row[keep]))
+            if g_index is not None:  # few groups: Student's t_{G-1} ends (v_q is already cluster-robust)
+                scale *= few_groups_factor(len(np.unique(g_index[valid])), confidence, bootstrap=False)
+            centre = float(d.mean())
+            mid = float(np.median(row[keep])) if recentre else centre
             lo, hi = max(-1.0, centre + (lo - mid) * scale), min(1.0, centre + (hi - mid) * scale)
         out.append((float(lo), float(hi)))
     return out
