@@ -14,9 +14,16 @@ is given (new/new). Per-query outcomes come from :mod:`engine.metrics.relevance`
   (needs the new gallery; new/new is the reference itself, so "better on its own" is not judged).
 
 The verdict is :func:`engine.upgrade.verdict.compare` under the same :class:`~engine.upgrade.rule.Rule`, with the
-interval of :func:`engine.metrics.cell_interval.paired_intervals` seeded as check-upgrade's cell (1, 0): the paired
-bootstrap over queries (the two-way one needs every feature in memory). On the same vectors, with labels and
-Recall@1, the numbers equal ``check-upgrade --features ... --interval queries`` (tests/test_upgrade_sources.py).
+interval of :func:`engine.metrics.cell_interval.paired_intervals` seeded as check-upgrade's cell (1, 0). For Recall@k
+with labels it is the **two-way** interval (queries and gallery items): the search keeps each query's top-D lists
+(D = 16 + 4k, as in memory) and every replicate walks them with the gallery items' resampled counts and the labels'
+per-class counts (:func:`engine.metrics.twoway.ranked_lists`), so no vector is needed again and memory holds
+n_q x D ids; a query whose list runs out undecided (fewer than k negative copies among D items, P < 1e-8) counts as
+a miss. The other metrics (mAP@k, nDCG@k, neighbour recall@k: graded or list-overlap outcomes, which the walk does
+not recompute) resample the queries, with a note. ``query_groups`` (a column of the old query source) resamples
+whole groups of related queries on every interval; ``interval="sequential"`` gives the anytime-valid one. On the same
+vectors in the same order, with labels and Recall@1, the numbers equal ``check-upgrade --features`` (two-way to a
+float tolerance, ``--interval queries`` to the last digit; tests/test_upgrade_sources.py).
 When the new gallery is given and the pair is not compatible, backfill curves follow, one more streamed pass each
 gallery (:mod:`engine.upgrade.backfill_sources`): every point merges the new queries' top-D lists on the two galleries
 by score, under the same relevance (label-free, the reference is new/new, so every curve ends at 1 by definition).

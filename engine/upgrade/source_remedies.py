@@ -10,9 +10,10 @@ page's sources check): adapters, rank-merge roll-outs and the threshold, the gal
   from both galleries, only the sampled pairs kept; each post-hoc kind (:func:`engine.adapters.posthoc.fit_map`) is
   fitted on them, each exported folder loaded. The adapted new queries of every map are ranked against the streamed
   old gallery in one pass and judged against old/old with the check's paired interval (seeded as its cell (1, 0)) and
-  rule, as the check judges new/old. The queries are never fitted on (held out by construction); the fitted gallery
-  items stay in the searched gallery, as in the in-memory open-set check. Each row also carries the check's new/new
-  and ``label_free``: the adapted queries' neighbour recall@k on the old gallery against their new/new top-k;
+  rule, as the check judges new/old, at the simultaneous level of all the candidates (the plan picks one of them:
+  :func:`engine.upgrade.migration.selection_level`). The queries are never fitted on (held out by construction);
+  the fitted gallery items stay in the searched gallery, as in the in-memory open-set check. Each row also carries the
+  check's new/new and ``label_free``: the adapted queries' neighbour recall@k on the old gallery against their new/new top-k;
 * **rank-merge roll-outs** (when the check kept the old queries' top-D lists: ``check_sources(..., rollout=True)``):
   per ordering of the check's backfill, the old index (the items not yet re-embedded) searched with the old queries
   and the re-embedded part with the new queries, merged by score from the two top-D lists

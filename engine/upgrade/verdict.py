@@ -11,11 +11,13 @@ cells) and carries a confidence interval:
   queries *and* the gallery items (:mod:`engine.metrics.twoway`, Recall@k; the gallery is a sample too, and
   resampling queries alone covers the population gap ~90 % of the time for a 95 % interval,
   ``bench/calibrate_verdict.py``), else over the queries (``interval="queries"``, and always for mAP:
-  :func:`engine.metrics.paired.paired_bootstrap`);
+  :func:`engine.metrics.paired.paired_bootstrap`); with ``query_groups`` (paraphrases of one topic) every bootstrap
+  resamples whole groups instead of single queries; ``interval="sequential"`` is the anytime-valid confidence
+  sequence (:mod:`engine.metrics.sequential`) for teams that add queries and rerun;
 * the verdict under a rule (:mod:`engine.upgrade.rule`): strict ECC by default (``compatible`` when the
   interval lies above 0 and the point passes, ``not compatible`` when it lies below 0, ``too close to call``
-  otherwise, with the queries that would decide it; an exact tie, the point [0, 0], is too close to call
-  and flagged), ties passing (>=), or a non-inferiority ``margin`` in points;
+  otherwise, with the queries that would decide it at 80 % power, a one-look estimate; an exact tie, the point
+  [0, 0], is too close to call and flagged), ties passing (>=), or a non-inferiority ``margin`` in points;
 * the same test of new/new against old/old: is the new model better on its own (the matrices' strict rule)?
 * when not compatible, the partial-backfill curves (new queries, gallery re-embedded item by item) of
   each ordering, the fraction of the gallery each needs to reach the old and the new self-test, and the
