@@ -31,8 +31,8 @@ Two families of their own (issue 37), each with its own table:
   Recall@1 two-way). A "compatible" verdict is false; the nominal rate of a 95 % interval is 2.5 %.
 * ``--single``: **one relevant item per query** (a caption and its image, a gloss and its word): the gallery holds each
   query's partner plus distractors. Resampling the gallery with replacement drops ~37 % of the distractors, so
-  near-misses become hits inside the bootstrap; the table compares the two-way interval re-centred on its observed
-  point (the default) with the one rescaled about it without re-centring (before), on rotations and noise.
+  near-misses become hits inside the bootstrap; the table compares the two-way interval about the replicates' centre
+  (before), re-centred on the observed point, and their union (the default), on rotations and noise.
 """
 from __future__ import annotations
 
@@ -48,7 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.metrics.cell_interval import cell_seed
 from engine.metrics.compatibility import CellFeatures
+from engine.metrics.twoway import top_lists, twoway_bootstraps
 from engine.upgrade.rule import Rule
 from engine.upgrade.verdict import check_upgrade, compare, per_query_scores
 
@@ -208,6 +210,10 @@ class Outcome:
     q_lo: float = math.nan  # the query-only interval
     q_hi: float = math.nan
     q_verdict: str | None = None
+    r_lo: float = math.nan  # the two-way interval about the replicates' centre (before issue 37)
+    r_hi: float = math.nan
+    o_lo: float = math.nan  # the two-way interval re-centred on the observed point
+    o_hi: float = math.nan
 
 
 def run_config(pop: Population, n_q: int, n_g: int, replicates: int, rng: np.random.Generator,
@@ -231,7 +237,12 @@ def run_config(pop: Population, n_q: int, n_g: int, replicates: int, rng: np.ran
         oo = per_query_scores(q_old, ql, g_old, gl)
         no = per_query_scores(q_new, ql, g_old, gl)
         qc = compare(no, oo, rule=Rule())  # check-upgrade --interval queries
-        out.append(Outcome(pop.family, pop.variant, n_q, n_g, gap, se, c.verdict, c.lo, c.hi, qc.lo, qc.hi, qc.verdict))
+        lists = [top_lists(q, ql, g_old, gl, depth=20) for q in (q_old, q_new)]
+        (r_lo, r_hi), (o_lo, o_hi) = (twoway_bootstraps(lists[0], [lists[1]], resamples=report.resamples,
+                                                        seed=cell_seed(0, 1, 0), centring=how)[0]  # the check's draws
+                                      for how in ("replicates", "observed"))
+        out.append(Outcome(pop.family, pop.variant, n_q, n_g, gap, se, c.verdict, c.lo, c.hi, qc.lo, qc.hi, qc.verdict,
+                           r_lo, r_hi, o_lo, o_hi))
     return out
 
 
@@ -269,7 +280,8 @@ def run(configs: int = 13, replicates: int = 5, seed: int = 0, families: Sequenc
 def rates(outcomes: Sequence[Outcome], *, interval: str = "two-way") -> dict[str, tuple[int, int]]:
     """(count, denominator) of each rate: false compatible, false not compatible, too close, coverage."""
     judged = [o for o in outcomes if o.verdict is not None]
-    pick = (lambda o: (o.verdict, o.lo, o.hi)) if interval == "two-way" else (lambda o: (o.q_verdict, o.q_lo, o.q_hi))
+    pick = {"two-way": lambda o: (o.verdict, o.lo, o.hi), "queries": lambda o: (o.q_verdict, o.q_lo, o.q_hi),
+            "replicates": lambda o: (None, o.r_lo, o.r_hi), "observed": lambda o: (None, o.o_lo, o.o_hi)}[interval]
     neg = [pick(o)[0] for o in judged if o.gap <= 0]
     pos = [pick(o)[0] for o in judged if o.gap > 0]
     decisive = [pick(o)[0] for o in judged if abs(o.gap) >= 0.02 and min(o.n_q, o.n_g) >= 2000]
@@ -288,20 +300,24 @@ def _cell(pair: tuple[int, int]) -> str:
 def table(outcomes: Sequence[Outcome]) -> str:
     """The per-family and overall table (Markdown)."""
     head = ("| family | scenarios | true gap range (pts) | false compatible | false not compatible "
-            "| too close, gap >= 2 pts, n >= 2,000 | coverage of the 95% interval | coverage, old interval (queries only) |")
+            "| too close, gap >= 2 pts, n >= 2,000 | coverage of the 95% interval | about the replicates' centre only "
+            "| re-centred only | coverage, old interval (queries only) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     groups = {}
     for o in outcomes:
         groups.setdefault(o.family, []).append(o)
     for name, group in [*groups.items(), ("**all**", list(outcomes))]:
         r, q = rates(group), rates(group, interval="queries")
+        b, o = rates(group, interval="replicates"), rates(group, interval="observed")
         gaps = [o.gap for o in group if not math.isnan(o.gap)]
         span = f"{100 * min(gaps):+.1f} to {100 * max(gaps):+.1f}" if gaps else "–"
         if r["refused"][0] == len(group):
-            lines.append(f"| {name} | {len(group)} | – | refused: {r['refused'][0]}/{len(group)} (different dimensions) | | | | |")
+            lines.append(f"| {name} | {len(group)} | – | refused: {r['refused'][0]}/{len(group)} (different dimensions) "
+                         "| | | | | | |")
             continue
         lines.append(f"| {name} | {len(group)} | {span} | {_cell(r['false_compatible'])} | {_cell(r['false_not_compatible'])} | "
-                     f"{_cell(r['too_close'])} | {_cell(r['coverage'])} | {_cell(q['coverage'])} |")
+                     f"{_cell(r['too_close'])} | {_cell(r['coverage'])} | {_cell(b['coverage'])} | {_cell(o['coverage'])} | "
+                     f"{_cell(q['coverage'])} |")
     return "\n".join(lines)
 
 
@@ -468,10 +484,12 @@ class SingleOutcome:
     n_g: int
     gap: float
     point: float
-    lo: float  # re-centred (the default)
+    lo: float  # the default: the union of the two below
     hi: float
-    raw_lo: float  # rescaled about the point, not re-centred (before)
+    raw_lo: float  # about the replicates' centre (before)
     raw_hi: float
+    obs_lo: float  # re-centred on the observed point
+    obs_hi: float
     inflation: float  # old/old inside the bootstrap minus old/old observed
 
 
@@ -497,8 +515,9 @@ def run_single(replicates: int = 5, seed: int = 0, truth_draws: int = TRUTH_DRAW
                 oo = top_lists(o.query, o.query_labels, o.gallery, o.gallery_labels, depth=20)
                 no = top_lists(n.query, n.query_labels, o.gallery, o.gallery_labels, depth=20)
                 seed_ = cell_seed(seed, 1, 0)
-                [(lo, hi)] = twoway_bootstraps(oo, [no], resamples=resamples, seed=seed_)
-                [(rlo, rhi)] = twoway_bootstraps(oo, [no], resamples=resamples, seed=seed_, recentre=False)
+                (lo, hi), (rlo, rhi), (olo, ohi) = (twoway_bootstraps(oo, [no], resamples=resamples, seed=seed_,
+                                                                      centring=how)[0]
+                                                    for how in ("both", "replicates", "observed"))
                 point = float(np.mean(_hits(n.query, n.query_labels, o.gallery, o.gallery_labels).astype(float)
                                       - _hits(o.query, o.query_labels, o.gallery, o.gallery_labels)))
                 counts = _counts(np.random.default_rng(1), 200, n_g)
@@ -506,7 +525,7 @@ def run_single(replicates: int = 5, seed: int = 0, truth_draws: int = TRUTH_DRAW
                 there = counts[:, o.query_labels] > 0  # the query's partner was drawn
                 inside = float(np.mean(hits.sum(1) / np.maximum(there.sum(1), 1)))
                 observed = float(np.mean(_hits(o.query, o.query_labels, o.gallery, o.gallery_labels)))
-                out.append(SingleOutcome(variant, n_q, n_g, gap, point, lo, hi, rlo, rhi, inside - observed))
+                out.append(SingleOutcome(variant, n_q, n_g, gap, point, lo, hi, rlo, rhi, olo, ohi, inside - observed))
             if progress:
                 progress(f"{variant} {n_q}x{n_g}")
     return out
@@ -514,9 +533,9 @@ def run_single(replicates: int = 5, seed: int = 0, truth_draws: int = TRUTH_DRAW
 
 def single_table(outcomes: Sequence[SingleOutcome]) -> str:
     """Coverage of the true gap and the point inside its interval, re-centred vs not (Markdown)."""
-    lines = ["| variant | scenarios | true gap (pts) | old/old inflation inside the bootstrap (pts) | coverage, re-centred "
-             "| coverage, not re-centred | point inside, re-centred | point inside, not re-centred |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| variant | scenarios | true gap (pts) | old/old inflation inside the bootstrap (pts) | coverage (default: "
+             "both) | about the replicates' centre only | re-centred only | point inside (default) | point inside, "
+             "replicates' centre |", "|---|---|---|---|---|---|---|---|---|"]
     for variant in [*dict.fromkeys(o.variant for o in outcomes), "**all**"]:
         g = [o for o in outcomes if variant == "**all**" or o.variant == variant]
         gaps = [o.gap for o in g]
@@ -524,6 +543,7 @@ def single_table(outcomes: Sequence[SingleOutcome]) -> str:
                      f"{100 * np.mean([o.inflation for o in g]):+.1f} | "
                      f"{_cell((sum(o.lo <= o.gap <= o.hi for o in g), len(g)))} | "
                      f"{_cell((sum(o.raw_lo <= o.gap <= o.raw_hi for o in g), len(g)))} | "
+                     f"{_cell((sum(o.obs_lo <= o.gap <= o.obs_hi for o in g), len(g)))} | "
                      f"{_cell((sum(o.lo <= o.point <= o.hi for o in g), len(g)))} | "
                      f"{_cell((sum(o.raw_lo <= o.point <= o.raw_hi for o in g), len(g)))} |")
     return "\n".join(lines)

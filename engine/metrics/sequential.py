@@ -2,7 +2,8 @@
 
 A fixed-n interval is valid for one look. A team that checks, adds queries, and checks again until the lower end
 clears the threshold inflates its false-pass rate (peeking every 50 queries up to 2,000 with a 95 % percentile
-bootstrap passes a true gap of 0 about 10-15 % of the time; tests/test_sequential.py). A *confidence sequence*
+bootstrap passed a true gap of 0 in 39 of 200 simulated streams, this sequence in none; it is about 1.8x wider at
+2,000 queries; tests/test_rule_statistics.py). A *confidence sequence*
 ``C_1, C_2, ...`` covers the mean at every n at once, ``P(for all n: mean in C_n) >= level``, so any rule that stops
 when it likes keeps the level.
 

@@ -46,7 +46,7 @@ from engine.metrics.list_merge import rows_of
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
 from engine.metrics.relevance import Outcomes, label_outcomes, neighbour_recall, qrels_outcomes
 from engine.metrics.topk import TopK, stream_topk
-from engine.metrics.twoway import TopLists, ranked_lists
+from engine.metrics.twoway import TopLists, ranked_lists, two_way_depth
 from engine.sources import Joined, Source, SourceError, join_by_id, open_source
 from engine.sources.join import IdSlots, check_same_ids
 from engine.sources.qrels import QrelsTable, read_qrels
@@ -285,11 +285,6 @@ def cut_lists(top: TopK, k: int) -> TopK:
     return TopK(top.ids[:, :k].copy(), top.scores[:, :k].copy(), beyond.astype(np.int64), top.n_gallery)
 
 
-def two_way_depth(at: int) -> int:
-    """D of the top-D lists a two-way interval walks (the in-memory check's 16 + 4k)."""
-    return 16 + 4 * at
-
-
 def read_query_groups(source: Source, ids: np.ndarray, column: str, block_rows: int) -> np.ndarray:
     """Each query's value of ``column`` in ``source`` (opened with that column as its label), in the order of ``ids``."""
     slots, out, filled = IdSlots(ids), None, np.zeros(len(ids), bool)
@@ -350,8 +345,8 @@ def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = 
     keeps the old queries' top-D lists, for the rank-merge roll-outs of the plan (the report is the same);
     ``interval``: two-way (Recall@k with labels; every other metric resamples queries, with a note), queries or
     sequential; ``query_groups``: a column of the query sources whose value groups related queries (resampled
-    together). The result
-    holds the lists its remedies reuse (:attr:`SourcesCheck.lists`, not in the JSON). Raises ``ValueError`` (a
+    together). The result holds the lists its remedies reuse (:attr:`SourcesCheck.lists`, not in the JSON). Raises
+    ``ValueError`` (a
     :class:`SourceError` for the sources) with one line, credentials masked, for anything it cannot judge; nothing is
     written anywhere.
     """

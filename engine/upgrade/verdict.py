@@ -52,7 +52,7 @@ from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import cell_stats, per_query_from_stats
 from engine.metrics.cell_interval import PairedInterval, cell_seed, paired_intervals
 from engine.metrics.same_set import resolve_same_set
-from engine.metrics.twoway import top_lists
+from engine.metrics.twoway import top_lists, two_way_depth
 from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed
 from engine.upgrade.orders import best_by_area
 from engine.upgrade.words import sentence
@@ -356,7 +356,8 @@ def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] 
     settings = {"resamples": resamples, "level": level, "seed": seed}
     lists = None
     if interval == "two-way":
-        lists = {name: top_lists(q.query, q.query_labels, g.gallery, g.gallery_labels, depth=16 + 4 * at, same_set=same_set)
+        lists = {name: top_lists(q.query, q.query_labels, g.gallery, g.gallery_labels, depth=two_way_depth(at),
+                                 same_set=same_set)
                  for name, q, g in (("oo", old, old), ("no", new, old), ("nn", new, new))}
     unchanged = _same_features(old, new)
     # the stored matrices' function, seeded as their cell (1, 0): one pair, one interval, one verdict
