@@ -60,3 +60,20 @@ def test_the_true_gap_of_an_unchanged_model_is_zero_and_a_new_dimension_is_refus
     assert (outcome.verdict, outcome.lo, outcome.hi) == ("too close to call", 0.0, 0.0)  # a tie under strict ECC
     (refused,) = cv.run_config(cv.FAMILIES["dimension change"][0](rng, 24), 100, 100, 1, rng)
     assert refused.verdict is None and math.isnan(refused.gap)
+
+
+@pytest.mark.slow
+def test_related_queries_with_groups_keep_false_compatible_at_the_nominal_rate_on_every_path():
+    """bench/calibrate_verdict.py --grouped, small: topics of 10 paraphrases, true gap exactly 0, judged in memory and
+    from sources with and without --query-groups. With the groups, false "compatible" on every path is a count the
+    nominal 2.5 % would produce with probability above 0.5 %; without them the query-only paths are far above it."""
+    cv = _bench()
+    outcomes = cv.run_grouped(30, seed=1, resamples=500)
+    count = {(o.path, o.groups): 0 for o in outcomes}
+    for o in outcomes:
+        count[(o.path, o.groups)] += o.verdict == "compatible"
+    assert len(outcomes) == 30 * 2 * len(cv.GROUPED_PATHS)
+    for path in cv.GROUPED_PATHS:
+        assert binomial_tail(30, 0.025, count[(path, True)], upper=True) > 0.005, (path, count)
+    ungrouped = sum(count[(p, False)] for p in cv.GROUPED_PATHS if "queries" in p)
+    assert binomial_tail(60, 0.025, ungrouped, upper=True) < 0.005, count  # single queries: far too many passes

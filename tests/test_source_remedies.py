@@ -159,7 +159,7 @@ def test_a_rotated_gallery_ships_with_the_procrustes_adapter(better, better_chec
     new_new = top1_hits(better["new_queries"], better["new_gallery"], better["q_labels"], better["g_labels"])
     np.testing.assert_allclose(got.values, new_new, atol=1e-9)
     row = better_plan.adapters[0]
-    assert row["source"] == "fitted here" and row["pairs"] == len(sample_rows()) and row["interval"] == "queries"
+    assert row["source"] == "fitted here" and row["pairs"] == len(sample_rows()) and row["interval"] == "two-way"
     assert row["new_new"] == pytest.approx(report.new_new, abs=1e-12) and row["old_old"] == pytest.approx(report.old_old)
     assert row["label_free"] == pytest.approx(1.0, abs=1e-9)  # the rotation undone: the new/new neighbours exactly
     assert row["compatibility"]["verdict"] == "compatible" and row["n_queries"] == NQ and row["n_gallery"] == NG
@@ -180,15 +180,18 @@ def test_every_adapter_mean_equals_numpy_on_the_whole_arrays(better, better_plan
         assert row["label_free"] == pytest.approx(free, abs=1e-9), row["kind"]
 
 
-def test_the_adapter_rows_equal_the_in_memory_plan_on_the_same_vectors(better, better_plan):
-    """check-upgrade --features --interval queries on the same vectors fits the same sample and gives the same
-    adapted/old and the same interval and verdict (one seeded draw, cell (1, 0))."""
+def test_the_adapter_rows_equal_the_in_memory_plan_on_the_same_vectors(better, better_check, better_plan):
+    """check-upgrade --features on the same vectors (the rows in the same order) fits the same sample and gives the same
+    adapted/old and the same two-way interval (the walk of the streamed top-D lists) at the same simultaneous level,
+    and the same verdict (one seeded draw, cell (1, 0))."""
     old = CellFeatures(better["old_queries"], better["q_labels"], better["old_gallery"], better["g_labels"])
     new = CellFeatures(better["new_queries"], better["q_labels"], better["new_gallery"], better["g_labels"])
-    report = check_upgrade(old, new, resamples=RESAMPLES, seed=SEED, interval="queries")
+    report = check_upgrade(old, new, resamples=RESAMPLES, seed=SEED, metric="recall@1")
     memory = plan_inputs(old, new, report)
+    assert better_check.report.interval == report.interval == "two-way"
     for got, want in zip(better_plan.adapters, memory.adapters, strict=True):
-        assert got["name"] == want["name"] and got["pairs"] == want["pairs"]
+        assert got["name"] == want["name"] and got["pairs"] == want["pairs"] and got["interval"] == want["interval"]
+        assert got["level"] == pytest.approx(want["level"], abs=1e-12) and 0.95 <= got["level"] <= 0.975
         assert got["adapted_old"] == pytest.approx(want["adapted_old"], abs=1e-9)
         for key in ("diff", "lo", "hi"):
             assert got["compatibility"][key] == pytest.approx(want["compatibility"][key], abs=1e-9)

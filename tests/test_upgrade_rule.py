@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy.stats import norm
 
 from engine.cli import main
 from engine.metrics.compatibility import CellFeatures
@@ -50,15 +51,39 @@ def test_rule_names_and_bad_rules():
 def test_queries_needed_by_hand():
     # six +1, ... : d = 1,0,0,-1,1,1,0,0,0,0: mean 0.2, sum of squared deviations 3.6, sample variance 0.4
     d = np.array([1, 0, 0, -1, 1, 1, 0, 0, 0, 0, np.nan])
-    z95, z90 = 1.959963984540054, 1.6448536269514722
-    assert queries_needed(d, level=0.95) == math.ceil(z95 ** 2 * 0.4 / 0.2 ** 2) == 39  # 38.4
-    assert queries_needed(d, level=0.90) == math.ceil(z90 ** 2 * 0.4 / 0.2 ** 2) == 28  # 27.1
-    assert queries_needed(d, level=0.95, rule=MARGIN) == math.ceil(z95 ** 2 * 0.4 / 0.205 ** 2) == 37  # 36.6
+    z95, z90, z80 = norm.ppf(0.975), norm.ppf(0.95), norm.ppf(0.80)  # two-sided level, 80 % power
+    assert queries_needed(d, level=0.95) == math.ceil((z95 + z80) ** 2 * 0.4 / 0.2 ** 2) == 79  # 78.5
+    assert queries_needed(d, level=0.90) == math.ceil((z90 + z80) ** 2 * 0.4 / 0.2 ** 2) == 62  # 61.8
+    assert queries_needed(d, level=0.95, rule=MARGIN) == math.ceil((z95 + z80) ** 2 * 0.4 / 0.205 ** 2) == 75  # 74.7
+    assert queries_needed(d, level=0.95, power=0.5) == math.ceil(z95 ** 2 * 0.4 / 0.2 ** 2) == 39  # the coin flip
     assert queries_needed(np.array([1.0, -1.0, 0.0]), level=0.95) is None  # mean exactly 0: no number of queries
     assert queries_needed(np.zeros(5), level=0.95) is None
     assert queries_needed(np.full(4, -0.005), level=0.95, rule=MARGIN) is None  # on the margin's threshold
     with pytest.raises(ValueError, match="no paired difference"):
         queries_needed(np.array([np.nan]), level=0.95)
+
+
+def test_queries_needed_is_never_below_the_queries_that_did_not_decide():
+    d = np.r_[np.ones(60), -np.ones(40), np.zeros(900)]  # mean 0.02, sd ~0.316: the formula asks for ~1,960
+    assert queries_needed(d, level=0.95) == math.ceil((norm.ppf(0.975) + norm.ppf(0.8)) ** 2 * d.var(ddof=1) / 0.02 ** 2)
+    # 20 gains, 2 losses in 5,000: the formula asks for about 2,700; a two-way call (gallery noise too) can stay
+    # undecided at 5,000, and then the answer is at least one more query than were used
+    big = np.r_[np.ones(20), -np.ones(2), np.zeros(4978)]
+    assert (norm.ppf(0.975) + norm.ppf(0.8)) ** 2 * big.var(ddof=1) / big.mean() ** 2 < len(big)
+    assert queries_needed(big, level=0.95) == len(big) + 1
+    assert queries_needed(np.zeros(3000), level=0.95, rule=MARGIN) == 3001  # 736 unchanged queries, but 3,000 did not
+
+
+def test_queries_needed_with_groups_uses_the_groups_variance():
+    rng = np.random.default_rng(0)
+    topic = rng.choice([-1.0, 0.0, 1.0], p=[0.3, 0.35, 0.35], size=30)
+    d = np.repeat(topic, 10)  # ten paraphrases per topic change together
+    groups = np.repeat(np.arange(30), 10)
+    sums = topic * 10
+    v = 30 / 29 * np.sum((sums - d.mean() * 10) ** 2) / 300 ** 2  # cluster-robust variance of the mean, by hand
+    z = norm.ppf(0.975) + norm.ppf(0.8)
+    assert queries_needed(d, level=0.95, groups=groups) == max(301, math.ceil(z ** 2 * 300 * v / d.mean() ** 2))
+    assert queries_needed(d, level=0.95, groups=groups) > 5 * queries_needed(d, level=0.95)  # ~10x: one topic, one vote
 
 
 # ---------------------------------------------------------------------------------------------- two-way bootstrap
@@ -161,9 +186,11 @@ def test_a_too_close_call_prints_the_queries_that_would_decide_it(tmp_path, caps
     folder = _write(tmp_path / "f", old, new)
     out = tmp_path / "r.json"
     assert main(["check-upgrade", "--features", str(folder), "--json", str(out)]) == 3
-    needed = math.ceil(1.959963984540054 ** 2 * (9.8 / 19) / 0.1 ** 2)
-    assert needed == 199 and json.loads(out.read_text())["compatibility"]["needed"] == needed
-    assert f"queries needed: about {needed:,} queries (20 now) would decide it" in capsys.readouterr().out
+    needed = math.ceil((norm.ppf(0.975) + norm.ppf(0.8)) ** 2 * (9.8 / 19) / 0.1 ** 2)  # 80 % power
+    assert needed == 405 and json.loads(out.read_text())["compatibility"]["needed"] == needed
+    printed = capsys.readouterr().out
+    assert f"queries needed: about {needed:,} queries (20 now) would decide it with 80 % power, a one-look" in printed
+    assert f"plan note: {needed:,} queries would decide whether new is better on its own" in printed  # the same d
 
 
 @pytest.mark.parametrize("args, message", [(["--margin", "-1"], "margin"), (["--margin", "100"], "margin"),
@@ -195,6 +222,26 @@ def test_no_query_changes_but_the_features_differ_gives_the_exact_zero_change_bo
     assert wide.verdict == "too close to call"  # -1.8 points < -0.5: 200 unchanged queries do not show it
     assert wide.needed == math.ceil(math.log(0.025) / math.log(1 - 0.005)) == 736  # 736 unchanged queries would
     assert check_upgrade(old, new, orderings=(), margin=2).verdict == "compatible"
+
+
+def test_a_float16_copy_under_ties_pass_gets_advice_that_accepts_it(tmp_path, capsys):
+    """--ties pass accepts an exact tie ([0, 0]); a float16 copy's interval is the zero-change bound, which reaches
+    below 0 (the population may lose a few queries): the advice names the margin that accepts it, not --ties pass."""
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(10), 20)
+    centers = 3 * np.eye(10, 8)[labels]
+    old = CellFeatures(rng.normal(size=(200, 8)) + centers, labels, rng.normal(size=(200, 8)) + centers, labels)
+    half = lambda x: x.astype(np.float16).astype(np.float64)  # noqa: E731
+    folder = _write(tmp_path / "f", old, CellFeatures(half(old.query), labels, half(old.gallery), labels))
+    base = ["check-upgrade", "--features", str(folder), "--metric", "recall@1"]
+    r = 1 - 0.025 ** (1 / 200)  # the exact zero-change bound: 1.83 points
+    m = math.floor(100 * r * 10 + 1) / 10  # the smallest margin (0.1 steps) whose threshold lies below -r: 1.9
+    assert main([*base, "--ties", "pass"]) == 3
+    printed = capsys.readouterr().out
+    assert "--ties pass does not accept that); a non-inferiority margin does: --margin 1.9" in printed and m == 1.9
+    assert "--ties pass can accept it" not in printed
+    assert main([*base, "--ties", "pass", "--margin", f"{m:g}"]) == 0
+    assert main(base) == 3 and "a non-inferiority margin does: --margin 1.9" in capsys.readouterr().out
 
 
 def test_the_experiment_form_takes_the_rule_too(tmp_path, capsys):

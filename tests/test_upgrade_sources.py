@@ -183,13 +183,23 @@ def test_every_store_gives_the_same_report(kind, drift, tmp_path, request):
 # ---- each relevance kind against an independent computation -------------------------------------------------------
 
 def test_labels_equal_the_features_check_on_the_same_vectors(tmp_path, drift):
-    """String ids, every side shuffled: the --features verdict (interval over queries) to the last digit."""
+    """String ids, every side shuffled: the --features verdict (interval over queries) to the last digit, and the
+    two-way interval (queries and gallery items, walked on the streamed top-D lists) to a float tolerance."""
     specs = write_all("npz", tmp_path / "s", tables(drift, text=True))
-    got = run(specs, relevance="labels", metric="recall@1").report
+    got = run(specs, relevance="labels", metric="recall@1", interval="queries").report
     old = CellFeatures(drift["old_queries"], drift["q_labels"], drift["old_gallery"], drift["g_labels"])
     new = CellFeatures(drift["new_queries"], drift["q_labels"], drift["new_gallery"], drift["g_labels"])
     want = check_upgrade(old, new, interval="queries", resamples=RESAMPLES)
     assert got.compatibility == want.compatibility and got.better == want.better
+    g_ids, q_ids = ids_for(drift, text=True)  # the two-way draws follow the rows: each side in the features' order
+    plain = write_all("npz", tmp_path / "p", {side: ((g_ids, drift[side], drift["g_labels"]) if "gallery" in side else
+                                                     (q_ids, drift[side], drift["q_labels"])) for side in SIDES})
+    two = run(plain, relevance="labels", metric="recall@1").report  # the default: two-way for recall@k with labels
+    both = check_upgrade(old, new, resamples=RESAMPLES)
+    assert two.interval == both.interval == "two-way" and two.compatibility.verdict == both.compatibility.verdict
+    for a, b in ((two.compatibility, both.compatibility), (two.better, both.better)):
+        assert (a.diff, a.lo, a.hi) == pytest.approx((b.diff, b.lo, b.hi), abs=1e-9)
+    assert (both.compatibility.hi - both.compatibility.lo) > (want.compatibility.hi - want.compatibility.lo)
     assert (got.old_old, got.new_old, got.new_new) == (want.old_old, want.new_old, want.new_new)
     assert got.sentence().split(". ")[0] == want.sentence().split(". ")[0]
     # backfill: the adapter_residual order depends on the items only (not on their rows), so the curves agree exactly
@@ -324,7 +334,8 @@ def bad_cases(tmp_path, drift):
         ("nan", replace(specs, new_gallery=nans), [], "NaN or infinite"),
         ("no new gallery", SourceSpecs(specs.old_gallery, specs.old_queries, specs.new_queries), ["--relevance", "none"],
          "needs the new gallery"),
-        ("two-way", specs, ["--interval", "two-way"], "--interval two-way needs every feature in memory"),
+        ("groups column", specs, ["--query-groups", "topic"], "query groups npz:"),
+        ("sequential groups", specs, ["--query-groups", "labels", "--sequential"], "leave out --query-groups"),
         ("metric", specs, ["--metric", "neighbour_recall@10"], "does not go with relevance labels"),
         ("outside roots", replace(specs, old_queries="/etc/passwd.npz"), [], "data root"),
         ("password", replace(specs, old_gallery="sql:postgresql+psycopg://me:s3cret@127.0.0.1:1/db#table=items"), [],

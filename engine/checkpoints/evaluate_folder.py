@@ -1,7 +1,8 @@
 """``python -m engine evaluate``: compatibility matrices for a folder of precomputed features.
 
 The folder holds ``step_1.npz ... step_T.npz``, each with the arrays ``query_features``,
-``query_labels``, ``gallery_features`` and ``gallery_labels`` (float features, integer labels >= 0).
+``query_labels``, ``gallery_features`` and ``gallery_labels`` (float features, integer labels >= 0), and optionally
+``query_groups`` (integers, one per query: which queries are related; ``check-upgrade --query-groups query_groups``).
 Each array's header is checked against its member's size and a cap before it is read (never unpickled),
 and everything is validated before anything is computed or stored. Each file is opened by
 ``storage.safe_open`` (a regular file, checked after opening: a FIFO or a device named ``step_1.npz`` is refused at
@@ -15,7 +16,7 @@ import zipfile
 import zlib
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -31,6 +32,7 @@ from engine.metrics.retrieval import parse_metric
 from engine.results.record import NewVersion, record_experiment
 
 KEYS = ("query_features", "query_labels", "gallery_features", "gallery_labels")
+OPTIONAL_KEYS = ("query_groups",)  # integers, one per query: related queries (check-upgrade --query-groups query_groups)
 _STEP = re.compile(r"^step_(\d+)\.npz$")
 MAX_ARRAY_BYTES_ENV = MAX_ARRAY_BYTES.name
 DEFAULT_MAX_ARRAY_BYTES = MAX_ARRAY_BYTES.default  # per array, checked against its declared shape before reading
@@ -48,6 +50,7 @@ class FeatureFolder:
     path: Path
     files: list[Path]
     sets: list[CellFeatures]
+    query_groups: list[np.ndarray | None] = field(default_factory=list)  # per step: its query_groups array, if any
 
 
 def max_array_bytes() -> int:
@@ -105,12 +108,13 @@ def _read_zip(path: Path, handle: BinaryIO, cap: int) -> dict[str, np.ndarray]:
                 raise FolderError(f"{path}: holds a member name twice ({', '.join(twice)}); which array is meant is unclear")
             names = {n[:-4] for n in members if n.endswith(".npy")}
             other = sorted(n for n in members if not n.endswith(".npy"))
-            missing, extra = [k for k in KEYS if k not in names], sorted(names - set(KEYS)) + other
+            missing, extra = [k for k in KEYS if k not in names], sorted(names - set(KEYS) - set(OPTIONAL_KEYS)) + other
             if missing:
                 raise FolderError(f"{path}: missing array(s) {', '.join(missing)} (expected {', '.join(KEYS)})")
             if extra:
-                raise FolderError(f"{path}: unexpected array(s) {', '.join(extra)} (expected only {', '.join(KEYS)})")
-            return {k: _read_member(path, zf, members[f"{k}.npy"], cap) for k in KEYS}
+                raise FolderError(f"{path}: unexpected array(s) {', '.join(extra)} (expected only {', '.join(KEYS)}, and "
+                                  f"optionally {', '.join(OPTIONAL_KEYS)})")
+            return {k: _read_member(path, zf, members[f"{k}.npy"], cap) for k in (*KEYS, *OPTIONAL_KEYS) if k in names}
     except FolderError:
         raise
     except (ValueError, OSError, EOFError, RuntimeError, NotImplementedError, zipfile.BadZipFile, zlib.error) as exc:
@@ -148,6 +152,10 @@ def _check_step(path: Path, arrays: dict[str, np.ndarray]) -> CellFeatures:
     dq, dg = out["query_features"].shape[1], out["gallery_features"].shape[1]
     if dq != dg:
         raise FolderError(f"{path}: query_features are {dq}-d but gallery_features are {dg}-d")
+    groups = arrays.get("query_groups")
+    if groups is not None and (groups.ndim != 1 or len(groups) != len(out["query_labels"]) or groups.dtype.kind not in "iu"):
+        raise FolderError(f"{path}: query_groups must be integers, one per query ({len(out['query_labels'])}), got shape "
+                          f"{groups.shape} {groups.dtype}")
     return CellFeatures(*(out[k] for k in KEYS))
 
 
@@ -167,12 +175,13 @@ def load_feature_folder(folder: str | Path, *, cap: int | None = None) -> Featur
         raise FolderError(f"{folder}: {len(steps)} step files; at most {MAX_STEPS} (a T x T matrix is computed)")
     if steps != list(range(1, len(steps) + 1)):
         raise FolderError(f"{folder}: steps must be numbered 1..T without gaps or repeats, found {steps}")
-    sets = [_check_step(path, read_npz(path, cap=cap)) for _, path in numbered]
+    arrays = [read_npz(path, cap=cap) for _, path in numbered]
+    sets = [_check_step(path, a) for (_, path), a in zip(numbered, arrays)]
     dims = {s.query.shape[1] for s in sets}
     if len(dims) > 1:
         per = ", ".join(f"{p.name}: {s.query.shape[1]}-d" for (_, p), s in zip(numbered, sets))
         raise FolderError(f"{folder}: feature dimensions differ between steps ({per}); evaluate needs one feature space")
-    return FeatureFolder(folder, [p for _, p in numbered], sets)
+    return FeatureFolder(folder, [p for _, p in numbered], sets, [a.get("query_groups") for a in arrays])
 
 
 def evaluate_folder(folder: FeatureFolder, *, metrics: tuple[str, ...], gallery_kind: str, same_set: bool,

@@ -19,6 +19,8 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from engine.cli.options import add_model_arguments, models_spec_from_args
 from engine.core.contract import DEFAULT_ORDERINGS, ORDERINGS
 from engine.core.vocab import RELEVANCE, RELEVANCE_K as DEFAULT_K, decision_metric
@@ -27,7 +29,8 @@ from engine.results.json_file import write_json_atomic
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
 from engine.upgrade.plan import (DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, backfill_metric,
                                  recovery_line)
-from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, TIE_RULES
+from engine.metrics.decision import margin_to_decide
+from engine.upgrade.rule import DEFAULT_INTERVAL, DEFAULT_POWER, INTERVALS, TIE_RULES
 from engine.upgrade.words import NOT_JUDGED
 
 SOURCE_OPTIONS = ("new_gallery", "old_queries", "new_queries", "qrels", "relevance", "backfill_depth")
@@ -38,7 +41,8 @@ if TYPE_CHECKING:
     from engine.upgrade.migration import PlanInputs
     from engine.upgrade.verdict import UpgradeReport
 
-    Features = tuple[CellFeatures, CellFeatures] | SourcesCheck  # a form's features in memory, or the check from sources
+    # a form's features in memory (old, new, the query groups or None), or the check from sources
+    Features = tuple[CellFeatures, CellFeatures, np.ndarray | None] | SourcesCheck
 
 EXIT_CODES = {"compatible": 0, "not compatible": 1, "too close to call": 3}
 DESCRIPTION = """\
@@ -59,7 +63,11 @@ Embeddings from a table or store: --old-gallery SRC [--new-gallery SRC] --old-qu
 [--relevance labels|qrels|none] [--k K], a SRC being a path or URL whose kind is recognised (.npz, .npy, .parquet,
 .arrow, a LanceDB or Qdrant folder, a SQLAlchemy URL) or given as npz:, npy:, parquet:, lance:, qdrant:, sql:, with
 #key=value options (e.g. #id=doc_id&vector=emb&label=cls, #table=items, #collection=docs&vector=dense). Old and new
-are joined by item id; the gallery is read in blocks (never whole, nothing written); the interval resamples queries.
+are joined by item id; the gallery is read in blocks (never whole, nothing written); the two-way interval (recall@K
+with labels) walks the streamed top-D lists, other metrics resample the queries.
+Related queries (paraphrases, one user's reformulations): --query-groups NAME|FILE resamples whole groups (a cluster
+bootstrap) on every form. Teams that add queries and rerun until it decides: --sequential (an anytime-valid interval;
+the printed "queries needed" is a one-look estimate at 80 % power).
 Relevance: labels (a label column), qrels (--qrels: query id, item id, grade) or none (label-free: the new model's
 top-K on --new-gallery is the reference; neighbour recall@K). Backfill curves need --new-gallery.
 Every check prints one decision (engine.upgrade.plan): ship as is / ship with adapter X / backfill p % in order Y /
@@ -122,10 +130,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 0: the papers' strict ECC)")
     p.add_argument("--ties", choices=TIE_RULES, default="fail",
                    help="a cross-test equal to the self-test: fail (strict >, the papers' rule, default) or pass (>=)")
-    p.add_argument("--interval", choices=tuple(INTERVALS),
-                   help="what the bootstrap resamples: two-way = queries and gallery items (default; recall@k, mAP falls "
-                        "back to queries), queries = queries only (the gallery taken as fixed; the only one with "
-                        "--old-gallery, whose gallery is streamed)")
+    p.add_argument("--interval", choices=tuple(i for i in INTERVALS if i != "sequential"),
+                   help="what the bootstrap resamples: two-way = queries and gallery items (default; recall@k, with "
+                        "--old-gallery recall@k with labels; other metrics fall back to queries), queries = queries only "
+                        "(the gallery taken as fixed)")
+    p.add_argument("--query-groups", metavar="NAME|FILE",
+                   help="related queries (paraphrases of one topic, one user's reformulations) are resampled as whole "
+                        "groups (a cluster bootstrap): with --old-gallery NAME is a column of the query sources; with "
+                        "--features the name query_groups reads that array of step_1.npz; or FILE.npy / FILE.txt (one "
+                        "group per query, in the queries' order; any form)")
+    p.add_argument("--sequential", action="store_true",
+                   help="an anytime-valid interval (a confidence sequence over the queries in their order) for teams "
+                        "that add queries and rerun until it decides: valid at every look, wider than the one-look "
+                        "interval; takes the gallery as fixed; not with --query-groups or --interval")
     p.add_argument("--same-set", action="store_true", help="queries are the gallery images: exclude each query's own image")
     p.add_argument("--orderings", nargs="+", default=list(DEFAULT_ORDERINGS), metavar="ORDER",
                    help=f"backfilling orders when not compatible (default {' '.join(DEFAULT_ORDERINGS)}; known: {', '.join(ORDERINGS)})")
@@ -297,6 +314,64 @@ def _refuse_model_options(args: argparse.Namespace, form: str) -> None:
         raise ValueError(f"{', '.join(given)} go(es) with --model; {form} reads features that are already embedded")
 
 
+GROUP_FILES = (".npy", ".txt")  # --query-groups FILE: an array, or text with one group per line
+NPZ_GROUPS = "query_groups"  # --features: the optional array of step_1.npz
+
+
+def _is_groups_file(text: str) -> bool:
+    return Path(text).suffix.lower() in GROUP_FILES
+
+
+def read_groups_file(text: str) -> np.ndarray:
+    """The query groups of ``--query-groups FILE`` (confined to the data roots): a 1-D ``.npy`` of numbers or text
+    (never unpickled), or a ``.txt`` with one group per line; one line each for what is refused."""
+    import io
+
+    from engine.checkpoints.evaluate_folder import max_array_bytes
+    from storage.safe_open import read_regular
+
+    real = roots.confine(text, what="--query-groups")
+    try:
+        data = read_regular(real, roots=roots.data_roots(), what="--query-groups file", max_bytes=max_array_bytes())
+    except OSError as exc:
+        raise ValueError(f"--query-groups {text}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if real.suffix.lower() == ".npy":
+        try:
+            groups = np.load(io.BytesIO(data), allow_pickle=False)
+        except ValueError as exc:
+            raise ValueError(f"--query-groups {text}: not a plain .npy array ({str(exc).splitlines()[0]})") from None
+        if groups.ndim != 1 or groups.dtype.kind not in "iuUS":
+            raise ValueError(f"--query-groups {text}: give a 1-D array of integers or text, got shape {groups.shape} "
+                             f"{groups.dtype}")
+        return groups
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"--query-groups {text}: not UTF-8 text (one group per line)") from None
+    empty = [i + 1 for i, line in enumerate(lines) if not line.strip()]
+    if empty:
+        raise ValueError(f"--query-groups {text}: line {empty[0]} is empty; give one group per query, one per line")
+    return np.array([line.strip() for line in lines])
+
+
+def _memory_groups(args: argparse.Namespace, form: str, arrays: Sequence[np.ndarray | None] = ()) -> np.ndarray | None:
+    """The query groups of an in-memory form: a file, or with --features the steps' ``query_groups`` arrays."""
+    text = args.query_groups
+    if text is None:
+        return None
+    if _is_groups_file(text):
+        return read_groups_file(text)
+    if form != "--features" or text != NPZ_GROUPS:
+        raise ValueError(f"--query-groups {text}: with {form} give a file ending in {' or '.join(GROUP_FILES)}"
+                         + (f", or {NPZ_GROUPS} (the array of step_1.npz)" if form == "--features" else ""))
+    given = [a for a in arrays if a is not None]
+    if arrays[0] is None:
+        raise ValueError(f"--query-groups {NPZ_GROUPS}: step_1.npz has no {NPZ_GROUPS} array")
+    if any(not np.array_equal(a, given[0]) for a in given[1:]):
+        raise ValueError(f"--query-groups {NPZ_GROUPS}: step_1.npz and step_2.npz give the queries different groups")
+    return given[0]
+
+
 def _check_folder(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict, Features]:
     """The --features form: step_1.npz is the old model, step_2.npz the new one."""
     from engine.checkpoints.evaluate_folder import load_feature_folder
@@ -309,9 +384,10 @@ def _check_folder(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRepo
     if len(folder.sets) != 2:
         raise ValueError(f"{args.features}: check-upgrade compares two models, step_1.npz (old) and step_2.npz (new); "
                          f"found {len(folder.sets)} step file(s)")
+    groups = _memory_groups(args, "--features", folder.query_groups)
     report = check_upgrade(folder.sets[0], folder.sets[1], names=args.names or ["old", "new"], same_set=args.same_set,
-                           **settings)
-    return report, {"features": str(args.features)}, (folder.sets[0], folder.sets[1])
+                           query_groups=groups, **settings)
+    return report, {"features": str(args.features)}, (folder.sets[0], folder.sets[1], groups)
 
 
 def _check_experiment(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict, Features]:
@@ -324,10 +400,11 @@ def _check_experiment(args: argparse.Namespace, settings: dict) -> tuple[Upgrade
     if args.same_set:
         raise ValueError("--same-set goes with --features; a stored experiment's config says whether queries are the gallery")
     _refuse_model_options(args, "--experiment")
+    groups = _memory_groups(args, "--experiment")
     report, pair = check_stored(get_engine(args.db), args.experiment, args.old_step, args.new_step, view=args.view,
-                                names=args.names, **settings)
+                                names=args.names, query_groups=groups, **settings)
     return report, {"experiment_id": args.experiment, "old_step": args.old_step, "new_step": args.new_step,
-                    "view": args.view, "notes": list(pair.notes)}, (pair.old, pair.new)
+                    "view": args.view, "notes": list(pair.notes)}, (pair.old, pair.new, groups)
 
 
 def _check_models(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict, Features]:
@@ -347,7 +424,8 @@ def _check_models(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRepo
         from storage import get_engine
 
         db = get_engine(args.db)
-    report, cmp, experiment_id = check_models(spec, view=args.view, names=args.names, db=db, **settings)
+    groups = _memory_groups(args, "--model")
+    report, cmp, experiment_id = check_models(spec, view=args.view, names=args.names, db=db, query_groups=groups, **settings)
     notes = list(cmp.notes)
     if experiment_id is not None:
         notes.append(f"stored as experiment {experiment_id} (steps 1 = {cmp.labels[0]}, 2 = {cmp.labels[1]}): the "
@@ -355,7 +433,7 @@ def _check_models(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRepo
     return report, {"models": [m.path for m in cmp.spec.models], "dataset": cmp.spec.dataset,
                     "query_dataset": cmp.spec.query_dataset, "gallery_dataset": cmp.spec.gallery_dataset,
                     "view": args.view, "experiment_id": experiment_id, "notes": notes,
-                    "embedding": cmp.embedding}, comparison_pair(cmp, args.view)
+                    "embedding": cmp.embedding}, (*comparison_pair(cmp, args.view), groups)
 
 
 def _refuse_source_options(args: argparse.Namespace, form: str) -> None:
@@ -378,8 +456,8 @@ def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRep
     for given, why in ((args.old_step is not None or args.new_step is not None, "--old-step and --new-step go with "
                         "--experiment"), (args.same_set, "--same-set goes with --features"),
                        (args.db is not None, "--db goes with --experiment or --model; --old-gallery stores nothing"),
-                       (args.interval == "two-way", "--interval two-way needs every feature in memory; --old-gallery "
-                        "streams the gallery and resamples the queries (--interval queries)")):
+                       (args.query_groups is not None and _is_groups_file(args.query_groups),
+                        f"--query-groups {args.query_groups}: with --old-gallery name a column of the query sources")):
         if given:
             raise ValueError(why)
     specs = SourceSpecs(args.old_gallery, args.old_queries, args.new_queries, args.new_gallery, args.qrels)
@@ -387,7 +465,7 @@ def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRep
         check = check_sources(specs, relevance=args.relevance, k=args.k, metric=args.metric,
                               names=args.names or ["old", "new"], resamples=args.resamples, level=args.level,
                               seed=args.seed, margin=args.margin, ties=args.ties, backfill_depth=args.backfill_depth,
-                              rollout=args.rollout)
+                              rollout=args.rollout, interval=settings["interval"], query_groups=args.query_groups)
     except ValueError as exc:  # one line, credentials masked, whatever raised it
         raise ValueError(first_line(exc)) from None
     data = check.to_json()
@@ -417,7 +495,8 @@ def _plan(args: argparse.Namespace, report: UpgradeReport, features: Features) -
                 asked=args.adapters is not None or bool(files) or args.threshold is not None)
         except ValueError as exc:
             raise ValueError(first_line(exc)) from None
-    return decide_in_memory(features[0], features[1], report, kinds=args.adapters, files=files, share=args.fit_share,
+    return decide_in_memory(features[0], features[1], report, groups=features[2], kinds=args.adapters, files=files,
+                            share=args.fit_share,
                             t_old=args.threshold)
 
 
@@ -427,14 +506,28 @@ def plan_lines(plan: Plan) -> list[str]:
             + [f"note: {n}" for n in plan.notes])
 
 
-def needed_line(needed: int | None, n: int) -> str:
-    """The queries that would resolve a too-close call, with the assumption behind the number."""
+def needed_line(needed: int | None, n: int, *, tie: bool = False, margin: float | None = None,
+                sequential: bool = False) -> str:
+    """The queries that would resolve a too-close call, with the assumption behind the number; when no number would,
+    what accepts it: ``tie`` (every difference on the threshold: a margin or --ties pass), else the non-inferiority
+    ``margin`` (points) under which the interval passes. ``sequential``: the number sizes a one-look check, and the
+    confidence sequence, wider, needs more; it may be rerun as often as queries are added."""
     if needed is None:
-        return ("no number of queries would decide it: the mean paired difference sits exactly on the rule's "
-                "threshold (a tie); a margin (--margin) or --ties pass can accept it")
-    return (f"about {needed:,} queries ({n:,} now) would decide it, assuming the mean paired difference and its "
-            "per-query spread stay as observed (normal approximation: n = ceil((z * sd / |mean - threshold|)^2); the "
-            "gallery's own sampling noise is not in this number, so grow the gallery with the queries)")
+        if tie or margin is None:
+            return ("no number of queries would decide it: the mean paired difference sits exactly on the rule's "
+                    "threshold (a tie); a margin (--margin) or --ties pass can accept it")
+        return ("no number of queries would decide it: the mean paired difference sits exactly on the rule's threshold "
+                "while the interval reaches below it (queries changed, or could: --ties pass does not accept that); "
+                f"a non-inferiority margin does: --margin {margin:g}")
+    if sequential:
+        return (f"about {needed:,} queries ({n:,} now) would decide a one-look check with {100 * DEFAULT_POWER:.0f} % "
+                "power (normal approximation, mean and spread as observed); the confidence sequence of --sequential is "
+                "wider and needs more, but it stays valid however often you add queries and rerun")
+    return (f"about {needed:,} queries ({n:,} now) would decide it with {100 * DEFAULT_POWER:.0f} % power, a one-look "
+            "estimate: it assumes the mean paired difference and its per-query spread stay as observed (normal "
+            "approximation: n = ((z_{1-a/2} + z_power) * sd / |mean - threshold|)^2, at least n + 1); adding queries "
+            "and rerunning until it passes is many looks, which this number does not cover (--sequential does); the "
+            "gallery's own sampling noise is not in it either, so grow the gallery with the queries")
 
 
 def _fmt(x: float | None) -> str:
@@ -506,8 +599,12 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
     unknown = [o for o in args.orderings if o not in ORDERINGS]
     if unknown:
         raise ValueError(f"unknown backfilling order(s) {', '.join(unknown)}; known: {', '.join(ORDERINGS)}")
+    if args.sequential and (args.interval is not None or args.query_groups is not None):
+        raise ValueError("--sequential is its own interval over the queries one by one; leave out "
+                         + ("--interval" if args.interval is not None else "--query-groups"))
     settings = {"metric": args.metric or decision_metric("labels"), "resamples": args.resamples, "level": args.level,
-                "seed": args.seed, "margin": args.margin, "ties": args.ties, "interval": args.interval or DEFAULT_INTERVAL,
+                "seed": args.seed, "margin": args.margin, "ties": args.ties,
+                "interval": "sequential" if args.sequential else args.interval or DEFAULT_INTERVAL,
                 "orderings": tuple(args.orderings), "rollout": args.rollout}
     if args.old_gallery is None:
         _refuse_source_options(args, "--features, --experiment or --model")
@@ -534,14 +631,18 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
              f"({report.n_queries} queries, {report.n_no_positive} without a "
              f"{'positive' if report.relevance == 'labels' else 'relevant item'}; {report.n_gallery} gallery items)",
              f"  compatibility diff {c.diff:+.4f} [{c.lo:+.4f}, {c.hi:+.4f}] -> {c.verdict}; {alone}"
-             f"(paired percentile bootstrap over {INTERVALS[report.interval]}, {report.resamples} resamples, "
-             f"level {report.level:g}, seed {report.seed})",
+             + (f"(anytime-valid confidence sequence over {report.paired_over}, level {report.level:g})"
+                if report.interval == "sequential" else
+                f"(paired percentile bootstrap over {report.paired_over}, {report.resamples} resamples, "
+                f"level {report.level:g}, seed {report.seed})"),
              f"  rule: {report.rule.name}",
              f"  decision: {plan.plan.headline()}: {plan.plan.reason}"]
     if "convention" in source:
         lines.append(f"  convention: {source['convention']}")
     if c.verdict == "too close to call":
-        lines.append(f"  queries needed: {needed_line(c.needed, c.n)}")
+        needed = needed_line(c.needed, c.n, tie=c.tie, margin=margin_to_decide(c.lo, c.hi),
+                             sequential=report.interval == "sequential")
+        lines.append(f"  queries needed: {needed}")
     lines += [f"  backfill {need.ordering:<16} area {need.area:.4f}  to reach {report.old_name}'s self-test "
               f"{reach(need.to_old_self)}, {report.new_name}'s {reach(need.to_new_self)} ({report.metric}; the plan reads "
               f"{backfill_metric(report.metric, report.relevance)})" for need in report.backfill]

@@ -13,6 +13,12 @@ them) call :func:`paired_intervals` with the same arguments for the same pair, a
 * when no item's score changes although the features differ (a float16 export), the exact binomial bound on the
   share of items that could change (:func:`unchanged_bound`) instead of the bootstrap's point ``[0, 0]``.
 
+With ``groups`` (one group per query: paraphrases, one user's reformulations) every bootstrap above resamples whole
+groups instead of single queries (the cluster bootstrap; :mod:`engine.metrics.paired`, :mod:`engine.metrics.twoway`).
+With ``sequential`` the interval is the anytime-valid confidence sequence of :mod:`engine.metrics.sequential` over the
+queries in the order given (for a team that adds queries and reruns; it takes the gallery as fixed, and refuses
+groups: it needs one observation per independent query).
+
 Every cell draws from a generator seeded by :func:`cell_seed` ``(seed, t, k)``: check-upgrade is the cell (1, 0)
 of a two-model matrix (old = model 0, new = model 1), so its interval and the stored cell's are the same numbers.
 """
@@ -26,10 +32,11 @@ import numpy as np
 from engine.metrics.decision import unchanged_bound
 from engine.metrics.hierarchical import SeedItems, hierarchical_bootstrap
 from engine.metrics.paired import paired_bootstrap
+from engine.metrics.sequential import confidence_sequence
 from engine.metrics.twoway import TopLists, twoway_bootstraps
 from engine.metrics.verification import sample_pairs
 
-TWO_WAY, QUERIES, IMAGES = "two-way", "queries", "images"
+TWO_WAY, QUERIES, IMAGES, SEQUENTIAL = "two-way", "queries", "images", "sequential"
 
 
 @dataclass(frozen=True)
@@ -40,7 +47,8 @@ class PairedInterval:
     lo: float
     hi: float
     n: int
-    interval: str  # "two-way" | "queries" | "images" (verification pairs) | "unchanged" (no item changed: exact bound)
+    interval: str  # "two-way" | "queries" | "images" (verification pairs) | "sequential" (a confidence sequence) |
+    # "unchanged" (no item changed: exact bound)
 
 
 def cell_seed(seed: int, t: int, k: int) -> tuple[int, int, int]:
@@ -56,17 +64,22 @@ def two_way_applies(kind: str, *, gallery_kind: str = "instance", rank_ties: str
 def paired_intervals(base: np.ndarray, others: Sequence[np.ndarray], *, seed: int | tuple[int, ...], resamples: int,
                      confidence: float, k: int = 1, base_lists: TopLists | None = None,
                      other_lists: Sequence[TopLists] | None = None,
-                     bound_unchanged: Sequence[bool] | None = None) -> list[PairedInterval]:
+                     bound_unchanged: Sequence[bool] | None = None, groups: np.ndarray | None = None,
+                     sequential: bool = False) -> list[PairedInterval]:
     """Each of ``others`` minus ``base`` (per-item outcomes, NaN = undefined, paired by position), all from one
-    seeded draw: two-way when ``base_lists`` and ``other_lists`` are given (Recall@``k``), over items otherwise.
+    seeded draw: two-way when ``base_lists`` and ``other_lists`` are given (Recall@``k``), over items otherwise;
+    ``groups`` (one per item) resamples whole groups; ``sequential`` gives the confidence sequence instead.
 
     ``bound_unchanged[i]`` (default True): when no item's outcome differs, give other ``i`` the exact bound
     ``+/- unchanged_bound`` instead of the bootstrap's point ``[0, 0]``; pass False where the features are the same
     (an unchanged model: the population gap is 0 and ``[0, 0]`` is the truth, not a sample artefact).
     """
     base = np.asarray(base, np.float64)
-    two_way = base_lists is not None and other_lists is not None
-    bounds = (twoway_bootstraps(base_lists, list(other_lists), k=k, resamples=resamples, seed=seed, confidence=confidence)
+    if sequential and groups is not None:
+        raise ValueError("the sequential interval takes queries one by one; it cannot resample query groups")
+    two_way = base_lists is not None and other_lists is not None and not sequential
+    bounds = (twoway_bootstraps(base_lists, list(other_lists), k=k, resamples=resamples, seed=seed, confidence=confidence,
+                                groups=groups)
               if two_way else [None] * len(others))
     out = []
     for i, (other, b) in enumerate(zip(others, bounds)):
@@ -76,12 +89,17 @@ def paired_intervals(base: np.ndarray, others: Sequence[np.ndarray], *, seed: in
         if not len(d):
             out.append(PairedInterval(float("nan"), float("nan"), float("nan"), 0, QUERIES))
             continue
-        if not np.any(d) and (bound_unchanged is None or bound_unchanged[i]):
+        bound = bound_unchanged is None or bound_unchanged[i]
+        if not np.any(d) and bound and not sequential:
             r = unchanged_bound(len(d), confidence)
             out.append(PairedInterval(0.0, -r, r, len(d), "unchanged"))
             continue
-        if b is None:
-            diff, lo, hi = paired_bootstrap(other, base, resamples=resamples, seed=seed, confidence=confidence)
+        if sequential:
+            lo, hi = (0.0, 0.0) if not np.any(d) and not bound else confidence_sequence(other - base, confidence=confidence)
+            out.append(PairedInterval(float(d.mean()), lo, hi, len(d), SEQUENTIAL))
+        elif b is None:
+            diff, lo, hi = paired_bootstrap(other, base, resamples=resamples, seed=seed, confidence=confidence,
+                                            groups=groups)
             out.append(PairedInterval(diff, lo, hi, len(d), QUERIES))
         else:
             out.append(PairedInterval(float(d.mean()), b[0], b[1], len(d), TWO_WAY))

@@ -18,7 +18,8 @@ import math
 
 from engine.core.vocab import TIE_RULES, Rule  # noqa: F401 (the rule's record lives in core: job payloads check it)
 
-INTERVALS = {"two-way": "queries and gallery items", "queries": "queries"}  # --interval: what the bootstrap resamples
+INTERVALS = {"two-way": "queries and gallery items", "queries": "queries",  # --interval: what the interval resamples
+             "sequential": "queries in the order given"}  # --sequential: an anytime-valid confidence sequence
 DEFAULT_INTERVAL = "two-way"
 
 

@@ -14,9 +14,16 @@ is given (new/new). Per-query outcomes come from :mod:`engine.metrics.relevance`
   (needs the new gallery; new/new is the reference itself, so "better on its own" is not judged).
 
 The verdict is :func:`engine.upgrade.verdict.compare` under the same :class:`~engine.upgrade.rule.Rule`, with the
-interval of :func:`engine.metrics.cell_interval.paired_intervals` seeded as check-upgrade's cell (1, 0): the paired
-bootstrap over queries (the two-way one needs every feature in memory). On the same vectors, with labels and
-Recall@1, the numbers equal ``check-upgrade --features ... --interval queries`` (tests/test_upgrade_sources.py).
+interval of :func:`engine.metrics.cell_interval.paired_intervals` seeded as check-upgrade's cell (1, 0). For Recall@k
+with labels it is the **two-way** interval (queries and gallery items): the search keeps each query's top-D lists
+(D = 16 + 4k, as in memory) and every replicate walks them with the gallery items' resampled counts and the labels'
+per-class counts (:func:`engine.metrics.twoway.ranked_lists`), so no vector is needed again and memory holds
+n_q x D ids; a query whose list runs out undecided (fewer than k negative copies among D items, P < 1e-8) counts as
+a miss. The other metrics (mAP@k, nDCG@k, neighbour recall@k: graded or list-overlap outcomes, which the walk does
+not recompute) resample the queries, with a note. ``query_groups`` (a column of the old query source) resamples
+whole groups of related queries on every interval; ``interval="sequential"`` gives the anytime-valid one. On the same
+vectors in the same order, with labels and Recall@1, the numbers equal ``check-upgrade --features`` (two-way to a
+float tolerance, ``--interval queries`` to the last digit; tests/test_upgrade_sources.py).
 When the new gallery is given and the pair is not compatible, backfill curves follow, one more streamed pass each
 gallery (:mod:`engine.upgrade.backfill_sources`): every point merges the new queries' top-D lists on the two galleries
 by score, under the same relevance (label-free, the reference is new/new, so every curve ends at 1 by definition).
@@ -39,13 +46,14 @@ from engine.metrics.list_merge import rows_of
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
 from engine.metrics.relevance import Outcomes, label_outcomes, neighbour_recall, qrels_outcomes
 from engine.metrics.topk import TopK, stream_topk
+from engine.metrics.twoway import TopLists, ranked_lists, two_way_depth
 from engine.sources import Joined, Source, SourceError, join_by_id, open_source
 from engine.sources.join import IdSlots, check_same_ids
 from engine.sources.qrels import QrelsTable, read_qrels
 from engine.upgrade.backfill_sources import SourceBackfill, default_depth, source_backfill
-from engine.upgrade.rule import Rule
-from engine.upgrade.verdict import (BETTER, PairedVerdict, UpgradeReport, best_ordering, check_settings, compare,
-                                    unchanged_note)
+from engine.upgrade.rule import DEFAULT_INTERVAL, Rule
+from engine.upgrade.verdict import (BETTER, SEQUENTIAL_NOTE, PairedVerdict, UpgradeReport, best_ordering, check_settings,
+                                    compare, query_group_index, unchanged_note)
 from engine.upgrade.words import NOT_JUDGED
 
 DEFAULT_K = RELEVANCE_K
@@ -117,6 +125,10 @@ class CheckLists:
     block_rows: int
     backend: str
     backfill: SourceBackfill | None = None  # when the backfill was computed
+    interval: str = "queries"  # what the check's interval resampled (two-way, queries, sequential)
+    groups: np.ndarray | None = None  # each query's group index (None: queries on their own)
+    ranked: TopLists | None = None  # two-way: old/old's pessimistically ordered top-D lists
+    ranked_depth: int = 0  # two-way: D of the lists the gallery resample walks
 
 
 @dataclass(frozen=True)
@@ -263,6 +275,32 @@ def qrels_rows(table: QrelsTable, query_ids: np.ndarray, gallery_ids: np.ndarray
     return out
 
 
+def cut_lists(top: TopK, k: int) -> TopK:
+    """The first ``k`` items of each list, ``tied_beyond`` counted again at the new cut (items beyond it, in the list or
+    beyond the list, whose score equals its last)."""
+    if k >= top.k:
+        return top
+    last = top.scores[:, k - 1: k]
+    beyond = (top.scores[:, k:] == last).sum(1) + np.where(top.scores[:, -1] == last[:, 0], top.tied_beyond, 0)
+    return TopK(top.ids[:, :k].copy(), top.scores[:, :k].copy(), beyond.astype(np.int64), top.n_gallery)
+
+
+def read_query_groups(source: Source, ids: np.ndarray, column: str, block_rows: int) -> np.ndarray:
+    """Each query's value of ``column`` in ``source`` (opened with that column as its label), in the order of ``ids``."""
+    slots, out, filled = IdSlots(ids), None, np.zeros(len(ids), bool)
+    for block in source.blocks(block_rows):
+        if block.labels is None:
+            raise SourceError(f"{source.description} has no column {column!r} to read the query groups from")
+        at = slots(block.ids, source)
+        if out is None:
+            out = np.empty(len(ids), dtype=object)
+        out[at] = block.labels
+        filled[at] = True
+    if out is None or not filled.all():
+        raise SourceError(f"{source.description} gave {int(filled.sum())} of the {len(ids)} queries' groups")
+    return np.array(out.tolist())
+
+
 def _split(top: TopK, n: int) -> tuple[TopK, TopK]:
     """The first ``n`` queries' lists and the rest (one pass ranked old and new queries together)."""
     cut = lambda s: TopK(top.ids[s], top.scores[s], top.tied_beyond[s], top.n_gallery)  # noqa: E731
@@ -275,8 +313,8 @@ class Opened:
     def __init__(self) -> None:
         self.sources: list[Source] = []
 
-    def open(self, text: str, what: str) -> Source:
-        source = open_source(text, what=what)
+    def open(self, text: str, what: str, *, label: str | None = None) -> Source:
+        source = open_source(text, what=what, label=label)
         self.sources.append(source)
         return source
 
@@ -297,14 +335,18 @@ def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = 
                   level: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_SEED, margin: float = 0.0, ties: str = "fail",
                   block_rows: int = DEFAULT_BLOCK_ROWS, backend: str = "numpy",
                   progress: Progress | None = None, backfill_depth: int | None = None,
-                  rollout: bool = False) -> SourcesCheck:
+                  rollout: bool = False, interval: str = DEFAULT_INTERVAL,
+                  query_groups: str | None = None) -> SourcesCheck:
     """The upgrade verdict of the new model's queries on the old gallery, read from sources (module docstring).
 
     ``relevance`` defaults to ``qrels`` when ``specs.qrels`` is given, else ``labels``; ``k`` is the depth of the top-k
     lists (raised to the metric's K when that is larger); ``backfill_depth`` the backfill's list depth D (default
     :func:`engine.upgrade.backfill_sources.default_depth`); ``rollout``: the backfill's pass over the old gallery also
-    keeps the old queries' top-D lists, for the rank-merge roll-outs of the plan (the report is the same). The result
-    holds the lists its remedies reuse (:attr:`SourcesCheck.lists`, not in the JSON). Raises ``ValueError`` (a
+    keeps the old queries' top-D lists, for the rank-merge roll-outs of the plan (the report is the same);
+    ``interval``: two-way (Recall@k with labels; every other metric resamples queries, with a note), queries or
+    sequential; ``query_groups``: a column of the query sources whose value groups related queries (resampled
+    together). The result holds the lists its remedies reuse (:attr:`SourcesCheck.lists`, not in the JSON). Raises
+    ``ValueError`` (a
     :class:`SourceError` for the sources) with one line, credentials masked, for anything it cannot judge; nothing is
     written anywhere.
     """
@@ -312,14 +354,16 @@ def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = 
     try:
         return _check(specs, opened, relevance=relevance, k=k, metric=metric, names=names, resamples=resamples,
                       level=level, seed=seed, margin=margin, ties=ties, block_rows=block_rows, backend=backend,
-                      say=progress or (lambda f, m: None), backfill_depth=backfill_depth, rollout=rollout)
+                      say=progress or (lambda f, m: None), backfill_depth=backfill_depth, rollout=rollout,
+                      interval=interval, query_groups=query_groups)
     finally:
         opened.close()
 
 
 def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int, metric: str | None,
            names: Sequence[str], resamples: int, level: float, seed: int, margin: float, ties: str, block_rows: int,
-           backend: str, say: Progress, backfill_depth: int | None = None, rollout: bool = False) -> SourcesCheck:
+           backend: str, say: Progress, backfill_depth: int | None = None, rollout: bool = False,
+           interval: str = DEFAULT_INTERVAL, query_groups: str | None = None) -> SourcesCheck:
     relevance = relevance or default_relevance(specs.qrels)
     if relevance not in RELEVANCE:
         raise ValueError(f"unknown relevance {relevance!r}; use one of {', '.join(RELEVANCE)}")
@@ -331,7 +375,19 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
         raise ValueError(f"the backfill depth must be a positive integer, got {backfill_depth!r}")
     kind, at = parse_source_metric(metric, relevance)
     (old_name, new_name), _ = check_settings(names, metric="recall@1", resamples=resamples, level=level, margin=margin,
-                                             ties=ties, interval="queries")
+                                             ties=ties, interval=interval)
+    if query_groups is not None and (not isinstance(query_groups, str) or not query_groups.strip()):
+        raise ValueError(f"the query groups name a column of the query sources, got {query_groups!r}")
+    if query_groups is not None and interval == "sequential":
+        raise ValueError("--sequential takes the queries one by one in their order; it does not go with query groups")
+    notes: tuple[str, ...] = ()
+    two_way = interval == "two-way" and kind == "recall" and relevance == "labels"
+    if interval == "two-way" and not two_way:
+        interval = "queries"
+        notes += (f"the gallery resample covers recall@k with labels; this {metric} interval resamples "
+                  f"{'query groups' if query_groups else 'queries'} only",)
+    if interval == "sequential":
+        notes += (SEQUENTIAL_NOTE,)
     rule = Rule(margin, ties)
     sources_check_payload(asdict(specs), relevance=relevance, k=int(k), names=(old_name, new_name))  # what each needs
     depth = max(int(k), at)
@@ -342,6 +398,11 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
     queries = join_by_id(old_q_src, new_q_src, block_rows=block_rows)
     if not len(queries.ids):
         raise SourceError(f"{old_q_src.description} holds no query")
+    groups = None
+    if query_groups is not None:
+        say(0.05, "reading the query groups")
+        groups = query_group_index(read_query_groups(opened.open(specs.old_queries, "query groups", label=query_groups),
+                                                     queries.ids, query_groups, block_rows), len(queries.ids))
     say(0.08, "reading the old gallery's ids")
     old_g = opened.open(specs.old_gallery, "old gallery")
     new_g = opened.open(specs.new_gallery, "new gallery") if specs.new_gallery else None
@@ -391,13 +452,20 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
         judged_rows = np.unique(np.fromiter((i for q in judged.values() for i in q), np.int64))
 
     say(0.2, "searching the old gallery (old and new queries)")
+    search = min(max(depth, two_way_depth(at)) if two_way else depth, n_g)  # two-way: deeper lists to walk
     stacked = np.concatenate([queries.old, queries.new])
-    on_old = stream_topk(stacked, in_order(old_g, old_scan.ids, block_rows), k=min(depth, n_g), backend=backend)
+    on_old = stream_topk(stacked, in_order(old_g, old_scan.ids, block_rows), k=search, backend=backend)
     top_oo, top_no = _split(on_old, n_q)
     top_nn = None
     if new_g is not None:
         say(0.6, "searching the new gallery (new queries)")
-        top_nn = stream_topk(queries.new, by_id(new_g, slots, block_rows), k=min(depth, n_g), backend=backend)
+        top_nn = stream_topk(queries.new, by_id(new_g, slots, block_rows), k=search, backend=backend)
+    ranked = {}
+    if two_way:
+        ranked = {cell: ranked_lists(top.ids, top.scores, q_labels, g_labels)
+                  for cell, top in (("oo", top_oo), ("no", top_no), ("nn", top_nn)) if top is not None}
+        top_oo, top_no = cut_lists(top_oo, min(depth, n_g)), cut_lists(top_no, min(depth, n_g))
+        top_nn = None if top_nn is None else cut_lists(top_nn, min(depth, n_g))
     ks = tuple(x for x in ks if x <= min(depth, n_g))
 
     say(0.9, "per-query outcomes and the paired interval")
@@ -412,16 +480,20 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
     unchanged = bool(new_scan is not None and np.array_equal(queries.old, queries.new)
                      and np.array_equal(old_scan.prints[slots(new_scan.ids, new_g)], new_scan.prints))
     others = [no] if nn is None else [no, nn]
-    got = paired_intervals(oo, others, seed=cell_seed(seed, 1, 0), resamples=resamples, confidence=level,
-                           bound_unchanged=[not unchanged, False][: len(others)])
-    settings = {"resamples": resamples, "level": level, "seed": seed}
+    got = paired_intervals(oo, others, seed=cell_seed(seed, 1, 0), resamples=resamples, confidence=level, k=at,
+                           base_lists=ranked.get("oo"), other_lists=[ranked[c] for c in ("no", "nn")[: len(others)]]
+                           if two_way else None, bound_unchanged=[not unchanged, False][: len(others)], groups=groups,
+                           sequential=interval == "sequential")
+    settings = {"resamples": resamples, "level": level, "seed": seed, "groups": groups}
     compat = compare(no, oo, **settings, rule=rule, bounds=(got[0].lo, got[0].hi))
     if nn is None:
         better = PairedVerdict(float("nan"), float("nan"), float("nan"), 0, NOT_JUDGED)
     else:
         better = compare(nn, oo, **settings, names=BETTER, bounds=(got[1].lo, got[1].hi))
-    notes = unchanged_note(got[0]) + ("the interval resamples the queries; the gallery is streamed, not resampled "
-                                      "(the two-way interval of check-upgrade --features needs every feature in memory)",)
+    notes += unchanged_note(got[0])
+    if two_way:
+        notes += (f"two-way from the streamed gallery: each replicate walks the queries' top-{search} lists with the "
+                  "gallery items' resampled counts (an item's vector is never needed again)",)
     needs, decided, b_depth, backfill = (), {}, None, None
     if compat.verdict == "not compatible" and new_g is not None:
         b_depth = min(backfill_depth or default_depth(max(int(k), at)), n_g)
@@ -437,7 +509,8 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
     n_none = cells[f"{old_name}/{old_name}"].n_no_relevant
     report = UpgradeReport(old_name, new_name, metric, float(np.nanmean(oo)), float(np.nanmean(no)),
                            float("nan") if nn is None else float(np.nanmean(nn)), n_q, n_none, n_g, compat, better,
-                           resamples, level, seed, False, needs, best_ordering(needs), float(margin), ties, "queries", notes, relevance)
+                           resamples, level, seed, False, needs, best_ordering(needs), float(margin), ties, interval, notes,
+                           relevance, query_groups=0 if groups is None else int(groups.max()) + 1)
     sources = {"old_gallery": old_g.description, "old_queries": old_q_src.description,
                "new_queries": new_q_src.description}
     if new_g is not None:
@@ -445,7 +518,8 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
     if qrels_table is not None:
         sources["qrels"] = qrels_table.description
     say(1.0, "done")
-    lists = CheckLists(queries, old_scan.ids, slots, judge, key, at, top_oo, top_nn, oo, block_rows, backend, backfill)
+    lists = CheckLists(queries, old_scan.ids, slots, judge, key, at, top_oo, top_nn, oo, block_rows, backend, backfill,
+                       interval, groups, ranked.get("oo"), search if two_way else 0)
     return SourcesCheck(report, relevance, depth, relevance_phrase(relevance, k=at, n_no_relevant=n_none), sources,
                         {cell: o.means() for cell, o in cells.items()}, b_depth, decided, lists)
 

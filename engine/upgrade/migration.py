@@ -32,7 +32,9 @@ import numpy as np
 
 from engine.adapters.artifact import load_adapter
 from engine.adapters.posthoc import PosthocMap, fit_map, kind_of
+from engine.metrics.cell_interval import cell_seed
 from engine.metrics.compatibility import CellFeatures
+from engine.metrics.selection import simultaneous_level
 from engine.sources.text import first_line
 from engine.metrics.relevance import neighbour_recall
 from engine.metrics.threshold import matched_threshold, threshold_at_precision
@@ -93,25 +95,67 @@ def _rows(cell: CellFeatures, keep: np.ndarray) -> CellFeatures:
                         np.asarray(cell.gallery_labels)[keep])
 
 
-def judge_map(m: PosthocMap, old: CellFeatures, new: CellFeatures, report: UpgradeReport,
-              keep: np.ndarray | None = None) -> UpgradeReport:
-    """Adapted new queries on the old gallery vs old/old under the report's settings (``keep``: the same-set items
-    that score; None: all)."""
+def _check_dims(m: PosthocMap, old: CellFeatures, new: CellFeatures) -> None:
     if m.new_dim != new.query.shape[1] or m.old_dim != old.gallery.shape[1]:
         raise ValueError(f"the adapter maps {m.new_dim}-d new vectors to {m.old_dim}-d old ones, but the new model's "
                          f"features are {new.query.shape[1]}-d and the old model's {old.gallery.shape[1]}-d")
+
+
+def judge_map(m: PosthocMap, old: CellFeatures, new: CellFeatures, report: UpgradeReport,
+              keep: np.ndarray | None = None, *, level: float | None = None,
+              groups: np.ndarray | None = None) -> UpgradeReport:
+    """Adapted new queries on the old gallery vs old/old under the report's settings (``keep``: the same-set items
+    that score; None: all); ``level`` (default the report's): the simultaneous level of :func:`adapter_rows`;
+    ``groups``: the check's query groups (one per query of ``old``)."""
+    _check_dims(m, old, new)
     if keep is not None:
         old, new = _rows(old, keep), _rows(new, keep)
+        groups = None if groups is None else np.asarray(groups)[keep]
     adapted = CellFeatures(m.apply(new.query), new.query_labels, old.gallery, old.gallery_labels)
     return check_upgrade(old, adapted, names=("old", "adapted"), metric=report.metric, resamples=report.resamples,
-                         level=report.level, seed=report.seed, same_set=report.same_set, orderings=(),
-                         margin=report.margin, ties=report.ties, interval=report.interval)
+                         level=report.level if level is None else level, seed=report.seed, same_set=report.same_set,
+                         orderings=(), margin=report.margin, ties=report.ties, interval=report.interval,
+                         query_groups=groups)
 
 
-def _adapter_row(name: str, m: PosthocMap, got: UpgradeReport, **extra: Any) -> dict[str, Any]:
+def adapted_diffs(m: PosthocMap, old: CellFeatures, new: CellFeatures, report: UpgradeReport,
+                  keep: np.ndarray | None = None) -> np.ndarray:
+    """Per query of ``old`` (NaN where not scored: outside ``keep``, or no positive): adapted/old - old/old under the
+    report's metric, the differences :func:`judge_map` judges."""
+    _check_dims(m, old, new)
+    rows = np.arange(len(old.query_labels)) if keep is None else np.asarray(keep)
+    o, n = (old, new) if keep is None else (_rows(old, keep), _rows(new, keep))
+
+    def score(q: np.ndarray) -> np.ndarray:
+        return per_query_scores(q, o.query_labels, o.gallery, o.gallery_labels, metric=report.metric,
+                                same_set=report.same_set)
+
+    out = np.full(len(old.query_labels), np.nan)
+    out[rows] = score(m.apply(n.query)) - score(o.query)
+    return out
+
+
+def selection_level(diffs: Sequence[np.ndarray], report: UpgradeReport, groups: np.ndarray | None = None) -> float:
+    """The level each of several candidates is judged at so that the plan's pick keeps the report's level
+    (:func:`engine.metrics.selection.simultaneous_level`, seeded as the check's cell (1, 0)); one candidate: the
+    report's level."""
+    return simultaneous_level(diffs, level=report.level, resamples=report.resamples, seed=cell_seed(report.seed, 1, 0),
+                              groups=groups)
+
+
+def selection_note(rows: Sequence[dict[str, Any]]) -> str | None:
+    """The plan's note on how its adapters' intervals were made honest for the choice among them (None: one or none)."""
+    if len(rows) < 2:
+        return None
+    return (f"the {len(rows)} adapters are judged with simultaneous intervals (max-T over the candidates' percentile "
+            f"ranks, Mandel & Betensky 2008): each at level {100 * rows[0]['level']:.1f} % so that all cover together "
+            f"at {100 * rows[0]['report_level']:g} %; the one the plan picks (highest lower end) keeps that level")
+
+
+def _adapter_row(name: str, m: PosthocMap, got: UpgradeReport, report_level: float, **extra: Any) -> dict[str, Any]:
     return json_ready({"name": name, "kind": m.kind, **extra, "adapted_old": got.new_old, "old_old": got.old_old,
                        "n_queries": got.n_queries, "n_gallery": got.n_gallery, "compatibility": asdict(got.compatibility),
-                       "interval": got.interval})
+                       "interval": got.interval, "level": got.level, "report_level": report_level})
 
 
 def fitted_maps(old: CellFeatures, new: CellFeatures, kinds: Sequence[str], *, share: float,
@@ -140,21 +184,26 @@ def label_free(m: PosthocMap, old: CellFeatures, new: CellFeatures, *, k: int = 
 
 
 def adapter_rows(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, kinds: Sequence[str] = DEFAULT_ADAPTERS,
-                 files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE) -> list[dict[str, Any]]:
-    """One row per adapter kind fitted here (see the module docstring) and per exported adapter folder, each with the
-    report's new/new (its recovery's ceiling, :func:`engine.upgrade.plan.recovery_rows`) and :func:`label_free`."""
-    rows = []
-    beside = lambda m: {"new_new": report.new_new,  # noqa: E731
-                        "label_free": None if report.same_set else label_free(m, old, new)}
+                 files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE,
+                 groups: np.ndarray | None = None) -> list[dict[str, Any]]:
+    """One row per adapter kind fitted here (see the module docstring) and per exported adapter folder, each judged at
+    the simultaneous level of all of them (:func:`selection_level`: the plan picks one, and its interval keeps the
+    report's level); ``groups``: the check's query groups. Each row has the report's new/new (its recovery's ceiling,
+    :func:`engine.upgrade.plan.recovery_rows`) and :func:`label_free`."""
+    candidates: list[tuple[str, PosthocMap, np.ndarray | None, dict[str, Any]]] = []
     for kind, m, fitted, seconds in fitted_maps(old, new, kinds, share=share, seed=report.seed):
         keep = np.setdiff1d(np.arange(len(old.gallery)), fitted) if report.same_set else None
-        rows.append(_adapter_row(kind, m, judge_map(m, old, new, report, keep), source="fitted here",
-                                 pairs=len(fitted), fit_seconds=seconds, **beside(m)))
+        candidates.append((kind, m, keep, {"source": "fitted here", "pairs": len(fitted), "fit_seconds": seconds}))
     for folder in files:
         m = load_adapter(folder)
-        rows.append(_adapter_row(f"{m.kind} ({Path(folder).name})", m, judge_map(m, old, new, report),
-                                 source=str(folder), pairs=m.fitted_on.get("pairs"), **beside(m)))
-    return rows
+        candidates.append((f"{m.kind} ({Path(folder).name})", m, None, {"source": str(folder),
+                                                                        "pairs": m.fitted_on.get("pairs")}))
+    level = report.level if len(candidates) < 2 else selection_level(
+        [adapted_diffs(m, old, new, report, keep) for _, m, keep, _ in candidates], report, groups)
+    beside = lambda m: {"new_new": report.new_new,  # noqa: E731
+                        "label_free": None if report.same_set else label_free(m, old, new)}
+    return [_adapter_row(name, m, judge_map(m, old, new, report, keep, level=level, groups=groups), report.level, **extra,
+                         **beside(m)) for name, m, keep, extra in candidates]
 
 
 def above(fractions: Sequence[float], values: Sequence[float], target: float) -> float | None:
@@ -242,10 +291,11 @@ def remapped_threshold(so: np.ndarray, ro: np.ndarray, sn: np.ndarray, rn: np.nd
 
 def plan_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, kinds: Sequence[str] = DEFAULT_ADAPTERS,
                 files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE, t_old: float | None = None,
-                precision: float = DEFAULT_PRECISION) -> PlanInputs:
-    """The migration plan of ``report`` (computed on ``old`` and ``new``) with its adapters, roll-outs and threshold."""
+                precision: float = DEFAULT_PRECISION, groups: np.ndarray | None = None) -> PlanInputs:
+    """The migration plan of ``report`` (computed on ``old`` and ``new``, with the query ``groups`` when it had them)
+    with its adapters, roll-outs and threshold."""
     data = report.to_json()
-    adapters = adapter_rows(old, new, report, kinds=kinds, files=files, share=share)
+    adapters = adapter_rows(old, new, report, kinds=kinds, files=files, share=share, groups=groups)
     rollouts, rescoring = plan_rollouts(old, new, report)
     threshold, how = threshold_row(old, new, same_set=report.same_set, t_old=t_old, precision=precision)
     plan = migration_plan(data, adapters=adapters, rollouts=rollouts, threshold=threshold)
@@ -255,6 +305,8 @@ def plan_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
                   else "every query (none of them fitted on)")
         notes.append(f"adapters {', '.join(kinds)} fitted on {adapters[0]['pairs']:,} paired gallery items (a share of "
                      f"{share:g}, seed {report.seed}) and scored on {scored}")
+    picked = selection_note(adapters)
+    notes += [picked] if picked else []
     notes.append(f"similarity threshold: {how}")
     if any(str(r["ordering"]).startswith(RANK_MERGE) for r in rollouts):
         notes.append(RANK_MERGE_NOTE)
@@ -291,10 +343,11 @@ def or_verdicts(build: Callable[[], PlanInputs], report: UpgradeReport, *, asked
 
 def decide_in_memory(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *,
                      kinds: Sequence[str] | None = None, files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE,
-                     t_old: float | None = None, precision: float = DEFAULT_PRECISION) -> PlanInputs:
+                     t_old: float | None = None, precision: float = DEFAULT_PRECISION,
+                     groups: np.ndarray | None = None) -> PlanInputs:
     """The plan of a check whose features are in memory (``--features``, ``--experiment``, ``--model``, the stored
     ``upgrade`` analysis): :func:`plan_inputs`, or the verdicts alone (:func:`or_verdicts`) when the default adapters
     cannot be fitted and nothing was asked for by name (``kinds`` None, no ``files``, no ``t_old``)."""
     return or_verdicts(lambda: plan_inputs(old, new, report, kinds=DEFAULT_ADAPTERS if kinds is None else kinds,
-                                           files=files, share=share, t_old=t_old, precision=precision),
+                                           files=files, share=share, t_old=t_old, precision=precision, groups=groups),
                        report, asked=kinds is not None or bool(files) or t_old is not None)

@@ -17,7 +17,12 @@ Decisions, the first that applies:
 3. **do not ship yet** when v2's own gain is too close to call (or not judged and nothing passes as is): a backfill
    or an adapter would be spent on a gain nobody has shown; it names the queries, and the margin, that would decide;
 4. **ship as is** when the guardrail passes for v2's own queries;
-5. **ship with adapter X** when an adapter's queries pass the guardrail (highest lower interval end, then first);
+5. **ship with adapter X** when an adapter's queries pass the guardrail (highest lower interval end, then first).
+   Picking the best of several makes the winner's interval optimistic, so the adapter-judging code
+   (:func:`engine.upgrade.migration.adapter_rows`, :func:`engine.upgrade.source_remedies.plan_from_sources`) judges
+   every candidate with **simultaneous intervals** (max-T over the candidates' bootstrap percentile ranks, Mandel &
+   Betensky 2008: :mod:`engine.metrics.selection`), each at the level at which all of them cover together at the
+   report's level (a row's ``level``); whichever this rule picks, its interval keeps the report's level;
 6. **backfill p % in order Y** when v2 is better and a roll-out curve reaches v1's self-test: the smallest fraction
    (then the larger area), ceil(p x gallery) items; read on the curve of :func:`backfill_metric` (mAP where Recall@k
    flatters backfilling: one re-embedded item of the class can make a Recall@1 hit);

@@ -25,26 +25,39 @@ import numpy as np
 
 from engine.metrics.decision import (DEFAULT_INTERVAL, INTERVALS, TIE_RULES, Rule, decide,  # noqa: F401 (one rule,
                                      unchanged_bound)  # one floor down: the matrices judge with it too
+from engine.metrics.paired import cluster_variance
+
+DEFAULT_POWER = 0.8  # the chance that the sized check decides, when the mean and spread stay as observed
 
 
-def queries_needed(diffs: np.ndarray, *, level: float, rule: Rule = Rule()) -> int | None:
-    """Queries a normal-approximation interval would need to exclude the rule's threshold; None when no number would.
+def queries_needed(diffs: np.ndarray, *, level: float, rule: Rule = Rule(), power: float = DEFAULT_POWER,
+                   groups: np.ndarray | None = None) -> int | None:
+    """Queries a normal-approximation interval would need to exclude the rule's threshold with probability ``power``;
+    None when no number would. A one-look estimate: it sizes one future check, not a series of reruns (for those,
+    the anytime-valid interval of ``--sequential``).
 
-    ``n = ceil((z * sd / |mean - t|)^2)`` with ``z`` the two-sided normal quantile of ``level``, ``sd`` the sample
-    standard deviation of the paired differences (NaNs left out) and ``t`` the rule's threshold; it assumes the
-    mean difference and the per-query spread stay as observed. None when the mean sits exactly on ``t``. When no
-    query changed at all (every difference 0), the number of queries whose :func:`unchanged_bound` drops below
-    ``|t|``.
+    ``n = ceil(((z_{1-a/2} + z_power) * sd / |mean - t|)^2)`` with ``z_{1-a/2}`` the two-sided normal quantile of
+    ``level``, ``z_power`` the one-sided quantile of ``power`` (80 % by default; ``z_power = 0`` would be a 50 % chance,
+    the coin flip this number once was), ``sd`` the per-query standard deviation of the paired differences (NaNs
+    left out; with ``groups``, ``sqrt(n * cluster-robust variance of the mean)``, so related queries count as the
+    information they carry, assuming groups of the same sizes) and ``t`` the rule's threshold; it assumes the mean
+    difference and the spread stay as observed. Never below the current ``n + 1``: ``n`` queries did not decide it.
+    None when the mean sits exactly on ``t``. When no query changed at all (every difference 0), the number of
+    queries whose :func:`unchanged_bound` drops below ``|t|`` (again at least ``n + 1``).
     """
     d = np.asarray(diffs, dtype=np.float64)
-    d = d[~np.isnan(d)]
+    keep = ~np.isnan(d)
+    d = d[keep]
     if not len(d):
         raise ValueError("no paired difference: nothing to size")
+    if not 0 < power < 1:
+        raise ValueError(f"the power must lie strictly between 0 and 1, got {power!r}")
+    n = len(d)
     gap = float(d.mean()) - rule.threshold
     if gap == 0:
         return None
     if not np.any(d):  # no query changed: the queries whose zero-change bound (unchanged_bound) is below |gap|
-        return math.ceil(math.log((1 - level) / 2) / math.log(1 - min(abs(gap), 1 - 1e-12)))
-    sd = float(d.std(ddof=1)) if len(d) > 1 else 0.0
-    z = NormalDist().inv_cdf((1 + level) / 2)
-    return max(1, math.ceil((z * sd / abs(gap)) ** 2))
+        return max(n + 1, math.ceil(math.log((1 - level) / 2) / math.log(1 - min(abs(gap), 1 - 1e-12))))
+    sd = math.sqrt(n * cluster_variance(d, None if groups is None else np.asarray(groups)[keep]))
+    z = NormalDist().inv_cdf((1 + level) / 2) + NormalDist().inv_cdf(power)
+    return max(n + 1, math.ceil((z * sd / abs(gap)) ** 2))

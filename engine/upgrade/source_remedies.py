@@ -10,9 +10,10 @@ page's sources check): adapters, rank-merge roll-outs and the threshold, the gal
   from both galleries, only the sampled pairs kept; each post-hoc kind (:func:`engine.adapters.posthoc.fit_map`) is
   fitted on them, each exported folder loaded. The adapted new queries of every map are ranked against the streamed
   old gallery in one pass and judged against old/old with the check's paired interval (seeded as its cell (1, 0)) and
-  rule, as the check judges new/old. The queries are never fitted on (held out by construction); the fitted gallery
-  items stay in the searched gallery, as in the in-memory open-set check. Each row also carries the check's new/new
-  and ``label_free``: the adapted queries' neighbour recall@k on the old gallery against their new/new top-k;
+  rule, as the check judges new/old, at the simultaneous level of all the candidates (the plan picks one of them:
+  :func:`engine.upgrade.migration.selection_level`). The queries are never fitted on (held out by construction);
+  the fitted gallery items stay in the searched gallery, as in the in-memory open-set check. Each row also carries the
+  check's new/new and ``label_free``: the adapted queries' neighbour recall@k on the old gallery against their new/new top-k;
 * **rank-merge roll-outs** (when the check kept the old queries' top-D lists: ``check_sources(..., rollout=True)``):
   per ordering of the check's backfill, the old index (the items not yet re-embedded) searched with the old queries
   and the re-embedded part with the new queries, merged by score from the two top-D lists
@@ -41,10 +42,11 @@ from engine.metrics.cell_interval import cell_seed, paired_intervals
 from engine.metrics.list_merge import list_curves, rows_of
 from engine.metrics.relevance import neighbour_recall
 from engine.metrics.topk import stream_topk
+from engine.metrics.twoway import TopLists, ranked_lists
 from engine.upgrade.backfill_sources import curve_need, decided_note
-from engine.upgrade.from_sources import CheckLists, Opened, SourcesCheck, SourceSpecs, by_id, in_order
+from engine.upgrade.from_sources import CheckLists, Opened, SourcesCheck, SourceSpecs, by_id, cut_lists, in_order
 from engine.upgrade.migration import (RANK_MERGE, RANK_MERGE_NOTE, PlanInputs, check_plan_options, fit_rows,
-                                      remapped_threshold, rollout_rows)
+                                      remapped_threshold, rollout_rows, selection_level, selection_note)
 from engine.upgrade.plan import DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, migration_plan
 from engine.upgrade.verdict import BackfillNeed, PairedVerdict, UpgradeReport, compare
 from storage import json_ready
@@ -65,6 +67,7 @@ class Adapted:
     values: np.ndarray
     label_free: np.ndarray
     same_as_old: bool
+    ranked: TopLists | None = None  # the check's interval is two-way: the adapted queries' top-D lists, re-ordered
 
 
 def _gather(blocks: Blocks, rows: np.ndarray, what: str) -> np.ndarray:
@@ -104,22 +107,32 @@ def adapted_outcomes(lists: CheckLists, maps: Sequence[PosthocMap], old_blocks: 
     if not adapted:
         return []
     n_q = len(q.ids)
-    top = stream_topk(np.concatenate(adapted), old_blocks, k=lists.old_old.k, backend=lists.backend)
+    top = stream_topk(np.concatenate(adapted), old_blocks, k=max(lists.old_old.k, lists.ranked_depth), backend=lists.backend)
+    rel = lists.relevance
     out = []
     for i, a in enumerate(adapted):
-        mine = rows_of(top, np.arange(i * n_q, (i + 1) * n_q))
-        values = lists.relevance.outcomes(mine, ks=(lists.at,)).values[lists.key]
+        deep = rows_of(top, np.arange(i * n_q, (i + 1) * n_q))
+        ranked = (ranked_lists(deep.ids, deep.scores, rel.query_labels, rel.gallery_labels) if lists.ranked is not None
+                  else None)
+        mine = cut_lists(deep, lists.old_old.k)
+        values = rel.outcomes(mine, ks=(lists.at,)).values[lists.key]
         free = neighbour_recall(mine, lists.new_new, ks=(lists.new_new.k,)).values[f"neighbour_recall@{lists.new_new.k}"]
-        out.append(Adapted(values, free, bool(np.array_equal(a, q.old))))
+        out.append(Adapted(values, free, bool(np.array_equal(a, q.old)), ranked))
     return out
 
 
-def judge_adapted(lists: CheckLists, report: UpgradeReport, got: Adapted) -> PairedVerdict:
-    """adapted/old vs old/old with the check's paired interval (seeded as its cell (1, 0)) and rule."""
+def judge_adapted(lists: CheckLists, report: UpgradeReport, got: Adapted, *, level: float | None = None) -> PairedVerdict:
+    """adapted/old vs old/old with the check's paired interval (seeded as its cell (1, 0): two-way, over queries or
+    query groups, or sequential, as the check's) and rule; ``level`` (default the report's): the simultaneous level of
+    the plan's candidates (:func:`engine.upgrade.migration.selection_level`)."""
+    level = report.level if level is None else level
+    two_way = lists.ranked is not None and got.ranked is not None
     interval = paired_intervals(lists.oo, [got.values], seed=cell_seed(report.seed, 1, 0), resamples=report.resamples,
-                                confidence=report.level, bound_unchanged=[not got.same_as_old])[0]
-    return compare(got.values, lists.oo, resamples=report.resamples, level=report.level, seed=report.seed,
-                   rule=report.rule, bounds=(interval.lo, interval.hi))
+                                confidence=level, k=lists.at, base_lists=lists.ranked if two_way else None,
+                                other_lists=[got.ranked] if two_way else None, bound_unchanged=[not got.same_as_old],
+                                groups=lists.groups, sequential=lists.interval == "sequential")[0]
+    return compare(got.values, lists.oo, resamples=report.resamples, level=level, seed=report.seed,
+                   rule=report.rule, bounds=(interval.lo, interval.hi), groups=lists.groups)
 
 
 def _mean(values: np.ndarray) -> float:
@@ -127,11 +140,12 @@ def _mean(values: np.ndarray) -> float:
 
 
 def adapter_row(name: str, m: PosthocMap, report: UpgradeReport, got: Adapted, verdict: PairedVerdict,
-                **extra: Any) -> dict[str, Any]:
+                level: float | None = None, **extra: Any) -> dict[str, Any]:
     """The plan's row of one adapter (the form of :func:`engine.upgrade.migration.adapter_rows`' rows)."""
     return json_ready({"name": name, "kind": m.kind, **extra, "adapted_old": _mean(got.values), "old_old": report.old_old,
                        "new_new": report.new_new, "n_queries": report.n_queries, "n_gallery": report.n_gallery,
-                       "compatibility": asdict(verdict), "interval": "queries", "label_free": _mean(got.label_free)})
+                       "compatibility": asdict(verdict), "interval": report.interval, "label_free": _mean(got.label_free),
+                       "level": report.level if level is None else level, "report_level": report.level})
 
 
 def rank_merge_needs(lists: CheckLists, old_self: float) -> tuple[tuple[BackfillNeed, ...], str]:
@@ -209,7 +223,9 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
     finally:
         opened.close()
     say(0.9, "rank merge and threshold")
-    adapters = [adapter_row(name, m, report, got, judge_adapted(lists, report, got), **extra)
+    level = report.level if len(judged) < 2 else selection_level([got.values - lists.oo for got in judged], report,
+                                                                   lists.groups)
+    adapters = [adapter_row(name, m, report, got, judge_adapted(lists, report, got, level=level), level, **extra)
                 for (name, m, extra), got in zip(maps, judged)]
     data = report.to_json()
     notes = []
@@ -222,6 +238,8 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
     if maps:
         notes.append(f"adapters' label_free: the adapted queries' neighbour recall@{lists.new_new.k} on the old gallery "
                      f"against each query's own new/new top-{lists.new_new.k}")
+    picked = selection_note(adapters)
+    notes += [picked] if picked else []
     rank_merge: list[dict[str, Any]] = []
     if lists.backfill is not None and lists.backfill.old_on_old is not None:
         needs, how = rank_merge_needs(lists, report.old_old)

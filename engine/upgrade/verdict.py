@@ -11,11 +11,13 @@ cells) and carries a confidence interval:
   queries *and* the gallery items (:mod:`engine.metrics.twoway`, Recall@k; the gallery is a sample too, and
   resampling queries alone covers the population gap ~90 % of the time for a 95 % interval,
   ``bench/calibrate_verdict.py``), else over the queries (``interval="queries"``, and always for mAP:
-  :func:`engine.metrics.paired.paired_bootstrap`);
+  :func:`engine.metrics.paired.paired_bootstrap`); with ``query_groups`` (paraphrases of one topic) every bootstrap
+  resamples whole groups instead of single queries; ``interval="sequential"`` is the anytime-valid confidence
+  sequence (:mod:`engine.metrics.sequential`) for teams that add queries and rerun;
 * the verdict under a rule (:mod:`engine.upgrade.rule`): strict ECC by default (``compatible`` when the
   interval lies above 0 and the point passes, ``not compatible`` when it lies below 0, ``too close to call``
-  otherwise, with the queries that would decide it; an exact tie, the point [0, 0], is too close to call
-  and flagged), ties passing (>=), or a non-inferiority ``margin`` in points;
+  otherwise, with the queries that would decide it at 80 % power, a one-look estimate; an exact tie, the point
+  [0, 0], is too close to call and flagged), ties passing (>=), or a non-inferiority ``margin`` in points;
 * the same test of new/new against old/old: is the new model better on its own (the matrices' strict rule)?
 * when not compatible, the partial-backfill curves (new queries, gallery re-embedded item by item) of
   each ordering, the fraction of the gallery each needs to reach the old and the new self-test, and the
@@ -45,12 +47,12 @@ from engine.metrics.backfill_orders import backfill_order
 from engine.metrics.backfill_rollout import rank_merge_curves, rescoring_curves, rescoring_ks
 from engine.core.contract import DEFAULT_ORDERINGS
 from engine.metrics.compatibility import CellFeatures
-from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, paired_bootstrap
+from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, group_index, paired_bootstrap
 from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import cell_stats, per_query_from_stats
 from engine.metrics.cell_interval import PairedInterval, cell_seed, paired_intervals
 from engine.metrics.same_set import resolve_same_set
-from engine.metrics.twoway import top_lists
+from engine.metrics.twoway import top_lists, two_way_depth
 from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed
 from engine.upgrade.orders import best_by_area
 from engine.upgrade.words import sentence
@@ -59,8 +61,13 @@ from engine.core.vocab import parse_metric
 from storage import json_ready
 
 COMPATIBILITY = {"pass": "compatible", "fail": "not compatible", "unresolved": "too close to call"}
+SEQUENTIAL_NOTE = ("sequential: the interval is a confidence sequence (Waudby-Smith & Ramdas 2024, predictable plug-in "
+                   "empirical Bernstein), valid at every number of queries at once, so adding queries and rerunning "
+                   "until it decides keeps its level; it reads the queries in the order given (append new ones, do not "
+                   "reorder) and takes the gallery as fixed; it is wider than the one-look interval")
 BETTER = ALONE_WORDS  # the matrices print the same words for the same pair (evaluate, compare-checkpoints)
 BOOTSTRAP = "percentile"
+SEQUENTIAL_METHOD = "confidence sequence (predictable plug-in empirical Bernstein, Waudby-Smith & Ramdas 2024)"
 MAX_NAME = 40
 
 
@@ -116,10 +123,16 @@ class UpgradeReport:
     notes: tuple[str, ...] = ()
     relevance: str = "labels"  # what counts as relevant (engine.core.vocab.RELEVANCE)
     rollout: tuple[BackfillNeed, ...] = ()  # with rollout=True: "rank_merge:<ordering>" curves and "rescoring" (over K / N)
+    query_groups: int = 0  # groups the queries were resampled in (0: none, each query on its own)
 
     @property
     def rule(self) -> Rule:
         return Rule(self.margin, self.ties)
+
+    @property
+    def paired_over(self) -> str:
+        """What the interval resampled, in words (``queries and gallery items``; ``12 query groups ...``)."""
+        return paired_over(self.interval, self.query_groups)
 
     @property
     def verdict(self) -> str:
@@ -134,8 +147,9 @@ class UpgradeReport:
         data = json_ready(asdict(self))
         data["verdict"] = self.verdict
         data["sentence"] = self.sentence()
-        data["bootstrap"] = {"method": BOOTSTRAP, "paired_over": INTERVALS[self.interval], "resamples": self.resamples,
-                             "level": self.level, "seed": self.seed}
+        data["bootstrap"] = {"method": SEQUENTIAL_METHOD if self.interval == "sequential" else BOOTSTRAP,
+                             "paired_over": self.paired_over, "resamples": self.resamples, "level": self.level,
+                             "seed": self.seed}
         data["rule"] = self.rule.name
         return data
 
@@ -152,27 +166,52 @@ def per_query_scores(query: np.ndarray, query_labels: np.ndarray, gallery: np.nd
     return np.where(valid, vectors[f"{kind}@{at}" if at else kind].astype(np.float64), np.nan)
 
 
+def paired_over(interval: str, groups: int = 0) -> str:
+    """What an interval resampled, in words: :data:`INTERVALS`' phrase, with ``N query groups`` for the queries when
+    they were resampled in groups."""
+    words = INTERVALS[interval]
+    return words.replace("queries", f"{groups:,} query groups", 1) if groups else words
+
+
+def query_group_index(groups: np.ndarray | None, n: int) -> np.ndarray | None:
+    """The query groups as an index per query (None stays None); ``ValueError`` in one line when there is not one
+    group per query or a group is missing (NaN, None, empty)."""
+    if groups is None:
+        return None
+    g = np.asarray(groups)
+    if g.ndim != 1 or len(g) != n:
+        raise ValueError(f"query groups must give one group per query: {n} queries, {g.size} groups given")
+    missing = (np.isnan(g) if g.dtype.kind == "f" else np.array([x is None or str(x).strip() == "" for x in g.tolist()],
+                                                                bool) if g.dtype.kind in "OUS" else np.zeros(n, bool))
+    if missing.any():
+        raise ValueError(f"{int(missing.sum())} of {n} queries have no query group (missing or empty)")
+    return group_index(g, n)
+
+
 def compare(a: np.ndarray, b: np.ndarray, *, resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_CONFIDENCE,
             seed: int = DEFAULT_SEED, names: dict[str, str] = COMPATIBILITY, rule: Rule | None = None,
-            bounds: tuple[float, float] | None = None) -> PairedVerdict:
+            bounds: tuple[float, float] | None = None, groups: np.ndarray | None = None) -> PairedVerdict:
     """Is the mean of ``a`` above the mean of ``b`` (paired by position)? Percentile paired bootstrap.
 
     ``names`` maps the paired test's pass / fail / unresolved to the words of the verdict. ``rule`` (the upgrade
     gate, :mod:`engine.upgrade.rule`) also sizes a too-close call; without it the matrices' strict verdict
-    applies. ``bounds`` is an interval computed elsewhere (the two-way bootstrap); else queries are resampled.
+    applies. ``bounds`` is an interval computed elsewhere (the two-way bootstrap); else queries are resampled
+    (whole ``groups`` when given; the queries needed are then sized with the groups' variance too).
     """
     d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
     n = int(np.sum(~np.isnan(d)))
     if n == 0:
         raise ValueError("no query has a positive in the gallery: nothing to compare")
     if bounds is None:
-        diff, lo, hi = paired_bootstrap(a, b, resamples=resamples, seed=seed, confidence=level)
+        diff, lo, hi = paired_bootstrap(a, b, resamples=resamples, seed=seed, confidence=level, groups=groups)
     else:
         diff, (lo, hi) = float(np.nanmean(d)), bounds
-    if rule is None:
-        return PairedVerdict(diff, lo, hi, n, names[paired_verdict(lo, hi, bool(np.nanmean(a) > np.nanmean(b)))])
+    if rule is None:  # the matrices' strict verdict; a too-close call is sized against 0
+        word = paired_verdict(lo, hi, bool(np.nanmean(a) > np.nanmean(b)))
+        needed = queries_needed(d, level=level, groups=groups) if word == "unresolved" else None
+        return PairedVerdict(diff, lo, hi, n, names[word], needed=needed)
     verdict, tie = decide(diff, lo, hi, rule)
-    needed = queries_needed(d, level=level, rule=rule) if verdict == "unresolved" else None
+    needed = queries_needed(d, level=level, rule=rule, groups=groups) if verdict == "unresolved" else None
     return PairedVerdict(diff, lo, hi, n, names[verdict], tie, needed)
 
 
@@ -282,24 +321,33 @@ def check_settings(names: Sequence[str], *, metric: str, resamples: int, level: 
 def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] = ("old", "new"), metric: str = "recall@1",
                   resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_SEED,
                   same_set: bool = False, orderings: Sequence[str] = DEFAULT_ORDERINGS, margin: float = 0.0,
-                  ties: str = "fail", interval: str = DEFAULT_INTERVAL, rollout: bool = False) -> UpgradeReport:
+                  ties: str = "fail", interval: str = DEFAULT_INTERVAL, rollout: bool = False,
+                  query_groups: np.ndarray | None = None) -> UpgradeReport:
     """The upgrade verdict of ``new`` over ``old`` on one image set (see the module docstring).
 
     Both bootstraps draw from a generator seeded by ``seed``. ``margin`` (points) and ``ties`` pick the rule
     (:class:`engine.upgrade.rule.Rule`; strict ECC by default); ``interval`` what the bootstrap resamples
-    (``two-way``: queries and gallery items, for Recall@k; mAP falls back to queries, with a note). Raises
-    ``ValueError`` with one sentence for any input it cannot judge. ``rollout``: when not compatible, also the
-    rank-merge and candidate re-scoring curves (:func:`rollout_needs`).
+    (``two-way``: queries and gallery items, for Recall@k; mAP falls back to queries, with a note; ``sequential``:
+    the anytime-valid confidence sequence over the queries in their order). ``query_groups`` (one group per query,
+    any values): related queries are resampled as whole groups. Raises ``ValueError`` with one sentence for any
+    input it cannot judge. ``rollout``: when not compatible, also the rank-merge and candidate re-scoring curves
+    (:func:`rollout_needs`).
     """
     (old_name, new_name), metric = check_settings(names, metric=metric, resamples=resamples, level=level, margin=margin,
                                                   ties=ties, interval=interval)
     _check_pair(old, new, (old_name, new_name))
+    groups = query_group_index(query_groups, len(old.query_labels))
+    if groups is not None and interval == "sequential":
+        raise ValueError("--sequential takes the queries one by one in their order; it does not go with query groups")
     rule = Rule(margin, ties)
     kind, at = parse_metric(metric, pairs=False)
     same_set, same_note = resolve_same_set([old, new], same_set)  # queries that are the gallery: own item excluded
     notes: tuple[str, ...] = (same_note,) if same_note else ()
     if interval == "two-way" and kind != "recall":
-        interval, notes = "queries", notes + (f"the gallery resample covers recall@k; this {metric} interval resamples queries only",)
+        interval, notes = "queries", notes + (f"the gallery resample covers recall@k; this {metric} interval resamples "
+                                              f"{'query groups' if groups is not None else 'queries'} only",)
+    if interval == "sequential":
+        notes += (SEQUENTIAL_NOTE,)
 
     def cell(q: CellFeatures, g: CellFeatures) -> np.ndarray:
         return per_query_scores(q.query, q.query_labels, g.gallery, g.gallery_labels, metric=metric, same_set=same_set)
@@ -308,17 +356,19 @@ def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] 
     settings = {"resamples": resamples, "level": level, "seed": seed}
     lists = None
     if interval == "two-way":
-        lists = {name: top_lists(q.query, q.query_labels, g.gallery, g.gallery_labels, depth=16 + 4 * at, same_set=same_set)
+        lists = {name: top_lists(q.query, q.query_labels, g.gallery, g.gallery_labels, depth=two_way_depth(at),
+                                 same_set=same_set)
                  for name, q, g in (("oo", old, old), ("no", new, old), ("nn", new, new))}
     unchanged = _same_features(old, new)
     # the stored matrices' function, seeded as their cell (1, 0): one pair, one interval, one verdict
     got = paired_intervals(oo, [no, nn], seed=cell_seed(seed, 1, 0), resamples=resamples, confidence=level, k=at,
                            base_lists=lists and lists["oo"], other_lists=lists and [lists["no"], lists["nn"]],
-                           bound_unchanged=[not unchanged, False])  # "better": the matrices' rule, [0, 0] is a tie
+                           bound_unchanged=[not unchanged, False],  # "better": the matrices' rule, [0, 0] is a tie
+                           groups=groups, sequential=interval == "sequential")
     bounds = {"compat": (got[0].lo, got[0].hi), "better": (got[1].lo, got[1].hi)}
     notes += unchanged_note(got[0])
-    compat = compare(no, oo, **settings, rule=rule, bounds=bounds["compat"])
-    better = compare(nn, oo, **settings, names=BETTER, bounds=bounds["better"])
+    compat = compare(no, oo, **settings, rule=rule, bounds=bounds["compat"], groups=groups)
+    better = compare(nn, oo, **settings, names=BETTER, bounds=bounds["better"], groups=groups)
     old_self = float(np.nanmean(oo))
     needs = backfill_needs(old, new, metric=metric, old_self=old_self, orderings=orderings, seed=seed,
                            same_set=same_set) if compat.verdict == COMPATIBILITY["fail"] else ()
@@ -327,4 +377,5 @@ def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] 
     n_no_pos = int(np.isnan(oo).sum())
     return UpgradeReport(old_name, new_name, metric, old_self, float(np.nanmean(no)), float(np.nanmean(nn)),
                          len(oo), n_no_pos, len(old.gallery_labels), compat, better, resamples, level, seed, same_set,
-                         needs, best_ordering(needs), float(margin), ties, interval, notes, rollout=rolled)
+                         needs, best_ordering(needs), float(margin), ties, interval, notes, rollout=rolled,
+                         query_groups=0 if groups is None else int(groups.max()) + 1)

@@ -47,8 +47,10 @@ def rule_name(margin: float, ties: str) -> str:
 
 
 def _and_gallery(report: Mapping[str, Any]) -> str:
-    """" and N gallery items" when the interval resampled the gallery too (``interval = "two-way"``), else ""."""
-    return f" and {report['n_gallery']:,} gallery items" if report.get("interval") == "two-way" else ""
+    """" in G groups" when the queries were resampled in groups, " and N gallery items" when the interval resampled the
+    gallery too (``interval = "two-way"``), else ""."""
+    groups = f" in {report['query_groups']:,} groups" if report.get("query_groups") else ""
+    return groups + (f" and {report['n_gallery']:,} gallery items" if report.get("interval") == "two-way" else "")
 
 
 def sentence(report: Mapping[str, Any]) -> str:
