@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.metrics.compatibility import CellFeatures
+from engine.upgrade.evidence import clopper_pearson_upper
 from engine.upgrade.rule import Rule
 from engine.upgrade.verdict import check_upgrade, compare, per_query_scores
 
@@ -264,15 +265,19 @@ def rates(outcomes: Sequence[Outcome], *, interval: str = "two-way") -> dict[str
             "refused": (sum(o.verdict is None for o in outcomes), len(outcomes))}
 
 
-def _cell(pair: tuple[int, int]) -> str:
+def _cell(pair: tuple[int, int], bound: bool = False) -> str:
+    """``k/n`` as a percentage; ``bound``: with its one-sided 95 % Clopper-Pearson upper bound (0/272 allows 1.1 %)."""
     k, n = pair
-    return f"{100 * k / n:5.1f}% ({k}/{n})" if n else "–"
+    if not n:
+        return "–"
+    return f"{100 * k / n:5.1f}% ({k}/{n}" + (f"; <= {100 * clopper_pearson_upper(k, n):.1f}%)" if bound else ")")
 
 
 def table(outcomes: Sequence[Outcome]) -> str:
     """The per-family and overall table (Markdown)."""
-    head = ("| family | scenarios | true gap range (pts) | false compatible | false not compatible "
-            "| too close, gap >= 2 pts, n >= 2,000 | coverage of the 95% interval | coverage, old interval (queries only) |")
+    head = ("| family | scenarios | true gap range (pts) | false compatible (95% upper bound) | false not compatible "
+            "(95% upper bound) | too close, gap >= 2 pts, n >= 2,000 (95% upper bound) | coverage of the 95% interval "
+            "| coverage, old interval (queries only) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     groups = {}
     for o in outcomes:
@@ -284,8 +289,9 @@ def table(outcomes: Sequence[Outcome]) -> str:
         if r["refused"][0] == len(group):
             lines.append(f"| {name} | {len(group)} | – | refused: {r['refused'][0]}/{len(group)} (different dimensions) | | | | |")
             continue
-        lines.append(f"| {name} | {len(group)} | {span} | {_cell(r['false_compatible'])} | {_cell(r['false_not_compatible'])} | "
-                     f"{_cell(r['too_close'])} | {_cell(r['coverage'])} | {_cell(q['coverage'])} |")
+        lines.append(f"| {name} | {len(group)} | {span} | {_cell(r['false_compatible'], True)} | "
+                     f"{_cell(r['false_not_compatible'], True)} | {_cell(r['too_close'], True)} | {_cell(r['coverage'])} | "
+                     f"{_cell(q['coverage'])} |")
     return "\n".join(lines)
 
 
