@@ -51,6 +51,7 @@ import numpy as np
 from engine.metrics.cell_interval import cell_seed
 from engine.metrics.compatibility import CellFeatures
 from engine.metrics.twoway import top_lists, twoway_bootstraps
+from engine.upgrade.evidence import clopper_pearson_upper
 from engine.upgrade.rule import Rule
 from engine.upgrade.verdict import check_upgrade, compare, per_query_scores
 
@@ -292,9 +293,12 @@ def rates(outcomes: Sequence[Outcome], *, interval: str = "two-way") -> dict[str
             "refused": (sum(o.verdict is None for o in outcomes), len(outcomes))}
 
 
-def _cell(pair: tuple[int, int]) -> str:
+def _cell(pair: tuple[int, int], bound: bool = False) -> str:
+    """``k/n`` as a percentage; ``bound``: with its one-sided 95 % Clopper-Pearson upper bound (0/272 allows 1.1 %)."""
     k, n = pair
-    return f"{100 * k / n:5.1f}% ({k}/{n})" if n else "–"
+    if not n:
+        return "–"
+    return f"{100 * k / n:5.1f}% ({k}/{n}" + (f"; <= {100 * clopper_pearson_upper(k, n):.1f}%)" if bound else ")")
 
 
 def table(outcomes: Sequence[Outcome]) -> str:
@@ -417,13 +421,6 @@ def run_grouped(replicates: int = 40, seed: int = 0, topics: int = 20, n_g: int 
             else:
                 os.environ[ROOTS_ENV] = previous
     return out
-
-
-def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
-    """One-sided upper bound of a binomial rate after k of n (Clopper-Pearson)."""
-    from scipy.stats import beta
-
-    return 1.0 if k >= n else float(beta.ppf(level, k + 1, n - k))
 
 
 def grouped_table(outcomes: Sequence[GroupedOutcome]) -> str:

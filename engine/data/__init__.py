@@ -46,6 +46,9 @@ Files and paths (torch-free)
 Text (torch-free)
   ``wordnet``  WordNet 3.0 (Debian ``wordnet-base``): ``iter_synsets()``, ``wordnet_task(*, queries, gallery, seed)``
       -> ``WordNetTask`` (example-sentence queries, definitions, supersense labels, qrels), ``parse_options(text)``
+  ``gcide``  GCIDE (Debian ``dict-gcide``) against WordNet: ``gcide_task(*, queries, gallery, seed, senses)`` ->
+      ``GcideTask`` (WordNet definitions of one-sense words as queries, GCIDE's Webster 1913 senses as the gallery,
+      labelled by word)
   ``text_model_files``  a text model's files read as data (``ModelFolder``: a folder or zip, sizes checked), the
       offline MiniLM wheels' pinned files (``TEXT_MODEL_FILES``, ``read_pinned``), ``TextModelError``
 
