@@ -35,7 +35,7 @@ st.markdown(
     "from orthogonal for free: slide λ from 0 (close to the rotation) to 2 (the affine map)."
 )
 st.caption("Paper 004, Sec. 3.2-3.3, Eqs. 2-6, Fig. 2 (the regulariser) and Fig. 3 (2-D MNIST toy, λ = 1). Fitted with "
-           "engine.adapters.fit_adapters (backward map only, full-batch Adam, 400 steps).")
+           "engine.adapters.fit.fit_adapters (backward map only, full-batch Adam, 400 steps).")
 
 controls, view = st.columns([1, 3.2], gap="large")
 with controls:
