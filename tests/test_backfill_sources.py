@@ -156,7 +156,8 @@ def test_the_class_mean_orders_equal_the_in_memory_ones_from_two_passes(drift):
 
 def test_labels_backfill_equals_the_features_check(tmp_path, drift):
     """D covers the gallery: each ordering's curve, area and reach equal the in-memory backfill of the same order."""
-    got = check_sources(write_npz(tmp_path / "s", drift), relevance="labels", metric="recall@1", resamples=RESAMPLES, backfill_depth=NG)
+    got = check_sources(write_npz(tmp_path / "s", drift), relevance="labels", metric="recall@1", resamples=RESAMPLES,
+                        backfill_depth=NG, interval="queries")  # the features check it is compared with resamples the queries
     assert got.report.verdict == "not compatible"
     assert [n.ordering for n in got.report.backfill] == list(SOURCE_ORDERINGS)  # labels: the distance orders too
     old_self = got.report.old_old
@@ -213,7 +214,8 @@ def test_label_free_backfill_equals_numpy_and_ends_at_one(tmp_path):
 
 
 def test_a_shallow_depth_counts_the_undecided_queries(tmp_path, drift):
-    got = check_sources(write_npz(tmp_path / "s", drift), relevance="labels", metric="recall@1", resamples=RESAMPLES, backfill_depth=3)
+    got = check_sources(write_npz(tmp_path / "s", drift), relevance="labels", metric="recall@1", resamples=RESAMPLES,
+                        backfill_depth=3, interval="queries")  # a clear "not compatible": the curves are computed
     shares = got.backfill_decided["random"]
     assert shares[0] == shares[-1] == 1.0 and min(shares) < 1.0
     assert got.backfill_depth == 3
