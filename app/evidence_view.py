@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import streamlit as st
 
 SUMMARY = Path(__file__).resolve().parents[1] / "docs" / "evidence" / "summary.json"
@@ -33,13 +32,17 @@ def rate_words(r: dict[str, Any] | None) -> str:
 
 
 def decision_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
-    """One row per sample size, then all draws: agreement with the whole corpus, false ship, false block, too close."""
-    parts = [(f"{100 * float(f):g} % of the queries", r) for f, r in summary["per_fraction"].items()]
+    """One row per sample size, then all draws: agreement with the whole corpus (and when both decide), false ship (and
+    against a whole corpus that decides), false block, too close to call and other disagreements."""
+    parts = [(f"{100 * float(f):g} % of the queries", f, r) for f, r in summary["per_fraction"].items()]
+    decided = summary.get("truth_decided", {})
     return [{"sample": label, "draws": str(r["draws"]), "agrees with the whole corpus": rate_words(r["agree"]),
              "agrees, when both decide": rate_words(r.get("agree_when_both_decide")),
-             "false ship": rate_words(r["false_ship"]), "false block": rate_words(r["false_block"]),
+             "false ship": rate_words(r["false_ship"]),
+             "false ship, whole corpus decided": rate_words(decided.get(f, {}).get("false_ship")),
+             "false block": rate_words(r["false_block"]),
              "too close to call": rate_words(r["too_close"]), "other disagreement": rate_words(r["other"])}
-            for label, r in [*parts, ("all", summary["overall"])]]
+            for label, f, r in [*parts, ("all", "all", summary["overall"])]]
 
 
 def gap_rows(summary: dict[str, Any], reading: str = "guardrail") -> list[dict[str, str]]:
@@ -48,10 +51,17 @@ def gap_rows(summary: dict[str, Any], reading: str = "guardrail") -> list[dict[s
     for f, rows in summary["bins"][reading].items():
         row = {"sample": f"{100 * float(f):g} %"}
         for b in rows:
-            row[f"|gap| {b['bin']} pts"] = ("–" if not b["draws"] else
+            row[f"{b['bin']} pts off 0"] = ("–" if not b["draws"] else
                                            f"wrong {rate_words(b['error'])}; too close {100 * b['too_close']['rate']:.0f} %")
         out.append(row)
     return out
+
+
+def markdown_table(rows: list[dict[str, str]]) -> str:
+    """Rows of text as a Markdown table (a static summary: no dataframe widget to sort or resize)."""
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r[h].replace("|", "/") for h in head) + " |" for r in rows])
 
 
 def evidence_expander(path: Path = SUMMARY) -> None:
@@ -66,10 +76,10 @@ def evidence_expander(path: Path = SUMMARY) -> None:
                     f"from {summary['draws']} random samples of 1 %, 5 % and 10 % of the queries. A *false ship* is a "
                     "sampled \"ship\" where the whole corpus does not ship; a *false block* a sampled \"do not ship\" "
                     "where it ships or backfills. Each rate carries its one-sided 95 % upper bound (Clopper-Pearson).")
-        st.dataframe(pd.DataFrame(decision_rows(summary)), hide_index=True)
+        st.markdown(markdown_table(decision_rows(summary)))
         st.caption("The compatibility verdict (new queries on the old gallery vs the old model alone) by how far the "
-                   "whole corpus's gap lies from 0:")
-        st.dataframe(pd.DataFrame(gap_rows(summary)), hide_index=True)
+                   "whole corpus's difference lies from 0 (points, either side):")
+        st.markdown(markdown_table(gap_rows(summary)))
         figure = path.with_name(FIGURE.name)
         if figure.is_file():
             st.image(str(figure), caption="Operating curves: the share of draws given each verdict against the true "

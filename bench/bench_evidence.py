@@ -401,6 +401,9 @@ def summarise(runs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str,
     rates in bins of the true gap, the operating curves, the disagreements and the forecast's validation."""
     draws = flat_draws(runs)
     per_fraction = {str(f): ev.decision_rates([d for d in draws if d["fraction"] == f]) for f in FRACTIONS}
+    decided = [d for d in draws if d["truth"] != ev.NOT_YET]  # runs whose whole corpus decides
+    truth_decided = {**{str(f): ev.decision_rates([d for d in decided if d["fraction"] == f]) for f in FRACTIONS},
+                     "all": ev.decision_rates(decided)}
     bins = {reading: {str(f): ev.verdict_bins([d for d in draws if d["fraction"] == f], reading) for f in FRACTIONS}
             for reading in ("guardrail", "success")}
     truths = {}
@@ -411,7 +414,8 @@ def summarise(runs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str,
             "truth_success", "n_queries", "n_gallery", "outcome", "guardrail_covers", "success_covers")
     return {"meta": meta, "runs": len(runs), "draws": len(draws), "truth_decisions": truths,
             "corpora": sorted({r["corpus"] for r in runs}), "fractions": list(FRACTIONS),
-            "overall": ev.decision_rates(draws), "per_fraction": per_fraction, "per_run": ev.run_rates(draws),
+            "overall": ev.decision_rates(draws), "per_fraction": per_fraction, "truth_decided": truth_decided,
+            "per_run": ev.run_rates(draws),
             "bins": bins, "operating_curve": {r: ev.operating_curve(draws, r) for r in ("guardrail", "success")},
             "disagreements": [{**{k: d.get(k) for k in keep}, "why": why(d)} for d in ev.disagreements(draws)],
             "runs_table": [{"run": r["run"], "corpus": r["corpus"], "pair": f"{r['old']} -> {r['new']}",
@@ -431,14 +435,14 @@ def _cell(r: dict[str, Any]) -> str:
 
 def tables(summary: dict[str, Any]) -> str:
     """The README's tables (Markdown): decisions per fraction, then verdict errors and too-close calls per gap bin."""
-    head = ("| sample | draws | agreement | agreement when both decide | false ship | false block | too close (do not ship "
-            "yet) | other |\n|---|---|---|---|---|---|---|---|")
+    head = ("| sample | draws | agreement | agreement when both decide | false ship | false ship, whole corpus decided "
+            "| false block | too close (do not ship yet) | other |\n|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for f, r in [*summary["per_fraction"].items(), ("all", summary["overall"])]:
         label = f"{100 * float(f):g} %" if f != "all" else "**all**"
         lines.append(f"| {label} | {r['draws']} | {_cell(r['agree'])} | {_cell(r['agree_when_both_decide'])} | "
-                     f"{_cell(r['false_ship'])} | {_cell(r['false_block'])} | {_cell(r['too_close'])} | "
-                     f"{_cell(r['other'])} |")
+                     f"{_cell(r['false_ship'])} | {_cell(summary['truth_decided'][f]['false_ship'])} | "
+                     f"{_cell(r['false_block'])} | {_cell(r['too_close'])} | {_cell(r['other'])} |")
     lines += ["", "| reading | sample | " + " | ".join(f"gap {b['bin']} pts: error / too close"
                                                        for b in summary["bins"]["guardrail"]["0.01"]) + " |",
               "|---|---|" + "---|" * len(summary["bins"]["guardrail"]["0.01"])]
@@ -456,22 +460,28 @@ def tables(summary: dict[str, Any]) -> str:
 
 
 def figure(summary: dict[str, Any], path: Path) -> None:
-    """The operating curves (guardrail and success), one panel per sample fraction, as a PNG (altair + vl-convert)."""
+    """The operating curves (guardrail and success), one panel per sample fraction, as a PNG (altair + vl-convert):
+    the share of draws whose verdict passes, fails or is too close, against the whole corpus's gap (symlog axis)."""
     import altair as alt
     import pandas as pd
     import vl_convert as vlc
 
-    rows = [{**r, "reading": reading, "sample": f"{100 * r['fraction']:g} % of the queries"}
-            for reading, curve in summary["operating_curve"].items() for r in curve]
-    data = pd.DataFrame(rows)
-    chart = alt.Chart(data).mark_line(point=True).encode(
-        x=alt.X("gap:Q", title="true gap on the whole corpus (points)"),
+    kind = {"compatible": "passes", "better": "passes", "not compatible": "fails", "not better": "fails",
+            "too close to call": "too close to call"}
+    reading = {"guardrail": "compatibility (new/old vs old/old)", "success": "new alone (new/new vs old/old)"}
+    samples = [f"{100 * f:g} % of the queries" for f in summary["fractions"]]
+    rows = [{**r, "reading": reading[name], "sample": f"{100 * r['fraction']:g} % of the queries",
+             "kind": kind[r["verdict"]]} for name, curve in summary["operating_curve"].items() for r in curve]
+    chart = alt.Chart(pd.DataFrame(rows)).mark_line(point=True).encode(
+        x=alt.X("gap:Q", title="whole-corpus difference (points)",
+                scale=alt.Scale(type="symlog", constant=0.5)),
         y=alt.Y("share:Q", title="share of draws", scale=alt.Scale(domain=[0, 1])),
-        color=alt.Color("verdict:N", title="sampled verdict"),
-        tooltip=["reading", "sample", "verdict", alt.Tooltip("gap:Q", format=".2f"), "draws",
-                 alt.Tooltip("share:Q", format=".2f")],
-    ).properties(width=220, height=160).facet(row=alt.Row("reading:N", title=None),
-                                               column=alt.Column("sample:N", title=None))
+        color=alt.Color("kind:N", title="sampled verdict",
+                        scale=alt.Scale(domain=["passes", "fails", "too close to call"],
+                                        range=["#2e7d32", "#c62828", "#9e9e9e"])),
+    ).properties(width=230, height=150).facet(
+        row=alt.Row("reading:N", title=None, sort=list(reading.values())),
+        column=alt.Column("sample:N", title=None, sort=samples))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(vlc.vegalite_to_png(chart.to_json(), scale=1.5))
 
@@ -482,7 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--draws", type=int, help="seeded draws per sample fraction (default 4; --quick 2)")
     p.add_argument("--no-images", action="store_true", help="text runs only")
     p.add_argument("--runs", type=int, help="only the first N runs (a look: the summary is written only to --summary)")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "evidence.json")
+    p.add_argument("--out", type=Path, help="every run and draw as JSON (default bench/results/evidence.json; --quick: "
+                   "evidence-quick.json)")
     p.add_argument("--summary", type=Path, default=SUMMARY, help="the committed summary (--quick: not written unless given)")
     p.add_argument("--from-json", type=Path, help="summarise an earlier --out file again (no embedding, no run)")
     args = p.parse_args(argv)
@@ -542,8 +553,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     {"fashion": fashion.about} if not args.no_images and fashion is not None else {}),
                 "corpus_spec": spec, "draws_per_fraction": draws, "metric": metric, "notes": notes,
                 "exports": "PCA exports fitted on WordNet's training split, mapped back by their own basis; fp16 cast"}
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"meta": meta, "runs": runs}))
+        out = args.out or ROOT / "bench" / "results" / ("evidence-quick.json" if args.quick else "evidence.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"meta": meta, "runs": runs}))
     summary = summarise(runs, meta)
     print(tables(summary))
     print(f"\n{summary['runs']} runs, {summary['draws']} draws in {meta['seconds']:.0f} s (embedding "

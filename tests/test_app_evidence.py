@@ -7,7 +7,7 @@ import json
 from streamlit.testing.v1 import AppTest
 from test_app_pages import open_page
 
-from app.evidence_view import FIGURE, SUMMARY, decision_rows, gap_rows, load_summary, rate_words
+from app.evidence_view import FIGURE, SUMMARY, decision_rows, gap_rows, load_summary, markdown_table, rate_words
 
 RATE = {"k": 2, "n": 480, "rate": 2 / 480, "upper": 0.0131}
 EMPTY = {"k": 0, "n": 0, "rate": None, "upper": None}
@@ -32,8 +32,10 @@ def test_rates_and_rows_read_as_stored():
     assert rows[0]["agrees with the whole corpus"] == "97.9 % (470/480; at most 99.0 %)"
     assert rows[0]["false block"] == "–"
     (gaps,) = gap_rows(hand_summary())
-    assert gaps == {"sample": "1 %", "|gap| < 0.5 pts": "wrong 33.3 % (1/3; at most 86.0 %); too close 67 %",
-                    "|gap| >= 2 pts": "–"}
+    assert gaps == {"sample": "1 %", "< 0.5 pts off 0": "wrong 33.3 % (1/3; at most 86.0 %); too close 67 %",
+                    ">= 2 pts off 0": "–"}
+    assert markdown_table([gaps]).split("\n") == ["| sample | < 0.5 pts off 0 | >= 2 pts off 0 |", "|---|---|---|",
+                                                  "| 1 % | wrong 33.3 % (1/3; at most 86.0 %); too close 67 % | – |"]
 
 
 def test_a_missing_or_broken_summary_shows_nothing(tmp_path):
@@ -58,8 +60,10 @@ def test_the_expander_shows_the_tables(tmp_path):
     at = AppTest.from_function(_expander_app, args=(str(path),)).run()
     assert not at.exception, at.exception
     assert [e.label for e in at.expander] == ["How often is this verdict wrong?"]
-    table = at.dataframe[0].value
-    assert list(table["false ship"]) == ["0.4 % (2/480; at most 1.3 %)"] * 2
+    assert not at.dataframe  # static tables: the page's own dataframes keep their places
+    table = at.markdown[1].value.split("\n")
+    assert table[0].startswith("| sample | draws | agrees with the whole corpus |")
+    assert table[2].count("0.4 % (2/480; at most 1.3 %)") == 3  # false ship, too close, other
     assert "54 real upgrades" in at.markdown[0].value
     assert "2 disagreements outside too close to call" in at.caption[-1].value
 
