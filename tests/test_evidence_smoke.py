@@ -3,7 +3,6 @@ agreement, false ship and false block counted by hand, Clopper-Pearson bounds ag
 against the plan computed in full, and the recovery forecast's pieces against numpy."""
 from __future__ import annotations
 
-import math
 import runpy
 from pathlib import Path
 
