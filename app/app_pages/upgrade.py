@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app import queries as q
+from app.evidence_view import evidence_expander
 from app.plan_view import decision_box, plan_section
 from app.report_download import report_button
 from app.sources_form import sources_section
@@ -27,6 +28,7 @@ st.caption("Paper 002's empirical compatibility criterion: new-model queries sea
            "samples): when it straddles 0 the answer is *too close to call*.")
 st.page_link("app_pages/checkpoints.py", label="Upload your own v1 and v2 on Checkpoints; each comparison is an "
              "experiment you can pick here", icon=":material/upload_file:")
+evidence_expander()  # docs/evidence/summary.json: sampled decisions against whole-corpus ones
 FROM_STORE = "From a table or store"
 if st.radio("Embeddings", ("From a stored experiment", FROM_STORE), horizontal=True, key="up_mode") == FROM_STORE:
     sources_section(url)  # app/sources_form.py: queue a check on sources, show its stored report

@@ -99,10 +99,13 @@ def could_false_block(truth: str) -> bool:
 def decision_rates(draws: Sequence[Mapping[str, Any]], level: float = 0.95) -> dict[str, Any]:
     """Agreement, false ship, false block, too close and other over ``draws`` (each with ``truth`` and ``decision``),
     each with its count, denominator and upper bound; false ship over the draws that could ship falsely, false block
-    over those that could block falsely, the rest over all draws."""
+    over those that could block falsely, agreement when both decide over the draws where neither the sample nor the
+    whole corpus says ``do not ship yet``, the rest over all draws."""
     kinds = [outcome(d["truth"], d["decision"]) for d in draws]
     n = len(kinds)
+    decided = [k for k, d in zip(kinds, draws) if NOT_YET not in (d["decision"], d["truth"])]
     return {"draws": n, "agree": rate(kinds.count("agree"), n, level),
+            "agree_when_both_decide": rate(decided.count("agree"), len(decided), level),
             "false_ship": rate(kinds.count("false ship"), sum(could_false_ship(d["truth"]) for d in draws), level),
             "false_block": rate(kinds.count("false block"), sum(could_false_block(d["truth"]) for d in draws), level),
             "too_close": rate(kinds.count("too close"), n, level), "other": rate(kinds.count("other"), n, level)}
