@@ -54,16 +54,14 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from engine.core.vocab import decision_metric
+from engine.metrics.compatibility import CellFeatures
+from engine.upgrade import evidence as ev
 
-from engine.core.vocab import decision_metric  # noqa: E402
-from engine.metrics.compatibility import CellFeatures  # noqa: E402
-from engine.upgrade import evidence as ev  # noqa: E402
-from engine.upgrade import forecast as fc  # noqa: E402
-from engine.upgrade.migration import decide_in_memory  # noqa: E402
-from engine.upgrade.plan import Plan, migration_plan  # noqa: E402
-from engine.upgrade.verdict import (UpgradeReport, backfill_needs, best_ordering, check_upgrade,  # noqa: E402
+from engine.upgrade import forecast as fc
+from engine.upgrade.migration import decide_in_memory
+from engine.upgrade.plan import Plan, migration_plan
+from engine.upgrade.verdict import (UpgradeReport, backfill_needs, best_ordering, check_upgrade,
                                     per_query_scores)
 
 FRACTIONS = (0.01, 0.05, 0.10)
@@ -81,6 +79,7 @@ QUICK_PAIRS = (("L3", "L6"), ("L6", "L6-int8"), ("L6", "L6-pca128"), ("L6-pca128
 LITE = ("lite0", "lite1", "lite2")
 IMAGE_PAIRS = tuple((a, b) for a in LITE for b in LITE if a != b)
 FORECAST_PAIRS = 1000  # gallery pairs the forecast's Procrustes is fitted on (at most half the sample's gallery)
+ROOT = Path(__file__).resolve().parents[1]  # where the results and docs/evidence are written
 CACHE = ROOT / "bench" / "results" / "cache"
 SUMMARY = ROOT / "docs" / "evidence" / "summary.json"
 FIGURE = ROOT / "docs" / "evidence" / "operating_curve.png"
