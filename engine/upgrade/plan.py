@@ -162,6 +162,11 @@ class Plan:
         return "\n".join(lines) + "\n"
 
 
+def items_for(fraction: float, n: int) -> int:
+    """Items to re-embed for a fraction of an ``n``-item gallery: rounded up, a hair of float noise off."""
+    return math.ceil(fraction * n - 1e-9)
+
+
 def _best_adapter(adapters: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     passing = [a for a in adapters if a["compatibility"]["verdict"] == "compatible"]
     return max(passing, key=lambda a: a["compatibility"]["lo"], default=None)  # max keeps the first among equals
@@ -262,7 +267,7 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
         return Plan("backfill", f"No adapter is compatible; re-embedding {100 * p:.0f} % of the gallery in order "
                     f"{order_words(str(roll['ordering']))}{via} brings {new}'s queries back to {old}'s self-test"
                     f"{flatter}.", adapter=roll.get("adapter"), ordering=roll["ordering"], fraction=p,
-                    backfill_metric=on, items_to_reembed=math.ceil(p * n - 1e-9),
+                    backfill_metric=on, items_to_reembed=items_for(p, n),
                     notes=("the backfill fraction is read off one curve over the evaluated queries, without an interval",),
                     **base)
     tried = "no adapter was tried" if not adapters else "no adapter is compatible"

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from engine.sources.text import SECRET_KEYS, mask_in, mask_url
-from engine.upgrade.plan import recovery_line
+from engine.upgrade.plan import items_for, recovery_line
 from engine.upgrade.words import NOT_JUDGED, pct, sentence
 
 SUFFIXES = {".html": "html", ".htm": "html", ".md": "markdown"}
@@ -190,11 +190,6 @@ def number_rows(data: Mapping[str, Any]) -> list[dict[str, str]]:
                      "difference": _points(ac.get("diff")), "interval": _interval(ac), "verdict": str(ac.get("verdict")),
                      "queries": "–" if a.get("n_queries") is None else f"{a['n_queries']:,}"})
     return rows
-
-
-def items_for(fraction: float, n: int) -> int:
-    """Items to re-embed for a fraction of an ``n``-item gallery (the plan's rounding: up, a hair of float noise off)."""
-    return math.ceil(fraction * n - 1e-9)
 
 
 def option_costs(data: Mapping[str, Any]) -> list[dict[str, Any]]:
