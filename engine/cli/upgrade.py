@@ -517,7 +517,7 @@ def needed_line(needed: int | None, n: int, *, tie: bool = False, margin: float 
             return ("no number of queries would decide it: the mean paired difference sits exactly on the rule's "
                     "threshold (a tie); a margin (--margin) or --ties pass can accept it")
         return ("no number of queries would decide it: the mean paired difference sits exactly on the rule's threshold "
-                "while the interval reaches below it (queries changed, or could: --ties pass does not accept that); "
+                "while the interval reaches below it (queries changed: --ties pass does not accept that); "
                 f"a non-inferiority margin does: --margin {margin:g}")
     if sequential:
         return (f"about {needed:,} queries ({n:,} now) would decide a one-look check with {100 * DEFAULT_POWER:.0f} % "

@@ -287,7 +287,9 @@ def _verdicts_under(paired: dict, ties: str) -> list[list[str | None]]:
     """The per-cell paired verdicts under the ECC tie rule ``ties`` (the bootstrap itself does not depend on it): the
     rule check-upgrade judges with (:func:`engine.metrics.decision.decide`)."""
     rule = Rule(0.0, ties)
-    return [[decide(paired["diff"][t, k], paired["lo"][t, k], paired["hi"][t, k], rule)[0]
+    kinds = paired.get("interval") or [[None] * len(row) for row in paired["verdict"]]  # a matrix stored before: none
+    return [[decide(paired["diff"][t, k], paired["lo"][t, k], paired["hi"][t, k], rule,
+                    unchanged=kinds[t][k] == "unchanged")[0]
              if paired["verdict"][t][k] is not None else None for k in range(len(row))]
             for t, row in enumerate(paired["verdict"])]
 

@@ -23,11 +23,18 @@ INTERVALS = {"two-way": "queries and gallery items", "queries": "queries",  # --
 DEFAULT_INTERVAL = "two-way"
 
 
-def decide(diff: float, lo: float, hi: float, rule: Rule = Rule()) -> tuple[str, bool]:
-    """``(pass | fail | unresolved, tie)`` of a paired comparison under ``rule`` (see the module docstring)."""
+def decide(diff: float, lo: float, hi: float, rule: Rule = Rule(), *, unchanged: bool = False) -> tuple[str, bool]:
+    """``(pass | fail | unresolved, tie)`` of a paired comparison under ``rule`` (see the module docstring).
+
+    ``unchanged``: no item's score changed (a float16 copy; the interval is the exact zero-change bound about 0).
+    Every sampled item is then a tie, and the comparison is flagged ``tie``; ECC with ties passing accepts it (equal
+    scores pass, item by item: the rule's own reading), while strict ECC and a margin judge the bound's interval.
+    """
     t = rule.threshold
-    tie = diff == lo == hi == t
+    tie = diff == lo == hi == t or (unchanged and diff == t)
     strict = rule.ties == "fail"
+    if unchanged and diff == t and not strict:
+        return "pass", True
     point_ok = diff > t if strict else diff >= t
     if point_ok and (lo > t if strict else lo >= t):
         return "pass", tie

@@ -210,7 +210,7 @@ def compare(a: np.ndarray, b: np.ndarray, *, resamples: int = DEFAULT_RESAMPLES,
         word = paired_verdict(lo, hi, bool(np.nanmean(a) > np.nanmean(b)))
         needed = queries_needed(d, level=level, groups=groups) if word == "unresolved" else None
         return PairedVerdict(diff, lo, hi, n, names[word], needed=needed)
-    verdict, tie = decide(diff, lo, hi, rule)
+    verdict, tie = decide(diff, lo, hi, rule, unchanged=not np.any(d[~np.isnan(d)]))
     needed = queries_needed(d, level=level, rule=rule, groups=groups) if verdict == "unresolved" else None
     return PairedVerdict(diff, lo, hi, n, names[verdict], tie, needed)
 

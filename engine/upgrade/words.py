@@ -70,7 +70,9 @@ def sentence(report: Mapping[str, Any]) -> str:
            f"On its own {new} scores {pct(report['new_new'])} vs {pct(report['old_old'])} ({interval(b, level)}): "
            + (UNCHANGED_WORDS.format(old=old, m=report.get("margin") or 0.0)
               if equivalent(b["lo"], b["hi"], report.get("margin") or 0.0) else ALONE[b["verdict"]].format(old=old))]
-    if c.get("tie"):
+    if c.get("tie") and report.get("ties") == "pass":
+        out.append(f"Every query scores the same with {new} as with {old}: a tie, which ties passing accepts.")
+    elif c.get("tie"):
         out.append(f"Every query scores the same with {new} as with {old}: a tie, which the papers' strict ECC (the "
                    "cross-test must score above the self-test) cannot pass; a margin or ties passing accepts it.")
     if report.get("margin") or report.get("ties") == "pass":
