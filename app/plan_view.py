@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from app.widgets import MISSING, plain
-from engine.upgrade.plan import recovery_line
+from engine.upgrade.plan import forecast_line, recovery_line
 from engine.upgrade.words import interval, pct
 
 PERCENT = st.column_config.NumberColumn(format="%.1f")
@@ -74,6 +74,8 @@ def plan_section(plan: dict[str, Any] | None, level: float, *, key: str = "up_pl
         k[2].metric(plain(f"Same precision under {plan['new_name']}"), "none" if t["t_new"] is None else f"{t['t_new']:.4g}",
                     None if t["t_new"] is None else f"precision {pct(t['precision_new'])}", delta_color="off",
                     delta_arrow="off")
+    if plan.get("forecast"):  # read before any adapter was fitted; the table below is what the fit recovered
+        st.caption(plain("Forecast before fitting: " + forecast_line(plan["forecast"], plan["old_name"], plan["new_name"])))
     if plan["adapters"]:
         _adapters(plan, level)
     st.markdown("\n".join(f"- {plain(what)}: {plain(value)}" for what, value in plan["numbers"].items()))

@@ -199,6 +199,24 @@ def test_the_adapter_rows_equal_the_in_memory_plan_on_the_same_vectors(better, b
     assert better_plan.plan.decision == memory.plan.decision and better_plan.plan.adapter == memory.plan.adapter
 
 
+def test_the_forecast_from_sources_equals_the_in_memory_forecast_on_an_exact_rotation(better, better_check, better_plan):
+    """The forecast's small Procrustes fit (on its own seeded sample of the adapters' pairs) undoes the rotation exactly
+    on either path, so both read the same per-query outcomes: the same forecast to float error (float32 streamed
+    search against float64 in memory: 1e-6), and the adapted queries score new/new: a share of new/new of
+    (new/new / old/old + bias x residual) x old/old / new/new = 1 + bias x residual x ceiling."""
+    from engine.upgrade.forecast import CALIBRATION
+
+    old = CellFeatures(better["old_queries"], better["q_labels"], better["old_gallery"], better["g_labels"])
+    new = CellFeatures(better["new_queries"], better["q_labels"], better["new_gallery"], better["g_labels"])
+    report = check_upgrade(old, new, resamples=RESAMPLES, seed=SEED, metric="recall@1")
+    memory = plan_inputs(old, new, report).plan.forecast
+    got = better_plan.plan.forecast
+    for key in ("share_of_new", "new_lo", "new_hi", "share_of_old", "old_lo", "old_hi", "ceiling", "residual"):
+        assert got[key] == pytest.approx(memory[key], abs=1e-6), key
+    want = 1 + CALIBRATION.bias * got["residual"] * got["ceiling"]
+    assert got["share_of_new"] == pytest.approx(want, abs=1e-9) and got["n_queries"] == NQ
+
+
 def test_an_exact_rotation_adapted_equals_old_old_per_query(tmp_path):
     """The whole new model a rotation of the old: the Procrustes adapter's adapted/old is old/old query for query."""
     e = pair(new="rotation")
@@ -290,7 +308,7 @@ def test_the_fit_sample_is_bounded(better, better_check, better_specs, monkeypat
     monkeypatch.setattr(remedies, "fit_map", lambda kind, new, old, **kw: seen.append((len(new), len(old))) or
                         real(kind, new, old, **kw))
     got = plan_from_sources(better_check, better_specs, kinds=("procrustes",), max_pairs=24)
-    assert seen == [(24, 24)] and got.adapters[0]["pairs"] == 24
+    assert seen == [(24, 24), (24, 24)] and got.adapters[0]["pairs"] == 24  # the forecast's small fit, then the adapter
     assert any("capped at 24 pairs" in n for n in got.plan.notes)
     rows = sample_rows(cap=24)
     assert set(rows) <= set(sample_rows())

@@ -61,7 +61,8 @@ def lowest_with_precision(s: np.ndarray, r: np.ndarray, p: float) -> float:
 def test_the_plan_files_carry_migration_plans_decision_for_the_same_report(tmp_path, capsys, pair, code, decision):
     got, report, plan, md = run(tmp_path, pair)
     assert got == code  # --plan leaves check-upgrade's exit codes as they are
-    again = migration_plan(report, adapters=plan["adapters"], rollouts=plan["rollouts"], threshold=plan["threshold"])
+    again = migration_plan(report, adapters=plan["adapters"], rollouts=plan["rollouts"], threshold=plan["threshold"],
+                           forecast=plan["forecast"])
     assert plan["decision"] == again.decision == decision
     assert [x for x in plan["markdown"].splitlines() if not x.startswith("- note:")] == [
         x for x in again.to_markdown().splitlines() if not x.startswith("- note:")]  # then the inputs' notes
@@ -70,7 +71,7 @@ def test_the_plan_files_carry_migration_plans_decision_for_the_same_report(tmp_p
     assert set(plan) == {"decision", "reason", "old_name", "new_name", "metric", "n_gallery", "adapter", "ordering",
                          "fraction", "items_to_reembed", "numbers", "threshold", "notes", "headline", "markdown",
                          "rule", "success", "guardrail", "backfill_metric", "margin_to_decide", "recovery",
-                         "adapters", "rollouts", "rescoring", "report"}
+                         "forecast", "adapters", "rollouts", "rescoring", "report"}
     assert f"  plan: {again.headline()} (written to plan.json and plan.md)" in capsys.readouterr().out.splitlines()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "plan.json", "plan.md", "report.json"]
 

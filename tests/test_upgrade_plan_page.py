@@ -46,6 +46,10 @@ def test_the_page_shows_the_stored_plan_its_numbers_and_a_markdown_download(app_
     assert shown_metric(at, "Items to re-embed") == "0"
     assert "Download the plan (Markdown)" in [b.proto.label for b in at.get("download_button")]
     assert "fitted on 100 paired gallery items" in page
+    f = plan["forecast"]  # stored with the plan, read before the fit; its numbers: tests/test_forecast_plan.py
+    head = (f"Forecast before fitting: a Procrustes adapter should recover {100 * f['share_of_new']:.0f} % of a full "
+            "re-embedding (v2/v2; 90 % prediction interval")
+    assert any(unplain(c.value).startswith(head) for c in at.caption)
 
 
 def shown_metric(at, label: str) -> str:

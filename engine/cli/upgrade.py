@@ -28,7 +28,7 @@ from engine.data import roots
 from engine.results.json_file import write_json_atomic
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
 from engine.upgrade.plan import (DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, backfill_metric,
-                                 recovery_line)
+                                 recovery_line, forecast_line)
 from engine.metrics.decision import margin_to_decide
 from engine.upgrade.rule import DEFAULT_INTERVAL, DEFAULT_POWER, INTERVALS, TIE_RULES
 from engine.upgrade.words import NOT_JUDGED
@@ -501,8 +501,10 @@ def _plan(args: argparse.Namespace, report: UpgradeReport, features: Features) -
 
 
 def plan_lines(plan: Plan) -> list[str]:
-    """The decision's recovery rows and notes, one line each (the decision itself is the ``decision:`` line)."""
-    return ([f"recovery: {recovery_line(r, plan.old_name, plan.new_name)}" for r in plan.recovery]
+    """The decision's recovery forecast (read before fitting), recovery rows and notes, one line each (the decision
+    itself is the ``decision:`` line)."""
+    return ([f"forecast: {forecast_line(plan.forecast, plan.old_name, plan.new_name)}"] if plan.forecast else []) + (
+        [f"recovery: {recovery_line(r, plan.old_name, plan.new_name)}" for r in plan.recovery]
             + [f"note: {n}" for n in plan.notes])
 
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.upgrade.plan import forecast_line
+
 LEVEL = 0.9
 TARGETS = {"coverage": 0.90, "half_width": 0.05}  # issue 37: coverage >= 90 %, half-width <= 5 points
 
@@ -67,12 +69,8 @@ class Forecast:
         return asdict(self)
 
     def line(self, old: str, new: str) -> str:
-        """The forecast in words, as a plan could print it before any adapter is fitted."""
-        return (f"forecast before fitting: a Procrustes adapter should recover {100 * self.share_of_new:.0f} % of a full "
-                f"re-embedding ({new}/{new}; {100 * self.level:g} % prediction interval {100 * self.new_lo:.0f}-"
-                f"{100 * self.new_hi:.0f} %) and {100 * self.share_of_old:.0f} % of today's system ({old}/{old}; "
-                f"{100 * self.old_lo:.0f}-{100 * self.old_hi:.0f} %), read on {self.n_queries:,} queries (ceiling "
-                f"{100 * self.ceiling:.0f} %, Procrustes residual {self.residual:.3f})")
+        """The forecast in words (:func:`engine.upgrade.plan.forecast_line`), as the plan prints it."""
+        return forecast_line(self.to_json(), old, new)
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

@@ -39,6 +39,7 @@ from engine.sources.text import first_line
 from engine.metrics.relevance import neighbour_recall
 from engine.metrics.threshold import matched_threshold, threshold_at_precision
 from engine.metrics.topk import array_blocks, stream_topk
+from engine.upgrade import forecast as fc
 from engine.upgrade.plan import (DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, backfill_metric,
                                  migration_plan)
 from engine.upgrade.verdict import UpgradeReport, backfill_needs, check_upgrade, per_query_scores, rollout_needs
@@ -206,6 +207,45 @@ def adapter_rows(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *,
                          **beside(m)) for name, m, keep, extra in candidates]
 
 
+FORECAST_PAIRS = 1000  # gallery pairs the forecast's Procrustes is fitted on (at most half the gallery), as calibrated
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def forecast_inputs(old: CellFeatures, new: CellFeatures, metric: str, seed: int, *, same_set: bool = False,
+                    self_tests: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
+    """What :func:`engine.upgrade.forecast.forecast_recovery` reads: both self-tests per query (``self_tests``: already
+    computed) and, for the queries through an orthogonal map fitted on at most :data:`FORECAST_PAIRS` seeded gallery
+    pairs, their score on the old gallery and the map's residual (the procedure the forecast was calibrated on by
+    ``bench/bench_evidence.py``). ``ValueError`` when the two models' widths differ (no orthogonal map)."""
+    if old.gallery.shape[1] != new.gallery.shape[1]:
+        raise ValueError(f"the forecast's orthogonal map needs one width, the models give {old.gallery.shape[1]} and "
+                         f"{new.gallery.shape[1]}")
+    oo, nn = self_tests or tuple(per_query_scores(c.query, c.query_labels, c.gallery, c.gallery_labels, metric=metric,
+                                                  same_set=same_set) for c in (old, new))
+    m = min(FORECAST_PAIRS, len(old.gallery) // 2)
+    rows = np.random.default_rng(seed).permutation(len(old.gallery))[:m]
+    w = fc.procrustes_map(new.gallery[rows], old.gallery[rows])
+    residual = fc.procrustes_residual(new.query, old.query, w)
+    adapted = per_query_scores(_unit(new.query) @ w, old.query_labels, old.gallery, old.gallery_labels, metric=metric,
+                               same_set=same_set)
+    raw = float(np.mean(np.sum(_unit(new.query) * _unit(old.query), axis=1))) if new.query.shape == old.query.shape else None
+    return {"oo": oo, "nn": nn, "adapted": adapted, "residual": residual, "pairs": int(m), "raw_cosine": raw}
+
+
+def forecast_of(old: CellFeatures, new: CellFeatures, report: UpgradeReport) -> tuple[fc.Forecast | None, str | None]:
+    """The plan's recovery forecast on the check's own queries, read before any adapter is fitted, or ``(None, why
+    not)``."""
+    try:
+        f = forecast_inputs(old, new, report.metric, report.seed, same_set=report.same_set)
+        return fc.forecast_recovery(f["oo"], f["nn"], f["adapted"], f["residual"]), None
+    except ValueError as exc:
+        return None, f"no recovery forecast: {first_line(exc)}"
+
+
 def above(fractions: Sequence[float], values: Sequence[float], target: float) -> float | None:
     """The first measured fraction whose value lies strictly above ``target`` (None: none does)."""
     return next((float(f) for f, v in zip(fractions, values) if v is not None and v > target), None)
@@ -295,11 +335,13 @@ def plan_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
     """The migration plan of ``report`` (computed on ``old`` and ``new``, with the query ``groups`` when it had them)
     with its adapters, roll-outs and threshold."""
     data = report.to_json()
+    forecast, no_forecast = forecast_of(old, new, report) if kinds else (None, None)  # before any adapter is fitted
     adapters = adapter_rows(old, new, report, kinds=kinds, files=files, share=share, groups=groups)
     rollouts, rescoring = plan_rollouts(old, new, report)
     threshold, how = threshold_row(old, new, same_set=report.same_set, t_old=t_old, precision=precision)
-    plan = migration_plan(data, adapters=adapters, rollouts=rollouts, threshold=threshold)
-    notes = list(plan.notes)
+    plan = migration_plan(data, adapters=adapters, rollouts=rollouts, threshold=threshold,
+                          forecast=forecast and forecast.to_json())
+    notes = list(plan.notes) + ([no_forecast] if no_forecast else [])
     if kinds:
         scored = ("the other items (the fitted ones left out of queries and gallery)" if report.same_set
                   else "every query (none of them fitted on)")

@@ -106,6 +106,16 @@ def recovery_line(row: Mapping[str, Any], old: str, new: str) -> str:
     return out
 
 
+def forecast_line(f: Mapping[str, Any], old: str, new: str) -> str:
+    """The recovery forecast (:class:`engine.upgrade.forecast.Forecast` as a dict) in words, read before any adapter
+    is fitted."""
+    return (f"a Procrustes adapter should recover {100 * f['share_of_new']:.0f} % of a full re-embedding ({new}/{new}; "
+            f"{100 * f['level']:g} % prediction interval {100 * f['new_lo']:.0f}-{100 * f['new_hi']:.0f} %) and "
+            f"{100 * f['share_of_old']:.0f} % of today's system ({old}/{old}; {100 * f['old_lo']:.0f}-"
+            f"{100 * f['old_hi']:.0f} %), read on {f['n_queries']:,} queries before fitting (ceiling "
+            f"{100 * f['ceiling']:.0f} %, Procrustes residual {f['residual']:.3f})")
+
+
 @dataclass(frozen=True)
 class Plan:
     """The decision, its reason, the rule it was taken under, the numbers behind it and the cost in items to re-embed."""
@@ -127,6 +137,7 @@ class Plan:
     margin_to_decide: float | None = None  # points: the margin under which a too-close call would pass
     numbers: dict[str, Any] = field(default_factory=dict)
     recovery: tuple[dict[str, Any], ...] = ()
+    forecast: dict[str, Any] | None = None  # the recovery predicted before fitting (engine.upgrade.forecast)
     threshold: dict[str, Any] | None = None
     notes: tuple[str, ...] = ()
 
@@ -151,6 +162,8 @@ class Plan:
                  "", f"- rule: {self.rule}", f"- metric: {metric_name(self.metric)}; gallery: {self.n_gallery:,} items; "
                  f"items to re-embed: {self.items_to_reembed:,}"]
         lines += [f"- {k}: {v}" for k, v in self.numbers.items()]
+        if self.forecast:
+            lines.append(f"- forecast: {forecast_line(self.forecast, self.old_name, self.new_name)}")
         lines += [f"- recovery: {recovery_line(r, self.old_name, self.new_name)}" for r in self.recovery]
         if self.threshold:
             t = self.threshold
@@ -193,7 +206,7 @@ def _passes(c: Mapping[str, Any], margin: float) -> str:
 
 def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str, Any]] = (),
                    rollouts: Sequence[Mapping[str, Any]] | None = None,
-                   threshold: Mapping[str, Any] | None = None) -> Plan:
+                   threshold: Mapping[str, Any] | None = None, forecast: Mapping[str, Any] | None = None) -> Plan:
     """The decision for ``report`` (an ``UpgradeReport.to_json()``), given the adapters' rows (``name``,
     ``compatibility`` = a paired verdict of adapted->old vs old/old under the report's rule, optional ``adapted_old``,
     ``label_free``) and the roll-out rows (``ordering``, optional ``adapter``, ``metric``, ``to_old_self``,
@@ -206,6 +219,7 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
     rollouts = list(report.get("backfill") or ()) if rollouts is None else list(rollouts)
     base = dict(old_name=old, new_name=new, metric=report["metric"], n_gallery=n, rule=rule, success=success,
                 guardrail=c["verdict"], threshold=dict(threshold) if threshold else None,
+                forecast=dict(forecast) if forecast else None,
                 recovery=tuple(recovery_rows(report, adapters)))
     alone = (f"{pct(report['new_new'])} vs {pct(report['old_old'])} ({interval(b, level)}: {success})"
              if b["verdict"] != NOT_JUDGED

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from engine.sources.text import SECRET_KEYS, mask_in, mask_url
-from engine.upgrade.plan import items_for, recovery_line
+from engine.upgrade.plan import forecast_line, items_for, recovery_line
 from engine.upgrade.words import NOT_JUDGED, pct, sentence
 
 SUFFIXES = {".html": "html", ".htm": "html", ".md": "markdown"}
@@ -327,9 +327,11 @@ def extra_fields(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def recovery_lines(data: Mapping[str, Any]) -> list[str]:
-    """Each adapter's recovery against its ceiling, in the plan's own words (:func:`engine.upgrade.plan.recovery_line`)."""
+    """The recovery forecast read before fitting, then each adapter's recovery against its ceiling, in the plan's own
+    words (:func:`engine.upgrade.plan.forecast_line`, :func:`engine.upgrade.plan.recovery_line`)."""
     r = _report(data)
-    return [recovery_line(row, r["old_name"], r["new_name"]) for row in data.get("recovery") or ()]
+    ahead = [f"forecast: {forecast_line(data['forecast'], r['old_name'], r['new_name'])}"] if data.get("forecast") else []
+    return ahead + [recovery_line(row, r["old_name"], r["new_name"]) for row in data.get("recovery") or ()]
 
 
 def notes(data: Mapping[str, Any]) -> list[str]:

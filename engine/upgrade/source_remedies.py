@@ -45,7 +45,9 @@ from engine.metrics.topk import stream_topk
 from engine.metrics.twoway import TopLists, ranked_lists
 from engine.upgrade.backfill_sources import curve_need, decided_note
 from engine.upgrade.from_sources import CheckLists, Opened, SourcesCheck, SourceSpecs, by_id, cut_lists, in_order
-from engine.upgrade.migration import (RANK_MERGE, RANK_MERGE_NOTE, PlanInputs, check_plan_options, fit_rows,
+from engine.sources.text import first_line
+from engine.upgrade import forecast as fc
+from engine.upgrade.migration import (FORECAST_PAIRS, RANK_MERGE, RANK_MERGE_NOTE, PlanInputs, check_plan_options, fit_rows,
                                       remapped_threshold, rollout_rows, selection_level, selection_note)
 from engine.upgrade.plan import DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, migration_plan
 from engine.upgrade.verdict import BackfillNeed, PairedVerdict, UpgradeReport, compare
@@ -182,6 +184,18 @@ def source_threshold(lists: CheckLists, *, t_old: float | None = None, precision
     return remapped_threshold(*pairs[0], *pairs[1], how=how, t_old=t_old, precision=precision)
 
 
+def source_forecast(lists: CheckLists, m: PosthocMap, got: Adapted) -> tuple[fc.Forecast | None, str | None]:
+    """The recovery forecast (:func:`engine.upgrade.migration.forecast_of`'s, from sources): the check's per-query
+    old/old and new/new outcomes, the queries through the small Procrustes fit ``m`` on the old gallery (``got``) and
+    its residual on the queries; ``(None, why not)`` when it cannot be read."""
+    try:
+        nn = lists.relevance.outcomes(lists.new_new, ks=(lists.at,)).values[lists.key]
+        residual = fc.procrustes_residual(lists.queries.new, lists.queries.old, m.tensors["weight"].astype(np.float64))
+        return fc.forecast_recovery(lists.oo, nn, got.values, residual), None
+    except ValueError as exc:
+        return None, f"no recovery forecast: {first_line(exc)}"
+
+
 def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequence[str] = DEFAULT_ADAPTERS,
                       files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE, t_old: float | None = None,
                       precision: float = DEFAULT_PRECISION, max_pairs: int = MAX_FIT_PAIRS,
@@ -196,6 +210,7 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
     say = progress or (lambda f, m: None)
     n_g = report.n_gallery
     maps: list[tuple[str, PosthocMap, dict[str, Any]]] = []
+    forecast_map: PosthocMap | None = None  # the forecast's own small fit, judged in the same pass as the adapters
     opened = Opened()
     try:
         old_g = opened.open(specs.old_gallery, "old gallery")
@@ -206,6 +221,9 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
             new_g = opened.open(specs.new_gallery, "new gallery")
             old_s, new_s = read_pairs(in_order(old_g, lists.gallery_ids, lists.block_rows),
                                       by_id(new_g, lists.slots, lists.block_rows), rows)
+            take = np.sort(np.random.default_rng(report.seed).permutation(len(rows))[:min(FORECAST_PAIRS, n_g // 2)])
+            if len(take) >= 2 and lists.relevance.kind != "none":  # label-free: new/new is the reference, no ceiling
+                forecast_map = fit_map("procrustes", new_s[take], old_s[take], fitted_on={"pairs": len(take)})
             for kind in kinds:
                 say(0.3, f"fitting the {kind} adapter")
                 start = time.perf_counter()
@@ -219,16 +237,18 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
             maps.append((f"{m.kind} ({Path(folder).name})", m, {"source": str(folder), "pairs": m.fitted_on.get("pairs"),
                                                                  "fit_seconds": None}))
         say(0.5, "searching the old gallery with the adapted queries")
-        judged = adapted_outcomes(lists, [m for _, m, _ in maps], in_order(old_g, lists.gallery_ids, lists.block_rows))
+        judged = adapted_outcomes(lists, [m for _, m, _ in maps] + ([forecast_map] if forecast_map else []),
+                                  in_order(old_g, lists.gallery_ids, lists.block_rows))
     finally:
         opened.close()
+    forecast, no_forecast = source_forecast(lists, forecast_map, judged.pop()) if forecast_map else (None, None)
     say(0.9, "rank merge and threshold")
     level = report.level if len(judged) < 2 else selection_level([got.values - lists.oo for got in judged], report,
                                                                    lists.groups)
     adapters = [adapter_row(name, m, report, got, judge_adapted(lists, report, got, level=level), level, **extra)
                 for (name, m, extra), got in zip(maps, judged)]
     data = report.to_json()
-    notes = []
+    notes = [no_forecast] if no_forecast else []
     if rows is not None:
         capped = f", capped at {max_pairs:,} pairs" if int(round(share * n_g)) > max_pairs else ""
         notes.append(f"adapters {', '.join(kinds)} fitted on {len(rows):,} paired gallery items (a share of {share:g} of "
@@ -248,7 +268,8 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
     rollouts, rescoring = rollout_rows({**data, "rollout": rank_merge})
     threshold, how = source_threshold(lists, t_old=t_old, precision=precision)
     notes.append(f"similarity threshold: {how}")
-    plan = migration_plan(data, adapters=adapters, rollouts=rollouts, threshold=threshold)
+    plan = migration_plan(data, adapters=adapters, rollouts=rollouts, threshold=threshold,
+                          forecast=forecast and forecast.to_json())
     say(1.0, "plan ready")
     return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, *notes)), adapters, rollouts, rescoring)
 
