@@ -53,15 +53,33 @@ def describe(m: PosthocMap) -> dict[str, Any]:
                       "onnx_io": {"input": "new (batch, new_dim) float32", "output": "old (batch, old_dim) float32"}}}
 
 
+ADAPTER_FILES = frozenset((JSON_NAME, WEIGHTS_NAME, ONNX_NAME))
+
+
+def check_replaceable(folder: Path) -> None:
+    """``--force`` replaces an adapter folder this tool wrote, nothing else: ``AdapterFileError`` (one line, with the
+    count) when ``folder`` holds anything but the adapter's own regular files, or lacks its ``adapter.json``."""
+    entries = list(os.scandir(folder))
+    foreign = [e for e in entries if e.name not in ADAPTER_FILES or not e.is_file(follow_symlinks=False)]
+    if foreign or not any(e.name == JSON_NAME for e in entries):
+        raise AdapterFileError(f"{folder} is not an adapter folder ({len(foreign)} of its {len(entries)} entries are "
+                               f"not an adapter's files); --force replaces only an adapter folder, so nothing was "
+                               "written: give a new folder")
+
+
 def save_adapter(m: PosthocMap, folder: str | Path, *, force: bool = False, onnx: bool = True) -> Path:
     """Write ``m`` to ``folder`` (whole or not at all); an existing ``folder`` is refused unless ``force``."""
     from safetensors.numpy import save_file
 
     folder = Path(folder)
+    if folder.is_symlink():
+        raise AdapterFileError(f"{folder} is a symbolic link; give the folder itself (a link is never replaced)")
     if folder.exists() and not force:
         raise AdapterFileError(f"{folder} exists; give --force to replace it")
     if folder.exists() and not folder.is_dir():
         raise AdapterFileError(f"{folder} exists and is not a folder")
+    if folder.exists():
+        check_replaceable(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(describe(m), indent=2, allow_nan=False)  # a NaN metric is refused before anything is written
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))

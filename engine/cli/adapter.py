@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -153,13 +154,19 @@ def _split_and_scorer(args: argparse.Namespace):
 
 def cmd_fit(args: argparse.Namespace) -> int:
     """Fit, score on the held-out queries, export."""
-    from engine.adapters.artifact import save_adapter
+    from engine.adapters.artifact import check_replaceable, save_adapter
     from engine.adapters.posthoc import options_for
     from engine.adapters.recovery import apply_timed, fit_on_pairs
 
+    if os.path.islink(args.out):
+        raise ValueError(f"--out {args.out} is a symbolic link; give the folder itself (a link is never replaced)")
     out = roots.confine(args.out, what="--out")
+    if out in roots.data_roots():
+        raise ValueError(f"--out {args.out} is a data root; give a new folder inside it (a root is never replaced)")
     if out.exists() and not args.force:
         raise ValueError(f"--out {args.out} exists; give --force to replace it")
+    if out.is_dir():
+        check_replaceable(out)  # before the fit: --force replaces only an adapter folder
     if not args.no_onnx and importlib.util.find_spec("onnx") is None:
         raise ValueError("the ONNX graph needs the onnx package: pip install -e .[onnx] (requirements-onnx.txt), "
                          "or give --no-onnx")

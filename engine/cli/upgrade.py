@@ -240,6 +240,8 @@ def plan_target(path: Path) -> tuple[Path, Path]:
     if not path.name or path.name in (".", ".."):
         raise ValueError(f"--plan {path}: give a file name (OUT.json and OUT.md are written)")
     real = roots.confine(path, what="--plan")
+    if real.is_dir():
+        raise ValueError(f"--plan {path} is a folder; give a file name inside it (OUT.json and OUT.md are written)")
     if not real.parent.is_dir():
         raise ValueError(f"--plan {path}: folder {path.parent} does not exist")
     files = (real.with_name(real.name + ".json"), real.with_name(real.name + ".md"))
