@@ -128,11 +128,10 @@ class ArrowSource(Source):
             yield self.names.raw(batch, where=self.description)
 
     def ids(self) -> np.ndarray:
-        from engine.sources.base import as_ids
+        from engine.sources.base import as_ids, join_ids
 
-        parts = [as_ids(b.column(0).to_numpy(zero_copy_only=False), where=self.description)
-                 for b in self._batches([self.names.id], 65536)]
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return join_ids([as_ids(b.column(0).to_numpy(zero_copy_only=False), where=self.description)
+                         for b in self._batches([self.names.id], 65536)], where=self.description)
 
 
 class LanceSource(Source):
@@ -188,9 +187,8 @@ class LanceSource(Source):
             yield self.names.raw(batch, where=self.description)
 
     def ids(self) -> np.ndarray:
-        from engine.sources.base import as_ids
+        from engine.sources.base import as_ids, join_ids
 
-        parts = [as_ids(b.column(self.names.id).to_numpy(zero_copy_only=False), where=self.description)
-                 for b in self._scan([self.names.id], 65536)]
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return join_ids([as_ids(b.column(self.names.id).to_numpy(zero_copy_only=False), where=self.description)
+                         for b in self._scan([self.names.id], 65536)], where=self.description)
 

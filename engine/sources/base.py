@@ -22,30 +22,83 @@ class Block:
         return len(self.ids)
 
 
+EXACT_FLOAT = 2 ** 53  # a float id beyond this is not an exact integer (1e19 and 1e19 + 1 are one float)
+INT64_MAX = np.iinfo(np.int64).max
+
+
 def as_ids(values: np.ndarray, *, where: str) -> np.ndarray:
-    """Ids as int64 when they are integers, as text otherwise; a missing id is refused."""
+    """Ids as int64 when they are integers, as text otherwise, under one rule for every reader: no missing id, one
+    type per source (integers or text, never both), integers exact (an unsigned id above 2^63 - 1, a float id beyond
+    2^53 or with a fraction is refused: two such ids could become one item). Uniqueness is :func:`check_unique_ids`'s."""
     arr = np.asarray(values)
     if arr.dtype == object:
-        if any(v is None for v in arr):
-            raise SourceError(f"{where} has an item without an id")
-        if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in arr):
+        missing = sum(v is None or (isinstance(v, float) and v != v) for v in arr)
+        if missing:
+            raise SourceError(f"{where} has {missing} items without an id")
+        ints = [isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in arr]
+        if all(ints):
+            big = sum(not -INT64_MAX - 1 <= int(v) <= INT64_MAX for v in arr)
+            if big:
+                raise SourceError(f"{where} has {big} integer ids beyond 64 bits; ids must be exact")
             return arr.astype(np.int64)
+        if any(ints):
+            raise SourceError(f"{where} has ids of two types ({sum(ints)} integers, {len(ints) - sum(ints)} others); "
+                              "one type per source")
+        if not all(isinstance(v, str) for v in arr):
+            raise SourceError(f"{where} has ids that are neither integers nor text")
         return arr.astype(str)
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > INT64_MAX:
+        raise SourceError(f"{where} has {int(np.sum(arr > INT64_MAX))} unsigned ids above 2^63 - 1; ids must be exact "
+                          "in 64-bit integers")
     if arr.dtype.kind in "iu":
         return arr.astype(np.int64, copy=True)  # a copy: a view could pin a reader's whole batch in memory
     if arr.dtype.kind in "US":
         return arr.astype(str)
-    if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+    if arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)):
+            raise SourceError(f"{where} has {int(np.sum(~np.isfinite(arr)))} items without an id (NaN or infinite)")
+        inexact = (arr != np.round(arr)) | (np.abs(arr) > EXACT_FLOAT)
+        if np.any(inexact):
+            raise SourceError(f"{where} has {int(inexact.sum())} float ids that are not exact integers (a fraction, or "
+                              "beyond 2^53); store ids as integers or text")
         return arr.astype(np.int64)
     raise SourceError(f"{where} has ids of type {arr.dtype} (integers or text are read)")
 
 
-def as_labels(values: np.ndarray | None) -> np.ndarray | None:
+def join_ids(parts: list[np.ndarray], *, where: str) -> np.ndarray:
+    """The ids of a source's blocks, concatenated: one type for the whole source (a row group of text ids after one of
+    integers is refused, never turned into text)."""
+    if not parts:
+        return np.zeros(0, np.int64)
+    kinds = {"text" if p.dtype.kind == "U" else "integers" for p in parts if len(p)}
+    if len(kinds) > 1:
+        raise SourceError(f"{where} has ids of two types (integers in some blocks, text in others); one type per source")
+    return np.concatenate(parts)
+
+
+def check_unique_ids(ids: np.ndarray, *, where: str) -> None:
+    """Each item once: one line with the count and a few examples when an id repeats (within a file, across row
+    groups, files of a dataset or blocks)."""
+    unique, counts = np.unique(ids, return_counts=True)
+    if len(unique) != len(ids):
+        dup = unique[counts > 1]
+        shown = ", ".join(str(v) for v in dup[:3]) + (", ..." if len(dup) > 3 else "")
+        raise SourceError(f"{where} has {len(dup)} ids that occur more than once (e.g. {shown}); each item must have "
+                          "one vector")
+
+
+def as_labels(values: np.ndarray | None, *, where: str = "the source") -> np.ndarray | None:
+    """Labels as int64 or text; a missing label (null, NaN) is refused in one line with the count."""
     if values is None:
         return None
     arr = np.array(values)  # a copy, as for ids
     if arr.dtype == object:
+        missing = sum(v is None or (isinstance(v, float) and v != v) for v in arr)
+        if missing:
+            raise SourceError(f"{where} has {missing} items without a label (null)")
         arr = arr.astype(np.int64) if all(isinstance(v, (int, np.integer)) for v in arr) else arr.astype(str)
+    elif arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+        raise SourceError(f"{where} has {int(np.sum(~np.isfinite(arr)))} items without a label (null or NaN)")
     return arr
 
 
@@ -55,6 +108,7 @@ class Source:
     def __init__(self, text: SourceText, *, what: str, dim: int | None = None, count: int | None = None,
                  expect_dim: int | None = None) -> None:
         self.text, self.what, self.count = text, what, count
+        self.id_kind: str | None = None  # integers or text, from the first block read: one type per source
         self.expect_dim = expect_dim
         self.dim = dim
         if dim is not None:
@@ -94,6 +148,11 @@ class Source:
 
     def _checked(self, ids, vectors, labels, seen: int) -> Block:
         ids = as_ids(ids, where=self.description)
+        kind = "text" if ids.dtype.kind == "U" else "integers"
+        if len(ids) and self.id_kind not in (None, kind):
+            raise SourceError(f"{self.description} has ids of two types ({self.id_kind} first, then {kind} at row "
+                              f"{seen}); one type per source")
+        self.id_kind = self.id_kind or (kind if len(ids) else None)
         vectors = np.asarray(vectors)
         if vectors.ndim != 2:
             raise SourceError(f"{self.description}: the vectors are not a table of numbers (shape {vectors.shape})")
@@ -110,12 +169,11 @@ class Source:
             bad = int(np.flatnonzero(~finite)[0])
             raise SourceError(f"{self.description}: item {ids[bad]} (row {seen + bad}) has a NaN or infinite value; "
                               f"{int((~finite).sum())} such items in this block")
-        return Block(ids, vectors, as_labels(labels))
+        return Block(ids, vectors, as_labels(labels, where=self.description))
 
     def ids(self) -> np.ndarray:
         """Every item's id in reading order (vectors are read and dropped block by block)."""
-        parts = [b.ids for b in self.blocks()]
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return join_ids([b.ids for b in self.blocks()], where=self.description)
 
     def close(self) -> None:
         """Releases what the reader holds open (a connection, a file)."""

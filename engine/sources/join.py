@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.sources.base import Source
+from engine.sources.base import Source, check_unique_ids
 from engine.sources.text import SourceError
 
 EXAMPLES = 3
@@ -26,11 +26,7 @@ def _examples(values: np.ndarray) -> str:
 
 
 def refuse_duplicates(ids: np.ndarray, source: Source) -> None:
-    unique, counts = np.unique(ids, return_counts=True)
-    if len(unique) != len(ids):
-        dup = unique[counts > 1]
-        raise SourceError(f"{source.description} has {len(dup)} ids that occur more than once ({_examples(dup)}); "
-                          f"each item must have one vector")
+    check_unique_ids(ids, where=source.description)
 
 
 def _kind(ids: np.ndarray) -> str:

@@ -48,6 +48,7 @@ from engine.metrics.relevance import Outcomes, label_outcomes, neighbour_recall,
 from engine.metrics.topk import TopK, stream_topk
 from engine.metrics.twoway import TopLists, ranked_lists, two_way_depth
 from engine.sources import Joined, Source, SourceError, join_by_id, open_source
+from engine.sources.base import check_unique_ids, join_ids
 from engine.sources.join import IdSlots, check_same_ids
 from engine.sources.qrels import QrelsTable, read_qrels
 from engine.upgrade.backfill_sources import SourceBackfill, default_depth, source_backfill
@@ -211,12 +212,14 @@ def scan_gallery(source: Source, *, block_rows: int = DEFAULT_BLOCK_ROWS) -> Gal
             labels.append(block.labels)
     if not ids:
         raise SourceError(f"{source.description} holds no item")
+    all_ids = join_ids(ids, where=source.description)
+    check_unique_ids(all_ids, where=source.description)  # a repeated id would be two gallery items of one
     all_labels = None
     if labels:
         if sum(len(x) for x in labels) != sum(len(x) for x in ids):
             raise SourceError(f"{source.description}: some items have labels and some do not")
         all_labels = np.concatenate([x.astype(str) if x.dtype.kind == "U" else x for x in labels])
-    return GalleryScan(np.concatenate(ids), all_labels, np.concatenate(prints), int(source.dim or 0))
+    return GalleryScan(all_ids, all_labels, np.concatenate(prints), int(source.dim or 0))
 
 
 def _writable(vectors: np.ndarray) -> np.ndarray:
