@@ -6,11 +6,21 @@ pgvector's ``'[1,2,3]'`` (select ``emb::text``), a JSON array (SQLite), or Postg
 
 Read-only by construction: a query must be one ``SELECT`` / ``WITH`` statement; SQLite files are opened with
 ``mode=ro`` (and confined to the data roots); PostgreSQL runs it in a read-only transaction; nothing is committed.
+
+Bounded in time: ``#timeout=S`` (default :data:`DEFAULT_TIMEOUT_S`, at most a day) is the longest one pass over the
+source may spend in the database, its statement and fetches summed (the caller's work between blocks is not counted):
+PostgreSQL's ``statement_timeout`` bounds every statement and fetch (and ``connect_timeout`` the connection,
+:data:`CONNECT_TIMEOUT_S`), SQLite's progress handler interrupts one past the pass's budget, and an endless stream of
+rows (a recursive view) ends when the fetches have spent it. Errors never quote the database's message
+beyond a name (a message can carry the query text or the data it read: a password, a file through
+``pg_read_file``): the driver's error class and code, or a "no such table / column NAME" line.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
+import time
 from collections.abc import Iterator
 from urllib.parse import quote
 
@@ -19,6 +29,11 @@ import numpy as np
 from engine.sources.base import Raw, Source
 from engine.sources.text import SourceError, SourceText, first_line, local_path
 
+DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, CONNECT_TIMEOUT_S = 600, 86400, 15
+# database messages that can only name an identifier of the user's own query: shown as they are
+NAMING_ONLY = re.compile(r'^(no such (table|column): [\w."]+|(relation|column) "[\w.]+" does not exist|attempt to write '
+                        r'a readonly database|cannot execute [\w() ]+ in a read-only transaction|WITH clause '
+                        r'containing a data-modifying statement must be at the top level)$')
 READ_ONLY_START = re.compile(r"^\s*(select|with)\b", re.IGNORECASE)
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 
@@ -41,7 +56,29 @@ def parse_vector(value: object, *, where: str) -> list[float]:
             return parsed
     if value is None:
         raise SourceError(f"{where}: an item has no vector (NULL)")
-    raise SourceError(f"{where}: a vector is {type(value).__name__} {str(value)[:40]!r}, not an array of numbers")
+    raise SourceError(f"{where}: a vector is {type(value).__name__}, not an array of numbers (its value is not shown)")
+
+
+def query_error(exc: BaseException) -> str:
+    """A database error in words that quote nothing it read: a naming-only message as it is, else the driver's error
+    class and code (SQLSTATE, or SQLite's error name)."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    if lines and NAMING_ONLY.match(lines[0].strip()):
+        return lines[0].strip()
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "sqlite_errorname", None)
+    return f"{type(orig).__name__}" + (f" ({code})" if code else "") + " (the database's message is not shown: it can " \
+        "quote the query and the data it read)"
+
+
+def timeout_option(text: SourceText, where: str) -> int:
+    """``#timeout=S``: whole seconds in 1..:data:`MAX_TIMEOUT_S` (default :data:`DEFAULT_TIMEOUT_S`)."""
+    raw = text.option("timeout")
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_TIMEOUT_S:
+        raise SourceError(f"{where}: timeout must be whole seconds in 1..{MAX_TIMEOUT_S}, got {raw!r}")
+    return int(raw)
 
 
 def _sqlite_read_only(url, *, what: str):  # noqa: ANN001, ANN202 - sqlalchemy URL objects
@@ -70,6 +107,9 @@ class SqlSource(Source):
         query, name = text.option("query"), text.option("table")
         if bool(query) == bool(name):
             raise SourceError(f"{self.description}: give exactly one of #query=SELECT... or #table=NAME")
+        self.timeout = timeout_option(text, self.description)
+        self.deadline = math.inf  # of the statement or fetch under way (time.monotonic())
+        self.spent = 0.0  # seconds the pass under way has spent in the database
         self.id_name, self.vector_name = text.option("id", "id"), text.option("vector", "vector")
         self.label_name = text.option("label")
         if name:
@@ -84,8 +124,10 @@ class SqlSource(Source):
             from sqlalchemy import text as sql_text
 
             self.statement = sql_text(query.strip().rstrip(";"))
+        connect_args = ({"connect_timeout": max(2, min(CONNECT_TIMEOUT_S, self.timeout)), "options": f"-c statement_timeout={1000 * self.timeout}"}
+                        if self.backend == "postgresql" else {})
         try:
-            self.engine = create_engine(url)
+            self.engine = create_engine(url, connect_args=connect_args)
         except ModuleNotFoundError as exc:
             extra = "postgresql" if self.backend == "postgresql" else "driver for " + self.backend
             raise SourceError(f"reading {self.description} needs the {extra} extra: pip install -e .[{extra}]") \
@@ -100,17 +142,21 @@ class SqlSource(Source):
             self.statement = select(*(column(c) for c in chosen)).select_from(self.table)
 
     def _connection(self):  # noqa: ANN202 - a sqlalchemy Connection
+        self.spent, self.deadline = 0.0, math.inf
         conn = self.engine.connect()
         options = {"stream_results": True}
         if self.backend == "postgresql":
             options["postgresql_readonly"] = True
+        if self.backend == "sqlite":  # SQLite has no statement timeout: its progress handler interrupts one
+            conn.connection.driver_connection.set_progress_handler(lambda: time.monotonic() > self.deadline, 10_000)
         return conn.execution_options(**options)
 
+    def _past(self) -> SourceError:
+        return SourceError(f"{self.description}: reading it ran past its time limit of {self.timeout} s "
+                           "(#timeout=S raises it)")
+
     def _execute(self, conn):  # noqa: ANN001, ANN202
-        try:
-            return conn.execute(self.statement)
-        except Exception as exc:  # noqa: BLE001 - a bad query or a refused write becomes the one line
-            raise SourceError(f"{self.description}: the query fails: {first_line(exc)}") from exc
+        return self._fetch(lambda: conn.execute(self.statement))
 
     def _probe(self) -> None:
         """Connects once and checks the result's columns (no rows are fetched)."""
@@ -122,7 +168,7 @@ class SqlSource(Source):
         try:
             result = self._execute(conn)
             names = list(result.keys())
-            first = result.mappings().fetchone() if self.vector_name in names else None
+            first = self._fetch(lambda: result.mappings().fetchone()) if self.vector_name in names else None
             result.close()
         finally:
             conn.rollback()
@@ -141,7 +187,8 @@ class SqlSource(Source):
         conn = self._connection()
         try:
             result = self._execute(conn)
-            for rows in result.mappings().partitions(block_rows):
+            blocks = result.mappings().partitions(block_rows)
+            while (rows := self._fetch(lambda: next(blocks, None))) is not None:
                 vectors = [parse_vector(r[self.vector_name], where=self.description) for r in rows]
                 lengths = {len(v) for v in vectors}
                 if len(lengths) > 1:
@@ -157,6 +204,24 @@ class SqlSource(Source):
         finally:
             conn.rollback()
             conn.close()
+
+    def _fetch(self, get):  # noqa: ANN001, ANN202
+        """``get()`` (the statement, or a fetch of rows) within what is left of the pass's budget: past it, or a
+        database error, is one line."""
+        if self.spent > self.timeout:
+            raise self._past()
+        start = time.monotonic()
+        self.deadline = start + self.timeout - self.spent
+        try:
+            return get()
+        except SourceError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an interrupted or failing fetch becomes the one line
+            if time.monotonic() > self.deadline:
+                raise self._past() from exc
+            raise SourceError(f"{self.description}: the query fails: {query_error(exc)}") from exc
+        finally:
+            self.spent += time.monotonic() - start
 
     def close(self) -> None:
         self.engine.dispose()

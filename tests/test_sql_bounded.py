@@ -1,0 +1,100 @@
+"""SQL sources hold to the rules of the other doors (issue 39): a time limit on every statement, fetch and connection,
+and errors that never quote the query's data (a password selected as a vector, a file read by pg_read_file)."""
+from __future__ import annotations
+
+import socket
+import sqlite3
+import threading
+
+import pytest
+
+from engine.sources import SourceError, open_source
+
+SECRET = "hunter2-do-not-print"
+
+
+def users_db(path):
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER, password TEXT, label INTEGER)")
+        conn.execute("INSERT INTO users VALUES (1, ?, 0)", (SECRET,))
+        conn.execute("CREATE VIEW forever AS WITH RECURSIVE n(id) AS (SELECT 1 UNION ALL SELECT id + 1 FROM n) "
+                     "SELECT id, '[1.0, 2.0]' AS vector, 0 AS label FROM n")
+    conn.close()
+    return path
+
+
+def read(text: str):
+    return list(open_source(text, what="old gallery").blocks(64))
+
+
+def test_a_selected_secret_is_never_echoed(tmp_path):
+    db = users_db(tmp_path / "u.db")
+    with pytest.raises(SourceError) as exc:
+        read(f"sql:sqlite:///{db}#query=SELECT id, password AS vector, label FROM users")
+    assert SECRET not in str(exc.value) and "its value is not shown" in str(exc.value)
+
+
+def test_a_database_error_names_its_class_not_its_message(tmp_path):
+    db = users_db(tmp_path / "u.db")
+    with pytest.raises(SourceError, match="the query fails: no such table: missing$"):
+        read(f"sql:sqlite:///{db}#table=missing")  # a naming-only message is shown as it is
+    with pytest.raises(SourceError, match=r"the query fails: OperationalError \(SQLITE_ERROR\) \(the database's message "
+                                          r"is not shown"):
+        read(f"sql:sqlite:///{db}#query=SELECT id, vector FROM users WHERE password = '{SECRET}' GROUP")
+
+
+def test_an_endless_recursive_view_ends_at_the_time_limit(tmp_path):
+    db = users_db(tmp_path / "u.db")
+    with pytest.raises(SourceError, match="ran past its time limit of 1 s"):
+        open_source(f"sql:sqlite:///{db}#table=forever&timeout=1", what="old gallery").ids()
+
+
+def test_a_statement_that_never_returns_a_row_is_interrupted(tmp_path):
+    db = users_db(tmp_path / "u.db")
+    slow = ("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT 1 AS id, '[1.0]' AS vector "
+            "FROM (SELECT count(*) FROM n)")
+    with pytest.raises(SourceError, match="ran past its time limit of 1 s"):
+        read(f"sql:sqlite:///{db}#query={slow}&timeout=1")
+
+
+@pytest.mark.parametrize("bad", ["0", "x", "86401", "1.5"])
+def test_bad_timeouts_are_refused(tmp_path, bad):
+    db = users_db(tmp_path / "u.db")
+    with pytest.raises(SourceError, match=r"timeout must be whole seconds in 1\.\.86400"):
+        open_source(f"sql:sqlite:///{db}#table=users&timeout={bad}", what="old gallery")
+
+
+def test_a_server_that_accepts_and_never_answers_is_given_up_on():
+    """A socket that accepts the connection and says nothing: libpq's connect_timeout (2 s, the smallest) ends it."""
+    pytest.importorskip("psycopg")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    held = []
+    threading.Thread(target=lambda: held.append(listener.accept()), daemon=True).start()
+    try:
+        port = listener.getsockname()[1]
+        with pytest.raises(SourceError, match="cannot be reached"):
+            open_source(f"sql:postgresql+psycopg://lab:pw@127.0.0.1:{port}/x#table=t&timeout=2", what="old gallery")
+    finally:
+        for conn, _ in held:
+            conn.close()
+        listener.close()
+
+
+def test_postgresql_sleeps_and_file_reads_are_bounded_and_unquoted(pg_server):
+    from sqlalchemy import create_engine, text
+
+    url = pg_server.create_database()
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE users (id bigint, password text)"))
+            conn.execute(text("INSERT INTO users VALUES (1, :p)"), {"p": SECRET})
+        with pytest.raises(SourceError) as exc:
+            read(f"sql:{url}#query=SELECT id, password::int AS vector FROM users")
+        assert SECRET not in str(exc.value) and "InvalidTextRepresentation (22P02)" in str(exc.value)
+        with pytest.raises(SourceError, match="ran past its time limit of 2 s"):
+            read(f"sql:{url}#query=SELECT 1 AS id, ARRAY[1.0] AS vector FROM pg_sleep(100000)&timeout=2")
+    finally:
+        engine.dispose()
