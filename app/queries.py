@@ -18,6 +18,7 @@ import streamlit as st
 from sqlalchemy import Engine
 
 from engine.core.contract import JOB_LANES, JOB_PRIORITY, analysis_key, available_views, main_view
+from engine.sources.text import mask_source
 from storage import (
     QueuePlace,
     TaskBoard,
@@ -32,7 +33,6 @@ from storage import (
     list_model_versions,
     load_analysis,
     load_source_check,
-    mask_url,
     payload_hash,
     load_matrices,
     queue_positions,
@@ -88,8 +88,9 @@ def _job_label(kind: str, payload: dict[str, Any]) -> str:
         p = payload.get("params", {})
         steps = f"steps {p['step_a']}→{p['step_b']}, " if "step_a" in p else ""
         return f"{payload.get('kind', '?')} of experiment {payload.get('experiment_id', '?')} ({steps}{p.get('view', 'encoder')})"
-    if kind == "sources_check":  # the source text masked: a URL may carry a password
-        return f"upgrade check on {mask_url(payload.get('sources', {}).get('old_gallery', '?'))} ({payload.get('relevance')})"
+    if kind == "sources_check":  # the source text masked as every message masks it (a job queued before secrets were
+        # refused in payloads may still carry one)
+        return f"upgrade check on {mask_source(payload.get('sources', {}).get('old_gallery', '?'))} ({payload.get('relevance')})"
     if kind == "extract" or (kind == LEGACY_TASK_JOB_KIND and payload.get("kind") == "extract"):  # extract tasks
         return (f"extract: {payload.get('images', '?')} by model version #{payload.get('model_version_id', '?')} "
                 f"({payload.get('split', '?')})")

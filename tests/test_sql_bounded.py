@@ -98,3 +98,46 @@ def test_postgresql_sleeps_and_file_reads_are_bounded_and_unquoted(pg_server):
             read(f"sql:{url}#query=SELECT 1 AS id, ARRAY[1.0] AS vector FROM pg_sleep(100000)&timeout=2")
     finally:
         engine.dispose()
+
+
+# ------------------------------------------------------------------------------------------- secrets in job payloads
+def test_a_payload_keeps_no_secret_only_a_reference():
+    from engine.core.contract import sources_check_payload
+
+    base = {"old_queries": "/data/oq.parquet", "new_queries": "/data/nq.parquet"}
+    for text, what in ((f"sql:postgresql+psycopg://lab:{SECRET}@db/x#table=t", "a password in its URL"),
+                       ("qdrant:http://db:6333#collection=c&api_key=abc", "a value of api_key")):
+        with pytest.raises(ValueError, match=f"the old gallery holds {what}; a job's payload is stored") as exc:
+            sources_check_payload({**base, "old_gallery": text}, relevance="labels")
+        assert SECRET not in str(exc.value) and "abc" not in str(exc.value)
+    ref = "sql:postgresql+psycopg://lab:${COMPATLAB_SOURCE_PG}@db/x#table=t"
+    assert sources_check_payload({**base, "old_gallery": ref}, relevance="labels")["sources"]["old_gallery"] == ref
+
+
+def test_a_reference_is_resolved_from_the_readers_environment(tmp_path, monkeypatch):
+    db = users_db(tmp_path / "u.db")
+    text = "sql:sqlite:///${COMPATLAB_SOURCE_DB}#query=SELECT id, '[1.0]' AS vector FROM users"
+    with pytest.raises(SourceError, match=r"names the secret \$\{COMPATLAB_SOURCE_DB\}, which this process's environment"):
+        open_source(text, what="old gallery")
+    monkeypatch.setenv("COMPATLAB_SOURCE_DB", str(db))
+    assert open_source(text, what="old gallery").ids().tolist() == [1]
+    monkeypatch.setenv("COMPATLAB_SECRET", "the dashboard's own secret")  # only COMPATLAB_SOURCE_* is ever read
+    with pytest.raises(SourceError):
+        open_source("sql:sqlite:///${COMPATLAB_SECRET}#table=users", what="old gallery")
+
+
+@pytest.mark.parametrize("name", ["a\x1b[31m", "b\u202e", "x" * 41])
+def test_model_names_on_the_sources_form_follow_the_one_name_rule(name):
+    from engine.core.contract import sources_check_payload
+
+    base = {"old_gallery": "/d/g.parquet", "old_queries": "/d/oq.parquet", "new_queries": "/d/nq.parquet"}
+    with pytest.raises(ValueError, match="model name must be 1..40 printable characters"):
+        sources_check_payload(base, relevance="labels", names=("old", name))
+
+
+def test_a_job_label_masks_secret_options_as_messages_do():
+    from app.queries import _job_label as job_label
+
+    label = job_label("sources_check", {"sources": {"old_gallery": "qdrant:http://db:6333#collection=c&api_key=abc"},
+                                        "relevance": "labels"})
+    assert "abc" not in label and "api_key=***" in label

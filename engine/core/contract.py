@@ -22,6 +22,7 @@ from typing import Any
 
 from engine.core.fan_out import FanOut, check_task_gallery
 from engine.core.presets import RUN_PRESETS
+from engine.core.secrets import clear_secret
 from engine.core.vocab import MAX_K, RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, Rule, parse_metric
 
 # ---------------------------------------------------------------------------------------------- views
@@ -243,6 +244,11 @@ def sources_check_payload(sources: dict[str, str | None], *, relevance: str, k: 
     unknown = sorted(set(given) - set(SOURCE_SIDES))
     if unknown:
         raise ValueError(f"unknown source {unknown[0]!r}; use {', '.join(SOURCE_SIDES)}")
+    for side, text in given.items():
+        if (what := clear_secret(text)) is not None:
+            raise ValueError(f"the {side.replace('_', ' ')} holds {what}; a job's payload is stored, so it keeps no "
+                             "secret: write it as ${COMPATLAB_SOURCE_NAME} and set that variable in the worker's "
+                             "environment")
     missing = [side.replace("_", " ") for side in ("old_gallery", "old_queries", "new_queries") if side not in given]
     if missing:
         raise ValueError(f"give the {', the '.join(missing)} (a path or URL each)")
@@ -259,6 +265,10 @@ def sources_check_payload(sources: dict[str, str | None], *, relevance: str, k: 
     names = tuple(str(n).strip() for n in names)
     if len(names) != 2 or not all(names) or names[0] == names[1]:
         raise ValueError("give the old and the new model two different names")
+    from storage import model_name_problem  # the one name rule (no control, format or bidi characters, <= 40)
+
+    if problem := next(filter(None, map(model_name_problem, names)), None):
+        raise ValueError(problem)
     rule = {k: v for k, v in zip(STRICT_RULE, _rule(margin, ties)) if v != STRICT_RULE[k]}
     return {"sources": {side: given[side] for side in SOURCE_SIDES if side in given}, "relevance": relevance, "k": k,
             "metric": (metric or "").strip().lower() or None, "names": list(names), **rule}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from engine.sources.base import Block, Source
 from engine.sources.join import Joined, join_by_id
-from engine.sources.text import SourceError, SourceText, mask_url, parse
+from engine.sources.text import SourceError, SourceText, mask_url, parse, resolve_secrets
 
 __all__ = ["Block", "Joined", "Source", "SourceError", "join_by_id", "mask_url", "open_source"]
 
@@ -33,7 +33,7 @@ __all__ = ["Block", "Joined", "Source", "SourceError", "join_by_id", "mask_url",
 def open_source(text: str, *, what: str, dim: int | None = None, label: str | None = None) -> Source:
     """The source a text names, opened read-only and checked (columns, dimension ``dim`` when given); ``label``
     replaces the text's label option (another column read as each item's label, e.g. its query group)."""
-    spec = parse(text)
+    spec = parse(resolve_secrets(text))
     if label is not None:
         spec = SourceText(spec.kind, spec.location, {**spec.options, "label": label})
     if spec.kind in ("npz", "npy"):

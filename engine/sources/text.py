@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from engine.core.secrets import SECRET_KEYS, SECRET_REF
 from engine.data.roots import OutsideRootsError, confine
 
 KINDS = ("npz", "npy", "parquet", "lance", "qdrant", "sql")
-SECRET_KEYS = ("api_key", "apikey", "password", "token", "secret")
 SQL_SCHEMES = ("postgresql", "postgres", "sqlite", "mysql", "mariadb", "oracle", "mssql")
 ARROW_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".arrow": "ipc", ".feather": "ipc", ".ipc": "ipc"}
 
@@ -61,6 +61,29 @@ def mask_url(text: str) -> str:
     query = "&".join(f"{k}=***" if k.lower() in SECRET_KEYS else f"{k}={v}" if v or "=" in part else k
                      for part in parts.query.split("&") if part for k, _, v in [part.partition("=")])
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def resolve_secrets(text: str) -> str:
+    """``text`` with each ``${COMPATLAB_SOURCE_NAME}`` replaced by that variable of this process's environment (the
+    worker's, for a job): a stored payload names its secrets, never holds them. One line when one is not set."""
+    import os
+
+    def value(m: re.Match) -> str:
+        if m.group(1) not in os.environ:
+            raise SourceError(f"the source names the secret ${{{m.group(1)}}}, which this process's environment does "
+                              "not set (the worker reads it from its own environment)")
+        return os.environ[m.group(1)]
+
+    return SECRET_REF.sub(value, text)
+
+
+def mask_source(text: str) -> str:
+    """A source text as a message or a label shows it (:meth:`SourceText.masked`), or its URL masked when it does not
+    parse."""
+    try:
+        return parse(text).masked()
+    except SourceError:
+        return mask_url(text)
 
 
 def split_options(text: str) -> tuple[str, dict[str, str]]:
