@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import shutil
 import tempfile
 from dataclasses import asdict
@@ -112,12 +113,26 @@ def _int(info: dict, key: str, where: str) -> int:
     return value
 
 
+def _member(folder: Path, name: str) -> Path:
+    """``folder / name``, a regular file of the folder's own: a link (which could lead out of the data roots) or a
+    device is refused in one line."""
+    path = folder / name
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        raise AdapterFileError(f"{folder} is not an adapter folder: {name} is missing") from None
+    if stat.S_ISLNK(mode):
+        raise AdapterFileError(f"{path} is a symbolic link; an adapter's files must be its own (a link may lead out "
+                               "of the data roots)")
+    if not stat.S_ISREG(mode):
+        raise AdapterFileError(f"{path} is not a regular file")
+    return path
+
+
 def _read_json(folder: Path) -> dict[str, Any]:
-    path = folder / JSON_NAME
     if not folder.is_dir():
         raise AdapterFileError(f"{folder} is not an adapter folder (no such folder)")
-    if not path.is_file():
-        raise AdapterFileError(f"{folder} is not an adapter folder: {JSON_NAME} is missing")
+    path = _member(folder, JSON_NAME)
     if path.stat().st_size > MAX_JSON_BYTES:
         raise AdapterFileError(f"{path} is {path.stat().st_size:,} bytes; an adapter description is at most "
                                f"{MAX_JSON_BYTES:,}")
@@ -126,6 +141,8 @@ def _read_json(folder: Path) -> dict[str, Any]:
                           parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"{c} is not JSON")))
     except (UnicodeDecodeError, ValueError) as exc:
         raise AdapterFileError(f"{path} is not valid JSON ({str(exc).splitlines()[0]})") from None
+    except RecursionError:
+        raise AdapterFileError(f"{path} nests too deeply to be an adapter description") from None
     if not isinstance(info, dict):
         raise AdapterFileError(f"{path} holds a JSON {type(info).__name__}, not an object")
     if info.get("format") != FORMAT:
@@ -164,9 +181,7 @@ def load_adapter(folder: str | Path) -> PosthocMap:
     if expected_bytes > MAX_WEIGHT_BYTES:
         raise AdapterFileError(f"{where}: the declared tensors need {expected_bytes:,} bytes, more than "
                                f"{MAX_WEIGHT_BYTES:,}")
-    path = folder / WEIGHTS_NAME
-    if not path.is_file():
-        raise AdapterFileError(f"{folder}: {WEIGHTS_NAME} is missing")
+    path = _member(folder, WEIGHTS_NAME)
     size = path.stat().st_size
     if size > expected_bytes + MAX_JSON_BYTES:
         raise AdapterFileError(f"{path} is {size:,} bytes, more than its declared tensors ({expected_bytes:,}) allow")

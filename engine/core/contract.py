@@ -232,8 +232,11 @@ SOURCE_SIDES = ("old_gallery", "new_gallery", "old_queries", "new_queries", "qre
 
 def sources_check_payload(sources: dict[str, str | None], *, relevance: str, k: int = RELEVANCE_K,
                           metric: str | None = None, names: tuple[str, str] = ("old", "new"), margin: float = 0.0,
-                          ties: str = "fail") -> dict[str, Any]:
+                          ties: str = "fail", stored: bool = True) -> dict[str, Any]:
     """A ``sources_check`` job: the upgrade check on embeddings read from sources (``engine.upgrade.from_sources``).
+
+    ``stored`` (default): the payload will be stored, so a source text holding a secret in clear is refused
+    (:func:`engine.core.secrets.clear_secret`); ``stored=False`` is the command line's own check, never stored.
 
     ``sources`` maps :data:`SOURCE_SIDES` to source texts; empty ones are left out. Checked here before anything is
     queued: the three required sources, the relevance and what it needs, ``k``, the rule (``margin`` in points,
@@ -244,7 +247,7 @@ def sources_check_payload(sources: dict[str, str | None], *, relevance: str, k: 
     unknown = sorted(set(given) - set(SOURCE_SIDES))
     if unknown:
         raise ValueError(f"unknown source {unknown[0]!r}; use {', '.join(SOURCE_SIDES)}")
-    for side, text in given.items():
+    for side, text in given.items() if stored else ():
         if (what := clear_secret(text)) is not None:
             raise ValueError(f"the {side.replace('_', ' ')} holds {what}; a job's payload is stored, so it keeps no "
                              "secret: write it as ${COMPATLAB_SOURCE_NAME} and set that variable in the worker's "

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.sources.base import Raw, Source
-from engine.sources.text import ARROW_SUFFIXES, SourceError, SourceText, first_line, is_url, local_path
+from engine.sources.text import (ARROW_SUFFIXES, SourceError, SourceText, check_url, first_line, is_url, local_members,
+                                 local_path)
 
 
 def vectors_of(column: pa.Array, *, where: str) -> np.ndarray:
@@ -86,10 +87,20 @@ class ArrowSource(Source):
             if is_url(location):
                 import fsspec
 
+                check_url(location, what=self.description)
                 fs, path = fsspec.core.url_to_fs(location)
                 self.dataset = ds.dataset(path, filesystem=fs, format=fmt)
             else:
-                self.dataset = ds.dataset(str(local_path(location, what=what)), format=fmt)
+                real = local_path(location, what=what)
+                if real.is_dir():  # every member resolved and confined: pyarrow is handed the checked files only
+                    files = local_members(real, ARROW_SUFFIXES, what=self.description)
+                    if not files:
+                        raise SourceError(f"{self.description} holds no Parquet or Arrow file")
+                    self.dataset = ds.dataset(files, format=fmt)
+                elif real.is_file():
+                    self.dataset = ds.dataset(str(real), format=fmt)
+                else:
+                    raise SourceError(f"{self.description} is not a regular file or a folder")
         except SourceError:
             raise
         except FileNotFoundError as exc:
@@ -150,10 +161,13 @@ class LanceSource(Source):
             table = name[:-len(".lance")]
         if not table:
             raise SourceError(f"{self.description} names no table; add #table=NAME")
-        if not is_url(location):
+        if is_url(location):
+            check_url(location, what=self.description)
+        else:
             folder = local_path(location, what=what)
             if not folder.is_dir():
                 raise SourceError(f"{self.description}: {folder} is not a LanceDB folder")
+            local_members(folder, set(), what=self.description)  # no member (a table folder, a file) leads out
             location = str(folder)
         try:
             small = lancedb.Session(index_cache_size_bytes=1 << 20, metadata_cache_size_bytes=1 << 20)

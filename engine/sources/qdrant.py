@@ -23,7 +23,7 @@ from urllib.parse import quote
 import numpy as np
 
 from engine.sources.base import Raw, Source
-from engine.sources.text import SourceError, SourceText, first_line, is_url, local_path
+from engine.sources.text import SourceError, SourceText, check_url, first_line, is_url, local_path
 
 POINT_CLASS = ("qdrant_client.http.models.models", "PointStruct")
 
@@ -90,6 +90,7 @@ class QdrantSource(Source):
         self.server = is_url(text.location)
         self.client = None
         if self.server:
+            check_url(text.location, what=self.description)
             config = self._server_config()
         else:
             config = self._local_config()

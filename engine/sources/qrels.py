@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.sources.text import ARROW_SUFFIXES, SourceError, first_line, is_url, local_path, mask_url, split_options
+from engine.sources.text import (ARROW_SUFFIXES, SourceError, check_url, first_line, is_url, local_members, local_path,
+                                 mask_url, split_options)
 
 QUERY_NAMES = ("query-id", "query_id", "qid", "query")
 ITEM_NAMES = ("corpus-id", "corpus_id", "item-id", "item_id", "doc-id", "doc_id", "docid", "id", "item")
@@ -114,12 +115,14 @@ def read_qrels(text: str) -> QrelsTable:
             if is_url(location):
                 import fsspec
 
+                check_url(location, what=where)
                 fs, path = fsspec.core.url_to_fs(location)
                 table = ds.dataset(path, filesystem=fs, format="parquet").to_table()
             else:
                 path = local_path(location, what="qrels")
                 fmt = "ipc" if ARROW_SUFFIXES.get(suffix) == "ipc" else "parquet"
-                table = ds.dataset(str(path), format=fmt).to_table()
+                files = local_members(path, ARROW_SUFFIXES, what=where) if path.is_dir() else str(path)
+                table = ds.dataset(files, format=fmt).to_table()
             q, i, g = _columns(table.schema.names, options, where)
             query = table.column(q).to_pylist()
             item = table.column(i).to_pylist()

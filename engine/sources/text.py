@@ -7,6 +7,7 @@ emb AS vector FROM items``. The options each kind reads are listed in ``engine/s
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,8 +142,50 @@ def recognise(location: str) -> str:
                       + ", ".join(f"{k}:" for k in KINDS))
 
 
+# remote stores a URL may name (memory://: the process's own in-memory filesystem, which reaches no file)
+URL_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "abfss", "http", "https", "memory")
+
+
 def is_url(location: str) -> bool:
     return "://" in location and not location.startswith("file://")
+
+
+def check_url(location: str, *, what: str) -> None:
+    """A remote location must name a remote store by one allow-listed scheme (:data:`URL_SCHEMES`), never an fsspec
+    chain (``simplecache::file://``) or a scheme that reads local files (``local://``, ``zip://``, ``reference://``
+    ...): local files are plain paths or ``file://`` inside the data roots. One line otherwise."""
+    if "::" in location:
+        raise SourceError(f"{what} {mask_url(location)} chains URLs (::); give one plain path or one remote URL")
+    scheme = location.split("://", 1)[0].lower()
+    if scheme not in URL_SCHEMES:
+        raise SourceError(f"{what} {mask_url(location)}: the scheme {scheme}:// is not read; give a plain path or "
+                          f"file:// inside the data roots, or a URL of {', '.join(f'{x}://' for x in URL_SCHEMES)}")
+
+
+def local_members(folder: Path, suffixes: set[str] | dict[str, str], *, what: str) -> list[str]:
+    """The files under a local dataset ``folder`` with one of ``suffixes``, each resolved (links followed, each
+    folder once; names starting with ``.`` or ``_`` skipped, as pyarrow's discovery does) and checked: a regular file
+    inside the data roots, else one line (a member that is a link leading out of the roots is refused, not read)."""
+    out, seen = [], set()
+    for root, dirs, names in os.walk(folder, followlinks=True):
+        real_root = os.path.realpath(root)
+        if real_root in seen:  # a link back up the tree: each folder once
+            dirs[:] = []
+            continue
+        seen.add(real_root)
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]  # pyarrow's own discovery skips these too
+        for name in sorted(dirs) + sorted(n for n in names if not n.startswith((".", "_"))):
+            path = Path(root) / name
+            try:
+                real = confine(path, what=f"{what} member")
+            except OutsideRootsError as exc:
+                raise SourceError(str(exc)) from exc
+            if name in names and Path(name).suffix.lower() in suffixes:
+                if not real.is_file():
+                    raise SourceError(f"{what} member {path} is not a regular file")
+                out.append(str(real))
+        dirs.sort()
+    return out
 
 
 def local_path(location: str, *, what: str) -> Path:

@@ -392,7 +392,8 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
     if interval == "sequential":
         notes += (SEQUENTIAL_NOTE,)
     rule = Rule(margin, ties)
-    sources_check_payload(asdict(specs), relevance=relevance, k=int(k), names=(old_name, new_name))  # what each needs
+    sources_check_payload(asdict(specs), relevance=relevance, k=int(k), names=(old_name, new_name),
+                          stored=False)  # what each needs; this check's own, never stored
     depth = max(int(k), at)
     ks = tuple(sorted({at, int(k)}))
 
