@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.adapters.posthoc import NORMALISE, PosthocMap, kind_of, options_for
+from engine.adapters.posthoc import NORMALISE, PosthocMap, check_tensors, kind_of, options_for
 
 FORMAT = "compatibility-lab/posthoc-adapter/1"
 JSON_NAME, WEIGHTS_NAME, ONNX_NAME = "adapter.json", "adapter.safetensors", "adapter.onnx"
@@ -200,6 +200,10 @@ def load_adapter(folder: str | Path) -> PosthocMap:
                     raise AdapterFileError(f"{path}: tensor {name} holds NaN or infinite values")
     except (SafetensorError, OSError) as exc:
         raise AdapterFileError(f"{path} is not a readable safetensors file ({str(exc).splitlines()[0]})") from None
+    try:
+        check_tensors(tensors, str(path))
+    except ValueError as exc:
+        raise AdapterFileError(str(exc)) from None
     return PosthocMap(info["kind"], new_dim, old_dim, info["normalise"], options, tensors, info["fitted_on"],
                       info["metrics"])
 

@@ -69,6 +69,28 @@ class AffineOptions:
             raise ValueError(f"affine option ridge must be a finite number >= 0, got {self.ridge!r}")
 
 
+# ceilings of the options: a bound stated, not a machine's luck (a rank of 10^8 or 10^9 epochs is a refusal, not a hang)
+MAX_CLUSTERS, MAX_RANK, MAX_EPOCHS, MAX_BATCH, MAX_LR = 4096, 8192, 10_000, 1 << 20, 10.0
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 100.0
+MAX_ABS_WEIGHT, MIN_SCALE = 1e6, 1e-6  # a map's weights: finite, at most this large, its largest at least this
+
+
+def check_tensors(tensors: Mapping[str, np.ndarray], where: str) -> None:
+    """A map's weights are numbers it can apply in float32: finite, none above :data:`MAX_ABS_WEIGHT` in magnitude
+    (identity x 3e38 overflows), each not all below :data:`MIN_SCALE` (x 1e-30 underflows: the outputs lose their unit
+    length); one line otherwise (a diverging fit, a tampered file)."""
+    for name, t in tensors.items():
+        a = np.asarray(t, np.float64)
+        if not np.isfinite(a).all():
+            raise ValueError(f"{where}: weights {name} hold {int((~np.isfinite(a)).sum())} NaN or infinite values "
+                             "(a fit that diverged, or a damaged file)")
+        big = float(np.abs(a).max()) if a.size else 0.0
+        if big > MAX_ABS_WEIGHT:
+            raise ValueError(f"{where}: weights {name} reach {big:.3g}, above {MAX_ABS_WEIGHT:g} (float32 would overflow)")
+        if a.size and a.ndim == 2 and big < MIN_SCALE:
+            raise ValueError(f"{where}: weights {name} are all below {MIN_SCALE:g} (float32 would underflow)")
+
+
 @dataclass(frozen=True)
 class ClusterOptions:
     """``clusters`` k-means clusters on the old space, ``routing`` hard/soft, ``temperature`` of the soft routing,
@@ -81,12 +103,13 @@ class ClusterOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.clusters < 1:
-            raise ValueError(f"cluster option clusters must be at least 1, got {self.clusters}")
+        if not 1 <= self.clusters <= MAX_CLUSTERS:
+            raise ValueError(f"cluster option clusters must be from 1 to {MAX_CLUSTERS}, got {self.clusters}")
         if self.routing not in ("hard", "soft"):
             raise ValueError(f"cluster option routing must be 'hard' or 'soft', got {self.routing!r}")
-        if not (np.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"cluster option temperature must be a number > 0, got {self.temperature!r}")
+        if not (np.isfinite(self.temperature) and MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE):
+            raise ValueError(f"cluster option temperature must be a number from {MIN_TEMPERATURE:g} to "
+                             f"{MAX_TEMPERATURE:g} (a softmax over cosines in float32), got {self.temperature!r}")
         if self.min_members < 1:
             raise ValueError(f"cluster option min_members must be at least 1, got {self.min_members}")
 
@@ -103,11 +126,11 @@ class MlpOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("rank", "epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"mlp option {name} must be at least 1, got {getattr(self, name)}")
-        if not (np.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"mlp option lr must be a number > 0, got {self.lr!r}")
+        for name, high in (("rank", MAX_RANK), ("epochs", MAX_EPOCHS), ("batch_size", MAX_BATCH)):
+            if not 1 <= getattr(self, name) <= high:
+                raise ValueError(f"mlp option {name} must be from 1 to {high:,}, got {getattr(self, name)}")
+        if not (np.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
+            raise ValueError(f"mlp option lr must be a number in (0, {MAX_LR:g}], got {self.lr!r}")
         if not (np.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"mlp option weight_decay must be a number >= 0, got {self.weight_decay!r}")
 
@@ -136,7 +159,11 @@ class PosthocMap:
             block = x[lo: lo + block_rows].astype(np.float32, copy=False)
             if not np.isfinite(block).all():
                 raise ValueError(f"rows {lo}..{lo + len(block) - 1} hold a NaN or infinite value")
-            out[lo: lo + len(block)] = self.apply_block(block)
+            y = self.apply_block(block)
+            if not np.isfinite(y).all():  # checked before anything is written
+                raise ValueError(f"the {self.kind} adapter maps rows {lo}..{lo + len(block) - 1} to NaN or infinite "
+                                 "values; nothing was written")
+            out[lo: lo + len(block)] = y
         return out
 
     def apply_block(self, x: np.ndarray) -> np.ndarray:
@@ -370,8 +397,9 @@ def fit_map(kind: str, new: np.ndarray, old: np.ndarray, *, normalise: str = "l2
     tensors = {name: np.ascontiguousarray(t, dtype=np.float32) for name, t in entry.fit(new, old, opts).items()}
     shapes = entry.shapes(new.shape[1], old.shape[1], opts)
     assert {n: t.shape for n, t in tensors.items()} == shapes, (kind, {n: t.shape for n, t in tensors.items()}, shapes)
+    check_tensors(tensors, f"the fitted {kind} adapter")
     return PosthocMap(kind, new.shape[1], old.shape[1], normalise, opts, tensors, dict(fitted_on or {}))
 
 
-__all__ = ["NORMALISE", "POSTHOC", "AffineOptions", "ClusterOptions", "Kind", "MlpOptions", "PosthocMap",
+__all__ = ["NORMALISE", "POSTHOC", "check_tensors", "AffineOptions", "ClusterOptions", "Kind", "MlpOptions", "PosthocMap",
            "ProcrustesOptions", "fit_map", "kind_of", "l2_rows", "options_for", "procrustes_weight"]

@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from engine.core.vocab import check_resamples
 from engine.data import roots
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
 
@@ -122,8 +123,9 @@ def _split_and_scorer(args: argparse.Namespace):
         raise ValueError("give --query-old and --query-new together (the same queries under both models)")
     if args.query_old is not None and args.held_out is not None:
         raise ValueError("--held-out goes without --query-old/--query-new (the separate queries are the held-out set)")
-    if args.resamples < 1 or not 0 < args.level < 1:
-        raise ValueError("--resamples must be at least 1 and --level in (0, 1)")
+    check_resamples(args.resamples, "--resamples")
+    if not 0 < args.level < 1:
+        raise ValueError("--level must lie strictly between 0 and 1")
     if args.qrels is not None and args.query_old is None:
         raise ValueError("--qrels judges named queries: give them as --query-old/--query-new (held-out items have no "
                          "judgements)")

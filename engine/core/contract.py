@@ -23,7 +23,7 @@ from typing import Any
 from engine.core.fan_out import FanOut, check_task_gallery
 from engine.core.presets import RUN_PRESETS
 from engine.core.secrets import clear_secret
-from engine.core.vocab import MAX_K, RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, Rule, parse_metric
+from engine.core.vocab import MAX_K, RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, Rule, check_resamples, parse_metric
 
 # ---------------------------------------------------------------------------------------------- views
 RAW_VIEWS = ("encoder", "logits", "softmax")  # what the worker extracts and stores per model version and split
@@ -116,6 +116,8 @@ def normalize_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any]
     for name in ("max_points", "n_pairs", "num_fractions", "seed", "resamples"):
         if name in out:
             out[name] = int(out[name])
+    if "resamples" in out:
+        check_resamples(out["resamples"])
     if out.get("split", "gallery") not in ("query", "gallery"):
         raise ValueError(f"split must be 'query' or 'gallery', got {out['split']!r}")
     if kind == "projection":

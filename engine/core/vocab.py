@@ -173,6 +173,14 @@ class Rule:
 
 
 MAX_K = 1_000_000  # the k of recall@k / map@k: a bound keeps it a machine integer
+MAX_RESAMPLES = 100_000  # bootstrap resamples: 100x the default, a 0.1-point Monte Carlo error; more only costs time
+
+
+def check_resamples(value: object, what: str = "resamples") -> int:
+    """A bootstrap's resamples: an integer in 1..:data:`MAX_RESAMPLES`; one line otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RESAMPLES:
+        raise ValueError(f"{what} must be an integer from 1 to {MAX_RESAMPLES:,}, got {value!r}")
+    return value
 _METRIC = re.compile(r"^(recall|map)(?:@(\d+))?$")
 VERIFICATION = "verification"  # paper 002's pair-verification accuracy (engine.metrics.verification)
 

@@ -57,7 +57,7 @@ from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queri
 from engine.upgrade.orders import best_by_area
 from engine.upgrade.words import sentence
 from engine.results.verdict_words import ALONE_WORDS
-from engine.core.vocab import parse_metric
+from engine.core.vocab import check_resamples, parse_metric
 from storage import json_ready
 
 COMPATIBILITY = {"pass": "compatible", "fail": "not compatible", "unresolved": "too close to call"}
@@ -308,8 +308,7 @@ def check_settings(names: Sequence[str], *, metric: str, resamples: int, level: 
     checked = check_names(names)
     metric = str(metric).strip().lower()
     parse_metric(metric, pairs=False)
-    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
-        raise ValueError(f"resamples must be a positive integer, got {resamples!r}")
+    check_resamples(resamples)
     if not 0 < level < 1:
         raise ValueError(f"the confidence level must lie strictly between 0 and 1, got {level!r}")
     Rule(margin, ties)
