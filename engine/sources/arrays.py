@@ -4,6 +4,12 @@
 names through the options ``id=``, ``vector=``, ``label=`` (``label=`` empty: no labels). ``.npy``: one (n, d)
 array of vectors; the ids are the row numbers 0..n-1 and there are no labels. Ids and labels are read whole
 (8 bytes an item); the vectors a block at a time, from a compressed member too.
+
+Sizes are checked from the headers before anything is allocated: an id or label is at most
+:data:`MAX_TEXT_CHARS` characters of text or 8 bytes; an array must be as large as its member says (a stored member
+or a ``.npy`` file at least its declared bytes, and a ``.npy`` file not sparse); and a compressed member may inflate at
+most :data:`MAX_INFLATION` times its compressed size (real embeddings compress about 1.1x; a few MB of zeros that
+declare gigabytes is refused before it is read).
 """
 from __future__ import annotations
 
@@ -17,6 +23,24 @@ import numpy as np
 from engine.sources.base import Raw, Source
 from engine.sources.text import SourceError, SourceText, local_path
 from storage.safe_open import UnsafeFileError, open_regular
+
+
+MAX_TEXT_CHARS = 256  # an id or a label as text
+MAX_INFLATION = 100  # a compressed member's declared bytes over its compressed bytes (deflate reaches about 1,030)
+
+
+def declared_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    return int(np.prod(shape, dtype=object)) * dtype.itemsize
+
+
+def check_declared(need: int, *, on_disk: int, compressed: int | None, where: str) -> None:
+    """An array of ``need`` bytes must be there: at least ``need`` bytes on disk (a stored member, a file), or a
+    compressed member of at most :data:`MAX_INFLATION` x its compressed size; one line otherwise, nothing read."""
+    if compressed is None and need > on_disk:
+        raise SourceError(f"{where} declares {need:,} bytes but holds {on_disk:,}")
+    if compressed is not None and need > MAX_INFLATION * max(compressed, 1):
+        raise SourceError(f"{where} declares {need:,} bytes from {compressed:,} compressed bytes (more than "
+                          f"{MAX_INFLATION}x: a decompression bomb, or not an array of real values); not read")
 
 
 def _header(handle: BinaryIO, *, where: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -40,10 +64,20 @@ def _read_exact(handle: BinaryIO, size: int, *, where: str) -> bytes:
     return data
 
 
-def _whole(handle: BinaryIO, *, where: str) -> np.ndarray:
+def _whole(handle: BinaryIO, *, where: str, shape_wanted: tuple[int, ...], on_disk: int,
+           compressed: int | None) -> np.ndarray:
+    """An ids or labels array read whole, after its header is checked: the shape wanted, an item of at most
+    :data:`MAX_TEXT_CHARS` characters or 8 bytes, the bytes there (:func:`check_declared`)."""
     shape, dtype = _header(handle, where=where)
-    count = int(np.prod(shape))
-    return np.frombuffer(_read_exact(handle, count * dtype.itemsize, where=where), dtype=dtype).reshape(shape)
+    if shape != shape_wanted:
+        raise SourceError(f"{where} has shape {shape}, not {shape_wanted}")
+    limit = MAX_TEXT_CHARS * (4 if dtype.kind == "U" else 1) if dtype.kind in "US" else 8
+    if dtype.itemsize > limit:
+        raise SourceError(f"{where} holds items of {dtype} ({dtype.itemsize:,} bytes each); an id or label is at most "
+                          f"{MAX_TEXT_CHARS} characters or 8 bytes")
+    need = declared_bytes(shape, dtype)
+    check_declared(need, on_disk=on_disk, compressed=compressed, where=where)
+    return np.frombuffer(_read_exact(handle, need, where=where), dtype=dtype).reshape(shape)
 
 
 class ArraySource(Source):
@@ -55,11 +89,27 @@ class ArraySource(Source):
         self.id_name = text.option("id", "ids")
         self.label_name = text.option("label")
         with self._open_vectors() as handle:
-            shape, _ = _header(handle, where=self._member_text())
+            shape, dtype = _header(handle, where=self._member_text())
         if len(shape) != 2:
             raise SourceError(f"{self.description}: the vectors array has shape {shape}, not (items, dimensions)")
+        on_disk, compressed = self._sizes(self.vector_name)
+        check_declared(declared_bytes(shape, dtype), on_disk=on_disk, compressed=compressed, where=self._member_text())
         self.count = shape[0]
         self._check_dim(shape[1])
+
+    def _sizes(self, name: str) -> tuple[int, int | None]:
+        """(bytes, compressed bytes or None when stored) of member ``name`` or of the ``.npy`` file; a ``.npy`` with
+        fewer blocks allocated than its size (sparse, or on a compressing filesystem) counts as compressed into them."""
+        if not self.npz:
+            st = self.path.stat()
+            allocated = 512 * getattr(st, "st_blocks", 0) if hasattr(st, "st_blocks") else st.st_size
+            return st.st_size, (allocated if allocated < st.st_size else None)
+        with self._open_file() as handle:
+            try:
+                info = zipfile.ZipFile(handle).getinfo(f"{name}.npy")
+            except (zipfile.BadZipFile, KeyError):
+                return 0, None  # opening the member says what is wrong
+        return info.file_size, (info.compress_size if info.compress_type != zipfile.ZIP_STORED else None)
 
     def _member_text(self) -> str:
         return f"{self.description} array {self.vector_name!r}" if self.npz else self.description
@@ -99,13 +149,12 @@ class ArraySource(Source):
             yield member
 
     def _small(self, name: str, *, required: bool) -> np.ndarray | None:
+        on_disk, compressed = self._sizes(name)
         with self._open_member(name, required=required) as member:
             if member is None:
                 return None
-            arr = _whole(member, where=f"{self.description} array {name!r}")
-        if arr.shape != (self.count,):
-            raise SourceError(f"{self.description}: array {name!r} has shape {arr.shape}, not ({self.count},)")
-        return arr
+            return _whole(member, where=f"{self.description} array {name!r}", shape_wanted=(self.count,),
+                          on_disk=on_disk, compressed=compressed)
 
     def ids(self) -> np.ndarray:
         if not self.npz:
