@@ -97,3 +97,24 @@ def test_a_bomb_is_refused_within_300_mb_in_a_child(tmp_path):
                          check=True, cwd=os.getcwd())
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["refused"] and got["peak_kb"] < 300 * 1024
+
+
+def test_a_parquet_file_declaring_gigabytes_of_zeros_is_refused_from_its_metadata(tmp_path):
+    """20 million rows of 4 zero floats (320 MB decoded; a hostile file declares more, the rule is the same) run-length
+    encode and zstd to a few hundred kB; the row group's metadata says so before any row is read. A real file of
+    random vectors reads."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n, d = 20_000_000, 4
+    zeros = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(n * d, np.float32)), d)
+    pq.write_table(pa.table({"id": pa.array(np.zeros(n, np.int64)), "vector": zeros}), tmp_path / "z.parquet",
+                   compression="zstd", row_group_size=n)
+    assert os.path.getsize(tmp_path / "z.parquet") < 8 << 20
+    with pytest.raises(SourceError, match=r"row group 0 declares 320,000,000 bytes of vectors from .* stored \(more "
+                                          r"than 100x"):
+        open_source(f"parquet:{tmp_path / 'z.parquet'}", what="old gallery")
+    real = np.random.default_rng(0).standard_normal((1000, 8)).astype(np.float32)
+    pq.write_table(pa.table({"id": np.arange(1000), "vector": pa.FixedSizeListArray.from_arrays(pa.array(real.ravel()), 8)}),
+                   tmp_path / "r.parquet", compression="zstd")
+    assert len(open_source(f"parquet:{tmp_path / 'r.parquet'}", what="old gallery").ids()) == 1000

@@ -73,6 +73,28 @@ def _vector_dim(schema: pa.Schema, name: str) -> int | None:
     return field.type.list_size if pa.types.is_fixed_size_list(field.type) else None
 
 
+MAX_INFLATION, SMALL_CHUNK = 100, 64 << 20  # the vectors may decode to 100x their stored bytes, or to 64 MiB
+WIDTH = {"FLOAT": 4, "DOUBLE": 8, "INT32": 4, "INT64": 8, "INT96": 12, "BOOLEAN": 1, "FIXED_LEN_BYTE_ARRAY": 16}
+
+
+def check_inflation(metadata, vector: str, *, where: str) -> None:  # noqa: ANN001 - pyarrow FileMetaData
+    """The vector column of each row group must decode (its values x their width, from the file's own metadata) to at
+    most :data:`MAX_INFLATION` x its stored bytes, or to :data:`SMALL_CHUNK`: real embeddings compress about 1.1x,
+    while a file of a few hundred bytes declaring gigabytes of zeros (run-length encoded, then zstd) is refused
+    before its rows, and so its ids, are read."""
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            if chunk.path_in_schema.split(".")[0] != vector:
+                continue
+            decoded = chunk.num_values * WIDTH.get(chunk.physical_type, 8)
+            stored = max(chunk.total_compressed_size, 1)
+            if decoded > SMALL_CHUNK and decoded > MAX_INFLATION * stored:
+                raise SourceError(f"{where}: row group {g} declares {decoded:,} bytes of vectors from {stored:,} stored "
+                                  f"(more than {MAX_INFLATION}x: a decompression bomb, or not real values); not read")
+
+
 class ArrowSource(Source):
     """A Parquet or Arrow IPC file, or a folder of them (a dataset), local or at an fsspec URL."""
 
@@ -110,6 +132,12 @@ class ArrowSource(Source):
             raise SourceError(f"{self.description} cannot be read: {first_line(exc)}") from exc
         self.fmt = fmt
         self.names = ColumnNames(text, self.dataset.schema, where=self.description)
+        if fmt == "parquet":  # every file's declared sizes, before any row is read
+            import pyarrow.parquet as pq
+
+            for path in self.dataset.files:
+                with self.dataset.filesystem.open_input_file(path) as handle:
+                    check_inflation(pq.ParquetFile(handle).metadata, self.names.vector, where=self.description)
         self.count = self.dataset.count_rows()  # from the files' metadata
         dim = _vector_dim(self.dataset.schema, self.names.vector)
         if dim is None:  # a list column: the first vector tells
