@@ -153,6 +153,9 @@ def read_pinned(pinned: PinnedFile, max_bytes: int = TEXT_MAX_BYTES) -> bytes:
     return data
 
 
+MAX_INFLATION, MAX_SMALL_MEMBER = 100, 16 << 20  # a zip member may inflate 100x, or to 16 MiB whatever its ratio
+
+
 class ModelFolder:
     """A model's files in a directory or a zip (a sentence-transformers folder), read member by member with sizes
     checked first; ``pins``: member -> SHA-256 to check on read. Names stay inside the folder."""
@@ -203,6 +206,11 @@ class ModelFolder:
                 if info.file_size > limit:
                     raise TextModelError(f"{self.path}!{name}: {info.file_size / 2**20:.1f} MiB exceeds the limit of "
                                          f"{limit / 2**20:.1f} MiB")
+                if (info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_SMALL_MEMBER
+                        and info.file_size > MAX_INFLATION * max(info.compress_size, 1)):
+                    raise TextModelError(f"{self.path}!{name} declares {info.file_size:,} bytes from "
+                                         f"{info.compress_size:,} compressed (more than {MAX_INFLATION}x: weights and "
+                                         "tokenizers do not compress so; a decompression bomb is not read)")
                 with zf.open(info) as handle:
                     data = handle.read(limit + 1)
             if len(data) > limit:

@@ -50,6 +50,14 @@ class BertConfig:
                                  f"num_attention_heads {raw['num_attention_heads']}")
         return cls(**{k: raw[k] for k in _CONFIG_KEYS}, layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)))
 
+    def parameters(self) -> int:
+        """The encoder's parameter count from the sizes alone (embeddings, per layer attention, feed-forward and two
+        LayerNorms), known before anything is allocated."""
+        h, i = self.hidden_size, self.intermediate_size
+        embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * h + 2 * h
+        layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
+        return embeddings + self.num_hidden_layers * layer
+
 
 class BertLayer(nn.Module):
     """Self-attention and a GELU feed-forward, each followed by a residual LayerNorm (BERT's post-norm)."""

@@ -89,12 +89,19 @@ def _json(folder: ModelFolder, name: str):
         raise TextModelError(f"{folder.path}!{name} is not JSON ({exc})") from None
 
 
+MAX_ADDED_TOKENS = 100_000  # BERT adds 5, large multilingual tokenizers a few thousand
+
+
 class TextTokenizer:
     """A ``tokenizer.json`` that pads each batch to its longest text and truncates at ``max_length`` tokens."""
 
     def __init__(self, data: bytes, *, max_length: int = 512, what: str = "tokenizer.json") -> None:
         from tokenizers import Tokenizer
 
+        added = data.count(b'"special"')  # one per added token: counted before the library builds them
+        if added > MAX_ADDED_TOKENS:
+            raise TextModelError(f"{what} adds {added:,} tokens, more than {MAX_ADDED_TOKENS:,}; not loaded (each costs "
+                                 "memory in the tokenizer library)")
         try:
             self.tokenizer = Tokenizer.from_str(data.decode("utf-8"))
         except Exception as exc:  # a malformed file: say which
@@ -320,6 +327,11 @@ def load_bert_folder(folder: ModelFolder, *, name: str | None = None, max_length
 
     name = name or folder.path.name
     config = BertConfig.from_json(folder.read("config.json", max_bytes=1 << 20), what=f"{folder.path}!config.json")
+    stored = folder.size("model.safetensors")
+    if 2 * config.parameters() > stored + (1 << 20):  # float16 at the least: 2 bytes a parameter
+        raise TextModelError(f"{folder.path}!config.json declares {config.parameters():,} parameters, but "
+                             f"model.safetensors holds {stored:,} bytes (fewer than 2 a parameter); refused before "
+                             "anything is allocated")
     if max_length is None:
         sbert = _json(folder, "sentence_bert_config.json") if folder.exists("sentence_bert_config.json") else {}
         max_length = int(sbert.get("max_seq_length") or config.max_position_embeddings)
