@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from engine.models.bert import BertConfig, load_bert
+from engine.models.onnx_check import GraphError, check_graph
 from engine.data.text_model_files import (TEXT_MAX_BYTES, ModelFolder, TextModelError, check_sha256, read_limited,
                                          weights_member)
 
@@ -219,6 +220,10 @@ class OnnxTextEncoder(TextEncoder):
                  threads: int | None = None, device: str = "auto") -> None:
         import onnxruntime as ort
 
+        try:
+            check_graph(model, name)  # before onnxruntime sees it: standard operators and the graph's own data only
+        except GraphError as exc:
+            raise TextModelError(str(exc)) from None
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
