@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 from engine.analysis.arrays import unit
 from engine.analysis.views import experiment_recipe, load_cell_versions, load_side
 from engine.data.samples import sample_texts
-from engine.data.thumbnails import THUMB_SIZE, can_render, data_uri, kind_of, thumbnails
+from engine.data.thumbnails import THUMB_SIZE, can_render, check_reference, data_uri, kind_of, thumbnails
 from storage import list_feature_views, load_feature_set, load_image_refs, session_scope
 
 
@@ -74,6 +74,10 @@ def images_note(db: Engine, model_version_id: int, split: str) -> str | None:
         return "Its items are texts (no images): they are shown as text."
     if not can_render(refs[0]):
         return f"Thumbnails of {kind_of(refs[0])} images are not rendered yet (their files are read with torch)."
+    try:
+        check_reference(refs[0], np.asarray(refs[1], dtype=np.int64))
+    except (ValueError, TypeError) as exc:
+        return f"Thumbnails cannot be shown: {exc}."
     return None
 
 
@@ -88,7 +92,13 @@ def row_thumbnails(db: Engine, model_version_id: int, split: str, rows: Sequence
     rows = np.asarray(rows, dtype=np.int64)
     if len(rows) and not 0 <= rows.min() <= rows.max() < len(ids):
         raise ValueError(f"rows must lie in 0..{len(ids) - 1} (the stored {split} rows), got {rows.min()}..{rows.max()}")
-    return thumbnails(source, np.asarray(ids)[rows], cache_dir=cache_dir, size=size)
+    picked = np.asarray(ids)[rows]
+    if can_render(source):
+        try:
+            check_reference(source, np.asarray(picked, dtype=np.int64))
+        except (ValueError, TypeError):  # a damaged reference: no pictures, and images_note says why
+            return [None] * len(rows)
+    return thumbnails(source, picked, cache_dir=cache_dir, size=size)
 
 
 def row_texts(db: Engine, model_version_id: int, split: str, rows: Sequence[int] | None = None) -> list[str] | None:

@@ -160,6 +160,40 @@ def _cached(path: Path, cache_dir: Path) -> bytes | None:
         return None
 
 
+DIGITS = 1797  # scikit-learn's bundled digits
+MAX_SHAPES_PER_CLASS = 100_000  # a shapes source's images per class (each class is rendered up to the last asked)
+NEEDS = {"digits": (), "fashion": ("root", "split"), "shapes": ("per_class", "first_class", "split", "seed"),
+         "cifar10": ("root", "split"), "cifar100": ("root", "split"), "files": ("root", "files")}
+
+
+def check_reference(source: dict[str, Any], ids: np.ndarray) -> None:
+    """A stored image reference and the items asked of it, checked before anything is decoded or rendered: the keys
+    its kind needs, of the right types, and ids inside what it holds; a damaged or tampered one is one line (never an
+    IndexError, a KeyError, or a render of billions of images)."""
+    kind = kind_of(source)
+    missing = [k for k in NEEDS.get(kind, ()) if k not in source]
+    if missing:
+        raise ValueError(f"the {kind} image reference lacks {', '.join(missing)}: it is damaged")
+    if len(ids) and int(ids.min()) < 0:
+        raise ValueError(f"image ids must be >= 0, got {int(ids.min())}")
+    if kind == "digits" and len(ids) and int(ids.max()) >= DIGITS:
+        raise ValueError(f"the digits hold images 0..{DIGITS - 1}, not {int(ids.max())}")
+    if kind == "files":
+        files = source["files"]
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            raise ValueError("the files image reference's file list is not a list of names: it is damaged")
+        if len(ids) and int(ids.max()) >= len(files):
+            raise ValueError(f"the image reference lists {len(files)} files, not an image {int(ids.max())}")
+    if kind == "shapes":
+        values = {k: source[k] for k in ("per_class", "first_class", "seed")}
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values.values()):
+            raise ValueError(f"the shapes image reference's per_class, first_class and seed must be integers >= 0, "
+                             f"got {values}")
+        if not 1 <= values["per_class"] <= MAX_SHAPES_PER_CLASS:
+            raise ValueError(f"the shapes image reference's per_class must be 1..{MAX_SHAPES_PER_CLASS:,}, got "
+                             f"{values['per_class']:,}")
+
+
 def thumbnails(source: dict[str, Any] | None, ids: Sequence[int] | np.ndarray, *, cache_dir: Path,
                size: int = THUMB_SIZE) -> list[bytes | None]:
     """PNG bytes of the items ``ids`` of ``source`` (None where no image can be had), from the cache or decoded."""
@@ -170,6 +204,7 @@ def thumbnails(source: dict[str, Any] | None, ids: Sequence[int] | np.ndarray, *
         raise ValueError(f"thumbnail size must be 8..{MAX_THUMB_SIZE} px, got {size}")
     if not can_render(source):
         return [None] * len(ids)
+    check_reference(source, ids)
     paths = [Path(cache_dir) / key[:2] / f"{key}.png" for key in (_key(source, int(i), size) for i in ids)]
     out: list[bytes | None] = [_cached(p, Path(cache_dir)) for p in paths]
     missing = [r for r, data in enumerate(out) if data is None]
