@@ -89,3 +89,18 @@ def test_a_deeply_nested_adapter_description_is_one_line(tmp_path):
     (tmp_path / "ad" / "adapter.json").write_text("[" * 200_000 + "]" * 200_000)
     with pytest.raises(AdapterFileError, match="nests too deeply|is not valid JSON|is .* bytes"):
         load_adapter(tmp_path / "ad")
+
+
+def test_a_qdrant_folder_whose_points_are_an_endless_view_is_refused(tmp_path):
+    import json
+    import sqlite3
+
+    folder = tmp_path / "qd"
+    (folder / "collection" / "items").mkdir(parents=True)
+    (folder / "meta.json").write_text(json.dumps({"collections": {"items": {"vectors": {"size": 2, "distance": "Cosine"}}}}))
+    with sqlite3.connect(folder / "collection" / "items" / "storage.sqlite") as conn:
+        conn.execute("CREATE VIEW points AS WITH RECURSIVE n(id) AS (SELECT 1 UNION ALL SELECT id + 1 FROM n) "
+                     "SELECT id, x'00' AS point FROM n")
+    conn.close()
+    with pytest.raises(SourceError, match="storage.sqlite's points is view, not Qdrant's table"):
+        open_source(f"qdrant:{folder}#collection=items", what="old gallery")

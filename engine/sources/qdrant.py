@@ -16,6 +16,7 @@ import io
 import json
 import pickle
 import sqlite3
+import time
 import warnings
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -78,6 +79,9 @@ def _pick(vector: object, name: str | None, *, where: str, point_id: object) -> 
     return list(vector)
 
 
+LOCAL_TIMEOUT_S = 600  # one connection to a local-mode storage.sqlite (a pass over its points)
+
+
 class QdrantSource(Source):
     def __init__(self, text: SourceText, *, what: str, expect_dim: int | None) -> None:
         super().__init__(text, what=what, expect_dim=expect_dim)
@@ -115,12 +119,19 @@ class QdrantSource(Source):
         if not self.storage.is_file():
             raise SourceError(f"{self.description}: collection {self.collection!r} has no storage.sqlite")
         with self._connect() as conn:
+            kind = conn.execute("SELECT type FROM sqlite_master WHERE name = 'points'").fetchone()
+            if kind is None or kind[0] != "table":  # a view (an endless recursive one) is not Qdrant's storage
+                raise SourceError(f"{self.description}: storage.sqlite's points is {kind[0] if kind else 'missing'}, not "
+                                  "Qdrant's table")
             self.count = conn.execute("SELECT count(*) FROM points").fetchone()[0]
         return config.get("vectors") if isinstance(config, dict) else None
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            return sqlite3.connect(f"file:{quote(str(self.storage))}?mode=ro", uri=True)
+            conn = sqlite3.connect(f"file:{quote(str(self.storage))}?mode=ro", uri=True)
+            deadline = time.monotonic() + LOCAL_TIMEOUT_S  # a statement past it is interrupted (one line below)
+            conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
+            return conn
         except sqlite3.Error as exc:
             raise SourceError(f"{self.description} cannot be opened: {first_line(exc)}") from exc
 
