@@ -18,7 +18,6 @@ import streamlit as st
 from sqlalchemy import Engine
 
 from engine.core.contract import JOB_LANES, JOB_PRIORITY, analysis_key, available_views, main_view
-from engine.sources.text import mask_source
 from storage import (
     QueuePlace,
     TaskBoard,
@@ -33,6 +32,7 @@ from storage import (
     list_model_versions,
     load_analysis,
     load_source_check,
+    mask_url,
     payload_hash,
     load_matrices,
     queue_positions,
@@ -90,7 +90,7 @@ def _job_label(kind: str, payload: dict[str, Any]) -> str:
         return f"{payload.get('kind', '?')} of experiment {payload.get('experiment_id', '?')} ({steps}{p.get('view', 'encoder')})"
     if kind == "sources_check":  # the source text masked as every message masks it (a job queued before secrets were
         # refused in payloads may still carry one)
-        return f"upgrade check on {mask_source(payload.get('sources', {}).get('old_gallery', '?'))} ({payload.get('relevance')})"
+        return f"upgrade check on {mask_url(payload.get('sources', {}).get('old_gallery', '?'))} ({payload.get('relevance')})"
     if kind == "extract" or (kind == LEGACY_TASK_JOB_KIND and payload.get("kind") == "extract"):  # extract tasks
         return (f"extract: {payload.get('images', '?')} by model version #{payload.get('model_version_id', '?')} "
                 f"({payload.get('split', '?')})")

@@ -6,10 +6,10 @@ from storage.db import (
     init_db,
     json_hash,
     json_ready,
-    mask_url,
     session_scope,
     write_problem,
 )
+from storage.secrets import clear_secret, mask_url
 from storage.feature_sets import (
     copy_feature_sets,
     feature_set_ref,
@@ -132,6 +132,7 @@ __all__ = [
     "json_hash",
     "json_ready",
     "mask_url",
+    "clear_secret",
     "delete_experiment",
     "enqueue_job",
     "fail_job",

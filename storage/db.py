@@ -5,7 +5,6 @@ import functools
 import hashlib
 import json
 import math
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +12,8 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import Engine, create_engine, event, make_url, text
+
+from storage.secrets import mask_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -29,20 +30,6 @@ def default_db_url() -> str:
     """``$COMPATLAB_DB_URL`` if set, else SQLite at ``./data/compatlab.db`` (absolute, from the current directory)."""
     url = read_setting(DB_URL)
     return url or f"sqlite:///{(Path.cwd() / DEFAULT_DB_PATH).as_posix()}"
-
-
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][\w+.-]*://)(?P<user>[^:/@]*):(?P<password>[^@/]*)@")
-
-
-def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for every place a database URL is shown or printed.
-
-    Works on URLs SQLAlchemy cannot parse too (a typo'd URL still must not print its password).
-    """
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL SQLAlchemy understands: mask the user-info part by hand
-        return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", str(url))
 
 
 class DatabaseUnavailable(ValueError):

@@ -15,7 +15,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine.sources import SourceError, join_by_id, mask_url, open_source
-from engine.sources.text import mask_in
 from test_featurestore import s3_root  # noqa: F401  (moto's S3 server on 127.0.0.1)
 
 N, D = 200, 16
@@ -400,7 +399,7 @@ def test_credentials_are_masked():
     assert mask_url("https://me:hunter2@host/a.parquet?api_key=k1&x=2") == \
         "https://me:***@host/a.parquet?api_key=***&x=2"
     assert mask_url("s3://bucket/a.parquet") == "s3://bucket/a.parquet"
-    assert mask_in("failed for s3://key:secret@host/b and http://u:p@h") == \
+    assert mask_url("failed for s3://key:secret@host/b and http://u:p@h") == \
         "failed for s3://key:***@host/b and http://u:***@h"
     from engine.sources.text import parse
 

@@ -141,3 +141,22 @@ def test_a_job_label_masks_secret_options_as_messages_do():
     label = job_label("sources_check", {"sources": {"old_gallery": "qdrant:http://db:6333#collection=c&api_key=abc"},
                                         "relevance": "labels"})
     assert "abc" not in label and "api_key=***" in label
+
+
+def test_one_masking_function_for_every_label_message_and_export():
+    """storage.secrets.mask_url is the only masking function (issue 40: two of them once showed a Qdrant api_key in
+    clear on Overview); it masks passwords, bare tokens and secret keys' values in URLs, source texts and messages."""
+    import pathlib
+    import re
+
+    from storage import mask_url
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    defs = [str(p.relative_to(root)) for folder in ("engine", "app", "storage") for p in (root / folder).rglob("*.py")
+            if re.search(r"^def mask(_url|_in|_source)?\(", p.read_text(encoding="utf-8"), re.MULTILINE)]
+    assert defs == ["storage/secrets.py"]
+    assert mask_url("qdrant:https://q.example:6333#collection=c&api_key=abc") == \
+        "qdrant:https://q.example:6333#collection=c&api_key=***"
+    assert mask_url("https://ghp_token@host/x.parquet") == "https://***@host/x.parquet"
+    assert mask_url("cannot reach postgresql+psycopg://lab:pw@db/x (timeout)") == \
+        "cannot reach postgresql+psycopg://lab:***@db/x (timeout)"

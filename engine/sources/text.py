@@ -11,10 +11,10 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
-from engine.core.secrets import SECRET_KEYS, SECRET_REF
 from engine.data.roots import OutsideRootsError, confine
+from storage.secrets import SECRET_REF, mask_url
 
 KINDS = ("npz", "npy", "parquet", "lance", "qdrant", "sql")
 SQL_SCHEMES = ("postgresql", "postgres", "sqlite", "mysql", "mariadb", "oracle", "mssql")
@@ -33,35 +33,11 @@ class SourceText:
 
     def masked(self) -> str:
         """The text as a message shows it: passwords and secret options replaced by ``***``."""
-        opts = "&".join(f"{k}={'***' if k.lower() in SECRET_KEYS else v}" for k, v in self.options.items())
-        return f"{self.kind}:{mask_url(self.location)}" + (f"#{opts}" if opts else "")
+        opts = "&".join(f"{k}={v}" for k, v in self.options.items())
+        return mask_url(f"{self.kind}:{self.location}" + (f"#{opts}" if opts else ""))
 
     def option(self, key: str, default: str | None = None) -> str | None:
         return self.options.get(key, default)
-
-
-def mask_url(text: str) -> str:
-    """``text`` with the password of a URL (``scheme://user:password@host``) and secret query values masked."""
-    if "://" not in text:
-        return text
-    if text.split("://", 1)[0].split("+")[0] in SQL_SCHEMES:
-        try:
-            from sqlalchemy import make_url
-
-            return make_url(text).render_as_string(hide_password=True)
-        except Exception:  # noqa: BLE001 - a URL sqlalchemy cannot parse is masked the generic way below
-            pass
-    try:
-        parts = urlsplit(text)
-    except ValueError:
-        return re.sub(r"//[^/@]*@", "//***@", text)
-    netloc = parts.netloc
-    if "@" in netloc:
-        user, host = netloc.rsplit("@", 1)
-        netloc = f"{user.split(':', 1)[0]}:***@{host}" if ":" in user else f"***@{host}"
-    query = "&".join(f"{k}=***" if k.lower() in SECRET_KEYS else f"{k}={v}" if v or "=" in part else k
-                     for part in parts.query.split("&") if part for k, _, v in [part.partition("=")])
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def resolve_secrets(text: str) -> str:
@@ -76,15 +52,6 @@ def resolve_secrets(text: str) -> str:
         return os.environ[m.group(1)]
 
     return SECRET_REF.sub(value, text)
-
-
-def mask_source(text: str) -> str:
-    """A source text as a message or a label shows it (:meth:`SourceText.masked`), or its URL masked when it does not
-    parse."""
-    try:
-        return parse(text).masked()
-    except SourceError:
-        return mask_url(text)
 
 
 def split_options(text: str) -> tuple[str, dict[str, str]]:
@@ -198,12 +165,7 @@ def local_path(location: str, *, what: str) -> Path:
         raise SourceError(str(exc)) from exc
 
 
-def mask_in(message: str) -> str:
-    """Every ``scheme://user:password@`` in a message with the password masked."""
-    return re.sub(r"([A-Za-z][\w+.-]*://[^/\s:@]*):[^@\s/]*@", r"\1:***@", message)
-
-
 def first_line(exc: BaseException) -> str:
     """An exception's first line, passwords masked (what a reader's failure shows)."""
     lines = str(exc).strip().splitlines() or [type(exc).__name__]
-    return mask_in(lines[0].strip())
+    return mask_url(lines[0].strip())

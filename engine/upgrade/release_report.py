@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from engine.sources.text import SECRET_KEYS, mask_in, mask_url
+from storage.secrets import mask_url
 from engine.upgrade.plan import forecast_line, items_for, recovery_line
 from engine.upgrade.words import NOT_JUDGED, pct, sentence
 
@@ -61,11 +61,8 @@ figure{margin:1em 0}figure svg{max-width:100%;height:auto}
 
 # ----------------------------------------------------------------------------------------------- the data
 def mask(text: Any) -> str:
-    """``text`` with URL passwords (``scheme://user:password@``) and secret options (``#token=...``, ``?password=...``)
-    masked as ``***``."""
-    out = mask_in(mask_url(str(text)) if str(text).split("://", 1)[0].isalpha() else str(text))
-    keys = "|".join(map(re.escape, SECRET_KEYS))
-    return re.sub(rf"(?i)([#?&](?:{keys})=)[^&#\s]*", r"\1***", out)
+    """``text`` with URL passwords and secret options masked as ``***`` (:func:`storage.secrets.mask_url`)."""
+    return mask_url(str(text))
 
 
 def tool_version() -> str:
