@@ -60,11 +60,6 @@ figure{margin:1em 0}figure svg{max-width:100%;height:auto}
 
 
 # ----------------------------------------------------------------------------------------------- the data
-def mask(text: Any) -> str:
-    """``text`` with URL passwords and secret options masked as ``***`` (:func:`storage.secrets.mask_url`)."""
-    return mask_url(str(text))
-
-
 def tool_version() -> str:
     """The installed version of the tool (``unknown`` when it is run from a checkout that is not installed)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -88,11 +83,11 @@ def report_context(*, inputs: Mapping[str, Any], command: Sequence[str] | None =
         if value is None or value == [] or value == {}:
             continue
         if isinstance(value, Mapping):
-            rows.update({f"{key}: {k}": mask(v) for k, v in value.items() if v is not None})
+            rows.update({f"{key}: {k}": mask_url(v) for k, v in value.items() if v is not None})
         elif isinstance(value, (list, tuple)):
-            rows[str(key)] = ", ".join(mask(v) for v in value)
+            rows[str(key)] = ", ".join(mask_url(v) for v in value)
         else:
-            rows[str(key)] = mask(value)
+            rows[str(key)] = mask_url(value)
     throughput, why = None, throughput_note
     if embedding:
         new = embedding[-1]
@@ -101,10 +96,10 @@ def report_context(*, inputs: Mapping[str, Any], command: Sequence[str] | None =
         else:
             why = (f"{new.get('model', 'the new model')}'s {new.get('unit', 'items')} were read from the embedding cache "
                    "in this run, so no embedding was timed")
-    return {"command": None if command is None else "python -m engine " + " ".join(shlex.quote(mask(a)) for a in command),
+    return {"command": None if command is None else "python -m engine " + " ".join(shlex.quote(mask_url(a)) for a in command),
             "version": tool_version(), "created": (now or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
             "inputs": rows, "throughput": throughput, "throughput_note": None if throughput else why,
-            "notes": [mask(n) for n in notes]}
+            "notes": [mask_url(n) for n in notes]}
 
 
 def report_data(plan: Mapping[str, Any] | None, report: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
@@ -260,7 +255,7 @@ def throughput_line(data: Mapping[str, Any]) -> str:
 def input_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The inputs table: the context's inputs, then the rows counted, the date, the tool and the command line."""
     r, context = _report(data), data.get("context") or {}
-    rows = [(str(k), mask(v)) for k, v in (context.get("inputs") or {}).items()]
+    rows = [(str(k), mask_url(v)) for k, v in (context.get("inputs") or {}).items()]
     missing = r.get("n_no_positive") or 0
     what = "positive" if r.get("relevance", "labels") == "labels" else "relevant item"
     rows += [("queries", f"{r.get('n_queries', 0):,}" + (f" ({missing:,} without a {what})" if missing else "")),
@@ -269,7 +264,7 @@ def input_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
              ("metric", str(r.get("metric")) + (f" ({r['convention']})" if r.get("convention") else ""))]
     rows += [("date (UTC)", str(context.get("created") or "–")), ("tool", f"{TOOL} {context.get('version') or 'unknown'}")]
     if context.get("command"):
-        rows.append(("command line", mask(context["command"])))
+        rows.append(("command line", mask_url(context["command"])))
     return rows
 
 
@@ -335,7 +330,7 @@ def notes(data: Mapping[str, Any]) -> list[str]:
     """The plan's notes, then the report's, then the context's (each once)."""
     r, context = _report(data), data.get("context") or {}
     out = [*(data.get("notes") or ()), *(r.get("notes") or ()), *(context.get("notes") or ())]
-    return [mask(n) for n in dict.fromkeys(map(str, out))]
+    return [mask_url(n) for n in dict.fromkeys(map(str, out))]
 
 
 # ----------------------------------------------------------------------------------------------- Markdown
