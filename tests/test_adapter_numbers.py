@@ -64,3 +64,14 @@ def test_resamples_have_a_ceiling():
     for bad in (0, MAX_RESAMPLES + 1, 1_000_000_000, True, 2.0):
         with pytest.raises(ValueError, match="resamples must be an integer from 1 to 100,000"):
             check_resamples(bad)
+
+
+def test_rows_far_beyond_float32_squares_keep_their_unit_length():
+    """A row of 1e20s (x^2 overflows float32) normalises to unit length, as numpy in float64 says, not to zeros."""
+    from engine.adapters.posthoc import l2_rows
+
+    x = np.array([[1e20, 1e20, 0.0], [3.0, 4.0, 0.0]], np.float32)
+    got = l2_rows(x)
+    want = x.astype(np.float64) / np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)
+    np.testing.assert_allclose(got, want, rtol=1e-6)  # float32 output of a float64 division: rounding only
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)

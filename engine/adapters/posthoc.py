@@ -175,10 +175,12 @@ class PosthocMap:
 
 
 def l2_rows(x: np.ndarray) -> np.ndarray:
-    """Rows divided by ``max(||row||, EPS)`` in float32 (the ONNX graph's normalisation)."""
-    x = np.asarray(x, np.float32)
-    norms = np.sqrt(np.sum(x * x, axis=1, keepdims=True, dtype=np.float32))
-    return x / np.maximum(norms, np.float32(EPS))
+    """Rows divided by ``max(||row||, EPS)``, returned in float32 (the ONNX graph's normalisation). The norm is taken
+    in float64: in float32 a row above about 1.8e19 squares to infinity and becomes all zeros (issue 44), where the
+    ONNX graph, in float32, would overflow the same way; below that the two agree to float32 rounding."""
+    x64 = np.asarray(x, np.float64)
+    norms = np.sqrt(np.sum(x64 * x64, axis=1, keepdims=True))
+    return (x64 / np.maximum(norms, EPS)).astype(np.float32)
 
 
 def _unit64(x: np.ndarray) -> np.ndarray:
