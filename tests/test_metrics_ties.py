@@ -145,3 +145,28 @@ def test_a_cross_test_without_tied_queries_is_not_decided_by_ties():
     ties = stored_summary(compatibility_matrices(sets, metrics=("recall@1",), paired=PairedOptions(resamples=50)),
                           "recall@1")["tie_readings"]
     assert ties["tied"] == [[0, None], [0, 0]] and ties["decide"][1][0] is False and ties["verdicts"][1][0] is None
+
+
+def test_check_upgrade_says_when_ties_decide_its_verdict():
+    from engine.upgrade.verdict import check_upgrade
+    from engine.upgrade.words import tie_line
+
+    eye = np.eye(3, dtype=np.float32)
+    labels = np.repeat(np.arange(3), 4)
+    old = eye[np.where(np.arange(12) % 4 < 2, labels, (labels + 1) % 3)]
+    new = (eye[labels] + eye[(labels + 1) % 3]) / np.float32(math.sqrt(2))
+    report = check_upgrade(CellFeatures(old, labels, eye[labels], labels), CellFeatures(new, labels, eye[labels], labels),
+                           metric="recall@1", resamples=300, orderings=())
+    ties = report.to_json()["tie_readings"]
+    assert ties["cells"]["new/old"]["tied"] == 12 and ties["cells"]["old/old"]["tied"] == 0
+    assert [ties["cells"]["new/old"][r] for r in ("pessimistic", "expected", "optimistic")] == [0.0, 0.5, 1.0]
+    assert ties["verdicts"] == {"pessimistic": "fail", "optimistic": "pass"} and ties["decide"] is True
+    assert "Ties decide it: new is not compatible when tied negatives rank first and compatible when they rank after" \
+        in report.sentence()
+    assert "new/old 100.0% tied, Recall@1 0.0 / 50.0 / 100.0%" in tie_line(report.to_json())
+    plain = check_upgrade(CellFeatures(old, labels, eye[labels], labels), CellFeatures(old, labels, eye[labels], labels),
+                          metric="recall@1", resamples=50, orderings=())
+    assert plain.tie_readings["decide"] is False and tie_line(plain.to_json()) is None
+    assert "Ties decide" not in plain.sentence()
+    assert check_upgrade(CellFeatures(old, labels, eye[labels], labels), CellFeatures(new, labels, eye[labels], labels),
+                         metric="map", resamples=50, orderings=()).tie_readings is None

@@ -121,5 +121,24 @@ def ties_decide(verdicts: Mapping[str, str] | None) -> bool:
     return bool(verdicts) and verdicts["pessimistic"] != verdicts["optimistic"]
 
 
-__all__ = ["JUDGED", "RANK_TIE_READINGS", "RANK_TIE_TOLERANCE", "TieOutcomes", "expected_hits", "reading_intervals",
-           "reading_verdicts", "tie_outcomes", "ties_decide"]
+def pair_ties(cells: Mapping[str, TieOutcomes | None], *, base: str, other: str, rule: Rule, seed: int | tuple[int, ...],
+              resamples: int, confidence: float, bound_unchanged: bool = True, groups: np.ndarray | None = None
+              ) -> dict | None:
+    """JSON-ready ties of a two-model check (queries paired by position): each cell's tie share and readings
+    (``cells``, keyed as given), then ``other - base`` under the pessimistic and the optimistic reading judged by
+    ``rule`` (``intervals``, ``verdicts``: None when no query is tied) and whether ties decide it (``decide``). None when
+    a cell has no tie counts."""
+    if any(c is None for c in cells.values()):
+        return None
+    index = np.arange(len(cells[base].tied))
+    got = reading_intervals(cells[base], cells[other], index, index, seed=seed, resamples=resamples,
+                            confidence=confidence, bound_unchanged=bound_unchanged, groups=groups)
+    intervals = {r: {"diff": iv.diff, "lo": iv.lo, "hi": iv.hi, "interval": iv.interval} for r, iv in (got or {}).items()}
+    verdicts = reading_verdicts(intervals, rule)
+    return {"tolerance": RANK_TIE_TOLERANCE, "readings": list(RANK_TIE_READINGS), "k": cells[base].k,
+            "cells": {name: c.summary() for name, c in cells.items()}, "intervals": intervals or None,
+            "verdicts": verdicts, "decide": ties_decide(verdicts)}
+
+
+__all__ = ["JUDGED", "RANK_TIE_READINGS", "RANK_TIE_TOLERANCE", "TieOutcomes", "expected_hits", "pair_ties",
+           "reading_intervals", "reading_verdicts", "tie_outcomes", "ties_decide"]
