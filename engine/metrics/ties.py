@@ -87,8 +87,34 @@ def tie_outcomes(stats: QueryStats, k: int) -> TieOutcomes | None:
     """The readings of Recall@``k`` from a cell's statistics; None when the pass did not count near ties."""
     if stats.neg_tied is None or stats.neg_above is None or stats.pos_tied is None:
         return None
-    valid = stats.n_positives > 0
-    above, tied, positives = stats.neg_above, stats.neg_tied, stats.pos_tied
+    return _outcomes(stats.n_positives > 0, stats.neg_above, stats.neg_tied, stats.pos_tied, k)
+
+
+def list_tie_outcomes(scores: np.ndarray, relevant: np.ndarray, tied_beyond: np.ndarray, valid: np.ndarray,
+                      k: int) -> tuple[TieOutcomes | None, int]:
+    """The readings of Recall@``k`` from each query's top list where the gallery was streamed (:mod:`engine.metrics.topk`:
+    ``scores`` (n, depth) descending, ``relevant`` (n, depth) bool, ``tied_beyond`` the items past the list equal to its
+    last score; ``valid``: the query has a relevant item), and how many queries' ties run past their list (items past
+    it that tie within the first ``k`` places, whose relevance the list does not hold). Those make the readings unknown:
+    ``(None, count)``; a deeper list reads them. A near (not exact) tie past the list's end is not seen."""
+    scores = np.asarray(scores, np.float64)
+    relevant = np.asarray(relevant, bool)
+    valid = np.asarray(valid, bool)
+    n = len(scores)
+    listed = relevant.any(1)
+    best = np.where(listed, scores[np.arange(n), relevant.argmax(1)], scores[:, -1])[:, None]  # unlisted: at most last
+    top, bottom = best + RANK_TIE_TOLERANCE, best - RANK_TIE_TOLERANCE
+    above = (~relevant & (scores > top)).sum(1)
+    past = valid & (tied_beyond > 0) & (scores[:, -1] >= bottom[:, 0]) & (above < k)
+    if past.any():
+        return None, int(past.sum())
+    tied = (~relevant & (scores >= bottom) & (scores <= top)).sum(1)
+    positives = (relevant & (scores >= bottom)).sum(1)
+    above = np.where(listed, above, k)  # no positive in the list nor tied at its end: a miss, whatever the order
+    return _outcomes(valid, above, np.where(listed, tied, 0), np.maximum(positives, 1), k), 0
+
+
+def _outcomes(valid: np.ndarray, above: np.ndarray, tied: np.ndarray, positives: np.ndarray, k: int) -> TieOutcomes:
     hits = {"pessimistic": (above + tied < k).astype(np.float64), "expected": expected_hits(above, tied, positives, k),
             "optimistic": (above < k).astype(np.float64)}
     return TieOutcomes(int(k), valid & (tied > 0) & (above < k), {r: np.where(valid, hits[r], np.nan) for r in RANK_TIE_READINGS})
@@ -140,5 +166,5 @@ def pair_ties(cells: Mapping[str, TieOutcomes | None], *, base: str, other: str,
             "verdicts": verdicts, "decide": ties_decide(verdicts)}
 
 
-__all__ = ["JUDGED", "RANK_TIE_READINGS", "RANK_TIE_TOLERANCE", "TieOutcomes", "expected_hits", "pair_ties",
+__all__ = ["JUDGED", "RANK_TIE_READINGS", "RANK_TIE_TOLERANCE", "TieOutcomes", "expected_hits", "list_tie_outcomes", "pair_ties",
            "reading_intervals", "reading_verdicts", "tie_outcomes", "ties_decide"]
