@@ -27,15 +27,18 @@ def verdict_word(verdict: str | None) -> str | None:
     return None if verdict is None else WORDS[verdict]
 
 
-def matrix_verdict(verdicts: Sequence[Sequence[str | None]]) -> str | None:
+def matrix_verdict(verdicts: Sequence[Sequence[str | None]], ties: Mapping | None = None) -> str | None:
     """The paired verdict of a stored matrix in words: one cross-test (two models) -> its word; several -> the
-    count of each word ('2 compatible, 1 too close to call'); None when no cross-test has a verdict."""
+    count of each word ('2 compatible, 1 too close to call'); None when no cross-test has a verdict. ``ties`` (a
+    Recall@k matrix's stored ``tie_readings``) adds where ties decide verdicts: '(ties decide it)', '; ties decide 2'."""
     flat = [v for t, row in enumerate(verdicts) for k, v in enumerate(row) if k < t and v]
     if not flat:
         return None
+    decide = (ties or {}).get("decide") or []
+    decided = sum(bool(v) for t, row in enumerate(decide) for k, v in enumerate(row) if k < t)
     if len(flat) == 1:
-        return WORDS[flat[0]]
-    return ", ".join(f"{flat.count(v)} {WORDS[v]}" for v in WORDS if flat.count(v))
+        return WORDS[flat[0]] + (" (ties decide it)" if decided else "")
+    return ", ".join(f"{flat.count(v)} {WORDS[v]}" for v in WORDS if flat.count(v)) + (f"; ties decide {decided}" if decided else "")
 
 
 def metric_order(metrics: Iterable[str]) -> list[str]:
