@@ -170,3 +170,32 @@ def test_check_upgrade_says_when_ties_decide_its_verdict():
     assert "Ties decide" not in plain.sentence()
     assert check_upgrade(CellFeatures(old, labels, eye[labels], labels), CellFeatures(new, labels, eye[labels], labels),
                          metric="map", resamples=50, orderings=()).tie_readings is None
+
+
+@pytest.mark.parametrize("want_ap", [True, False])
+def test_every_kernel_counts_near_ties_as_a_plain_loop_does(want_ap):
+    import torch
+
+    from engine.metrics.ranking import stats_numba, stats_torch
+
+    rng = np.random.default_rng(5)
+    base = rng.integers(-3, 4, size=(60, 25)).astype(np.float64) / 3  # many exact ties
+    jitter = rng.choice([0.0, 4e-7, -4e-7, 3e-6, -3e-6], size=base.shape)  # within and beyond the tolerance
+    sims = (base + jitter).astype(np.float32)
+    sims[rng.random(sims.shape) < 0.1] = -np.inf  # excluded items
+    starts = rng.integers(0, 18, 60)
+    ends = starts + rng.integers(0, 8, 60)
+    got = [stats_numba(sims, starts, ends, want_ap=want_ap),
+           stats_torch(torch.tensor(sims), torch.tensor(starts), torch.tensor(ends), want_ap=want_ap)]
+    cols = np.arange(25)
+    for r in range(60):
+        keep = sims[r] != -np.inf
+        inside = (cols >= starts[r]) & (cols < ends[r])
+        pos, neg = keep & inside, keep & ~inside
+        v = sims[r].astype(np.float64)
+        best = v[pos].max() if pos.any() else None
+        want = (0, 0, 0) if best is None else (
+            (v[neg] > best + RANK_TIE_TOLERANCE).sum(), (np.abs(v[neg] - best) <= RANK_TIE_TOLERANCE).sum(),
+            (v[pos] >= best - RANK_TIE_TOLERANCE).sum())
+        for stats in got:
+            assert (stats.neg_above[r], stats.neg_tied[r], stats.pos_tied[r]) == want, r
