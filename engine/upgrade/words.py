@@ -96,6 +96,7 @@ def tie_line(report: Mapping[str, Any]) -> str | None:
     who, m = {"old": report["old_name"], "new": report["new_name"]}, metric_name(report["metric"])
     cells = "; ".join(f"{'/'.join(who[side] for side in key.split('/'))} {pct(c['share'])} tied, {m} "
                       + " / ".join(f"{100 * c[r]:.1f}" for r in readings["readings"]) + "%"
-                      for key, c in readings["cells"].items() if c["share"] == c["share"])  # NaN: not measured
+                      for key, c in readings["cells"].items()
+                      if c["share"] is not None and c["share"] == c["share"])  # null / NaN: no query has a positive
     return (f"ties within {readings['tolerance']:g} of the best positive: {cells} "
             f"({' / '.join(readings['readings'])}; the value is pessimistic on exact ties)")
