@@ -153,7 +153,8 @@ def tie_cell(ties: dict | None, t: int, k: int) -> str:
         return "none tied"
     readings = " / ".join(f"{100 * ties[r][t][k]:.1f}" for r in ties["readings"])
     decide = ties.get("decide")
-    return f"{100 * ties['share'][t][k]:.1f} % tied · {readings} %" + (" · ties decide the verdict" if decide and decide[t][k] else "")
+    decided = " · ties decide the verdict" if decide and decide[t][k] else ""
+    return f"{100 * ties['share'][t][k]:.1f} % tied · {readings} %{decided}"
 
 
 def matrix_heatmap(frame: pd.DataFrame, names: Sequence[str], *, title: str, metric: str,

@@ -227,7 +227,8 @@ def reduce_task(db: Engine, task: Task) -> tuple[dict[str, Any], dict[str, np.nd
     metrics = metrics_from_stats(stats, ks=tuple(spec["ks"]), map_at=spec["map_at"], want_map=spec["compute_map"],
                                  ties=spec["ties"])
     shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-    arrays = {name: getattr(stats, name) for name in STATS_FIELDS if getattr(stats, name) is not None} | {"ids": np.concatenate(kept)}
+    arrays = ({name: getattr(stats, name) for name in STATS_FIELDS if getattr(stats, name) is not None}
+              | {"ids": np.concatenate(kept)})
     index, count = task.payload["cell"], len(spec["cells"])
     which = f"cell {index + 1} of {count}" if count > 1 else "cell"
     return {"cell": index, "metrics": metrics, "message": f"{which} done: {shown}"}, arrays

@@ -38,7 +38,7 @@ from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import VERIFICATION, GalleryKind, RankTies, cell_stats, parse_metric, per_query_from_stats
 from engine.metrics.gain import MIN_GAIN, gain_cells
 from engine.metrics.summary import summarize
-from engine.metrics.ties import RANK_TIE_READINGS, RANK_TIE_TOLERANCE, JUDGED, TieOutcomes, reading_intervals, \
+from engine.metrics.ties import RANK_TIE_READINGS, RANK_TIE_TOLERANCE, TieOutcomes, reading_intervals, \
     reading_verdicts, tie_outcomes, ties_decide
 from engine.metrics.twoway import top_lists
 from engine.metrics.verification import pair_verification
@@ -94,7 +94,8 @@ def _empty_paired(T: int, options: PairedOptions) -> dict:
 
 
 def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: list, *, gallery_kind: GalleryKind, same_set: bool,
-                   ties: RankTies, backend) -> tuple[dict[str, float], dict[str, np.ndarray], int, int, dict[str, TieOutcomes]]:
+                   ties: RankTies, backend
+                   ) -> tuple[dict[str, float], dict[str, np.ndarray], int, int, dict[str, TieOutcomes]]:
     """One cell: each metric's value and per-item outcome vector (NaN = undefined), valid and no-positive counts, and
     each Recall@k's tie readings (where the pass counted near ties)."""
     ks = tuple(sorted({k for kind, k in parsed if kind == "recall"}))
@@ -353,7 +354,8 @@ def stored_summary(result: MatrixResult, metric: str, *, ties: str = "fail") -> 
     return out
 
 
-def tie_summary(cells: Mapping[str, np.ndarray], valid: np.ndarray, paired: Mapping | None, *, ties: str = "fail") -> dict:
+def tie_summary(cells: Mapping[str, np.ndarray], valid: np.ndarray, paired: Mapping | None, *,
+                ties: str = "fail") -> dict:
     """JSON-ready ties of one Recall@k matrix (:mod:`engine.metrics.ties`): the tolerance, per cell the tied queries
     (``tied``, null where not counted), their ``share`` of the queries with a positive and the Recall@k under each
     reading; with a paired test, each cross-test's interval under the pessimistic and the optimistic reading where a
@@ -376,8 +378,9 @@ def tie_summary(cells: Mapping[str, np.ndarray], valid: np.ndarray, paired: Mapp
         for k in range(t):
             if paired["verdict"][t][k] is None or tied[t, k] < 0 or tied[k, k] < 0:
                 continue
-            got = reading_verdicts({r: {key: stored[r][key][t, k] for key in ("diff", "lo", "hi")}
-                                    | {"interval": stored[r]["interval"][t][k]} for r in JUDGED}, rule) if stored else None
+            cell = {r: {key: stored[r][key][t, k] for key in ("diff", "lo", "hi")} | {"interval": stored[r]["interval"][t][k]}
+                    for r in stored}
+            got = reading_verdicts(cell, rule) if stored else None
             verdicts[t][k], decides[t][k] = got, ties_decide(got)
     out["paired"] = {r: {"diff": _json_matrix(stored[r]["diff"]), "lo": _json_matrix(stored[r]["lo"]),
                          "hi": _json_matrix(stored[r]["hi"]), "interval": stored[r]["interval"]} for r in stored}

@@ -57,12 +57,13 @@ class QueryStats:
     @staticmethod
     def concat(parts: list["QueryStats"]) -> "QueryStats":
         """Stack the statistics of consecutive blocks (a field missing from any block is missing from the result)."""
-        return QueryStats(*(None if any(getattr(p, f) is None for p in parts) else np.concatenate([getattr(p, f) for p in parts])
-                            for f in QueryStats.__dataclass_fields__))
+        return QueryStats(*(None if any(getattr(p, f) is None for p in parts)
+                            else np.concatenate([getattr(p, f) for p in parts]) for f in QueryStats.__dataclass_fields__))
 
     def take(self, order: np.ndarray) -> "QueryStats":
         """Reorder the queries (e.g. back to the caller's order)."""
-        return QueryStats(*(None if getattr(self, f) is None else getattr(self, f)[order] for f in QueryStats.__dataclass_fields__))
+        return QueryStats(*(None if getattr(self, f) is None else getattr(self, f)[order]
+                            for f in QueryStats.__dataclass_fields__))
 
 
 @numba.njit(inline="always")

@@ -180,7 +180,8 @@ class FaissBackend:
                                             None if exclude is None else exclude[rows])
         neg_ge = (neg & (sims >= best[:, None])).sum(1)
         neg_gt = (neg & (sims > best[:, None])).sum(1)
-        top, bottom = best.astype(np.float64)[:, None] + RANK_TIE_TOLERANCE, best.astype(np.float64)[:, None] - RANK_TIE_TOLERANCE
+        wide = best.astype(np.float64)[:, None]
+        top, bottom = wide + RANK_TIE_TOLERANCE, wide - RANK_TIE_TOLERANCE
         above = (neg & (sims > top)).sum(1)
         near = (neg & (sims >= bottom) & (sims <= top)).sum(1)
         pos_near = (in_pos & ~is_self & (sims >= bottom)).sum(1)

@@ -181,7 +181,8 @@ def tied_positives(offsets: np.ndarray, pos: np.ndarray) -> np.ndarray:
     best = np.full(n, np.inf)
     best[has] = pos[offsets[1:][has] - 1]
     owner = np.repeat(np.arange(n), counts)
-    return np.bincount(owner, weights=pos.astype(np.float64) >= best[owner] - RANK_TIE_TOLERANCE, minlength=n).astype(np.int64)
+    near = pos.astype(np.float64) >= best[owner] - RANK_TIE_TOLERANCE
+    return np.bincount(owner, weights=near, minlength=n).astype(np.int64)
 
 
 @numba.njit(parallel=True, cache=True)

@@ -21,8 +21,8 @@ pessimistic and the optimistic readings; without a tied query the three readings
 
 **Why pessimistic stays the default.** The papers' released code ranks with faiss (iamcl2r
 ``performance_metrics.calculate_rank``: ``IndexFlatIP`` top-1 on class templates; CoReS scores pair verification,
-without a ranking), whose flat search keeps, among equal scores, the item it met first (the lowest gallery position on the CPU; unspecified on a GPU). That
-order carries no relevance, so on tied queries the papers' numbers are one draw whose mean is the *expected*
+without a ranking), whose flat search keeps, among equal scores, the item it met first (the lowest gallery position
+on the CPU; unspecified on a GPU). That order carries no relevance, so on tied queries the papers' numbers are one draw whose mean is the *expected*
 reading, and a default that followed it would change when the same gallery is stored in another order. The
 pessimistic reading is order-free and a lower bound on every tie-break faiss can make: a pass under it holds
 whatever the order, and the two-way interval is defined for it (:mod:`engine.metrics.twoway`). The expected reading
@@ -117,7 +117,8 @@ def list_tie_outcomes(scores: np.ndarray, relevant: np.ndarray, tied_beyond: np.
 def _outcomes(valid: np.ndarray, above: np.ndarray, tied: np.ndarray, positives: np.ndarray, k: int) -> TieOutcomes:
     hits = {"pessimistic": (above + tied < k).astype(np.float64), "expected": expected_hits(above, tied, positives, k),
             "optimistic": (above < k).astype(np.float64)}
-    return TieOutcomes(int(k), valid & (tied > 0) & (above < k), {r: np.where(valid, hits[r], np.nan) for r in RANK_TIE_READINGS})
+    return TieOutcomes(int(k), valid & (tied > 0) & (above < k),
+                       {r: np.where(valid, hits[r], np.nan) for r in RANK_TIE_READINGS})
 
 
 def reading_intervals(base: TieOutcomes, other: TieOutcomes, a: np.ndarray, b: np.ndarray, *,
