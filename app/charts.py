@@ -115,9 +115,11 @@ def with_convention(chart: alt.TopLevelMixin, line: str, width: int = 80) -> alt
 
 
 def matrix_frame(C: np.ndarray, ecc: np.ndarray, names: Sequence[str], comparable: np.ndarray | None = None,
-                 valid: np.ndarray | None = None, paired: dict | None = None, gain: Sequence | None = None) -> pd.DataFrame:
+                 valid: np.ndarray | None = None, paired: dict | None = None, gain: Sequence | None = None,
+                 ties: dict | None = None) -> pd.DataFrame:
     """Lower-triangle cells as rows: query, gallery, value, status (self / pass / fail / n/c), label, and, when
-    stored, the paired verdict (pass / fail / unresolved), its interval and the update gain Γ of each cross-test."""
+    stored, the paired verdict (pass / fail / unresolved), its interval, the update gain Γ of each cross-test and a
+    Recall@k cell's ties (``ties``: the stored ``tie_readings``; share tied, the three readings, whether they decide)."""
     rows = []
     T = C.shape[0]
     symbols = {"pass": " ✓", "fail": " ✗", "unresolved": " ?"}
@@ -138,8 +140,21 @@ def matrix_frame(C: np.ndarray, ecc: np.ndarray, names: Sequence[str], comparabl
                          "status": status, "label": label,
                          "queries": None if valid is None else int(valid[t, k]),
                          "verdict": verdict or "", "interval": "" if lo is None else f"[{100 * lo:+.1f}, {100 * hi:+.1f}] pts",
-                         "gain": None if g is None else float(g)})
+                         "gain": None if g is None else float(g), "ties": tie_cell(ties, t, k)})
     return pd.DataFrame(rows)
+
+
+def tie_cell(ties: dict | None, t: int, k: int) -> str:
+    """``12.5 % tied · 30.8 / 38.9 / 46.1 % · ties decide the verdict`` (pessimistic / expected / optimistic), ``none
+    tied`` where no query is, empty without stored ties."""
+    if not ties or ties["tied"][t][k] is None:
+        return ""
+    if not ties["tied"][t][k]:
+        return "none tied"
+    readings = " / ".join(f"{100 * ties[r][t][k]:.1f}" for r in ties["readings"])
+    decide = ties.get("decide")
+    decided = " · ties decide the verdict" if decide and decide[t][k] else ""
+    return f"{100 * ties['share'][t][k]:.1f} % tied · {readings} %{decided}"
 
 
 def matrix_heatmap(frame: pd.DataFrame, names: Sequence[str], *, title: str, metric: str,
@@ -162,6 +177,8 @@ def matrix_heatmap(frame: pd.DataFrame, names: Sequence[str], *, title: str, met
                alt.Tooltip("value:Q", title=metric, format=".2%"), alt.Tooltip("status:N", title="ECC"),
                alt.Tooltip("queries:Q", title="queries scored"), alt.Tooltip("verdict:N", title="paired test"),
                alt.Tooltip("interval:N", title="cross - self, 95% interval"), alt.Tooltip("gain:Q", title="update gain Γ", format=".1%")]
+    if "ties" in frame and frame["ties"].astype(bool).any():
+        tooltip.append(alt.Tooltip("ties:N", title="ties: share; pessimistic / expected / optimistic"))
     failing = frame["status"] == "fail"
     mid = lo + 0.6 * (hi - lo)
     ink = np.where(failing, FAIL_RED, np.where(frame["value"].fillna(lo).to_numpy() > mid, "white", "#222222"))

@@ -105,3 +105,30 @@ def test_pickled_object_arrays_are_refused(tmp_path, capsys):
              gallery_features=np.ones((1, 2)), gallery_labels=np.zeros(1, int))
     assert main(["evaluate", "--features", str(folder), "--no-store"]) == 2
     assert "cannot be read as a .npz of plain arrays" in capsys.readouterr().err
+
+
+def test_evaluate_reports_ties_and_when_they_decide_the_verdict(tmp_path, capsys):
+    # gallery: 4 one-hot items per class; model 1's queries: half on their class, half on the next (0.5, no tie);
+    # model 2's queries halfway between their class and the next: 4 positives tie 4 negatives (pessimistic 0,
+    # expected 0.5, optimistic 1), so the cross-test fails when tied negatives rank first and passes when they rank after
+    folder = tmp_path / "f"
+    folder.mkdir()
+    eye = np.eye(3, dtype=np.float32)
+    labels = np.repeat(np.arange(3), 4)
+    old = eye[np.where(np.arange(12) % 4 < 2, labels, (labels + 1) % 3)]
+    new = (eye[labels] + eye[(labels + 1) % 3]) / np.float32(np.sqrt(2))
+    for t, q in ((1, old), (2, new)):
+        np.savez(folder / f"step_{t}.npz", query_features=q, query_labels=labels, gallery_features=eye[labels],
+                 gallery_labels=labels)
+    url, out = f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path / "out.json"
+    assert main(["evaluate", "--features", str(folder), "--metric", "recall@1", "--json", str(out), "--db", url]) == 0
+    ties = json.loads(out.read_text())["metrics"]["recall@1"]["tie_readings"]
+    assert ties["tied"][1][0] == 12 and ties["share"][1][0] == 1.0 and ties["decide"][1][0] is True
+    assert [ties[r][1][0] for r in ("pessimistic", "expected", "optimistic")] == [0.0, 0.5, 1.0]
+    printed = capsys.readouterr().out
+    assert "M2 → M1: not compatible" in printed
+    assert "ties decide it (not compatible when tied negatives rank first, compatible when they rank after)" in printed
+    assert "M2 → M1: 12 queries tied (100.0 %); 0.00 / 50.00 / 100.00 %" in printed
+    with session_scope(get_engine(url)) as s:
+        stored = s.scalars(select(CompatibilityMatrix)).one().summary["tie_readings"]
+    assert stored["decide"][1][0] is True and stored["tolerance"] == 1e-6

@@ -43,6 +43,9 @@ def _assert_same(got, want):
         assert got.paired[metric]["verdict"] == want.paired[metric]["verdict"]
     for key in ("valid_queries", "no_positive", "comparable"):
         np.testing.assert_array_equal(getattr(got, key), getattr(want, key))
+    for metric, cells in (want.ties or {}).items():  # each Recall@k cell's ties, counted shard by shard
+        for key, matrix in cells.items():
+            np.testing.assert_allclose(got.ties[metric][key], matrix, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("below", [None, 15])

@@ -84,6 +84,7 @@ def test_spec_follows_head_expansion():
         {"head": "linear", "num_classes": 4, "linear_bias": True},
         {"head": "dsimplex", "num_classes": 6, "label_allocation": "right_to_left", "dsimplex_normalization": "frobenius"},
         {"head": "etf", "num_classes": 5, "feature_dim": 8, "seed": 7},
+        {"head": "etf", "num_classes": 5, "feature_dim": 8, "seed": 7, "frame_seed": 3},
     ],
 )
 def test_checkpoint_round_trip_is_exact(tmp_path, options):

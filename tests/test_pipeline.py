@@ -195,6 +195,20 @@ def test_auto_init_seed_follows_each_methods_paper(method, same):
     assert pipeline.resolve_init_seed(m, "per_step") == "per_step" and pipeline.resolve_init_seed(m, "same") == "same"
 
 
+@pytest.mark.parametrize("method", ["etf", "cores"])
+def test_a_fixed_classifier_is_drawn_once_per_run_from_the_runs_seed(method):
+    # issue 38: ETF drew its frame from the per-step seed, so every step had another classifier
+    cfg = _cfg(methods=[method])
+    data = prepare_run_data(cfg)
+    m = build_method(method)
+    first, second = pipeline._new_model(m, cfg, data, 4, 1), pipeline._new_model(m, cfg, data, 7, 2)
+    assert torch.equal(first.head.prototypes, second.head.prototypes)  # the same tensor, drawn the same way
+    if method == "etf":  # the weights still follow the per-step seed (independently trained models)
+        assert not torch.equal(first.backbone.layers[0][0].weight, second.backbone.layers[0][0].weight)
+        other = pipeline._new_model(m, dataclasses.replace(cfg, seed=cfg.seed + 1), data, 4, 1)
+        assert (other.head.prototypes - first.head.prototypes).abs().max() > 0.1
+
+
 def test_init_seed_must_be_known():
     with pytest.raises(ValueError, match="model.init_seed must be one of auto, same, per_step, got 'random'"):
         _cfg(model={"init_seed": "random"})

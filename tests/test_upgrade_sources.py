@@ -395,3 +395,28 @@ def test_qrels_read_the_same_from_tsv_trec_csv_and_parquet(tmp_path, drift):
     specs = write_all("npz", tmp_path / "s", tables(drift, text=True))
     with pytest.raises(SourceError, match=r"judges 1 \(query, item\) pairs twice"):
         run(replace(specs, qrels=str(tmp_path / "twice.tsv")))
+
+
+def test_ties_read_off_the_streamed_lists_equal_the_features_check(tmp_path):
+    """One-hot vectors (every score exactly 0, 1/sqrt(2) or 1): the lists of a streamed gallery give each cell the tie
+    share and readings, and the verdicts under the extreme readings, that the full pass gives on the same vectors;
+    where a tie runs past the lists the readings are not given, and a note says why."""
+    eye = np.eye(3, dtype=np.float32)
+    labels = np.repeat(np.arange(3), 4)  # gallery: 4 one-hot items per class; queries: 4 per class
+    old_q = eye[np.where(np.arange(12) % 4 < 2, labels, (labels + 1) % 3)]  # half on their class, half on the next
+    new_q = (eye[labels] + eye[(labels + 1) % 3]) / np.float32(np.sqrt(2))  # 4 positives tie 4 negatives
+    e = {"old_gallery": eye[labels], "new_gallery": eye[labels], "old_queries": old_q, "new_queries": new_q}
+    ids = np.arange(100, 112)
+    specs = write_all("npz", tmp_path / "s", {side: (ids, e[side], labels) for side in SIDES})
+    old, new = CellFeatures(old_q, labels, eye[labels], labels), CellFeatures(new_q, labels, eye[labels], labels)
+    for k, depth in ((1, 10), (5, 12)):
+        got = run(specs, relevance="labels", k=depth, metric=f"recall@{k}", interval="queries").report.tie_readings
+        want = check_upgrade(old, new, metric=f"recall@{k}", interval="queries", resamples=RESAMPLES,
+                             orderings=()).tie_readings
+        for cell, values in want["cells"].items():
+            assert got["cells"][cell] == pytest.approx(values, abs=1e-12), (k, cell)
+        assert got["verdicts"] == want["verdicts"] and got["decide"] == want["decide"]
+    assert want["cells"]["new/old"]["tied"] == 12 and want["decide"] is True
+    # recall@5 on top-10 lists: a clean miss (4 negatives above, its positives at 0) ties 2 items past the list
+    cut = run(specs, relevance="labels", k=10, metric="recall@5", interval="queries").report
+    assert cut.tie_readings is None and any(n.startswith("ties not read: 6 old/old queries") for n in cut.notes)

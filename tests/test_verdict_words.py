@@ -52,3 +52,20 @@ def test_overview_gives_the_paired_verdict_next_to_a_point_estimate_ac(app_db):
     (rows,) = [d.value for d in at.dataframe if "verdict" in d.value.columns]
     row = rows.set_index("experiment").loc["coin flip"]
     assert row["AC %"] == pytest.approx(100.0) and row["verdict"] == "too close to call"
+
+
+def test_matrix_verdict_says_when_ties_decide():
+    from engine.results.verdict_words import tie_lines
+
+    ties = {"tolerance": 1e-6, "readings": ["pessimistic", "expected", "optimistic"], "tied": [[0, None], [12, 3]],
+            "share": [[0.0, None], [1.0, 0.25]], "pessimistic": [[0.5, None], [0.0, 0.5]],
+            "expected": [[0.5, None], [0.5, 0.6]], "optimistic": [[0.5, None], [1.0, 0.75]],
+            "verdicts": [[None, None], [{"pessimistic": "fail", "optimistic": "pass"}, None]],
+            "decide": [[None, None], [True, None]]}
+    assert matrix_verdict([[None, None], ["fail", None]], ties) == "not compatible (ties decide it)"
+    assert matrix_verdict([[None, None], ["fail", None]]) == "not compatible"
+    lines = tie_lines(ties, ["v1", "v2"], "recall@1")
+    assert lines[1:] == ["v2 → v1: 12 queries tied (100.0 %); 0.00 / 50.00 / 100.00 %; ties decide it (not compatible "
+                         "when tied negatives rank first, compatible when they rank after)",
+                         "v2 → v2: 3 queries tied (25.0 %); 50.00 / 60.00 / 75.00 %"]
+    assert tie_lines({**ties, "tied": [[0, None], [0, 0]]}, ["v1", "v2"]) == [] and tie_lines(None, ["v1"]) == []

@@ -19,6 +19,7 @@ from engine.metrics.gain import gain_cells, gain_json, gain_text
 from engine.metrics.over_seeds import ecc_gain, over_seeds
 from engine.metrics.uncertainty import ac_range, familywise_verdicts, seed_interval, verdict_counts
 from engine.results.report import seed_spread
+from engine.results.verdict_words import tie_lines
 
 url = q.db_url()
 MAIN = "main view of each method"
@@ -46,16 +47,17 @@ def ecc_cells(values: np.ndarray, ties: str) -> np.ndarray:
 
 
 def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, replaced: tuple[int, ...],
-           m: dict[str, Any], names: list[str], paired: dict[str, Any] | None) -> str:
+           m: dict[str, Any], names: list[str], paired: dict[str, Any] | None, tie_readings: dict[str, Any] | None) -> str:
     """A matrix rendered for download, its models named as on the page (the user's names where given); the CSV's
-    verdicts as judged on the page (family-wise as chosen), the choice in its ``familywise`` column."""
+    verdicts as judged on the page (family-wise as chosen), the choice in its ``familywise`` column; a single run's
+    Recall@k ties (``tie_readings``) beside each cell."""
     from engine.results.report import render_matrix
 
     if paired and family != "none":
         paired = {**paired, "verdict": familywise_verdicts(paired, method=family), "familywise": family}
     return render_matrix(C, fmt=fmt, title=title, comparable=comparable, replaced=replaced, names=names,
                          metric=m["metric"], view=m["view"], gallery_kind=m["gallery_kind"], eval_classes=m["eval_classes"],
-                         paired=paired if fmt == "csv" else None, ties=stored_ties(m["summary"]))
+                         paired=paired if fmt == "csv" else None, ties=stored_ties(m["summary"]), tie_readings=tie_readings)
 
 
 experiments = [e for e in q.experiments(url) if e["status"] == "done"]
@@ -372,7 +374,8 @@ for start in range(0, len(panels), per_row):
         ties = stored_ties(m["summary"])
         ecc = ecc_cells(C, ties)
         shown_test = p["paired"] and {**p["paired"], "verdict": judged(m, family)}  # as judged above the table
-        frame = charts.matrix_frame(C, ecc, names, comparable, p["valid"], shown_test, gain_cells(C)[0].tolist())
+        tied = None if p["seeds"] else m["summary"].get("tie_readings")  # one run's ties (a mean has none of its own)
+        frame = charts.matrix_frame(C, ecc, names, comparable, p["valid"], shown_test, gain_cells(C)[0].tolist(), tied)
         chart = charts.matrix_heatmap(frame, names, title=p["title"], metric=metric_name(metric),
                                       size=None if per_row == 1 else 400, domain=domain)
         with col:
@@ -399,6 +402,8 @@ for start in range(0, len(panels), per_row):
                 table(seed_verdicts(p["seeds"], names))
             if gained := gain_text(C, names):
                 st.caption("Update gain Γ: " + plain(gained))
+            if tie_words := tie_lines(tied, names, metric):
+                st.caption("  \n".join(plain(w) for w in tie_words))
             with st.expander("Download"):
                 base = f"{e['name'].replace('/', '_')}_{metric}_{m['view']}" + ("_mean" if p["seeds"] else "")
                 d = st.columns(3)
@@ -406,7 +411,8 @@ for start in range(0, len(panels), per_row):
                                                       ("latex", "tex", "application/x-tex"))):
                     dcol.download_button(fmt.upper() if fmt == "csv" else fmt.capitalize(),
                                          lambda C=C, fmt=fmt, t=p["title"], cm=comparable, r=replaced, line=line, m=m,
-                                         n=names, pr=p["paired"]: annotate(export(C, fmt, t, cm, r, m, n, pr), fmt, line),
+                                         n=names, pr=p["paired"], tr=tied: annotate(export(C, fmt, t, cm, r, m, n, pr, tr),
+                                                                                    fmt, line),
                                          file_name=f"{base}.{ext}", mime=mime, on_click="ignore",
                                          key=f"dl_{p['key']}_{fmt}")
                 download_buttons(chart, f"{base}_chart", key=f"dl_{p['key']}_chart")

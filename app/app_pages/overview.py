@@ -167,7 +167,7 @@ def experiment_rows(experiments: list[dict]) -> pd.DataFrame:
             "id": e["id"], "study": e["study"] or None, "experiment": e["name"], "method": e["method"],
             "dataset": data, "status": e["status"], "steps": len(versions),
             "view": main["view"] if main else None, **summary_percent(s),
-            "verdict": matrix_verdict(s["paired"]["verdict"]) if s.get("paired") else None,
+            "verdict": matrix_verdict(s["paired"]["verdict"], s.get("tie_readings")) if s.get("paired") else None,
             "finished": q.ago(e["finished_at"]) if e["finished_at"] else None,
         })
     return pd.DataFrame(rows)

@@ -15,7 +15,7 @@ from engine.core.contract import ADAPTER_KINDS, ADAPTER_NAMES, adapter_key, adap
 from engine.core.conventions import metric_name
 from engine.results.verdict_words import artefact_note, metric_order, needs_lines
 from engine.upgrade.plan import pick_rollout
-from engine.upgrade.words import interval, sentence, share
+from engine.upgrade.words import interval, sentence, share, tie_line
 
 url = q.db_url()
 METRICS = ("map", "recall@1", "recall@5")  # the decision's metric first (engine.core.vocab.decision_metric)
@@ -98,6 +98,8 @@ st.caption(plain(f"{metric_name(r['metric'])} · view {view} · {r['n_queries']}
                  f"{' · closed-set: each query’s own image excluded' if r['same_set'] else ''} · paired percentile "
                  f"bootstrap over {r.get('bootstrap', {}).get('paired_over', 'queries')}, {r['resamples']:,} resamples, "
                  f"seed {r['seed']}"))  # what the stored interval resampled (older analyses: queries)
+if tied := tie_line(r):  # Recall@k: each cell's ties and its value under each reading
+    st.caption(plain(tied))
 st.dataframe(pd.DataFrame([{"query / gallery": f"{a} / {b}", f"{metric_name(r['metric'])} %": 100 * v}
                            for a, b, v in ((old_name, old_name, r["old_old"]), (new_name, old_name, r["new_old"]),
                                            (new_name, new_name, r["new_new"]))]), hide_index=True, placeholder=MISSING,

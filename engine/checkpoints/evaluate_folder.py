@@ -204,8 +204,11 @@ def result_json(result: MatrixResult, *, ecc_ties: str = "fail") -> dict:
             "valid_queries": [[None if v < 0 else int(v) for v in row] for row in result.valid_queries],
             "no_positive": [[None if v < 0 else int(v) for v in row] for row in result.no_positive],
         }
+        stored = stored_summary(result, name, ties=ecc_ties)
         if result.paired and name in result.paired:  # each cross-test's interval and verdict, as stored
-            out[name]["paired"] = stored_summary(result, name, ties=ecc_ties)["paired"]
+            out[name]["paired"] = stored["paired"]
+        if "tie_readings" in stored:  # Recall@k: each cell's ties and its value under each tie reading
+            out[name]["tie_readings"] = stored["tie_readings"]
     return out
 
 

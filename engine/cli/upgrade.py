@@ -31,7 +31,7 @@ from engine.upgrade.plan import (DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PR
                                  recovery_line, forecast_line)
 from engine.metrics.decision import margin_to_decide
 from engine.upgrade.rule import DEFAULT_INTERVAL, DEFAULT_POWER, INTERVALS, TIE_RULES
-from engine.upgrade.words import NOT_JUDGED
+from engine.upgrade.words import NOT_JUDGED, tie_line
 
 SOURCE_OPTIONS = ("new_gallery", "old_queries", "new_queries", "qrels", "relevance", "backfill_depth")
 
@@ -643,6 +643,8 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
              f"  decision: {plan.plan.headline()}: {plan.plan.reason}"]
     if "convention" in source:
         lines.append(f"  convention: {source['convention']}")
+    if tied := tie_line(report.to_json()):
+        lines.append(f"  {tied}")
     if c.verdict == "too close to call":
         needed = needed_line(c.needed, c.n, tie=c.tie, margin=margin_to_decide(c.lo, c.hi),
                              sequential=report.interval == "sequential")

@@ -114,6 +114,13 @@ EVAL_CLASSES = ("all", "seen")
 # (qrels: query id -> relevant item ids, graded or binary), or none (the new model's top-k on the new gallery)
 RELEVANCE = ("labels", "qrels", "none")
 RELEVANCE_K = 10  # default depth of the top-k lists an upgrade check on sources reads (check-upgrade --k)
+# Recall@k when negatives tie a query's best positive (engine.metrics.ties): every Recall@k cell is also read three
+# ways, a tied negative ranking before the positive (pessimistic, the engine's rule: its value and verdict apply it to
+# exact ties), in random order (expected) or after it (optimistic). Two cosine similarities (unit rows: the score
+# scale is 1) count as tied within RANK_TIE_TOLERANCE: about 8 float32 ulps at 1.0, the few ulps by which two BLAS
+# paths' products of the same rows differ (engine.metrics.device); a tie float32 cannot resolve is reported as one.
+RANK_TIE_READINGS = ("pessimistic", "expected", "optimistic")
+RANK_TIE_TOLERANCE = 1e-6
 
 
 def decision_metric(relevance: str = "labels", k: int = RELEVANCE_K, *, streamed: bool = False) -> str:

@@ -61,7 +61,7 @@ def cell_results(db: Engine, job_id: int) -> list[CellStats]:
     with session_scope(db) as s:
         reduces = results_of_kind(s, job_id, "reduce")
     by_cell = {result["cell"]: arrays for result, arrays in reduces}
-    return [CellStats(QueryStats(*(by_cell[i][f] for f in STATS_FIELDS)), by_cell[i]["ids"]) for i in sorted(by_cell)]
+    return [CellStats(QueryStats(*(by_cell[i].get(f) for f in STATS_FIELDS)), by_cell[i]["ids"]) for i in sorted(by_cell)]
 
 
 def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], num_models: int, *,

@@ -24,12 +24,13 @@ import numpy as np
 from sqlalchemy import Engine
 
 from engine.core.cell import CellRecipe
+from engine.core.vocab import RANK_TIE_TOLERANCE
 from engine.metrics.device import one_blas_thread
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import RankTies, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
 from engine.metrics.sharded import Shard, ap_kernel, checked_shard, count_kernel, gather_positives, group_by_query, \
-    label_codes, shard_blocks
+    label_codes, shard_blocks, tied_positives
 from storage import Task, feature_set_rows, session_scope
 from storage.feature_sets import feature_set_size
 from storage.tasks import NewTask, create_task_job, job_payload, task_arrays, task_payloads
@@ -190,13 +191,14 @@ def search_task(db: Engine, task: Task) -> tuple[dict[str, Any] | None, dict[str
     offsets, pos, _ = _merged_positives(db, task.upstream)
     want_cnt = _wants_counts(spec)
     cnt = np.zeros(offsets[-1] + len(q) if want_cnt else 0, np.int64)
-    neg_ge, neg_gt = np.zeros(len(q), np.int64), np.zeros(len(q), np.int64)
+    neg_ge, neg_gt, above, tied = (np.zeros(len(q), np.int64) for _ in range(4))
     if shard is not None and len(q):
         gcode = label_codes(classes, shard.labels)
         with one_blas_thread():
             for rows, sims in shard_blocks(q, shard, exclude, DEFAULT_BLOCK, None):
-                count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt)
-    return None, {"cnt": cnt, "neg_ge": neg_ge, "neg_gt": neg_gt}
+                count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt, above, tied,
+                             RANK_TIE_TOLERANCE)
+    return None, {"cnt": cnt, "neg_ge": neg_ge, "neg_gt": neg_gt, "neg_above": above, "neg_tied": tied}
 
 
 def reduce_task(db: Engine, task: Task) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -215,15 +217,18 @@ def reduce_task(db: Engine, task: Task) -> tuple[dict[str, Any], dict[str, np.nd
         with session_scope(db) as s:
             counts = task_arrays(s, tasks[2])
         total = {key: sum(c[key] for c in counts) for key in ("cnt", "neg_ge", "neg_gt")}
+        near = ((sum(c["neg_above"] for c in counts), sum(c["neg_tied"] for c in counts), tied_positives(offsets, pos))
+                if all("neg_above" in c for c in counts) else ())  # a search task stored before near ties: none
         ap, ap_k = (ap_kernel(offsets, pos, total["cnt"], map_k) if want_cnt and n
                     else (np.full(n, np.nan), np.full(n, np.nan)))
-        parts.append(QueryStats(np.diff(offsets), total["neg_ge"], total["neg_gt"], ap, ap_k))
+        parts.append(QueryStats(np.diff(offsets), total["neg_ge"], total["neg_gt"], ap, ap_k, *near))
         kept.append(rows)
     stats = QueryStats.concat(parts)
     metrics = metrics_from_stats(stats, ks=tuple(spec["ks"]), map_at=spec["map_at"], want_map=spec["compute_map"],
                                  ties=spec["ties"])
     shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-    arrays = {name: getattr(stats, name) for name in STATS_FIELDS} | {"ids": np.concatenate(kept)}
+    arrays = ({name: getattr(stats, name) for name in STATS_FIELDS if getattr(stats, name) is not None}
+              | {"ids": np.concatenate(kept)})
     index, count = task.payload["cell"], len(spec["cells"])
     which = f"cell {index + 1} of {count}" if count > 1 else "cell"
     return {"cell": index, "metrics": metrics, "message": f"{which} done: {shown}"}, arrays

@@ -14,6 +14,12 @@ gallery items for Recall@k when the cells' features are here, the diagonal's top
 (16 + 4k) indices), judged by its rule (:mod:`engine.metrics.decision`). With ``on_its_own``, each cross-test
 also gets check-upgrade's "on its own" comparison, self-test C[t, t] against C[k, k] (``paired[metric]["alone"]``).
 
+Every Recall@k cell also carries its ties (:mod:`engine.metrics.ties`): the queries whose best positive ties a
+negative within ``RANK_TIE_TOLERANCE`` and the Recall@k under the pessimistic, expected and optimistic readings, from
+the same pass (``MatrixResult.ties``); with a paired test, each cross-test where a query is tied also gets its
+interval under the pessimistic and the optimistic reading (``paired[metric]["readings"]``), so its verdict can say
+whether ties decide it.
+
 A cell may also arrive as :class:`CellStats`: its per-query statistics computed elsewhere (e.g. by many workers,
 :mod:`engine.evaluate.matrix`); everything after the neighbour pass is then the same code.
 """
@@ -32,6 +38,8 @@ from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import VERIFICATION, GalleryKind, RankTies, cell_stats, parse_metric, per_query_from_stats
 from engine.metrics.gain import MIN_GAIN, gain_cells
 from engine.metrics.summary import summarize
+from engine.metrics.ties import RANK_TIE_READINGS, RANK_TIE_TOLERANCE, TieOutcomes, reading_intervals, \
+    reading_verdicts, tie_outcomes, ties_decide
 from engine.metrics.twoway import top_lists
 from engine.metrics.verification import pair_verification
 
@@ -74,6 +82,8 @@ class MatrixResult:
     comparable: np.ndarray  # bool per cell (False above the diagonal and for dimension mismatches)
     paired: dict[str, dict] | None = None  # per metric: paired_matrices() of every cross-test (see engine.metrics.paired)
     rank_ties: str = "pessimistic"  # Recall@k's rule for a negative tying the best positive (stored with the summary)
+    ties: dict[str, dict[str, np.ndarray]] | None = None  # per Recall@k metric: "tied" (queries, -1 where not counted)
+    # and each reading's T x T matrix (engine.metrics.ties)
 
 
 def _empty_paired(T: int, options: PairedOptions) -> dict:
@@ -84,13 +94,16 @@ def _empty_paired(T: int, options: PairedOptions) -> dict:
 
 
 def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: list, *, gallery_kind: GalleryKind, same_set: bool,
-                   ties: RankTies, backend) -> tuple[dict[str, float], dict[str, np.ndarray], int, int]:
-    """One cell: each metric's value and per-item outcome vector (NaN = undefined), valid and no-positive counts."""
+                   ties: RankTies, backend
+                   ) -> tuple[dict[str, float], dict[str, np.ndarray], int, int, dict[str, TieOutcomes]]:
+    """One cell: each metric's value and per-item outcome vector (NaN = undefined), valid and no-positive counts, and
+    each Recall@k's tie readings (where the pass counted near ties)."""
     ks = tuple(sorted({k for kind, k in parsed if kind == "recall"}))
     map_k = next((k for kind, k in parsed if kind == "map" and k), 0)
     want_map = any(kind == "map" for kind, _ in parsed)
     values: dict[str, float] = {}
     vectors: dict[str, np.ndarray] = {}
+    readings: dict[str, TieOutcomes] = {}
     n_valid = n_no_pos = 0
     if any(kind in ("recall", "map") for kind, _ in parsed):
         stats = c.stats if isinstance(c, CellStats) else cell_stats(
@@ -102,6 +115,8 @@ def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: 
             if kind != VERIFICATION:
                 vec = np.where(valid, per_query[f"{kind}@{at}" if at else kind], np.nan)
                 vectors[name], values[name] = vec, float(np.nanmean(vec)) if n_valid else float("nan")
+            if kind == "recall" and (got := tie_outcomes(stats, at)) is not None:
+                readings[name] = got
     for name, (kind, _) in zip(metrics, parsed):
         if kind == VERIFICATION:
             f = c.features if isinstance(c, CellStats) else c
@@ -109,14 +124,14 @@ def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: 
                 raise ValueError("pair verification needs the cell's features, not only its retrieval statistics")
             values[name], correct = pair_verification(f.query, f.query_labels, f.gallery, f.gallery_labels, same_set=same_set)
             vectors[name] = correct.astype(np.float64)
-    return values, vectors, n_valid, n_no_pos
+    return values, vectors, n_valid, n_no_pos, readings
 
 def cell_outcomes(c: CellFeatures | CellStats, metric: str, *, gallery_kind: GalleryKind = "instance",
                   same_set: bool = False, ties: RankTies = "pessimistic", backend=None) -> tuple[float, np.ndarray]:
     """One cell's value of ``metric`` and its per-item outcomes (per query, or per verification pair in
     :func:`engine.metrics.cell_interval.pair_images`'s order; NaN = undefined), from the pass that gives its value."""
-    values, vectors, _, _ = _cell_outcomes(c, (metric,), [parse_metric(metric)], gallery_kind=gallery_kind,
-                                           same_set=same_set, ties=ties, backend=backend)
+    values, vectors, _, _, _ = _cell_outcomes(c, (metric,), [parse_metric(metric)], gallery_kind=gallery_kind,
+                                              same_set=same_set, ties=ties, backend=backend)
     return values[metric], vectors[metric]
 
 
@@ -161,17 +176,25 @@ def compatibility_matrices(
     comparable = np.zeros((T, T), dtype=bool)
     tests = {m: {**_empty_paired(T, paired), "items": "pairs" if kind == VERIFICATION else "queries"}
              for m, (kind, _) in zip(metrics, parsed)} if paired else None
-    diagonal: dict[int, tuple] = {}  # self-test of each gallery model: (query ids, outcomes, top lists, query features)
+    tie_cells = {m: {"tied": np.full((T, T), -1, np.int64), **{r: np.full((T, T), np.nan) for r in RANK_TIE_READINGS}}
+                 for m, (kind, _) in zip(metrics, parsed) if kind == "recall"}
+    diagonal: dict[int, tuple] = {}  # self-test of each gallery model: (query ids, outcomes, top lists, query features,
+    # pair images, tie readings)
     recall_ks = [at for kind, at in parsed if kind == "recall"]
     two_way = paired is not None and bool(recall_ks) and two_way_applies("recall", gallery_kind=gallery_kind, rank_ties=ties)
     cells = [(t, k) for t in range(T) for k in range(t + 1)]
     for i, (t, k) in enumerate(cells):
         c = cell(t, k)
         if _comparable(c):  # otherwise left NaN
-            out, vectors, valid[t, k], no_pos[t, k] = _cell_outcomes(c, metrics, parsed, gallery_kind=gallery_kind,
-                                                                     same_set=same_set, ties=ties, backend=backend)
+            out, vectors, valid[t, k], no_pos[t, k], readings = _cell_outcomes(
+                c, metrics, parsed, gallery_kind=gallery_kind, same_set=same_set, ties=ties, backend=backend)
             for name in metrics:
                 values[name][t, k] = out[name]
+            for name, got in readings.items():
+                summary = got.summary()
+                tie_cells[name]["tied"][t, k] = summary["tied"]
+                for r in RANK_TIE_READINGS:
+                    tie_cells[name][r][t, k] = summary[r]
             comparable[t, k] = True
             f = c.features if isinstance(c, CellStats) else c  # a cell searched elsewhere may bring its features
             lists = (top_lists(f.query, f.query_labels, f.gallery, f.gallery_labels, depth=16 + 4 * max(recall_ks),
@@ -180,16 +203,16 @@ def compatibility_matrices(
             if tests is not None and t == k:
                 images = (pair_images(f.query_labels, f.gallery_labels, same_set=same_set)
                           if f is not None and any(kind == VERIFICATION for kind, _ in parsed) else None)
-                diagonal[k] = (c.query_ids, vectors, lists, query, images)
+                diagonal[k] = (c.query_ids, vectors, lists, query, images, readings)
             elif tests is not None and k in diagonal:
-                _pair_cell(tests, t, k, (c.query_ids, vectors, lists, query), diagonal[k], dict(zip(metrics, parsed)),
-                           paired)
+                _pair_cell(tests, t, k, (c.query_ids, vectors, lists, query, readings), diagonal[k],
+                           dict(zip(metrics, parsed)), paired)
         if progress:
             progress(i + 1, len(cells))
     if tests is not None and paired.on_its_own:
         for t, k in [(t, k) for t in range(T) for k in range(t) if t in diagonal and k in diagonal]:
             _alone_cell(tests, t, k, diagonal[t], diagonal[k], dict(zip(metrics, parsed)), paired)
-    return MatrixResult(values, valid, no_pos, comparable, tests, rank_ties=ties)
+    return MatrixResult(values, valid, no_pos, comparable, tests, rank_ties=ties, ties=tie_cells or None)
 
 
 def _comparable(c: CellFeatures | CellStats) -> bool:
@@ -204,8 +227,8 @@ def _pair_cell(tests: dict, t: int, k: int, cross_cell: tuple, self_cell: tuple,
     pair (:func:`engine.metrics.cell_interval.paired_intervals`, two-way for Recall@k when both cells' top lists
     are at hand), judged by strict ECC (:func:`engine.metrics.decision.decide`; ``stored_summary`` re-judges under
     the stored tie rule)."""
-    ids, vectors, lists, query = cross_cell
-    self_ids, self_vectors, self_lists, self_query, images = self_cell
+    ids, vectors, lists, query, readings = cross_cell
+    self_ids, self_vectors, self_lists, self_query, images, self_readings = self_cell
     same_queries = ids is None or self_ids is None or np.array_equal(ids, self_ids)
     for name, vec in vectors.items():
         kind, at = parsed[name]
@@ -231,6 +254,16 @@ def _pair_cell(tests: dict, t: int, k: int, cross_cell: tuple, self_cell: tuple,
         entry["n"][t, k] = got.n
         entry["interval"][t][k] = got.interval
         entry["verdict"][t][k] = None if np.isnan(got.lo) else decide(got.diff, got.lo, got.hi, Rule())[0]
+        if name in readings and name in self_readings:
+            by_reading = reading_intervals(self_readings[name], readings[name], a, b, seed=cell_seed(options.seed, t, k),
+                                           resamples=options.resamples, confidence=options.confidence,
+                                           bound_unchanged=not same)
+            for r, iv in (by_reading or {}).items():
+                cell = entry.setdefault("readings", {}).setdefault(r, {
+                    **{key: np.full(entry["diff"].shape, np.nan) for key in ("diff", "lo", "hi")},
+                    "interval": [[None] * len(entry["verdict"]) for _ in entry["verdict"]]})
+                cell["diff"][t, k], cell["lo"][t, k], cell["hi"][t, k] = iv.diff, iv.lo, iv.hi
+                cell["interval"][t][k] = iv.interval
 
 
 def _alone_cell(tests: dict, t: int, k: int, new_cell: tuple, old_cell: tuple, parsed: dict[str, tuple],
@@ -238,8 +271,8 @@ def _alone_cell(tests: dict, t: int, k: int, new_cell: tuple, old_cell: tuple, p
     """Is model t better on its own than model k: its self-test against model k's, item by item, with the interval
     and words check-upgrade gives its "on its own" line for the same pair (seeded as cross-test (t, k); an exact
     tie stays ``[0, 0]``), stored as ``tests[metric]["alone"]``."""
-    ids, vectors, lists, _, images = new_cell
-    old_ids, old_vectors, old_lists, _, old_images = old_cell
+    ids, vectors, lists, _, images, _ = new_cell
+    old_ids, old_vectors, old_lists, _, old_images, _ = old_cell
     same_queries = ids is None or old_ids is None or np.array_equal(ids, old_ids)
     for name, vec in vectors.items():
         kind, at = parsed[name]
@@ -315,4 +348,41 @@ def stored_summary(result: MatrixResult, metric: str, *, ties: str = "fail") -> 
             a = p["alone"]
             out["paired"]["alone"] = {"diff": _json_matrix(a["diff"]), "lo": _json_matrix(a["lo"]), "hi": _json_matrix(a["hi"]),
                                       "n": np.asarray(a["n"]).tolist(), "verdict": a["verdict"]}
+    if result.ties and metric in result.ties:
+        p = result.paired.get(metric) if result.paired else None
+        out["tie_readings"] = tie_summary(result.ties[metric], result.valid_queries, p, ties=ties)
+    return out
+
+
+def tie_summary(cells: Mapping[str, np.ndarray], valid: np.ndarray, paired: Mapping | None, *,
+                ties: str = "fail") -> dict:
+    """JSON-ready ties of one Recall@k matrix (:mod:`engine.metrics.ties`): the tolerance, per cell the tied queries
+    (``tied``, null where not counted), their ``share`` of the queries with a positive and the Recall@k under each
+    reading; with a paired test, each cross-test's interval under the pessimistic and the optimistic reading where a
+    query is tied (``paired``), their verdicts under the ECC tie rule ``ties`` (``verdicts``: ``{reading: verdict}``)
+    and whether ties decide it (``decide``: the two differ; false where no query is tied, null where not known)."""
+    tied = np.asarray(cells["tied"])
+    T = tied.shape[0]
+    counted = (tied >= 0) & (valid > 0)
+    out: dict = {"tolerance": RANK_TIE_TOLERANCE, "readings": list(RANK_TIE_READINGS),
+                 "tied": [[int(v) if v >= 0 else None for v in row] for row in tied],
+                 "share": _json_matrix(np.where(counted, tied / np.maximum(valid, 1), np.nan)),
+                 **{r: _json_matrix(cells[r]) for r in RANK_TIE_READINGS}}
+    if not paired:
+        return out
+    stored = paired.get("readings") or {}
+    rule = Rule(0.0, ties)
+    verdicts: list[list[dict | None]] = [[None] * T for _ in range(T)]
+    decides: list[list[bool | None]] = [[None] * T for _ in range(T)]
+    for t in range(T):
+        for k in range(t):
+            if paired["verdict"][t][k] is None or tied[t, k] < 0 or tied[k, k] < 0:
+                continue
+            cell = {r: {key: stored[r][key][t, k] for key in ("diff", "lo", "hi")} | {"interval": stored[r]["interval"][t][k]}
+                    for r in stored}
+            got = reading_verdicts(cell, rule) if stored else None
+            verdicts[t][k], decides[t][k] = got, ties_decide(got)
+    out["paired"] = {r: {"diff": _json_matrix(stored[r]["diff"]), "lo": _json_matrix(stored[r]["lo"]),
+                         "hi": _json_matrix(stored[r]["hi"]), "interval": stored[r]["interval"]} for r in stored}
+    out["verdicts"], out["decide"] = verdicts, decides
     return out

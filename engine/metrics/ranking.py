@@ -12,6 +12,9 @@ Conventions (documented once, used by every metric):
 * For Recall@k the tie rule is explicit: ``pessimistic`` (default) counts a negative that ties the
   best positive as ranked before it, ``optimistic`` as ranked after it. A query is a hit at ``k``
   when fewer than ``k`` negatives rank before its best positive.
+* Near ties (:mod:`engine.metrics.ties`): the negatives above the best positive by more than ``tol``
+  (``RANK_TIE_TOLERANCE``), the negatives within ``tol`` of it and the positives within ``tol`` below it, counted
+  in the same pass, give every Recall@k cell its tie share and its three readings.
 * mAP@k (not used by the papers) is ``sum of precisions at positives ranked <= k / min(P, k)``,
   where a positive's rank is ``#items >= s``.
 
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
+from engine.core.vocab import RANK_TIE_TOLERANCE
 from engine.metrics.device import torch_threads_kept
 
 if TYPE_CHECKING:
@@ -45,15 +49,21 @@ class QueryStats:
     neg_gt_best: np.ndarray  # int64 (n,): negatives scoring > the best positive
     ap: np.ndarray  # float64 (n,): average precision over the full ranking (NaN without positives)
     ap_at_k: np.ndarray  # float64 (n,): AP@k for the requested k (NaN when not requested)
+    # near ties (module docstring; None where a pass did not count them, e.g. a backfill curve's points)
+    neg_above: np.ndarray | None = None  # int64 (n,): negatives scoring above the best positive + tol
+    neg_tied: np.ndarray | None = None  # int64 (n,): negatives within tol of the best positive
+    pos_tied: np.ndarray | None = None  # int64 (n,): positives within tol below the best one, itself included
 
     @staticmethod
     def concat(parts: list["QueryStats"]) -> "QueryStats":
-        """Stack the statistics of consecutive blocks."""
-        return QueryStats(*(np.concatenate([getattr(p, f) for p in parts]) for f in QueryStats.__dataclass_fields__))
+        """Stack the statistics of consecutive blocks (a field missing from any block is missing from the result)."""
+        return QueryStats(*(None if any(getattr(p, f) is None for p in parts)
+                            else np.concatenate([getattr(p, f) for p in parts]) for f in QueryStats.__dataclass_fields__))
 
     def take(self, order: np.ndarray) -> "QueryStats":
         """Reorder the queries (e.g. back to the caller's order)."""
-        return QueryStats(*(getattr(self, f)[order] for f in QueryStats.__dataclass_fields__))
+        return QueryStats(*(None if getattr(self, f) is None else getattr(self, f)[order]
+                            for f in QueryStats.__dataclass_fields__))
 
 
 @numba.njit(inline="always")
@@ -68,12 +78,16 @@ def _bucket(x, lowest, scale, nb):  # pragma: no cover - compiled
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
-def _counts_kernel(sims, starts, ends):  # pragma: no cover - compiled
-    """Positives, and negatives >= / > the best positive, of each row (no AP); and NaN/+inf values of rows with a positive."""
+def _counts_kernel(sims, starts, ends, tol):  # pragma: no cover - compiled
+    """Positives, negatives >= / > the best positive and the near-tie counts of each row (no AP); and NaN/+inf values
+    of rows with a positive."""
     n, width = sims.shape
     n_pos = np.zeros(n, np.int64)
     neg_ge = np.zeros(n, np.int64)
     neg_gt = np.zeros(n, np.int64)
+    above = np.zeros(n, np.int64)
+    tied = np.zeros(n, np.int64)
+    pos_tied = np.zeros(n, np.int64)
     bad = np.zeros(n, np.int64)
     for r in numba.prange(n):
         row = sims[r]
@@ -87,29 +101,46 @@ def _counts_kernel(sims, starts, ends):  # pragma: no cover - compiled
         n_pos[r] = p
         if p == 0:
             continue
+        top = np.float64(best) + tol
+        bottom = np.float64(best) - tol
         ge = 0
         gt = 0
+        ab = 0
+        near = 0
         nonfinite = 0
         for j in range(width):  # whole row, then take the positives back out: no branch in the long loop
             ge += row[j] >= best
             gt += row[j] > best
+            ab += row[j] > top
+            near += row[j] >= bottom
             nonfinite += not row[j] < np.inf  # NaN or +inf (-inf marks an excluded item)
         bad[r] = nonfinite
+        pt = 0
         for j in range(starts[r], ends[r]):
             ge -= row[j] >= best
             gt -= row[j] > best
+            ab -= row[j] > top
+            near -= row[j] >= bottom
+            pt += row[j] >= bottom
         neg_ge[r] = ge
         neg_gt[r] = gt
-    return n_pos, neg_ge, neg_gt, bad
+        above[r] = ab
+        tied[r] = near - ab
+        pos_tied[r] = pt
+    return n_pos, neg_ge, neg_gt, above, tied, pos_tied, bad
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
-def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
-    """Positives, negatives >= / > the best positive, AP and AP@k of each row; and NaN/+inf values of rows with a positive."""
+def _stats_kernel(sims, starts, ends, map_k, tol):  # pragma: no cover - compiled
+    """Positives, negatives >= / > the best positive, AP and AP@k and the near-tie counts of each row; and NaN/+inf
+    values of rows with a positive."""
     n, width = sims.shape
     n_pos = np.zeros(n, np.int64)
     neg_ge = np.zeros(n, np.int64)
     neg_gt = np.zeros(n, np.int64)
+    above = np.zeros(n, np.int64)
+    tied = np.zeros(n, np.int64)
+    pos_tied = np.zeros(n, np.int64)
     ap = np.full(n, np.nan)
     ap_k = np.full(n, np.nan)
     bad = np.zeros(n, np.int64)
@@ -132,6 +163,14 @@ def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
         pos = np.sort(pos[:p])  # ascending
         best = pos[p - 1]
         lowest = pos[0]
+        top = np.float64(best) + tol
+        bottom = np.float64(best) - tol
+        pt = 0
+        for i in range(p):
+            pt += pos[i] >= bottom
+        pos_tied[r] = pt
+        ab = 0
+        near = 0
         # cnt[m] = negatives v with exactly m positives <= v. A negative in [lowest, best) is placed
         # through buckets: bucket(x) = min(int((x - lowest) * scale), nb) is monotone in x, so every
         # positive in a lower bucket is below v and every one in a higher bucket above it. A bucket
@@ -148,6 +187,8 @@ def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
             for j in range(lo, hi):
                 v = row[j]
                 nonfinite += not v < np.inf
+                ab += v > top
+                near += v >= bottom
                 if v < lowest:
                     continue
                 if v >= best:
@@ -160,11 +201,13 @@ def _stats_kernel(sims, starts, ends, map_k):  # pragma: no cover - compiled
         cnt[p] = ge
         neg_gt[r] = gt
         neg_ge[r] = ge
+        above[r] = ab
+        tied[r] = near - ab
         bad[r] = nonfinite
         if nonfinite:
             continue
         ap[r], ap_k[r] = _ap_from_counts(pos, cnt, map_k)
-    return n_pos, neg_ge, neg_gt, ap, ap_k, bad
+    return n_pos, neg_ge, neg_gt, ap, ap_k, above, tied, pos_tied, bad
 
 
 def stats_numba(sims: np.ndarray, starts: np.ndarray, ends: np.ndarray, *, map_k: int = 0, want_ap: bool = True) -> QueryStats:
@@ -181,11 +224,11 @@ def stats_numba(sims: np.ndarray, starts: np.ndarray, ends: np.ndarray, *, map_k
         raise ValueError(f"positive column ranges must lie within the block's {sims.shape[1]} columns")
     with torch_threads_kept():
         if want_ap or map_k:
-            *out, bad = _stats_kernel(sims, starts, ends, int(map_k))
+            *out, bad = _stats_kernel(sims, starts, ends, int(map_k), RANK_TIE_TOLERANCE)
         else:
             nan = np.full(len(sims), np.nan)
-            *counts, bad = _counts_kernel(sims, starts, ends)
-            out = (*counts, nan, nan.copy())
+            n_pos, neg_ge, neg_gt, *near, bad = _counts_kernel(sims, starts, ends, RANK_TIE_TOLERANCE)
+            out = (n_pos, neg_ge, neg_gt, nan, nan.copy(), *near)
     rows = np.flatnonzero(bad)
     if len(rows):
         raise ValueError(f"similarities have NaN/inf values in {len(rows)} query row(s) (first: row {rows[0]}); "
@@ -212,10 +255,14 @@ def stats_torch(sims: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, *,
     has = n_pos > 0
     neg_ge = torch.where(has, (is_neg & (sims >= best[:, None])).sum(1), 0)
     neg_gt = torch.where(has, (is_neg & (sims > best[:, None])).sum(1), 0)
-    to_np = lambda t: t.cpu().numpy()  # noqa: E731
+    top, bottom = best.double()[:, None] + RANK_TIE_TOLERANCE, best.double()[:, None] - RANK_TIE_TOLERANCE
+    wide = sims.double()
+    to_np = lambda t: t.cpu().numpy().astype(np.int64)  # noqa: E731
+    near = tuple(to_np(torch.where(has, counted.sum(1), 0)) for counted in
+                 (is_neg & (wide > top), is_neg & (wide >= bottom) & (wide <= top), is_pos & (wide >= bottom)))
     if not want_ap and not map_k:
         nan = np.full(n, np.nan)
-        return QueryStats(to_np(n_pos).astype(np.int64), to_np(neg_ge).astype(np.int64), to_np(neg_gt).astype(np.int64), nan, nan.copy())
+        return QueryStats(to_np(n_pos), to_np(neg_ge), to_np(neg_gt), nan, nan.copy(), *near)
     # threshold counts: for each item, items (and positives) with similarity >= its own
     vals = torch.where(valid, sims, torch.full_like(sims, -torch.inf))
     sorted_vals, order = torch.sort(vals, dim=1)  # ascending
@@ -232,7 +279,7 @@ def stats_torch(sims: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, *,
         ap_k = torch.where(has, ap_k_vals, torch.full_like(ap_k_vals, float("nan")))
     else:
         ap_k = torch.full((n,), float("nan"), dtype=torch.float64, device=dev)
-    return QueryStats(to_np(n_pos).astype(np.int64), to_np(neg_ge).astype(np.int64), to_np(neg_gt).astype(np.int64), to_np(ap), to_np(ap_k))
+    return QueryStats(to_np(n_pos), to_np(neg_ge), to_np(neg_gt), ap.cpu().numpy(), ap_k.cpu().numpy(), *near)
 
 
 # Pieces of the ranking kernel, shared with the sharded search (engine.metrics.sharded) ------------------------

@@ -27,6 +27,7 @@ from typing import Protocol as TypingProtocol
 
 import numpy as np
 
+from engine.core.vocab import RANK_TIE_TOLERANCE
 from engine.metrics.device import auto_device, host, on_cpu, one_blas_thread, torch_device
 from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
 
@@ -179,20 +180,29 @@ class FaissBackend:
                                             None if exclude is None else exclude[rows])
         neg_ge = (neg & (sims >= best[:, None])).sum(1)
         neg_gt = (neg & (sims > best[:, None])).sum(1)
+        wide = best.astype(np.float64)[:, None]
+        top, bottom = wide + RANK_TIE_TOLERANCE, wide - RANK_TIE_TOLERANCE
+        above = (neg & (sims > top)).sum(1)
+        near = (neg & (sims >= bottom) & (sims <= top)).sum(1)
+        pos_near = (in_pos & ~is_self & (sims >= bottom)).sum(1)
         n_pos = ends - starts - (((exclude >= starts) & (exclude < ends)) if exclude is not None else 0)
         if own_template is not None:
             n_pos = np.where(np.isfinite(own_template), n_pos, 0)
-        # a list that is full down to the best positive may hide tied or higher negatives: recompute exactly
-        unsure = (n_pos > 0) & (neg_ge < self.k) & (sims[:, -1] >= best) & (kk < width)
-        stats = QueryStats(n_pos.astype(np.int64), neg_ge.astype(np.int64), neg_gt.astype(np.int64),
-                           np.full(n, np.nan), np.full(n, np.nan))
+            pos_near = (n_pos > 0).astype(np.int64)  # the query's own class template is its one positive
+        pos_near = np.where(n_pos > 0, np.maximum(pos_near, 1), 0)  # the best positive, listed or not (then unsure)
+        # a list that is full down to the best positive (less the tie tolerance) may hide tied or higher negatives
+        # and tied positives: recompute exactly
+        unsure = (n_pos > 0) & (above < self.k) & (sims[:, -1] >= bottom[:, 0]) & (kk < width)
+        as_int = lambda a: np.asarray(a, np.int64)  # noqa: E731
+        stats = QueryStats(as_int(n_pos), as_int(neg_ge), as_int(neg_gt), np.full(n, np.nan), np.full(n, np.nan),
+                           as_int(above), as_int(near), as_int(pos_near))
         if unsure.any():
             rows = np.flatnonzero(unsure)
             exact = NumpyBackend().stats(q[rows], g, starts[rows], ends[rows],
                                          exclude=None if exclude is None else exclude[rows],
                                          own_template=None if own_template is None else own_template[rows],
                                          map_k=0, want_ap=False, max_block=max_block)
-            for f in ("n_positives", "neg_ge_best", "neg_gt_best"):
+            for f in ("n_positives", "neg_ge_best", "neg_gt_best", "neg_above", "neg_tied", "pos_tied"):
                 getattr(stats, f)[rows] = getattr(exact, f)
         return stats
 

@@ -38,7 +38,7 @@ from engine.metrics.ranking import QueryStats, _ap_from_counts, _bucket_table, _
 from engine.metrics.retrieval import GalleryKind, RankTies, cell_stats, metrics_from_stats, unit_rows
 from engine.metrics.search import DEFAULT_BLOCK
 from engine.metrics.validate import check_features, check_labels
-from engine.core.vocab import GALLERY_KINDS
+from engine.core.vocab import GALLERY_KINDS, RANK_TIE_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -114,8 +114,10 @@ def label_codes(classes: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
-def count_kernel(sims, row0, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt):  # pragma: no cover - compiled
-    """Add one (block x shard) of negatives to each query's counts: >= / > best positive, and cnt[m] (see docstring)."""
+def count_kernel(sims, row0, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt, above, tied,
+                 tol):  # pragma: no cover - compiled
+    """Add one (block x shard) of negatives to each query's counts: >= / > best positive, cnt[m] (see docstring), and
+    the negatives above the best positive + tol and within tol of it (engine.metrics.ranking's near ties)."""
     n, width = sims.shape
     for r in numba.prange(n):
         i = row0 + r
@@ -127,22 +129,34 @@ def count_kernel(sims, row0, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, wa
         c = qcode[i]
         mine = pos[a: a + p]
         best = mine[p - 1]
+        top = np.float64(best) + tol
+        bottom = np.float64(best) - tol
         ge = 0
         gt = 0
+        ab = 0
+        near = 0
         if not want_cnt:
             for j in range(width):
                 if gcode[j] != c:
                     ge += row[j] >= best
                     gt += row[j] > best
+                    ab += row[j] > top
+                    near += row[j] >= bottom
             neg_ge[i] += ge
             neg_gt[i] += gt
+            above[i] += ab
+            tied[i] += near - ab
             continue
         nb, scale, in_bucket, below = _bucket_table(mine, width)
         hist = np.zeros(nb + 1, np.int64)
         counts = cnt[a + i: a + i + p + 1]  # this query's cnt[0..p]
         for j in range(width):
             v = row[j]
-            if v < mine[0] or gcode[j] == c:  # below every positive (or excluded: -inf), or a positive
+            if gcode[j] == c:  # a positive (or excluded: -inf)
+                continue
+            ab += v > top
+            near += v >= bottom
+            if v < mine[0]:  # below every positive
                 continue
             if v >= best:
                 ge += 1
@@ -154,6 +168,21 @@ def count_kernel(sims, row0, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, wa
         counts[p] += ge
         neg_ge[i] += ge
         neg_gt[i] += gt
+        above[i] += ab
+        tied[i] += near - ab
+
+
+def tied_positives(offsets: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Each query's positives within ``RANK_TIE_TOLERANCE`` below its best one (itself included), from its sorted
+    positives ``pos[offsets[i]:offsets[i + 1]]``."""
+    n = len(offsets) - 1
+    counts = np.diff(offsets)
+    has = counts > 0
+    best = np.full(n, np.inf)
+    best[has] = pos[offsets[1:][has] - 1]
+    owner = np.repeat(np.arange(n), counts)
+    near = pos.astype(np.float64) >= best[owner] - RANK_TIE_TOLERANCE
+    return np.bincount(owner, weights=near, minlength=n).astype(np.int64)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -267,10 +296,11 @@ def sharded_cell_stats(
     with one_blas_thread():
         offsets, pos = gather_positives(q, qcode, classes, each_pass, exclude_ids, max_block, seen)
         cnt = np.zeros(offsets[-1] + len(q) if want_cnt else 0, np.int64)
-        neg_ge, neg_gt = np.zeros(len(q), np.int64), np.zeros(len(q), np.int64)
+        neg_ge, neg_gt, above, tied = (np.zeros(len(q), np.int64) for _ in range(4))
         for gcode, rows, sims in _pass(q, classes, each_pass, exclude_ids, max_block, None, seen):
             with torch_threads_kept():
-                count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt)
+                count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt, above, tied,
+                             RANK_TIE_TOLERANCE)
     if seen[1] != seen[0]:
         raise ValueError(f"the shards changed between the two passes ({seen[0]} then {seen[1]} items); "
                          "they must yield the same gallery each time")
@@ -279,7 +309,7 @@ def sharded_cell_stats(
         ap, ap_k = ap_kernel(offsets, pos, cnt, int(map_k))
     else:
         ap, ap_k = np.full(len(q), np.nan), np.full(len(q), np.nan)
-    return QueryStats(n_pos, neg_ge, neg_gt, ap, ap_k)
+    return QueryStats(n_pos, neg_ge, neg_gt, ap, ap_k, above, tied, tied_positives(offsets, pos))
 
 
 def sharded_retrieval_metrics(

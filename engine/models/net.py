@@ -24,7 +24,9 @@ class ModelSpec:
     """JSON-able description of a network's architecture; enough to rebuild it before loading weights.
 
     ``feature_dim`` is the resolved size of the features fed to the head; ``num_classes`` is the
-    number of head outputs (K pre-allocated classes for fixed heads).
+    number of head outputs (K pre-allocated classes for fixed heads). ``frame_seed``: the seed of a random fixed
+    classifier (the ETF head's frame), the run's seed so that every model of a run shares one frame; ``None``
+    (checkpoints written before the field, and heads without a random frame) falls back to ``seed``.
     """
 
     backbone: str
@@ -37,6 +39,7 @@ class ModelSpec:
     label_allocation: str = "left_to_right"
     dsimplex_normalization: str = "row"
     linear_bias: bool = False
+    frame_seed: int | None = None
 
 
 class Net(nn.Module):
@@ -89,6 +92,7 @@ def build_model(
     label_allocation: str = "left_to_right",
     dsimplex_normalization: str = "row",
     linear_bias: bool = False,
+    frame_seed: int | None = None,
 ) -> Net:
     """Build a seeded network; the global RNG is left untouched.
 
@@ -96,6 +100,8 @@ def build_model(
     pre-allocated classes for ``"dsimplex"`` and ``"etf"``. ``feature_dim`` (default: what the head
     needs, else the backbone's output size) adds a bias-free projection when it differs from the
     backbone output; ``"dsimplex"`` always uses K-1 features. ``width`` sizes ``small_cnn``.
+    ``frame_seed`` draws the ``"etf"`` head's frame (default ``seed``): a run passes its own seed so
+    that every step's model shares one fixed classifier while the weights follow ``seed``.
     """
     if head not in HEADS:
         raise ValueError(f"unknown head {head!r}; known heads: {', '.join(sorted(HEADS))}")
@@ -109,6 +115,8 @@ def build_model(
         raise ValueError(f"fixed head {head!r} has no bias; linear_bias applies to the linear head only")
     if head != "dsimplex" and dsimplex_normalization != "row":
         raise ValueError("dsimplex_normalization applies to the 'dsimplex' head only")
+    if head != "etf" and frame_seed is not None:
+        raise ValueError("frame_seed applies to the 'etf' head only (the d-Simplex has no random frame)")
 
     backbone_dim = _backbone_dim(backbone, width)
     resolved_dim = _resolve_feature_dim(head, num_classes, feature_dim, backbone_dim, backbone)
@@ -123,6 +131,7 @@ def build_model(
         label_allocation=label_allocation,
         dsimplex_normalization=dsimplex_normalization,
         linear_bias=linear_bias,
+        frame_seed=frame_seed,
     )
     return build_from_spec(spec)
 
@@ -173,5 +182,6 @@ def _build_head(spec: ModelSpec) -> Head:
             spec.num_classes, normalization=spec.dsimplex_normalization, label_allocation=spec.label_allocation
         )
     if spec.head == "etf":
-        return ETFHead(spec.num_classes, spec.feature_dim, seed=spec.seed, label_allocation=spec.label_allocation)
+        frame_seed = spec.seed if spec.frame_seed is None else spec.frame_seed
+        return ETFHead(spec.num_classes, spec.feature_dim, seed=frame_seed, label_allocation=spec.label_allocation)
     raise ValueError(f"unknown head {spec.head!r}; known heads: {', '.join(sorted(HEADS))}")

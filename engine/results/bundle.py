@@ -78,7 +78,8 @@ def _csv_rows(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[int, S
             cells = matrix_rows(C, names=_names(e, C.shape[0], given), comparable=comparable,
                                 ties=stored_ties(s), paired=s.get("paired"),
                                 gain=s.get("update_gain"), metric=m["metric"], view=m["view"],
-                                gallery_kind=m["gallery_kind"], eval_classes=m["eval_classes"])
+                                gallery_kind=m["gallery_kind"], eval_classes=m["eval_classes"],
+                                tie_readings=s.get("tie_readings"))
             rows += [{"experiment_id": e["id"], "method": e["method"], "seed": e["config"].get("seed"), **r}
                      for r in cells]
     return rows
@@ -129,7 +130,7 @@ def summary_markdown(experiments: Sequence[Mapping[str, Any]], matrices: Mapping
                 if s.get("update_gain") else None
             parts.append(render_matrix(C, fmt="markdown", title=_label(e, m), paired=s.get("paired"), gain=gain,
                                        comparable=np.asarray(s["comparable"], bool) if s.get("comparable") else None,
-                                       ties=stored_ties(s),
+                                       ties=stored_ties(s), metric=m["metric"], tie_readings=s.get("tie_readings"),
                                        replaced=replaced_steps(e["config"]), names=_names(e, C.shape[0], given or {})))
     return "\n".join(parts)
 

@@ -14,9 +14,11 @@ def matrix_text(result: MatrixResult, name: str, /, *, title: str, ties: str = "
     """Metric ``name``'s matrix of ``result`` in ``fmt``, its paired verdicts judged under the ECC tie rule ``ties`` as
     they are stored (:func:`engine.metrics.compatibility.stored_summary`); in text, one line per cross-test after it."""
     C = result.values[name]
-    paired = stored_summary(result, name, ties=ties).get("paired")
+    summary = stored_summary(result, name, ties=ties)
+    paired, readings = summary.get("paired"), summary.get("tie_readings")
     text = render_matrix(C, fmt=fmt, title=title, comparable=result.comparable, ties=ties, names=names, paired=paired,
-                         **labels)
+                         tie_readings=readings, **({"metric": name} | labels))
     if fmt == "text" and paired:
-        text += "".join(f"{line}\n" for line in cell_verdict_lines(paired, names or [f"M{t + 1}" for t in range(C.shape[0])]))
+        text += "".join(f"{line}\n" for line in cell_verdict_lines(paired, names or [f"M{t + 1}" for t in range(C.shape[0])],
+                                                                    readings))
     return text

@@ -5,7 +5,8 @@ criterion is marked (``*`` in text/Markdown, a red cell in LaTeX), as the papers
 Values are printed in percent; NaN prints as ``-`` (above the diagonal) or ``n/c`` (not comparable).
 CSV is data, not a picture of the table: one row per lower-triangle cell (``CSV_COLUMNS``), the value a plain
 fraction, the ECC verdict and the paired verdict in their own columns, and metric / view / gallery kind named in
-every row.
+every row; a Recall@k cell also carries its ties (``tie_share``, the value under each tie reading and whether ties
+decide its verdict, :mod:`engine.metrics.ties`; empty for other metrics and for matrices stored before).
 With a stored paired test (``engine.metrics.paired``), each cross-test also carries its verdict:
 ✓ pass (ECC holds and the paired interval lies above 0), ✗ fail, ? unresolved (the interval
 straddles 0), followed by the counts; with ``gain``, the update gain of each cross-test is listed.
@@ -26,11 +27,13 @@ from engine.metrics.gain import gain_cells, gain_text
 from engine.metrics.over_seeds import ecc_gain
 from engine.metrics.uncertainty import familywise_verdicts, t_interval
 from engine.metrics.paired import SYMBOLS, count_verdicts
+from engine.results.verdict_words import tie_lines
 
 FORMATS = ("text", "csv", "markdown", "latex")
 CSV_COLUMNS = ("query_model", "gallery_model", "query_step", "gallery_step", "cell", "value", "ecc_pass",
                "paired_verdict", "paired_lo", "paired_hi", "update_gain", "metric", "view", "gallery_kind", "eval_classes",
-               "ecc_ties", "familywise", "paired_interval")
+               "ecc_ties", "familywise", "paired_interval", "tie_share", "value_pessimistic", "value_expected",
+               "value_optimistic", "ties_decide")
 
 
 _LATEX_SYMBOLS = {"pass": "$\\checkmark$", "fail": "$\\times$", "unresolved": "?"}
@@ -78,12 +81,13 @@ def gain_line(C: np.ndarray, names: Sequence[str]) -> str:
 def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparable: np.ndarray | None = None,
                   ties: str = "fail", names: Sequence[str] | None = None, paired: dict | None = None,
                   gain: np.ndarray | None = None, replaced: Sequence[int] = (), metric: str = "", view: str = "",
-                  gallery_kind: str = "", eval_classes: str = "") -> str:
+                  gallery_kind: str = "", eval_classes: str = "", tie_readings: dict | None = None) -> str:
     """One matrix with its AC / AA / ACA line in the chosen format (AA and ACA in percent; CSV: ``matrix_csv``).
 
     ``paired`` is a stored paired test (``stored_summary(...)["paired"]``): verdict symbols per cell and their
     counts; ``gain`` a T x T update-gain matrix, listed under the table; ``replaced`` the steps whose model was
-    replaced (retrained from scratch here), marked in the default names and explained under the table.
+    replaced (retrained from scratch here), marked in the default names and explained under the table;
+    ``tie_readings`` a Recall@k matrix's stored ties (``summary["tie_readings"]``), its tied cells listed under it.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
@@ -105,11 +109,11 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
         for name, row in zip(names, cells):
             out.write(f"{name:<16}" + "".join(f"{c:>{width + 1}}" for c in row) + "\n")
         out.write(f"{summary}   (* = fails ECC: cross-test <= gallery model's self-test)\n")
-        for line in _extra_lines(paired, None if gain is None else C, names, replaced):
+        for line in _extra_lines(paired, None if gain is None else C, names, replaced, tie_lines(tie_readings, names, metric or "recall@k")):
             out.write(line + "\n")
     elif fmt == "csv":
         out.write(matrix_csv(C, names=names, comparable=comparable, ties=ties, paired=paired, gain=gain, metric=metric,
-                             view=view, gallery_kind=gallery_kind, eval_classes=eval_classes))
+                             view=view, gallery_kind=gallery_kind, eval_classes=eval_classes, tie_readings=tie_readings))
         if replaced:
             out.write(f"# {replaced_note(replaced)}\n")
     elif fmt == "markdown":
@@ -119,7 +123,7 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
         for name, row in zip(names, cells):
             out.write("| " + " | ".join([name] + row) + " |\n")
         out.write(f"\n{summary} (* fails ECC)\n")
-        for line in _extra_lines(paired, None if gain is None else C, names, replaced):
+        for line in _extra_lines(paired, None if gain is None else C, names, replaced, tie_lines(tie_readings, names, metric or "recall@k")):
             out.write(f"\n{line}\n")
     else:
         out.write("% requires \\usepackage[table]{xcolor}\n\\begin{tabular}{l" + "r" * T + "}\n")
@@ -128,14 +132,14 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
             tex = [("\\cellcolor{red!20}" + c.replace("*", "")) if "*" in c else c for c in row]
             out.write(" & ".join([name] + tex) + " \\\\\n")
         out.write("\\end{tabular}\n% " + summary + "\n")
-        for line in _extra_lines(paired, None if gain is None else C, names, replaced):
+        for line in _extra_lines(paired, None if gain is None else C, names, replaced, tie_lines(tie_readings, names, metric or "recall@k")):
             out.write(f"% {line}\n")
     return out.getvalue()
 
 
 def matrix_rows(C: np.ndarray, *, names: Sequence[str], comparable: np.ndarray | None = None, ties: str = "fail",
                 paired: dict | None = None, gain: np.ndarray | Sequence | None = None, metric: str = "", view: str = "",
-                gallery_kind: str = "", eval_classes: str = "") -> list[dict]:
+                gallery_kind: str = "", eval_classes: str = "", tie_readings: dict | None = None) -> list[dict]:
     """The lower triangle as rows of ``CSV_COLUMNS``: numbers as floats (None where undefined), ``cell`` = self /
     cross / n/c / undefined, ``ecc_pass`` True/False on defined cross-tests (None on the diagonal), ``update_gain``
     None where Γ is undefined (``engine.metrics.gain``: the new model not a point better on its own)."""
@@ -162,8 +166,18 @@ def matrix_rows(C: np.ndarray, *, names: Sequence[str], comparable: np.ndarray |
                 "metric": metric, "view": view, "gallery_kind": gallery_kind, "eval_classes": eval_classes, "ecc_ties": ties,
                 "familywise": _familywise(paired) if paired and t != k else None,
                 "paired_interval": _cell_interval(paired, t, k) if paired and t != k else None,
+                **_tie_columns(tie_readings, t, k),
             })
     return rows
+
+
+def _tie_columns(ties: dict | None, t: int, k: int) -> dict:
+    """A Recall@k cell's ties as CSV columns (empty without stored tie readings or counts)."""
+    if not ties or ties["tied"][t][k] is None:
+        return {}
+    decide = ties.get("decide")
+    return {"tie_share": ties["share"][t][k], **{f"value_{r}": ties[r][t][k] for r in ties["readings"]},
+            "ties_decide": decide[t][k] if decide and t != k else None}
 
 
 def _familywise(paired: dict) -> str:
@@ -211,9 +225,10 @@ def matrix_csv(C: np.ndarray, *, names: Sequence[str], **labels: Any) -> str:
     return csv_text(matrix_rows(C, names=names, **labels), CSV_COLUMNS)
 
 
-def _extra_lines(paired: dict | None, C: np.ndarray | None, names: Sequence[str], replaced: Sequence[int]) -> list[str]:
+def _extra_lines(paired: dict | None, C: np.ndarray | None, names: Sequence[str], replaced: Sequence[int],
+                 ties: Sequence[str] = ()) -> list[str]:
     return (([paired_line(paired)] if paired else []) + ([gain_line(C, names)] if C is not None else [])
-            + ([replaced_note(replaced)] if replaced else []))
+            + ([replaced_note(replaced)] if replaced else []) + list(ties))
 
 
 def _value(s: dict, key: str, scale: float) -> str:

@@ -117,7 +117,8 @@ def print_study(summary: dict, *, fmt: str = "text", table_only: bool = False, m
                 print(render_matrix(_matrix(entry["matrix"]), fmt=fmt, title=f"{label}: {metric}{seed}",
                                     paired=entry.get("paired"), gain=gain, replaced=summary.get("replaced_steps", ()),
                                     metric=metric, view=view, gallery_kind=gallery_kind(entry),
-                                    eval_classes=entry.get("eval_classes", ""), ties=stored_ties(entry)))
+                                    eval_classes=entry.get("eval_classes", ""), ties=stored_ties(entry),
+                                    tie_readings=entry.get("tie_readings")))
                 if len(info.get("seeds", [])) > 1:
                     for line in mean_lines(label, over, len(entry["matrix"])):
                         print(line)

@@ -113,7 +113,8 @@ def _new_model(method: Method, cfg: RunConfig, data: RunData, num_seen: int, ste
     return build_model(backbone=cfg.model.backbone, head=method.head, num_classes=k_total if fixed else num_seen,
                        feature_dim=feature_dim,
                        in_channels=data.in_channels, width=cfg.model.width,
-                       seed=init_seed_for_step(method, cfg, step), dsimplex_normalization=normalization)
+                       seed=init_seed_for_step(method, cfg, step), dsimplex_normalization=normalization,
+                       frame_seed=cfg.seed if method.head == "etf" else None)  # one fixed frame per run
 
 
 def _next_model(method: Method, cfg: RunConfig, data: RunData, previous: Net | None, num_seen: int, step: int,

@@ -45,6 +45,7 @@ from engine.metrics.cell_interval import cell_seed, paired_intervals
 from engine.metrics.list_merge import rows_of
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
 from engine.metrics.relevance import Outcomes, label_outcomes, neighbour_recall, qrels_outcomes
+from engine.metrics.ties import list_tie_outcomes, pair_ties
 from engine.metrics.topk import TopK, stream_topk
 from engine.metrics.twoway import TopLists, ranked_lists, two_way_depth
 from engine.sources import Joined, Source, SourceError, join_by_id, open_source
@@ -511,10 +512,25 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
                              "the merged list is new/new itself, so every curve ends at 1 by definition",)
                             if relevance == "none" else ())
     n_none = cells[f"{old_name}/{old_name}"].n_no_relevant
+    tie_readings = None
+    if relevance == "labels" and kind == "recall":  # the hit rate: the engine's Recall@k, its ties read off the lists
+        who = {"old": old_name, "new": new_name}
+        read = {f"{a}/{b}": list_tie_outcomes(top.scores, judge.relevant(top.ids), top.tied_beyond,
+                                              ~cells[f"{who[a]}/{who[b]}"].no_relevant, at)
+                for (a, b), top in ((("old", "old"), top_oo), (("new", "old"), top_no), (("new", "new"), top_nn))
+                if top is not None}
+        tie_readings = pair_ties({cell: got for cell, (got, _) in read.items()}, base="old/old", other="new/old",
+                                 rule=rule, seed=cell_seed(seed, 1, 0), resamples=resamples, confidence=level,
+                                 bound_unchanged=not unchanged, groups=groups)
+        if past := {cell: n for cell, (_, n) in read.items() if n}:
+            notes += ("ties not read: " + ", ".join(f"{n:,} {cell} queries" for cell, n in past.items())
+                      + f" tie items past their top-{top_oo.k} lists, whose relevance the lists do not hold; a larger "
+                        "--k reads them",)
     report = UpgradeReport(old_name, new_name, metric, float(np.nanmean(oo)), float(np.nanmean(no)),
                            float("nan") if nn is None else float(np.nanmean(nn)), n_q, n_none, n_g, compat, better,
                            resamples, level, seed, False, needs, best_ordering(needs), float(margin), ties, interval, notes,
-                           relevance, query_groups=0 if groups is None else int(groups.max()) + 1)
+                           relevance, query_groups=0 if groups is None else int(groups.max()) + 1,
+                           tie_readings=tie_readings)
     sources = {"old_gallery": old_g.description, "old_queries": old_q_src.description,
                "new_queries": new_q_src.description}
     if new_g is not None:

@@ -52,6 +52,7 @@ from engine.metrics.paired import verdict as paired_verdict
 from engine.metrics.retrieval import cell_stats, per_query_from_stats
 from engine.metrics.cell_interval import PairedInterval, cell_seed, paired_intervals
 from engine.metrics.same_set import resolve_same_set
+from engine.metrics.ties import TieOutcomes, pair_ties, tie_outcomes
 from engine.metrics.twoway import top_lists, two_way_depth
 from engine.upgrade.rule import DEFAULT_INTERVAL, INTERVALS, Rule, decide, queries_needed
 from engine.upgrade.orders import best_by_area
@@ -124,6 +125,8 @@ class UpgradeReport:
     relevance: str = "labels"  # what counts as relevant (engine.core.vocab.RELEVANCE)
     rollout: tuple[BackfillNeed, ...] = ()  # with rollout=True: "rank_merge:<ordering>" curves and "rescoring" (over K / N)
     query_groups: int = 0  # groups the queries were resampled in (0: none, each query on its own)
+    tie_readings: dict | None = None  # Recall@k: each cell's ties and the verdict under each tie reading
+    # (engine.metrics.ties.pair_ties; None for other metrics)
 
     @property
     def rule(self) -> Rule:
@@ -157,13 +160,20 @@ class UpgradeReport:
 def per_query_scores(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray, gallery_labels: np.ndarray, *,
                      metric: str = "recall@1", same_set: bool = False) -> np.ndarray:
     """One cell's per-query outcome of ``metric`` (hit@k as 0/1, or AP), NaN for a query without a positive."""
+    return cell_scores(query, query_labels, gallery, gallery_labels, metric=metric, same_set=same_set)[0]
+
+
+def cell_scores(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray, gallery_labels: np.ndarray, *,
+                metric: str = "recall@1", same_set: bool = False) -> tuple[np.ndarray, TieOutcomes | None]:
+    """:func:`per_query_scores` and, for Recall@k, the cell's tie readings from the same pass (None otherwise)."""
     kind, at = parse_metric(metric, pairs=False)
     stats = cell_stats(query, query_labels, gallery, gallery_labels, same_set=same_set,
                        map_k=at if kind == "map" and at else 0, want_ap=kind == "map",
                        top_k=at if kind == "recall" else 1)
     valid, vectors = per_query_from_stats(stats, ks=(at,) if kind == "recall" else (), want_map=kind == "map" and not at,
                                           map_at=at if kind == "map" else None)
-    return np.where(valid, vectors[f"{kind}@{at}" if at else kind].astype(np.float64), np.nan)
+    scores = np.where(valid, vectors[f"{kind}@{at}" if at else kind].astype(np.float64), np.nan)
+    return scores, tie_outcomes(stats, at) if kind == "recall" else None
 
 
 def paired_over(interval: str, groups: int = 0) -> str:
@@ -348,10 +358,10 @@ def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] 
     if interval == "sequential":
         notes += (SEQUENTIAL_NOTE,)
 
-    def cell(q: CellFeatures, g: CellFeatures) -> np.ndarray:
-        return per_query_scores(q.query, q.query_labels, g.gallery, g.gallery_labels, metric=metric, same_set=same_set)
+    def cell(q: CellFeatures, g: CellFeatures) -> tuple[np.ndarray, TieOutcomes | None]:
+        return cell_scores(q.query, q.query_labels, g.gallery, g.gallery_labels, metric=metric, same_set=same_set)
 
-    oo, no, nn = cell(old, old), cell(new, old), cell(new, new)
+    (oo, oo_ties), (no, no_ties), (nn, nn_ties) = cell(old, old), cell(new, old), cell(new, new)
     settings = {"resamples": resamples, "level": level, "seed": seed}
     lists = None
     if interval == "two-way":
@@ -368,6 +378,9 @@ def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] 
     notes += unchanged_note(got[0])
     compat = compare(no, oo, **settings, rule=rule, bounds=bounds["compat"], groups=groups)
     better = compare(nn, oo, **settings, names=BETTER, bounds=bounds["better"], groups=groups)
+    tie_readings = pair_ties({"old/old": oo_ties, "new/old": no_ties, "new/new": nn_ties}, base="old/old", other="new/old",
+                     rule=rule, seed=cell_seed(seed, 1, 0), resamples=resamples, confidence=level,
+                     bound_unchanged=not unchanged, groups=groups) if kind == "recall" else None
     old_self = float(np.nanmean(oo))
     needs = backfill_needs(old, new, metric=metric, old_self=old_self, orderings=orderings, seed=seed,
                            same_set=same_set) if compat.verdict == COMPATIBILITY["fail"] else ()
@@ -377,4 +390,4 @@ def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] 
     return UpgradeReport(old_name, new_name, metric, old_self, float(np.nanmean(no)), float(np.nanmean(nn)),
                          len(oo), n_no_pos, len(old.gallery_labels), compat, better, resamples, level, seed, same_set,
                          needs, best_ordering(needs), float(margin), ties, interval, notes, rollout=rolled,
-                         query_groups=0 if groups is None else int(groups.max()) + 1)
+                         query_groups=0 if groups is None else int(groups.max()) + 1, tie_readings=tie_readings)

@@ -5,7 +5,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.core.conventions import metric_name
-from engine.results.verdict_words import interval_text
+from engine.results.verdict_words import WORDS, interval_text
 from engine.metrics.decision import Rule, equivalent
 
 HEADS = {"compatible": "{new} is compatible with {old}", "not compatible": "{new} is not compatible with {old}",
@@ -75,6 +75,28 @@ def sentence(report: Mapping[str, Any]) -> str:
     elif c.get("tie"):
         out.append(f"Every query scores the same with {new} as with {old}: a tie, which the papers' strict ECC (the "
                    "cross-test must score above the self-test) cannot pass; a margin or ties passing accepts it.")
+    readings = report.get("tie_readings")
+    if readings and readings.get("decide"):
+        v, cells = readings["verdicts"], readings["cells"]
+        out.append(f"Ties decide it: {new} is {WORDS[v['pessimistic']]} when tied negatives rank first and "
+                   f"{WORDS[v['optimistic']]} when they rank after ({pct(cells['new/old']['share'])} of {new}/{old}'s "
+                   f"queries and {pct(cells['old/old']['share'])} of {old}/{old}'s tie a negative within "
+                   f"{readings['tolerance']:g} of their best positive).")
     if report.get("margin") or report.get("ties") == "pass":
         out.append(f"Rule: {rule_name(report.get('margin') or 0.0, report.get('ties') or 'fail')}.")
     return " ".join(out)
+
+
+def tie_line(report: Mapping[str, Any]) -> str | None:
+    """``ties within 1e-06: old/old 12.5% tied, Recall@1 30.8 / 38.9 / 46.1% (pessimistic / expected / optimistic);
+    ...``: each cell of a Recall@k check whose queries tie, None when none does (or the check has no tie counts)."""
+    readings = report.get("tie_readings")
+    if not readings or not any(c["tied"] for c in readings["cells"].values()):
+        return None
+    who, m = {"old": report["old_name"], "new": report["new_name"]}, metric_name(report["metric"])
+    cells = "; ".join(f"{'/'.join(who[side] for side in key.split('/'))} {pct(c['share'])} tied, {m} "
+                      + " / ".join(f"{100 * c[r]:.1f}" for r in readings["readings"]) + "%"
+                      for key, c in readings["cells"].items()
+                      if c["share"] is not None and c["share"] == c["share"])  # null / NaN: no query has a positive
+    return (f"ties within {readings['tolerance']:g} of the best positive: {cells} "
+            f"({' / '.join(readings['readings'])}; the value is pessimistic on exact ties)")
