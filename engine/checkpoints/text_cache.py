@@ -4,10 +4,11 @@ comparison with the same model and corpus (another metric, one more model) embed
 
 Key: the SHA-256 of the encoder's identity (:func:`encoder_identity`: whatever makes two encoders give different
 vectors) and of the texts themselves, in order (:func:`texts_digest`), never of the options that chose them.
-Value: ``<folder>/<key[:2]>/<key>.npy``, written under a temporary name in the same folder and renamed (a reader sees
-the whole file or none), read with ``allow_pickle=False`` as a regular file inside the folder
-(``storage.safe_open``). A file that does not load, or is not a float32 ``(len(texts), dim)`` array of finite values,
-is ignored and written again, never trusted. The folder is ``<first data root>/cache/text-embeddings``
+Value: ``<folder>/<key[:2]>/<key>.npy``, the array's ``.npy`` bytes followed by their SHA-256 (32 bytes), written
+under a temporary name in the same folder and renamed (a reader sees the whole file or none), read with
+``allow_pickle=False`` as a regular file inside the folder (``storage.safe_open``). A file whose checksum does not
+match its bytes (edited, reordered, truncated), that does not load, or is not a float32 ``(len(texts), dim)`` array
+of finite values, is ignored and written again, never trusted. The folder is ``<first data root>/cache/text-embeddings``
 (:func:`default_folder`; ``COMPATLAB_TEXT_CACHE`` names another); one outside the data roots is refused. A read-only
 or full disk is no error: the embeddings are computed and returned, only not kept. The key's encoder part comes from
 the encoder itself (:meth:`engine.models.text_encoder.TextEncoder.identity`).
@@ -29,7 +30,9 @@ from engine.data.roots import confine, data_roots
 from storage.safe_open import read_regular
 from storage.settings import TEXT_CACHE, read_setting
 
-CACHE_FORMAT = 1  # bump when what a cached file means changes: every older file then misses
+CACHE_FORMAT = 2  # bump when what a cached file means changes: every older file then misses (2: checksum trailer,
+# the BERT config in the identity)
+DIGEST_BYTES = 32  # the SHA-256 trailer of a cached file
 NPY_HEADER_BYTES = 4096  # an .npy header is far smaller; bounds the read with the array's own size
 
 
@@ -82,8 +85,11 @@ class TextEmbeddingCache:
         """The cached ``(rows, dim)`` float32 embeddings of ``key``; None when absent or not exactly that."""
         try:
             data = read_regular(self.path(key), roots=[self.folder], what="cached text embeddings",
-                                max_bytes=NPY_HEADER_BYTES + rows * dim * 4)
-            array = np.load(io.BytesIO(data), allow_pickle=False)
+                                max_bytes=NPY_HEADER_BYTES + rows * dim * 4 + DIGEST_BYTES)
+            body, digest = data[:-DIGEST_BYTES], data[-DIGEST_BYTES:]
+            if len(data) <= DIGEST_BYTES or hashlib.sha256(body).digest() != digest:
+                return None  # edited, reordered or truncated since it was written: recomputed
+            array = np.load(io.BytesIO(body), allow_pickle=False)
         except (OSError, ValueError, EOFError):  # absent, refused, too large, truncated, not an .npy, object array
             return None
         if (not isinstance(array, np.ndarray) or array.dtype != np.float32 or array.shape != (rows, dim)
@@ -100,8 +106,11 @@ class TextEmbeddingCache:
         except OSError:
             return  # a read-only or full disk: nothing kept
         try:
+            buffer = io.BytesIO()
+            np.save(buffer, np.ascontiguousarray(array, dtype=np.float32), allow_pickle=False)
+            body = buffer.getvalue()
             with os.fdopen(fd, "wb") as handle:
-                np.save(handle, np.ascontiguousarray(array, dtype=np.float32), allow_pickle=False)
+                handle.write(body + hashlib.sha256(body).digest())
             os.replace(tmp, target)
         except OSError:
             pass

@@ -14,6 +14,7 @@ memory at a time; the same texts and batch size give the same embeddings.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -291,8 +292,14 @@ class BertTextEncoder(TextEncoder):
             raise TextModelError(f"{name}: tokenizer.json has {tokenizer.vocab_size} tokens but the model's vocabulary "
                                  f"has {config.vocab_size}; the tokenizer does not match the model")
         self.device = device or torch.device("cpu")
+        self.config = config
         self.net = load_bert(config, tensors, what=f"{name} model.safetensors").to(self.device)
         super().__init__(tokenizer, pooling, name=name, dim=config.hidden_size)
+
+    def identity(self) -> dict[str, Any]:
+        """The encoder's identity and its whole ``config.json`` (heads, ``layer_norm_eps``: the same weights under
+        another config give other vectors)."""
+        return {**super().identity(), "config": dataclasses.asdict(self.config)}
 
     def states(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, bool]:
         with torch.inference_mode():
