@@ -7,6 +7,8 @@ valid ``COOKIE_MAX_AGE_S``), wrong ones count towards the client address's back-
 ``/_stcore/health`` stays open for GET and HEAD with Streamlit's headers dropped: it says "ok" or not, nothing else.
 With or without a secret, a websocket whose ``Origin`` is not the ``Host`` it connects to is refused here, so
 Streamlit's own origin check never looks up this machine's external IP (an HTTP call to an outside address).
+Without a secret (loopback only), a request whose ``Host`` or ``Origin`` names anything but this machine's loopback
+is refused (403): a page on another name that resolves here (DNS rebinding) gets nothing.
 
 Stdlib only at import (run_app.py uses ``check_secret`` and ``is_loopback``); Streamlit is imported by
 ``streamlit_middleware`` alone.
@@ -114,6 +116,15 @@ class SecretGate:
         self._key = secrets.token_bytes(32)  # per start: a restart signs everyone out
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.secret is None and scope["type"] in ("http", "websocket") and not _loopback_host(scope):
+            # no secret means loopback only: a page whose name resolves here (DNS rebinding) is not this dashboard
+            if scope["type"] == "websocket":
+                await receive()
+                await send({"type": "websocket.close", "code": 1008})
+            else:
+                await _plain(send, 403, "This dashboard answers to localhost only (start it with --host and a secret "
+                                        "to serve other names).")
+            return
         if scope["type"] == "websocket":
             if not _same_origin(scope) or not self._signed_in(scope):
                 await receive()  # websocket.connect
@@ -240,6 +251,19 @@ def _cookie(scope: Scope, name: str) -> str | None:
                 if cookie_name == name:
                     return cookie_value
     return None
+
+
+def _loopback_host(scope: Scope) -> bool:
+    """Whether the request names this machine's loopback in ``Host`` (and in ``Origin`` when a browser sends one): a
+    request without ``Host`` is not a browser's and passes."""
+    for name in (b"host", b"origin"):
+        value = _header(scope, name)
+        if value is None or (name == b"origin" and value == "null"):
+            continue
+        hostname = urlsplit(value if name == b"origin" else f"//{value}").hostname or ""
+        if not is_loopback(hostname):
+            return False
+    return True
 
 
 def _same_origin(scope: Scope) -> bool:

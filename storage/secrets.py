@@ -5,7 +5,7 @@ secret by reference instead of holding it.
 (``storage.db``'s database URLs, ``engine.sources``' messages, job labels, the release report): a URL's password
 (``scheme://user:PASSWORD@``; a bare ``https://TOKEN@`` too) and the value of every secret key (``?password=``,
 ``#api_key=``, ``&token=`` ...) become ``***``. A job's payload is stored and listed, so it keeps no secret: a
-source text there names each as ``${COMPATLAB_SOURCE_NAME}`` (:data:`SECRET_REF`), which the reader resolves from its
+source text there names each as ``${SOURCE_SECRET_NAME}`` (:data:`SECRET_REF`), which the reader resolves from its
 own environment; :func:`clear_secret` says what a text holds in clear. Pure text rules, no imports beyond ``re``.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from urllib.parse import unquote
 
 SECRET_KEYS = ("api_key", "apikey", "password", "token", "secret")  # option or query keys whose value is a secret
-SECRET_REF = re.compile(r"\$\{(COMPATLAB_SOURCE_[A-Z0-9_]+)\}")  # a secret by reference: the reader's environment
+SECRET_REF = re.compile(r"\$\{(SOURCE_SECRET_[A-Z0-9_]+)\}")  # a secret by reference: the reader's environment
 _PASSWORD = re.compile(r"([A-Za-z][\w+.-]*://[^/@\s:]*):([^@\s/]*)@")  # scheme://user:PASSWORD@host
 _BARE_TOKEN = re.compile(r"((?:https?|s3|gs|az)://)([^/@\s:]+)@", re.IGNORECASE)  # https://TOKEN@host
 _KEY_VALUE = re.compile(r"([#?&](" + "|".join(SECRET_KEYS) + r")=)([^&#\s]*)", re.IGNORECASE)
@@ -26,6 +26,24 @@ def mask_url(text: str) -> str:
     out = _PASSWORD.sub(r"\1:***@", str(text))
     out = _BARE_TOKEN.sub(r"\1***@", out)
     return _KEY_VALUE.sub(r"\1***", out)
+
+
+_NETLOC = re.compile(r"([A-Za-z][\w+.-]*)://([^/?#\s]*)")
+
+
+def url_host(text: str) -> str | None:
+    """The ``host`` or ``host:port`` a source text connects to (lower-cased, userinfo dropped), or None for a local
+    path or ``file://``; a bucket for ``s3://``, ``gs://``, ``az://``."""
+    m = _NETLOC.search(text)
+    if m is None or m.group(1).lower() == "file":
+        return None
+    return m.group(2).rsplit("@", 1)[-1].lower() or None
+
+
+def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
+    """Whether ``host`` (``name`` or ``name:port``) is in ``allowed``: an entry without a port allows every port."""
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") and "]:" in host else host
+    return host in allowed or name in allowed
 
 
 def _clear(value: str) -> bool:

@@ -90,6 +90,17 @@ def parse_size(text: str | int) -> int:
     return value
 
 
+_HOST = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:\d{1,5})?$|^\[[0-9a-f:.]+\](:\d{1,5})?$")
+
+
+def _hosts(raw: str) -> tuple[str, ...]:
+    """Comma-separated ``host`` or ``host:port`` entries, lower-cased; ValueError on anything else (a scheme, a path)."""
+    out = tuple(h.strip().lower() for h in raw.split(",") if h.strip())
+    if not all(_HOST.match(h) for h in out):
+        raise ValueError(raw)
+    return out
+
+
 _SECONDS = "a positive number of seconds"
 DB_URL = Setting("COMPATLAB_DB_URL", _text, "a database URL",
                  "the database every process uses (`--db URL` on `run_app.py` sets it for its children)",
@@ -128,13 +139,17 @@ TEXT_CACHE = Setting("COMPATLAB_TEXT_CACHE", _text, "a folder inside the data ro
                      "where text comparisons keep the embeddings they computed, one `.npy` per encoder and list of "
                      "texts (`compare-checkpoints --no-cache` neither reads nor writes it)",
                      shown_default="`cache/text-embeddings/` in the first data root (`./data`)")
+ALLOW_HOSTS = Setting("COMPATLAB_ALLOW_HOSTS", _hosts, "host names or host:port, separated by commas",
+                      "the hosts a dashboard job may connect to when it reads a team's store (`--allow-host HOST[:PORT]` "
+                      "adds one); none by default, so the browser can make the server contact no host",
+                      default=(), shown_default="unset (none)")
 THREADS = Setting("COMPATLAB_THREADS", _whole, "a whole number of threads (1 or more)",
                   "torch / BLAS / numba threads of every process (`--threads N`)",
                   shown_default="unset (`cores // processes`, or the libraries' own)")
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     DB_URL, DATA_ROOTS, ALLOW_TORCHSCRIPT, FEATURE_STORE, FEATURE_DTYPE, HEARTBEAT_S, STALE_AFTER_S, OWNER_LEASE_S,
-    MAX_ARRAY_BYTES, MAX_CHECKPOINT_BYTES, SECRET, TEXT_CACHE, THREADS)}
+    MAX_ARRAY_BYTES, MAX_CHECKPOINT_BYTES, SECRET, TEXT_CACHE, ALLOW_HOSTS, THREADS)}
 
 
 def read_setting(setting: Setting, environ: Mapping[str, str] | None = None) -> Any:

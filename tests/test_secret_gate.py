@@ -372,9 +372,9 @@ async def _inner(scope, receive, send) -> None:
 
 
 def drive(app, method: str, path: str, *, cookie: str | None = None, body: bytes = b"", client="10.0.0.1",
-          kind: str = "http", origin: str | None = None) -> tuple[int, dict[bytes, bytes], bytes]:
+          kind: str = "http", origin: str | None = None, host: str = "lab.example:8501") -> tuple[int, dict[bytes, bytes], bytes]:
     """One request through ``app`` in process: (status, headers, body); a websocket gives 101 or 403."""
-    headers = [(b"host", b"lab.example:8501")]
+    headers = [(b"host", host.encode())]
     headers += [(b"cookie", cookie.encode())] if cookie else []
     headers += [(b"origin", origin.encode())] if origin else []
     scope = {"type": kind, "method": method, "path": path, "query_string": b"", "headers": headers,
@@ -477,12 +477,14 @@ def test_a_base_url_path_moves_the_login_and_health_with_it():
     assert drive(app, "POST", "/lab/_gate/login", body=body)[1][b"location"] == b"/lab/"
 
 
-def test_without_a_secret_everything_passes_but_cross_origin_websockets():
+def test_without_a_secret_loopback_passes_but_other_names_and_cross_origin_websockets_do_not():
     app = gate.SecretGate(_inner, secret=None)
-    assert drive(app, "GET", "/_stcore/metrics")[2] == b"inner"
-    assert drive(app, "GET", "/_stcore/stream", kind="websocket", origin="http://lab.example:8501")[0] == 101
-    assert drive(app, "GET", "/_stcore/stream", kind="websocket")[0] == 101
-    assert drive(app, "GET", "/_stcore/stream", kind="websocket", origin="http://evil.example")[0] == 403
+    local = "127.0.0.1:8501"
+    assert drive(app, "GET", "/_stcore/metrics", host=local)[2] == b"inner"
+    assert drive(app, "GET", "/_stcore/stream", kind="websocket", origin=f"http://{local}", host=local)[0] == 101
+    assert drive(app, "GET", "/_stcore/stream", kind="websocket", host=local)[0] == 101
+    assert drive(app, "GET", "/_stcore/stream", kind="websocket", origin="http://evil.example", host=local)[0] == 403
+    assert drive(app, "GET", "/_stcore/metrics")[0] == 403  # another name (DNS rebinding): loopback only
 
 
 def test_the_start_checks():

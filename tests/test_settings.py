@@ -106,7 +106,7 @@ def test_the_readme_table_is_the_declarations():
     end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
     assert "\n".join(lines[start:end]) == settings.markdown_table(), "run python -m storage.settings and paste it"
     listed = [NAME.search(line).group(0) for line in lines[start + 2:end]]
-    assert listed == list(SETTINGS) and len(SETTINGS) == 13
+    assert listed == list(SETTINGS) and len(SETTINGS) == 14
     mentioned = set(NAME.findall("\n".join(lines)))
     assert mentioned == set(SETTINGS), f"the README names undeclared variables: {sorted(mentioned - set(SETTINGS))}"
 

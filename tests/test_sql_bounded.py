@@ -101,8 +101,10 @@ def test_postgresql_sleeps_and_file_reads_are_bounded_and_unquoted(pg_server):
 
 
 # ------------------------------------------------------------------------------------------- secrets in job payloads
-def test_a_payload_keeps_no_secret_only_a_reference():
+def test_a_payload_keeps_no_secret_only_a_reference(monkeypatch):
     from engine.core.contract import sources_check_payload
+
+    monkeypatch.setenv("COMPATLAB_ALLOW_HOSTS", "db,db:6333")
 
     base = {"old_queries": "/data/oq.parquet", "new_queries": "/data/nq.parquet"}
     for text, what in ((f"sql:postgresql+psycopg://lab:{SECRET}@db/x#table=t", "a password in its URL"),
@@ -110,18 +112,18 @@ def test_a_payload_keeps_no_secret_only_a_reference():
         with pytest.raises(ValueError, match=f"the old gallery holds {what}; a job's payload is stored") as exc:
             sources_check_payload({**base, "old_gallery": text}, relevance="labels")
         assert SECRET not in str(exc.value) and "abc" not in str(exc.value)
-    ref = "sql:postgresql+psycopg://lab:${COMPATLAB_SOURCE_PG}@db/x#table=t"
+    ref = "sql:postgresql+psycopg://lab:${SOURCE_SECRET_PG}@db/x#table=t"
     assert sources_check_payload({**base, "old_gallery": ref}, relevance="labels")["sources"]["old_gallery"] == ref
 
 
 def test_a_reference_is_resolved_from_the_readers_environment(tmp_path, monkeypatch):
     db = users_db(tmp_path / "u.db")
-    text = "sql:sqlite:///${COMPATLAB_SOURCE_DB}#query=SELECT id, '[1.0]' AS vector FROM users"
-    with pytest.raises(SourceError, match=r"names the secret \$\{COMPATLAB_SOURCE_DB\}, which this process's environment"):
+    text = "sql:sqlite:///${SOURCE_SECRET_DB}#query=SELECT id, '[1.0]' AS vector FROM users"
+    with pytest.raises(SourceError, match=r"names the secret \$\{SOURCE_SECRET_DB\}, which this process's environment"):
         open_source(text, what="old gallery")
-    monkeypatch.setenv("COMPATLAB_SOURCE_DB", str(db))
+    monkeypatch.setenv("SOURCE_SECRET_DB", str(db))
     assert open_source(text, what="old gallery").ids().tolist() == [1]
-    monkeypatch.setenv("COMPATLAB_SECRET", "the dashboard's own secret")  # only COMPATLAB_SOURCE_* is ever read
+    monkeypatch.setenv("COMPATLAB_SECRET", "the dashboard's own secret")  # only SOURCE_SECRET_* is ever read
     with pytest.raises(SourceError):
         open_source("sql:sqlite:///${COMPATLAB_SECRET}#table=users", what="old gallery")
 
@@ -160,3 +162,35 @@ def test_one_masking_function_for_every_label_message_and_export():
     assert mask_url("https://ghp_token@host/x.parquet") == "https://***@host/x.parquet"
     assert mask_url("cannot reach postgresql+psycopg://lab:pw@db/x (timeout)") == \
         "cannot reach postgresql+psycopg://lab:***@db/x (timeout)"
+
+
+def test_a_job_contacts_no_host_the_operator_did_not_allow(tmp_path, monkeypatch):
+    """From the browser no host is contacted by default: the payload is refused before anything is sent (a listener
+    would have received a HEAD or a GET); --allow-host HOST[:PORT] lets one in, on one port or every port."""
+    import socket
+
+    from engine.core.contract import sources_check_payload
+    from engine.data import roots
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.0)
+    port = listener.getsockname()[1]
+    base = {"old_queries": "/d/oq.parquet", "new_queries": "/d/nq.parquet"}
+    text = f"parquet:http://127.0.0.1:{port}/internal-admin/g.parquet"
+    try:
+        with pytest.raises(ValueError, match=f"names host 127.0.0.1:{port}, which the operator has not allowed"):
+            sources_check_payload({**base, "old_gallery": text}, relevance="labels")
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nothing connected
+    finally:
+        listener.close()
+    parser = __import__("argparse").ArgumentParser()
+    roots.add_arguments(parser, torchscript=True)
+    monkeypatch.delenv("COMPATLAB_ALLOW_HOSTS", raising=False)
+    roots.export(parser.parse_args(["--allow-host", "127.0.0.1"]))
+    assert sources_check_payload({**base, "old_gallery": text}, relevance="labels")["sources"]["old_gallery"] == text
+    monkeypatch.setenv("COMPATLAB_ALLOW_HOSTS", "127.0.0.1:1")
+    with pytest.raises(ValueError, match="not allowed"):
+        sources_check_payload({**base, "old_gallery": text}, relevance="labels")

@@ -231,6 +231,25 @@ def checkpoints_payload(spec: dict[str, Any]) -> dict[str, Any]:
 SOURCE_SIDES = ("old_gallery", "new_gallery", "old_queries", "new_queries", "qrels")  # the optional: new_gallery, qrels
 
 
+def check_job_sources(texts: dict[str, str]) -> None:
+    """What a stored job's source texts may hold, checked when it is queued and again when a worker runs it: no secret
+    in clear (a reference ``${SOURCE_SECRET_NAME}`` instead) and no host the operator did not allow
+    (``--allow-host`` / ``$COMPATLAB_ALLOW_HOSTS``): the browser makes the server contact no other host. One line."""
+    from storage.secrets import clear_secret, host_allowed, url_host  # the one secrets rule, beside the masking
+    from storage.settings import ALLOW_HOSTS, read_setting
+
+    allowed = read_setting(ALLOW_HOSTS)
+    for side, text in texts.items():
+        where = side.replace("_", " ")
+        if (what := clear_secret(text)) is not None:
+            raise ValueError(f"the {where} holds {what}; a job's payload is stored, so it keeps no secret: write it as "
+                             "${SOURCE_SECRET_NAME} and set that variable in the worker's environment")
+        host = url_host(text)
+        if host is not None and not host_allowed(host, allowed):
+            raise ValueError(f"the {where} names host {host}, which the operator has not allowed: a dashboard job "
+                             "connects only to hosts given with --allow-host HOST[:PORT] (or $COMPATLAB_ALLOW_HOSTS)")
+
+
 def sources_check_payload(sources: dict[str, str | None], *, relevance: str, k: int = RELEVANCE_K,
                           metric: str | None = None, names: tuple[str, str] = ("old", "new"), margin: float = 0.0,
                           ties: str = "fail", stored: bool = True) -> dict[str, Any]:
@@ -248,13 +267,8 @@ def sources_check_payload(sources: dict[str, str | None], *, relevance: str, k: 
     unknown = sorted(set(given) - set(SOURCE_SIDES))
     if unknown:
         raise ValueError(f"unknown source {unknown[0]!r}; use {', '.join(SOURCE_SIDES)}")
-    from storage.secrets import clear_secret  # the one secrets rule (storage masks with the same keys)
-
-    for side, text in given.items() if stored else ():
-        if (what := clear_secret(text)) is not None:
-            raise ValueError(f"the {side.replace('_', ' ')} holds {what}; a job's payload is stored, so it keeps no "
-                             "secret: write it as ${COMPATLAB_SOURCE_NAME} and set that variable in the worker's "
-                             "environment")
+    if stored:
+        check_job_sources(given)
     missing = [side.replace("_", " ") for side in ("old_gallery", "old_queries", "new_queries") if side not in given]
     if missing:
         raise ValueError(f"give the {', the '.join(missing)} (a path or URL each)")

@@ -27,10 +27,11 @@ import os
 from pathlib import Path
 
 from storage.safe_open import inside_roots
-from storage.settings import ALLOW_TORCHSCRIPT, DATA_ROOTS, DB_URL, read_setting
+from storage.settings import ALLOW_HOSTS, ALLOW_TORCHSCRIPT, DATA_ROOTS, DB_URL, read_setting
 
 ROOTS_ENV = DATA_ROOTS.name
 TORCHSCRIPT_ENV = ALLOW_TORCHSCRIPT.name
+HOSTS_ENV = ALLOW_HOSTS.name
 
 
 class OutsideRootsError(ValueError):
@@ -96,6 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, torchscript: bool = False)
         parser.add_argument("--allow-torchscript", action="store_true",
                             help="let dashboard jobs run TorchScript archives (programs, not weights), each in a "
                                  "contained child process; refused by default")
+        parser.add_argument("--allow-host", action="append", dest="allow_hosts", metavar="HOST[:PORT]", default=None,
+                            help=f"a host dashboard jobs may connect to when they read a team's store (repeatable; "
+                                 f"none by default; ${HOSTS_ENV} adds more)")
 
 
 def export(args: argparse.Namespace) -> None:
@@ -110,3 +114,7 @@ def export(args: argparse.Namespace) -> None:
         os.environ[ROOTS_ENV] = os.pathsep.join(dict.fromkeys(current + extra))
     if getattr(args, "allow_torchscript", False):
         os.environ[TORCHSCRIPT_ENV] = "1"
+    hosts = [h.strip().lower() for h in getattr(args, "allow_hosts", None) or [] if h.strip()]
+    if hosts:
+        os.environ[HOSTS_ENV] = ",".join(dict.fromkeys([*read_setting(ALLOW_HOSTS), *hosts]))
+        read_setting(ALLOW_HOSTS)  # a malformed host is one line now, not in a child

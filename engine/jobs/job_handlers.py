@@ -105,11 +105,13 @@ def sources_check_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -
     payload hash (``storage.save_source_check``) with its migration plan, where the Upgrade check page reads it: with
     the new gallery the default adapters fitted on its pairs and the threshold (``engine.upgrade.source_remedies``, as
     ``check-upgrade --old-gallery ... --new-gallery ... --plan``), else from the verdicts alone."""
+    from engine.core.contract import check_job_sources
     from engine.upgrade.from_sources import SourceSpecs, check_sources
     from engine.upgrade.migration import or_verdicts, plan_from_verdicts
     from engine.upgrade.source_remedies import plan_from_sources
     from storage import payload_hash, save_source_check, session_scope
 
+    check_job_sources(dict(payload["sources"]))  # again here: a stored payload is data, and the allow-list may change
     specs = SourceSpecs(**payload["sources"])
     check = check_sources(specs, relevance=payload["relevance"], k=int(payload["k"]), metric=payload.get("metric"),
                           names=tuple(payload["names"]), margin=payload.get("margin", 0.0),

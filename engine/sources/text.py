@@ -41,7 +41,7 @@ class SourceText:
 
 
 def resolve_secrets(text: str) -> str:
-    """``text`` with each ``${COMPATLAB_SOURCE_NAME}`` replaced by that variable of this process's environment (the
+    """``text`` with each ``${SOURCE_SECRET_NAME}`` replaced by that variable of this process's environment (the
     worker's, for a job): a stored payload names its secrets, never holds them. One line when one is not set."""
     import os
 
