@@ -627,5 +627,5 @@ def render(data: Mapping[str, Any], suffix: str) -> str:
     return report_html(data) if kind == "html" else report_markdown(data)
 
 
-__all__ = ["SUFFIXES", "backfill_spec", "gain_spec", "mask", "option_costs", "render", "report_context", "report_data",
+__all__ = ["SUFFIXES", "backfill_spec", "gain_spec", "option_costs", "render", "report_context", "report_data",
            "report_html", "report_markdown", "svg"]
