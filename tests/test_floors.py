@@ -139,7 +139,7 @@ def test_the_core_is_torch_free():
 
 
 def layout_block() -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs/design.md").read_text(encoding="utf-8")
     start = readme.index("## Layout")
     return readme[start:readme.index("\n## ", start + 1)]
 
