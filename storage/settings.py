@@ -112,7 +112,7 @@ ALLOW_TORCHSCRIPT = Setting("COMPATLAB_ALLOW_TORCHSCRIPT", _flag, "1 (yes) or 0 
                             "dashboard jobs may run TorchScript archives, each contained (`--allow-torchscript`)",
                             default=False, shown_default="0")
 FEATURE_STORE = Setting("COMPATLAB_FEATURE_STORE", _text, "a folder or s3://bucket/prefix",
-                        "where new feature sets are written (see \"Where features live\")",
+                        "where new feature sets are written (see \"Where features live\" in docs/design.md)",
                         shown_default="`features/` beside a SQLite file; in SQL rows otherwise")
 FEATURE_DTYPE = Setting("COMPATLAB_FEATURE_DTYPE", _dtype, "empty (store as given) or 'float16'",
                         "`float16` stores features at half size, read back as float32",
