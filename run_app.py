@@ -243,7 +243,7 @@ def record_worker_death(url: str, pid: int, returncode: int) -> str:
     try:
         with session_scope(get_engine(url)) as s:
             jobs = fail_jobs_of_worker(s, identity(pid), reason)
-    except Exception as exc:  # the database is unreachable: say so, keep supervising
+    except Exception as exc:  # noqa: BLE001 - the database is unreachable: say so, keep supervising
         return f"{reason}; could not mark its jobs failed: {type(exc).__name__}: {exc}"
     return f"{reason}; failed job(s): {', '.join(f'#{j}' for j in jobs)}" if jobs else reason
 

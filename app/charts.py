@@ -288,7 +288,7 @@ def projection_chart(points: pd.DataFrame, means: pd.DataFrame, prototypes: pd.D
     x = alt.X("x:Q", title=None, axis=alt.Axis(labels=False, ticks=False, grid=False))
     y = alt.Y("y:Q", title=None, axis=alt.Axis(labels=False, ticks=False, grid=False))
 
-    def seen(on: float, off: float):  # noqa: ANN202  opacity: dimmed outside the class picked in the legend
+    def seen(on: float, off: float):  # opacity: dimmed outside the class picked in the legend
         return alt.value(on) if legend_pick is None else alt.condition(legend_pick, alt.value(on), alt.value(off))
     tooltip = [c for c in ("image", "text", "class", "model", "row", "retrieval") if c in points]
     if "drift" in points and points["drift"].notna().any():

@@ -34,7 +34,7 @@ from engine.core.contract import CHECKPOINT_FORMAT
 from engine.data.roots import OutsideRootsError, confine, sqlite_folder, torchscript_allowed
 from engine.core.vocab import DATASET_NAMES, RUN_PROTOCOLS, TEXT_DATASET_NAMES
 from engine.data.text_model_files import TEXT_MODEL_FILES, ModelFolder, TextModelError, weights_member
-from engine.data.wordnet import TASKS as WORDNET_TASKS, parse_options
+from engine.data.wordnet import TASKS as WORDNET_TASKS, parse_options  # noqa: F401 (WORDNET_TASKS: the page's choices)
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "ck_"

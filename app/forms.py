@@ -14,12 +14,12 @@ from typing import Any
 
 from engine.core.vocab import DATASET_CLASSES
 from engine.core.vocab import DSIMPLEX_METHODS
-from engine.core.vocab import DATASET_NAMES as DATASETS
-from engine.core.vocab import DEVICE_CHOICES as DEVICES
-from engine.core.vocab import EVAL_CLASSES, INIT_SEEDS, OPTIMIZERS, TRAINING_MODES
-from engine.core.vocab import GALLERY_KINDS as GALLERIES
-from engine.core.vocab import LR_SCHEDULES as SCHEDULES
-from engine.core.vocab import RUN_PROTOCOLS as PROTOCOLS
+from engine.core.vocab import DATASET_NAMES as DATASETS  # noqa: F401 (the form's choices: pages read forms.NAME)
+from engine.core.vocab import DEVICE_CHOICES as DEVICES  # noqa: F401 (the form's choices: pages read forms.NAME)
+from engine.core.vocab import EVAL_CLASSES, INIT_SEEDS, OPTIMIZERS, TRAINING_MODES  # noqa: F401 (the form's choices: pages read forms.NAME)
+from engine.core.vocab import GALLERY_KINDS as GALLERIES  # noqa: F401 (the form's choices: pages read forms.NAME)
+from engine.core.vocab import LR_SCHEDULES as SCHEDULES  # noqa: F401 (the form's choices: pages read forms.NAME)
+from engine.core.vocab import RUN_PROTOCOLS as PROTOCOLS  # noqa: F401 (the form's choices: pages read forms.NAME)
 
 DEMO_PRESET = "quick-demo"
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import io
-import sys
 import time
-from pathlib import Path
 
 import altair as alt
 import numpy as np

@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         # warm the imports (torch, numba kernels, altair) outside the timings: a first visit after a server
         # start pays them once, whatever the database holds
-        import engine.methods  # noqa: F401
-        import engine.metrics.retrieval  # noqa: F401
+        import engine.methods
+        import engine.metrics.retrieval
         import engine.results.report  # noqa: F401
 
         os.environ["COMPATLAB_DB_URL"] = f"sqlite:///{tmp}/empty.db"

@@ -132,6 +132,8 @@ __all__ = [
     "json_hash",
     "json_ready",
     "mask_url",
+    "update_job_progress",
+    "worker_exit_reason",
     "clear_secret",
     "delete_experiment",
     "enqueue_job",

@@ -495,7 +495,7 @@ def task_board(session: Session, job_id: int) -> TaskBoard:
         line.task_ids.append(task_id)
         line.error = line.error or error
         counts[state] = counts.get(state, 0) + 1
-    ranked = sorted(lines.values(), key=lambda l: (order[l.state], l.kind, l.worker or ""))
+    ranked = sorted(lines.values(), key=lambda line: (order[line.state], line.kind, line.worker or ""))
     return TaskBoard(counts, ranked)
 
 

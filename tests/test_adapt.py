@@ -1,5 +1,4 @@
 """Adapters between two stored models: stored views, the combination table against stored matrices."""
-import numpy as np
 import pytest
 
 from engine.analysis.adapted import AdapterJob, run_adapters

@@ -4,7 +4,6 @@ gallery, given without ``--same-set``, are evaluated as ``--same-set`` with one 
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pytest

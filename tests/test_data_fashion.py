@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from engine.cli import main
-from engine.data import fashion
 from engine.data.disk import load_imagefolder
 from engine.data.imageset import DatasetNotFoundError
 from engine.data.registry import load_dataset

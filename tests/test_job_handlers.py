@@ -4,7 +4,7 @@ import inspect
 import pytest
 
 from engine.core import contract
-from engine.jobs.job_handlers import JOB_HANDLERS, JobContext
+from engine.jobs.job_handlers import JOB_HANDLERS
 from engine.jobs.worker import run_one
 from storage import enqueue_job, get_engine, init_db, session_scope
 from storage.models import Job

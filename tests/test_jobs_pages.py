@@ -47,7 +47,7 @@ def test_an_identical_launch_is_told_and_not_queued(app_db):
         "Launch anyway", "Keep the existing one"]  # (a click reruns only the dialog: AppTest cannot follow it)
 
 
-def test_the_adapters_table_follows_its_job(study):
+def test_the_adapters_table_follows_its_job(study):  # noqa: F811 (the fixture imported above)
     at = open_page("backfilling")
     at.button(key="bf_adapter_train").click().run()
     (job,) = [j for j in jobs(study["url"]) if j.kind == "adapters"]

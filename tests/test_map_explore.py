@@ -236,7 +236,7 @@ def test_click_makes_the_query_and_a_box_lists_the_points(study):
     assert at.session_state["geometry_query"] == row and at.session_state["geometry_query_split"] == "gallery"
     assert f"Query: gallery image #{row} (class-{row // 15})" in texts(at)  # fill_study: 15 images per class
     spec, _ = drawn(at)
-    ring = [l for l in spec["layer"] if l.get("mark", {}).get("size") == 420]
+    ring = [layer for layer in spec["layer"] if layer.get("mark", {}).get("size") == 420]
     assert len(ring) == 1, "the query's points are ringed"
     box = {"x": [float(frame["x"].min()), float(frame["x"].median())], "y": [-1e9, 1e9]}
     at.session_state["geo_map"] = {"selection": {"pick": [{"row": row, "model": NEW}], "box": box}}

@@ -28,10 +28,10 @@ def _models(engine, sets):
     ids = []
     with session_scope(engine) as s:
         exp = create_experiment(s, name="m", method="none", config={}, config_hash="h")
-        for step, (f, l) in enumerate(sets, start=1):
+        for step, (f, y) in enumerate(sets, start=1):
             mv = add_model_version(s, exp.id, step, architecture="x", method="none", classes=[0], num_outputs=1,
                                    feature_dim=f.shape[1])
-            ids.append({split: save_feature_set(s, mv.id, split, "encoder", f, l) for split in ("query", "gallery")})
+            ids.append({split: save_feature_set(s, mv.id, split, "encoder", f, y) for split in ("query", "gallery")})
     return ids
 
 

@@ -1,7 +1,5 @@
 """End-to-end runs on tiny data: every method, resume after a kill, reuse, cancel."""
 import dataclasses
-import math
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 
-import numpy as np
 import pytest
 from test_adapters_export import small_map
 from test_sources import data, write_parquet  # noqa: F401 (the fixture)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-from test_app_pages import open_page
 from test_release_report import EXTERNAL
 from test_upgrade_plan_cli import rotated_back_pair
 from test_upgrade_page import open_upgrade

@@ -176,7 +176,7 @@ def test_an_http_pointer_is_refused_without_any_connection(engine, tmp_path):
 
 def test_a_non_persistent_or_remote_http_store_is_refused_before_writing(engine, tmp_path, monkeypatch):
     version = new_version(engine)
-    for uri in ("memory://features", f"http://127.0.0.1:8660/features", "ftp://127.0.0.1/features"):
+    for uri in ("memory://features", "http://127.0.0.1:8660/features", "ftp://127.0.0.1/features"):
         monkeypatch.setenv(featurestore.STORE_ENV, uri)
         with session_scope(engine) as s:
             message = one_line_error(lambda: save_feature_set(s, version, "gallery", "encoder", *arrays(2)))
@@ -221,7 +221,7 @@ def test_an_unusable_local_store_is_one_line_and_exit_2_on_the_command_line(tmp_
 # --- S3 (moto) ----------------------------------------------------------------------------------
 
 
-def test_a_misspelt_bucket_is_refused_and_not_created(engine, s3_root, monkeypatch):
+def test_a_misspelt_bucket_is_refused_and_not_created(engine, s3_root, monkeypatch):  # noqa: F811 (the fixture)
     import boto3
 
     monkeypatch.setenv(featurestore.STORE_ENV, "s3://lba/features")
@@ -234,7 +234,7 @@ def test_a_misspelt_bucket_is_refused_and_not_created(engine, s3_root, monkeypat
     assert names == ["lab"]
 
 
-def test_another_bucket_and_a_dotdot_key_are_refused_on_s3(engine, s3_root):
+def test_another_bucket_and_a_dotdot_key_are_refused_on_s3(engine, s3_root):  # noqa: F811 (the fixture)
     import boto3
 
     endpoint = s3_root.client_kwargs.get("endpoint_url") or s3_root.endpoint_url

@@ -166,7 +166,7 @@ def test_worker_tasks_command_runs_a_cell_until_none_is_left(tmp_path):
     assert done.returncode == 0, done.stderr
     with session_scope(db) as s:
         assert job_result(s, job_id)["metrics"] == pytest.approx(retrieval_metrics(q, ql, g, gl, ks=(1,)), abs=1e-12)
-        assert {l.worker.split(":")[0] for l in task_board(s, job_id).lines} == {socket.gethostname()}
+        assert {line.worker.split(":")[0] for line in task_board(s, job_id).lines} == {socket.gethostname()}
 
 
 def test_dependencies_gpu_tasks_and_the_task_board(engine):
@@ -181,7 +181,7 @@ def test_dependencies_gpu_tasks_and_the_task_board(engine):
     with session_scope(engine) as s:
         board = task_board(s, job_id)
     assert board.counts == {"running": 2, "queued": 1}
-    assert [(l.state, l.kind, l.worker, l.count) for l in board.lines] == [
+    assert [(line.state, line.kind, line.worker, line.count) for line in board.lines] == [
         ("running", "search", "cpu:1", 1), ("running", "search", "gpu:2", 1), ("queued", "reduce", None, 1)]
     with session_scope(engine) as s:
         assert complete_task(s, first.id, first.lease, result={"a": 1})
@@ -201,7 +201,7 @@ def _store(engine, features: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[s
     with session_scope(engine) as s:
         exp = create_experiment(s, name="big", method="none", config={}, config_hash="h")
         mv = add_model_version(s, exp.id, 1, architecture="x", method="none", classes=[0], num_outputs=1, feature_dim=64)
-        return {split: save_feature_set(s, mv.id, split, "encoder", f, l) for split, (f, l) in features.items()}
+        return {split: save_feature_set(s, mv.id, split, "encoder", f, y) for split, (f, y) in features.items()}
 
 
 @pytest.mark.parametrize("same_set", [False, True])

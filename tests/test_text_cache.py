@@ -13,10 +13,10 @@ import pytest
 pytest.importorskip("onnxruntime", reason="pip install -r requirements-text.txt")
 pytest.importorskip("tokenizers", reason="pip install -r requirements-text.txt")
 
-import engine.checkpoints.text_compare as text_compare  # noqa: E402
-from engine.checkpoints.compare import compare_checkpoints  # noqa: E402
-from engine.checkpoints.request import comparison_spec  # noqa: E402
-from engine.checkpoints.text_cache import (  # noqa: E402
+import engine.checkpoints.text_compare as text_compare
+from engine.checkpoints.compare import compare_checkpoints
+from engine.checkpoints.request import comparison_spec
+from engine.checkpoints.text_cache import (
     TextEmbeddingCache,
     cached_encode,
     default_folder,
@@ -24,10 +24,10 @@ from engine.checkpoints.text_cache import (  # noqa: E402
     encoder_identity,
     texts_digest,
 )
-from engine.cli import main  # noqa: E402
-from engine.data.roots import OutsideRootsError, data_roots  # noqa: E402
-from engine.data.wordnet import WORDNET_ROOT  # noqa: E402
-from engine.models.text_models import load_text_model, missing_text_models  # noqa: E402
+from engine.cli import main
+from engine.data.roots import OutsideRootsError, data_roots
+from engine.data.wordnet import WORDNET_ROOT
+from engine.models.text_models import load_text_model, missing_text_models
 
 MISSING = missing_text_models(("minilm_l3", "minilm_l6_int8"))
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"the offline text models are not installed: {'; '.join(MISSING)}")

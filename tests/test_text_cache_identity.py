@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tokenizers", reason="pip install -r requirements-text.txt")
-from test_text_encoders import write_tiny_folder  # noqa: E402
+from test_text_encoders import write_tiny_folder
 
-from engine.checkpoints.text_cache import (TextEmbeddingCache, cached_encode, embedding_key,  # noqa: E402
+from engine.checkpoints.text_cache import (TextEmbeddingCache, cached_encode, embedding_key,
                                            encoder_identity)
-from engine.data.text_model_files import ModelFolder  # noqa: E402
-from engine.models.text_encoder import load_bert_folder  # noqa: E402
+from engine.data.text_model_files import ModelFolder
+from engine.models.text_encoder import load_bert_folder
 
 TEXTS = ["the cat sat on the mat", "dog", "the dog sat"]
 

@@ -10,13 +10,13 @@ import pytest
 pytest.importorskip("onnxruntime", reason="pip install -r requirements-text.txt")
 pytest.importorskip("tokenizers", reason="pip install -r requirements-text.txt")
 
-from engine.checkpoints.compare import compare_checkpoints  # noqa: E402
-from engine.checkpoints.request import comparison_spec  # noqa: E402
-from engine.checkpoints.text_compare import NO_HEAD_NOTE  # noqa: E402
-from engine.cli import main  # noqa: E402
-from engine.data.wordnet import WORDNET_ROOT, wordnet_task  # noqa: E402
-from engine.data.text_model_files import TEXT_SEQUENCE  # noqa: E402
-from engine.models.text_models import missing_text_models  # noqa: E402
+from engine.checkpoints.compare import compare_checkpoints
+from engine.checkpoints.request import comparison_spec
+from engine.checkpoints.text_compare import NO_HEAD_NOTE
+from engine.cli import main
+from engine.data.wordnet import WORDNET_ROOT, wordnet_task
+from engine.data.text_model_files import TEXT_SEQUENCE
+from engine.models.text_models import missing_text_models
 
 MISSING = missing_text_models(("minilm_l3", "minilm_l6_int8"))
 pytestmark = [pytest.mark.skipif(bool(MISSING), reason=f"the offline text models are not installed: {'; '.join(MISSING)}"),

@@ -11,10 +11,10 @@ import torch
 pytest.importorskip("onnxruntime", reason="pip install -r requirements-text.txt")
 pytest.importorskip("tokenizers", reason="pip install -r requirements-text.txt")
 
-from safetensors.torch import save as save_safetensors  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from safetensors.torch import save as save_safetensors
+from tokenizers import Tokenizer, models, pre_tokenizers
 
-from engine.data.text_model_files import (  # noqa: E402
+from engine.data.text_model_files import (
     MINILM_L3_ONNX,
     MINILM_TOKENIZER,
     ModelFolder,
@@ -25,15 +25,15 @@ from engine.data.text_model_files import (  # noqa: E402
     MINILM_L6_INT8_ONNX,
     read_pinned,
 )
-from engine.models.bert import BertConfig, BertEncoder, load_bert  # noqa: E402
-from engine.models.text_encoder import (  # noqa: E402
+from engine.models.bert import BertConfig, BertEncoder, load_bert
+from engine.models.text_encoder import (
     Pooling,
     TextTokenizer,
     batches_by_length,
     load_bert_folder,
     load_onnx_encoder,
 )
-from engine.models.text_models import load_text_model, missing_text_models  # noqa: E402
+from engine.models.text_models import load_text_model, missing_text_models
 
 MISSING = missing_text_models()
 needs_models = pytest.mark.skipif(bool(MISSING), reason=f"the offline text models are not installed: {'; '.join(MISSING)}")

@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("tokenizers", reason="pip install -r requirements-text.txt")
 
-from safetensors.numpy import save_file  # noqa: E402
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers  # noqa: E402
+from safetensors.numpy import save_file
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-from engine.data.text_model_files import TextModelError  # noqa: E402
-from engine.models.static_distill import (  # noqa: E402
+from engine.data.text_model_files import TextModelError
+from engine.models.static_distill import (
     INSTALL,
     RECIPE,
     STATIC_NAME,
@@ -24,14 +24,14 @@ from engine.models.static_distill import (  # noqa: E402
     load_static_model,
     model2vec_missing,
 )
-from engine.models.static_text import (  # noqa: E402
+from engine.models.static_text import (
     EMBEDDINGS_FILE,
     RECIPE_FILE,
     STATIC_FORMAT,
     TOKENIZER_FILE,
     load_static_folder,
 )
-from engine.models.text_models import missing_text_models  # noqa: E402
+from engine.models.text_models import missing_text_models
 
 WORDS = ["[UNK]", "the", "dog", "barks", "at", "a", "cat", "river", "flows", "slowly", "."]
 SENTENCES = ["The dog barks at the cat.", "a river flows slowly", "dog", "zebra quokka", "the the the cat", ""]

@@ -105,7 +105,7 @@ if result is not None:
     if stored_texts is not None:  # a text comparison names its labels in its config (synset ids, or supersenses)
         named = list(experiment["config"].get("dataset_classes") or [])
         class_name.update({label: str(named[label]) for label in class_name if 0 <= label < len(named)})
-    frame["class"] = frame["label"].astype(int).map(lambda l: class_name.get(l, f"class {l}"))
+    frame["class"] = frame["label"].astype(int).map(lambda y: class_name.get(y, f"class {y}"))
     frame["model"] = frame["model"].astype(int).map(names)
     frame["row"] = frame["row"].astype(int)
     for note in payload["notes"]:

@@ -107,7 +107,7 @@ def probe(model: LoadedModel, source: ModelSource, x: torch.Tensor) -> None:
     try:
         with torch.inference_mode():
             out = model.net.eval()(x[:1])
-    except Exception as exc:  # a user's model can fail in any way; say which file and on what input
+    except Exception as exc:  # noqa: BLE001 - a user's model can fail in any way; say which file and on what input
         raise CheckpointError(model.path, f"fails on {tuple(x.shape[1:])} input images: {_last_line(exc)}") from None
     if out.logits.ndim != 2 or out.logits.shape[1] < 1:
         raise CheckpointError(model.path, f"gives logits of shape {tuple(out.logits.shape)}; expected (batch, classes)")

@@ -72,7 +72,7 @@ def read_safetensors(path: Path, max_bytes: int) -> tuple[dict[str, torch.Tensor
         with safe_open(str(path), framework="pt") as handle:
             metadata = dict(handle.metadata() or {})
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-    except Exception as exc:  # safetensors raises its own SafetensorError (and OSError) on bad files
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError (and OSError) on bad files
         raise CheckpointError(path, f"cannot be read as safetensors: truncated or corrupt ({first_line(exc)})") from None
     if not tensors:
         raise CheckpointError(path, "holds no tensors")

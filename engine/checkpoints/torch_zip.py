@@ -90,28 +90,28 @@ class _Scanner(pickle.Unpickler):
         self.views.append(view)
         return view
 
-    def rebuild_v2(self, storage, offset, size, stride, *_rest):  # noqa: ANN001, ANN201 (pickle's call)
+    def rebuild_v2(self, storage, offset, size, stride, *_rest):  # pickle's call
         return self._view(storage, offset, size, stride, getattr(storage, "itemsize", 0))
 
-    def rebuild_v3(self, storage, offset, size, stride, _grad, _hooks, dtype, *_rest):  # noqa: ANN001, ANN201
+    def rebuild_v3(self, storage, offset, size, stride, _grad, _hooks, dtype, *_rest):  # ANN201
         if not isinstance(dtype, _Kind):
             raise _Refused("a tensor record without a dtype")
         return self._view(storage, offset, size, stride, dtype.itemsize)
 
     @staticmethod
-    def parameter(data, *_rest):  # noqa: ANN001, ANN205
+    def parameter(data, *_rest):  # ANN205
         if not isinstance(data, _View):
             raise _Refused("a parameter that is not a tensor")
         return data
 
     @staticmethod
-    def encode(text, encoding="utf-8"):  # noqa: ANN001, ANN205 (how protocol 2 writes bytes)
+    def encode(text, encoding="utf-8"):  # how protocol 2 writes bytes
         if not isinstance(text, str) or encoding not in ("latin1", "latin-1", "utf-8", "utf8"):
             raise _Refused("_codecs.encode of something other than text")
         return text.encode(encoding)
 
     @staticmethod
-    def device(*args):  # noqa: ANN002, ANN205
+    def device(*args):  # ANN205
         return "device(" + ", ".join(map(repr, args)) + ")"
 
     def find_class(self, module: str, name: str) -> object:

@@ -14,7 +14,6 @@ import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from engine.core.vocab import check_resamples
 from engine.data import roots

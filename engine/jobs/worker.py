@@ -128,7 +128,7 @@ def run_one(db: Engine, *, checkpoint_dir: Path | None = None,
     except Cancelled as exc:
         with session_scope(db) as s:
             finish_job(s, job.id, str(exc), lease=lease, status="cancelled")
-    except Exception as exc:  # the job fails, the worker lives on
+    except Exception as exc:  # noqa: BLE001 - the job fails, the worker lives on
         with session_scope(db) as s:
             fail_job(s, job.id, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}", str(exc)[:500],
                      lease=lease)

@@ -25,7 +25,7 @@ class GraphError(ValueError):
     """A graph refused before onnxruntime loads it; one line."""
 
 
-def _tensor_bytes(t, what: str) -> None:  # noqa: ANN001 - onnx TensorProto
+def _tensor_bytes(t, what: str) -> None:
     """A tensor's data must live in the graph and be the size its dims and type declare."""
     from onnx import TensorProto, helper
 
@@ -49,7 +49,7 @@ def _tensor_bytes(t, what: str) -> None:  # noqa: ANN001 - onnx TensorProto
         raise GraphError(f"{what} {t.name!r} declares {list(t.dims)} ({count:,} values) but carries {held:,}")
 
 
-def _constant_values(graph) -> dict[str, np.ndarray]:  # noqa: ANN001 - onnx GraphProto
+def _constant_values(graph) -> dict[str, np.ndarray]:
     """The graph's constants by name (initialisers and Constant nodes' value tensors), small ones only."""
     from onnx import numpy_helper
 

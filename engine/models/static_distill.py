@@ -103,7 +103,7 @@ def distill_static(target: Path, *, max_bytes: int = TEXT_MAX_BYTES, device: str
             model = transformers.AutoModel.from_pretrained(teacher, local_files_only=True)
             tokenizer = transformers.AutoTokenizer.from_pretrained(teacher, local_files_only=True, use_fast=True)
             static = distill_from_model(model, tokenizer, device=device, **RECIPE)
-        except Exception as exc:  # another model2vec / transformers than the pinned ones, most likely: say so
+        except Exception as exc:  # noqa: BLE001 - another model2vec / transformers than the pinned ones, most likely: say so
             raise TextModelError(f"model2vec could not distil {STATIC_NAME} ({type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); {INSTALL}") from None
         seconds = time.perf_counter() - started

@@ -36,7 +36,7 @@ class StaticTextEncoder(TextEncoder):
 
         try:
             tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
-        except Exception as exc:  # a malformed file: say which
+        except Exception as exc:  # noqa: BLE001 - a malformed file: say which
             raise TextModelError(f"{name}: {TOKENIZER_FILE} is not a tokenizers file "
                                  f"({str(exc).splitlines()[0][:120]})") from None
         tokenizer.no_padding()
@@ -123,7 +123,7 @@ def load_static_folder(folder: str | Path, *, name: str | None = None, max_bytes
     data = read_limited(folder / EMBEDDINGS_FILE, max_bytes)
     try:
         tensors = load_safetensors(data)
-    except Exception as exc:  # a malformed header or truncated data
+    except Exception as exc:  # noqa: BLE001 - a malformed header or truncated data
         raise TextModelError(f"{folder / EMBEDDINGS_FILE} is not a safetensors file ({str(exc)[:160]})") from None
     if set(tensors) != {"embeddings", "weights"}:
         raise TextModelError(f"{folder / EMBEDDINGS_FILE} holds {sorted(tensors)}; a static model holds embeddings "

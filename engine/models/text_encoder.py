@@ -106,7 +106,7 @@ class TextTokenizer:
                                  "memory in the tokenizer library)")
         try:
             self.tokenizer = Tokenizer.from_str(data.decode("utf-8"))
-        except Exception as exc:  # a malformed file: say which
+        except Exception as exc:  # noqa: BLE001 - a malformed file: say which
             raise TextModelError(f"{what} is not a tokenizers file ({str(exc).splitlines()[0][:120]})") from None
         declared = self.tokenizer.padding or {}  # the file's own pad token, else BERT's [PAD]
         pad_token = declared.get("pad_token") or "[PAD]"
@@ -235,7 +235,7 @@ class OnnxTextEncoder(TextEncoder):
             providers.insert(0, "CUDAExecutionProvider")
         try:
             self.session = ort.InferenceSession(model, sess_options=options, providers=providers)
-        except Exception as exc:  # not ONNX, an unknown operator, a custom-op domain: onnxruntime says which
+        except Exception as exc:  # noqa: BLE001 - not ONNX, an unknown operator, a custom-op domain: onnxruntime says which
             raise TextModelError(f"{name} is not an ONNX model onnxruntime can run here "
                                  f"({str(exc).splitlines()[0][:160]})") from None
         self.inputs = [i.name for i in self.session.get_inputs()]
@@ -262,7 +262,7 @@ class OnnxTextEncoder(TextEncoder):
                  "attention_mask": np.ones((1, 1), np.int64), "token_type_ids": np.zeros((1, 1), np.int64)}
         try:
             self.states(probe)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the runtime raises on an id past its table
             raise TextModelError(f"{self.name} does not take the tokenizer's ids (its largest, "
                                  f"{self.tokenizer.vocab_size - 1}, fails: {str(exc).splitlines()[0][:120]}); "
                                  "the tokenizer does not match the model") from None
@@ -353,7 +353,7 @@ def load_bert_folder(folder: ModelFolder, *, name: str | None = None, max_length
     weights = folder.read("model.safetensors")
     try:
         tensors = load_safetensors(weights)
-    except Exception as exc:  # a malformed header or truncated data
+    except Exception as exc:  # noqa: BLE001 - a malformed header or truncated data
         raise TextModelError(f"{folder.path}!model.safetensors is not a safetensors file ({exc})") from None
     encoder = BertTextEncoder(config, tensors, tokenizer, pooling_of(folder), name=name, device=device)
     encoder.sha256 = hashlib.sha256(weights).hexdigest()

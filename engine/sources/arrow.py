@@ -77,7 +77,7 @@ MAX_INFLATION, SMALL_CHUNK = 100, 64 << 20  # the vectors may decode to 100x the
 WIDTH = {"FLOAT": 4, "DOUBLE": 8, "INT32": 4, "INT64": 8, "INT96": 12, "BOOLEAN": 1, "FIXED_LEN_BYTE_ARRAY": 16}
 
 
-def check_inflation(metadata, vector: str, *, where: str) -> None:  # noqa: ANN001 - pyarrow FileMetaData
+def check_inflation(metadata, vector: str, *, where: str) -> None:  # pyarrow FileMetaData
     """The vector column of each row group must decode (its values x their width, from the file's own metadata) to at
     most :data:`MAX_INFLATION` x its stored bytes, or to :data:`SMALL_CHUNK`: real embeddings compress about 1.1x,
     while a file of a few hundred bytes declaring gigabytes of zeros (run-length encoded, then zstd) is refused
@@ -128,7 +128,7 @@ class ArrowSource(Source):
         except FileNotFoundError as exc:
             raise SourceError(f"{self.description} cannot be read: no such file or folder, or its server cannot be "
                               f"reached") from exc
-        except Exception as exc:  # noqa: BLE001 - any reader failure becomes the one line
+        except Exception as exc:  # any reader failure becomes the one line
             raise SourceError(f"{self.description} cannot be read: {first_line(exc)}") from exc
         self.fmt = fmt
         self.names = ColumnNames(text, self.dataset.schema, where=self.description)
@@ -201,7 +201,7 @@ class LanceSource(Source):
             small = lancedb.Session(index_cache_size_bytes=1 << 20, metadata_cache_size_bytes=1 << 20)
             self.table = lancedb.connect(location, session=small).open_table(table)
             schema = self.table.schema
-        except Exception as exc:  # noqa: BLE001 - a missing table or unreachable store becomes the one line
+        except Exception as exc:  # a missing table or unreachable store becomes the one line
             raise SourceError(f"{self.description} cannot be opened: {first_line(exc)}") from exc
         self.names = ColumnNames(text, schema, where=self.description)
         self.count = self.table.count_rows()
@@ -215,7 +215,7 @@ class LanceSource(Source):
         while True:
             try:
                 table = self.table.search().select(columns).offset(start).limit(block_rows).to_arrow()
-            except Exception as exc:  # noqa: BLE001 - a store that went away becomes the one line
+            except Exception as exc:  # a store that went away becomes the one line
                 raise SourceError(f"{self.description} cannot be read: {first_line(exc)}") from exc
             if table.num_rows == 0:
                 return

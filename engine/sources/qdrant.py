@@ -38,7 +38,7 @@ class _Point:
 
 
 class _PointUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):  # noqa: ANN201 - pickle's signature
+    def find_class(self, module: str, name: str):  # pickle's signature
         if (module, name) == POINT_CLASS:
             return _Point
         raise pickle.UnpicklingError(f"{module}.{name} is not a point")
@@ -47,7 +47,7 @@ class _PointUnpickler(pickle.Unpickler):
 def _decode(blob: bytes, *, where: str) -> dict:
     try:
         point = _PointUnpickler(io.BytesIO(blob)).load()
-    except Exception as exc:  # noqa: BLE001 - a foreign or damaged row becomes the one line
+    except Exception as exc:  # a foreign or damaged row becomes the one line
         raise SourceError(f"{where} holds a point that cannot be read safely ({first_line(exc)})") from exc
     if not isinstance(point, _Point):
         raise SourceError(f"{where} holds a row that is not a point")
@@ -163,7 +163,7 @@ class QdrantSource(Source):
                 self.client = QdrantClient(url=self.text.location, api_key=self.text.option("api_key"), timeout=30,
                                            check_compatibility=False)
             info = self.client.get_collection(self.collection)
-        except Exception as exc:  # noqa: BLE001 - unreachable server, refused key, missing collection
+        except Exception as exc:  # unreachable server, refused key, missing collection
             raise SourceError(f"{self.description} cannot be reached: {first_line(exc)}") from exc
         self.count = info.points_count
         vectors = info.config.params.vectors
@@ -179,7 +179,7 @@ class QdrantSource(Source):
             try:
                 records, offset = self.client.scroll(self.collection, limit=block_rows, offset=offset,
                                                      with_vectors=with_vectors, with_payload=with_payload)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise SourceError(f"{self.description} cannot be read: {first_line(exc)}") from exc
             if records:
                 yield [{"id": r.id, "vector": r.vector, "payload": r.payload} for r in records]

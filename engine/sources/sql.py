@@ -81,7 +81,7 @@ def timeout_option(text: SourceText, where: str) -> int:
     return int(raw)
 
 
-def _sqlite_read_only(url, *, what: str):  # noqa: ANN001, ANN202 - sqlalchemy URL objects
+def _sqlite_read_only(url, *, what: str):  # sqlalchemy URL objects
     database = url.database or ""
     if not database or database == ":memory:" or database.startswith("file:"):
         raise SourceError(f"{what}: give a SQLite file path (sqlite:///path/to/file.db), not {database or 'memory'}")
@@ -132,7 +132,7 @@ class SqlSource(Source):
             extra = "postgresql" if self.backend == "postgresql" else "driver for " + self.backend
             raise SourceError(f"reading {self.description} needs the {extra} extra: pip install -e .[{extra}]") \
                 from exc
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise SourceError(f"{self.description} cannot be opened: {first_line(exc)}") from exc
         self._probe()
         if name:  # the table's columns are known now: read only those
@@ -141,7 +141,7 @@ class SqlSource(Source):
             chosen = [c for c in (self.id_name, self.vector_name, self.label_name) if c]
             self.statement = select(*(column(c) for c in chosen)).select_from(self.table)
 
-    def _connection(self):  # noqa: ANN202 - a sqlalchemy Connection
+    def _connection(self):  # a sqlalchemy Connection
         self.spent, self.deadline = 0.0, math.inf
         conn = self.engine.connect()
         options = {"stream_results": True}
@@ -155,14 +155,14 @@ class SqlSource(Source):
         return SourceError(f"{self.description}: reading it ran past its time limit of {self.timeout} s "
                            "(#timeout=S raises it)")
 
-    def _execute(self, conn):  # noqa: ANN001, ANN202
+    def _execute(self, conn):  # ANN202
         return self._fetch(lambda: conn.execute(self.statement))
 
     def _probe(self) -> None:
         """Connects once and checks the result's columns (no rows are fetched)."""
         try:
             conn = self._connection()
-        except Exception as exc:  # noqa: BLE001 - unreachable server, refused login, missing driver
+        except Exception as exc:  # unreachable server, refused login, missing driver
             self.engine.dispose()
             raise SourceError(f"{self.description} cannot be reached: {first_line(exc)}") from exc
         try:
@@ -205,7 +205,7 @@ class SqlSource(Source):
             conn.rollback()
             conn.close()
 
-    def _fetch(self, get):  # noqa: ANN001, ANN202
+    def _fetch(self, get):  # ANN202
         """``get()`` (the statement, or a fetch of rows) within what is left of the pass's budget: past it, or a
         database error, is one line."""
         if self.spent > self.timeout:
@@ -216,7 +216,7 @@ class SqlSource(Source):
             return get()
         except SourceError:
             raise
-        except Exception as exc:  # noqa: BLE001 - an interrupted or failing fetch becomes the one line
+        except Exception as exc:  # an interrupted or failing fetch becomes the one line
             if time.monotonic() > self.deadline:
                 raise self._past() from exc
             raise SourceError(f"{self.description}: the query fails: {query_error(exc)}") from exc

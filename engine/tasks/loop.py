@@ -113,7 +113,7 @@ def run_claimed(db: Engine, task: Task, *, handlers: Mapping[str, Handler], leas
         with session_scope(db) as s:
             if complete_task(s, task.id, task.lease, result=done.result, arrays=done.arrays) and done.write:
                 done.write(s)
-    except Exception as exc:  # the attempt fails, the worker lives on
+    except Exception as exc:  # noqa: BLE001 - the attempt fails, the worker lives on
         beat.stop()
         with session_scope(db) as s:
             fail_task(s, task.id, task.lease, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}")
