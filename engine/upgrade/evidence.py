@@ -32,38 +32,17 @@ VERDICTS = {"guardrail": ("compatible", "not compatible", "too close to call"),
 OUTCOMES = ("agree", "false ship", "false block", "too close", "other")
 
 
-def _binom_cdf(k: int, n: int, p: float) -> float:
-    """P(X <= k) for X ~ Binomial(n, p), summed in logs (exact enough for the bisection below)."""
-    if p <= 0:
-        return 1.0
-    if p >= 1:
-        return 0.0 if k < n else 1.0
-    lp, lq = math.log(p), math.log1p(-p)
-    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
-             for i in range(k + 1)]
-    top = max(terms)
-    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
-
-
 def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
     """The one-sided exact (Clopper-Pearson) upper bound at ``level`` on a rate seen ``k`` times in ``n``: the p at which
-    ``P(X <= k) = 1 - level``. 1 when ``k == n``; ``ValueError`` for counts that are not ``0 <= k <= n``, ``n >= 1``."""
+    ``P(X <= k) = 1 - level``, the ``level`` quantile of Beta(k + 1, n - k) (``scipy.stats.beta``). 1 when ``k == n``;
+    ``ValueError`` for counts that are not ``0 <= k <= n``, ``n >= 1``."""
+    from scipy.stats import beta  # loaded when a bound is asked for: the module's records stay light
+
     if isinstance(k, bool) or isinstance(n, bool) or int(k) != k or int(n) != n or not 0 <= k <= n or n < 1:
         raise ValueError(f"a rate needs whole counts 0 <= k <= n with n >= 1, got k={k!r}, n={n!r}")
     if not 0 < level < 1:
         raise ValueError(f"the confidence level must lie strictly between 0 and 1, got {level!r}")
-    if k == n:
-        return 1.0
-    lo, hi = k / n, 1.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if _binom_cdf(int(k), int(n), mid) > 1 - level:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-12:
-            break
-    return hi
+    return 1.0 if k == n else float(beta.ppf(level, int(k) + 1, int(n) - int(k)))
 
 
 def rate(k: int, n: int, level: float = 0.95) -> dict[str, Any]:
