@@ -70,6 +70,6 @@ def test_a_plan_named_by_a_data_root_is_refused_and_nothing_is_written_beside_it
     code = main(["check-upgrade", "--features", str(folder), "--metric", "recall@1", "--resamples", "50",
                  "--plan", str(tmp_path)])
     err = capsys.readouterr().err
-    assert code == 2 and "is a folder; give a file name inside it" in err and err.count("\n") == 1
+    assert code == 2 and "--plan's file" in err and "is outside the data roots" in err and err.count("\n") == 1
     assert sorted(os.listdir(tmp_path.parent)) == beside and sorted(os.listdir(tmp_path)) == ["f"]
     assert np.load(folder / "step_1.npz")["query_features"].shape[0] > 0  # the input is untouched

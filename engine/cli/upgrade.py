@@ -240,11 +240,11 @@ def plan_target(path: Path) -> tuple[Path, Path]:
     if not path.name or path.name in (".", ".."):
         raise ValueError(f"--plan {path}: give a file name (OUT.json and OUT.md are written)")
     real = roots.confine(path, what="--plan")
-    if real.is_dir():
-        raise ValueError(f"--plan {path} is a folder; give a file name inside it (OUT.json and OUT.md are written)")
+    files = (real.with_name(real.name + ".json"), real.with_name(real.name + ".md"))
+    for f in files:  # OUT = a data root would write OUT.json beside it, outside every root
+        roots.confine(f, what="--plan's file")
     if not real.parent.is_dir():
         raise ValueError(f"--plan {path}: folder {path.parent} does not exist")
-    files = (real.with_name(real.name + ".json"), real.with_name(real.name + ".md"))
     for f in files:
         if os.path.lexists(f):
             raise ValueError(f"--plan {path}: {f.name} exists; give a new name (a plan is never overwritten)")
