@@ -21,7 +21,7 @@ moves the statistic past the observed one exactly when ``mu`` passes ``sum_F S_g
 order statistics of the means of random halves of the groups (:func:`sign_flip_interval`): no root search.
 Before, the percentile ends of a cluster bootstrap widened to Student's t(G - 1) (Cameron & Miller, J. Human
 Resources 50(2), 2015; :func:`few_groups_factor`, which the two-way interval keeps) passed a null upgrade too often
-(``bench/calibrate_verdict.py --grouped``, 20 groups, mAP; README), with 20,000 resamples as with 1,000: a
+(``bench/calibrate_verdict.py --grouped``, 20 groups, mAP; docs/decision.md), with 20,000 resamples as with 1,000: a
 percentile interval follows each sample's skew (one outlying topic skews the resampled means its way and moves the
 opposite end in), which the interval of a mean should not. :func:`cluster_variance` is the cluster-robust variance of
 the mean (the two-way interval and the queries needed use it).
