@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.stats import binom
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "calibrate_verdict.py"
 
@@ -60,6 +61,24 @@ def test_the_true_gap_of_an_unchanged_model_is_zero_and_a_new_dimension_is_refus
     assert (outcome.verdict, outcome.lo, outcome.hi) == ("too close to call", 0.0, 0.0)  # a tie under strict ECC
     (refused,) = cv.run_config(cv.FAMILIES["dimension change"][0](rng, 24), 100, 100, 1, rng)
     assert refused.verdict is None and math.isnan(refused.gap)
+
+
+def test_the_grouped_interval_keeps_its_level_on_symmetric_groups_of_unequal_spread():
+    """2,000 samples of 20 groups of 10 queries whose shared errors are symmetric about the true mean (+3 points) with
+    spreads that differ ~50-fold between groups (log-normal): the interval misses the mean above and below each a
+    count the nominal 2.5 % would produce with probability above 0.5 % (the sign-flip test is exact here)."""
+    from engine.metrics.paired import paired_bootstrap
+
+    rng = np.random.default_rng(12)
+    groups = np.repeat(np.arange(20), 10)
+    below = above = 0
+    for i in range(2000):
+        spread = np.exp(rng.normal(size=20))
+        d = 0.03 + (spread * rng.standard_t(4, size=20))[groups] * 0.05 + 0.1 * rng.normal(size=200)
+        _, lo, hi = paired_bootstrap(d, np.zeros(200), resamples=400, seed=(i, 1, 0), groups=groups)
+        below, above = below + (hi < 0.03), above + (lo > 0.03)
+    for k in (below, above):  # scipy: math.comb(2000, k) overflows a float
+        assert binom.sf(k - 1, 2000, 0.025) > 0.005 and binom.cdf(k, 2000, 0.025) > 0.005, (below, above)
 
 
 @pytest.mark.slow

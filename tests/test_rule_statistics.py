@@ -32,24 +32,58 @@ def _grouped_outcomes(seed: int = 5, n: int = 300):
     return a, b, groups
 
 
-def test_the_cluster_bootstrap_equals_a_numpy_cluster_bootstrap_with_the_same_draws():
+def test_the_grouped_interval_is_numpys_random_halves_of_the_groups_with_the_same_draws():
     a, b, groups = _grouped_outcomes()
     d = a - b
     keep = ~np.isnan(d)
     names, g = np.unique(groups[keep], return_inverse=True)
     sums, sizes = np.bincount(g, weights=d[keep]), np.bincount(g)
-    rng = np.random.default_rng((3, 1, 0))
-    counts = rng.multinomial(len(names), np.full(len(names), 1 / len(names)), size=800)  # one call: the same stream
-    means = counts @ sums / (counts @ sizes)
-    G, centre = len(names), d[keep].mean()
-    widen = math.sqrt(G / (G - 1)) * student_t.ppf(0.95, G - 1) / norm.ppf(0.95)  # few groups: t(G - 1) ends
-    want = (centre, *(centre + (np.quantile(means, [0.05, 0.95]) - centre) * widen))
+    half = np.random.default_rng((3, 1, 0)).integers(0, 2, size=(800, len(names)))  # one call: the same stream
+    means = np.sort(half @ sums / (half @ sizes))  # 37 groups: no empty half in 800 draws
+    k = 40  # floor(0.05 * 801): the Monte Carlo sign-flip test's rank at 90 %
+    want = (d[keep].mean(), means[k - 1], means[800 - k])
     got = paired_bootstrap(a, b, resamples=800, seed=(3, 1, 0), confidence=0.9, groups=groups)
-    assert got == pytest.approx(want, abs=1e-7)  # the engine's t quantile is a series (A&S 26.7.5), scipy's exact
+    assert got == pytest.approx(want, abs=1e-12)
     (cell,) = paired_intervals(b, [a], seed=(3, 1, 0), resamples=800, confidence=0.9, groups=groups)
-    assert (cell.diff, cell.lo, cell.hi) == pytest.approx(want, abs=1e-7) and cell.interval == "queries"
+    assert (cell.diff, cell.lo, cell.hi) == pytest.approx(want, abs=1e-12) and cell.interval == "queries"
     single = paired_bootstrap(a, b, resamples=800, seed=(3, 1, 0), confidence=0.9)
     assert single != got  # single queries are another bootstrap
+
+
+def test_the_grouped_interval_inverts_the_sign_flip_test_enumerated_on_a_grid():
+    """7 groups of unequal sizes: every one of the 2^7 sign vectors of the residuals ``S_g - mu N_g`` at each mu of a
+    fine grid (no shortcut through subset means); the interval is the mu no side rejects. The level puts a/2 halfway
+    between two p-values (12.5 / 128), so 200,000 Monte Carlo draws land on the enumeration's answer."""
+    rng = np.random.default_rng(8)
+    sizes = np.array([3, 1, 4, 2, 5, 2, 3])
+    groups = np.repeat(np.arange(7), sizes)
+    d = rng.normal(size=len(groups)) * 0.2 + np.repeat(rng.normal(size=7) * 0.3, sizes)
+    S = np.bincount(groups, weights=d)
+    level = 1 - 25 / 128
+    signs = np.array(np.meshgrid(*[[-1.0, 1.0]] * 7)).reshape(7, -1).T  # (128, 7), the identity among them
+    grid = np.linspace(d.min(), d.max(), 200_001)
+    r = S[None, :] - grid[:, None] * sizes[None, :]  # (grid, 7)
+    flipped, observed = r @ signs.T, r.sum(1, keepdims=True)
+    p_low = np.mean(flipped >= observed - 1e-12, axis=1)  # small when mu is too low
+    p_high = np.mean(flipped <= observed + 1e-12, axis=1)
+    alpha = (1 - level) / 2
+    kept = grid[(p_low > alpha) & (p_high > alpha)]
+    diff, lo, hi = paired_bootstrap(d, np.zeros_like(d), resamples=200_000, seed=4, confidence=level, groups=groups)
+    step = grid[1] - grid[0]
+    assert diff == pytest.approx(S.sum() / sizes.sum(), abs=1e-12)
+    assert lo == pytest.approx(kept.min(), abs=1.5 * step) and hi == pytest.approx(kept.max(), abs=1.5 * step)
+    assert kept.max() - kept.min() == pytest.approx(len(kept) * step, rel=1e-3)  # one interval, no holes
+
+
+def test_too_few_groups_or_resamples_for_the_level_give_the_whole_range():
+    rng = np.random.default_rng(2)
+    d = rng.normal(size=40) * 0.1
+    for n_groups, resamples in ((1, 1000), (4, 1000), (12, 10)):  # 2^-4 > 2.5 %; floor(0.025 * 11) = 0
+        got = paired_bootstrap(d, np.zeros(40), resamples=resamples, groups=np.arange(40) % n_groups)
+        assert got == (pytest.approx(d.mean(), abs=1e-12), -1.0, 1.0)
+    means = np.bincount(np.arange(40) % 6, weights=d) / np.bincount(np.arange(40) % 6)
+    _, lo, hi = paired_bootstrap(d, np.zeros(40), resamples=20_000, groups=np.arange(40) % 6)  # 2^-6 < 2.5 %
+    assert means.min() <= lo < d.mean() < hi <= means.max()
 
 
 def test_cluster_variance_by_hand():

@@ -12,16 +12,19 @@ distribution as resampling indices, in memory bounded by ``chunk x distinct valu
 
 **Query groups** (paraphrases of one topic, one user's reformulations, one template's fillings): related queries are
 not independent, and resampling them one by one gives an interval as narrow as if each group were ten topics. With
-``groups`` the bootstrap resamples whole groups (the cluster bootstrap, Davison & Hinkley 1997, sec. 3.8; Field &
-Welsh 2007): each replicate draws G group counts ``c ~ Multinomial(G, 1/G)`` and its mean is
-``sum_g c_g S_g / sum_g c_g N_g`` (``S_g``, ``N_g`` the group's sum of differences and its number of defined
-items), so a group counts with all its queries or not at all. :func:`cluster_variance` is the matching
-(cluster-robust) variance of the mean. Query groups are few (20 topics of 10 paraphrases), and a bootstrap over G
-groups is too narrow by ``sqrt((G - 1) / G)`` and by using normal rather than Student quantiles; the percentile
-ends are widened about the observed mean by :func:`few_groups_factor` (``sqrt(G / (G - 1)) t_{G-1} / z``, the
-t(G - 1) reference of Cameron & Miller, J. Human Resources 50(2), 2015). On ``bench/calibrate_verdict.py --grouped``
-(20 groups, true gap 0) false "compatible" falls from about 25 % to 3-4 % with mAP over query groups, 1 % two-way
-(nominal 2.5 %; README).
+``groups`` whole groups are the units: the interval inverts the wild cluster bootstrap's test with Rademacher weights
+(Cameron, Gelbach & Miller, Rev. Econ. Stat. 90(3), 2008), which for one mean is a sign-flip randomization test,
+exact when each group's residual ``S_g - mu N_g`` (``S_g``, ``N_g`` the group's sum of differences and its number of
+defined items) is symmetric about 0, however unequal the groups' spreads (Canay, Romano & Shaikh, Econometrica 85(3),
+2017; Hartigan, JASA 64, 1969), and however few the groups (from 6 at 95 %). Flipping the signs of a set F of groups
+moves the statistic past the observed one exactly when ``mu`` passes ``sum_F S_g / sum_F N_g``, so the ends are
+order statistics of the means of random halves of the groups (:func:`sign_flip_interval`): no root search.
+Before, the percentile ends of a cluster bootstrap widened to Student's t(G - 1) (Cameron & Miller, J. Human
+Resources 50(2), 2015; :func:`few_groups_factor`, which the two-way interval keeps) passed a null upgrade too often
+(``bench/calibrate_verdict.py --grouped``, 20 groups, mAP; docs/decision.md), with 20,000 resamples as with 1,000: a
+percentile interval follows each sample's skew (one outlying topic skews the resampled means its way and moves the
+opposite end in), which the interval of a mean should not. :func:`cluster_variance` is the cluster-robust variance of
+the mean (the two-way interval and the queries needed use it).
 
 The stored matrices' per-cell verdicts are no longer :func:`verdict`'s: each cross-test's interval comes from
 :mod:`engine.metrics.cell_interval` (two-way for Recall@k, this bootstrap otherwise) and is judged by
@@ -98,33 +101,45 @@ def student_quantile(p: float, df: float) -> float:
     return z + sum(c / df ** (i + 1) for i, c in enumerate(g))
 
 
-def few_groups_factor(n_groups: int, confidence: float, *, bootstrap: bool = True) -> float:
-    """How much wider a (1 - a) interval from G groups should be than a normal one: ``t_{G-1} / z``, times
-    ``sqrt(G / (G - 1))`` for a bootstrap (whose variance of the mean divides by G, not G - 1); 1 below 2 groups."""
+def few_groups_factor(n_groups: int, confidence: float) -> float:
+    """How much wider a (1 - a) interval from G groups should be than a normal one: ``t_{G-1} / z`` (1 below 2
+    groups)."""
     if n_groups < 2:
         return 1.0
     p = (1 + confidence) / 2
-    t = student_quantile(p, n_groups - 1) / NormalDist().inv_cdf(p)
-    return t * math.sqrt(n_groups / (n_groups - 1)) if bootstrap else t
+    return student_quantile(p, n_groups - 1) / NormalDist().inv_cdf(p)
 
 
-def cluster_means(sums: np.ndarray, sizes: np.ndarray, *, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """(resamples,) means of replicates that draw the G groups with replacement: ``rng.multinomial(G, 1/G)`` counts
-    per replicate (in chunks, the same stream as one call), mean ``counts @ sums / counts @ sizes``."""
+def sign_flip_interval(sums: np.ndarray, sizes: np.ndarray, *, resamples: int, confidence: float,
+                       rng: np.random.Generator) -> tuple[float, float]:
+    """``(lo, hi)`` of the mean ``sum(sums) / sum(sizes)`` over G groups by inverting the sign-flip (wild cluster,
+    Rademacher) test (module docstring): ``resamples`` random halves (each group in with probability 1/2,
+    ``rng.integers(0, 2)`` per group, in chunks: the same stream as one call), each half's ``counts @ sums / counts @
+    sizes``; ``lo`` the k-th smallest and ``hi`` the k-th largest, ``k = floor(a / 2 (resamples + 1))`` (the Monte
+    Carlo test's exact rank). An empty half counts against both ends; ``(-inf, inf)`` when k is 0 or when empty
+    halves reach k: the level needs more resamples or more groups (``2^-G <= a / 2``: 6 groups at 95 %)."""
     n_groups = len(sums)
+    k = math.floor((1 - confidence) / 2 * (resamples + 1) + 1e-9)
+    if k < 1:
+        return -math.inf, math.inf
     chunk = max(1, _CHUNK_ELEMENTS // n_groups)
-    means = np.empty(resamples)
+    low, high = np.empty(resamples), np.empty(resamples)
     for start in range(0, resamples, chunk):
-        counts = rng.multinomial(n_groups, np.full(n_groups, 1 / n_groups), size=min(chunk, resamples - start))
-        means[start:start + len(counts)] = (counts @ sums) / (counts @ sizes)
-    return means
+        half = rng.integers(0, 2, size=(min(chunk, resamples - start), n_groups)).astype(np.float64)
+        count = half @ sizes
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = (half @ sums) / count
+        low[start:start + len(half)] = np.where(count > 0, mean, -np.inf)
+        high[start:start + len(half)] = np.where(count > 0, mean, np.inf)
+    return float(np.partition(low, k - 1)[k - 1]), float(np.partition(high, resamples - k)[resamples - k])
 
 
 def paired_bootstrap(cross: np.ndarray, self_test: np.ndarray, *, resamples: int = DEFAULT_RESAMPLES,
                      seed: int | tuple[int, ...] = DEFAULT_SEED, confidence: float = DEFAULT_CONFIDENCE,
                      groups: np.ndarray | None = None) -> tuple[float, float, float]:
     """``(mean difference, lo, hi)`` of ``cross - self_test`` over the paired items (NaN items left out); with
-    ``groups`` (one group per item, any values) the groups are resampled instead of the items (module docstring).
+    ``groups`` (one group per item, any values) the interval inverts a sign-flip test over whole groups instead
+    (:func:`sign_flip_interval`, module docstring).
 
     Returns NaNs when no item is defined on both sides.
     """
@@ -136,16 +151,13 @@ def paired_bootstrap(cross: np.ndarray, self_test: np.ndarray, *, resamples: int
     d = d[keep]
     if not len(d):
         return float("nan"), float("nan"), float("nan")
-    alpha = (1 - confidence) / 2
     if groups is not None:
         g = group_index(groups, len(keep))[keep]
         sums, sizes = np.bincount(g, weights=d), np.bincount(g)
-        n_groups = int(np.sum(sizes > 0))
-        means = cluster_means(sums[sizes > 0], sizes[sizes > 0].astype(np.float64), resamples=resamples,
-                              rng=np.random.default_rng(seed))
-        lo, hi = np.quantile(means, [alpha, 1 - alpha])
-        centre, f = float(d.mean()), few_groups_factor(n_groups, confidence)
-        return centre, float(max(-1.0, centre + (lo - centre) * f)), float(min(1.0, centre + (hi - centre) * f))
+        lo, hi = sign_flip_interval(sums[sizes > 0], sizes[sizes > 0].astype(np.float64), resamples=resamples,
+                                    confidence=confidence, rng=np.random.default_rng(seed))
+        return float(d.mean()), max(-1.0, lo), min(1.0, hi)
+    alpha = (1 - confidence) / 2
     values, counts = np.unique(d, return_counts=True)
     n = len(d)
     rng = np.random.default_rng(seed)

@@ -267,7 +267,7 @@ def twoway_bootstraps(base: TopLists, others: list[TopLists], *, k: int = 1, res
             v_pig = float(np.var(row[keep], ddof=1))
             scale = np.sqrt(max(v_q, v_q + v_g - interaction) / v_pig) if v_pig > 0 else 1.0
             if g_index is not None:  # few groups: Student's t_{G-1} ends (v_q is already cluster-robust)
-                scale *= few_groups_factor(len(np.unique(g_index[valid])), confidence, bootstrap=False)
+                scale *= few_groups_factor(len(np.unique(g_index[valid])), confidence)
             centre, mid = float(d.mean()), float(np.median(row[keep]))
             ends = {"replicates": (centre + (lo - centre) * scale, centre + (hi - centre) * scale),
                     "observed": (centre + (lo - mid) * scale, centre + (hi - mid) * scale)}

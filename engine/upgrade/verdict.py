@@ -206,7 +206,8 @@ def compare(a: np.ndarray, b: np.ndarray, *, resamples: int = DEFAULT_RESAMPLES,
     ``names`` maps the paired test's pass / fail / unresolved to the words of the verdict. ``rule`` (the upgrade
     gate, :mod:`engine.upgrade.rule`) also sizes a too-close call; without it the matrices' strict verdict
     applies. ``bounds`` is an interval computed elsewhere (the two-way bootstrap); else queries are resampled
-    (whole ``groups`` when given; the queries needed are then sized with the groups' variance too).
+    (with ``groups``, the signs of whole groups are flipped instead; the queries needed are then sized with the
+    groups' variance too).
     """
     d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
     n = int(np.sum(~np.isnan(d)))
