@@ -190,3 +190,33 @@ def test_the_forecast_calibration_covers_where_its_model_holds():
     got = fc.validate(rows)
     assert got["leave_one_run_out"]["all"]["old"]["coverage"] >= 0.8
     assert got["leave_one_run_out"]["whole"]["n"] == 60 and got["calibration"]["bias"] == pytest.approx(cal.bias)
+
+
+def test_trained_sequences_train_once_and_make_a_corpus(bench, tmp_path):
+    """Two of the trained sequences at a tiny budget (16 images per class, one epoch: seconds; the bench's own budget
+    takes minutes): a second call finds them trained, reads the same features, and a run on them is judged."""
+    budget = {"train_per_class": 16, "test_per_class": 12, "epochs": 1, "width": 8}
+    methods = ("independent", "bct_er")
+    emb, corpus, timing = bench["train_sequences"](budget, tmp_path, lambda msg: None, methods)
+    if corpus is None:
+        pytest.skip("Fashion-MNIST is not on this machine (Debian's dataset-fashion-mnist)")
+    steps = bench["TRAINED_SCENARIO"]["num_steps"]
+    assert sorted(emb) == sorted(f"{m}-{k}" for m in methods for k in range(1, steps + 1))
+    assert (timing["sequences"], timing["already_trained"], timing["images"]) == (2, 0, 120)
+    counts = np.bincount(corpus.query_labels, minlength=10)
+    assert counts.tolist() == [4] * 10 and np.bincount(corpus.gallery_labels).tolist() == [8] * 10  # 12 // 3 a class
+    assert emb["independent-1"]["fashion-test"]["query"].shape == (40, 8)
+    again, _, timing2 = bench["train_sequences"](budget, tmp_path, lambda msg: None, methods)
+    assert timing2["already_trained"] == 2  # found by the config's hash: nothing trained again
+    for name, splits in emb.items():
+        for split, x in splits["fashion-test"].items():
+            np.testing.assert_allclose(again[name]["fashion-test"][split], x, rtol=0, atol=1e-7)
+    run = bench["run_pair"](0, corpus, emb["bct_er-1"]["fashion-test"], emb["bct_er-2"]["fashion-test"],
+                            ("bct_er-1", "bct_er-2"), 1, "map")
+    assert run["truth"]["decision"] in DECISIONS and run["truth"]["n_queries"] == 40
+
+
+def test_the_query_split_is_each_class_first_third(bench):
+    labels = np.array([2, 0, 2, 2, 0, 1, 2, 0, 0, 0, 0, 2])  # class 0: 6 items -> 2 queries; 1: 1 -> 0; 2: 5 -> 1
+    got = bench["first_thirds"](labels)
+    assert np.flatnonzero(got).tolist() == [0, 1, 4]
