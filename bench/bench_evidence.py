@@ -65,7 +65,7 @@ from engine.metrics.compatibility import CellFeatures
 from engine.upgrade import evidence as ev
 
 from engine.upgrade import forecast as fc
-from engine.upgrade.migration import decide_in_memory
+from engine.upgrade.migration import decide_in_memory, forecast_inputs
 from engine.upgrade.plan import Plan, migration_plan
 from engine.upgrade.verdict import (UpgradeReport, backfill_needs, best_ordering, check_upgrade,
                                     per_query_scores)
@@ -94,7 +94,6 @@ TRAINED_BUDGET = {"full": {"train_per_class": 600, "test_per_class": 1000, "epoc
                   "quick": {"train_per_class": 100, "test_per_class": 300, "epochs": 2, "width": 16}}
 TRAINED_PAIRS = tuple((f"{m}-{a}", f"{m}-{b}") for m in TRAINED_METHODS for a, b in ((1, 2), (2, 3), (1, 3)))
 QUICK_TRAINED = ("independent", "bct_er")  # --quick: their first upgrade each
-FORECAST_PAIRS = 1000  # gallery pairs the forecast's Procrustes is fitted on (at most half the sample's gallery)
 ROOT = Path(__file__).resolve().parents[1]  # where the results and docs/evidence are written
 CACHE = ROOT / "bench" / "results" / "cache"
 SUMMARY = ROOT / "docs" / "evidence" / "summary.json"
@@ -344,21 +343,6 @@ def _sub(cell: CellFeatures, rows: np.ndarray | None, cols: np.ndarray | None) -
     return CellFeatures(cell.query[q], np.asarray(cell.query_labels)[q], cell.gallery[g], np.asarray(cell.gallery_labels)[g])
 
 
-def forecast_inputs(old: CellFeatures, new: CellFeatures, metric: str, seed: int,
-                    self_tests: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
-    """What :mod:`engine.upgrade.forecast` reads: both self-tests per query (``self_tests``: already computed) and the
-    Procrustes residual of a fit on at most :data:`FORECAST_PAIRS` of the gallery's pairs, measured on the queries."""
-    oo, nn = self_tests or (per_query_scores(c.query, c.query_labels, c.gallery, c.gallery_labels, metric=metric)
-                            for c in (old, new))
-    m = min(FORECAST_PAIRS, len(old.gallery) // 2)
-    rows = np.random.default_rng(seed).permutation(len(old.gallery))[:m]
-    w = fc.procrustes_map(new.gallery[rows], old.gallery[rows])
-    residual = fc.procrustes_residual(new.query, old.query, w)
-    adapted = per_query_scores(unit(new.query) @ w, old.query_labels, old.gallery, old.gallery_labels, metric=metric)
-    raw = float(np.mean(np.sum(unit(new.query) * unit(old.query), axis=1))) if new.query.shape == old.query.shape else None
-    return {"oo": oo, "nn": nn, "adapted": adapted, "residual": residual, "pairs": int(m), "raw_cosine": raw}
-
-
 def _pts(x: float | None) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(100 * float(x), 4)
 
@@ -379,7 +363,8 @@ def run_pair(index: int, corpus: Corpus, old_x: dict[str, np.ndarray], new_x: di
     report, plan, adapters = decide(old, new, names, metric)
     whole = None
     if self_test is not None:
-        whole = _compact(forecast_inputs(old, new, metric, index, (self_test(names[0], old), self_test(names[1], new))))
+        whole = _compact(forecast_inputs(old, new, metric, index,
+                                                  self_tests=(self_test(names[0], old), self_test(names[1], new))))
     truth = {"decision": plan.decision, "headline": plan.headline(), "success": plan.success,
              "guardrail": plan.guardrail, "old_old": _pts(report.old_old), "new_old": _pts(report.new_old),
              "new_new": _pts(report.new_new), "gap": _pts(report.compatibility.diff),
