@@ -501,14 +501,16 @@ def _cell(r: dict[str, Any]) -> str:
 
 def tables(summary: dict[str, Any]) -> str:
     """The README's tables (Markdown): decisions per fraction, then verdict errors and too-close calls per gap bin."""
-    head = ("| sample | draws | agreement | agreement when both decide | false ship | false ship, whole corpus decided "
-            "| false block | too close (do not ship yet) | other |\n|---|---|---|---|---|---|---|---|---|")
+    head = ("| sample | draws | agreement | agreement when both decide | the same or a costlier remedy, both decide "
+            "| false ship | false ship, whole corpus decided | false block | too close (do not ship yet) | costlier remedy "
+            "| other |\n|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for f, r in [*summary["per_fraction"].items(), ("all", summary["overall"])]:
         label = f"{100 * float(f):g} %" if f != "all" else "**all**"
         lines.append(f"| {label} | {r['draws']} | {_cell(r['agree'])} | {_cell(r['agree_when_both_decide'])} | "
+                     f"{_cell(r['agree_or_costlier_when_both_decide'])} | "
                      f"{_cell(r['false_ship'])} | {_cell(summary['truth_decided'][f]['false_ship'])} | "
-                     f"{_cell(r['false_block'])} | {_cell(r['too_close'])} | {_cell(r['other'])} |")
+                     f"{_cell(r['false_block'])} | {_cell(r['too_close'])} | {_cell(r['costlier'])} | {_cell(r['other'])} |")
     lines += ["", "| reading | sample | " + " | ".join(f"gap {b['bin']} pts: error / too close"
                                                        for b in summary["bins"]["guardrail"]["0.01"]) + " |",
               "|---|---|" + "---|" * len(summary["bins"]["guardrail"]["0.01"])]
