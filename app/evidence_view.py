@@ -32,16 +32,19 @@ def rate_words(r: dict[str, Any] | None) -> str:
 
 
 def decision_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
-    """One row per sample size, then all draws: agreement with the whole corpus (and when both decide), false ship (and
-    against a whole corpus that decides), false block, too close to call and other disagreements."""
+    """One row per sample size, then all draws: agreement with the whole corpus (and when both decide, alone and with a
+    costlier remedy), false ship (and against a whole corpus that decides), false block, too close to call, a costlier
+    remedy than needed and other disagreements."""
     parts = [(f"{100 * float(f):g} % of the queries", f, r) for f, r in summary["per_fraction"].items()]
     decided = summary.get("truth_decided", {})
     return [{"sample": label, "draws": str(r["draws"]), "agrees with the whole corpus": rate_words(r["agree"]),
              "agrees, when both decide": rate_words(r.get("agree_when_both_decide")),
+             "agrees or pays more, when both decide": rate_words(r.get("agree_or_costlier_when_both_decide")),
              "false ship": rate_words(r["false_ship"]),
              "false ship, whole corpus decided": rate_words(decided.get(f, {}).get("false_ship")),
              "false block": rate_words(r["false_block"]),
-             "too close to call": rate_words(r["too_close"]), "other disagreement": rate_words(r["other"])}
+             "too close to call": rate_words(r["too_close"]), "a costlier remedy": rate_words(r.get("costlier")),
+             "other disagreement": rate_words(r["other"])}
             for label, f, r in [*parts, ("all", "all", summary["overall"])]]
 
 

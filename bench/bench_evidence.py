@@ -18,9 +18,14 @@ old and new indexes share one space. The static distillation of L6 joins when mo
 skipped with a note otherwise). Corpora: WordNet example sentences -> definitions (qrels: one relevant item), the same
 texts with supersense labels (class relevance, 45 classes), and WordNet definitions -> GCIDE's Webster 1913 senses of
 the same word (:mod:`engine.data.gcide`, Debian ``dict-gcide``). Images: EfficientNet-Lite0/1/2 on Fashion-MNIST's
-test split (60 images per class, a third of them queries, class labels; embedding them costs minutes on two cores).
+test split (60 images per class, a third of them queries, class labels; embedding them costs minutes on two cores),
+and the project's own sequences on Fashion-MNIST's whole test split (``fashion-test``, 3,330 queries x 6,670 gallery
+images): five methods (:data:`TRAINED_METHODS`: independent, BCT, ER, BCT-ER, d-Simplex-HOC), each a small CNN per step
+of 6 + 2 + 2 classes trained by the pipeline (:func:`engine.run.pipeline.run_study`, seed 0, CPU, one thread, the
+reduced scale's 600 images per class and 10 epochs; minutes on two cores), each upgrade 1 -> 2, 2 -> 3 and 1 -> 3 a run.
 Each corpus is embedded once per model (texts through the project's cache, ``data/cache/text-embeddings``; image
-features in ``bench/results/cache``).
+features in ``bench/results/cache``; the trained models and their features in the pipeline's database there,
+``bench/results/cache/trained``, found again by their config's hash, so they are trained once).
 
 Speed: a decision that rules 1-4 of the plan take from the verdicts alone (do not ship, too close on its own, ship
 as is) reads no adapter, roll-out or threshold, so it is taken from :func:`~engine.upgrade.verdict.check_upgrade`
@@ -30,8 +35,8 @@ and goes through :func:`~engine.upgrade.migration.decide_in_memory` (``tests/tes
 both give check_upgrade + decide_in_memory's decision). The recovery forecast's inputs (:mod:`engine.upgrade.forecast`)
 are measured on the whole corpus and on every draw; its truth is the whole corpus's Procrustes adapter.
 
-    python bench/bench_evidence.py            # the evidence base: >= 48 runs, under an hour on the 2-core machine
-    python bench/bench_evidence.py --quick    # a smaller corpus, fewer pairs and draws (minutes)
+    python bench/bench_evidence.py            # the evidence base: >= 63 runs, under an hour on the 2-core machine
+    python bench/bench_evidence.py --quick    # a smaller corpus, fewer pairs, two models trained briefly, fewer draws
 
 Writes ``bench/results/evidence.json`` (every run and draw) and ``docs/evidence/summary.json`` (what the README and the
 Upgrade check page show) with the operating curve ``docs/evidence/operating_curve.png``; prints the tables.
@@ -54,12 +59,13 @@ from typing import Any
 
 import numpy as np
 
+from engine.core.config import RunConfig, config_from_dict
 from engine.core.vocab import decision_metric
 from engine.metrics.compatibility import CellFeatures
 from engine.upgrade import evidence as ev
 
 from engine.upgrade import forecast as fc
-from engine.upgrade.migration import decide_in_memory
+from engine.upgrade.migration import decide_in_memory, forecast_inputs
 from engine.upgrade.plan import Plan, migration_plan
 from engine.upgrade.verdict import (UpgradeReport, backfill_needs, best_ordering, check_upgrade,
                                     per_query_scores)
@@ -78,7 +84,16 @@ STATIC_PAIRS = (("L6", "L6-static"), ("L6-static", "L6"))
 QUICK_PAIRS = (("L3", "L6"), ("L6", "L6-int8"), ("L6", "L6-pca128"), ("L6-pca128", "L6"))
 LITE = ("lite0", "lite1", "lite2")
 IMAGE_PAIRS = tuple((a, b) for a in LITE for b in LITE if a != b)
-FORECAST_PAIRS = 1000  # gallery pairs the forecast's Procrustes is fitted on (at most half the sample's gallery)
+# the project's own sequences (train_sequences): 6 + 2 + 2 Fashion-MNIST classes, one model per step, trained from
+# scratch (independent: no tie to the last model; bct: its classifier's influence loss) or fine-tuned from the last
+# model (er: plain cross-entropy; bct_er: with BCT's loss; dsimplex_hoc: CL2R's fixed d-Simplex and its distillation)
+TRAINED_METHODS = ("independent", "bct", "er", "bct_er", "dsimplex_hoc")
+TRAINED_SCENARIO = {"initial_classes": 6, "increment": 2, "num_steps": 3}
+# full: the reduced scale of `reproduce` (engine.reproduce.plan.SCALE_SETTINGS) on the whole test split
+TRAINED_BUDGET = {"full": {"train_per_class": 600, "test_per_class": 1000, "epochs": 10, "width": 32},
+                  "quick": {"train_per_class": 100, "test_per_class": 300, "epochs": 2, "width": 16}}
+TRAINED_PAIRS = tuple((f"{m}-{a}", f"{m}-{b}") for m in TRAINED_METHODS for a, b in ((1, 2), (2, 3), (1, 3)))
+QUICK_TRAINED = ("independent", "bct_er")  # --quick: their first upgrade each
 ROOT = Path(__file__).resolve().parents[1]  # where the results and docs/evidence are written
 CACHE = ROOT / "bench" / "results" / "cache"
 SUMMARY = ROOT / "docs" / "evidence" / "summary.json"
@@ -183,10 +198,7 @@ def embed_images(per_class: int, log: Callable[[str], None]) -> tuple[dict[str, 
         log(f"images skipped: {str(exc).splitlines()[0]}")
         return {}, None, {}
     labels = images.labels.numpy()
-    rank = np.zeros(len(labels), np.int64)
-    for c in np.unique(labels):
-        rank[labels == c] = np.arange(int((labels == c).sum()))
-    is_query = rank < per_class // 3
+    is_query = first_thirds(labels)
     out, timing = {}, {}
     for short in LITE:
         path = CACHE / f"fashion_test_{per_class}_{short}.npy"
@@ -202,6 +214,75 @@ def embed_images(per_class: int, log: Callable[[str], None]) -> tuple[dict[str, 
     corpus = Corpus("fashion", "fashion", labels[is_query], labels[~is_query], False,
                     f"Fashion-MNIST test split, {int(is_query.sum()):,} queries x {int((~is_query).sum()):,} gallery "
                     "images, class labels")
+    return out, corpus, timing
+
+
+def first_thirds(labels: np.ndarray) -> np.ndarray:
+    """The queries of an image corpus: the first third (rounded down) of each class's images, in the given order."""
+    labels = np.asarray(labels)
+    rank, third = np.zeros(len(labels), np.int64), np.zeros(len(labels), np.int64)
+    for c in np.unique(labels):
+        members = labels == c
+        rank[members] = np.arange(int(members.sum()))
+        third[members] = int(members.sum()) // 3
+    return rank < third
+
+
+def trained_config(budget: dict[str, int], methods: Sequence[str] = TRAINED_METHODS) -> RunConfig:
+    """The study config of the trained sequences: ``methods`` on Fashion-MNIST, :data:`TRAINED_SCENARIO`, a small
+    CNN, seed 0, on the CPU with one pinned thread (the same models on any machine), at ``budget``'s sizes."""
+    return config_from_dict({
+        "name": "evidence: trained sequences", "methods": list(methods), "seeds": [0], "device": "cpu",
+        "dataset": {"name": "fashion", "train_per_class": budget["train_per_class"],
+                    "test_per_class": budget["test_per_class"]},
+        "scenario": dict(TRAINED_SCENARIO), "model": {"backbone": "small_cnn", "width": budget["width"]},
+        "eval": {"metrics": ["map"], "train_features_per_class": 0},
+        "training": {"epochs": budget["epochs"], "batch_size": 64, "lr": 0.05, "lr_schedule": "cosine"}})
+
+
+def train_sequences(budget: dict[str, int], folder: Path, log: Callable[[str], None],
+                    methods: Sequence[str] = TRAINED_METHODS) -> tuple[dict[str, dict[str, dict[str, np.ndarray]]],
+                                                                       Corpus | None, dict[str, Any]]:
+    """The project's own sequences (``methods``, one model per step of :data:`TRAINED_SCENARIO`), trained by the
+    pipeline (:func:`engine.run.pipeline.run_study`) into ``folder`` (a SQLite database and its checkpoints), and
+    their encoder features of Fashion-MNIST's test split as the pipeline stored them. A sequence trained before, with
+    this config, is found by its config's hash and not trained again. Versions are named ``method-step``."""
+    from engine.reproduce.plan import stored_runs
+    from engine.run.pipeline import RunContext, run_study
+    from storage import get_engine, init_db, list_model_versions, load_feature_set, session_scope
+
+    cfg = trained_config(budget, methods)
+    started, last = time.perf_counter(), [0.0]
+    db = get_engine(f"sqlite:///{folder.absolute() / 'runs.db'}")
+    init_db(db)
+    before = len(stored_runs(db, cfg))
+
+    def progress(fraction: float, message: str) -> None:
+        if time.perf_counter() - last[0] >= 60:
+            last[0] = time.perf_counter()
+            log(f"training: {100 * fraction:.0f} %, {message}")
+
+    try:
+        _, ids = run_study(cfg, RunContext(db, folder / "checkpoints", progress=progress))
+    except (OSError, ValueError) as exc:
+        log(f"trained sequences skipped: {str(exc).splitlines()[0]}")
+        return {}, None, {}
+    out: dict[str, dict[str, dict[str, np.ndarray]]] = {}
+    with session_scope(db) as s:
+        for exp_id in ids:
+            for v in list_model_versions(s, exp_id):
+                x, labels, _ = load_feature_set(s, v.id, "query", "encoder")  # closed set: every test image
+                out[f"{v.method}-{v.step}"] = {"x": np.asarray(x, np.float32)}
+    is_query = first_thirds(labels)
+    out = {name: {"fashion-test": {"query": v["x"][is_query], "gallery": v["x"][~is_query]}} for name, v in out.items()}
+    seconds = round(time.perf_counter() - started, 1)
+    timing = {"seconds": seconds, "sequences": len(ids), "already_trained": before, "images": len(labels),
+              "config": cfg.to_dict()}
+    log(f"trained sequences: {len(ids)} ({before} trained before), {len(out)} models, {seconds} s")
+    corpus = Corpus("fashion-test", "fashion-test", labels[is_query], labels[~is_query], False,
+                    f"Fashion-MNIST test split ({budget['test_per_class']:,} per class), {int(is_query.sum()):,} "
+                    f"queries x {int((~is_query).sum()):,} gallery images, class labels; small CNNs trained here on "
+                    "its training split")
     return out, corpus, timing
 
 
@@ -262,21 +343,6 @@ def _sub(cell: CellFeatures, rows: np.ndarray | None, cols: np.ndarray | None) -
     return CellFeatures(cell.query[q], np.asarray(cell.query_labels)[q], cell.gallery[g], np.asarray(cell.gallery_labels)[g])
 
 
-def forecast_inputs(old: CellFeatures, new: CellFeatures, metric: str, seed: int,
-                    self_tests: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
-    """What :mod:`engine.upgrade.forecast` reads: both self-tests per query (``self_tests``: already computed) and the
-    Procrustes residual of a fit on at most :data:`FORECAST_PAIRS` of the gallery's pairs, measured on the queries."""
-    oo, nn = self_tests or (per_query_scores(c.query, c.query_labels, c.gallery, c.gallery_labels, metric=metric)
-                            for c in (old, new))
-    m = min(FORECAST_PAIRS, len(old.gallery) // 2)
-    rows = np.random.default_rng(seed).permutation(len(old.gallery))[:m]
-    w = fc.procrustes_map(new.gallery[rows], old.gallery[rows])
-    residual = fc.procrustes_residual(new.query, old.query, w)
-    adapted = per_query_scores(unit(new.query) @ w, old.query_labels, old.gallery, old.gallery_labels, metric=metric)
-    raw = float(np.mean(np.sum(unit(new.query) * unit(old.query), axis=1))) if new.query.shape == old.query.shape else None
-    return {"oo": oo, "nn": nn, "adapted": adapted, "residual": residual, "pairs": int(m), "raw_cosine": raw}
-
-
 def _pts(x: float | None) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(100 * float(x), 4)
 
@@ -297,7 +363,8 @@ def run_pair(index: int, corpus: Corpus, old_x: dict[str, np.ndarray], new_x: di
     report, plan, adapters = decide(old, new, names, metric)
     whole = None
     if self_test is not None:
-        whole = _compact(forecast_inputs(old, new, metric, index, (self_test(names[0], old), self_test(names[1], new))))
+        whole = _compact(forecast_inputs(old, new, metric, index,
+                                                  self_tests=(self_test(names[0], old), self_test(names[1], new))))
     truth = {"decision": plan.decision, "headline": plan.headline(), "success": plan.success,
              "guardrail": plan.guardrail, "old_old": _pts(report.old_old), "new_old": _pts(report.new_old),
              "new_new": _pts(report.new_new), "gap": _pts(report.compatibility.diff),
@@ -434,14 +501,16 @@ def _cell(r: dict[str, Any]) -> str:
 
 def tables(summary: dict[str, Any]) -> str:
     """The README's tables (Markdown): decisions per fraction, then verdict errors and too-close calls per gap bin."""
-    head = ("| sample | draws | agreement | agreement when both decide | false ship | false ship, whole corpus decided "
-            "| false block | too close (do not ship yet) | other |\n|---|---|---|---|---|---|---|---|---|")
+    head = ("| sample | draws | agreement | agreement when both decide | the same or a costlier remedy, both decide "
+            "| false ship | false ship, whole corpus decided | false block | too close (do not ship yet) | costlier remedy "
+            "| other |\n|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for f, r in [*summary["per_fraction"].items(), ("all", summary["overall"])]:
         label = f"{100 * float(f):g} %" if f != "all" else "**all**"
         lines.append(f"| {label} | {r['draws']} | {_cell(r['agree'])} | {_cell(r['agree_when_both_decide'])} | "
+                     f"{_cell(r['agree_or_costlier_when_both_decide'])} | "
                      f"{_cell(r['false_ship'])} | {_cell(summary['truth_decided'][f]['false_ship'])} | "
-                     f"{_cell(r['false_block'])} | {_cell(r['too_close'])} | {_cell(r['other'])} |")
+                     f"{_cell(r['false_block'])} | {_cell(r['too_close'])} | {_cell(r['costlier'])} | {_cell(r['other'])} |")
     lines += ["", "| reading | sample | " + " | ".join(f"gap {b['bin']} pts: error / too close"
                                                        for b in summary["bins"]["guardrail"]["0.01"]) + " |",
               "|---|---|" + "---|" * len(summary["bins"]["guardrail"]["0.01"])]
@@ -487,9 +556,10 @@ def figure(summary: dict[str, Any], path: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="a small corpus, four text pairs, two draws (minutes)")
+    p.add_argument("--quick", action="store_true",
+                   help="a small corpus, four text, two Lite and two briefly trained pairs, two draws (minutes)")
     p.add_argument("--draws", type=int, help="seeded draws per sample fraction (default 4; --quick 2)")
-    p.add_argument("--no-images", action="store_true", help="text runs only")
+    p.add_argument("--no-images", action="store_true", help="text runs only (no Lite, no training)")
     p.add_argument("--runs", type=int, help="only the first N runs (a look: the summary is written only to --summary)")
     p.add_argument("--out", type=Path, help="every run and draw as JSON (default bench/results/evidence.json; --quick: "
                    "evidence-quick.json)")
@@ -525,6 +595,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 plan += [(fashion, a, b) for a, b in (IMAGE_PAIRS[:2] if args.quick else IMAGE_PAIRS)]
             else:
                 notes.append("images skipped: Fashion-MNIST is not on this machine")
+            trained, fashion_test, ttiming = train_sequences(TRAINED_BUDGET["quick" if args.quick else "full"],
+                                                             CACHE / "trained", log,
+                                                             QUICK_TRAINED if args.quick else TRAINED_METHODS)
+            if fashion_test is not None:
+                emb.update(trained)
+                timing["trained"] = ttiming
+                plan += [(fashion_test, a, b) for a, b in
+                         ([(f"{m}-1", f"{m}-2") for m in QUICK_TRAINED] if args.quick else TRAINED_PAIRS)]
+            else:
+                notes.append("trained sequences skipped: Fashion-MNIST is not on this machine")
         plan = plan[: args.runs] if args.runs else plan
         embedded_at = time.perf_counter() - started
         metric = decision_metric("labels")
@@ -549,7 +629,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "load_average_end": [round(x, 2) for x in os.getloadavg()],
                 "seconds": round(time.perf_counter() - started, 1), "embedding_seconds": round(embedded_at, 1),
                 "embedding": timing, "corpora": {c.name: c.about for c in corpora} | (
-                    {"fashion": fashion.about} if not args.no_images and fashion is not None else {}),
+                    {"fashion": fashion.about} if not args.no_images and fashion is not None else {}) | (
+                    {"fashion-test": fashion_test.about} if not args.no_images and fashion_test is not None else {}),
                 "corpus_spec": spec, "draws_per_fraction": draws, "metric": metric, "notes": notes,
                 "exports": "PCA exports fitted on WordNet's training split, mapped back by their own basis; fp16 cast"}
         out = args.out or ROOT / "bench" / "results" / ("evidence-quick.json" if args.quick else "evidence.json")

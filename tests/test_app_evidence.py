@@ -31,6 +31,7 @@ def test_rates_and_rows_read_as_stored():
     assert [r["sample"] for r in rows] == ["1 % of the queries", "all"]
     assert rows[0]["agrees with the whole corpus"] == "97.9 % (470/480; at most 99.0 %)"
     assert rows[0]["false block"] == "–"
+    assert rows[0]["a costlier remedy"] == "–"  # a summary written before the column: shown as none
     (gaps,) = gap_rows(hand_summary())
     assert gaps == {"sample": "1 %", "< 0.5 pts off 0": "wrong 33.3 % (1/3; at most 86.0 %); too close 67 %",
                     ">= 2 pts off 0": "–"}

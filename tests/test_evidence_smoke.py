@@ -46,29 +46,33 @@ def test_outcomes_and_rates_counted_by_hand():
         (0, "do not ship", "ship as is"),  # false ship
         (1, "ship with adapter", "ship as is"),  # false ship: the adapter is left out
         (1, "ship with adapter", "ship with adapter"),  # agree
-        (2, "ship as is", "ship with adapter"),  # other (an adapter not needed)
+        (2, "ship as is", "ship with adapter"),  # costlier (an adapter not needed)
         (2, "ship as is", "do not ship"),  # false block
         (3, "backfill", "do not ship yet"),  # too close
         (3, "backfill", "do not ship"),  # false block
         (4, "do not ship yet", "do not ship"),  # other: the whole corpus itself is too close
+        (5, "ship with adapter", "backfill"),  # costlier (a backfill where the adapter does)
+        (6, "backfill", "ship as is"),  # false ship
     ]
-    want = ["agree", "false ship", "false ship", "agree", "other", "false block", "too close", "false block", "other"]
+    want = ["agree", "false ship", "false ship", "agree", "costlier", "false block", "too close", "false block", "other",
+            "costlier", "false ship"]
     assert [ev.outcome(t, s) for _, t, s in draws] == want
     records = [{"run": r, "truth": t, "decision": s} for r, t, s in draws]
     got = ev.decision_rates(records)
-    assert (got["agree"]["k"], got["agree"]["n"]) == (2, 9)
-    # false ship: over the draws whose truth is not "ship as is" (7 of them); false block: truth ships or backfills (6)
-    assert (got["false_ship"]["k"], got["false_ship"]["n"]) == (2, 7)
-    assert (got["false_block"]["k"], got["false_block"]["n"]) == (2, 6)
-    assert (got["too_close"]["k"], got["other"]["k"]) == (1, 2)
-    # both decide: neither says "do not ship yet" (drops the draws 6 and 8): 2 agree of 7
-    assert (got["agree_when_both_decide"]["k"], got["agree_when_both_decide"]["n"]) == (2, 7)
-    assert got["false_ship"]["upper"] == pytest.approx(stats.beta.ppf(0.95, 3, 5), abs=1e-9)
-    per_run = ev.run_rates(records)  # runs 0 and 1 each hold a false ship; runs 2 and 3 a false block
-    assert (per_run["false_ship"]["k"], per_run["false_ship"]["n"]) == (2, 4)
-    assert (per_run["false_block"]["k"], per_run["false_block"]["n"]) == (2, 3)
+    assert (got["agree"]["k"], got["agree"]["n"]) == (2, 11)
+    # false ship: over the draws whose truth is not "ship as is" (9 of them); false block: truth ships or backfills (8)
+    assert (got["false_ship"]["k"], got["false_ship"]["n"]) == (3, 9)
+    assert (got["false_block"]["k"], got["false_block"]["n"]) == (2, 8)
+    assert (got["too_close"]["k"], got["costlier"]["k"], got["other"]["k"]) == (1, 2, 1)
+    # both decide: neither says "do not ship yet" (drops the draws 6 and 8): 2 agree of 9, 4 with the costlier two
+    assert (got["agree_when_both_decide"]["k"], got["agree_when_both_decide"]["n"]) == (2, 9)
+    assert (got["agree_or_costlier_when_both_decide"]["k"], got["agree_or_costlier_when_both_decide"]["n"]) == (4, 9)
+    assert got["false_ship"]["upper"] == pytest.approx(stats.beta.ppf(0.95, 4, 6), abs=1e-9)
+    per_run = ev.run_rates(records)  # runs 0, 1 and 6 each hold a false ship; runs 2 and 3 a false block
+    assert (per_run["false_ship"]["k"], per_run["false_ship"]["n"]) == (3, 6)  # all runs but 2 (ship as is)
+    assert (per_run["false_block"]["k"], per_run["false_block"]["n"]) == (2, 5)  # runs 1, 2, 3, 5, 6
     assert per_run["all_agree"]["k"] == 0
-    assert len(ev.disagreements([{**r, "true_gap": 0.0, "true_better": 0.0} for r in records])) == 6
+    assert len(ev.disagreements([{**r, "true_gap": 0.0, "true_better": 0.0} for r in records])) == 8
 
 
 def test_gap_bins_and_verdict_errors():
@@ -190,3 +194,33 @@ def test_the_forecast_calibration_covers_where_its_model_holds():
     got = fc.validate(rows)
     assert got["leave_one_run_out"]["all"]["old"]["coverage"] >= 0.8
     assert got["leave_one_run_out"]["whole"]["n"] == 60 and got["calibration"]["bias"] == pytest.approx(cal.bias)
+
+
+def test_trained_sequences_train_once_and_make_a_corpus(bench, tmp_path):
+    """Two of the trained sequences at a tiny budget (16 images per class, one epoch: seconds; the bench's own budget
+    takes minutes): a second call finds them trained, reads the same features, and a run on them is judged."""
+    budget = {"train_per_class": 16, "test_per_class": 12, "epochs": 1, "width": 8}
+    methods = ("independent", "bct_er")
+    emb, corpus, timing = bench["train_sequences"](budget, tmp_path, lambda msg: None, methods)
+    if corpus is None:
+        pytest.skip("Fashion-MNIST is not on this machine (Debian's dataset-fashion-mnist)")
+    steps = bench["TRAINED_SCENARIO"]["num_steps"]
+    assert sorted(emb) == sorted(f"{m}-{k}" for m in methods for k in range(1, steps + 1))
+    assert (timing["sequences"], timing["already_trained"], timing["images"]) == (2, 0, 120)
+    counts = np.bincount(corpus.query_labels, minlength=10)
+    assert counts.tolist() == [4] * 10 and np.bincount(corpus.gallery_labels).tolist() == [8] * 10  # 12 // 3 a class
+    assert emb["independent-1"]["fashion-test"]["query"].shape == (40, 8)
+    again, _, timing2 = bench["train_sequences"](budget, tmp_path, lambda msg: None, methods)
+    assert timing2["already_trained"] == 2  # found by the config's hash: nothing trained again
+    for name, splits in emb.items():
+        for split, x in splits["fashion-test"].items():
+            np.testing.assert_allclose(again[name]["fashion-test"][split], x, rtol=0, atol=1e-7)
+    run = bench["run_pair"](0, corpus, emb["bct_er-1"]["fashion-test"], emb["bct_er-2"]["fashion-test"],
+                            ("bct_er-1", "bct_er-2"), 1, "map")
+    assert run["truth"]["decision"] in DECISIONS and run["truth"]["n_queries"] == 40
+
+
+def test_the_query_split_is_each_class_first_third(bench):
+    labels = np.array([2, 0, 2, 2, 0, 1, 2, 0, 0, 0, 0, 2])  # class 0: 6 items -> 2 queries; 1: 1 -> 0; 2: 5 -> 1
+    got = bench["first_thirds"](labels)
+    assert np.flatnonzero(got).tolist() == [0, 1, 4]

@@ -10,8 +10,10 @@ and both verdicts on the sample, beside the run's truth, the same computed on th
   the whole corpus needs an adapter;
 * ``false block``: the sample says ``do not ship`` where the whole corpus ships or backfills;
 * ``too close``: the sample says ``do not ship yet`` (too close to call) where the whole corpus decides;
-* ``other``: any other disagreement (a backfill for an upgrade the whole corpus ships or refuses, a ``do not ship``
-  where the whole corpus itself is too close to call, ...): each is listed by :func:`disagreements`.
+* ``costlier``: a safe but dearer remedy than the whole corpus needs, one step or two up :data:`REMEDY_COST`'s ladder
+  (an adapter where shipping as is would do, a backfill where an adapter or nothing would do);
+* ``other``: any other disagreement (a backfill for an upgrade the whole corpus refuses, a ``do not ship`` where the
+  whole corpus itself is too close to call, ...). Every disagreement is listed by :func:`disagreements`.
 
 Rates carry their one-sided Clopper-Pearson upper bound (:func:`clopper_pearson_upper`): 0 false ships in n draws
 still allows ``1 - 0.05^(1/n)``. Draws of one run share its truth, so they are not independent; the rates are
@@ -29,7 +31,8 @@ GAP_BINS = (0.0, 0.5, 1.0, 2.0, math.inf)  # points: |true gap - threshold| in [
 CURVE_BINS = (-math.inf, -5.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 5.0, math.inf)  # points: the operating curve's x
 VERDICTS = {"guardrail": ("compatible", "not compatible", "too close to call"),
             "success": ("better", "not better", "too close to call")}
-OUTCOMES = ("agree", "false ship", "false block", "too close", "other")
+OUTCOMES = ("agree", "false ship", "false block", "too close", "costlier", "other")
+REMEDY_COST = {"ship as is": 0, "ship with adapter": 1, "backfill": 2}  # the remedies a sample may overpay for
 
 
 def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
@@ -62,6 +65,8 @@ def outcome(truth: str, sampled: str) -> str:
         return "false block"
     if sampled == NOT_YET:
         return "too close"
+    if truth in REMEDY_COST and REMEDY_COST.get(sampled, -1) > REMEDY_COST[truth]:
+        return "costlier"
     return "other"
 
 
@@ -76,18 +81,21 @@ def could_false_block(truth: str) -> bool:
 
 
 def decision_rates(draws: Sequence[Mapping[str, Any]], level: float = 0.95) -> dict[str, Any]:
-    """Agreement, false ship, false block, too close and other over ``draws`` (each with ``truth`` and ``decision``),
-    each with its count, denominator and upper bound; false ship over the draws that could ship falsely, false block
-    over those that could block falsely, agreement when both decide over the draws where neither the sample nor the
-    whole corpus says ``do not ship yet``, the rest over all draws."""
+    """Agreement, false ship, false block, too close, costlier and other over ``draws`` (each with ``truth`` and
+    ``decision``), each with its count, denominator and upper bound; false ship over the draws that could ship falsely,
+    false block over those that could block falsely, agreement (and agreement or a costlier remedy) when both decide
+    over the draws where neither the sample nor the whole corpus says ``do not ship yet``, the rest over all draws."""
     kinds = [outcome(d["truth"], d["decision"]) for d in draws]
     n = len(kinds)
     decided = [k for k, d in zip(kinds, draws) if NOT_YET not in (d["decision"], d["truth"])]
     return {"draws": n, "agree": rate(kinds.count("agree"), n, level),
             "agree_when_both_decide": rate(decided.count("agree"), len(decided), level),
+            "agree_or_costlier_when_both_decide": rate(decided.count("agree") + decided.count("costlier"), len(decided),
+                                                       level),
             "false_ship": rate(kinds.count("false ship"), sum(could_false_ship(d["truth"]) for d in draws), level),
             "false_block": rate(kinds.count("false block"), sum(could_false_block(d["truth"]) for d in draws), level),
-            "too_close": rate(kinds.count("too close"), n, level), "other": rate(kinds.count("other"), n, level)}
+            "too_close": rate(kinds.count("too close"), n, level), "costlier": rate(kinds.count("costlier"), n, level),
+            "other": rate(kinds.count("other"), n, level)}
 
 
 def run_rates(draws: Sequence[Mapping[str, Any]], level: float = 0.95) -> dict[str, Any]:
