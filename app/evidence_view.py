@@ -24,10 +24,14 @@ def load_summary(path: Path = SUMMARY) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def rate_words(r: dict[str, Any] | None) -> str:
-    """``0.4 % (2/480; at most 1.3 %)``: a stored rate with its 95 % upper bound; ``–`` without draws."""
+def rate_words(r: dict[str, Any] | None, *, lower: bool = False) -> str:
+    """``0.4 % (2/480; at most 1.3 %)``: a stored error rate with its 95 % upper bound, or an agreement with its lower
+    one (``lower``: ``at least``; a summary stored before lower bounds shows none); ``–`` without draws."""
     if not r or not r.get("n"):
         return "–"
+    if lower:
+        bound = f"; at least {100 * r['lower']:.1f} %" if r.get("lower") is not None else ""
+        return f"{100 * r['rate']:.1f} % ({r['k']}/{r['n']}{bound})"
     return f"{100 * r['rate']:.1f} % ({r['k']}/{r['n']}; at most {100 * r['upper']:.1f} %)"
 
 
@@ -37,9 +41,10 @@ def decision_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
     remedy than needed and other disagreements."""
     parts = [(f"{100 * float(f):g} % of the queries", f, r) for f, r in summary["per_fraction"].items()]
     decided = summary.get("truth_decided", {})
-    return [{"sample": label, "draws": str(r["draws"]), "agrees with the whole corpus": rate_words(r["agree"]),
-             "agrees, when both decide": rate_words(r.get("agree_when_both_decide")),
-             "agrees or pays more, when both decide": rate_words(r.get("agree_or_costlier_when_both_decide")),
+    return [{"sample": label, "draws": str(r["draws"]), "agrees with the whole corpus": rate_words(r["agree"], lower=True),
+             "agrees, when both decide": rate_words(r.get("agree_when_both_decide"), lower=True),
+             "agrees or pays more, when both decide": rate_words(r.get("agree_or_costlier_when_both_decide"),
+                                                                 lower=True),
              "false ship": rate_words(r["false_ship"]),
              "false ship, whole corpus decided": rate_words(decided.get(f, {}).get("false_ship")),
              "false block": rate_words(r["false_block"]),

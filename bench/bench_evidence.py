@@ -493,10 +493,12 @@ def summarise(runs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str,
             "forecast": fc.validate(forecast_rows(runs))}
 
 
-def _cell(r: dict[str, Any]) -> str:
+def _cell(r: dict[str, Any], *, lower: bool = False) -> str:
+    """``1.7 % (13/744; <= 2.8 %)``: an error rate with its upper bound, or an agreement with its lower (``lower``)."""
     if not r["n"]:
         return "–"
-    return f"{100 * r['rate']:.1f} % ({r['k']}/{r['n']}; <= {100 * r['upper']:.1f} %)"
+    bound = f">= {100 * r['lower']:.1f}" if lower else f"<= {100 * r['upper']:.1f}"
+    return f"{100 * r['rate']:.1f} % ({r['k']}/{r['n']}; {bound} %)"
 
 
 def tables(summary: dict[str, Any]) -> str:
@@ -507,8 +509,9 @@ def tables(summary: dict[str, Any]) -> str:
     lines = [head]
     for f, r in [*summary["per_fraction"].items(), ("all", summary["overall"])]:
         label = f"{100 * float(f):g} %" if f != "all" else "**all**"
-        lines.append(f"| {label} | {r['draws']} | {_cell(r['agree'])} | {_cell(r['agree_when_both_decide'])} | "
-                     f"{_cell(r['agree_or_costlier_when_both_decide'])} | "
+        lines.append(f"| {label} | {r['draws']} | {_cell(r['agree'], lower=True)} | "
+                     f"{_cell(r['agree_when_both_decide'], lower=True)} | "
+                     f"{_cell(r['agree_or_costlier_when_both_decide'], lower=True)} | "
                      f"{_cell(r['false_ship'])} | {_cell(summary['truth_decided'][f]['false_ship'])} | "
                      f"{_cell(r['false_block'])} | {_cell(r['too_close'])} | {_cell(r['costlier'])} | {_cell(r['other'])} |")
     lines += ["", "| reading | sample | " + " | ".join(f"gap {b['bin']} pts: error / too close"

@@ -29,7 +29,8 @@ def test_rates_and_rows_read_as_stored():
     assert rate_words(EMPTY) == rate_words(None) == "–"
     rows = decision_rows(hand_summary())
     assert [r["sample"] for r in rows] == ["1 % of the queries", "all"]
-    assert rows[0]["agrees with the whole corpus"] == "97.9 % (470/480; at most 99.0 %)"
+    assert rows[0]["agrees with the whole corpus"] == "97.9 % (470/480)"  # stored before lower bounds: none shown
+    assert rate_words({**RATE, "lower": 0.0012}, lower=True) == "0.4 % (2/480; at least 0.1 %)"
     assert rows[0]["false block"] == "–"
     assert rows[0]["a costlier remedy"] == "–"  # a summary written before the column: shown as none
     (gaps,) = gap_rows(hand_summary())
@@ -81,3 +82,23 @@ def test_the_committed_summary_is_what_the_page_reads():
 def test_the_upgrade_page_opens_with_the_expander():
     at = open_page("upgrade")
     assert "How often is this verdict wrong?" in [e.label for e in at.expander]
+
+
+def test_the_readmes_evidence_row_is_the_committed_summarys():
+    """The README's "how often that decision is wrong" row reads the committed summary's overall rates and bounds."""
+    from pathlib import Path
+
+    o = json.loads(SUMMARY.read_text(encoding="utf-8"))["overall"]
+
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f} %"
+
+    want = (f"| {pct(o['false_ship']['rate'])} ({o['false_ship']['k']}/{o['false_ship']['n']}; at most "
+            f"{pct(o['false_ship']['upper'])}) | {pct(o['false_block']['rate'])} ({o['false_block']['k']}/"
+            f"{o['false_block']['n']}; at most {pct(o['false_block']['upper'])}) | "
+            f"{pct(o['agree_or_costlier_when_both_decide']['rate'])} ({o['agree_or_costlier_when_both_decide']['k']}/"
+            f"{o['agree_or_costlier_when_both_decide']['n']}; at least {pct(o['agree_or_costlier_when_both_decide']['lower'])})"
+            f" | {pct(o['agree_when_both_decide']['rate'])} (at least {pct(o['agree_when_both_decide']['lower'])}) | "
+            f"{pct(o['too_close']['rate'])} of draws |")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert want in readme, want

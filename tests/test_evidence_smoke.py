@@ -34,10 +34,19 @@ def test_clopper_pearson_upper_matches_scipy(k, n):
     assert ev.clopper_pearson_upper(0, 272) == pytest.approx(1 - 0.05 ** (1 / 272), abs=1e-12)  # the issue's 1.1 %
 
 
+@pytest.mark.parametrize("k, n", [(0, 10), (3, 7), (242, 249), (249, 249)])
+def test_clopper_pearson_lower_matches_scipy(k, n):
+    """The lower one-sided bound is scipy's exact interval's lower end at twice the tail (binomtest, two-sided 90 %)."""
+    want = stats.binomtest(k, n).proportion_ci(confidence_level=0.90, method="exact").low
+    assert ev.clopper_pearson_lower(k, n) == pytest.approx(want, abs=1e-9)
+    assert ev.rate(k, n)["lower"] == pytest.approx(want, abs=1e-9)
+
+
 def test_bounds_refuse_counts_that_are_not_a_rate():
     for k, n in ((1, 0), (-1, 5), (6, 5), (0.5, 5), (True, 5)):
-        with pytest.raises(ValueError, match="whole counts"):
-            ev.clopper_pearson_upper(k, n)
+        for bound in (ev.clopper_pearson_upper, ev.clopper_pearson_lower):
+            with pytest.raises(ValueError, match="whole counts"):
+                bound(k, n)
 
 
 def test_outcomes_and_rates_counted_by_hand():

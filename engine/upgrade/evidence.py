@@ -41,17 +41,31 @@ def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
     ``ValueError`` for counts that are not ``0 <= k <= n``, ``n >= 1``."""
     from scipy.stats import beta  # loaded when a bound is asked for: the module's records stay light
 
+    _check_counts(k, n, level)
+    return 1.0 if k == n else float(beta.ppf(level, int(k) + 1, int(n) - int(k)))
+
+
+def _check_counts(k: int, n: int, level: float) -> None:
     if isinstance(k, bool) or isinstance(n, bool) or int(k) != k or int(n) != n or not 0 <= k <= n or n < 1:
         raise ValueError(f"a rate needs whole counts 0 <= k <= n with n >= 1, got k={k!r}, n={n!r}")
     if not 0 < level < 1:
         raise ValueError(f"the confidence level must lie strictly between 0 and 1, got {level!r}")
-    return 1.0 if k == n else float(beta.ppf(level, int(k) + 1, int(n) - int(k)))
+
+
+def clopper_pearson_lower(k: int, n: int, level: float = 0.95) -> float:
+    """The one-sided exact lower bound at ``level`` on a rate seen ``k`` times in ``n``: one minus the upper bound of
+    the rate of the other outcome (``n - k`` times), so the ``1 - level`` quantile of Beta(k, n - k + 1); 0 when
+    ``k == 0``. An agreement rate is read against its goal from below."""
+    _check_counts(k, n, level)
+    return 1.0 - clopper_pearson_upper(int(n) - int(k), n, level)
 
 
 def rate(k: int, n: int, level: float = 0.95) -> dict[str, Any]:
-    """``{"k", "n", "rate", "upper"}``: a count, its share (None without draws) and its upper bound (None likewise)."""
+    """``{"k", "n", "rate", "upper", "lower"}``: a count, its share (None without draws) and its one-sided bounds (None
+    likewise): an error rate is read with its upper bound, an agreement rate with its lower one."""
     return {"k": int(k), "n": int(n), "rate": k / n if n else None,
-            "upper": clopper_pearson_upper(k, n, level) if n else None}
+            "upper": clopper_pearson_upper(k, n, level) if n else None,
+            "lower": clopper_pearson_lower(k, n, level) if n else None}
 
 
 def outcome(truth: str, sampled: str) -> str:
