@@ -319,8 +319,8 @@ def table(outcomes: Sequence[Outcome]) -> str:
             lines.append(f"| {name} | {len(group)} | – | refused: {r['refused'][0]}/{len(group)} (different dimensions) "
                          "| | | | | | |")
             continue
-        lines.append(f"| {name} | {len(group)} | {span} | {_cell(r['false_compatible'])} | {_cell(r['false_not_compatible'])} | "
-                     f"{_cell(r['too_close'])} | {_cell(r['coverage'])} | {_cell(b['coverage'])} | {_cell(o['coverage'])} | "
+        lines.append(f"| {name} | {len(group)} | {span} | {_cell(r['false_compatible'], True)} | "
+                     f"{_cell(r['false_not_compatible'], True)} | {_cell(r['too_close'], True)} | {_cell(r['coverage'])} | {_cell(b['coverage'])} | {_cell(o['coverage'])} | "
                      f"{_cell(q['coverage'])} |")
     return "\n".join(lines)
 
