@@ -12,7 +12,8 @@ import streamlit as st
 from app import queries as q
 from engine.core.contract import analysis_key, analysis_payload
 from engine.core.conventions import SEPARATOR, convention, step_label
-from engine.core.vocab import TIE_RULES, Rule
+from engine.core.kinds import TIE_RULES
+from engine.core.vocab import Rule
 from storage import IdenticalJob, QueuePlace, TaskBoard
 
 STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue[:material/autorenew: running]",

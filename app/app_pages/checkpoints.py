@@ -56,6 +56,7 @@ from app.widgets import QUEUED_HINT_S, launch as launch_job, plain, queue_captio
 from engine.checkpoints.files import human_bytes, server_max_bytes
 from engine.checkpoints.request import TEXT_ARCH, source_name, text_corpus
 from engine.core.contract import checkpoints_payload
+from engine.core.kinds import TIE_RULES, TIES_HELP
 
 url = q.db_url()
 start_sequence()
@@ -224,7 +225,7 @@ with st.container(border=True):
         c = st.columns(3)
         c[0].text_input("Experiment name", key=PREFIX + "name", placeholder="checkpoints: old -> new")
         c[1].text_input("Metrics", key=PREFIX + "metrics", help="recall@K, map or map@K, comma-separated")
-        c[2].radio("ECC on a tie", ("fail", "pass"), key=PREFIX + "ties", horizontal=True)
+        c[2].radio("ECC on a tie", TIE_RULES, key=PREFIX + "ties", horizontal=True, help=TIES_HELP)
         c = st.columns(3)
         c[0].text_input("Largest checkpoint", key=PREFIX + "max_size", placeholder=human_bytes(server_max_bytes()),
                         help="e.g. 500MB; empty: the server's limit, which this field can only lower")

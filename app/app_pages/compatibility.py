@@ -14,6 +14,7 @@ from app import charts
 from app.exports import download_buttons, study_download
 from app import queries as q
 from app.widgets import empty_state, experiment_label, plain, state_convention, summary_columns, table
+from engine.core.kinds import STRICT
 from engine.core.conventions import annotate, convention, model_names, replaced_note, replaced_steps, stored_ties
 from engine.metrics.gain import gain_cells, gain_json, gain_text
 from engine.metrics.over_seeds import ecc_gain, over_seeds
@@ -131,7 +132,7 @@ def seed_of(e: dict[str, Any]) -> str:
 FAMILY = {"none": "each cell alone (95 %)", "holm": "Holm over the matrix", "bonferroni": "Bonferroni simultaneous intervals"}
 
 
-def gain_shown(matrices: list[np.ndarray], ties: str = "fail") -> str:
+def gain_shown(matrices: list[np.ndarray], ties: str = STRICT) -> str:
     """Γ in % averaged over the cross-tests where ECC holds and Γ is defined (paper 002), or "undefined" and why."""
     g = ecc_gain(matrices, ties=ties)
     return f"{100 * g['mean']:.1f}" if g["mean"] is not None else g["why"]

@@ -25,6 +25,7 @@ from sqlalchemy import Engine
 
 from storage.safe_open import open_regular
 from storage.settings import MAX_ARRAY_BYTES, read_setting
+from engine.core.kinds import STRICT
 from engine.metrics import summarize
 from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices, stored_summary
 from engine.metrics.paired import PairedOptions
@@ -213,7 +214,7 @@ def result_json(result: MatrixResult, *, ecc_ties: str = "fail") -> dict:
 
 
 def store_feature_evaluation(db: Engine, *, name: str, config: dict, sets: Sequence[CellFeatures], result: MatrixResult,
-                             gallery_kind: str, view: str = "external", ties: str = "fail") -> int:
+                             gallery_kind: str, view: str = "external", ties: str = STRICT) -> int:
     """Store an evaluation of external features (one experiment, one model version per step) in one transaction."""
     versions = [NewVersion(architecture="external", method="features",
                         classes=sorted({int(c) for c in fs.gallery_labels} | {int(c) for c in fs.query_labels}),

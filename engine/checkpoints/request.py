@@ -16,6 +16,7 @@ from engine.core.classes import read_class_list
 from engine.checkpoints.files import DEFAULT_MAX_BYTES, LOCAL, Trust, check_ceiling, parse_size
 from engine.checkpoints.pretrained import pretrained_path, trusted_by_name
 from engine.core.config import MAX_RUN_NAME
+from engine.core.kinds import STRICT, check_ties
 from engine.data.bounds import check_batch_size, check_image_size
 from engine.data.roots import confine
 from engine.core.vocab import DATASET_NAMES, GALLERY_KINDS, TEXT_DATASET_NAMES, parse_metric
@@ -73,7 +74,7 @@ class ComparisonSpec:
     views: tuple[str, ...] = VIEWS
     metrics: tuple[str, ...] = ("recall@1", "map")
     gallery_kind: str = "instance"
-    ties: str = "fail"
+    ties: str = STRICT
     name: str | None = None
     max_file_bytes: int = DEFAULT_MAX_BYTES
     batch_size: int = 64
@@ -225,9 +226,7 @@ def comparison_spec(spec: Mapping[str, Any] | ComparisonSpec, *, trust: Trust = 
     gallery_kind = spec.get("gallery_kind") or spec.get("protocol") or "instance"
     if gallery_kind not in GALLERY_KINDS:
         raise ValueError(f"gallery_kind must be 'instance' or 'template', got {gallery_kind!r}")
-    ties = spec.get("ties") or "fail"
-    if ties not in ("fail", "pass"):
-        raise ValueError(f"ties must be 'fail' or 'pass', got {ties!r}")
+    ties = check_ties(spec.get("ties") or STRICT)
     max_file_bytes = parse_size(spec.get("max_file_bytes") or DEFAULT_MAX_BYTES)
     if trust.confine:  # a dashboard request: the operator's limit is a ceiling
         check_ceiling(max_file_bytes)

@@ -5,6 +5,7 @@ import argparse
 from pathlib import Path
 
 from engine.checkpoints.presets import COMPARISON_PRESETS, comparison_preset
+from engine.core.kinds import STRICT, TIE_RULES, TIES_HELP
 from engine.cli.options import add_db, add_model_arguments, models_spec_from_args
 from engine.results.json_file import write_json_atomic
 from engine.results.report import FORMATS
@@ -62,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="recall@K, map or map@K (repeatable; default recall@1 and map)")
     p.add_argument("--gallery-kind", "--protocol", dest="gallery_kind", choices=("instance", "template"), default="instance",
                    help="gallery items or class templates")
-    p.add_argument("--ties", choices=("fail", "pass"), default="fail", help="ECC on a tie: strict > (fail) or >= (pass)")
+    p.add_argument("--ties", choices=TIE_RULES, default=STRICT, help=TIES_HELP)
     p.add_argument("--name", help="experiment name in the database (default: the model names)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the matrices, AC/AA/ACA and notes as JSON")
     p.add_argument("--export", choices=FORMATS[1:], help="also print the matrices as CSV, Markdown or LaTeX")

@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from engine.core.kinds import STRICT, TIE_RULES, TIES_HELP
 from engine.cli.options import add_db
 from engine.results.json_file import write_json_atomic
 from engine.results.report import FORMATS
@@ -17,7 +18,7 @@ def add_arguments(ev: argparse.ArgumentParser) -> None:
                     help="recall@K, map or map@K (repeatable; default recall@1 and map)")
     ev.add_argument("--gallery-kind", "--protocol", dest="gallery_kind", choices=("instance", "template"), default="instance")
     ev.add_argument("--same-set", action="store_true", help="queries are the gallery images: exclude each query's own image")
-    ev.add_argument("--ties", choices=("fail", "pass"), default="fail", help="ECC on a tie: strict > (fail) or >= (pass)")
+    ev.add_argument("--ties", choices=TIE_RULES, default=STRICT, help=TIES_HELP)
     ev.add_argument("--json", type=Path, metavar="OUT", help="write the matrices and AC/AA/ACA as JSON")
     ev.add_argument("--export", choices=FORMATS[1:], help="also print the matrices as CSV, Markdown or LaTeX")
     ev.add_argument("--name", help="experiment name in the database (default: the folder name)")

@@ -30,7 +30,8 @@ from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT
 from engine.upgrade.plan import (DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, backfill_metric,
                                  recovery_line, forecast_line)
 from engine.metrics.decision import margin_to_decide
-from engine.upgrade.rule import DEFAULT_INTERVAL, DEFAULT_POWER, INTERVALS, TIE_RULES
+from engine.core.kinds import STRICT, TIE_RULES
+from engine.upgrade.rule import DEFAULT_INTERVAL, DEFAULT_POWER, INTERVALS
 from engine.upgrade.words import NOT_JUDGED, tie_line
 
 SOURCE_OPTIONS = ("new_gallery", "old_queries", "new_queries", "qrels", "relevance", "backfill_depth")
@@ -128,7 +129,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--margin", type=float, default=0.0, metavar="POINTS",
                    help="non-inferiority margin in points: compatible when the interval's lower end is above -POINTS "
                         "(default 0: the papers' strict ECC)")
-    p.add_argument("--ties", choices=TIE_RULES, default="fail",
+    p.add_argument("--ties", choices=TIE_RULES, default=STRICT,
                    help="a cross-test equal to the self-test: fail (strict >, the papers' rule, default) or pass (>=)")
     p.add_argument("--interval", choices=tuple(i for i in INTERVALS if i != "sequential"),
                    help="what the bootstrap resamples: two-way = queries and gallery items (default; recall@k, with "

@@ -20,6 +20,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
+from engine.core.kinds import STRICT
 from engine.core.fan_out import FanOut, check_task_gallery
 from engine.core.presets import RUN_PRESETS
 from engine.core.vocab import MAX_K, RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, Rule, check_resamples, parse_metric
@@ -252,7 +253,7 @@ def check_job_sources(texts: dict[str, str]) -> None:
 
 def sources_check_payload(sources: dict[str, str | None], *, relevance: str, k: int = RELEVANCE_K,
                           metric: str | None = None, names: tuple[str, str] = ("old", "new"), margin: float = 0.0,
-                          ties: str = "fail", stored: bool = True) -> dict[str, Any]:
+                          ties: str = STRICT, stored: bool = True) -> dict[str, Any]:
     """A ``sources_check`` job: the upgrade check on embeddings read from sources (``engine.upgrade.from_sources``).
 
     ``stored`` (default): the payload will be stored, so a source text holding a secret in clear is refused

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.core.kinds import STRICT
+
 SEPARATOR = " · "
 # IAM-CL2R replaces the model with a third-party one pretrained on external data (ImageNet32); with none here,
 # such a step trains a fresh model on every class seen so far (engine.data.scenario), and every place says so
@@ -52,7 +54,7 @@ class Settings:
     protocol: str = "closed-set"  # closed-set (queries are the gallery images, own image excluded) | open-set
     gallery: str = "instance"  # instance | template
     eval_classes: str = "all"  # all | seen
-    ties: str = "fail"  # ECC on a tie: fail (strict >) | pass (>=)
+    ties: str = STRICT  # ECC on a tie: fail (strict >) | pass (>=)
     topk: int | None = None
     seeds: str = "seed 0"
 
@@ -78,21 +80,21 @@ def settings(config: Mapping[str, Any]) -> Settings:
     if source == "checkpoints":
         spec = config.get("spec", {})
         return Settings(protocol=config.get("protocol", "closed-set"), gallery=spec.get("gallery_kind") or spec.get("protocol") or "instance",
-                        ties=spec.get("ties") or "fail", seeds=_seeds(config))
+                        ties=spec.get("ties") or STRICT, seeds=_seeds(config))
     if source == "features":
         return Settings(protocol="closed-set" if config.get("same_set") else "open-set",
-                        gallery=config.get("gallery_kind") or config.get("protocol") or "instance", ties=config.get("ties", "fail"),
+                        gallery=config.get("gallery_kind") or config.get("protocol") or "instance", ties=config.get("ties", STRICT),
                         seeds=_seeds(config))
     ev = config.get("eval", {})
     return Settings(protocol=ev.get("protocol", "closed-set"), gallery=ev.get("gallery", "instance"),
-                    eval_classes=ev.get("eval_classes", "all"), ties=ev.get("ties", "fail"),
+                    eval_classes=ev.get("eval_classes", "all"), ties=ev.get("ties", STRICT),
                     topk=ev.get("topk"), seeds=_seeds(config))
 
 
 def stored_ties(summary: Mapping[str, Any] | None) -> str:
     """The ECC tie rule a stored matrix's verdicts used (``summary["ties"]``, written with the matrix); a row
     stored before the rule was kept reads as the default, strict ``fail``."""
-    return (summary or {}).get("ties") or "fail"
+    return (summary or {}).get("ties") or STRICT
 
 
 def replaced_steps(config: Mapping[str, Any]) -> tuple[int, ...]:

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from engine.core.kinds import STRICT, TIES, check_ties
+
 
 
 def interval(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False) -> str:
@@ -145,23 +147,20 @@ CHECKPOINT_SELECTIONS = ("last", "best_val")
 DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # engine.models.device.pick_device
 DEVICE_CHOICES = ("auto", "cpu", "cuda")  # what the forms offer (cuda:N is typed in a config)
 
-# how an upgrade check judges the paired interval (engine.metrics.decision.decide): an exact tie fails (strict ECC, the
-# papers' rule) or passes; a margin > 0 points makes it a non-inferiority test
-TIE_RULES = ("fail", "pass")
 
 
 @dataclass(frozen=True)
 class Rule:
-    """How check-upgrade judges the compatibility interval: a margin in points and the tie rule."""
+    """How check-upgrade judges the compatibility interval (engine.metrics.decision.decide): a margin in points (> 0: a
+    non-inferiority test) and the ECC tie rule (:data:`engine.core.kinds.TIES`)."""
 
     margin: float = 0.0
-    ties: str = "fail"
+    ties: str = STRICT
 
     def __post_init__(self) -> None:
         if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 <= self.margin < 100:
             raise ValueError(f"the margin is in points and must lie in [0, 100), got {self.margin!r}")
-        if self.ties not in TIE_RULES:
-            raise ValueError(f"unknown tie rule {self.ties!r}; use 'fail' (strict >) or 'pass' (>=)")
+        check_ties(self.ties)
 
     @property
     def threshold(self) -> float:
@@ -171,12 +170,12 @@ class Rule:
     @property
     def name(self) -> str:
         """The rule in words, as the output names it."""
-        op = ">=" if self.ties == "pass" else ">"
+        op = TIES[self.ties].label
         if self.margin > 0:
             return f"non-inferiority margin {self.margin:g} points (cross-test {op} self-test - {self.margin:g} points)"
-        if self.ties == "pass":
-            return "ECC with ties passing (cross-test >= self-test)"
-        return "strict ECC (cross-test > self-test, the papers' rule)"
+        if self.ties == STRICT:
+            return "strict ECC (cross-test > self-test, the papers' rule)"
+        return "ECC with ties passing (cross-test >= self-test)"
 
 
 MAX_K = 1_000_000  # the k of recall@k / map@k: a bound keeps it a machine integer

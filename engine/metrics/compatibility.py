@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.core.kinds import STRICT
 from engine.metrics.ranking import QueryStats
 from engine.metrics.cell_interval import cell_seed, pair_images, pair_interval, paired_intervals, two_way_applies
 from engine.metrics.decision import Rule, decide
@@ -327,7 +328,7 @@ def _verdicts_under(paired: dict, ties: str) -> list[list[str | None]]:
             for t, row in enumerate(paired["verdict"])]
 
 
-def stored_summary(result: MatrixResult, metric: str, *, ties: str = "fail") -> dict:
+def stored_summary(result: MatrixResult, metric: str, *, ties: str = STRICT) -> dict:
     """JSON-ready summary stored with one metric's matrix: the ECC tie rule its verdicts used (``ties``: every
     reader marks cells with it, :func:`engine.core.conventions.stored_ties`), Recall@k's rank tie rule
     (``rank_ties``), AC/AA/ACA and curves, comparable
@@ -355,7 +356,7 @@ def stored_summary(result: MatrixResult, metric: str, *, ties: str = "fail") -> 
 
 
 def tie_summary(cells: Mapping[str, np.ndarray], valid: np.ndarray, paired: Mapping | None, *,
-                ties: str = "fail") -> dict:
+                ties: str = STRICT) -> dict:
     """JSON-ready ties of one Recall@k matrix (:mod:`engine.metrics.ties`): the tolerance, per cell the tied queries
     (``tied``, null where not counted), their ``share`` of the queries with a positive and the Recall@k under each
     reading; with a paired test, each cross-test's interval under the pessimistic and the optimistic reading where a

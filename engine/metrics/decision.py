@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 
-from engine.core.vocab import TIE_RULES, Rule  # noqa: F401 (the rule's record lives in core: job payloads check it)
+from engine.core.kinds import beats
+from engine.core.vocab import Rule  # the rule's record lives in core: job payloads check it
 
 INTERVALS = {"two-way": "queries and gallery items", "queries": "queries",  # --interval: what the interval resamples
              "sequential": "queries in the order given"}  # --sequential: an anytime-valid confidence sequence
@@ -32,11 +33,9 @@ def decide(diff: float, lo: float, hi: float, rule: Rule = Rule(), *, unchanged:
     """
     t = rule.threshold
     tie = diff == lo == hi == t or (unchanged and diff == t)
-    strict = rule.ties == "fail"
-    if unchanged and diff == t and not strict:
+    if unchanged and diff == t and beats(t, t, rule.ties):  # ties pass: every item is an exact tie, and passes
         return "pass", True
-    point_ok = diff > t if strict else diff >= t
-    if point_ok and (lo > t if strict else lo >= t):
+    if beats(diff, t, rule.ties) and beats(lo, t, rule.ties):
         return "pass", tie
     if hi < t:
         return "fail", tie

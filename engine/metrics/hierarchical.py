@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.core.kinds import STRICT, beats
+
 _CHUNK_ELEMENTS = 1 << 22  # draw counts held at once (draws x items)
 Statistic = Callable[[np.ndarray], np.ndarray]
 
@@ -131,7 +133,7 @@ def margin_statistic(T: int, t: int, k: int) -> Statistic:
     return lambda m: m[:, col[(t, k)]] - m[:, col[(k, k)]]
 
 
-def ac_statistic(T: int, *, ties: str = "fail") -> Statistic:
+def ac_statistic(T: int, *, ties: str = STRICT) -> Statistic:
     """AC per draw: the share of cross-tests whose value is above (``ties="pass"``: at least) its self-test."""
     col = matrix_columns(T)
     cross = [(col[(t, k)], col[(k, k)]) for t in range(T) for k in range(t)]
@@ -140,14 +142,14 @@ def ac_statistic(T: int, *, ties: str = "fail") -> Statistic:
 
     def stat(m: np.ndarray) -> np.ndarray:
         a, b = m[:, [c for c, _ in cross]], m[:, [s for _, s in cross]]
-        ok = (a >= b) if ties == "pass" else (a > b)
+        ok = beats(a, b, ties)
         defined = ~(np.isnan(a) | np.isnan(b))
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(defined.any(1), (ok & defined).sum(1) / defined.sum(1), np.nan)
     return stat
 
 
-def gain_statistic(T: int, *, min_gain: float = 0.01, ties: str = "fail") -> Statistic:
+def gain_statistic(T: int, *, min_gain: float = 0.01, ties: str = STRICT) -> Statistic:
     """Mean update gain Γ per draw over the cross-tests where ECC holds and the new model beats the old one on its own
     by ``min_gain`` (paper 002 reports Γ only where ECC holds); NaN when no cell qualifies."""
     col = matrix_columns(T)
@@ -156,7 +158,7 @@ def gain_statistic(T: int, *, min_gain: float = 0.01, ties: str = "fail") -> Sta
     def stat(m: np.ndarray) -> np.ndarray:
         cross, old, new = (m[:, [c[i] for c in cells]] for i in range(3))
         denom = new - old
-        ecc = (cross >= old) if ties == "pass" else (cross > old)
+        ecc = beats(cross, old, ties)
         use = ecc & (denom >= min_gain)
         with np.errstate(invalid="ignore", divide="ignore"):
             g = np.where(use, (cross - old) / np.where(use, denom, 1.0), 0.0)

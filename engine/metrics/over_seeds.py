@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.core.kinds import STRICT, beats
 from engine.metrics.decision import Rule, decide
 from engine.metrics.gain import MIN_GAIN, gain_cells
 from engine.metrics.uncertainty import seed_interval
@@ -30,7 +31,7 @@ def _matrix(rows: Sequence[Sequence[float | None]] | np.ndarray) -> np.ndarray:
     return np.array([[np.nan if v is None else v for v in row] for row in rows], dtype=np.float64)
 
 
-def mean_verdicts(paired: Sequence[dict], *, ties: str = "fail", confidence: float = 0.95) -> dict:
+def mean_verdicts(paired: Sequence[dict], *, ties: str = STRICT, confidence: float = 0.95) -> dict:
     """Per cross-test, the mean paired difference over seeds, its interval and the verdict of the mean.
 
     ``paired``: each seed's stored paired test (``diff``/``lo``/``hi`` rows, None where undefined). Returns
@@ -73,7 +74,7 @@ def mean_verdicts(paired: Sequence[dict], *, ties: str = "fail", confidence: flo
     return out
 
 
-def ecc_gain(matrices: Sequence[np.ndarray | Sequence], *, ties: str = "fail", min_gain: float = MIN_GAIN) -> dict:
+def ecc_gain(matrices: Sequence[np.ndarray | Sequence], *, ties: str = STRICT, min_gain: float = MIN_GAIN) -> dict:
     """Γ averaged over the (seed, cross-test) cells where ECC holds and Γ is defined: ``{"mean", "cells", "why"}``
     (``mean`` None and ``why`` a sentence when no cell qualifies)."""
     values, crosses, ecc_cells = [], 0, 0
@@ -85,7 +86,7 @@ def ecc_gain(matrices: Sequence[np.ndarray | Sequence], *, ties: str = "fail", m
                 if np.isnan(C[t, k]) or np.isnan(C[k, k]):
                     continue
                 crosses += 1
-                if not (C[t, k] >= C[k, k] if ties == "pass" else C[t, k] > C[k, k]):
+                if not beats(C[t, k], C[k, k], ties):
                     continue
                 ecc_cells += 1
                 if not np.isnan(gain[t, k]):
@@ -109,7 +110,7 @@ def over_seeds(runs: Sequence[dict], *, confidence: float = 0.95) -> dict:
     runs = [r for r in runs if r and r.get("matrix") is not None]
     if not runs:
         return {"verdicts": None, "gain": {"mean": None, "cells": 0, "why": "undefined: no matrix"}, "seeds": 0}
-    ties = runs[0].get("ties") or "fail"
+    ties = runs[0].get("ties") or STRICT
     paired = [r["paired"] for r in runs if r.get("paired")]
     return {"verdicts": mean_verdicts(paired, ties=ties, confidence=confidence) if paired else None,
             "gain": ecc_gain([r["matrix"] for r in runs], ties=ties), "seeds": len(runs)}

@@ -41,6 +41,8 @@ from statistics import NormalDist
 
 import numpy as np
 
+from engine.core.kinds import STRICT, beats
+
 VERDICTS = ("pass", "fail", "unresolved")
 SYMBOLS = {"pass": "✓", "fail": "✗", "unresolved": "?"}
 DEFAULT_RESAMPLES = 1000
@@ -170,12 +172,12 @@ def paired_bootstrap(cross: np.ndarray, self_test: np.ndarray, *, resamples: int
     return float(d.mean()), float(lo), float(hi)
 
 
-def verdict(lo: float, hi: float, ecc_passes: bool, *, ties: str = "fail") -> str | None:
+def verdict(lo: float, hi: float, ecc_passes: bool, *, ties: str = STRICT) -> str | None:
     """``pass`` / ``fail`` / ``unresolved`` from the interval and the ECC under the tie rule ``ties`` (None when
     undefined)."""
     if np.isnan(lo) or np.isnan(hi):
         return None
-    if ecc_passes and (lo > 0 or (ties == "pass" and lo >= 0)):
+    if ecc_passes and beats(lo, 0.0, ties):
         return "pass"
     if hi < 0 or (not ecc_passes and hi <= 0):
         return "fail"

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import torch
 
 GalleryKind = Literal["instance", "template"]
-# how a negative that ties the best positive ranks (Recall@k); not the ECC tie rule (engine.metrics.summary.TieRule)
+# how a negative that ties the best positive ranks (Recall@k); not the ECC tie rule (engine.core.kinds.TIES)
 RankTies = Literal["pessimistic", "optimistic"]
 
 

@@ -14,12 +14,9 @@ Definitions (papers 000, 001, 002; see ``../shared/papers``):
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 
-# whether a cross-test equal to its self-test passes ECC; not the rank tie rule (engine.metrics.retrieval.RankTies)
-TieRule = Literal["fail", "pass"]
+from engine.core.kinds import STRICT, beats, check_ties
 
 
 def _square(C: np.ndarray) -> np.ndarray:
@@ -33,20 +30,19 @@ def _cross(T: int) -> tuple[np.ndarray, np.ndarray]:
     return np.tril_indices(T, -1)
 
 
-def ecc_pass(C: np.ndarray, *, ties: TieRule = "fail") -> np.ndarray:
+def ecc_pass(C: np.ndarray, *, ties: str = STRICT) -> np.ndarray:
     """T x T array: 1.0 where a cross-test passes ECC, 0.0 where it fails, NaN elsewhere or undefined."""
     C = _square(C)
-    if ties not in ("fail", "pass"):
-        raise ValueError(f"unknown tie rule {ties!r}; use 'fail' (strict >) or 'pass' (>=)")
+    check_ties(ties)  # a bad rule is refused even for a matrix without cross-tests
     out = np.full(C.shape, np.nan)
     t, k = _cross(C.shape[0])
     cross, self_test = C[t, k], C[k, k]
-    passed = cross > self_test if ties == "fail" else cross >= self_test
+    passed = beats(cross, self_test, ties)
     out[t, k] = np.where(np.isnan(cross) | np.isnan(self_test), np.nan, passed.astype(float))
     return out
 
 
-def average_compatibility(C: np.ndarray, *, ties: TieRule = "fail") -> float:
+def average_compatibility(C: np.ndarray, *, ties: str = STRICT) -> float:
     """AC: the fraction of defined cross-tests that pass ECC (NaN when there is none)."""
     e = ecc_pass(C, ties=ties)
     vals = e[_cross(e.shape[0])]
@@ -62,7 +58,7 @@ def average_accuracy(C: np.ndarray) -> float:
     return float(vals.mean()) if len(vals) else float("nan")
 
 
-def average_compatibility_accuracy(C: np.ndarray, *, ties: TieRule = "fail") -> float:
+def average_compatibility_accuracy(C: np.ndarray, *, ties: str = STRICT) -> float:
     """ACA: sum of the passing cross-tests divided by the number of defined cross-tests."""
     C = _square(C)
     e = ecc_pass(C, ties=ties)
@@ -74,7 +70,7 @@ def average_compatibility_accuracy(C: np.ndarray, *, ties: TieRule = "fail") -> 
     return float(np.sum(vals[defined] * passed[defined]) / defined.sum())
 
 
-def ac_curve(C: np.ndarray, *, ties: TieRule = "fail") -> np.ndarray:
+def ac_curve(C: np.ndarray, *, ties: str = STRICT) -> np.ndarray:
     """AC_tau for tau = 1..T (tau = 1 has no cross-test: NaN)."""
     C = _square(C)
     return np.array([average_compatibility(C[:tau, :tau], ties=ties) for tau in range(1, C.shape[0] + 1)])
@@ -100,7 +96,7 @@ def update_gain(C: np.ndarray) -> np.ndarray:
     return out
 
 
-def summarize(C: np.ndarray, *, ties: TieRule = "fail") -> dict[str, float | list[float | None]]:
+def summarize(C: np.ndarray, *, ties: str = STRICT) -> dict[str, float | list[float | None]]:
     """AC, AA, ACA and the AC_tau / AA_tau curves of one matrix, JSON-ready (None for NaN)."""
     clean = lambda a: [None if np.isnan(v) else float(v) for v in a]  # noqa: E731
     scalar = lambda v: None if np.isnan(v) else float(v)  # noqa: E731

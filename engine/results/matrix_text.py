@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.core.kinds import STRICT
 from engine.metrics.compatibility import MatrixResult, stored_summary
 from engine.results.report import render_matrix
 from engine.results.verdict_words import cell_verdict_lines
 
 
-def matrix_text(result: MatrixResult, name: str, /, *, title: str, ties: str = "fail", names: list[str] | None = None,
+def matrix_text(result: MatrixResult, name: str, /, *, title: str, ties: str = STRICT, names: list[str] | None = None,
                 fmt: str = "text", **labels: Any) -> str:
     """Metric ``name``'s matrix of ``result`` in ``fmt``, its paired verdicts judged under the ECC tie rule ``ties`` as
     they are stored (:func:`engine.metrics.compatibility.stored_summary`); in text, one line per cross-test after it."""

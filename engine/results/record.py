@@ -16,6 +16,7 @@ import numpy as np
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from engine.core.kinds import STRICT
 from engine.core.config import neutral_for_hash
 from engine.core.contract import RAW_VIEWS
 from engine.data.samples import SampleRefs
@@ -107,7 +108,7 @@ def record_version(s: Session, experiment_id: int, step: int, version: NewVersio
 
 
 def record_matrices(s: Session, experiment_id: int, result: MatrixResult, *, gallery_kind: str, view: str,
-                    eval_classes: str = "all", ties: str = "fail", arithmetic: Mapping[str, Any] | None = None) -> None:
+                    eval_classes: str = "all", ties: str = STRICT, arithmetic: Mapping[str, Any] | None = None) -> None:
     """Store every metric's matrix of ``result`` for ``view`` with its summary (AC/AA/ACA, update gain, paired test)
     and, when given, the arithmetic that made the features (``summary["arithmetic"]``, ``engine.models.arithmetic``)."""
     for metric, C in result.values.items():
@@ -125,7 +126,7 @@ def finish(s: Session, experiment_id: int) -> None:
 
 
 def record_experiment(db: Engine, *, name: str, method: str, config: dict[str, Any], versions: Sequence[NewVersion],
-                      results: Mapping[str, MatrixResult], gallery_kind: str, ties: str = "fail",
+                      results: Mapping[str, MatrixResult], gallery_kind: str, ties: str = STRICT,
                       study_kind: str | None = None) -> int:
     """Write a whole experiment (steps 1..T, a matrix set per view, done) in one transaction; return its id.
 

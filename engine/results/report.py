@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.core.kinds import STRICT
 from engine.core.conventions import model_names, replaced_note
 from engine.metrics import ecc_pass, summarize
 from engine.metrics.gain import gain_cells, gain_text
@@ -79,7 +80,7 @@ def gain_line(C: np.ndarray, names: Sequence[str]) -> str:
 
 
 def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparable: np.ndarray | None = None,
-                  ties: str = "fail", names: Sequence[str] | None = None, paired: dict | None = None,
+                  ties: str = STRICT, names: Sequence[str] | None = None, paired: dict | None = None,
                   gain: np.ndarray | None = None, replaced: Sequence[int] = (), metric: str = "", view: str = "",
                   gallery_kind: str = "", eval_classes: str = "", tie_readings: dict | None = None) -> str:
     """One matrix with its AC / AA / ACA line in the chosen format (AA and ACA in percent; CSV: ``matrix_csv``).
@@ -137,7 +138,7 @@ def render_matrix(C: np.ndarray, *, fmt: str = "text", title: str = "", comparab
     return out.getvalue()
 
 
-def matrix_rows(C: np.ndarray, *, names: Sequence[str], comparable: np.ndarray | None = None, ties: str = "fail",
+def matrix_rows(C: np.ndarray, *, names: Sequence[str], comparable: np.ndarray | None = None, ties: str = STRICT,
                 paired: dict | None = None, gain: np.ndarray | Sequence | None = None, metric: str = "", view: str = "",
                 gallery_kind: str = "", eval_classes: str = "", tie_readings: dict | None = None) -> list[dict]:
     """The lower triangle as rows of ``CSV_COLUMNS``: numbers as floats (None where undefined), ``cell`` = self /
@@ -244,7 +245,7 @@ def _gain(s: dict) -> dict:
     if s.get("over_seeds"):
         return s["over_seeds"]["gain"]
     if s.get("matrix") is not None:
-        return ecc_gain([s["matrix"]], ties=s.get("ties") or "fail")
+        return ecc_gain([s["matrix"]], ties=s.get("ties") or STRICT)
     return {"mean": None, "cells": 0, "why": "undefined: no matrix"}
 
 

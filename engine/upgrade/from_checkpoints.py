@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from engine.core.kinds import STRICT
 from engine.checkpoints.compare import Comparison, compare_checkpoints, model_labels
 from engine.checkpoints.request import comparison_spec
 from engine.checkpoints.store import store_comparison
@@ -43,7 +44,7 @@ def comparison_pair(cmp: Comparison, view: str) -> tuple[CellFeatures, CellFeatu
 
 def check_models(spec: Mapping[str, Any], *, view: str = "encoder", names: Sequence[str] | None = None,
                  metric: str = "recall@1", resamples: int, level: float, seed: int, margin: float = 0.0,
-                 ties: str = "fail", interval: str = DEFAULT_INTERVAL,
+                 ties: str = STRICT, interval: str = DEFAULT_INTERVAL,
                  db: Engine | None = None, **backfill: Any) -> tuple[UpgradeReport, Comparison, int | None]:
     """The verdict of the second model of ``spec`` over the first on its images; stored in ``db`` when given.
 

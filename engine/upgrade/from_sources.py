@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from engine.core.kinds import STRICT
 from engine.core.contract import sources_check_payload
 from engine.core.conventions import relevance_phrase
 from engine.core.vocab import RELEVANCE, RELEVANCE_K, decision_metric
@@ -336,7 +337,7 @@ def _labels_as(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = DEFAULT_K, metric: str | None = None,
                   names: Sequence[str] = ("old", "new"), resamples: int = DEFAULT_RESAMPLES,
-                  level: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_SEED, margin: float = 0.0, ties: str = "fail",
+                  level: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_SEED, margin: float = 0.0, ties: str = STRICT,
                   block_rows: int = DEFAULT_BLOCK_ROWS, backend: str = "numpy",
                   progress: Progress | None = None, backfill_depth: int | None = None,
                   rollout: bool = False, interval: str = DEFAULT_INTERVAL,

@@ -23,7 +23,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from engine.metrics.decision import (DEFAULT_INTERVAL, INTERVALS, TIE_RULES, Rule, decide,  # noqa: F401 (one rule,
+from engine.metrics.decision import (DEFAULT_INTERVAL, INTERVALS, Rule, decide,  # noqa: F401 (one rule,
                                      unchanged_bound)  # one floor down: the matrices judge with it too
 from engine.metrics.paired import cluster_variance
 

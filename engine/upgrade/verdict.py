@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 # ---- the engine pieces this check reuses
+from engine.core.kinds import STRICT
 from engine.metrics.backfill import backfill_curve, curve_area, fraction_to_reach
 from engine.metrics.backfill_orders import backfill_order
 from engine.metrics.backfill_rollout import rank_merge_curves, rescoring_curves, rescoring_ks
@@ -119,7 +120,7 @@ class UpgradeReport:
     backfill: tuple[BackfillNeed, ...] = ()
     best_ordering: str | None = None
     margin: float = 0.0  # points; > 0: non-inferiority
-    ties: str = "fail"
+    ties: str = STRICT
     interval: str = "queries"  # what the bootstrap resampled (a key of INTERVALS)
     notes: tuple[str, ...] = ()
     relevance: str = "labels"  # what counts as relevant (engine.core.vocab.RELEVANCE)
@@ -311,7 +312,7 @@ def best_ordering(needs: Sequence[BackfillNeed]) -> str | None:
 
 
 def check_settings(names: Sequence[str], *, metric: str, resamples: int, level: float, margin: float = 0.0,
-                   ties: str = "fail", interval: str = DEFAULT_INTERVAL) -> tuple[tuple[str, str], str]:
+                   ties: str = STRICT, interval: str = DEFAULT_INTERVAL) -> tuple[tuple[str, str], str]:
     """The checked names and the normalised metric of :func:`check_upgrade`; ``ValueError`` with one sentence otherwise.
 
     Callers that must embed images first (``check-upgrade --model``) call it before that work.
@@ -331,7 +332,7 @@ def check_settings(names: Sequence[str], *, metric: str, resamples: int, level: 
 def check_upgrade(old: CellFeatures, new: CellFeatures, *, names: Sequence[str] = ("old", "new"), metric: str = "recall@1",
                   resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_SEED,
                   same_set: bool = False, orderings: Sequence[str] = DEFAULT_ORDERINGS, margin: float = 0.0,
-                  ties: str = "fail", interval: str = DEFAULT_INTERVAL, rollout: bool = False,
+                  ties: str = STRICT, interval: str = DEFAULT_INTERVAL, rollout: bool = False,
                   query_groups: np.ndarray | None = None) -> UpgradeReport:
     """The upgrade verdict of ``new`` over ``old`` on one image set (see the module docstring).
 
