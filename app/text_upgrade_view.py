@@ -8,7 +8,6 @@ the stored payload. The formatting helpers are pure (``tests/test_app_text_upgra
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +22,7 @@ from app.widgets import MISSING, analysis_result, experiment_label, follow_jobs,
 from engine.checkpoints.request import parse_dataset, text_corpus
 from engine.core.contract import ADAPTER_NAMES
 from engine.core.conventions import metric_name
+from engine.core.kinds import metric_parts
 from engine.data.wordnet import parse_options
 from engine.results.verdict_words import interval_text
 from engine.upgrade.words import pct
@@ -34,7 +34,6 @@ VERDICT_MARK = {"compatible": "✓", "not compatible": "✗", "too close to call
 PAIRED_WORD = {"compatible": "pass", "not compatible": "fail", "too close to call": "unresolved"}  # charts.matrix_frame
 PSP_LSP_LINE = ("PSP and LSP do not apply: a sentence encoder has no classifier head (no class probabilities or "
                 "logits to project onto shared classes), so its models are compared on the encoder view only.")
-_METRIC = re.compile(r"^(supersense_recall|neighbour_recall|recall|map|ndcg)@(\d+)$")
 
 
 # ---------------------------------------------------------------------------------------------- pure helpers
@@ -46,13 +45,6 @@ def text_task(config: Mapping[str, Any]) -> str | None:
     return None if dataset is None else parse_options(parse_dataset(dataset)[1]).task
 
 
-def display_metric(metric: str) -> str:
-    """``supersense_recall@1`` -> 'supersense Recall@1'; every other metric as ``metric_name`` names it."""
-    if metric.startswith("supersense_recall@"):
-        return "supersense " + metric_name(metric[len("supersense_"):])
-    return metric_name(metric)
-
-
 def verdict_label(verdict: str | None) -> str:
     """'✗ not compatible' (the verdict with its mark); '–' when there is none."""
     return MISSING if not verdict else f"{VERDICT_MARK.get(verdict, '')} {verdict}".strip()
@@ -60,23 +52,23 @@ def verdict_label(verdict: str | None) -> str:
 
 def meaning(metric: str, task: str = "qrels") -> str:
     """What a metric of the summary measures, in one phrase (``task``: the corpus's, qrels or class)."""
-    found = _METRIC.match(metric)
-    if not found:
+    parts = metric_parts(metric)
+    if parts is None or parts[1] is None:
         return metric
-    kind, k = found.group(1), int(found.group(2))
+    kind, k = parts
     own = "its own definition" if task == "qrels" else "a definition of its supersense"
     top = "the top hit" if k == 1 else f"among the top {k}"
     if kind == "recall":
-        return f"{display_metric(metric)}: share of sentences with {own} {'as ' + top if k == 1 else top}"
+        return f"{metric_name(metric)}: share of sentences with {own} {'as ' + top if k == 1 else top}"
     if kind == "map":
-        return (f"{display_metric(metric)}: mean average precision in the top {k}"
+        return (f"{metric_name(metric)}: mean average precision in the top {k}"
                 + (" (one relevant definition: the mean of 1 / its rank)" if task == "qrels" else ""))
     if kind == "ndcg":
-        return f"{display_metric(metric)}: discounted gain of {own} by its rank in the top {k}"
+        return f"{metric_name(metric)}: discounted gain of {own} by its rank in the top {k}"
     if kind == "supersense_recall":
-        return (f"{display_metric(metric)}: {top} is a definition of the sentence's supersense (one of WordNet's 45 "
+        return (f"{metric_name(metric)}: {top} is a definition of the sentence's supersense (one of WordNet's 45 "
                 "classes): the class-level task")
-    return (f"{display_metric(metric)}: label-free, the share of the new model's own top {k} (new/new, the reference, "
+    return (f"{metric_name(metric)}: label-free, the share of the new model's own top {k} (new/new, the reference, "
             "so not shown) that a search returns")
 
 
@@ -102,7 +94,7 @@ def headline(payload: Mapping[str, Any], pair: Mapping[str, Any], metric: str = 
     if row is None:
         return None
     old, new = payload["models"][pair["old"]], payload["models"][pair["new"]]
-    m = display_metric(row["metric"])
+    m = metric_name(row["metric"])
     c = payload["corpus"]
     over = (f"{c['queries']:,} queries and {c['gallery']:,} gallery items" if row.get("interval") == "two-way"
             else f"{c['queries']:,} queries")  # what the interval resampled (Recall@k: both, as check-upgrade)
@@ -144,7 +136,7 @@ def pairs_frame(payload: Mapping[str, Any]) -> pd.DataFrame:
     """Every pair and metric: old/old, new/old, new/new in %, the difference (new/old - old/old) in points, its
     interval and the verdict with its mark."""
     level = f"{100 * payload['level']:g}% CI (points)"
-    rows = [{"pair": pair_name(payload["models"], pair), "metric": display_metric(r["metric"]),
+    rows = [{"pair": pair_name(payload["models"], pair), "metric": metric_name(r["metric"]),
              "old/old %": _percent(r.get("old_old")), "new/old %": _percent(r.get("new_old")),
              "new/new %": _percent(r.get("new_new")), "difference (points)": _percent(r.get("diff")),
              level: _ci(r), "verdict": verdict_label(r.get("verdict"))}
@@ -197,7 +189,7 @@ def show_matrix(payload: Mapping[str, Any], metrics: Sequence[str], *, key: str)
     """The T x T matrix of a chosen metric, each cross cell marked by its pair's verdict, beside how to read it."""
     models, task = payload["models"], payload["corpus"].get("task", "qrels")
     chart_column, text_column = st.columns([3, 2])
-    metric = text_column.selectbox("Metric", metrics, format_func=display_metric, key=f"{key}_metric")
+    metric = text_column.selectbox("Metric", metrics, format_func=metric_name, key=f"{key}_metric")
     text_column.caption(plain(f"{meaning(metric, task)}."))
     text_column.caption(plain("Row = query model (new), column = the model that embedded the index (old). Each cross "
                               "cell is marked by its pair's paired verdict: ✓ compatible, ✗ not compatible (red), ? too "
@@ -205,8 +197,8 @@ def show_matrix(payload: Mapping[str, Any], metrics: Sequence[str], *, key: str)
                               "label-free metric has no matrix: its reference is new/new."))
     C, ecc, paired = matrix_arrays(payload, metric)
     frame = charts.matrix_frame(C, ecc, models, paired=paired)
-    chart_column.altair_chart(charts.matrix_heatmap(frame, models, title=f"{display_metric(metric)} (%)",
-                                                    metric=display_metric(metric)), width="content")
+    chart_column.altair_chart(charts.matrix_heatmap(frame, models, title=f"{metric_name(metric)} (%)",
+                                                    metric=metric_name(metric)), width="content")
 
 
 def show_summary(payload: Mapping[str, Any], *, key: str = "tu") -> None:

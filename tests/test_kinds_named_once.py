@@ -23,3 +23,27 @@ def test_an_unknown_tie_rule_is_one_line(bad):
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="unknown tie rule"):
         check_ties(bad)
+
+
+def test_one_metric_grammar_and_one_bound_on_k():
+    from engine.core.kinds import MAX_K, metric_label, metric_parts
+    from engine.core.vocab import parse_metric
+    from engine.upgrade.from_sources import parse_source_metric
+
+    assert metric_parts(" Recall@10 ") == ("recall", 10) and metric_parts("map") == ("map", None)
+    assert metric_parts(f"ndcg@{MAX_K}") == ("ndcg", MAX_K) and metric_parts("supersense_recall@1") == ("supersense_recall", 1)
+    for bad in ("recall@0", f"recall@{MAX_K + 1}", "auc@5", "recall@", "recall@-1", "map@1.5"):
+        assert metric_parts(bad) is None, bad
+    # the three readers share the grammar and the bound; each keeps its own choice of kinds
+    for read in (lambda m: parse_metric(m), lambda m: parse_source_metric(m, "labels")):
+        assert read("recall@5") == ("recall", 5)
+        with pytest.raises(ValueError):
+            read(f"recall@{MAX_K + 1}")
+    assert parse_source_metric("neighbour_recall@3", "none") == ("neighbour_recall", 3)
+    with pytest.raises(ValueError, match="does not go with"):
+        parse_source_metric("map", "labels")  # top-k lists: no full-ranking mAP
+    with pytest.raises(ValueError, match="unknown metric"):
+        parse_metric("ndcg@10")
+    assert [metric_label(m) for m in ("recall@1", "map", "map@10", "ndcg@10", "neighbour_recall@10",
+                                      "supersense_recall@1", "ndcg", "verification")] == [
+        "Recall@1", "mAP", "mAP@10", "nDCG@10", "neighbour recall@10", "supersense Recall@1", "ndcg", "verification"]

@@ -23,7 +23,8 @@ from typing import Any
 from engine.core.kinds import STRICT
 from engine.core.fan_out import FanOut, check_task_gallery
 from engine.core.presets import RUN_PRESETS
-from engine.core.vocab import MAX_K, RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, Rule, check_resamples, parse_metric
+from engine.core.kinds import MAX_K
+from engine.core.vocab import RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, Rule, check_resamples, parse_metric
 
 # ---------------------------------------------------------------------------------------------- views
 RAW_VIEWS = ("encoder", "logits", "softmax")  # what the worker extracts and stores per model version and split

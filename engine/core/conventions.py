@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.core.kinds import STRICT
+from engine.core.kinds import STRICT, metric_label
 
 SEPARATOR = " · "
 # IAM-CL2R replaces the model with a third-party one pretrained on external data (ImageNet32); with none here,
@@ -35,16 +35,7 @@ _COMMENT = {"csv": "# ", "latex": "% ", "text": "", "markdown": ""}
 def metric_name(metric: str) -> str:
     """'recall@1' -> 'Recall@1', 'map' -> 'mAP', 'map@10' -> 'mAP@10', 'ndcg@10' -> 'nDCG@10',
     'neighbour_recall@10' -> 'neighbour recall@10'; anything else as it is."""
-    low = metric.lower()
-    if low.startswith("recall@"):
-        return "Recall@" + low[len("recall@"):]
-    if low == "map" or low.startswith("map@"):
-        return "mAP" + low[len("map"):]
-    if low.startswith("ndcg@"):
-        return "nDCG@" + low[len("ndcg@"):]
-    if low.startswith("neighbour_recall@"):
-        return "neighbour recall@" + low[len("neighbour_recall@"):]
-    return metric
+    return metric_label(metric)
 
 
 @dataclass(frozen=True)

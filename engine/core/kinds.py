@@ -4,9 +4,12 @@ nothing else spells a kind's name (``tests/test_kinds_named_once.py``).
 
 - ECC tie rules (:data:`TIES`) and the one comparison :func:`beats`: strict ``>`` (an exact tie fails, the papers'
   rule) or ``>=`` (ties pass). Not the rank tie readings of Recall@k (``engine.core.vocab.RANK_TIE_READINGS``).
+- metrics (:data:`METRICS`) and their one grammar ``kind[@K]`` (:func:`metric_parts`), with the one bound on K
+  (:data:`MAX_K`); which kinds a caller accepts is its own (``engine.core.vocab.parse_metric``, the sources check).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,3 +47,32 @@ def beats(cross: Any, old: Any, ties: str = STRICT) -> Any:
     """Whether ``cross`` passes ECC against ``old`` under the tie rule ``ties``: ``cross > old`` (``"fail"``) or
     ``cross >= old`` (``"pass"``); numbers or numpy arrays (elementwise; NaN never beats)."""
     return cross >= old if check_ties(ties) == "pass" else cross > old
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+METRICS = _named(
+    Kind("recall", "Recall", "share of queries with a relevant item in the top K (Recall@K)"),
+    Kind("map", "mAP", "mean average precision over the full ranking, or over the top K (mAP@K)"),
+    Kind("ndcg", "nDCG", "discounted gain of the graded judgements by rank in the top K (BEIR's)"),
+    Kind("neighbour_recall", "neighbour recall", "label-free: the share of the new model's own top K a search returns"),
+    Kind("supersense_recall", "supersense Recall", "the top K holds a definition of the sentence's supersense"),
+)
+MAX_K = 1_000_000  # the K of a metric (recall@K, map@K, ...): a bound keeps it a machine integer
+_METRIC = re.compile(r"^([a-z_]+?)(?:@(\d+))?$")
+
+
+def metric_parts(name: object) -> tuple[str, int | None] | None:
+    """``("recall", 10)`` of ``"recall@10"``, ``("map", None)`` of ``"map"`` (case and outer spaces ignored); None when
+    the name is not a kind of :data:`METRICS` with an optional K in ``1..MAX_K``."""
+    m = _METRIC.match(str(name).strip().lower())
+    if not m or m.group(1) not in METRICS:
+        return None
+    k = None if m.group(2) is None else int(m.group(2))
+    return None if k is not None and not 1 <= k <= MAX_K else (m.group(1), k)
+
+
+def metric_label(name: str) -> str:
+    """``"recall@1"`` -> ``"Recall@1"``, ``"map"`` -> ``"mAP"``, ``"neighbour_recall@10"`` -> ``"neighbour recall@10"``;
+    anything else as it is."""
+    kind, at, k = name.lower().partition("@")
+    return METRICS[kind].label + at + k if kind in METRICS and (at or kind == "map") else name

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from engine.core.kinds import STRICT, TIES, check_ties
+from engine.core.kinds import MAX_K, STRICT, TIES, check_ties, metric_parts
 
 
 
@@ -178,7 +178,6 @@ class Rule:
         return "ECC with ties passing (cross-test >= self-test)"
 
 
-MAX_K = 1_000_000  # the k of recall@k / map@k: a bound keeps it a machine integer
 MAX_RESAMPLES = 100_000  # bootstrap resamples: 100x the default, a 0.1-point Monte Carlo error; more only costs time
 
 
@@ -187,7 +186,6 @@ def check_resamples(value: object, what: str = "resamples") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RESAMPLES:
         raise ValueError(f"{what} must be an integer from 1 to {MAX_RESAMPLES:,}, got {value!r}")
     return value
-_METRIC = re.compile(r"^(recall|map)(?:@(\d+))?$")
 VERIFICATION = "verification"  # paper 002's pair-verification accuracy (engine.metrics.verification)
 
 
@@ -199,8 +197,8 @@ def parse_metric(name: str, *, pairs: bool = True) -> tuple[str, int | None]:
     key = str(name).strip().lower()
     if pairs and key == VERIFICATION:
         return VERIFICATION, None
-    m = _METRIC.match(key)
-    if not m or (m.group(1) == "recall" and m.group(2) is None) or (m.group(2) is not None and not 1 <= int(m.group(2)) <= MAX_K):
+    parts = metric_parts(key)
+    if parts is None or parts[0] not in ("recall", "map") or parts == ("recall", None):
         extra = ", 'map@K' or 'verification'" if pairs else " or 'map@K'"
         raise ValueError(f"unknown metric {name!r}; use 'recall@K' (1 <= K <= {MAX_K:,}), 'map'{extra}")
-    return m.group(1), int(m.group(2)) if m.group(2) else None
+    return parts

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from engine.core.conventions import metric_name
+from engine.core.kinds import metric_parts
 from engine.metrics.decision import Rule
 from engine.metrics.uncertainty import ac_range
 
@@ -44,11 +45,11 @@ def matrix_verdict(verdicts: Sequence[Sequence[str | None]], ties: Mapping | Non
 def metric_order(metrics: Iterable[str]) -> list[str]:
     """Metrics in the order backfilling needs are quoted: mAP (and mAP@k) first, then Recall@k from the largest k."""
     def key(m: str) -> tuple[int, int]:
-        low = m.lower()
-        if low.startswith("map"):
+        kind, k = metric_parts(m) or ("", None)
+        if kind == "map":
             return (0, 0)
-        if low.startswith("recall@"):
-            return (1, -int(low.split("@")[1]))
+        if kind == "recall" and k is not None:
+            return (1, -k)
         return (2, 0)
     return sorted(dict.fromkeys(metrics), key=key)
 

@@ -32,13 +32,12 @@ rank merge and threshold (:mod:`engine.upgrade.source_remedies`), which read the
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from engine.core.kinds import STRICT
+from engine.core.kinds import MAX_K, STRICT, metric_parts
 from engine.core.contract import sources_check_payload
 from engine.core.conventions import relevance_phrase
 from engine.core.vocab import RELEVANCE, RELEVANCE_K, decision_metric
@@ -61,7 +60,6 @@ from engine.upgrade.words import NOT_JUDGED
 
 DEFAULT_K = RELEVANCE_K
 DEFAULT_BLOCK_ROWS = 65536
-_METRIC = re.compile(r"^(recall|map|ndcg|neighbour_recall)@(\d+)$")
 _PRINT_ROWS = 4096  # rows per chunk of the per-item fingerprint
 
 Progress = Callable[[float, str], None]
@@ -180,12 +178,14 @@ def default_metric(relevance: str, k: int) -> str:
 
 def parse_source_metric(metric: str, relevance: str) -> tuple[str, int]:
     """``(kind, K)`` of ``recall@K``, ``map@K``, ``ndcg@K`` (labels, qrels) or ``neighbour_recall@K`` (none)."""
-    m = _METRIC.match(str(metric).strip().lower())
-    allowed = "neighbour_recall@K" if relevance == "none" else "recall@K, map@K or ndcg@K"
-    if not m or int(m.group(2)) < 1 or (m.group(1) == "neighbour_recall") != (relevance == "none"):
-        raise ValueError(f"metric {metric!r} does not go with relevance {relevance}; use {allowed} (K >= 1; the lists "
-                         "are top-k, so a full-ranking mAP is not available)")
-    return m.group(1), int(m.group(2))
+    parts = metric_parts(metric)
+    label_free = relevance == "none"
+    allowed = "neighbour_recall@K" if label_free else "recall@K, map@K or ndcg@K"
+    if (parts is None or parts[1] is None or parts[0] not in ("recall", "map", "ndcg", "neighbour_recall")
+            or (parts[0] == "neighbour_recall") != label_free):
+        raise ValueError(f"metric {metric!r} does not go with relevance {relevance}; use {allowed} (1 <= K <= "
+                         f"{MAX_K:,}; the lists are top-k, so a full-ranking mAP is not available)")
+    return parts[0], parts[1]
 
 
 def _fingerprints(vectors: np.ndarray, coeffs: np.ndarray) -> np.ndarray:

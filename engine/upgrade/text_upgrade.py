@@ -36,6 +36,7 @@ from sqlalchemy import Engine
 from engine.adapters.fit import fit_adapters
 from engine.analysis.views import Progress, StoredVersion, load_experiment
 from engine.checkpoints.request import text_corpus
+from engine.core.kinds import metric_parts
 from engine.core.vocab import TEXT_DATASET_NAMES
 from engine.data.wordnet import LEXNAMES, parse_options, wordnet_task
 from engine.metrics.cell_interval import cell_seed, paired_intervals
@@ -211,7 +212,7 @@ def pair_rows(exp: TextExperiment, cells: dict[tuple[int, int], Cell], old: int,
     unchanged = bool(np.array_equal(exp.queries[old], exp.queries[new]) and np.array_equal(exp.gallery[old], exp.gallery[new]))
     rows, report = [], None
     for metric in metric_names(k):
-        kind, at = metric.rsplit("@", 1)[0], int(metric.rsplit("@", 1)[1])
+        kind, at = metric_parts(metric)
         if kind == "neighbour_recall":
             ref = nn_c.top
             oo = neighbour_recall(oo_c.top, ref, ks=(at,)).values[metric]
