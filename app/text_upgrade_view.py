@@ -20,9 +20,8 @@ from app import queries as q
 from app.checkpoint_form import PREFIX
 from app.widgets import MISSING, analysis_result, experiment_label, follow_jobs, plain
 from engine.checkpoints.request import parse_dataset, text_corpus
-from engine.core.contract import ADAPTER_NAMES
 from engine.core.conventions import metric_name
-from engine.core.kinds import metric_parts
+from engine.core.kinds import adapter_label, metric_parts
 from engine.data.wordnet import parse_options
 from engine.results.verdict_words import interval_text
 from engine.upgrade.words import pct
@@ -147,7 +146,7 @@ def pairs_frame(payload: Mapping[str, Any]) -> pd.DataFrame:
 
 def _kind_name(row: Mapping[str, Any]) -> Any:
     """An adapter's kind as the pages name it: paper 004's by their formula (``B⊥ + F``), post-hoc ones as they are."""
-    return ADAPTER_NAMES.get(row.get("kind"), row.get("kind")) if row.get("family") == "paper 004" else row.get("kind")
+    return adapter_label(row.get("kind"))
 
 
 def adapters_frame(rows: Sequence[Mapping[str, Any]], level: float) -> pd.DataFrame:

@@ -47,3 +47,18 @@ def test_one_metric_grammar_and_one_bound_on_k():
     assert [metric_label(m) for m in ("recall@1", "map", "map@10", "ndcg@10", "neighbour_recall@10",
                                       "supersense_recall@1", "ndcg", "verification")] == [
         "Recall@1", "mAP", "mAP@10", "nDCG@10", "neighbour recall@10", "supersense Recall@1", "ndcg", "verification"]
+
+
+def test_adapter_kinds_have_one_record_and_each_registry_covers_its_family():
+    from engine.adapters.pair import KINDS
+    from engine.adapters.posthoc import POSTHOC
+    from engine.core.contract import ADAPTER_KINDS
+    from engine.core.kinds import ADAPTERS, PAPER_ADAPTERS, POSTHOC_ADAPTERS, adapter_label
+    from engine.upgrade.text_upgrade import PAPER_KINDS, POSTHOC_KINDS
+
+    assert KINDS == ADAPTER_KINDS == PAPER_ADAPTERS == ("perp", "lambda", "fct")  # what an adapters job fits
+    assert tuple(POSTHOC) == POSTHOC_ADAPTERS == POSTHOC_KINDS  # the post-hoc registry is the family, in its order
+    assert PAPER_KINDS == ("perp", "lambda")  # the ones with a backward adapter B
+    assert [adapter_label(k) for k in ("perp", "lambda", "fct", "mlp", "unknown")] == [
+        "B⊥ + F", "B_λ + F", "FCT (F only)", "mlp", "unknown"]
+    assert all(a.help and a.label for a in ADAPTERS.values())

@@ -11,6 +11,7 @@ from app.widgets import (MISSING, analysis_result, follow_jobs, launch, pick_exp
                          state_convention)
 from engine.core.contract import ADAPTER_KINDS, analysis_key, DEFAULT_ORDERINGS, ORDERING_HELP, ORDERINGS, adapter_key, adapters_payload, same_set_of
 from engine.core.conventions import metric_name
+from engine.core.kinds import adapter_label
 from engine.results.verdict_words import artefact_note, metric_order, needs_lines
 from engine.upgrade.orders import best_by_area
 
@@ -51,7 +52,7 @@ with st.expander("Mapping adapters (paper 004): align the two models, then backf
                "regulariser, FCT maps forward only. The adapted views are stored as F(...) / B(...) on the models.")
     a1, a2 = st.columns([1, 3])
     kind = a1.selectbox("Adapter", ADAPTER_KINDS, key="bf_adapter_kind",
-                        format_func={"perp": "B⊥ + F", "lambda": "B_λ + F", "fct": "FCT (F only)"}.get)
+                        format_func=adapter_label)
     adapters_key = adapter_key(old["id"], new["id"], kind, view)
     same_set = same_set_of(experiment["config"])
     adapted = q.stored_analysis(url, experiment["id"], "adapters", adapters_key, q.stamp(experiment))

@@ -11,8 +11,9 @@ from app.report_download import report_button
 from app.sources_form import sources_section
 from app.text_upgrade_view import text_task
 from app.widgets import MISSING, analysis_result, model_label, pick_experiment, pick_rule, pick_steps, plain
-from engine.core.contract import ADAPTER_KINDS, ADAPTER_NAMES, adapter_key, adapters_payload, analysis_key, same_set_of
+from engine.core.contract import ADAPTER_KINDS, adapter_key, adapters_payload, analysis_key, same_set_of
 from engine.core.conventions import metric_name
+from engine.core.kinds import adapter_label
 from engine.results.verdict_words import artefact_note, metric_order, needs_lines
 from engine.upgrade.plan import pick_rollout
 from engine.upgrade.words import interval, sentence, share, tie_line
@@ -149,14 +150,14 @@ if r["backfill"]:
                 if (hit := q.stored_analysis(url, experiment["id"], "adapters", adapter_key(old["id"], new["id"], kind, view),
                                              q.stamp(experiment))) is not None}
     if adapters:
-        rows = [{"adapter": ADAPTER_NAMES.get(kind, kind), "query / gallery": row["row"],
+        rows = [{"adapter": adapter_label(kind), "query / gallery": row["row"],
                  "Recall@1 %": 100 * row["recall@1"], "mAP %": 100 * row["map"]}
                 for kind, a in adapters.items() for row in a["table"]]
         st.dataframe(pd.DataFrame(rows), hide_index=True, placeholder=MISSING)
     else:
         st.caption("No adapters stored for these two models and view yet. Fitting them trains a forward and a backward "
                    "adapter on the stored training features; they appear here when the job is done.")
-        kind = st.selectbox("Adapter", ADAPTER_KINDS, format_func=ADAPTER_NAMES.get, key="up_adapter_kind")
+        kind = st.selectbox("Adapter", ADAPTER_KINDS, format_func=adapter_label, key="up_adapter_kind")
         if st.button("Fit adapters", key="up_fit_adapters"):
             job_id = q.enqueue(url, "adapters", adapters_payload(old["id"], new["id"], kind=kind, view=view,
                                                                  same_set=same_set_of(experiment["config"])),

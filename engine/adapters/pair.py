@@ -28,10 +28,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from engine.adapters.inputs import as_features
+from engine.core.kinds import PAPER_ADAPTERS
 from engine.adapters.losses import orthogonality_deviation
 from engine.adapters.modules import AffineAdapter, OrthogonalAdapter
 
-KINDS = ("perp", "lambda", "fct")
+KINDS = PAPER_ADAPTERS  # perp (B_perp + F), lambda (B_lambda + F), fct (F only)
 DIM_MISMATCH = ("truncate", "pad")
 ADAPTERS_FORMAT = "compatibility-lab/adapters/1"
 

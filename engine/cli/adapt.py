@@ -5,6 +5,7 @@ import argparse
 
 from engine.cli.options import add_db
 from engine.core.contract import same_set_of
+from engine.core.kinds import ADAPTERS, PAPER_ADAPTERS
 
 
 def add_arguments(ad: argparse.ArgumentParser) -> None:
@@ -12,7 +13,8 @@ def add_arguments(ad: argparse.ArgumentParser) -> None:
     ad.add_argument("--experiment", type=int, required=True, help="experiment id (see the dashboard or 'run' output)")
     ad.add_argument("--old-step", type=int, default=1)
     ad.add_argument("--new-step", type=int, help="default: the last step")
-    ad.add_argument("--kind", choices=("perp", "lambda", "fct"), default="perp")
+    ad.add_argument("--kind", choices=PAPER_ADAPTERS, default=PAPER_ADAPTERS[0],
+                    help=" · ".join(f"{k}: {ADAPTERS[k].help}" for k in PAPER_ADAPTERS))
     ad.add_argument("--view", default="encoder")
     ad.add_argument("--epochs", type=int, default=60)
     ad.add_argument("--batch-size", type=int, default=64)

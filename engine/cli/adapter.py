@@ -15,11 +15,12 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from engine.core.kinds import POSTHOC_ADAPTERS, listed
 from engine.core.vocab import check_resamples
 from engine.data import roots
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
 
-KINDS_HELP = "procrustes, affine, cluster or mlp"  # checked against engine.adapters.posthoc.POSTHOC when run
+KINDS_HELP = listed(POSTHOC_ADAPTERS)  # checked against engine.adapters.posthoc.POSTHOC when run
 GRID_TEXT = "250,500,1000,2000,5000,10000,20000"
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from engine.core.kinds import STRICT
 from engine.core.fan_out import FanOut, check_task_gallery
 from engine.core.presets import RUN_PRESETS
-from engine.core.kinds import MAX_K
+from engine.core.kinds import MAX_K, PAPER_ADAPTERS
 from engine.core.vocab import RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, Rule, check_resamples, parse_metric
 
 # ---------------------------------------------------------------------------------------------- views
@@ -185,8 +185,7 @@ JOB_LANES = {"short": SHORT_JOB_KINDS, "main": ("run",)}
 # short lane's worker takes a map before a comparison of whole image sets, and a free general worker takes any
 # check before a training run.
 JOB_PRIORITY = {"analysis": 0, "adapters": 0, "checkpoints": 1, "sources_check": 1, "run": 2}
-ADAPTER_KINDS = ("perp", "lambda", "fct")  # engine.adapters.pair.KINDS: B_perp + F, B_lambda + F, F only
-ADAPTER_NAMES = {"perp": "B⊥ + F", "lambda": "B_λ + F", "fct": "FCT (F only)"}  # paper 004's adapters as pages name them
+ADAPTER_KINDS = PAPER_ADAPTERS  # what an ``adapters`` job fits (engine.adapters.pair.KINDS)
 
 
 def adapter_key(old_version_id: int, new_version_id: int, kind: str, view: str) -> str:

@@ -6,6 +6,8 @@ nothing else spells a kind's name (``tests/test_kinds_named_once.py``).
   rule) or ``>=`` (ties pass). Not the rank tie readings of Recall@k (``engine.core.vocab.RANK_TIE_READINGS``).
 - metrics (:data:`METRICS`) and their one grammar ``kind[@K]`` (:func:`metric_parts`), with the one bound on K
   (:data:`MAX_K`); which kinds a caller accepts is its own (``engine.core.vocab.parse_metric``, the sources check).
+- adapter kinds (:data:`ADAPTERS`): paper 004's trained pairs (``engine.adapters.pair``) and the post-hoc maps fitted
+  on paired embeddings (``engine.adapters.posthoc.POSTHOC``), each with its family and the label pages show.
 """
 from __future__ import annotations
 
@@ -76,3 +78,41 @@ def metric_label(name: str) -> str:
     anything else as it is."""
     kind, at, k = name.lower().partition("@")
     return METRICS[kind].label + at + k if kind in METRICS and (at or kind == "map") else name
+
+
+# ---------------------------------------------------------------------------------------------- adapter kinds
+PAPER_004, POSTHOC_FAMILY = "paper 004", "post-hoc"
+
+
+@dataclass(frozen=True)
+class AdapterKind(Kind):
+    """An adapter kind: its family (:data:`PAPER_004`, trained on stored features by an ``adapters`` job, or
+    :data:`POSTHOC_FAMILY`, a map fitted on paired embeddings) and whether it trains paper 004's backward adapter B."""
+
+    family: str = PAPER_004
+    backward: bool = False
+
+
+ADAPTERS = _named(
+    AdapterKind("perp", "B⊥ + F", "paper 004: a strictly orthogonal backward adapter B⊥ and a forward F", backward=True),
+    AdapterKind("lambda", "B_λ + F", "paper 004: an affine backward adapter B_λ with the λ-orthogonality regulariser, "
+                "and a forward F", backward=True),
+    AdapterKind("fct", "FCT (F only)", "FCT's forward transformation alone, old -> new (paper 004's baseline)"),
+    AdapterKind("procrustes", "procrustes", "the orthogonal map new -> old minimising the squared error (closed form)",
+                POSTHOC_FAMILY),
+    AdapterKind("affine", "affine", "ridge regression new -> old, with a bias", POSTHOC_FAMILY),
+    AdapterKind("cluster", "cluster", "one Procrustes map per k-means cluster of the old vectors", POSTHOC_FAMILY),
+    AdapterKind("mlp", "mlp", "a low-rank residual MLP on top of the Procrustes map", POSTHOC_FAMILY),
+)
+PAPER_ADAPTERS = tuple(k for k, a in ADAPTERS.items() if a.family == PAPER_004)  # what an ``adapters`` job fits
+POSTHOC_ADAPTERS = tuple(k for k, a in ADAPTERS.items() if a.family == POSTHOC_FAMILY)
+
+
+def adapter_label(kind: str) -> str:
+    """An adapter kind as pages name it: paper 004's by their formula (``B⊥ + F``), post-hoc ones by their name."""
+    return ADAPTERS[kind].label if kind in ADAPTERS else kind
+
+
+def listed(names: tuple[str, ...] | list[str], last: str = "or") -> str:
+    """``"a, b or c"``: names as a sentence lists them."""
+    return f"{', '.join(names[:-1])} {last} {names[-1]}" if len(names) > 1 else "".join(names)

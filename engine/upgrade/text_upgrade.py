@@ -36,7 +36,7 @@ from sqlalchemy import Engine
 from engine.adapters.fit import fit_adapters
 from engine.analysis.views import Progress, StoredVersion, load_experiment
 from engine.checkpoints.request import text_corpus
-from engine.core.kinds import metric_parts
+from engine.core.kinds import ADAPTERS, PAPER_004, PAPER_ADAPTERS, POSTHOC_ADAPTERS, POSTHOC_FAMILY, adapter_label, metric_parts
 from engine.core.vocab import TEXT_DATASET_NAMES
 from engine.data.wordnet import LEXNAMES, parse_options, wordnet_task
 from engine.metrics.cell_interval import cell_seed, paired_intervals
@@ -45,15 +45,14 @@ from engine.metrics.relevance import label_outcomes, neighbour_recall
 from engine.metrics.topk import TopK, array_blocks, stream_topk
 from engine.metrics.twoway import TopLists, top_lists
 from engine.upgrade.migration import fitted_maps, judge_map
-from engine.core.contract import ADAPTER_NAMES
 from engine.upgrade.plan import DEFAULT_FIT_SHARE, migration_plan
 from engine.upgrade.rule import Rule
 from engine.upgrade.verdict import BETTER, UpgradeReport, compare
 from storage import get_model_version, json_ready, list_feature_views, load_feature_set, load_image_refs, session_scope
 
 VIEW = "encoder"
-POSTHOC_KINDS = ("procrustes", "affine", "cluster", "mlp")  # each fits in about a second at 1,000 pairs (mlp ~0.8 s)
-PAPER_KINDS = ("perp", "lambda")
+POSTHOC_KINDS = POSTHOC_ADAPTERS  # each fits in about a second at 1,000 pairs (mlp ~0.8 s)
+PAPER_KINDS = tuple(k for k in PAPER_ADAPTERS if ADAPTERS[k].backward)  # paper 004's B (fct has none)
 SUPERSENSE = "supersense_recall@1"
 # paper 004's training on a few thousand training texts: batches of 512, lr 1e-2, 10 epochs. B_perp's matrix
 # exponential costs ~0.15 s a step on one loaded core, so the small-data setting of engine.analysis.adapted (batches of
@@ -280,7 +279,7 @@ def adapter_rows(exp: TextExperiment, old: int, new: int, report: UpgradeReport,
     n = CellFeatures(exp.queries[new], exp.query_labels, exp.gallery[new], exp.gallery_labels)
     out = []
     for kind, m, fitted, seconds in fitted_maps(o, n, POSTHOC_KINDS, share=DEFAULT_FIT_SHARE, seed=report.seed):
-        out.append(_adapter_row("post-hoc", kind, f"{len(fitted):,} gallery definitions embedded by both models",
+        out.append(_adapter_row(POSTHOC_FAMILY, kind, f"{len(fitted):,} gallery definitions embedded by both models",
                                 len(fitted), judge_map(m, o, n, report), m.apply(n.query), exp, old, report.new_new, k,
                                 seconds))
     if train_rows is None:
@@ -296,7 +295,7 @@ def adapter_rows(exp: TextExperiment, old: int, new: int, report: UpgradeReport,
         seconds = time.perf_counter() - start
         b = _Backward(kind, pair.new_dim, pair.old_dim, pair)
         adapted = b.apply(n.query)
-        out.append(_adapter_row("paper 004", kind, f"{len(train_rows):,} training texts (split train, supersense "
+        out.append(_adapter_row(PAPER_004, kind, f"{len(train_rows):,} training texts (split train, supersense "
                                 "labels) embedded by both models", len(train_rows), judge_map(b, o, n, report), adapted,
                                 exp, old, report.new_new, k, seconds))
     return out
@@ -306,7 +305,7 @@ def pair_decision(report: UpgradeReport, rows: Sequence[dict[str, Any]]) -> dict
     """The pair's one decision (:func:`engine.upgrade.plan.migration_plan`) from its Recall@1 report and its adapters'
     verdicts. Recall@1 decides here: a query's one relevant item is its own synset's definition, so it cannot flatter a
     backfill the way a class label does (and the summary measures no backfill curve)."""
-    adapters = [{"name": ADAPTER_NAMES.get(r["kind"], r["kind"]) if r["family"] == "paper 004" else r["kind"],
+    adapters = [{"name": adapter_label(r["kind"]),
                  "adapted_old": r["recall@1"], "compatibility": {"diff": r["diff"], "lo": r["lo"], "hi": r["hi"],
                                                                   "verdict": r["verdict"]}} for r in rows]
     plan = migration_plan(report.to_json(), adapters=adapters, rollouts=())
