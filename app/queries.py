@@ -17,7 +17,7 @@ import numpy as np
 import streamlit as st
 from sqlalchemy import Engine
 
-from engine.core.contract import JOB_LANES, JOB_PRIORITY, analysis_key, available_views, main_view
+from engine.core.contract import JOB_LANES, JOB_PRIORITY, analysis_key, available_views, job_label, main_view
 from storage import (
     QueuePlace,
     TaskBoard,
@@ -32,7 +32,6 @@ from storage import (
     list_model_versions,
     load_analysis,
     load_source_check,
-    mask_url,
     payload_hash,
     load_matrices,
     queue_positions,
@@ -46,7 +45,6 @@ from storage import (
     task_kinds_of_jobs,
     write_problem,
 )
-from storage import LEGACY_TASK_JOB_KIND
 
 ACTIVE = ("queued", "running")
 RESULT_TTL = 3600
@@ -76,35 +74,6 @@ def read_only(url: str) -> str | None:
 # ---------------------------------------------------------------------------------------------- jobs
 
 
-def _job_label(kind: str, payload: dict[str, Any]) -> str:
-    if kind == "run":
-        if "preset" in payload:
-            return f"preset {payload['preset']}"
-        cfg = payload.get("config", {})
-        methods = ", ".join(cfg.get("methods", []))
-        data = cfg.get("dataset", {}).get("name", "?")
-        return f"{cfg.get('name', 'experiment')} ({methods} on {data})"
-    if kind == "analysis":
-        p = payload.get("params", {})
-        steps = f"steps {p['step_a']}→{p['step_b']}, " if "step_a" in p else ""
-        return f"{payload.get('kind', '?')} of experiment {payload.get('experiment_id', '?')} ({steps}{p.get('view', 'encoder')})"
-    if kind == "sources_check":  # the source text masked as every message masks it (a job queued before secrets were
-        # refused in payloads may still carry one)
-        return f"upgrade check on {mask_url(payload.get('sources', {}).get('old_gallery', '?'))} ({payload.get('relevance')})"
-    if kind == "extract" or (kind == LEGACY_TASK_JOB_KIND and payload.get("kind") == "extract"):  # extract tasks
-        return (f"extract: {payload.get('images', '?')} by model version #{payload.get('model_version_id', '?')} "
-                f"({payload.get('split', '?')})")
-    if kind in ("search", LEGACY_TASK_JOB_KIND):  # search and reduce tasks
-        cells = payload.get("cells") or [payload]  # a matrix's cells (engine.evaluate.search_tasks), or one older cell
-        if payload.get("label"):
-            return f"{payload['label']}: {len(cells)} cells"
-        if len(cells) > 1:
-            return f"{len(cells)} cells"
-        same = " (same set)" if cells[0].get("same_set") else ""
-        return f"cell: query set #{cells[0].get('query', '?')} x gallery set #{cells[0].get('gallery', '?')}{same}"
-    return kind
-
-
 @st.cache_data(ttl=1, show_spinner=False)
 def jobs(url: str, limit: int = 200) -> list[dict[str, Any]]:
     """The newest jobs as dicts, with a human label; a task job's ``tasks`` counts its tasks by kind (else empty)."""
@@ -112,7 +81,7 @@ def jobs(url: str, limit: int = 200) -> list[dict[str, Any]]:
         rows = list_jobs(s, limit=limit)
         tasks = task_kinds_of_jobs(s, [j.id for j in rows])
         return [{
-            "id": j.id, "kind": j.kind, "payload": dict(j.payload), "label": _job_label(j.kind, j.payload),
+            "id": j.id, "kind": j.kind, "payload": dict(j.payload), "label": job_label(j.kind, j.payload),
             "status": j.status, "progress": float(j.progress or 0.0), "message": j.message or "", "error": j.error,
             "experiment_id": j.experiment_id, "study_id": j.study_id, "cancel_requested": bool(j.cancel_requested),
             "created_at": j.created_at, "started_at": j.started_at, "finished_at": j.finished_at,

@@ -62,3 +62,29 @@ def test_adapter_kinds_have_one_record_and_each_registry_covers_its_family():
     assert [adapter_label(k) for k in ("perp", "lambda", "fct", "mlp", "unknown")] == [
         "B⊥ + F", "B_λ + F", "FCT (F only)", "mlp", "unknown"]
     assert all(a.help and a.label for a in ADAPTERS.values())
+
+
+def test_job_kinds_have_one_record_with_lane_and_priority():
+    from engine.core.contract import JOB_KINDS, JOB_LANES, JOB_PRIORITY, SHORT_JOB_KINDS
+    from engine.core.kinds import JOBS
+    from engine.jobs.job_handlers import JOB_HANDLERS
+
+    assert set(JOB_HANDLERS) == set(JOBS) and JOB_KINDS == tuple(JOBS)
+    assert JOB_LANES == {"short": ("analysis", "adapters", "checkpoints", "sources_check"), "main": ("run",)}
+    assert SHORT_JOB_KINDS == JOB_LANES["short"]
+    assert JOB_PRIORITY == {"analysis": 0, "adapters": 0, "checkpoints": 1, "sources_check": 1, "run": 2}
+    assert all(j.label and j.help for j in JOBS.values())
+
+
+def test_a_job_is_labelled_from_its_payload_in_core():
+    from engine.core.contract import job_label
+
+    assert job_label("run", {"preset": "quick-demo"}) == "preset quick-demo"
+    assert job_label("analysis", {"kind": "backfill", "experiment_id": 3, "params": {"step_a": 1, "step_b": 2}}) == \
+        "backfill of experiment 3 (steps 1→2, encoder)"
+    assert "secret" not in job_label("sources_check", {"sources": {"old_gallery": "https://u:secret@h/x.npy"},
+                                                       "relevance": "labels"})
+    assert job_label("search", {"label": "matrix", "cells": [{}, {}]}) == "matrix: 2 cells"
+    assert job_label("cell", {"kind": "extract", "images": "cifar10", "model_version_id": 4, "split": "query"}) == \
+        "extract: cifar10 by model version #4 (query)"
+    assert job_label("adapters", {}) == "adapters" and job_label("reduce", {}) == "reduce"

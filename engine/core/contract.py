@@ -23,7 +23,7 @@ from typing import Any
 from engine.core.kinds import STRICT
 from engine.core.fan_out import FanOut, check_task_gallery
 from engine.core.presets import RUN_PRESETS
-from engine.core.kinds import MAX_K, PAPER_ADAPTERS
+from engine.core.kinds import JOBS, MAX_K, PAPER_ADAPTERS
 from engine.core.vocab import RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, Rule, check_resamples, parse_metric
 
 # ---------------------------------------------------------------------------------------------- views
@@ -175,17 +175,63 @@ def analysis_key(kind: str, params: dict[str, Any] | None) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- jobs
-JOB_KINDS = ("run", "analysis", "adapters", "checkpoints", "sources_check")  # engine.jobs.job_handlers.JOB_HANDLERS
-# Worker lanes: run_app.py starts a worker that takes every kind and one for the short lane only
-# (``python -m engine worker --kinds analysis adapters checkpoints sources_check``), so a map, a backfill curve, an upgrade verdict
-# (an analysis), an adapter fit or a checkpoint comparison never waits behind training.
-SHORT_JOB_KINDS = ("analysis", "adapters", "checkpoints", "sources_check")
-JOB_LANES = {"short": SHORT_JOB_KINDS, "main": ("run",)}
-# Claim order: a worker takes the queued job of the lowest priority number first, the oldest among equals; so the
-# short lane's worker takes a map before a comparison of whole image sets, and a free general worker takes any
-# check before a training run.
-JOB_PRIORITY = {"analysis": 0, "adapters": 0, "checkpoints": 1, "sources_check": 1, "run": 2}
+JOB_KINDS = tuple(JOBS)  # engine.jobs.job_handlers.JOB_HANDLERS
+# Worker lanes and claim order (engine.core.kinds.JobKind): run_app.py starts a worker that takes every kind and one
+# for the short lane only (``python -m engine worker --kinds`` SHORT_JOB_KINDS).
+JOB_LANES = {lane: tuple(k for k, j in JOBS.items() if j.lane == lane) for lane in ("short", "main")}
+SHORT_JOB_KINDS = JOB_LANES["short"]
+JOB_PRIORITY = {k: j.priority for k, j in JOBS.items()}
 ADAPTER_KINDS = PAPER_ADAPTERS  # what an ``adapters`` job fits (engine.adapters.pair.KINDS)
+
+
+def _run_label(payload: dict[str, Any]) -> str:
+    if "preset" in payload:
+        return f"preset {payload['preset']}"
+    cfg = payload.get("config", {})
+    methods = ", ".join(cfg.get("methods", []))
+    return f"{cfg.get('name', 'experiment')} ({methods} on {cfg.get('dataset', {}).get('name', '?')})"
+
+
+def _analysis_label(payload: dict[str, Any]) -> str:
+    p = payload.get("params", {})
+    steps = f"steps {p['step_a']}→{p['step_b']}, " if "step_a" in p else ""
+    return f"{payload.get('kind', '?')} of experiment {payload.get('experiment_id', '?')} ({steps}{p.get('view', 'encoder')})"
+
+
+def _sources_check_label(payload: dict[str, Any]) -> str:
+    from storage.secrets import mask_url  # masked as every message masks it (a job queued before secrets were refused
+
+    # in payloads may still carry one)
+    return f"upgrade check on {mask_url(payload.get('sources', {}).get('old_gallery', '?'))} ({payload.get('relevance')})"
+
+
+def _extract_label(payload: dict[str, Any]) -> str:
+    return (f"extract: {payload.get('images', '?')} by model version #{payload.get('model_version_id', '?')} "
+            f"({payload.get('split', '?')})")
+
+
+def _cells_label(payload: dict[str, Any]) -> str:
+    cells = payload.get("cells") or [payload]  # a matrix's cells (engine.evaluate.search_tasks), or one older cell
+    if payload.get("label"):
+        return f"{payload['label']}: {len(cells)} cells"
+    if len(cells) > 1:
+        return f"{len(cells)} cells"
+    same = " (same set)" if cells[0].get("same_set") else ""
+    return f"cell: query set #{cells[0].get('query', '?')} x gallery set #{cells[0].get('gallery', '?')}{same}"
+
+
+# a job in one line, by kind (engine.core.kinds.JOBS; a task job's kind is its tasks', storage.models.TASK_KINDS)
+JOB_LABELS = {"run": _run_label, "analysis": _analysis_label, "sources_check": _sources_check_label,
+              "extract": _extract_label, "search": _cells_label}
+
+
+def job_label(kind: str, payload: dict[str, Any]) -> str:
+    """A job in one line for the jobs table: what it does, read from its payload; its kind when there is nothing more."""
+    from storage.models import LEGACY_TASK_JOB_KIND  # a task job stored before task jobs took their tasks' kind
+
+    if kind == LEGACY_TASK_JOB_KIND:
+        return (_extract_label if payload.get("kind") == "extract" else _cells_label)(payload)
+    return JOB_LABELS[kind](payload) if kind in JOB_LABELS else kind
 
 
 def adapter_key(old_version_id: int, new_version_id: int, kind: str, view: str) -> str:

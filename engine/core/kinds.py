@@ -8,6 +8,8 @@ nothing else spells a kind's name (``tests/test_kinds_named_once.py``).
   (:data:`MAX_K`); which kinds a caller accepts is its own (``engine.core.vocab.parse_metric``, the sources check).
 - adapter kinds (:data:`ADAPTERS`): paper 004's trained pairs (``engine.adapters.pair``) and the post-hoc maps fitted
   on paired embeddings (``engine.adapters.posthoc.POSTHOC``), each with its family and the label pages show.
+- job kinds (:data:`JOBS`): the worker's lane and claim priority of each (``engine.jobs.job_handlers.JOB_HANDLERS``
+  holds their handlers, ``engine.core.contract`` their payloads and the one-line description of a queued job).
 """
 from __future__ import annotations
 
@@ -116,3 +118,26 @@ def adapter_label(kind: str) -> str:
 def listed(names: tuple[str, ...] | list[str], last: str = "or") -> str:
     """``"a, b or c"``: names as a sentence lists them."""
     return f"{', '.join(names[:-1])} {last} {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+# ---------------------------------------------------------------------------------------------- job kinds
+@dataclass(frozen=True)
+class JobKind(Kind):
+    """A job kind: its worker lane and claim priority. run_app.py starts a worker that takes every kind and one for the
+    short lane only, so a map, a backfilling curve, an upgrade verdict, an adapter fit or a checkpoint comparison never
+    waits behind training; a worker takes the queued job of the lowest priority number first, the oldest among
+    equals (the short lane's worker takes a map before a comparison of whole image sets, and a free general worker
+    any check before a training run)."""
+
+    lane: str = "short"
+    priority: int = 0
+
+
+JOBS = _named(
+    JobKind("run", "training run", "train and evaluate an experiment (a config or a named preset)", "main", 2),
+    JobKind("analysis", "analysis", "a map, a backfilling curve, an upgrade verdict or a text summary of stored results"),
+    JobKind("adapters", "adapter fit", "paper 004's mapping adapters between two stored models"),
+    JobKind("checkpoints", "checkpoint comparison", "compare checkpoint files on a dataset", priority=1),
+    JobKind("sources_check", "upgrade check on sources", "the upgrade check on embeddings read from sources",
+            priority=1),
+)
