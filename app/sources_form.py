@@ -16,6 +16,7 @@ from app.report_download import report_button
 from app.widgets import MISSING, follow_jobs, pick_rule, plain
 from engine.core.contract import sources_check_payload
 from engine.core.conventions import metric_name
+from engine.core.kinds import SOURCE_HELP
 from engine.core.vocab import RELEVANCE, RELEVANCE_K
 from engine.upgrade.words import NOT_JUDGED, interval, sentence, share
 from storage import IdenticalJob
@@ -24,9 +25,6 @@ KIND = "sources_check"
 VERDICT_BOX = {"compatible": st.success, "not compatible": st.error, "too close to call": st.warning}
 RELEVANCE_WORDS = {"labels": "labels (same class label)", "qrels": "qrels (judgements: query id, item id, grade)",
                    "none": "none (label-free: the new model's top-k on the new gallery)"}
-SOURCE_HELP = ("A path inside the data roots or a URL: .npz / .npy, .parquet / .arrow (file, folder or fsspec URL), a "
-               "LanceDB folder (lance:FOLDER#table=NAME), a Qdrant local folder or server (qdrant:...#collection=NAME), "
-               "a SQLAlchemy URL (sql:...#table=NAME or #query=SELECT ...). Columns: #id=...&vector=...&label=...")
 FIELDS = (("old_gallery", "Old gallery (old model)", True), ("new_gallery", "New gallery (new model, optional)", False),
           ("old_queries", "Old queries (old model)", True), ("new_queries", "New queries (new model)", True))
 

@@ -257,7 +257,7 @@ def test_cli_prints_the_job_id_and_refuses_in_one_line(engine, db_url, store, in
 
 
 def test_the_overview_names_an_extract_job(engine, store, inputs):
-    from app.queries import _job_label
+    from engine.core.contract import job_label as _job_label
 
     model, images = inputs
     mv = _model_version(engine)

@@ -88,3 +88,12 @@ def test_a_job_is_labelled_from_its_payload_in_core():
     assert job_label("cell", {"kind": "extract", "images": "cifar10", "model_version_id": 4, "split": "query"}) == \
         "extract: cifar10 by model version #4 (query)"
     assert job_label("adapters", {}) == "adapters" and job_label("reduce", {}) == "reduce"
+
+
+def test_source_kinds_have_one_record_and_every_kind_a_reader():
+    from engine.core.kinds import SOURCE_HELP, SOURCES
+    from engine.sources import READERS
+    from engine.sources.text import KINDS
+
+    assert KINDS == tuple(SOURCES) == tuple(READERS)
+    assert all(s.help in SOURCE_HELP for s in SOURCES.values())

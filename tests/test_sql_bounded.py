@@ -138,7 +138,7 @@ def test_model_names_on_the_sources_form_follow_the_one_name_rule(name):
 
 
 def test_a_job_label_masks_secret_options_as_messages_do():
-    from app.queries import _job_label as job_label
+    from engine.core.contract import job_label  # the jobs table's label
 
     label = job_label("sources_check", {"sources": {"old_gallery": "qdrant:http://db:6333#collection=c&api_key=abc"},
                                         "relevance": "labels"})

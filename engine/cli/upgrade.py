@@ -30,7 +30,7 @@ from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT
 from engine.upgrade.plan import (DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, backfill_metric,
                                  recovery_line, forecast_line)
 from engine.metrics.decision import margin_to_decide
-from engine.core.kinds import STRICT, TIE_RULES
+from engine.core.kinds import SOURCES, STRICT, TIE_RULES
 from engine.upgrade.rule import DEFAULT_INTERVAL, DEFAULT_POWER, INTERVALS
 from engine.upgrade.words import NOT_JUDGED, tie_line
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     Features = tuple[CellFeatures, CellFeatures, np.ndarray | None] | SourcesCheck
 
 EXIT_CODES = {"compatible": 0, "not compatible": 1, "too close to call": 3}
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Is the new model compatible with the old one (paper 002's ECC: new queries against the old gallery score
 above the old model's self-test), with a paired percentile bootstrap over queries and gallery items (--interval);
 the rule is strict ECC unless --ties pass (equal scores pass) or --margin POINTS (non-inferiority: compatible
@@ -62,7 +62,7 @@ checkpoints embed the images once, with compare-checkpoints' model specs and ima
 comparison is stored as compare-checkpoints stores it and the report names the experiment (steps 1 and 2).
 Embeddings from a table or store: --old-gallery SRC [--new-gallery SRC] --old-queries SRC --new-queries SRC [--qrels SRC]
 [--relevance labels|qrels|none] [--k K], a SRC being a path or URL whose kind is recognised (.npz, .npy, .parquet,
-.arrow, a LanceDB or Qdrant folder, a SQLAlchemy URL) or given as npz:, npy:, parquet:, lance:, qdrant:, sql:, with
+.arrow, a LanceDB or Qdrant folder, a SQLAlchemy URL) or given as {', '.join(f'{k}:' for k in SOURCES)}, with
 #key=value options (e.g. #id=doc_id&vector=emb&label=cls, #table=items, #collection=docs&vector=dense). Old and new
 are joined by item id; the gallery is read in blocks (never whole, nothing written); the two-way interval (recall@K
 with labels) walks the streamed top-D lists, other metrics resample the queries.

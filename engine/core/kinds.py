@@ -8,6 +8,7 @@ nothing else spells a kind's name (``tests/test_kinds_named_once.py``).
   (:data:`MAX_K`); which kinds a caller accepts is its own (``engine.core.vocab.parse_metric``, the sources check).
 - adapter kinds (:data:`ADAPTERS`): paper 004's trained pairs (``engine.adapters.pair``) and the post-hoc maps fitted
   on paired embeddings (``engine.adapters.posthoc.POSTHOC``), each with its family and the label pages show.
+- source kinds (:data:`SOURCES`): where embeddings are read from (``engine.sources.READERS`` holds their readers).
 - job kinds (:data:`JOBS`): the worker's lane and claim priority of each (``engine.jobs.job_handlers.JOB_HANDLERS``
   holds their handlers, ``engine.core.contract`` their payloads and the one-line description of a queued job).
 """
@@ -118,6 +119,20 @@ def adapter_label(kind: str) -> str:
 def listed(names: tuple[str, ...] | list[str], last: str = "or") -> str:
     """``"a, b or c"``: names as a sentence lists them."""
     return f"{', '.join(names[:-1])} {last} {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+# ---------------------------------------------------------------------------------------------- source kinds
+# A source text is ``[KIND:]LOCATION[#key=value&...]`` (engine.sources.text); help: the location each kind reads
+SOURCES = _named(
+    Kind("npz", "NumPy .npz", ".npz (arrays ids, vectors [, labels])"),
+    Kind("npy", "NumPy .npy", ".npy ((n, d) vectors; ids = row numbers)"),
+    Kind("parquet", "Parquet / Arrow", ".parquet / .arrow (file, folder or fsspec URL)"),
+    Kind("lance", "LanceDB", "a LanceDB folder (lance:FOLDER#table=NAME)"),
+    Kind("qdrant", "Qdrant", "a Qdrant local folder or server (qdrant:...#collection=NAME)"),
+    Kind("sql", "SQL", "a SQLAlchemy URL (sql:...#table=NAME or #query=SELECT ...)"),
+)
+SOURCE_HELP = (f"A path inside the data roots or a URL: {listed([s.help for s in SOURCES.values()])}. "
+               "Columns: #id=...&vector=...&label=...")
 
 
 # ---------------------------------------------------------------------------------------------- job kinds

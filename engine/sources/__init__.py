@@ -23,11 +23,43 @@ Local paths are confined to the data roots (``engine.data.roots``); nothing is e
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from engine.sources.base import Block, Source
 from engine.sources.join import Joined, join_by_id
 from engine.sources.text import SourceError, SourceText, mask_url, parse, resolve_secrets
 
 __all__ = ["Block", "Joined", "Source", "SourceError", "join_by_id", "mask_url", "open_source"]
+
+
+def _arrays() -> type[Source]:
+    from engine.sources.arrays import ArraySource
+    return ArraySource
+
+
+def _arrow() -> type[Source]:
+    from engine.sources.arrow import ArrowSource
+    return ArrowSource
+
+
+def _lance() -> type[Source]:
+    from engine.sources.arrow import LanceSource
+    return LanceSource
+
+
+def _qdrant() -> type[Source]:
+    from engine.sources.qdrant import QdrantSource
+    return QdrantSource
+
+
+def _sql() -> type[Source]:
+    from engine.sources.sql import SqlSource
+    return SqlSource
+
+
+# source kind (engine.core.kinds.SOURCES) -> its reader class, imported when a source of that kind is opened
+READERS: dict[str, Callable[[], type[Source]]] = {"npz": _arrays, "npy": _arrays, "parquet": _arrow, "lance": _lance,
+                                                  "qdrant": _qdrant, "sql": _sql}
 
 
 def open_source(text: str, *, what: str, dim: int | None = None, label: str | None = None) -> Source:
@@ -36,14 +68,4 @@ def open_source(text: str, *, what: str, dim: int | None = None, label: str | No
     spec = parse(resolve_secrets(text))
     if label is not None:
         spec = SourceText(spec.kind, spec.location, {**spec.options, "label": label})
-    if spec.kind in ("npz", "npy"):
-        from engine.sources.arrays import ArraySource as reader
-    elif spec.kind == "parquet":
-        from engine.sources.arrow import ArrowSource as reader
-    elif spec.kind == "lance":
-        from engine.sources.arrow import LanceSource as reader
-    elif spec.kind == "qdrant":
-        from engine.sources.qdrant import QdrantSource as reader
-    else:
-        from engine.sources.sql import SqlSource as reader
-    return reader(spec, what=what, expect_dim=dim)
+    return READERS[spec.kind]()(spec, what=what, expect_dim=dim)

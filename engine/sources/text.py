@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from engine.core.kinds import SOURCES
 from engine.data.roots import OutsideRootsError, confine
 from storage.secrets import SECRET_REF, mask_url
 
-KINDS = ("npz", "npy", "parquet", "lance", "qdrant", "sql")
+KINDS = tuple(SOURCES)
 SQL_SCHEMES = ("postgresql", "postgres", "sqlite", "mysql", "mariadb", "oracle", "mssql")
 ARROW_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".arrow": "ipc", ".feather": "ipc", ".ipc": "ipc"}
 
