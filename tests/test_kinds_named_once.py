@@ -1,10 +1,112 @@
-"""Kinds named once (STYLE.md 14): each kind is a record in ``engine.core.kinds``; its rule is written there once."""
+"""Kinds named once (STYLE.md 14, issue 40): each kind of thing is a record in ``engine.core.kinds`` (or a vocabulary
+of ``engine.core``), and its rule is written there once.
+
+The scan reads every module outside ``engine/core`` (the engine, the app, storage, run_app.py) as Python's AST and fails
+on a copy of a vocabulary: a literal tuple, list, set or name -> text dict that spells every name of a family (a new
+kind would have to be added there too; see :func:`whole`), or a string that repeats a record's label or help (the pages' and the CLI's
+wording comes from the record). A literal that names a few kinds is a choice, not a copy (``("recall", "map")``: the
+metrics one pass computes). Registries that hold implementations (a dict whose values are code) name their kinds by
+design; each is checked against its family below.
+"""
 from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from engine.core import kinds
+from engine.core.contract import ANALYSIS_KINDS
 from engine.core.kinds import STRICT, TIE_RULES, TIES, beats, check_ties
+from engine.core.vocab import VIEWS
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "tie rule": kinds.TIE_RULES, "metric": tuple(kinds.METRICS), "paper 004 adapter": kinds.PAPER_ADAPTERS,
+    "post-hoc adapter": kinds.POSTHOC_ADAPTERS, "source": tuple(kinds.SOURCES), "job": tuple(kinds.JOBS),
+    "view": VIEWS, "analysis": ANALYSIS_KINDS}
+RECORDS = {"tie rule": kinds.TIES, "metric": kinds.METRICS, "adapter": kinds.ADAPTERS, "source": kinds.SOURCES,
+           "job": kinds.JOBS}
+# (file, family): a literal that is legitimately a different thing, each with its reason; keep this short
+ALLOWED: dict[tuple[str, str], str] = {}
+
+
+def texts() -> dict[str, str]:
+    """Every record's label and help (the distinctive ones: not the name itself, five characters or more)."""
+    out = {kinds.TIES_HELP: "TIES_HELP", kinds.SOURCE_HELP: "SOURCE_HELP"}
+    for family, records in RECORDS.items():
+        for r in records.values():
+            out.update({t: f"the {family} {r.name!r}" for t in (r.label, r.help) if t != r.name and len(t) >= 5})
+    return out
+
+
+def sources() -> list[Path]:
+    files = [p for room in ("engine", "app", "storage") for p in sorted((ROOT / room).rglob("*.py"))]
+    return [p for p in files + [ROOT / "run_app.py"] if (ROOT / "engine" / "core") not in p.parents]
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    nodes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, nodes) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+
+
+def spelled(node: ast.AST) -> list[str] | None:
+    """The strings a literal collection spells (a tuple, list or set of strings; a dict's keys when its values are
+    constants too: a name -> text table), None for anything else."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        items = node.elts
+    elif isinstance(node, ast.Dict) and all(isinstance(v, ast.Constant) for v in node.values):
+        items = node.keys
+    else:
+        return None
+    names = [e.value for e in items if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return names if len(names) == len(items) else None
+
+
+def whole(vocabulary: tuple[str, ...], names: list[str]) -> bool:
+    """Whether ``names`` spells the whole vocabulary: exactly, or with more beside it when the vocabulary has three
+    names or more (two names are often another thing's too: a verdict is pass, fail or unresolved)."""
+    return set(names) == set(vocabulary) or (len(vocabulary) >= 3 and set(vocabulary) <= set(names))
+
+
+def copies(path: Path, known: dict[str, str], allowed: dict[tuple[str, str], str] = ALLOWED) -> Iterator[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    where, docs = path.relative_to(ROOT).as_posix(), docstrings(tree)
+    for node in ast.walk(tree):
+        names = spelled(node)
+        for family, vocabulary in FAMILIES.items() if names else ():
+            if whole(vocabulary, names) and (where, family) not in allowed:
+                yield f"{where}:{node.lineno} spells every {family} name {sorted(set(names))}: import the vocabulary"
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in known \
+                and id(node) not in docs:
+            yield f"{where}:{node.lineno} repeats the label or help of {known[node.value]}: read it from the record"
+
+
+def test_no_kind_is_spelled_outside_the_core():
+    known = texts()
+    found = [line for path in sources() for line in copies(path, known)]
+    assert not found, "\n".join(found)
+
+
+def test_the_scan_finds_a_copy(tmp_path, monkeypatch):
+    """The scan itself: a whole vocabulary, a name -> label table and a label are found; a choice of two kinds is not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text('TIES = ("fail", "pass")\nNAMES = {"perp": "x", "lambda": "y", "fct": "z"}\nLABEL = "B⊥ + F"\n'
+                   'TWO = ("recall", "map")\n', encoding="utf-8")
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    found = list(copies(bad, texts()))
+    assert [line.split(" ", 2)[:2] for line in found] == [["bad.py:1", "spells"], ["bad.py:2", "spells"],
+                                                          ["bad.py:3", "repeats"]]
+
+
+def test_every_allowed_literal_is_still_there():
+    """An allow-list entry whose literal has gone is removed (the list stays short)."""
+    known = texts()
+    for (where, family), reason in ALLOWED.items():
+        assert reason and any(f"every {family} name" in line for line in copies(ROOT / where, known, {})), where
 
 
 def test_beats_is_the_ecc_comparison_under_each_tie_rule():

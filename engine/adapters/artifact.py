@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.adapters.posthoc import NORMALISE, PosthocMap, check_tensors, kind_of, options_for
+from engine.adapters.posthoc import NORMALISE, POSTHOC, PosthocMap, check_tensors, kind_of, options_for
 
 FORMAT = "compatibility-lab/posthoc-adapter/1"
 JSON_NAME, WEIGHTS_NAME, ONNX_NAME = "adapter.json", "adapter.safetensors", "adapter.onnx"
@@ -33,11 +33,7 @@ KEYS = {"format", "kind", "new_dim", "old_dim", "normalise", "options", "tensors
 ORIENTATION = ("row vectors: a batch x of shape (batch, new_dim) maps as x @ W (+ b), every matrix stored (in, out) "
                "(weight is (new_dim, old_dim)), not (out, in) as torch.nn.Linear stores it, so x @ W.T is wrong; with "
                "normalise l2 each row is scaled to unit length before the map and after it")
-FORMULAS = {"procrustes": "old = new @ weight",
-            "affine": "old = new @ weight + bias",
-            "cluster": "c = argmax((new @ route) @ centroids.T) (hard; soft: softmax of those scores / temperature mixes "
-                       "the clusters), old = new @ stack[:, c * old_dim:(c + 1) * old_dim]",
-            "mlp": "old = new @ base + relu(new @ down + down_bias) @ up + bias"}
+FORMULAS = {kind: k.formula for kind, k in POSTHOC.items()}  # as each exported adapter's metadata states it
 
 
 class AdapterFileError(ValueError):

@@ -324,8 +324,9 @@ def _shapes_mlp(dn: int, do: int, opts: MlpOptions) -> dict[str, tuple[int, ...]
 
 @dataclass(frozen=True)
 class Kind:
-    """One post-hoc map kind: its options class, its fit (float64 pairs -> tensors), its apply and tensor shapes, and
-    the libraries its fit loads beyond numpy."""
+    """One post-hoc map kind (``engine.core.kinds.ADAPTERS`` names it): its options class, its fit (float64 pairs ->
+    tensors), its apply and tensor shapes, the libraries its fit loads beyond numpy, and its formula as an exported
+    adapter's metadata states it (``engine.adapters.artifact``)."""
 
     options: type
     fit: Callable[[np.ndarray, np.ndarray, Any], dict[str, np.ndarray]]
@@ -333,13 +334,18 @@ class Kind:
     shapes: Callable[[int, int, Any], dict[str, tuple[int, ...]]]
     min_pairs: int
     needs: tuple[str, ...] = ()
+    formula: str = ""
 
 
 POSTHOC: dict[str, Kind] = {
-    "procrustes": Kind(ProcrustesOptions, _fit_procrustes, _apply_procrustes, _shapes_procrustes, 2),
-    "affine": Kind(AffineOptions, _fit_affine, _apply_affine, _shapes_affine, 2),
-    "cluster": Kind(ClusterOptions, _fit_cluster, _apply_cluster, _shapes_cluster, 2, needs=("sklearn.cluster",)),
-    "mlp": Kind(MlpOptions, _fit_mlp, _apply_mlp, _shapes_mlp, 2, needs=("torch",)),
+    "procrustes": Kind(ProcrustesOptions, _fit_procrustes, _apply_procrustes, _shapes_procrustes, 2,
+                       formula="old = new @ weight"),
+    "affine": Kind(AffineOptions, _fit_affine, _apply_affine, _shapes_affine, 2, formula="old = new @ weight + bias"),
+    "cluster": Kind(ClusterOptions, _fit_cluster, _apply_cluster, _shapes_cluster, 2, needs=("sklearn.cluster",),
+                    formula="c = argmax((new @ route) @ centroids.T) (hard; soft: softmax of those scores / temperature "
+                            "mixes the clusters), old = new @ stack[:, c * old_dim:(c + 1) * old_dim]"),
+    "mlp": Kind(MlpOptions, _fit_mlp, _apply_mlp, _shapes_mlp, 2, needs=("torch",),
+                formula="old = new @ base + relu(new @ down + down_bias) @ up + bias"),
 }
 
 
