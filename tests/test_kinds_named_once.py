@@ -153,6 +153,7 @@ def test_one_metric_grammar_and_one_bound_on_k():
 
 def test_adapter_kinds_have_one_record_and_each_registry_covers_its_family():
     from engine.adapters.pair import KINDS
+    from engine.adapters.onnx_graph import BUILDERS
     from engine.adapters.posthoc import POSTHOC
     from engine.core.contract import ADAPTER_KINDS
     from engine.core.kinds import ADAPTERS, PAPER_ADAPTERS, POSTHOC_ADAPTERS, adapter_label
@@ -160,6 +161,8 @@ def test_adapter_kinds_have_one_record_and_each_registry_covers_its_family():
 
     assert KINDS == ADAPTER_KINDS == PAPER_ADAPTERS == ("perp", "lambda", "fct")  # what an adapters job fits
     assert tuple(POSTHOC) == POSTHOC_ADAPTERS == POSTHOC_KINDS  # the post-hoc registry is the family, in its order
+    assert set(BUILDERS) == set(POSTHOC_ADAPTERS)  # every post-hoc map exports as an ONNX graph
+    assert all(POSTHOC[k].formula for k in POSTHOC_ADAPTERS)  # and states its formula in the exported metadata
     assert PAPER_KINDS == ("perp", "lambda")  # the ones with a backward adapter B
     assert [adapter_label(k) for k in ("perp", "lambda", "fct", "mlp", "unknown")] == [
         "B⊥ + F", "B_λ + F", "FCT (F only)", "mlp", "unknown"]

@@ -227,7 +227,7 @@ JOB_LABELS = {"run": _run_label, "analysis": _analysis_label, "sources_check": _
 
 def job_label(kind: str, payload: dict[str, Any]) -> str:
     """A job in one line for the jobs table: what it does, read from its payload; its kind when there is nothing more."""
-    from storage.models import LEGACY_TASK_JOB_KIND  # a task job stored before task jobs took their tasks' kind
+    from storage import LEGACY_TASK_JOB_KIND  # a task job stored before task jobs took their tasks' kind
 
     if kind == LEGACY_TASK_JOB_KIND:
         return (_extract_label if payload.get("kind") == "extract" else _cells_label)(payload)
