@@ -31,6 +31,7 @@ from engine.checkpoints.presets import TEXT_UPGRADE as TEXT_UPGRADE_PRESET, comp
 from engine.checkpoints.request import TEXT_ARCH, comparison_spec
 from engine.checkpoints.torch_zip import check_torch_zip
 from engine.core.contract import CHECKPOINT_FORMAT
+from engine.core.kinds import COMPARED_VIEWS, VIEW_KINDS
 from engine.data.roots import OutsideRootsError, confine, sqlite_folder, torchscript_allowed
 from engine.core.vocab import DATASET_NAMES, RUN_PROTOCOLS, TEXT_DATASET_NAMES
 from engine.data.text_model_files import TEXT_MODEL_FILES, ModelFolder, TextModelError, weights_member
@@ -55,9 +56,7 @@ TEXT_UPGRADE = {"dataset": "wordnet", "wn_task": _WORDNET.task, "wn_queries": _W
                 "protocol": RUN_PROTOCOLS[0], "views": list(_TEXT_PRESET["views"]),
                 "metrics": ", ".join(_TEXT_PRESET["metrics"]), "name": _TEXT_PRESET["name"]}
 CLOSED, OPEN = RUN_PROTOCOLS
-VIEW_HELP = {"encoder": "encoder: the feature vectors (models with different feature sizes are not comparable)",
-             "psp": "psp: class-probability vectors, centred and normalised (compares any two models through shared classes)",
-             "lsp": "lsp: logit vectors, centred and normalised"}
+VIEW_HELP = {view: f"{view}: {VIEW_KINDS[view].help}" for view in COMPARED_VIEWS}
 
 
 def architectures() -> dict[str, dict[str, Any]]:
@@ -78,7 +77,7 @@ def _k(model_id: int, name: str) -> str:
 MODEL_DEFAULTS: dict[str, Any] = {"source": SOURCES[0], "path": "", "pretrained": PRETRAINED[0], "arch": NO_ARCH,
                                   "num_classes": 0, "classes": "", "input_size": 0, "mean": "", "std": "", "label": ""}
 FORM_DEFAULTS: dict[str, Any] = {"protocol": CLOSED, "dataset": "imagefolder", "root": "", "query": "",
-                                 "gallery_folder": "", "views": ["encoder", "psp", "lsp"], "gallery": "instance",
+                                 "gallery_folder": "", "views": list(COMPARED_VIEWS), "gallery": "instance",
                                  "name": "", "metrics": "recall@1, map", "ties": "fail", "max_size": "",
                                  "batch_size": 64, "device": "auto", "wn_task": "qrels", "wn_queries": 500,
                                  "wn_gallery": 2000, "wn_seed": 0, "wn_train": 0}

@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 FAMILIES: dict[str, tuple[str, ...]] = {
     "tie rule": kinds.TIE_RULES, "metric": tuple(kinds.METRICS), "paper 004 adapter": kinds.PAPER_ADAPTERS,
     "post-hoc adapter": kinds.POSTHOC_ADAPTERS, "source": tuple(kinds.SOURCES), "job": tuple(kinds.JOBS),
-    "view": VIEWS, "analysis": ANALYSIS_KINDS}
+    "view": VIEWS, "raw view": kinds.RAW_VIEWS, "compared view": kinds.COMPARED_VIEWS, "analysis": ANALYSIS_KINDS}
 RECORDS = {"tie rule": kinds.TIES, "metric": kinds.METRICS, "adapter": kinds.ADAPTERS, "source": kinds.SOURCES,
-           "job": kinds.JOBS}
+           "job": kinds.JOBS, "view": kinds.VIEW_KINDS}
 # (file, family): a literal that is legitimately a different thing, each with its reason; keep this short
 ALLOWED: dict[tuple[str, str], str] = {}
 
@@ -202,3 +202,16 @@ def test_source_kinds_have_one_record_and_every_kind_a_reader():
 
     assert KINDS == tuple(SOURCES) == tuple(READERS)
     assert all(s.help in SOURCE_HELP for s in SOURCES.values())
+
+
+def test_views_have_one_record():
+    from app.checkpoint_form import VIEW_HELP
+    from engine.checkpoints.request import VIEWS as COMPARED
+    from engine.core import cell, contract
+    from engine.core.kinds import COMPARED_VIEWS, DERIVED_VIEWS, RAW_VIEWS, VIEW_KINDS
+
+    assert VIEWS == cell.VIEWS == tuple(VIEW_KINDS) == ("encoder", "logits", "softmax", "psp", "lsp")
+    assert RAW_VIEWS == cell.RAW_VIEWS == contract.RAW_VIEWS == ("encoder", "logits", "softmax")
+    assert DERIVED_VIEWS == contract.DERIVED_VIEWS == {"psp": "softmax", "lsp": "logits"}
+    assert COMPARED == COMPARED_VIEWS == tuple(VIEW_HELP) == ("encoder", "psp", "lsp")
+    assert VIEW_HELP["lsp"] == "lsp: logit vectors, centred and normalised"

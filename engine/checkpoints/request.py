@@ -16,7 +16,7 @@ from engine.core.classes import read_class_list
 from engine.checkpoints.files import DEFAULT_MAX_BYTES, LOCAL, Trust, check_ceiling, parse_size
 from engine.checkpoints.pretrained import pretrained_path, trusted_by_name
 from engine.core.config import MAX_RUN_NAME
-from engine.core.kinds import STRICT, check_ties
+from engine.core.kinds import COMPARED_VIEWS, STRICT, check_ties
 from engine.data.bounds import check_batch_size, check_image_size
 from engine.data.roots import confine
 from engine.core.vocab import DATASET_NAMES, GALLERY_KINDS, TEXT_DATASET_NAMES, parse_metric
@@ -24,7 +24,7 @@ from engine.data.text_model_files import TEXT_MODEL_FILES
 from engine.data.wordnet import parse_options
 from storage import model_name_problem, name_problem
 
-VIEWS = ("encoder", "psp", "lsp")
+VIEWS = COMPARED_VIEWS
 TEXT_ARCH = "text"  # --model PATH:text: a user's text encoder folder or zip (engine.models.text_encoder.load_text_folder)
 UPLOAD_PREFIX = re.compile(r"^[0-9a-f]{16}_(?=.)")  # the content-hash prefix of a saved upload (app.checkpoint_form)
 

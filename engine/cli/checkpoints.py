@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from engine.checkpoints.presets import COMPARISON_PRESETS, comparison_preset
-from engine.core.kinds import STRICT, TIE_RULES, TIES_HELP
+from engine.core.kinds import COMPARED_VIEWS, STRICT, TIE_RULES, TIES_HELP
 from engine.cli.options import add_db, add_model_arguments, models_spec_from_args
 from engine.results.json_file import write_json_atomic
 from engine.results.report import FORMATS
@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="a named comparison instead of --model: text-upgrade is MiniLM L3 -> L6 -> L6 int8 on "
                             "wordnet:task=qrels,queries=500,gallery=2000,seed=0,train=1000 (--dataset, --view, "
                             "--metric and --name replace its own)")
-    p.add_argument("--view", action="append", dest="views", choices=("encoder", "psp", "lsp"),
+    p.add_argument("--view", action="append", dest="views", choices=COMPARED_VIEWS,
                    help="feature view (repeatable; default encoder, psp and lsp)")
     p.add_argument("--metric", action="append", dest="metrics", metavar="NAME",
                    help="recall@K, map or map@K (repeatable; default recall@1 and map)")

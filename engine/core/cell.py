@@ -23,10 +23,9 @@ from engine.core.classes import aligned_columns, index_names
 from engine.core.contract import DERIVED_VIEWS, raw_view, same_set_of
 from engine.core.conventions import settings
 from engine.core.norms import tame_rows, unit_rows_np
-from engine.core.vocab import EVAL_CLASSES
+from engine.core.kinds import RAW_VIEWS  # noqa: F401 (re-exported: what extract_outputs returns and stores)
+from engine.core.vocab import EVAL_CLASSES, VIEWS
 
-VIEWS = ("encoder", "logits", "softmax", "psp", "lsp")
-RAW_VIEWS = ("encoder", "logits", "softmax")  # what extract_outputs returns and what is stored; psp/lsp derive from them
 TOPK_ORDERS = ("project_first", "sparsify_first")
 # the outputs PSP/LSP keep: C^k (the first C^k, nested models) or the column indices in the gallery's class order
 Columns = Union[int, Sequence[int], np.ndarray]

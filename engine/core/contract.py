@@ -23,12 +23,12 @@ from typing import Any
 from engine.core.kinds import STRICT
 from engine.core.fan_out import FanOut, check_task_gallery
 from engine.core.presets import RUN_PRESETS
-from engine.core.kinds import JOBS, MAX_K, PAPER_ADAPTERS
+from engine.core.kinds import DERIVED_VIEWS, JOBS, MAX_K, PAPER_ADAPTERS, RAW_VIEWS  # noqa: F401 (RAW_VIEWS: the border's name)
 from engine.core.vocab import RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, Rule, check_resamples, parse_metric
 
 # ---------------------------------------------------------------------------------------------- views
-RAW_VIEWS = ("encoder", "logits", "softmax")  # what the worker extracts and stores per model version and split
-DERIVED_VIEWS = {"psp": "softmax", "lsp": "logits"}  # derived view -> the raw output it is computed from
+# RAW_VIEWS (what the worker extracts and stores per model version and split) and DERIVED_VIEWS (derived view -> the
+# raw output it is computed from): engine.core.kinds.VIEW_KINDS
 OUTPUT_VIEWS = ("logits", "softmax", "psp", "lsp")  # views that live in the classifier's output space
 # a method's main view (the one it is judged by); every other method, known or not, is judged on the encoder
 MAIN_VIEWS = {"psp": "psp", "lsp": "lsp"}

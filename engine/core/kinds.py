@@ -8,6 +8,8 @@ nothing else spells a kind's name (``tests/test_kinds_named_once.py``).
   (:data:`MAX_K`); which kinds a caller accepts is its own (``engine.core.vocab.parse_metric``, the sources check).
 - adapter kinds (:data:`ADAPTERS`): paper 004's trained pairs (``engine.adapters.pair``) and the post-hoc maps fitted
   on paired embeddings (``engine.adapters.posthoc.POSTHOC``), each with its family and the label pages show.
+- feature views (:data:`VIEW_KINDS`): the raw outputs stored per model and the PSP/LSP views derived from them, and
+  which ones a checkpoint comparison evaluates.
 - source kinds (:data:`SOURCES`): where embeddings are read from (``engine.sources.READERS`` holds their readers).
 - job kinds (:data:`JOBS`): the worker's lane and claim priority of each (``engine.jobs.job_handlers.JOB_HANDLERS``
   holds their handlers, ``engine.core.contract`` their payloads and the one-line description of a queued job).
@@ -81,6 +83,30 @@ def metric_label(name: str) -> str:
     anything else as it is."""
     kind, at, k = name.lower().partition("@")
     return METRICS[kind].label + at + k if kind in METRICS and (at or kind == "map") else name
+
+
+# ---------------------------------------------------------------------------------------------- views
+@dataclass(frozen=True)
+class ViewKind(Kind):
+    """A feature view: ``raw``, the stored output a derived view is computed from ("" for a stored one), and
+    ``compared``: a checkpoint comparison evaluates it (the raw logits and softmax are read only through PSP/LSP)."""
+
+    raw: str = ""
+    compared: bool = False
+
+
+VIEW_KINDS = _named(
+    ViewKind("encoder", "encoder", "the feature vectors (models with different feature sizes are not comparable)",
+             compared=True),
+    ViewKind("logits", "logits", "the classifier's logits, as stored"),
+    ViewKind("softmax", "softmax", "the classifier's class probabilities, as stored"),
+    ViewKind("psp", "PSP", "class-probability vectors, centred and normalised (compares any two models through shared "
+             "classes)", raw="softmax", compared=True),
+    ViewKind("lsp", "LSP", "logit vectors, centred and normalised", raw="logits", compared=True),
+)
+RAW_VIEWS = tuple(k for k, v in VIEW_KINDS.items() if not v.raw)  # what the worker extracts and stores
+DERIVED_VIEWS = {k: v.raw for k, v in VIEW_KINDS.items() if v.raw}  # derived view -> the raw output it is computed from
+COMPARED_VIEWS = tuple(k for k, v in VIEW_KINDS.items() if v.compared)  # a checkpoint comparison's views
 
 
 # ---------------------------------------------------------------------------------------------- adapter kinds

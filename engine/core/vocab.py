@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from engine.core.kinds import MAX_K, STRICT, TIES, check_ties, metric_parts
+from engine.core.kinds import MAX_K, STRICT, TIES, VIEW_KINDS, check_ties, metric_parts
 
 
 
@@ -133,7 +133,7 @@ def decision_metric(relevance: str = "labels", k: int = RELEVANCE_K, *, streamed
     if relevance not in RELEVANCE:
         raise ValueError(f"unknown relevance {relevance!r}; use one of {', '.join(RELEVANCE)}")
     return {"labels": f"map@{k}" if streamed else "map", "qrels": f"ndcg@{k}", "none": f"neighbour_recall@{k}"}[relevance]
-VIEWS = ("encoder", "logits", "softmax", "psp", "lsp")
+VIEWS = tuple(VIEW_KINDS)
 TRAINING_MODES = ("cumulative", "finetune")
 # models trained from scratch: "auto" = the same initial weights at every step only where the method's paper
 # prescribes it (CoReS, paper 002 Sec. 5.1 / Tab. 9), a new seed per step otherwise; "same" / "per_step" force one
