@@ -215,3 +215,12 @@ def test_views_have_one_record():
     assert DERIVED_VIEWS == contract.DERIVED_VIEWS == {"psp": "softmax", "lsp": "logits"}
     assert COMPARED == COMPARED_VIEWS == tuple(VIEW_HELP) == ("encoder", "psp", "lsp")
     assert VIEW_HELP["lsp"] == "lsp: logit vectors, centred and normalised"
+
+
+def test_analysis_kinds_have_one_record_and_each_a_computation():
+    from engine.core.contract import ANALYSIS_DEFAULTS
+    from engine.core.kinds import ANALYSES
+    from engine.jobs.analysis import ANALYSIS_RUNS
+
+    assert ANALYSIS_KINDS == tuple(ANALYSES) == tuple(ANALYSIS_RUNS) and set(ANALYSIS_DEFAULTS) == set(ANALYSES)
+    assert all(a.label and a.help for a in ANALYSES.values())

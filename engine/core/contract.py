@@ -23,7 +23,7 @@ from typing import Any
 from engine.core.kinds import STRICT
 from engine.core.fan_out import FanOut, check_task_gallery
 from engine.core.presets import RUN_PRESETS
-from engine.core.kinds import DERIVED_VIEWS, JOBS, MAX_K, PAPER_ADAPTERS, RAW_VIEWS  # noqa: F401 (RAW_VIEWS: the border's name)
+from engine.core.kinds import ANALYSES, DERIVED_VIEWS, JOBS, MAX_K, PAPER_ADAPTERS, RAW_VIEWS  # noqa: F401 (RAW_VIEWS: the border's name)
 from engine.core.vocab import RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, Rule, check_resamples, parse_metric
 
 # ---------------------------------------------------------------------------------------------- views
@@ -59,7 +59,7 @@ def same_set_of(config: dict[str, Any]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- analyses
-ANALYSIS_KINDS = ("projection", "backfill", "geometry", "upgrade", "text_upgrade")
+ANALYSIS_KINDS = tuple(ANALYSES)
 EMBEDDINGS = ("umap", "pca")
 ORDERINGS = ("random", "distance_mse", "distance_cosine", "distance_mse_reverse", "distance_cosine_reverse",
              "confidence", "adapter_residual")  # partial-backfilling orders (engine.metrics.backfill_orders.ORDERINGS)

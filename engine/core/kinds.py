@@ -11,6 +11,8 @@ nothing else spells a kind's name (``tests/test_kinds_named_once.py``).
 - feature views (:data:`VIEW_KINDS`): the raw outputs stored per model and the PSP/LSP views derived from them, and
   which ones a checkpoint comparison evaluates.
 - source kinds (:data:`SOURCES`): where embeddings are read from (``engine.sources.READERS`` holds their readers).
+- analysis kinds (:data:`ANALYSES`): what an ``analysis`` job computes from an experiment's stored features
+  (``engine.jobs.analysis.ANALYSIS_RUNS`` holds their computations, ``engine.core.contract`` their parameters).
 - job kinds (:data:`JOBS`): the worker's lane and claim priority of each (``engine.jobs.job_handlers.JOB_HANDLERS``
   holds their handlers, ``engine.core.contract`` their payloads and the one-line description of a queued job).
 """
@@ -159,6 +161,17 @@ SOURCES = _named(
 )
 SOURCE_HELP = (f"A path inside the data roots or a URL: {listed([s.help for s in SOURCES.values()])}. "
                "Columns: #id=...&vector=...&label=...")
+
+
+# ---------------------------------------------------------------------------------------------- analysis kinds
+ANALYSES = _named(
+    Kind("projection", "feature map", "old and new features in one 2-D map"),
+    Kind("backfill", "backfilling curves", "the new model's queries against the old gallery while it is re-embedded"),
+    Kind("geometry", "feature geometry", "NC1-NC4, angles, drift, Definition 1 and stationarity over the steps"),
+    Kind("upgrade", "upgrade verdict", "the upgrade verdict of step_b over step_a, with its migration plan"),
+    Kind("text_upgrade", "text upgrade summary", "every pair of a text comparison's models: matrices, paired verdicts "
+         "per metric and adapters"),
+)
 
 
 # ---------------------------------------------------------------------------------------------- job kinds

@@ -14,18 +14,43 @@ in :mod:`engine.core.contract`, where the dashboard reads them):
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from sqlalchemy import Engine
 
 from engine.analysis.backfill_analysis import compute_backfill
 from engine.analysis.geometry import compute_geometry
 from engine.analysis.map import compute_projection
-from engine.analysis.views import Progress, load_experiment
+from engine.analysis.views import Progress, StoredVersion, load_experiment
 from engine.core.contract import analysis_key, normalize_params
 from engine.upgrade.stored import compute_upgrade
 from engine.upgrade.text_upgrade import compute_text_upgrade
 from storage import save_analysis, session_scope
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What an analysis reads: the database, the experiment, its stored config and model versions."""
+
+    db: Engine
+    experiment_id: int
+    config: dict[str, Any]
+    versions: list[StoredVersion]
+
+
+Run = Callable[[Inputs, dict[str, Any], Progress], tuple[dict[str, Any], np.ndarray | None]]
+
+# analysis kind (engine.core.kinds.ANALYSES) -> its computation: the payload and the point array, if any
+ANALYSIS_RUNS: dict[str, Run] = {
+    "projection": lambda i, p, r: compute_projection(i.db, i.config, i.versions, p, r),
+    "backfill": lambda i, p, r: (compute_backfill(i.db, i.config, i.versions, p, r), None),
+    "geometry": lambda i, p, r: (compute_geometry(i.db, i.config, i.versions, p, r), None),
+    "upgrade": lambda i, p, r: (compute_upgrade(i.db, i.experiment_id, p, r), None),
+    "text_upgrade": lambda i, p, r: (compute_text_upgrade(i.db, i.experiment_id, p, r), None),
+}
 
 
 def run_analysis(db_engine: Engine, experiment_id: int, kind: str, params: dict[str, Any], *,
@@ -40,19 +65,7 @@ def run_analysis(db_engine: Engine, experiment_id: int, kind: str, params: dict[
     config, versions = load_experiment(db_engine, experiment_id)
     if not versions:
         raise ValueError(f"experiment {experiment_id} has no model versions yet; wait for it to train a step")
-    array = None
-    if kind == "projection":
-        payload, array = compute_projection(db_engine, config, versions, params, report)
-    elif kind == "backfill":
-        payload = compute_backfill(db_engine, config, versions, params, report)
-    elif kind == "upgrade":
-        payload = compute_upgrade(db_engine, experiment_id, params, report)
-    elif kind == "text_upgrade":
-        payload = compute_text_upgrade(db_engine, experiment_id, params, report)
-    elif kind == "geometry":
-        payload = compute_geometry(db_engine, config, versions, params, report)
-    else:  # normalize_params refuses an unknown kind first; a kind added to the contract needs its branch here
-        raise ValueError(f"no computation for analysis kind {kind!r}")
+    payload, array = ANALYSIS_RUNS[kind](Inputs(db_engine, experiment_id, config, versions), params, report)
     report(0.98, "saving")
     with session_scope(db_engine) as s:
         save_analysis(s, experiment_id, kind, analysis_key(kind, params), payload, array)
