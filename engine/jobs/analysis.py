@@ -65,6 +65,8 @@ def run_analysis(db_engine: Engine, experiment_id: int, kind: str, params: dict[
     config, versions = load_experiment(db_engine, experiment_id)
     if not versions:
         raise ValueError(f"experiment {experiment_id} has no model versions yet; wait for it to train a step")
+    if kind not in ANALYSIS_RUNS:  # normalize_params refuses an unknown kind first; a kind added needs its computation
+        raise ValueError(f"no computation for analysis kind {kind!r}")
     payload, array = ANALYSIS_RUNS[kind](Inputs(db_engine, experiment_id, config, versions), params, report)
     report(0.98, "saving")
     with session_scope(db_engine) as s:
