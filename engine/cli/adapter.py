@@ -73,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     curve = sub.add_parser("curve", help="recovery curve vs the number of pairs, per adapter kind")
     _add_sources(curve)
     curve.add_argument("--kind", action="append", dest="kinds",
-                       help=f"a kind to fit: {KINDS_HELP} (repeatable; default all four)")
+                       help=f"a kind to fit: {KINDS_HELP} (repeatable; default every kind)")
     curve.add_argument("--pairs", type=_grid, default=_grid(GRID_TEXT), metavar="N,N,...",
                        help=f"pair counts, capped by the gallery's size (default {GRID_TEXT})")
     curve.add_argument("--json", type=Path, metavar="OUT", help="also write the curve as JSON (atomically)")
