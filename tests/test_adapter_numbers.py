@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
-from test_adapters_export import small_map
+from support.adapters_export import small_map
 
 from engine.adapters.artifact import AdapterFileError, load_adapter, save_adapter
 from engine.adapters.posthoc import fit_map, options_for

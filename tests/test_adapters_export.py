@@ -12,24 +12,11 @@ import pytest
 
 from engine.adapters.artifact import AdapterFileError, load_adapter, save_adapter
 from engine.adapters.posthoc import fit_map
-from engine.cli import main
+from support.adapters_export import pairs, run, small_map  # noqa: F401 (fixtures among them)
 
 ort = pytest.importorskip("onnxruntime")
 
 
-@pytest.fixture
-def pairs(tmp_path):
-    """Old (10-d) and new (14-d) embeddings of 600 labelled items, the new file in another order."""
-    rng = np.random.default_rng(29)
-    labels = rng.integers(0, 8, 600)
-    old = (rng.standard_normal((8, 10)) * 2)[labels] + rng.standard_normal((600, 10))
-    q = np.linalg.qr(rng.standard_normal((14, 14)))[0]
-    new = np.hstack([old, rng.standard_normal((600, 4))]) @ q + 0.2 * rng.standard_normal((600, 14))
-    ids = np.arange(600) * 5 + 3
-    perm = rng.permutation(600)
-    np.savez(tmp_path / "old.npz", ids=ids, vectors=old.astype(np.float32), labels=labels)
-    np.savez(tmp_path / "new.npz", ids=ids[perm], vectors=new[perm].astype(np.float32), labels=labels[perm])
-    return tmp_path, ids[perm], new[perm].astype(np.float32)
 
 
 # The batch apply maps 64-row blocks; the expectation maps the whole array. Both are float32 products of unit rows,
@@ -43,10 +30,6 @@ def same_product(got: np.ndarray, want: np.ndarray) -> None:
     np.testing.assert_allclose(got, want, rtol=0, atol=BLOCKED_ATOL)
 
 
-def small_map(kind: str = "affine"):
-    rng = np.random.default_rng(1)
-    return fit_map(kind, rng.standard_normal((50, 6)), rng.standard_normal((50, 4)),
-                   options={"clusters": 2, "min_members": 5} if kind == "cluster" else None)
 
 
 @pytest.mark.parametrize("kind", ["procrustes", "affine", "cluster", "mlp"])
@@ -148,14 +131,9 @@ def test_wrong_tensors_in_the_weights_file_are_refused(tmp_path):
         load_adapter(folder)
 
 
-# --------------------------------------------------------------------------------------------- the command line
-def run(argv, capsys):
-    code = main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
-def test_fit_then_apply_round_trips_in_every_output_format(pairs, capsys):
+def test_fit_then_apply_round_trips_in_every_output_format(pairs, capsys):  # noqa: F811
     root, new_ids, new = pairs
     code, out, err = run(["adapter", "fit", "--old", str(root / "old.npz"), "--new", str(root / "new.npz"),
                           "--kind", "procrustes", "--pairs", "300", "--held-out", "100", "--resamples", "50",
@@ -189,7 +167,7 @@ def test_fit_then_apply_round_trips_in_every_output_format(pairs, capsys):
     assert code == 2 and "10-d vectors, not the 14-d expected" in err and err.count("\n") == 1
 
 
-def test_apply_refuses_an_existing_output_without_force_and_paths_outside_the_roots(pairs, capsys, tmp_path_factory):
+def test_apply_refuses_an_existing_output_without_force_and_paths_outside_the_roots(pairs, capsys, tmp_path_factory):  # noqa: F811
     root, _, new = pairs
     save_adapter(fit_map("affine", new, new[:, :10]), root / "ad")
     (root / "y.npy").write_bytes(b"keep")
@@ -209,7 +187,7 @@ def test_apply_refuses_an_existing_output_without_force_and_paths_outside_the_ro
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == []  # no temporary file left
 
 
-def test_fit_refuses_bad_options_and_an_existing_folder(pairs, capsys):
+def test_fit_refuses_bad_options_and_an_existing_folder(pairs, capsys):  # noqa: F811
     root, _, _ = pairs
     base = ["adapter", "fit", "--old", str(root / "old.npz"), "--new", str(root / "new.npz"), "--pairs", "100"]
     code, _, err = run(base + ["--kind", "affine", "--set", "lam=1", "--out", str(root / "a")], capsys)
@@ -224,7 +202,7 @@ def test_fit_refuses_bad_options_and_an_existing_folder(pairs, capsys):
     assert code == 2 and "--query-old and --query-new together" in err
 
 
-def test_curve_prints_and_writes_every_kind_at_every_count(pairs, capsys):
+def test_curve_prints_and_writes_every_kind_at_every_count(pairs, capsys):  # noqa: F811
     root, _, _ = pairs
     code, out, err = run(["adapter", "curve", "--old", str(root / "old.npz"), "--new", str(root / "new.npz"),
                           "--kind", "procrustes", "--kind", "cluster", "--set", "cluster.clusters=2",
@@ -239,7 +217,7 @@ def test_curve_prints_and_writes_every_kind_at_every_count(pairs, capsys):
     assert code == 2 and "several kinds are fitted; name one" in err
 
 
-def test_curve_with_separate_queries_and_no_labels(pairs, capsys):
+def test_curve_with_separate_queries_and_no_labels(pairs, capsys):  # noqa: F811
     root, _, _ = pairs
     rng = np.random.default_rng(5)
     with np.load(root / "old.npz") as o, np.load(root / "new.npz") as n:

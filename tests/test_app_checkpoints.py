@@ -6,54 +6,24 @@ images a generated folder of PNGs; nothing is loaded or embedded here (that is t
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-from streamlit.testing.v1 import AppTest
-from test_checkpoints_factory import save_state_dict_pt, save_step_checkpoint, write_image_folder
+from support.checkpoints_factory import write_image_folder
 
 from app.widgets import plain
 from engine.checkpoints.request import comparison_spec
-from storage import get_engine, list_jobs, session_scope
-
-PAGE = Path(__file__).resolve().parents[1] / "app" / "app_pages" / "checkpoints.py"
-TIMEOUT = 120  # the first run imports torch
+from support.app_checkpoints import files, fill, jobs, open_page, press  # noqa: F401 (fixtures among them)
 
 
-@pytest.fixture
-def files(tmp_path) -> dict[str, Path]:
-    save_state_dict_pt(tmp_path / "old.pt", num_classes=4, width=8)
-    save_step_checkpoint(tmp_path / "new.safetensors", num_classes=4, width=8, seed=1)
-    return {"old": tmp_path / "old.pt", "new": tmp_path / "new.safetensors",
-            "images": write_image_folder(tmp_path / "imgs", classes=4, per_class=3, size=16)}
 
 
-def open_page() -> AppTest:
-    at = AppTest.from_file(str(PAGE), default_timeout=TIMEOUT).run()
-    assert not at.exception, at.exception
-    return at
 
 
-def jobs(url: str) -> list[dict]:
-    with session_scope(get_engine(url)) as s:
-        return [{"kind": j.kind, "payload": dict(j.payload)} for j in list_jobs(s)]
 
 
-def fill(at: AppTest, files: dict[str, Path]) -> AppTest:
-    """Model 1: the state_dict (small_cnn, 4 classes, a class list); model 2: the step checkpoint; the folder."""
-    at.text_input(key="ck_0_path").input(str(files["old"]))
-    at.selectbox(key="ck_0_arch").select("small_cnn")
-    at.number_input(key="ck_0_num_classes").set_value(4)
-    at.text_area(key="ck_0_classes").input("class_0\nclass_1\nclass_2\nclass_3")
-    at.text_input(key="ck_1_path").input(str(files["new"]))
-    at.text_input(key="ck_root").input(str(files["images"]))
-    return at.run()
 
 
-def press(at: AppTest, which: str) -> AppTest:
-    at.button(key=f"ck_{which}").click().run()
-    assert not at.exception, at.exception
-    return at
+
 
 
 def test_renders_on_an_empty_database(app_db):
@@ -65,7 +35,7 @@ def test_renders_on_an_empty_database(app_db):
     assert jobs(app_db) == []
 
 
-def test_launch_queues_one_job_whose_spec_round_trips(app_db, files):
+def test_launch_queues_one_job_whose_spec_round_trips(app_db, files):  # noqa: F811
     at = press(fill(open_page(), files), "launch")
     assert not at.error, [e.value for e in at.error]
     queued = jobs(app_db)
@@ -80,19 +50,19 @@ def test_launch_queues_one_job_whose_spec_round_trips(app_db, files):
     assert "Compatibility" in at.success[0].value and "Overview" in at.success[0].value
 
 
-def test_check_validates_without_queueing(app_db, files):
+def test_check_validates_without_queueing(app_db, files):  # noqa: F811
     at = press(fill(open_page(), files), "check")
     assert not at.error and at.success and jobs(app_db) == []
 
 
-def test_down_button_reorders_the_sequence(app_db, files):
+def test_down_button_reorders_the_sequence(app_db, files):  # noqa: F811
     at = fill(open_page(), files)
     at.button(key="ck_0_down").click().run()
     press(at, "launch")
     assert [m["path"] for m in jobs(app_db)[0]["payload"]["spec"]["models"]] == [str(files["new"]), str(files["old"])]
 
 
-def test_open_set_uses_two_folders(app_db, files, tmp_path):
+def test_open_set_uses_two_folders(app_db, files, tmp_path):  # noqa: F811
     gallery = write_image_folder(tmp_path / "gallery", classes=3, per_class=2, size=16)
     at = fill(open_page(), files)
     at.radio(key="ck_protocol").set_value("open-set").run()
@@ -105,7 +75,7 @@ def test_open_set_uses_two_folders(app_db, files, tmp_path):
     assert (spec["query_dataset"], spec["gallery_dataset"]) == (f"imagefolder:{files['images']}", f"imagefolder:{gallery}")
 
 
-def test_builtin_dataset_needs_no_folder(app_db, files):
+def test_builtin_dataset_needs_no_folder(app_db, files):  # noqa: F811
     at = fill(open_page(), files)
     at.selectbox(key="ck_dataset").select("shapes").run()
     press(at, "launch")
@@ -133,7 +103,7 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_input_shows_one_line_and_queues_nothing(app_db, files, tmp_path, case):
+def test_bad_input_shows_one_line_and_queues_nothing(app_db, files, tmp_path, case):  # noqa: F811
     change, expected = BAD[case]
     at = fill(open_page(), files)
     change(at, files, tmp_path)

@@ -17,8 +17,8 @@ from engine.core.conventions import annotate, convention, metric_name
 from storage import enqueue_job, fail_job, get_engine, session_scope, update_job_progress
 from storage.jobs import claim_next_job
 from storage.models import Experiment, ModelVersion, Study
-from test_app_pages import MAIN, TIMEOUT, texts, unplain
-from test_app_synthetic import fill_study
+from support.app_pages import MAIN, TIMEOUT, texts, unplain
+from support.app_synthetic import fill_study
 
 RUN = {"name": "hand", "methods": ["psp"], "seed": 7,
        "eval": {"protocol": "closed-set", "gallery": "template", "eval_classes": "seen", "topk": None},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from streamlit.testing.v1 import AppTest
-from test_app_pages import open_page
+from support.app_pages import open_page
 
 from app.evidence_view import FIGURE, SUMMARY, decision_rows, gap_rows, load_summary, markdown_table, rate_words
 

@@ -14,8 +14,8 @@ from engine.jobs.analysis import run_analysis
 from storage import enqueue_job, get_engine, list_model_versions, rename_model_version, session_scope
 from storage.models import CompatibilityMatrix, Experiment, Study
 from app.widgets import MISSING
-from test_app_pages import unplain
-from test_app_synthetic import fill_study
+from support.app_pages import unplain
+from support.app_synthetic import fill_study
 
 MAIN = Path(__file__).resolve().parents[1] / "app" / "main.py"
 IMG = '<img src="http://127.0.0.1:9/x.png">'

@@ -10,14 +10,11 @@ from streamlit.testing.v1 import AppTest
 from app.learn import LEARN_PAGES
 from app.widgets import MISSING
 from storage import create_experiment, enqueue_job, get_engine, session_scope
-from test_app_pages import MAIN, TIMEOUT, texts
-from test_app_synthetic import fill_study
+from support.app_pages import texts
+from support.app_synthetic import fill_study
+from support.app_overview import overview
 
 
-def overview() -> AppTest:
-    at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT).run()
-    assert not at.exception, at.exception
-    return at
 
 
 def page_links(at: AppTest) -> dict[str, str]:

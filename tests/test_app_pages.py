@@ -6,50 +6,26 @@ they must show, and for the job rows their buttons write.
 """
 from __future__ import annotations
 
-import re
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from engine.core.contract import analysis_key
-from storage import enqueue_job, fail_job, get_engine, list_jobs, load_analysis, session_scope
+from storage import enqueue_job, fail_job, get_engine, load_analysis, session_scope
 from storage.jobs import claim_next_job
-from test_app_synthetic import fill_study
+from support.app_pages import MAIN, TIMEOUT, jobs, open_page, study, texts, unplain  # noqa: F401 (fixtures among them)
 
-MAIN = Path(__file__).resolve().parents[1] / "app" / "main.py"
 PAGES = ("overview", "new_experiment", "compatibility", "geometry", "backfilling")
-TIMEOUT = 120  # the first run imports torch and compiles numba kernels
 
 
-@pytest.fixture
-def study(app_db) -> dict:
-    return {"url": app_db, **fill_study(app_db, steps=3)}
 
 
-def open_page(page: str) -> AppTest:
-    at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT).run()
-    if page != "overview":
-        at.switch_page(f"app_pages/{page}.py").run()
-    assert not at.exception, at.exception
-    return at
 
 
-def unplain(text: str) -> str:
-    """What a reader sees of app.widgets.plain's output: without its backslash escapes and word joiners."""
-    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text).replace("\u2060", "")
 
 
-def texts(at: AppTest) -> str:
-    """The page's text elements, with user-provided text unescaped."""
-    parts = [e.value for kind in ("markdown", "caption", "info", "warning", "error", "success", "title", "subheader")
-             for e in getattr(at, kind)]
-    return unplain("\n".join(str(p) for p in parts))
 
 
-def jobs(url: str) -> list:
-    with session_scope(get_engine(url)) as s:
-        return list_jobs(s)
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -70,7 +46,7 @@ def test_empty_database_mentions_the_queued_demo(app_db):
 # ------------------------------------------------------------------------------------------ overview
 
 
-def test_overview_shows_ac_aa_aca(study):
+def test_overview_shows_ac_aa_aca(study):  # noqa: F811
     at = open_page("overview")
     frame = at.dataframe[0].value
     rows = {r["method"]: r for _, r in frame.iterrows()}
@@ -199,7 +175,7 @@ def test_preset_fills_the_form(app_db, tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------ compatibility
 
 
-def test_compatibility_shows_the_hand_made_matrices(study):
+def test_compatibility_shows_the_hand_made_matrices(study):  # noqa: F811
     at = open_page("compatibility")
     summary = at.dataframe[0].value
     rows = {r["method"]: r for _, r in summary.iterrows()}
@@ -218,7 +194,7 @@ def test_compatibility_shows_the_hand_made_matrices(study):
         rows[at.dataframe[0].value.iloc[0]["method"]]["AA %"] - 10)
 
 
-def test_compatibility_single_method(study):
+def test_compatibility_single_method(study):  # noqa: F811
     at = open_page("compatibility")
     at.multiselect(key=at.multiselect[0].key).set_value([m for m in at.multiselect[0].options if "bct" in m]).run()
     assert not at.exception
@@ -228,7 +204,7 @@ def test_compatibility_single_method(study):
 # ------------------------------------------------------------------------------------------ geometry
 
 
-def test_geometry_shows_a_stored_projection(study):
+def test_geometry_shows_a_stored_projection(study):  # noqa: F811
     at = open_page("geometry")
     at.selectbox(key="geo_experiment").set_value(1).run()  # the experiment with stored analyses (independent)
     at.radio(key="geo_method").set_value("pca").run()
@@ -244,7 +220,7 @@ def test_geometry_shows_a_stored_projection(study):
     assert sum(1 for e in at.text if e.value.startswith("#")) == 10  # 5 neighbours per gallery, by class name
 
 
-def test_geometry_compute_button_enqueues_an_analysis_job(study):
+def test_geometry_compute_button_enqueues_an_analysis_job(study):  # noqa: F811
     at = open_page("geometry")
     at.selectbox(key="geo_experiment").set_value(1).run()  # UMAP by default: not computed yet
     at.button(key="geo_compute").click().run()
@@ -259,7 +235,7 @@ def test_geometry_compute_button_enqueues_an_analysis_job(study):
 # ------------------------------------------------------------------------------------------ backfilling
 
 
-def test_backfilling_shows_curves_and_m_tilde(study):
+def test_backfilling_shows_curves_and_m_tilde(study):  # noqa: F811
     at = open_page("backfilling")
     at.selectbox(key="bf_experiment").set_value(1).run()
     assert not at.exception
@@ -275,7 +251,7 @@ def test_backfilling_shows_curves_and_m_tilde(study):
     assert f"{payload['n_gallery']} gallery items" in texts(at)
 
 
-def test_backfilling_rollout_curves(study):
+def test_backfilling_rollout_curves(study):  # noqa: F811
     from engine.jobs.analysis import run_analysis
 
     params = {"step_a": 2, "step_b": 3, "view": "encoder", "orderings": ["random", "distance_mse", "distance_cosine"],
@@ -296,7 +272,7 @@ def test_backfilling_rollout_curves(study):
     assert len(at.get("vega_lite_chart")) == 4  # two metrics, item replacement and roll-out
 
 
-def test_backfilling_compute_button(study):
+def test_backfilling_compute_button(study):  # noqa: F811
     at = open_page("backfilling")  # newest experiment (bct) has no stored curves
     at.button(key="bf_compute").click().run()
     (job,) = [j for j in jobs(study["url"]) if j.kind == "analysis"]
@@ -304,7 +280,7 @@ def test_backfilling_compute_button(study):
     assert sorted(job.payload["params"]["metrics"]) == ["map", "recall@1"]
 
 
-def test_backfilling_train_adapters_button_queues_an_adapter_job(study):
+def test_backfilling_train_adapters_button_queues_an_adapter_job(study):  # noqa: F811
     at = open_page("backfilling")
     at.selectbox(key="bf_adapter_kind").set_value("lambda").run()
     at.button(key="bf_adapter_train").click().run()

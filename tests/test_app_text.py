@@ -24,6 +24,7 @@ from engine.data.samples import SampleRefs, sample_texts, text_refs
 from engine.data.text_model_files import TEXT_SEQUENCE
 from engine.data.wordnet import WORDNET_ROOT, wordnet_task
 from storage import get_engine, list_jobs, session_scope
+from support.app_text import stored_encoder
 
 PAGE = Path(__file__).resolve().parents[1] / "app" / "app_pages" / "checkpoints.py"
 TIMEOUT = 120
@@ -147,7 +148,7 @@ def test_the_distilled_static_model_is_offered_and_says_what_it_needs(app_db):
 def test_a_users_own_text_encoder_from_a_server_path(app_db, data_root):
     """A text encoder folder (tokenizer.json + safetensors) on the server, architecture "text encoder": checked without
     loading, queued as ``PATH:text``; a folder without its tokenizer, or outside the data roots, gets one line."""
-    from test_text_encoders import write_tiny_folder  # the tiny BERT folder the encoder tests load
+    from support.text_encoders import write_tiny_folder  # the tiny BERT folder the encoder tests load
 
     write_tiny_folder(data_root / "my-encoder")
     (data_root / "broken").mkdir()
@@ -192,14 +193,6 @@ def text_study(app_db) -> dict:
     return {"url": app_db, "experiment": experiment, "task": wordnet_task(queries=QUERIES, gallery=GALLERY, seed=SEED)}
 
 
-def stored_encoder(url: str, experiment: int, step: int, split: str) -> np.ndarray:
-    from engine.analysis.views import load_experiment, version_of_step
-    from storage import load_feature_set
-
-    db = get_engine(url)
-    version = version_of_step(load_experiment(db, experiment)[1], step)
-    with session_scope(db) as s:
-        return np.asarray(load_feature_set(s, version.id, split, "encoder")[0])
 
 
 def expected_neighbours(study: dict, query_step: int, gallery_step: int, row: int, k: int) -> list[tuple[str, bool]]:
@@ -212,14 +205,14 @@ def expected_neighbours(study: dict, query_step: int, gallery_step: int, row: in
 
 
 def neighbour_lines(at: AppTest) -> list[str]:
-    from test_app_pages import unplain
+    from support.app_pages import unplain
 
     return [unplain(m.value) for m in at.markdown if m.value.startswith("**#")]
 
 
 @WORDNET
 def test_neighbours_show_the_query_sentence_and_the_retrieved_definitions(text_study):
-    from test_app_pages import open_page, texts
+    from support.app_pages import open_page, texts
 
     task = text_study["task"]
     at = open_page("geometry")
@@ -248,8 +241,8 @@ def test_neighbours_show_the_query_sentence_and_the_retrieved_definitions(text_s
 def test_the_map_tooltip_search_and_box_show_texts(text_study):
     import json
 
-    from test_app_pages import open_page, texts
-    from test_map_explore import drawn, map_layer
+    from support.app_pages import open_page, texts
+    from support.map_explore import drawn, map_layer
 
     from engine.jobs.analysis import run_analysis
 

@@ -9,8 +9,8 @@ from streamlit.testing.v1 import AppTest
 from engine.jobs.analysis import run_analysis
 from storage import enqueue_job, finish_job, get_engine, session_scope
 from storage.jobs import claim_next_job
-from test_app_pages import texts
-from test_app_synthetic import fill_study
+from support.app_pages import texts
+from support.app_synthetic import fill_study
 
 MAIN = Path(__file__).resolve().parents[1] / "app" / "main.py"
 

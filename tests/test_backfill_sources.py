@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from test_upgrade_sources import NG, NQ, embeddings
+from support.upgrade_sources import NG, NQ, embeddings
 
 from engine.cli import main
 from engine.metrics.backfill import backfill_counts, backfill_curves, curve_area, fraction_to_reach
@@ -17,6 +17,7 @@ from engine.metrics.relevance import label_outcomes
 from engine.metrics.topk import array_blocks, stream_topk
 from engine.upgrade.backfill_sources import SOURCE_ORDERINGS, class_mean_orders, residual_order
 from engine.upgrade.from_sources import SourceSpecs, check_sources
+from support.backfill_sources import hand_ndcg
 
 SIDES = ("old_gallery", "new_gallery", "old_queries", "new_queries")
 RESAMPLES = 200
@@ -73,14 +74,6 @@ def qrels_for(e, seed: int = 5):
     return out
 
 
-def hand_ndcg(top_rows, judged, k):
-    """nDCG@k with linear gains, by hand: DCG = sum g_i / log2(i + 1), over the ideal DCG (NaN without judgements)."""
-    if not judged:
-        return np.nan
-    gains = [judged.get(int(r), 0) for r in top_rows[:k]]
-    dcg = sum(g / np.log2(i + 2) for i, g in enumerate(gains))
-    best = sorted(judged.values(), reverse=True)[:k]
-    return dcg / sum(g / np.log2(i + 2) for i, g in enumerate(best))
 
 
 # ---- the pure merge ------------------------------------------------------------------------------------------------

@@ -1,6 +1,4 @@
 """Bad configs through ``python -m engine run``: exit 2, one line on stderr, and no table gains or loses a row."""
-import copy
-import math
 import re
 import subprocess
 import sys
@@ -8,46 +6,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from sqlalchemy import func, select
 
 from engine.cli import main
 from storage import get_engine, init_db, session_scope
-from storage.models import Base
-
-BASE = {"name": "bad", "methods": ["independent"], "dataset": {"name": "digits"},
-        "scenario": {"initial_classes": 5, "increment": 5, "num_steps": 2}, "model": {"width": 8}, "training": {"epochs": 1}}
+from support.bad_configs import BASE, _counts, _toml, _with
 
 
-def _toml_value(v):
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v + '"'
-    if isinstance(v, list):
-        return "[" + ", ".join(map(_toml_value, v)) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(v)
 
 
-def _toml(data: dict) -> str:
-    top = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict) or k == "method_params"]
-    sections = [f"[{k}]\n" + "\n".join(f"{kk} = {_toml_value(vv)}" for kk, vv in v.items())
-                for k, v in data.items() if isinstance(v, dict) and k != "method_params"]
-    return "\n".join(top) + "\n" + "\n".join(sections) + "\n"
 
 
-def _with(**over) -> dict:
-    data = copy.deepcopy(BASE)
-    for key, value in over.items():
-        section, _, name = key.rpartition("__")
-        target = data.setdefault(section, {}) if section else data
-        target.pop(name) if value is None else target.__setitem__(name, value)
-    return data
+
 
 
 MISSING = "/nonexistent/compatlab-data"
@@ -131,9 +100,6 @@ CASES = {  # id -> (config dict, extra argv)
 }
 
 
-def _counts(db) -> dict[str, int]:
-    with session_scope(db) as s:
-        return {t.name: s.scalar(select(func.count()).select_from(t)) for t in Base.metadata.sorted_tables}
 
 
 @pytest.fixture(scope="module")

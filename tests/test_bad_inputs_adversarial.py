@@ -14,8 +14,8 @@ import pytest
 
 from engine.cli import main
 from storage import get_engine, init_db
-from test_bad_configs import BASE, _counts, _toml, _with
-from test_bad_feature_folders import _good, _raw_members, raw, steps
+from support.bad_configs import BASE, _counts, _toml, _with
+from support.bad_feature_folders import _good, _raw_members, raw, steps
 
 DEEP_ARRAY = "a = " + "[" * 5000 + "]" * 5000 + "\n"
 DEEP_TABLE = "a = " + "{b = " * 3000 + "1" + "}" * 3000 + "\n"

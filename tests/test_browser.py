@@ -15,13 +15,7 @@ downloads a browser here. Slow: ``pytest -m slow tests/test_browser.py``.
 """
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,15 +24,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-START_TIMEOUT_S = 180
 JOB_TIMEOUT_S = 600  # a 2-step digits run with 1 epoch takes well under a minute on an idle CPU
-ANALYSIS_TIMEOUT_S = 300
-UI_TIMEOUT_MS = 120_000  # generous: other processes may load the CPU while the page runs its script
-POLL_S = 0.5  # interval between two looks at the database (not a wait for something to happen)
 BEACON = "http://127.0.0.1:9/beacon.png"  # a port nothing listens on: a rendered <img> would try to fetch it
 MARKDOWN_NAME = f"![b]({BEACON}) **bold** <img src={BEACON}>"
 PAGES = {"overview": "", "upgrade": "upgrade", "new_experiment": "new_experiment", "compatibility": "compatibility",
@@ -47,125 +33,18 @@ PAGES = {"overview": "", "upgrade": "upgrade", "new_experiment": "new_experiment
          "learn_definition1": "definition1", "learn_simplex": "simplex", "learn_stationarity": "stationarity",
          "learn_caps": "caps", "learn_alignment": "alignment"}
 
+from support.browser import (ANALYSIS_TIMEOUT_S, CHROMIUM, POLL_S, UI_TIMEOUT_MS, _log_tail,  # noqa: E402, F401 (fixtures; skips without chromium)
+                             browser, charts_drawn, hover_spots, result_shown, script_done, server, settle, shots,
+                             wait_for_job)
 
-def _missing() -> str | None:
-    if not Path(CHROMIUM).exists():
-        return f"{CHROMIUM} not found: install it with `apt-get install -y chromium`"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright package is not installed (pip install playwright==1.64.1; no browser download needed)"
-    return None
-
-
-if _missing():
-    pytest.skip(_missing(), allow_module_level=True)
-
-from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Page, expect  # noqa: E402 (after the skip above)
 from playwright.sync_api import TimeoutError as PlaywrightTimeout  # noqa: E402
 
 from storage import (Job, create_experiment, get_engine, list_experiments, list_jobs, load_matrices,  # noqa: E402
                      session_scope, set_experiment_status)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _log_tail(path: Path, lines: int = 40) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
-
-
-def _healthy(base: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def _no_terminal_env(home: Path) -> dict[str, str]:
-    """This environment as a service manager or an IDE's run button gives it: an empty HOME (no
-    ~/.streamlit/credentials.toml), no display and no ``$BROWSER`` (so run_app.py opens none)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME")}
-    return {**env, "HOME": str(home)}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The README's start command (``python run_app.py``; only the port, the database and --no-demo added) with no
-    terminal: stdin closed, its own session, output to a log file, an empty HOME."""
-    tmp = tmp_path_factory.mktemp("browser")
-    home = tmp / "home"
-    home.mkdir()
-    port, url = _free_port(), f"sqlite:///{tmp / 'browser.db'}"
-    log = tmp / "run_app.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "run_app.py", "--port", str(port), "--db", url, "--no-demo"],
-                                cwd=ROOT, env=_no_terminal_env(home), stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not _healthy(base):
-        if proc.poll() is not None:
-            pytest.fail(f"run_app.py exited with code {proc.returncode} before the dashboard was up:\n{_log_tail(log)}")
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"the dashboard did not answer /_stcore/health within {START_TIMEOUT_S} s:\n{_log_tail(log)}")
-        time.sleep(POLL_S)
-    yield {"base": base, "db": url, "log": log, "proc": proc}
-    proc.send_signal(signal.SIGTERM)  # run_app.py stops the worker and the dashboard
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-@pytest.fixture(scope="module")
-def shots() -> Path:
-    folder = Path(os.environ.get("COMPATLAB_SCREENSHOTS", ROOT / "screenshots"))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-def script_done(page: Page) -> None:
-    """Wait until no script run (page or fragment) is in progress: the app's own run state, which the status widget
-    shows only after a delay (a page screenshotted on that widget alone can be a title and nothing else)."""
-    expect(page.locator('[data-testid="stApp"]')).to_have_attribute("data-test-script-state", "notRunning",
-                                                                     timeout=UI_TIMEOUT_MS)
-
-
-def settle(page: Page) -> None:
-    """Wait until the page's script has run: a title is shown, the run is over, no 'running' widget, spinner or
-    placeholder left."""
-    expect(page.locator('[data-testid="stMain"] h1').first).to_be_visible(timeout=UI_TIMEOUT_MS)
-    script_done(page)
-    expect(page.locator('[data-testid="stStatusWidget"], [data-testid="stSpinner"], [data-testid="stSkeleton"]')
-           ).to_have_count(0, timeout=UI_TIMEOUT_MS)
-
-
-def charts_drawn(page: Page) -> None:
-    """Wait until every Vega-Lite chart on the page has drawn something with a size (those in a closed expander are
-    drawn when it opens)."""
-    page.wait_for_function(
-        "() => Array.from(document.querySelectorAll('[data-testid=stVegaLiteChart]')).every(e =>"
-        " e.closest('details:not([open])') !== null ||"
-        " (e.getBoundingClientRect().height > 0 && e.querySelector('canvas, svg') !== null))", timeout=UI_TIMEOUT_MS)
-
-
-def check_page(page: Page, name: str, shots: Path) -> None:
+def check_page(page: Page, name: str, shots: Path) -> None:  # noqa: F811
     """No exception on the page, every chart drawn, no user text rendered as an image; then a screenshot."""
     script_done(page)
     charts_drawn(page)
@@ -231,68 +110,12 @@ def newest_job(db_url: str, kind: str) -> tuple[int, dict]:
         return job.id, job.payload
 
 
-def wait_for_job(db_url: str, kind: str, timeout: float, log: Path, *, analysis: str | None = None):
-    """The newest job of ``kind`` (an ``analysis`` job of that analysis kind) once finished.
-
-    Polls the database; fails with the job's message if it failed, or with its state if it never finished.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        with session_scope(get_engine(db_url)) as s:
-            job = next((j for j in list_jobs(s, kind=kind)
-                        if analysis is None or j.payload.get("kind") == analysis), None)
-            state = None if job is None else (job.id, job.status, job.message, job.error, job.progress)
-        if state is not None and state[1] == "done":
-            return state[0]
-        if state is not None and state[1] in ("failed", "cancelled"):
-            pytest.fail(f"{kind} job #{state[0]} {state[1]}: {state[2]}\n{state[3] or ''}")
-        if time.monotonic() > deadline:
-            what = "never queued" if state is None else f"still {state[1]} ({state[4]:.0%}, {state[2]!r})"
-            pytest.fail(f"the {kind} job did not finish within {timeout:.0f} s: {what}. Is the engine worker "
-                        f"(`python -m engine worker`) implemented and running?\n{_log_tail(log)}")
-        time.sleep(POLL_S)
 
 
-def result_shown(page: Page, url: str, text: str, prepare=None) -> None:
-    """Wait for ``text``: the page's poll redraws it when the job ends; a fresh visit shows the stored result."""
-    try:
-        expect(page.get_by_text(text)).to_be_visible(timeout=30_000)
-    except AssertionError:
-        page.goto(url)
-        settle(page)
-        if prepare is not None:
-            prepare()
-        expect(page.get_by_text(text)).to_be_visible(timeout=UI_TIMEOUT_MS)
-    settle(page)
 
 
-# Pixels of the chart's canvas drawn in colour (the points; lines and axes are grey), as page coordinates, spread
-# over the chart: where to hover to find a point without knowing the chart's scales.
-COLOURED_PIXELS = """(canvas) => {
-  const ctx = canvas.getContext('2d');
-  const {width, height} = canvas;
-  const data = ctx.getImageData(0, 0, width, height).data;
-  const rect = canvas.getBoundingClientRect();
-  const found = [];
-  for (let y = 0; y < height; y += 3) for (let x = 0; x < width; x += 3) {
-    const i = 4 * (y * width + x);
-    const [r, g, b, a] = [data[i], data[i + 1], data[i + 2], data[i + 3]];
-    if (a > 200 && Math.max(r, g, b) - Math.min(r, g, b) > 60)
-      found.push([rect.left + x * rect.width / width, rect.top + y * rect.height / height]);
-  }
-  const step = Math.max(1, Math.floor(found.length / 150));
-  return found.filter((_, k) => k % step === 0);
-}"""
 
 
-def hover_spots(chart) -> list[tuple[float, float]]:
-    """Where the chart drew points: the symbols of an SVG rendering, else the coloured pixels of its canvas."""
-    symbols = chart.locator("svg g.mark-symbol path")
-    if symbols.count():
-        boxes = (symbols.nth(i).bounding_box() for i in range(0, symbols.count(), max(1, symbols.count() // 150)))
-        return [(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2) for b in boxes if b]
-    canvas = chart.locator("canvas").first
-    return canvas.evaluate(COLOURED_PIXELS) if canvas.count() else []
 
 
 def hover_until_thumbnail(page: Page, chart) -> tuple[float, float]:
@@ -311,7 +134,7 @@ def hover_until_thumbnail(page: Page, chart) -> tuple[float, float]:
     pytest.fail(f"none of {len(spots)} points of the map showed a thumbnail in its tooltip")
 
 
-def test_every_page_opens_on_an_empty_database(server, browser, shots):
+def test_every_page_opens_on_an_empty_database(server, browser, shots):  # noqa: F811
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     for name, path in PAGES.items():
         page.goto(f"{server['base']}/{path}")
@@ -320,7 +143,7 @@ def test_every_page_opens_on_an_empty_database(server, browser, shots):
     page.close()
 
 
-def test_launch_a_tiny_study_and_explore_it(server, browser, shots):
+def test_launch_a_tiny_study_and_explore_it(server, browser, shots):  # noqa: F811
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
     base = server["base"]
 
@@ -400,7 +223,7 @@ def test_launch_a_tiny_study_and_explore_it(server, browser, shots):
     page.close()
 
 
-def test_user_provided_names_render_as_plain_text(server, browser, shots):
+def test_user_provided_names_render_as_plain_text(server, browser, shots):  # noqa: F811
     """An experiment named and failed with markdown/HTML: the Overview shows the literal text, fetches no image."""
     with session_scope(get_engine(server["db"])) as s:
         e = create_experiment(s, name=MARKDOWN_NAME, method="independent", config={}, config_hash="browser-markdown")
@@ -458,7 +281,7 @@ def spread(values: list[float]) -> tuple[float, float]:
     return pytest.approx(100 * np.mean(values)), pytest.approx(100 * np.std(values, ddof=1))
 
 
-def test_a_multi_seed_study_shows_mean_and_std_on_compatibility(server, browser, shots):
+def test_a_multi_seed_study_shows_mean_and_std_on_compatibility(server, browser, shots):  # noqa: F811
     """A study run with three seeds: Compatibility shows one row for its method with the seed count, and AC / AA as
     the mean and sample std over the seeds, recomputed here from the stored matrices."""
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
@@ -500,7 +323,7 @@ def test_a_multi_seed_study_shows_mean_and_std_on_compatibility(server, browser,
     page.close()
 
 
-def test_cancel_asks_first_and_cancels_only_when_confirmed(server, browser, shots):
+def test_cancel_asks_first_and_cancels_only_when_confirmed(server, browser, shots):  # noqa: F811
     """Cancel on the Overview opens a dialog (from the page's 2-second refresh); nothing is cancelled while it is open
     or after "Keep it running"; "Stop the whole study" cancels the job."""
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
@@ -559,7 +382,7 @@ def test_cancel_asks_first_and_cancels_only_when_confirmed(server, browser, shot
 PRETRAINED_TIMEOUT_S = 900  # three ImageNet models on 4 images; loading them dominates on a loaded CPU
 
 
-def test_the_offline_pretrained_sequence_runs_from_the_checkpoints_page(server, browser, shots):
+def test_the_offline_pretrained_sequence_runs_from_the_checkpoints_page(server, browser, shots):  # noqa: F811
     """"Try the offline pretrained sequence" on a 4-image folder: the job names the weights (pretrained:NAME), the
     worker finds the installed files outside the data roots, and the comparison finishes."""
     from PIL import Image
@@ -604,7 +427,7 @@ def test_the_offline_pretrained_sequence_runs_from_the_checkpoints_page(server, 
     page.close()
 
 
-def test_the_upgrade_check_runs_on_a_parquet_pair_from_the_form(server, browser, shots):
+def test_the_upgrade_check_runs_on_a_parquet_pair_from_the_form(server, browser, shots):  # noqa: F811
     """"From a table or store": a Parquet pair (text ids, labels) in the database's folder, checked by the worker; the
     verdict box, the metrics table and the convention line show, and the numbers are numpy's. A second check on the
     same form (other new queries) then shows its own report, not the first one's."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from engine.data.wordnet import WORDNET_ROOT, wordnet_task
-from test_browser import (ANALYSIS_TIMEOUT_S, UI_TIMEOUT_MS, PlaywrightTimeout, browser, charts_drawn,  # noqa: F401
+from support.browser import (ANALYSIS_TIMEOUT_S, UI_TIMEOUT_MS, PlaywrightTimeout, browser, charts_drawn,  # noqa: F401
                           expect, hover_spots, result_shown, server, settle, shots, wait_for_job)
 
 QUERIES, GALLERY, SEED = 40, 120, 1
@@ -93,7 +93,8 @@ def test_the_checkpoints_page_shows_a_text_upgrade_summary(server, browser, shot
     from engine.core.contract import analysis_key
     from engine.models.text_models import missing_text_models
     from storage import get_engine, save_analysis, session_scope
-    from test_app_text_upgrade import MODELS, SPEC, summary_payload, tv
+    from app import text_upgrade_view as tv
+    from support.app_text_upgrade import MODELS, SPEC, summary_payload
 
     missing = missing_text_models(tuple(MODELS))
     if missing:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_checkpoints_factory import small_net, write_image_folder
-from test_pipeline import _cfg, _ctx
+from support.checkpoints_factory import small_net, write_image_folder
+from support.pipeline import _cfg, _ctx
 
 import engine.run.pipeline as pipeline
 from engine.analysis.backfill_analysis import compute_backfill

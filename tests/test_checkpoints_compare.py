@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from sqlalchemy import func, select
-from test_checkpoints_factory import (
+from support.checkpoints_factory import (
     FlatInput,
     TinyLogits,
     TinyPair,

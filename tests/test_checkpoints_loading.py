@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_checkpoints_factory import (
+from support.checkpoints_factory import (
     TinyLogits,
     TinyLogitsEmbed,
     TinyPair,

@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from test_upgrade import close_pair, compatible_pair, incompatible_pair
-from test_upgrade_cli import write_folder
+from support.upgrade import close_pair, compatible_pair, incompatible_pair
+from support.upgrade_cli import write_folder
 
 from engine.cli import main
 from engine.metrics.compatibility import CellFeatures

@@ -139,7 +139,7 @@ def test_a_digits_study_on_cuda_stores_what_the_cpu_run_stores(tmp_path):
 def _text_folder(tmp_path):
     """A tiny BERT sentence-encoder folder (tokenizer.json, config.json, model.safetensors, mean pooling)."""
     pytest.importorskip("tokenizers")
-    from test_text_encoders import write_tiny_folder  # the same tiny model the CPU text tests use
+    from support.text_encoders import write_tiny_folder  # the same tiny model the CPU text tests use
 
     write_tiny_folder(tmp_path / "m")
     return tmp_path / "m"

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from test_checkpoints_factory import save_step_checkpoint, write_image_folder
+from support.checkpoints_factory import save_step_checkpoint, write_image_folder
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 

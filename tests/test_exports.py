@@ -18,7 +18,7 @@ from engine.core.config import config_from_dict
 from engine.results.bundle import BUNDLE_FILES, study_bundle
 from engine.results.report import CSV_COLUMNS, render_matrix, render_summary_table
 from storage import get_engine, list_experiments, load_matrices, session_scope
-from test_app_synthetic import fill_study
+from support.app_synthetic import fill_study
 
 # hand-made: M2->M1 0.62 > 0.60 passes, M3->M1 0.55 fails, M3->M2 0.70 = M2's self-test 0.70 fails (strict >)
 C = np.array([[0.60, np.nan, np.nan], [0.62, 0.70, np.nan], [0.55, 0.70, 0.80]])
@@ -162,7 +162,7 @@ def test_bundle_without_a_run_config_says_why():
 
 
 def test_the_pages_offer_chart_downloads(app_db):
-    from test_app_pages import open_page
+    from support.app_pages import open_page
 
     fill_study(app_db, steps=3)
     at = open_page("compatibility")

@@ -26,20 +26,13 @@ from storage import (
     session_scope,
 )
 from storage.migrate import add_missing_columns
+from support.featurestore import arrays, new_version, s3_root  # noqa: F401 (fixtures among them)
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def new_version(engine) -> int:
-    with session_scope(engine) as s:
-        exp = create_experiment(s, name="e", method="bct", config={}, config_hash="h").id
-        return add_model_version(s, exp, 1, architecture="a", method="bct", classes=[0], num_outputs=1,
-                                 feature_dim=3).id
 
 
-def arrays(n: int, d: int = 3, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((n, d)).astype(np.float32), rng.integers(0, 5, n), np.arange(100, 100 + n)
 
 
 def pointer_row(engine, version: int, split: str = "gallery", view: str = "encoder"):
@@ -286,30 +279,10 @@ def test_an_in_memory_database_keeps_blobs_and_a_relative_root_needs_a_sqlite_fi
 # --- S3 (moto's server on 127.0.0.1) ----------------------------------------------------------
 
 
-@pytest.fixture
-def s3_root(monkeypatch):
-    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install -e .[s3]); the S3 store is not tested")
-    import boto3
-    import fsspec
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    for name, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
-                        ("AWS_DEFAULT_REGION", "us-east-1")):
-        monkeypatch.setenv(name, value)
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="lab")
-    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint})
-    monkeypatch.setenv(featurestore.STORE_ENV, "s3://lab/features")
-    fsspec.filesystem("s3").clear_instance_cache()
-    yield fsspec.filesystem("s3", skip_instance_cache=True)
-    server.stop()
 
 
 @pytest.mark.both_databases
-def test_the_s3_store_round_trips_and_deletes_replaced_sets(engine, s3_root, small_shards):
+def test_the_s3_store_round_trips_and_deletes_replaced_sets(engine, s3_root, small_shards):  # noqa: F811
     version = new_version(engine)
     features, labels, ids = arrays(9)
     with session_scope(engine) as s:

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 from scipy.linalg import orthogonal_procrustes
-from test_upgrade_cli import write_folder
-from test_upgrade_plan_cli import rotated_back_pair
+from support.upgrade_cli import write_folder
+from support.upgrade_plan_cli import rotated_back_pair
 
 from engine.cli import main
 from engine.metrics.compatibility import CellFeatures

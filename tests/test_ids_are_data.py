@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_sources import fixed_list
-from test_upgrade_sources import embeddings, run, tables, write_all
+from support.sources import fixed_list
+from support.upgrade_sources import embeddings, run, tables, write_all
 
 from engine.sources import SourceError
 from engine.sources.base import as_ids, as_labels, check_unique_ids, join_ids

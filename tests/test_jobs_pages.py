@@ -10,7 +10,7 @@ from app import queries
 from storage import Job, create_study, enqueue_job, fail_job, get_engine, link_job_study, session_scope
 from storage.jobs import claim_next_job, update_job_progress
 from storage.types import utcnow
-from test_app_pages import jobs, open_page, study, texts  # noqa: F401 (study: a fixture)
+from support.app_pages import jobs, open_page, study, texts  # noqa: F401 (study: a fixture)
 
 
 def test_overview_shows_lane_positions_and_the_whole_study_eta(app_db):

@@ -5,11 +5,9 @@ Expectations are hand-computed (top-1 on four points, a box, a search) or comput
 """
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 from sklearn.metrics.pairwise import paired_cosine_distances
 
@@ -20,8 +18,9 @@ from engine.jobs.analysis import run_analysis
 from engine.analysis.views import load_experiment, load_view, version_of_step
 from engine.core.contract import CLASS_MEAN, PROTOTYPE, SAMPLE, analysis_key
 from storage import get_engine, load_analysis, save_analysis, session_scope
-from test_app_pages import open_page, texts
-from test_app_synthetic import fill_study
+from support.app_pages import open_page, texts
+from support.app_synthetic import fill_study
+from support.map_explore import drawn, map_layer
 
 PCA = {"step_a": 2, "step_b": 3, "view": "encoder", "split": "gallery", "method": "pca", "max_points": 2000}
 OLD, NEW = "step 2 (old)", "step 3 (new)"  # the page's model names for PCA's steps
@@ -147,22 +146,8 @@ def test_class_palette_many_classes_and_legend():
 # ------------------------------------------------------------------------------------------ the page
 
 
-def map_layer(spec: dict) -> dict:
-    """The layer of the map's sample points (the view Altair names in the click selection's ``views``)."""
-    layers = spec.get("layer") or [layer for view in spec.get("hconcat", []) for layer in view["layer"]]
-    pick = next(p for p in spec["params"] if p["name"] == mx.PICK)
-    return next(layer for layer in layers if layer.get("name") in pick["views"])
 
 
-def drawn(at) -> tuple[dict, pd.DataFrame]:
-    """The map's Vega-Lite spec and its sample points, as the page sent them."""
-    chart = at.get("vega_lite_chart")[0].proto
-    spec = json.loads(chart.spec)
-    layer = map_layer(spec)
-    datasets = {d.name: d.data.data for d in chart.datasets}
-    name = layer["data"]["name"]
-    frame = pa.ipc.open_stream(datasets[name]).read_all().to_pandas()
-    return spec, frame
 
 
 def open_map(study_url: str):

@@ -17,8 +17,8 @@ from engine.core.signals import Cancelled
 from storage import Job, add_model_version, create_experiment, get_engine, init_db, load_matrices, save_feature_set, \
     session_scope
 from storage.models import CompatibilityMatrix, Experiment, FeatureSet, Task
-from test_pipeline import _cfg, _count, _ctx
-from test_sharded import _cell, _exact_rows  # exact float32 similarities with many ties, queries without positives
+from support.pipeline import _cfg, _count, _ctx
+from support.sharded import _cell, _exact_rows  # exact float32 similarities with many ties, queries without positives
 
 PAIRED = PairedOptions(resamples=200)
 

@@ -8,11 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_app_pages import open_page, unplain
-from test_upgrade import compatible_pair, incompatible_pair
-from test_upgrade_cli import store_pair, write_folder
-from test_upgrade_plan_cli import rotated_back_pair
-from test_upgrade_sources import fixed_list
+from support.app_pages import open_page, unplain
+from support.upgrade import compatible_pair, incompatible_pair
+from support.upgrade_cli import store_pair, write_folder
+from support.upgrade_plan_cli import rotated_back_pair
+from support.upgrade_sources import fixed_list
 
 from engine.cli import main
 from engine.core.contract import analysis_key

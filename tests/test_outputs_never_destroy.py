@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from test_adapters_export import pairs, run  # noqa: F401 (the fixture)
-from test_upgrade_cli import write_folder
-from test_upgrade_plan_cli import rotated_back_pair
+from support.adapters_export import pairs, run  # noqa: F401 (the fixture)
+from support.upgrade_cli import write_folder
+from support.upgrade_plan_cli import rotated_back_pair
 
 from engine.adapters.artifact import load_adapter
 from engine.cli import main

@@ -4,38 +4,23 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from sqlalchemy import func, select
 
 import engine.run.pipeline as pipeline
-from engine.core.config import config_from_dict
 from engine.run.data_setup import prepare_run_data
 from engine.methods import METHODS, build_method
 from engine.metrics.compatibility import compatibility_matrix
-from engine.run.pipeline import RunContext, run_experiment, run_study
+from engine.run.pipeline import run_experiment, run_study
 from engine.core.signals import Cancelled
-from storage import get_engine, list_model_versions, load_feature_set, load_matrices, session_scope
+from storage import list_model_versions, load_feature_set, load_matrices, session_scope
 from storage.models import CompatibilityMatrix, Experiment, FeatureSet, ModelVersion
-
-TINY = {
-    "dataset": {"name": "digits"},
-    "scenario": {"initial_classes": 4, "increment": 3, "num_steps": 3},
-    "model": {"backbone": "small_cnn", "width": 8},
-    "training": {"epochs": 1, "batch_size": 64, "lr": 0.05},
-}
+from support.pipeline import TINY, _cfg, _count, _ctx
 
 
-def _cfg(**over):
-    data = {**TINY, **over}
-    return config_from_dict(data)
 
 
-def _ctx(tmp_path, db_url=None, **kw):
-    return RunContext(get_engine(db_url or f"sqlite:///{tmp_path / 'db.sqlite'}"), tmp_path / "ckpt", **kw)
 
 
-def _count(db, model):
-    with session_scope(db) as s:
-        return s.scalar(select(func.count()).select_from(model))
+
 
 
 @pytest.mark.slow

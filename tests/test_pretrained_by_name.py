@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_checkpoints_factory import save_state_dict_pt, write_image_folder
+from support.checkpoints_factory import save_state_dict_pt, write_image_folder
 
 from engine.checkpoints.files import server_trust
 from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES, lite_weights_path

@@ -7,8 +7,8 @@ import os
 import shutil
 
 import pytest
-from test_adapters_export import small_map
-from test_sources import data, write_parquet  # noqa: F401 (the fixture)
+from support.adapters_export import small_map
+from support.sources import data, write_parquet  # noqa: F401 (the fixture)
 
 from engine.adapters.artifact import AdapterFileError, load_adapter, save_adapter
 from engine.sources import SourceError, open_source
@@ -64,7 +64,7 @@ def test_qrels_through_local_are_refused(outside):
 def test_a_lance_table_linking_out_is_refused(tmp_path, outside, data):  # noqa: F811
     lancedb = pytest.importorskip("lancedb")
     import pyarrow as pa
-    from test_sources import fixed_list
+    from support.sources import fixed_list
 
     ids, vectors, labels = data
     lancedb.connect(str(outside / "db")).create_table("items", pa.table({"id": ids, "vector": fixed_list(vectors),

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from sqlalchemy import func, select
-from test_checkpoints_factory import save_state_dict_pt, save_step_checkpoint, write_image_folder
-from test_cli_evaluate import _hand_folder
+from support.checkpoints_factory import save_state_dict_pt, save_step_checkpoint, write_image_folder
+from support.cli_evaluate import _hand_folder
 
 import engine.results.record as record
 from engine.cli import main

@@ -11,18 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_upgrade import hits
-from test_upgrade_cli import write_folder
-from test_upgrade_plan_cli import rotated_back_pair
+from support.upgrade import hits
+from support.upgrade_cli import write_folder
+from support.upgrade_plan_cli import rotated_back_pair
 
 from engine.cli import main
 from engine.upgrade.plan import migration_plan
 from engine.upgrade.release_report import option_costs, report_context, report_data, report_html, report_markdown
+from support.release_report import EXTERNAL
 
 HOSTILE = "<script>alert(1)</script>"
 SECRET = "hunter2"
-EXTERNAL = re.compile(r"""(?:src|href|action|xlink:href)\s*=\s*["']?\s*(?:https?:)?//|url\(\s*["']?\s*(?:https?:)?//|@import""",
-                      re.IGNORECASE)
 
 
 def check(tmp_path, *extra: str, names=("v1", "v2")) -> tuple[int, dict, str]:
@@ -203,7 +202,7 @@ def test_a_throughput_is_only_read_off_what_this_run_embedded():
 
 
 def test_without_plan_a_gallery_too_small_for_an_adapter_still_gets_its_report(tmp_path, capsys):
-    from test_upgrade import close_pair
+    from support.upgrade import close_pair
 
     folder = write_folder(tmp_path / "f", *close_pair())  # two gallery items: one pair is not enough to fit on
     assert main(["check-upgrade", "--features", str(folder), "--resamples", "50", "--metric", "recall@1",

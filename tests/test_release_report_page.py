@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
-from test_release_report import EXTERNAL
-from test_upgrade_plan_cli import rotated_back_pair
-from test_upgrade_page import open_upgrade
-from test_upgrade_plan_page import stored_plan
+from support.release_report import EXTERNAL
+from support.upgrade_plan_cli import rotated_back_pair
+from support.upgrade_page import open_upgrade
+from support.upgrade_plan_page import stored_plan
 
 from app.report_download import report_bytes
 

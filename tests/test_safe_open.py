@@ -208,7 +208,7 @@ def test_a_fifo_or_a_device_as_a_feature_file_is_refused_at_once(roots, tmp_path
 
 def test_a_fifo_or_dev_zero_as_a_store_shard_is_refused_at_once(engine, tmp_path):
     from storage import load_feature_set, save_feature_set, session_scope
-    from test_featurestore import arrays, new_version
+    from support.featurestore import arrays, new_version
 
     version = new_version(engine)
     with session_scope(engine) as s:

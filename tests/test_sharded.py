@@ -10,26 +10,13 @@ import pytest
 import engine.metrics.sharded as sharded
 from engine.metrics.retrieval import cell_stats, retrieval_metrics
 from engine.metrics.sharded import Shard, sharded_cell_stats, sharded_retrieval_metrics
+from support.sharded import _cell
 
 FIELDS = ("n_positives", "neg_ge_best", "neg_gt_best", "ap", "ap_at_k")
 
 
-def _exact_rows(rng, labels, classes: int, d: int = 64) -> np.ndarray:
-    """Class prototypes with a fixed magnitude pattern; an item flips 30% of its prototype's signs (norm stays 16)."""
-    proto_rng = np.random.default_rng(1234)
-    mag = np.ones((classes, d))
-    for row in mag:
-        row[proto_rng.choice(d, 24, replace=False)] = 3
-    sign = proto_rng.choice([-1, 1], (classes, d))
-    flip = np.where(rng.random((len(labels), d)) < 0.3, -1, 1)
-    return (mag[labels % classes] * sign[labels % classes] * flip).astype(np.float32)
 
 
-def _cell(seed: int = 0, n: int = 300, nq: int = 80, classes: int = 20):
-    rng = np.random.default_rng(seed)
-    gl = rng.integers(0, classes, n)
-    ql = rng.integers(0, classes + 3, nq)  # classes 20..22 have no gallery item: queries without positives
-    return _exact_rows(rng, ql, classes), ql, _exact_rows(rng, gl, classes), gl
 
 
 def _split(g, gl, cuts, ids=None):

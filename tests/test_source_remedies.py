@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_backfill_sources import hand_ndcg
-from test_sources import fixed_list
-from test_upgrade_plan_cli import same_decision
+from support.backfill_sources import hand_ndcg
+from support.sources import fixed_list
+from support.upgrade_plan_cli import same_decision
 
 import engine.upgrade.source_remedies as remedies
 from engine.adapters.posthoc import fit_map

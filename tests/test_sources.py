@@ -2,7 +2,6 @@
 in blocks of several sizes; the join by id; every bad input's one line; credentials masked; nothing written."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
@@ -15,19 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine.sources import SourceError, join_by_id, mask_url, open_source
-from test_featurestore import s3_root  # noqa: F401  (moto's S3 server on 127.0.0.1)
+from support.featurestore import s3_root  # noqa: F401  (moto's S3 server on 127.0.0.1)
+from support.sources import D, N, data, fingerprint, fixed_list, write_parquet  # noqa: F401 (fixtures among them)
 
-N, D = 200, 16
 BLOCKS = (1, 7, 64, 200, 1000)
 
 
-@pytest.fixture(scope="module")
-def data():
-    rng = np.random.default_rng(27)
-    ids = rng.permutation(np.arange(1000, 1000 + N)).astype(np.int64)
-    vectors = rng.standard_normal((N, D)).astype(np.float32)
-    labels = rng.integers(0, 5, N).astype(np.int64)
-    return ids, vectors, labels
 
 
 def read_all(source, rows):
@@ -40,7 +32,7 @@ def read_all(source, rows):
     return ids, vectors, labels
 
 
-def assert_same(source, data):
+def assert_same(source, data):  # noqa: F811
     ids, vectors, labels = data
     assert source.dim == D
     assert source.count in (N, None)  # None: a SQL query (its count is not known before reading)
@@ -54,30 +46,19 @@ def assert_same(source, data):
     assert sorted(source.ids().tolist()) == sorted(ids.tolist())
 
 
-def fingerprint(folder: Path) -> dict[str, tuple[str, int]]:
-    """Every file under a folder: its hash and mtime (what 'nothing written' compares)."""
-    return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def write_npz(path, data, **extra):
+def write_npz(path, data, **extra):  # noqa: F811
     ids, vectors, labels = data
     np.savez_compressed(path, ids=ids, vectors=vectors, labels=labels, **extra)
     return path
 
 
-def fixed_list(vectors):
-    return pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), vectors.shape[1])
 
 
-def write_parquet(path, data, *, vector_type="fixed"):
-    ids, vectors, labels = data
-    column = fixed_list(vectors) if vector_type == "fixed" else pa.array(list(vectors), pa.list_(pa.float32()))
-    pq.write_table(pa.table({"doc_id": ids, "emb": column, "cls": labels}), path, row_group_size=50)
-    return path
 
 
-def write_sqlite(path, data):
+def write_sqlite(path, data):  # noqa: F811
     ids, vectors, labels = data
     with sqlite3.connect(path) as conn:
         conn.execute("CREATE TABLE items (id INTEGER, vector TEXT, label INTEGER)")
@@ -87,7 +68,7 @@ def write_sqlite(path, data):
     return path
 
 
-def test_npz_and_npy(tmp_path, data):
+def test_npz_and_npy(tmp_path, data):  # noqa: F811
     path = write_npz(tmp_path / "e.npz", data)
     before = fingerprint(tmp_path)
     source = open_source(str(path), what="old gallery")
@@ -102,7 +83,7 @@ def test_npz_and_npy(tmp_path, data):
     assert fingerprint(tmp_path).items() >= before.items()  # only v.npy was added
 
 
-def test_parquet_file_folder_and_fsspec(tmp_path, data):
+def test_parquet_file_folder_and_fsspec(tmp_path, data):  # noqa: F811
     path = write_parquet(tmp_path / "e.parquet", data)
     before = fingerprint(tmp_path)
     assert_same(open_source(f"{path}#id=doc_id&vector=emb&label=cls", what="old gallery"), data)
@@ -141,7 +122,7 @@ def test_parquet_on_the_local_s3_server(s3_root, tmp_path, data):  # noqa: F811 
     assert {p: s3_root.info(p)["ETag"] for p in s3_root.find("lab")} == before
 
 
-def test_lancedb_table(tmp_path, data):
+def test_lancedb_table(tmp_path, data):  # noqa: F811
     lancedb = pytest.importorskip("lancedb")
     ids, vectors, labels = data
     db = lancedb.connect(str(tmp_path / "lance"))
@@ -154,7 +135,7 @@ def test_lancedb_table(tmp_path, data):
     assert fingerprint(tmp_path / "lance") == before
 
 
-def test_qdrant_local_mode(tmp_path, data):
+def test_qdrant_local_mode(tmp_path, data):  # noqa: F811
     qdrant_client = pytest.importorskip("qdrant_client")
     from qdrant_client import models
 
@@ -175,7 +156,7 @@ def test_qdrant_local_mode(tmp_path, data):
         open_source(f"qdrant:{tmp_path / 'qd'}#collection=items", what="old gallery")
 
 
-def test_qdrant_server_path_scrolls_in_pages(monkeypatch, data):
+def test_qdrant_server_path_scrolls_in_pages(monkeypatch, data):  # noqa: F811
     """The server reader (get_collection, scroll by pages, the label from the payload) against qdrant-client's
     in-memory client, which answers the same calls a server does (no Qdrant server runs here)."""
     qdrant_client = pytest.importorskip("qdrant_client")
@@ -199,7 +180,7 @@ def test_qdrant_server_path_scrolls_in_pages(monkeypatch, data):
     assert_same(source, data)
 
 
-def test_qdrant_local_never_unpickles_other_classes(tmp_path, data):
+def test_qdrant_local_never_unpickles_other_classes(tmp_path, data):  # noqa: F811
     pytest.importorskip("qdrant_client")
     import pickle
 
@@ -215,7 +196,7 @@ def test_qdrant_local_never_unpickles_other_classes(tmp_path, data):
         list(source.blocks(10))
 
 
-def test_sqlite_json_arrays(tmp_path, data):
+def test_sqlite_json_arrays(tmp_path, data):  # noqa: F811
     path = write_sqlite(tmp_path / "e.db", data)
     before = fingerprint(tmp_path)
     assert_same(open_source(f"sql:sqlite:///{path}#table=items", what="old gallery"), data)
@@ -230,7 +211,7 @@ def test_sqlite_json_arrays(tmp_path, data):
     assert fingerprint(tmp_path) == before
 
 
-def test_postgresql_real_arrays_and_pgvector_text(pg_server, data):
+def test_postgresql_real_arrays_and_pgvector_text(pg_server, data):  # noqa: F811
     from sqlalchemy import create_engine, text
 
     url = pg_server.create_database()
@@ -260,7 +241,7 @@ def test_postgresql_real_arrays_and_pgvector_text(pg_server, data):
         pg_server.drop_database(url)
 
 
-def test_join_by_id_aligns_old_and_new(tmp_path, data):
+def test_join_by_id_aligns_old_and_new(tmp_path, data):  # noqa: F811
     ids, vectors, labels = data
     new_vectors = (vectors[:, :8] * 2 + 1).astype(np.float32)  # another model: another dimension
     write_npz(tmp_path / "old.npz", data)
@@ -286,7 +267,7 @@ def test_join_by_id_aligns_old_and_new(tmp_path, data):
     np.testing.assert_array_equal(joined.new, new_vectors)
 
 
-def test_join_refuses_missing_duplicate_and_mismatched_ids(tmp_path, data):
+def test_join_refuses_missing_duplicate_and_mismatched_ids(tmp_path, data):  # noqa: F811
     ids, vectors, labels = data
     old = open_source(str(write_npz(tmp_path / "old.npz", data)), what="old gallery")
     fewer = write_npz(tmp_path / "fewer.npz", tuple(a[:-3] for a in data))
@@ -321,7 +302,7 @@ def one_line(exc_info) -> str:
     return line
 
 
-def test_every_bad_input_is_one_line(tmp_path, data):
+def test_every_bad_input_is_one_line(tmp_path, data):  # noqa: F811
     ids, vectors, labels = data
     cases = []
     good = write_npz(tmp_path / "e.npz", data)

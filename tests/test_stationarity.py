@@ -180,7 +180,7 @@ def test_learned_rows_and_missing_checkpoints(db_url, tmp_path):
 
 
 def test_geometry_page_shows_the_probe(app_db, tmp_path):
-    from test_app_pages import open_page, texts
+    from support.app_pages import open_page, texts
 
     study = store_probe_study(app_db, tmp_path)
     at = open_page("geometry")

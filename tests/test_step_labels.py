@@ -56,8 +56,8 @@ def _replace_step_2(url: str) -> None:
 
 
 def test_the_dashboard_says_it(app_db):
-    from test_app_pages import open_page, texts
-    from test_app_synthetic import fill_study
+    from support.app_pages import open_page, texts
+    from support.app_synthetic import fill_study
 
     fill_study(app_db, steps=3)
     _replace_step_2(app_db)

@@ -24,7 +24,7 @@ from storage import (
     save_feature_set,
     session_scope,
 )
-from test_featurestore import arrays, new_version, s3_root  # noqa: F401  (s3_root: moto's S3 on 127.0.0.1)
+from support.featurestore import arrays, new_version, s3_root  # noqa: F401  (s3_root: moto's S3 on 127.0.0.1)
 
 REPO = Path(__file__).resolve().parents[1]
 

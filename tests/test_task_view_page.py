@@ -7,7 +7,7 @@ from streamlit.testing.v1 import AppTest
 from app.widgets import task_board_items
 from storage import get_engine, session_scope
 from storage.tasks import NewTask, TaskBoard, TaskLine, claim_task, complete_task, create_task_job, fail_task
-from test_app_pages import MAIN, TIMEOUT, texts
+from support.app_pages import MAIN, TIMEOUT, texts
 
 
 def _task_job(engine, payload: dict, count: int, **kw) -> int:

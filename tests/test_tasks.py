@@ -22,7 +22,7 @@ from engine.metrics.retrieval import retrieval_metrics
 from storage import Job, add_model_version, retry_job, create_experiment, fail_stale_jobs, get_engine, init_db, save_feature_set, session_scope
 from storage.models import Task
 from storage.tasks import NewTask, claim_task, complete_task, create_task_job, job_result, task_board
-from test_sharded import _cell  # exact float32 similarities with many ties, queries without positives
+from support.sharded import _cell  # exact float32 similarities with many ties, queries without positives
 
 pytestmark = pytest.mark.both_databases  # tests/conftest.py: SQLite and a throw-away PostgreSQL
 FORK = multiprocessing.get_context("fork")

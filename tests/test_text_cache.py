@@ -198,7 +198,7 @@ def test_compatlab_text_cache_names_the_folder_inside_the_data_roots(tmp_path, m
 
 def test_a_static_models_identity_names_its_tokenizer_and_runtime():
     """The static encoder holds a bare tokenizers.Tokenizer and averages rows in numpy: it is cached like the others."""
-    from test_text_encoders import WORDS, tiny_tokenizer_json
+    from support.text_encoders import WORDS, tiny_tokenizer_json
 
     from engine.checkpoints.text_cache import encoder_identity
     from engine.models.static_text import StaticTextEncoder

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tokenizers", reason="pip install -r requirements-text.txt")
-from test_text_encoders import write_tiny_folder
+from support.text_encoders import write_tiny_folder
 
 from engine.checkpoints.text_cache import (TextEmbeddingCache, cached_encode, embedding_key,
                                            encoder_identity)

@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 from sqlalchemy import select
 from streamlit.testing.v1 import AppTest
-from test_app_synthetic import fill_study
-from test_checkpoints_factory import TinyPair, save_torchscript, write_image_folder
+from support.app_synthetic import fill_study
+from support.checkpoints_factory import TinyPair, save_torchscript, write_image_folder
 
 import engine.data.thumbnails as thumbs
 from engine.analysis.neighbours import images_note, row_thumbnail_uris, row_thumbnails

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 from sqlalchemy import func, select
-from test_checkpoints_factory import save_state_dict_pt, write_image_folder
+from support.checkpoints_factory import save_state_dict_pt, write_image_folder
 
 from engine.checkpoints.compare import compare_checkpoints
 from engine.cli import main

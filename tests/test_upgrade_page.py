@@ -10,9 +10,9 @@ import re
 
 import numpy as np
 import pytest
-from test_app_pages import unplain, jobs, open_page, texts
-from test_upgrade import bootstrap_by_hand, close_pair, compatible_pair, hits, incompatible_pair
-from test_upgrade_cli import store_pair
+from support.app_pages import unplain, jobs, open_page, texts
+from support.upgrade import bootstrap_by_hand, close_pair, compatible_pair, hits, incompatible_pair
+from support.upgrade_cli import store_pair
 
 from app import queries
 from engine.core.contract import analysis_key
@@ -20,17 +20,10 @@ from engine.jobs.analysis import run_analysis
 from engine.jobs.worker import run_one
 from engine.upgrade.verdict import check_upgrade
 from storage import get_engine, load_analysis, session_scope, set_experiment_status
+from support.upgrade_page import PARAMS, open_upgrade
 
-PARAMS = {"step_a": 1, "step_b": 2, "view": "encoder", "metric": "recall@1"}
 
 
-def open_upgrade(metric: str = PARAMS["metric"]):
-    """The Upgrade check page on a stored experiment with ``metric`` picked (the page opens on the decision's, mAP;
-    these tests check Recall@1's hits by hand)."""
-    at = open_page("upgrade")
-    if at.selectbox(key="up_metric").value != metric:
-        at.selectbox(key="up_metric").set_value(metric).run()
-    return at
 
 
 def stored(url: str, pair, *, compute: bool = True) -> int:
@@ -145,7 +138,7 @@ def test_renaming_a_model_shows_the_new_name(app_db):
 def test_backfilling_page_names_the_ordering_with_the_largest_area(app_db):
     """The Backfilling page's summary names the ordering of largest M-tilde under the metric that does not flatter
     (mAP, quoted first), not the fastest to reach; the need is quoted per metric, Recall@1's artefact explained."""
-    from test_app_synthetic import fill_study
+    from support.app_synthetic import fill_study
 
     study = fill_study(app_db, steps=3)
     at = open_page("backfilling")
@@ -167,7 +160,7 @@ def test_backfilling_page_names_the_ordering_with_the_largest_area(app_db):
 
 def test_compatibility_page_shows_views_side_by_side_and_model_names(app_db):
     """A PSP matrix next to the encoder one: one table with both views' AC / AA / ACA; matrices use the models' names."""
-    from test_app_synthetic import fill_study
+    from support.app_synthetic import fill_study
 
     from engine.metrics import average_accuracy, average_compatibility
     from storage import list_model_versions, rename_model_version, save_matrix

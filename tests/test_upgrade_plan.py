@@ -9,7 +9,7 @@ import pytest
 from engine.metrics.compatibility import CellFeatures
 from engine.upgrade.plan import migration_plan
 from engine.upgrade.verdict import check_upgrade
-from test_upgrade import compatible_pair, incompatible_pair
+from support.upgrade import compatible_pair, incompatible_pair
 
 
 def rotated_basis() -> np.ndarray:

@@ -8,31 +8,19 @@ import math
 import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score
-from test_upgrade import DIM, compatible_pair, hits, incompatible_pair
-from test_upgrade_cli import write_folder
+from support.upgrade import DIM, compatible_pair, hits, incompatible_pair
+from support.upgrade_cli import write_folder
 
 from engine.adapters.artifact import save_adapter
 from engine.adapters.posthoc import fit_map
 from engine.cli import main
 from engine.metrics.compatibility import CellFeatures
 from engine.upgrade.plan import DEFAULT_ADAPTERS, migration_plan
+from support.upgrade_plan_cli import rotated_back_pair, same_decision
 
 
-def rotated_back_pair() -> tuple[CellFeatures, CellFeatures]:
-    """New embeds the gallery as old does, rotated (new = old @ R), and its queries better (old's noise halved):
-    better on its own, useless on the old gallery, and R^T (Procrustes on the gallery pairs) maps it back exactly."""
-    old, better = compatible_pair()
-    rotation, _ = np.linalg.qr(np.random.default_rng(7).normal(size=(DIM, DIM)))
-    return old, CellFeatures(better.query @ rotation, better.query_labels, old.gallery @ rotation, old.gallery_labels)
 
 
-def same_decision(md: str, plan: dict) -> None:
-    """OUT.md is the release report in Markdown (engine.upgrade.release_report): the plan's decision first, then the
-    inputs, the command line and the rest."""
-    lines = [x for x in md.splitlines() if x]
-    assert lines[0] == f"# Upgrade report: {plan['old_name']} -> {plan['new_name']}"
-    assert lines[1] == f"**Decision: {plan['headline']}.** {plan['reason']}"
-    assert "check-upgrade" in md  # the command line
 
 
 def run(tmp_path, pair, *extra: str) -> tuple[int, dict, dict, str]:
@@ -192,7 +180,7 @@ def test_sources_form_refuses_adapter_options(tmp_path, capsys):
 
 
 def test_sources_form_without_the_new_gallery_plans_from_the_verdicts_alone(tmp_path, capsys):
-    from test_upgrade_sources import embeddings, tables, write_all
+    from support.upgrade_sources import embeddings, tables, write_all
 
     specs = write_all("npz", tmp_path / "s", tables(embeddings(), text=True))
     args = ["check-upgrade", "--old-gallery", specs.old_gallery, "--old-queries", specs.old_queries, "--new-queries",
@@ -209,7 +197,7 @@ def test_sources_form_without_the_new_gallery_plans_from_the_verdicts_alone(tmp_
 def test_sources_form_with_the_new_gallery_fits_the_adapters(tmp_path, capsys):
     """The default adapters fitted on the galleries' pairs and the threshold (tests/test_source_remedies.py checks the
     numbers), the backfill rows as roll-outs."""
-    from test_upgrade_sources import embeddings, tables, write_all
+    from support.upgrade_sources import embeddings, tables, write_all
 
     specs = write_all("npz", tmp_path / "s", tables(embeddings(), text=True))
     args = ["check-upgrade", "--old-gallery", specs.old_gallery, "--old-queries", specs.old_queries, "--new-queries",

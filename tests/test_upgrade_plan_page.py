@@ -1,25 +1,16 @@
 """The Upgrade check page shows the migration plan the engine stored with the verdict (AppTest; the page computes nothing)."""
 from __future__ import annotations
 
-from test_app_pages import open_page, texts, unplain
-from test_upgrade import close_pair, compatible_pair, hits
-from test_upgrade_cli import store_pair
-from test_upgrade_page import PARAMS, open_upgrade
-from test_upgrade_plan_cli import rotated_back_pair
+from support.app_pages import open_page, texts, unplain
+from support.upgrade import close_pair, compatible_pair, hits
+from support.upgrade_page import open_upgrade
+from support.upgrade_plan_cli import rotated_back_pair
 
-from engine.core.contract import analysis_key
-from engine.jobs.analysis import run_analysis
 from engine.upgrade.plan import migration_plan
-from storage import get_engine, load_analysis, session_scope, set_experiment_status
+from storage import get_engine
+from support.upgrade_plan_page import stored_plan
 
 
-def stored_plan(url: str, pair) -> dict:
-    exp = store_pair(url, *pair(), names=("v1", "v2"))
-    with session_scope(get_engine(url)) as s:
-        set_experiment_status(s, exp, "done")
-    run_analysis(get_engine(url), exp, "upgrade", PARAMS)
-    with session_scope(get_engine(url)) as s:
-        return dict(load_analysis(s, exp, "upgrade", analysis_key("upgrade", PARAMS)).payload)
 
 
 def test_the_page_shows_the_stored_plan_its_numbers_and_a_markdown_download(app_db):
@@ -66,9 +57,9 @@ def test_a_pair_too_small_for_an_adapter_is_decided_from_the_verdicts_and_says_w
 
 
 def test_a_check_from_a_store_shows_its_plan_with_adapters(app_db, tmp_path):
-    from test_app_pages import jobs
-    from test_upgrade_sources import embeddings, tables, write_all
-    from test_upgrade_sources_page import fill
+    from support.app_pages import jobs
+    from support.upgrade_sources import embeddings, tables, write_all
+    from support.upgrade_sources_page import fill
 
     from app import queries
     from engine.jobs.worker import run_one

@@ -247,7 +247,7 @@ def test_a_float16_copy_passes_under_ties_pass_as_the_advice_says(tmp_path, caps
 
 
 def test_the_experiment_form_takes_the_rule_too(tmp_path, capsys):
-    from test_upgrade_cli import store_pair
+    from support.upgrade_cli import store_pair
 
     url = f"sqlite:///{tmp_path / 'x.db'}"
     old, _ = flip_pair(gains=3, losses=3, same=14)

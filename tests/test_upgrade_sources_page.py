@@ -3,28 +3,17 @@ runs ``check_sources`` and stores the report, and the page shows that report: th
 from __future__ import annotations
 
 import pytest
-from test_app_pages import jobs, open_page, texts, unplain
-from test_upgrade_sources import embeddings, tables, write_all
+from support.app_pages import jobs, open_page, texts, unplain
+from support.upgrade_sources import embeddings, tables, write_all
 
 from app import queries
 from engine.core.contract import sources_check_payload
 from engine.jobs.worker import run_one
 from engine.upgrade.from_sources import SourceSpecs, check_sources
 from storage import get_engine, load_source_check, payload_hash, session_scope
+from support.upgrade_sources_page import fill
 
 
-def fill(at, specs, *, relevance="labels", margin=None, ties=None):
-    at.radio(key="up_mode").set_value("From a table or store").run()
-    for side in ("old_gallery", "new_gallery", "old_queries", "new_queries"):
-        at.text_input(key=f"up_src_{side}").input(getattr(specs, side) or "")
-    at.selectbox(key="up_src_relevance").set_value(relevance)
-    if margin is not None:
-        at.number_input(key="up_src_margin").set_value(margin)
-    if ties is not None:
-        at.selectbox(key="up_src_ties").set_value(ties)
-    at.button[0].click().run()  # the form's submit button
-    assert not at.exception, at.exception
-    return at
 
 
 @pytest.mark.parametrize("relevance", ["labels", "none"])

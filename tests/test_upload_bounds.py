@@ -147,7 +147,7 @@ def test_server_ceiling_is_read_from_the_environment(monkeypatch):
 
 
 def test_legit_checkpoints_still_load(tmp_path):
-    from test_checkpoints_factory import save_state_dict_pt
+    from support.checkpoints_factory import save_state_dict_pt
 
     net = save_state_dict_pt(tmp_path / "m.pt", num_classes=5, width=12).eval()
     x = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
@@ -187,10 +187,10 @@ def test_concurrent_identical_uploads_all_succeed_with_one_whole_file(tmp_path, 
 
 
 def test_the_checkpoints_form_refuses_a_limit_over_the_operators(app_db, tmp_path, monkeypatch):
-    from test_app_checkpoints import fill, jobs, open_page, press
+    from support.app_checkpoints import fill, jobs, open_page, press
 
     from app.widgets import plain
-    from test_checkpoints_factory import save_state_dict_pt, save_step_checkpoint, write_image_folder
+    from support.checkpoints_factory import save_state_dict_pt, save_step_checkpoint, write_image_folder
 
     monkeypatch.setenv(MAX_BYTES_ENV, "1GB")
     save_state_dict_pt(tmp_path / "old.pt", num_classes=4, width=8)
@@ -215,7 +215,7 @@ def test_a_step_checkpoint_header_declaring_millions_of_classes_is_refused_befor
     import json
     import struct
 
-    from test_checkpoints_factory import save_step_checkpoint
+    from support.checkpoints_factory import save_step_checkpoint
 
     path = tmp_path / "step_1.safetensors"
     save_step_checkpoint(path, num_classes=4, width=8)
@@ -235,10 +235,10 @@ def test_a_step_checkpoint_header_declaring_millions_of_classes_is_refused_befor
 
 
 def test_the_form_names_a_stride0_upload_before_queueing(app_db, tmp_path):
-    from test_app_checkpoints import fill, jobs, open_page, press
+    from support.app_checkpoints import fill, jobs, open_page, press
 
     from app.widgets import plain
-    from test_checkpoints_factory import save_step_checkpoint, write_image_folder
+    from support.checkpoints_factory import save_step_checkpoint, write_image_folder
 
     _expanded_resnet18(tmp_path / "old.pt", classes=2_000_000)
     save_step_checkpoint(tmp_path / "new.safetensors", num_classes=4, width=8, seed=1)
@@ -255,7 +255,7 @@ def test_the_form_names_a_stride0_upload_before_queueing(app_db, tmp_path):
 
 
 def test_plain_values_beside_the_weights_are_read_as_torch_load_reads_them(tmp_path):
-    from test_checkpoints_factory import small_net
+    from support.checkpoints_factory import small_net
 
     net = small_net(3, width=8).eval()
     torch.save({"epoch": 3, "shape": torch.Size([2, 3]), "device": torch.device("cpu"), "tags": {"best"},

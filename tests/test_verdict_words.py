@@ -11,7 +11,7 @@ from engine.metrics import summarize
 from engine.results.verdict_words import RECALL1_ARTEFACT, artefact_note, matrix_verdict, metric_order, needs_lines, verdict_word
 from engine.upgrade.words import HEADS
 from storage import create_experiment, get_engine, save_matrix, session_scope, set_experiment_status
-from test_app_overview import overview
+from support.app_overview import overview
 
 
 def test_the_words_are_the_upgrade_checks():
