@@ -154,3 +154,32 @@ def test_the_readme_layout_matches_the_tree():
     files |= {p.name for p in ROOT.glob("*.py")}
     named = set(re.findall(r"[A-Za-z_]+\.py", block))
     assert not sorted(named - files), f"files the Layout names that do not exist: {sorted(named - files)}"
+
+
+def test_no_circle_even_through_lazy_imports():
+    """Imports inside functions count too (issue 40: compare <-> text_compare closed a circle lazily): a lazy import
+    hides a circle from Python but not from a reader; only ``if TYPE_CHECKING`` blocks (annotations) are left out."""
+    known = {module_name(p): p for p in engine_files()}
+    edges: dict[str, set[str]] = {}
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                for n in ast.walk(node)}
+        edges[name] = {m for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip
+                       for m in imports_of(node) if m in known and m != name}
+    circles = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                circles.append(" -> ".join(trail[trail.index(nxt):] + [node, nxt] if nxt in trail else [node, nxt]))
+            elif nxt not in state:
+                visit(nxt, trail + [node])
+        state[node] = 2
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [])
+    assert not circles, "\n".join(circles)

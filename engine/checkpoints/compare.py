@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,53 +32,15 @@ from engine.core.classes import index_names
 from engine.checkpoints.embedding import ImageSource, check_batch_bytes, common_labels, extract, model_batch, probe
 from engine.checkpoints.files import LOCAL, Trust
 from engine.checkpoints.loading import LoadedModel, load_model
-from engine.checkpoints.request import ComparisonSpec, ModelSource, comparison_spec, is_text_model, is_text_spec, source_name
+from engine.checkpoints.comparison import Comparison, Progress, embedding_time, model_labels
+from engine.checkpoints.request import ComparisonSpec, ModelSource, comparison_spec, is_text_spec
 from engine.checkpoints.text_compare import compare_text
 from engine.data.folder import check_stop
 from engine.core.cell import RAW_VIEWS, apply_recipe, cell_recipe
-from engine.metrics.compatibility import CellFeatures, MatrixResult, compatibility_matrices
+from engine.metrics.compatibility import CellFeatures, compatibility_matrices
 from engine.metrics.paired import PairedOptions
 from engine.models.device import pick_device
-from engine.data.samples import SampleRefs
 
-Progress = Callable[[float, str], None]
-
-
-@dataclass
-class Comparison:
-    """Everything computed for a comparison, before (or without) storing it."""
-
-    spec: ComparisonSpec
-    models: list[LoadedModel]
-    labels: list[str]  # short model names (file stems)
-    class_names: list[tuple[str, ...]]  # per model, in output order
-    outputs: list[dict[str, dict[str, np.ndarray]]]  # [model][split][raw view]
-    split_labels: dict[str, np.ndarray]
-    dataset_classes: tuple[str, ...]
-    same_set: bool
-    shared: np.ndarray  # T x T: classes shared by query model t and gallery model k (-1 above the diagonal)
-    results: dict[str, MatrixResult]
-    notes: list[str] = field(default_factory=list)
-    refs: dict[str, SampleRefs | None] = field(default_factory=dict)  # per split: each row's image (engine.data.samples)
-    embedding: list[dict[str, Any]] = field(default_factory=list)  # per model: embedding_time(...), what this run measured
-
-    @property
-    def protocol_name(self) -> str:
-        return "closed-set" if self.same_set else "open-set"
-
-
-def embedding_time(model: str, unit: str, items: int, seconds: float, device: str, cached: int = 0) -> dict[str, Any]:
-    """What embedding took for one model in this run: ``items`` embedded (reading and preprocessing included) in
-    ``seconds`` on ``device``; ``cached``: items read back from a cache instead (not timed)."""
-    return {"model": model, "unit": unit, "items": int(items), "seconds": float(seconds), "device": device,
-            "cached": int(cached)}
-
-
-def model_labels(sources: Sequence[ModelSource]) -> list[str]:
-    """Short model names: each source's label, else its file stem (``source_name``; ``stem#i`` when two are the same);
-    an offline text model is called by its name (``minilm_l6``), its files having generic names."""
-    stems = [s.label or (s.pretrained if is_text_model(s.pretrained) else source_name(None, s.path)) for s in sources]
-    return [f"{stem}#{i}" if stems.count(stem) > 1 else stem for i, stem in enumerate(stems, start=1)]
 
 
 def _splits(spec: ComparisonSpec, should_stop: Callable[[], bool] | None) -> tuple[dict[str, ImageSource], bool]:

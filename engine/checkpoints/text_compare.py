@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.checkpoints.comparison import Comparison, embedding_time, model_labels
 from engine.checkpoints.request import TEXT_ARCH, ComparisonSpec, parse_dataset
 from engine.checkpoints.text_cache import TextEmbeddingCache, cached_encode
 from engine.data.folder import check_stop
@@ -58,9 +59,7 @@ class TextModelRecord:
 
 
 def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], should_stop: Callable[[], bool] | None):
-    """The :class:`engine.checkpoints.compare.Comparison` of text models on the spec's corpus (nothing stored)."""
-    from engine.checkpoints.compare import Comparison, embedding_time, model_labels
-
+    """The :class:`engine.checkpoints.comparison.Comparison` of text models on the spec's corpus (nothing stored)."""
     options = parse_options(parse_dataset(spec.dataset)[1])
     report(0.0, "reading WordNet")
     task = wordnet_task(queries=options.queries, gallery=options.gallery, seed=options.seed, train=options.train)
