@@ -183,3 +183,13 @@ def test_no_circle_even_through_lazy_imports():
         if name not in state:
             visit(name, [])
     assert not circles, "\n".join(circles)
+
+
+def test_the_core_loads_no_heavy_library_even_when_called():
+    """No ``engine.core`` module imports torch, numba, faiss or torchvision anywhere, inside functions included (issue
+    40: the thread rule loaded torch and numba when called; applying it lives in engine.models.thread_pools)."""
+    heavy = ("torch", "torchvision", "numba", "faiss")
+    wrong = [f"{p.relative_to(ROOT)}: {m}" for p in sorted((ROOT / "engine" / "core").rglob("*.py"))
+             for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))) if isinstance(node, (ast.Import, ast.ImportFrom))
+             for m in imports_of(node) if m.split(".")[0] in heavy]
+    assert not wrong, "\n".join(wrong)

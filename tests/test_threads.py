@@ -151,8 +151,8 @@ def test_numba_compiles_after_the_count_changed(counts):
     "Cannot set NUMBA_NUM_THREADS to a different value once the threads have been launched"). The variable keeps the
     pool's size; numba uses the count, at most the pool."""
     code = ("import json, os, numpy as np\n"
-            "from engine.core import threads\n"
-            f"used = [threads.apply(n)['numba'] for n in {counts!r}]\n"
+            "from engine.models import thread_pools\n"
+            f"used = [thread_pools.apply(n)['numba'] for n in {counts!r}]\n"
             "from engine.analysis.map import embed_2d\n"
             "fit = np.random.default_rng(0).normal(size=(30, 4))\n"
             "coords, _, method = embed_2d(fit, [], method='umap', seed=0)\n"
@@ -205,6 +205,7 @@ def test_run_app_workers_share_the_cores_and_the_dashboard_gets_cores_over_worke
 
 def test_a_sharing_worker_takes_cores_over_the_jobs_running_on_this_machine(monkeypatch, tmp_path):
     from engine.jobs import worker
+    from engine.models import thread_pools
     from engine.jobs.job_handlers import JOB_HANDLERS
     from storage import claim_next_job, enqueue_job, get_engine, init_db, session_scope
 
@@ -215,7 +216,7 @@ def test_a_sharing_worker_takes_cores_over_the_jobs_running_on_this_machine(monk
             enqueue_job(s, "analysis", {"n": n})
     applied: list[int] = []
     monkeypatch.setattr(threads, "available_cores", lambda: 8)
-    monkeypatch.setattr(threads, "apply", lambda count: applied.append(count) or {"torch": count})
+    monkeypatch.setattr(thread_pools, "apply", lambda count: applied.append(count) or {"torch": count})
     monkeypatch.setitem(JOB_HANDLERS, "analysis", lambda *a, **k: "done")
     assert claim_next_job(db, os.getpid() + 1) is not None  # another worker of this machine is running a job
     assert worker.run_one(db, share_cores=True) is not None  # 2 jobs running here: 8 // 2

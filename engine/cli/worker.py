@@ -49,6 +49,7 @@ def add_extract_arguments(ex: argparse.ArgumentParser) -> None:
 def cmd_worker(args: argparse.Namespace) -> int:
     """``worker``: run queued jobs (``--tasks``: tasks) until interrupted (``--once``: until none is queued)."""
     from engine.core import threads
+    from engine.models import thread_pools
     from engine.jobs.worker import serve
     from storage import get_engine
 
@@ -61,7 +62,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
               f"${threads.THREADS_ENV} to choose)", flush=True)
     else:
         count = count or threads.available_cores()  # sharing: every core until a job beside it starts
-        used = threads.apply(count)
+        used = thread_pools.apply(count)
         print(f"worker {os.getpid()}: {count} compute thread(s) "
               f"({', '.join(f'{lib} {n}' for lib, n in used.items())})"
               f"{'; each job: cores // the jobs running on this machine' if share else ''}", flush=True)

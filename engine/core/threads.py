@@ -11,11 +11,11 @@ defaults, every core. The user's choice replaces the rule: ``--threads N`` (``ru
 worker``), else ``$COMPATLAB_THREADS``.
 
 torch, OpenBLAS, MKL and OpenMP read their counts from the environment when they load, so a parent puts
-:func:`thread_env` into a child's environment before the child starts; :func:`apply` sets them in a process
-that has already loaded the libraries (the worker) and reports what each library then uses. A count from the
-environment above the cores is capped at the cores by torch and OpenBLAS; :func:`apply` is not. numba is the
+:func:`thread_env` into a child's environment before the child starts; ``engine.models.thread_pools.apply`` (on the torch floor: this module
+loads no library) sets them in a process that has already loaded the libraries (the worker) and reports what each library then uses. A count from the
+environment above the cores is capped at the cores by torch and OpenBLAS; ``apply`` is not. numba is the
 exception: ``$NUMBA_NUM_THREADS`` sizes its pool once, when it loads, and numba reads it again at every compilation
-and raises once its threads run if it changed, so :func:`apply` sets it only before numba has loaded in this process;
+and raises once its threads run if it changed, so ``apply`` sets it only before numba has loaded in this process;
 afterwards it leaves the variable (and so a child's numba pool) as numba loaded it and only sets how many of the
 pool's threads numba uses (at most the pool: a worker whose first count was 1 keeps one numba thread).
 
@@ -26,7 +26,6 @@ evaluation from stored features, numba's kernels, data preparation, the dashboar
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
 
 THREADS_ENV = "COMPATLAB_THREADS"  # declared in storage.settings (THREADS), which importing here would load SQLAlchemy
@@ -83,26 +82,3 @@ def library_env(count: int) -> dict[str, str]:
 def thread_env(count: int) -> dict[str, str]:
     """The environment that gives a child process ``count`` threads in every library (and tells it the count)."""
     return {THREADS_ENV: str(count), **library_env(count)}
-
-
-def apply(count: int) -> dict[str, int]:
-    """Use ``count`` threads in this process's torch, numba and loaded BLAS / OpenMP libraries, and in the children
-    it starts (environment); return what each library reports afterwards (``blas`` absent when none is loaded).
-
-    ``$NUMBA_NUM_THREADS`` is set only while numba is not loaded in this process (module docstring)."""
-    env = thread_env(count)
-    if "numba" in sys.modules:  # its pool is sized: a new value would make its next compilation raise
-        env.pop("NUMBA_NUM_THREADS")
-    os.environ.update(env)  # first: numba sizes its pool from $NUMBA_NUM_THREADS when it loads
-    import numba
-    import torch
-    from threadpoolctl import threadpool_info, threadpool_limits
-
-    torch.set_num_threads(count)
-    numba.set_num_threads(min(count, numba.config.NUMBA_NUM_THREADS))  # the pool numba made when it loaded
-    threadpool_limits(limits=count)
-    used = {"torch": torch.get_num_threads(), "numba": numba.get_num_threads()}
-    blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
-    if blas:
-        used["blas"] = max(blas)
-    return used

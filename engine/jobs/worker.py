@@ -29,6 +29,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from engine.core import threads
+from engine.models import thread_pools
 from engine.core.contract import JOB_PRIORITY
 from engine.jobs.job_handlers import JOB_HANDLERS, JobContext, JobHandler
 from storage import (
@@ -97,7 +98,7 @@ def run_one(db: Engine, *, checkpoint_dir: Path | None = None,
         return None
     if share_cores:  # this job included: the demo alone trains on every core, a check beside it splits them
         with session_scope(db) as s:
-            threads.apply(threads.per_process(processes=running_jobs_here(s)))
+            thread_pools.apply(threads.per_process(processes=running_jobs_here(s)))
     handler = handlers.get(job.kind)
     lease = job.lease
     beat = _Beat(db, job.id, lease)
