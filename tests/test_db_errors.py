@@ -121,3 +121,19 @@ def test_dashboard_on_a_read_only_database_shows_one_line_and_disables_launch(st
     assert not at.exception, at.exception
     launch = [b for b in at.button if b.label == "Launch"]
     assert launch and all(b.disabled for b in launch)
+
+
+@pytest.mark.parametrize("page", ["app_pages/upgrade.py", "app_pages/compatibility.py", "learn/stationarity.py"])
+def test_dashboard_on_a_corrupt_file_shows_one_line_on_every_page(tmp_path, monkeypatch, page):
+    """Issue 44: a corrupt SQLite file showed a stack trace in the browser. 4 KB of random bytes: every page shows the
+    one line and stops, no exception."""
+    from streamlit.testing.v1 import AppTest
+
+    bad = tmp_path / "lab.db"
+    bad.write_bytes(np.random.default_rng(7).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    monkeypatch.setenv("COMPATLAB_DB_URL", f"sqlite:///{bad}")
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120).run()
+    at.switch_page(page).run()
+    assert not at.exception, at.exception
+    assert [e.value for e in at.error] == [f"database sqlite:///{bad} is corrupt or not a database file: file is not a "
+                                          "database"]
