@@ -15,6 +15,11 @@ marked failed by ``run_app.py`` (which saw it die) or by the next worker (``fail
 heartbeat for ``STALE_AFTER_S``) with the reason and its last message, and can be retried. A cancel
 request stops a run at the next batch; the run's rows are removed. ``COMPATLAB_HEARTBEAT_S`` and
 ``COMPATLAB_STALE_AFTER_S`` override the heartbeat period and the stale limit (seconds).
+
+The database may go away (a PostgreSQL restart, a network cut): :func:`serve` then retries with capped exponential
+back-off (:data:`RETRY_FIRST_S` doubling to :data:`RETRY_MAX_S`, one line per wait, no trace), and a job that was
+running when the database went away is failed by this worker, with that reason, as soon as the database answers
+again, so it is never left "running" (the heartbeat stops with it, so another worker's stale sweep fails it too).
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from engine.core import threads
 from engine.models import thread_pools
@@ -59,6 +65,21 @@ def _env_seconds(setting: settings.Setting) -> float:
 
 HEARTBEAT_S = _env_seconds(settings.HEARTBEAT_S)
 STALE_AFTER_S = _env_seconds(settings.STALE_AFTER_S)
+RETRY_FIRST_S, RETRY_MAX_S = 0.5, 30.0  # waits while the database does not answer: doubling, capped
+
+
+def database_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot be reached now (refused, reset, restarted, locked), not a bad query."""
+    return isinstance(exc, (OperationalError, InterfaceError)) or (isinstance(exc, DBAPIError)
+                                                                   and exc.connection_invalidated)
+
+
+class DatabaseLost(Exception):
+    """The database went away while job ``job_id`` ran under ``lease``; :func:`serve` fails it once it answers."""
+
+    def __init__(self, job_id: int, lease: str, cause: BaseException):
+        super().__init__(f"job {job_id}: the database went away while it ran ({type(cause).__name__})")
+        self.job_id, self.lease = job_id, lease
 
 
 class _Beat(threading.Thread):
@@ -70,9 +91,15 @@ class _Beat(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(HEARTBEAT_S):
-            with session_scope(self.db) as s:
-                if not heartbeat(s, self.job_id, lease=self.lease):
-                    return
+            try:
+                with session_scope(self.db) as s:
+                    if not heartbeat(s, self.job_id, lease=self.lease):
+                        return
+            except Exception as exc:  # a missed beat is retried at the next period; no trace
+                if not database_gone(exc):
+                    raise
+                print(f"worker {os.getpid()}: heartbeat of job {self.job_id} missed, the database does not answer",
+                      file=sys.stderr, flush=True)
 
 
 def run_one(db: Engine, *, checkpoint_dir: Path | None = None,
@@ -119,20 +146,27 @@ def run_one(db: Engine, *, checkpoint_dir: Path | None = None,
                 raise LeaseLost(job.id)
 
     try:
-        if handler is None:
-            raise ValueError(f"unknown job kind {job.kind!r}; known kinds: {', '.join(handlers)}")
-        message = handler(db, job.payload, JobContext(progress, should_stop, checkpoint_dir, on_study))
-        with session_scope(db) as s:
-            finish_job(s, job.id, message, lease=lease)
-    except LeaseLost as exc:
-        print(f"worker {os.getpid()}: {exc}", file=sys.stderr, flush=True)
-    except Cancelled as exc:
-        with session_scope(db) as s:
-            finish_job(s, job.id, str(exc), lease=lease, status="cancelled")
-    except Exception as exc:  # noqa: BLE001 - the job fails, the worker lives on
-        with session_scope(db) as s:
-            fail_job(s, job.id, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}", str(exc)[:500],
-                     lease=lease)
+        try:
+            if handler is None:
+                raise ValueError(f"unknown job kind {job.kind!r}; known kinds: {', '.join(handlers)}")
+            message = handler(db, job.payload, JobContext(progress, should_stop, checkpoint_dir, on_study))
+            with session_scope(db) as s:
+                finish_job(s, job.id, message, lease=lease)
+        except LeaseLost as exc:
+            print(f"worker {os.getpid()}: {exc}", file=sys.stderr, flush=True)
+        except Cancelled as exc:
+            with session_scope(db) as s:
+                finish_job(s, job.id, str(exc), lease=lease, status="cancelled")
+        except Exception as exc:  # the job fails, the worker lives on
+            if database_gone(exc):
+                raise
+            with session_scope(db) as s:
+                fail_job(s, job.id, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}", str(exc)[:500],
+                         lease=lease)
+    except Exception as exc:  # only a database that went away is handled here (serve retries)
+        if not database_gone(exc):
+            raise
+        raise DatabaseLost(job.id, lease, exc) from exc
     finally:
         beat.stop.set()
     return job.id
@@ -143,8 +177,26 @@ def serve(db: Engine, *, poll_s: float = 1.0, once: bool = False, checkpoint_dir
     """Run jobs (of ``kinds``, default any) until interrupted (``once``: until none is queued); ``share_cores``: see
     :func:`run_one`."""
     init_db(db)
+    wait, orphan = RETRY_FIRST_S, None
     while True:
-        ran = run_one(db, checkpoint_dir=checkpoint_dir, kinds=kinds, share_cores=share_cores)
+        try:
+            if orphan is not None:  # the job that was running when the database went away: failed, never left running
+                with session_scope(db) as s:
+                    fail_job(s, orphan.job_id, str(orphan), "the database went away while it ran; retry it",
+                             lease=orphan.lease)
+                orphan = None
+            ran = run_one(db, checkpoint_dir=checkpoint_dir, kinds=kinds, share_cores=share_cores)
+            wait = RETRY_FIRST_S
+        except Exception as exc:  # only a database that does not answer is waited out
+            if isinstance(exc, DatabaseLost):
+                orphan = exc
+            elif not database_gone(exc):
+                raise
+            print(f"worker {os.getpid()}: the database does not answer ({type(exc.__cause__ or exc).__name__}); "
+                  f"retrying in {wait:g} s", file=sys.stderr, flush=True)
+            time.sleep(wait)
+            wait = min(2 * wait, RETRY_MAX_S)
+            continue
         if ran is None:
             if once:
                 return
