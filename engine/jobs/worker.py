@@ -83,18 +83,27 @@ class DatabaseLost(Exception):
 
 
 class _Beat(threading.Thread):
-    """Keeps the job's heartbeat fresh while a long step (e.g. feature extraction) runs; ends when the lease is lost."""
+    """Keeps the job's heartbeat fresh while a long step (e.g. feature extraction) runs, and sets the job's cancel
+    event (``engine.core.signals.cancel_scope``) when a cancel is asked, so a blocking call is ended within a period;
+    ends when the lease is lost."""
 
     def __init__(self, db: Engine, job_id: int, lease: str):
         super().__init__(daemon=True)
         self.db, self.job_id, self.lease, self.stop = db, job_id, lease, threading.Event()
+        self.cancelled = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(HEARTBEAT_S):
             try:
                 with session_scope(self.db) as s:
                     if not heartbeat(s, self.job_id, lease=self.lease):
+                        self.cancelled.set()  # no longer this worker's: whatever blocks may stop too
                         return
+                    if is_cancel_requested(s, self.job_id, lease=self.lease):
+                        self.cancelled.set()
+            except LeaseLost:
+                self.cancelled.set()
+                return
             except Exception as exc:  # a missed beat is retried at the next period; no trace
                 if not database_gone(exc):
                     raise
@@ -116,7 +125,7 @@ def run_one(db: Engine, *, checkpoint_dir: Path | None = None,
     (failed as stale while the worker was paused, taken over), the next progress report or cancel
     check raises :class:`storage.LeaseLost`, the job unwinds, and nothing about it is written.
     """
-    from engine.core.signals import Cancelled
+    from engine.core.signals import Cancelled, cancel_scope
 
     with session_scope(db) as s:
         fail_stale_jobs(s, STALE_AFTER_S)
@@ -149,7 +158,8 @@ def run_one(db: Engine, *, checkpoint_dir: Path | None = None,
         try:
             if handler is None:
                 raise ValueError(f"unknown job kind {job.kind!r}; known kinds: {', '.join(handlers)}")
-            message = handler(db, job.payload, JobContext(progress, should_stop, checkpoint_dir, on_study))
+            with cancel_scope(beat.cancelled):
+                message = handler(db, job.payload, JobContext(progress, should_stop, checkpoint_dir, on_study))
             with session_scope(db) as s:
                 finish_job(s, job.id, message, lease=lease)
         except LeaseLost as exc:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.core.signals import Cancelled, cancel_requested, on_cancel
 from engine.models.bert import BertConfig, load_bert
 from engine.models.onnx_check import GraphError, check_graph
 from engine.data.text_model_files import (TEXT_MAX_BYTES, ModelFolder, TextModelError, check_sha256, read_limited,
@@ -249,7 +250,19 @@ class OnnxTextEncoder(TextEncoder):
         self._check_vocabulary()
 
     def states(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, bool]:
-        return self.session.run([self.output], {k: batch[k] for k in self.inputs})[0], self.pooled
+        """One batch through the graph; a job's cancel terminates a run under way (``RunOptions.terminate``, set from
+        a watcher thread: a graph with an endless ``Loop`` cannot otherwise be stopped)."""
+        import onnxruntime as ort
+
+        options = ort.RunOptions()
+        try:
+            with on_cancel(lambda: setattr(options, "terminate", True)):
+                out = self.session.run([self.output], {k: batch[k] for k in self.inputs}, run_options=options)
+        except Exception as exc:  # a terminated run: the cancel's, else the graph's own error
+            if cancel_requested():
+                raise Cancelled(f"cancelled while running {self.name}") from exc
+            raise
+        return out[0], self.pooled
 
     def runtime(self) -> dict[str, Any]:
         """onnxruntime on its first provider, and the graph output read."""

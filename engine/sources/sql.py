@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 import numpy as np
 
+from engine.core.signals import Cancelled, cancel_requested, on_cancel
 from engine.sources.base import Raw, Source
 from engine.sources.text import SourceError, SourceText, first_line, local_path
 
@@ -110,6 +111,7 @@ class SqlSource(Source):
         self.timeout = timeout_option(text, self.description)
         self.deadline = math.inf  # of the statement or fetch under way (time.monotonic())
         self.spent = 0.0  # seconds the pass under way has spent in the database
+        self._driver = None  # the DBAPI connection of the pass under way (PostgreSQL: cancelled on a job's cancel)
         self.id_name, self.vector_name = text.option("id", "id"), text.option("vector", "vector")
         self.label_name = text.option("label")
         if name:
@@ -148,7 +150,9 @@ class SqlSource(Source):
         if self.backend == "postgresql":
             options["postgresql_readonly"] = True
         if self.backend == "sqlite":  # SQLite has no statement timeout: its progress handler interrupts one
-            conn.connection.driver_connection.set_progress_handler(lambda: time.monotonic() > self.deadline, 10_000)
+            conn.connection.driver_connection.set_progress_handler(
+                lambda: time.monotonic() > self.deadline or cancel_requested(), 10_000)
+        self._driver = conn.connection.driver_connection
         return conn.execution_options(**options)
 
     def _past(self) -> SourceError:
@@ -212,11 +216,15 @@ class SqlSource(Source):
             raise self._past()
         start = time.monotonic()
         self.deadline = start + self.timeout - self.spent
+        cancel = getattr(self._driver, "cancel", None) if self.backend == "postgresql" else None
         try:
-            return get()
+            with on_cancel(cancel or (lambda: None)):  # PostgreSQL: the statement is cancelled on its connection
+                return get()
         except SourceError:
             raise
         except Exception as exc:  # an interrupted or failing fetch becomes the one line
+            if cancel_requested():
+                raise Cancelled(f"cancelled while reading {self.description}") from exc
             if time.monotonic() > self.deadline:
                 raise self._past() from exc
             raise SourceError(f"{self.description}: the query fails: {query_error(exc)}") from exc
