@@ -117,3 +117,16 @@ def test_cancel_terminates_an_onnx_run_under_way(tmp_path):
     with cancel_scope(event), pytest.raises(Cancelled, match="cancelled while running loop.onnx"):
         encoder.states({"x": np.zeros(1, np.float32)})
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.slow
+def test_cancel_ends_a_postgresql_statement_under_way(pg_server):
+    """pg_sleep(100000) under the default 600 s statement budget: the job's cancel event cancels the statement on its
+    connection (psycopg's cancel, from the watcher thread) and the read raises Cancelled."""
+    url = pg_server.create_database()
+    event = threading.Event()
+    threading.Timer(1.0, event.set).start()
+    started = time.monotonic()
+    with cancel_scope(event), pytest.raises(Cancelled, match="cancelled while reading"):
+        open_source(f"sql:{url}#query=SELECT 1 AS id, ARRAY[1.0] AS vector FROM pg_sleep(100000)", what="old gallery")
+    assert time.monotonic() - started < 60
