@@ -7,13 +7,13 @@ are no exceptions. The Geometry page's nearest-neighbour call is numpy-only
 """
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.source_scan import imports_anywhere
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "torchvision", "numba", "faiss")
@@ -26,13 +26,7 @@ def app_files() -> list[Path]:
 
 def imported_modules(path: Path) -> set[str]:
     """Modules a file imports anywhere (module level or inside functions), from ``engine``, ``storage``, ``app``."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-        elif isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-    return {m for m in out if m.split(".")[0] in ("engine", "storage", "app") and m != "app.learn"}
+    return {m for m in imports_anywhere(path) if m.split(".")[0] in ("engine", "storage", "app") and m != "app.learn"}
 
 
 def heavy_after_import(module: str) -> list[str]:

@@ -5,23 +5,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from support.source_scan import imports_anywhere
+
 TESTS = Path(__file__).resolve().parent
-
-
-def imported_modules(path: Path) -> set[str]:
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-        elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-    return out
 
 
 def test_no_test_module_imports_another():
     tests = {p.stem for p in TESTS.glob("test_*.py")}
     wrong = sorted(f"{p.name} imports {m}" for p in [*TESTS.glob("*.py"), *(TESTS / "support").glob("*.py")]
-                   for m in imported_modules(p) if m.split(".")[-1] in tests or m.split(".")[0] in tests)
+                   for m in imports_anywhere(p) if m.split(".")[-1] in tests or m.split(".")[0] in tests)
     assert not wrong, wrong
 
 
