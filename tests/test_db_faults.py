@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy.exc import OperationalError
 
 ROOT = Path(__file__).resolve().parents[1]
 CORRUPT = "is corrupt or not a database file"
@@ -46,7 +45,3 @@ def test_worker_on_a_bad_database_exits_non_zero_in_one_line(bad, by_flag):
     assert "Traceback" not in done.stderr
     lines = [line for line in done.stderr.splitlines() if words in line]
     assert len(lines) == 1, done.stderr
-
-
-def _outage() -> OperationalError:
-    return OperationalError("UPDATE jobs", {}, Exception("unable to open database file"))
