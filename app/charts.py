@@ -44,11 +44,9 @@ def summary_percent(summary: dict) -> dict[str, float | None]:
     return out
 
 
-def summary_line(summary: dict, digits: int = 1, *, bold: bool = True) -> str:
-    """``AC 33.3% · AA 45.2% · ACA 12.0%`` (markdown, bold names; ``bold=False``: plain, for a chart's title), the
-    same unit as the tables."""
-    mark = "**" if bold else ""
-    return " · ".join(f"{mark}{name}{mark} {percent(summary.get(name), digits)}" for name in SUMMARY_METRICS)
+def summary_line(summary: dict, digits: int = 1) -> str:
+    """``AC 33.3% · AA 45.2% · ACA 12.0%`` (markdown, bold names), the same unit as the tables."""
+    return " · ".join(f"**{name}** {percent(summary.get(name), digits)}" for name in SUMMARY_METRICS)
 
 
 def percent_format(values: Sequence[float], ticks: int = 5) -> str:

@@ -97,8 +97,7 @@ metrics = sorted({m["metric"] for m in everything}, key=lambda m: (m != "recall@
 metric = c[0].selectbox("Metric", metrics, format_func=metric_name, key="cm_metric")
 gallery_kinds = sorted({m["gallery_kind"] for m in everything})
 gallery_kind = c[1].selectbox("Gallery", gallery_kinds, key="cm_gallery")
-configured_classes = {settings(e["config"]).eval_classes for e in selected}  # the run's own convention first
-classes = sorted({m["eval_classes"] for m in everything}, key=lambda c: (c not in configured_classes, c))
+classes = sorted({m["eval_classes"] for m in everything})
 eval_classes = c[2].selectbox("Evaluation classes", classes, key="cm_classes")
 views = [MAIN] + sorted({m["view"] for m in everything})
 view_choice = c[3].selectbox("Feature view", views, key="cm_view",
@@ -449,7 +448,7 @@ if both:
         frame = charts.matrix_frame(o["values"], ecc_cells(o["values"], stored_ties(o["summary"])), names, comparable,
                                     o["valid_queries"], None, gain_cells(o["values"])[0].tolist())
         mark = " (configured)" if c == configured else ""
-        panels_both.append(charts.matrix_heatmap(frame, names, title=f"{c} classes{mark} · {charts.summary_line(o['summary'], bold=False)}",
+        panels_both.append(charts.matrix_heatmap(frame, names, title=f"{c} classes{mark} · {charts.summary_line(o['summary'])}",
                                                  metric=metric_name(metric), size=360, domain=scale))
     figure = charts.with_convention(charts.side_by_side(panels_both, f"{e['method']} · {m['view']} · seen vs all classes"),
                                     convention(e["config"], metrics=metric, views=m["view"], gallery=m["gallery_kind"],
