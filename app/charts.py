@@ -198,11 +198,6 @@ def matrix_heatmap(frame: pd.DataFrame, names: Sequence[str], *, title: str, met
         title=title, width=alt.Step(cell), height=alt.Step(cell))
 
 
-def side_by_side(panels: Sequence[alt.TopLevelMixin], title: str) -> alt.HConcatChart:
-    """Charts left to right in one figure (one title, one download)."""
-    return alt.hconcat(*panels, spacing=36).properties(title=title)
-
-
 def step_curves(frame: pd.DataFrame, *, value: str, title: str, y_title: str, percent_axis: bool = True) -> alt.Chart:
     """AC_t or AA_t over steps, one line per method (in percent, as the tables).
 
