@@ -299,7 +299,7 @@ def test_a_multi_seed_study_shows_mean_and_std_on_compatibility(server, browser,
         assert sorted(e.config["seed"] for e in runs) == SEEDS and {e.status for e in runs} == {"done"}
         study_id = runs[0].study_id
         # the page's default: Recall@1 in the method's main view (the encoder for independent)
-        # under the run's configured convention (the demo form also stores the other one: eval.also_eval_classes)
+        # under the run's configured convention (a run may store others beside it: branch hG's also_eval_classes)
         matrices = [np.asarray(m.values, dtype=float) for e in runs
                     for m in load_matrices(s, e.id, metric="recall@1", view="encoder")
                     if m.eval_classes == e.config["eval"]["eval_classes"]]
