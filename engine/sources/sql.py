@@ -21,6 +21,7 @@ import json
 import math
 import re
 import time
+from contextlib import nullcontext
 from collections.abc import Iterator
 from urllib.parse import quote
 
@@ -218,7 +219,8 @@ class SqlSource(Source):
         self.deadline = start + self.timeout - self.spent
         cancel = getattr(self._driver, "cancel", None) if self.backend == "postgresql" else None
         try:
-            with on_cancel(cancel or (lambda: None)):  # PostgreSQL: the statement is cancelled on its connection
+            # PostgreSQL: the statement is cancelled on its connection; SQLite's progress handler needs no watcher
+            with on_cancel(cancel) if cancel is not None else nullcontext():
                 return get()
         except SourceError:
             raise
