@@ -44,9 +44,11 @@ def summary_percent(summary: dict) -> dict[str, float | None]:
     return out
 
 
-def summary_line(summary: dict, digits: int = 1) -> str:
-    """``AC 33.3% · AA 45.2% · ACA 12.0%`` (markdown, bold names), the same unit as the tables."""
-    return " · ".join(f"**{name}** {percent(summary.get(name), digits)}" for name in SUMMARY_METRICS)
+def summary_line(summary: dict, digits: int = 1, *, bold: bool = True) -> str:
+    """``AC 33.3% · AA 45.2% · ACA 12.0%`` (markdown, bold names; ``bold=False``: plain, for a chart's title), the
+    same unit as the tables."""
+    mark = "**" if bold else ""
+    return " · ".join(f"{mark}{name}{mark} {percent(summary.get(name), digits)}" for name in SUMMARY_METRICS)
 
 
 def percent_format(values: Sequence[float], ticks: int = 5) -> str:
@@ -196,6 +198,11 @@ def matrix_heatmap(frame: pd.DataFrame, names: Sequence[str], *, title: str, met
         text="label:N", color=alt.Color("ink:N", scale=None))
     return alt.layer(cells, empty, fails, unresolved, text).resolve_scale(color="independent").properties(
         title=title, width=alt.Step(cell), height=alt.Step(cell))
+
+
+def side_by_side(panels: Sequence[alt.TopLevelMixin], title: str) -> alt.HConcatChart:
+    """Charts left to right in one figure (one title, one download)."""
+    return alt.hconcat(*panels, spacing=36).properties(title=title)
 
 
 def step_curves(frame: pd.DataFrame, *, value: str, title: str, y_title: str, percent_axis: bool = True) -> alt.Chart:

@@ -90,7 +90,8 @@ def form_to_config(values: dict[str, Any], base: dict[str, Any]) -> dict[str, An
     """``base`` (the preset's RunConfig dict) with the form's values written over it.
 
     Method hyper-parameters of the preset are kept for the methods still chosen, and its d-Simplex scaling while
-    one of them has a d-Simplex head (else the row default, the only one the config accepts then).
+    one of them has a d-Simplex head (else the row default, the only one the config accepts then); its further
+    evaluation conventions (``eval.also_eval_classes``) less the one the form chose and ``seen`` under open set.
     """
     config = copy.deepcopy(base)
     for field, (section, key) in FIELDS.items():
@@ -113,6 +114,10 @@ def form_to_config(values: dict[str, Any], base: dict[str, Any]) -> dict[str, An
     config["method_params"] = {m: p for m, p in base.get("method_params", {}).items() if m in config["methods"]}
     if "model" in config and not set(config["methods"]) & set(DSIMPLEX_METHODS):
         config["model"]["dsimplex_normalization"] = "row"
+    ev = config.get("eval", {})
+    if ev.get("also_eval_classes"):  # the preset's further conventions, less the one chosen and one the protocol refuses
+        ev["also_eval_classes"] = [c for c in ev["also_eval_classes"] if c != ev["eval_classes"]
+                                   and not (c == "seen" and ev["protocol"] == "open-set")]
     return config
 
 

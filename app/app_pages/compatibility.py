@@ -15,7 +15,8 @@ from app.exports import download_buttons, study_download
 from app import queries as q
 from app.widgets import empty_state, experiment_label, plain, state_convention, summary_columns, table
 from engine.core.kinds import STRICT
-from engine.core.conventions import annotate, convention, model_names, replaced_note, replaced_steps, stored_ties
+from engine.core.conventions import annotate, convention, model_names, replaced_note, replaced_steps, settings, stored_ties
+from engine.core.vocab import EVAL_CLASSES
 from engine.metrics.gain import gain_cells, gain_json, gain_text
 from engine.metrics.over_seeds import ecc_gain, over_seeds
 from engine.metrics.uncertainty import ac_range, familywise_verdicts, seed_interval, verdict_counts
@@ -96,7 +97,8 @@ metrics = sorted({m["metric"] for m in everything}, key=lambda m: (m != "recall@
 metric = c[0].selectbox("Metric", metrics, format_func=metric_name, key="cm_metric")
 gallery_kinds = sorted({m["gallery_kind"] for m in everything})
 gallery_kind = c[1].selectbox("Gallery", gallery_kinds, key="cm_gallery")
-classes = sorted({m["eval_classes"] for m in everything})
+configured_classes = {settings(e["config"]).eval_classes for e in selected}  # the run's own convention first
+classes = sorted({m["eval_classes"] for m in everything}, key=lambda c: (c not in configured_classes, c))
 eval_classes = c[2].selectbox("Evaluation classes", classes, key="cm_classes")
 views = [MAIN] + sorted({m["view"] for m in everything})
 view_choice = c[3].selectbox("Feature view", views, key="cm_view",
@@ -417,3 +419,47 @@ for start in range(0, len(panels), per_row):
                                          file_name=f"{base}.{ext}", mime=mime, on_click="ignore",
                                          key=f"dl_{p['key']}_{fmt}")
                 download_buttons(chart, f"{base}_chart", key=f"dl_{p['key']}_chart")
+
+
+# ---- the same cells under both evaluation conventions (a run stores the second with eval.also_eval_classes)
+def under_both(e: dict[str, Any], m: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The experiment's matrices of ``m``'s metric, gallery and view by evaluation classes (one when only one is stored)."""
+    return {o["eval_classes"]: o for o in stored[e["id"]] if (o["metric"], o["gallery_kind"], o["view"])
+            == (m["metric"], m["gallery_kind"], m["view"])}
+
+
+both = [(e, m) for e, m in shown if set(EVAL_CLASSES) <= set(under_both(e, m))]
+if both:
+    st.subheader("The same cells under seen and all classes")
+    pick = 0
+    if len(both) > 1:
+        pick = st.selectbox("Experiment", range(len(both)), key="cm_both",
+                            format_func=lambda i: f"{both[i][0]['method']} · seed {seed_of(both[i][0])} · {both[i][1]['view']}")
+    e, m = both[pick]
+    configured = settings(e["config"]).eval_classes
+    pair = under_both(e, m)
+    order = sorted(EVAL_CLASSES, key=lambda c: c != configured)  # the configured convention first
+    cells = np.concatenate([pair[c]["values"][~np.isnan(pair[c]["values"])] for c in order])
+    scale = (float(cells.min()), float(cells.max())) if len(cells) else None  # one colour scale for both
+    names = given_names(e, m["values"].shape[0])
+    panels_both = []
+    for c in order:
+        o = pair[c]
+        comparable = np.asarray(o["summary"]["comparable"], bool) if o["summary"].get("comparable") else None
+        frame = charts.matrix_frame(o["values"], ecc_cells(o["values"], stored_ties(o["summary"])), names, comparable,
+                                    o["valid_queries"], None, gain_cells(o["values"])[0].tolist())
+        mark = " (configured)" if c == configured else ""
+        panels_both.append(charts.matrix_heatmap(frame, names, title=f"{c} classes{mark} · {charts.summary_line(o['summary'], bold=False)}",
+                                                 metric=metric_name(metric), size=360, domain=scale))
+    figure = charts.with_convention(charts.side_by_side(panels_both, f"{e['method']} · {m['view']} · seen vs all classes"),
+                                    convention(e["config"], metrics=metric, views=m["view"], gallery=m["gallery_kind"],
+                                               eval_classes="seen and all", ties=stored_ties(m["summary"])), 100)
+    st.altair_chart(figure, width="content")
+    st.caption(f"This run was configured with eval_classes = {configured}; the other convention is stored beside it "
+               "(eval.also_eval_classes). **seen** counts only the queries and gallery images of the classes the "
+               "gallery (old) model was trained on, the closed-set analogue of the papers' open-set protocol, whose "
+               "test classes no model trained on; **all** counts every test class, so a cell also holds classes the "
+               "old model never learned. The newer model has learned those and moved them onto their own prototypes, "
+               "so under all a method such as CoReS can look incompatible although it works on the classes both "
+               "models trained, which is what the papers' protocols judge.")
+    download_buttons(figure, f"{e['name'].replace('/', '_')}_{metric}_{m['view']}_seen_vs_all", key="dl_both_chart")

@@ -81,6 +81,9 @@ with view:
     row[1].metric("Cross-test R@1 (new → old)", f"{ecc['cross']:.3f}", delta=f"{ecc['cross'] - ecc['old_self']:+.3f}",
                   help="Recall@1 of the new model's queries against the old gallery (cosine, leave-one-out).")
     row[2].metric("ECC: cross-test > self-test", "passes" if ecc["passes"] else "fails")
+    st.caption("Which classes count: both toy models know every class shown, so the classes the old model learned "
+               "(eval_classes = seen) and all of them coincide; in a class-incremental run they differ, and a cross-test "
+               "on all classes also scores classes the old gallery model never learned.")
 
     show = st.radio("Draw the violated pairs of", ["(1a) same class", "(1b) different class", "nothing"],
                     horizontal=True, key="d1_show")

@@ -81,7 +81,8 @@ with right:
     show_square(psp, 300)
     st.caption(f"Thick lines: the prototypes v_y/‖v_y‖. Triangles: the {new_classes}-class model's outputs after "
                f"P_{{{new_classes},3}} (keep the first 3 entries, centre, normalise). Its classes 0-2 land on the old "
-               "prototypes; a class the old model never saw has no direction of its own there.")
+               "prototypes; a class the old model never saw has no direction of its own there, which is why a "
+               "cross-test is judged on the classes the old model learned (eval_classes = seen).")
 
 st.subheader(f"Adding classes: the {new_classes}-class prototypes seen by the 3-class model")
 table = prototype_table(new_classes, 3)

@@ -125,3 +125,7 @@ table = table.set_index("head").rename(columns={
 right.dataframe(table.map(lambda v: f"{v:.3f}" if isinstance(v, float) else v), width="stretch")
 right.caption("In a cramped 2-D space strict ECC is hard to pass against a near-perfect 5-digit model, but the fixed "
               "head loses far less in the cross-test because its old digits do not move.")
+st.caption("Which classes count: the self- and cross-test use digits 0-4 only, the classes both models learned "
+           "(eval_classes = seen, as the lab's quick demo); with digits 5-9 mixed in (all), the cross-test would also "
+           "score digits the step-1 gallery model never learned, whose step-2 features point in directions the "
+           "old gallery does not share.")

@@ -31,6 +31,7 @@ NEUTRAL_ADDITIONS: dict[tuple[str, str], Any] = {
     ("model", "dsimplex_normalization"): "row",
     ("training", "select"): "last",
     ("training", "val_fraction"): None,
+    ("eval", "also_eval_classes"): [],
 }
 
 
@@ -65,6 +66,9 @@ class EvalConfig:
     open_set_classes: int = 10  # open-set on built-in data: held-out classes evaluated
     open_set_dataset: str | None = None  # open-set on real data: e.g. "cifar10" (its train = queries, test = gallery)
     eval_classes: str = "all"  # all test classes, or only those the gallery model was trained on ("seen")
+    # further conventions whose matrices are computed and stored beside eval_classes' (same views and metrics), e.g.
+    # ["all"] with eval_classes = "seen": the same cells with the classes the gallery model never trained on mixed in
+    also_eval_classes: tuple[str, ...] = ()
     gallery: str = "instance"  # instance | template (class-mean templates, as the IAM-CL2R code)
     metrics: tuple[str, ...] = ("recall@1", "map")
     topk: int | None = None  # PSP/LSP top-k sparsification (paper 000, Appendix K), e.g. 128
@@ -275,6 +279,7 @@ RULES: dict[str, Rule] = {
     "dataset.image_size": _number(1, 1024),
     "eval.protocol": _choice("protocol", vocab.RUN_PROTOCOLS), "eval.open_set_classes": _number(1, 100_000),
     "eval.open_set_dataset": _open_set_dataset, "eval.eval_classes": _choice("eval_classes", vocab.EVAL_CLASSES),
+    "eval.also_eval_classes": _choice("eval_classes", vocab.EVAL_CLASSES),
     "eval.gallery": _choice("gallery kind", vocab.GALLERY_KINDS), "eval.metrics": _metric,
     "eval.topk": _POSITIVE, "eval.train_features_per_class": _number(0, 100_000), "eval.views": _view,
     "scenario.initial_classes": _number(1, MAX_CLASSES), "scenario.increment": _number(0, MAX_CLASSES), "scenario.num_steps": _number(1, 10_000),
@@ -317,8 +322,7 @@ def _check_values(cfg: RunConfig) -> None:
     if "auto" in cfg.eval.views and len(cfg.eval.views) > 1:
         raise ValueError(f"config key eval.views = {list(cfg.eval.views)!r}: 'auto' stands alone; allowed: ['auto'] or views")
     _check_held_out(cfg)
-    if cfg.eval.eval_classes == "seen" and cfg.eval.protocol == "open-set":
-        raise ValueError("config key eval.eval_classes = 'seen' needs the closed-set protocol: open-set classes are never trained on")
+    _check_also_eval_classes(cfg.eval)
     if cfg.eval.open_set_dataset is not None and cfg.eval.open_set_dataset == cfg.dataset.name != "shapes":
         raise ValueError(f"config key eval.open_set_dataset = {cfg.eval.open_set_dataset!r} is the training dataset itself; "
                          f"open-set classes must differ from the training classes")
@@ -338,6 +342,17 @@ def _check_values(cfg: RunConfig) -> None:
         raise ValueError(f"config key model.dsimplex_normalization = {norm!r} applies only to the methods with a "
                          f"d-Simplex head ({', '.join(vocab.DSIMPLEX_METHODS)}), none of which is in methods "
                          f"{list(cfg.methods)}; leave it 'row'")
+
+
+def _check_also_eval_classes(e: EvalConfig) -> None:
+    """``eval.eval_classes`` and ``eval.also_eval_classes``: each convention once, ``seen`` only on the closed set."""
+    also = list(e.also_eval_classes)
+    if e.eval_classes in also or len(set(also)) != len(also):
+        raise ValueError(f"config key eval.also_eval_classes = {also!r} repeats a convention (eval.eval_classes = "
+                         f"{e.eval_classes!r} is always stored); list each other convention once")
+    if "seen" in (e.eval_classes, *also) and e.protocol == "open-set":
+        key = "eval_classes" if e.eval_classes == "seen" else "also_eval_classes"
+        raise ValueError(f"config key eval.{key} = 'seen' needs the closed-set protocol: open-set classes are never trained on")
 
 
 def _check_held_out(cfg: RunConfig) -> None:

@@ -6,7 +6,7 @@ from sqlalchemy import Engine
 
 from engine.core.contract import main_view
 from engine.metrics.gain import gain_json
-from engine.core.conventions import replaced_steps, stored_ties
+from engine.core.conventions import replaced_steps, settings, stored_ties
 from engine.metrics.over_seeds import over_seeds
 from engine.results.verdict_words import verdict_word
 from engine.methods import METHODS
@@ -16,7 +16,7 @@ from storage import get_experiment, load_matrices, session_scope
 
 
 def study_summary(db: Engine, study_id: int, experiment_ids: list[int]) -> dict:
-    """JSON-ready: {"study_id", "seeds", "methods": {method: {...}}}.
+    """JSON-ready: {"study_id", "seeds", "methods": {method: {...}}}, the matrices under each run's ``eval.eval_classes``.
 
     Per method: ``experiment_id``/``views`` of its first seed (matrix, AC/AA/ACA, update gain, paired test),
     ``experiment_ids`` and ``seeds`` of every run, ``init_seed`` (effective), ``spread``: {view: {metric:
@@ -28,7 +28,9 @@ def study_summary(db: Engine, study_id: int, experiment_ids: list[int]) -> dict:
         for exp_id in experiment_ids:
             exp = get_experiment(s, exp_id)
             views: dict = {}
-            for m in load_matrices(s, exp_id):
+            rows = load_matrices(s, exp_id)  # eval.also_eval_classes' matrices are the Compatibility page's to show
+            configured = settings(exp.config).eval_classes
+            for m in [m for m in rows if m.eval_classes == configured] or rows:
                 views.setdefault(m.view, {})[m.metric] = {
                     "matrix": [[None if np.isnan(v) else float(v) for v in row] for row in m.values],
                     "AC": m.summary.get("AC"), "AA": m.summary.get("AA"), "ACA": m.summary.get("ACA"),

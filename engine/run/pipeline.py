@@ -153,11 +153,13 @@ def _store_step(db: Engine, exp_id: int, step: int, net: Net, method: Method, cf
         record_version(s, exp_id, step, version)
 
 
-def _view_recipes(versions: list[ModelVersion], view: str, cfg: RunConfig, same_set: bool
-                  ) -> Callable[[int, int], CellRecipe]:
-    """Each cell's recipe (:func:`engine.core.cell.cell_recipe`): PSP/LSP keep gallery model k's first C^k outputs."""
+def _view_recipes(versions: list[ModelVersion], view: str, cfg: RunConfig, same_set: bool,
+                  eval_classes: str | None = None) -> Callable[[int, int], CellRecipe]:
+    """Each cell's recipe (:func:`engine.core.cell.cell_recipe`): PSP/LSP keep gallery model k's first C^k outputs;
+    the rows of ``eval_classes`` (None: ``cfg.eval.eval_classes``)."""
+    classes = eval_classes or cfg.eval.eval_classes
     return lambda t, k: cell_recipe(view, len(versions[t].classes), len(versions[k].classes),
-                                    eval_classes=cfg.eval.eval_classes, topk=cfg.eval.topk, same_set=same_set)
+                                    eval_classes=classes, topk=cfg.eval.topk, same_set=same_set)
 
 
 def _view_cells(db: Engine, versions: list[ModelVersion], recipes: Callable[[int, int], CellRecipe], view: str
@@ -201,8 +203,9 @@ def _view_cell_specs(db: Engine, versions: list[ModelVersion], recipes: Callable
 def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method, *, same_set: bool,
                         fan_out: FanOut | None = None, should_stop: Callable[[], bool] | None = None,
                         nproc: int = 1) -> dict[str, dict]:
-    """Compute and store every (metric, view) matrix; return {view: {metric: summary}}.
+    """Compute and store every (metric, view) matrix; return {view: {metric: summary}} under ``eval.eval_classes``.
 
+    The matrices under each of ``eval.also_eval_classes`` are computed and stored too (same views and metrics).
     ``fan_out``: through tasks that any ``worker --tasks`` may share (this process runs them too); the same matrices.
     Each summary records the arithmetic the features were made with (``arithmetic``, :mod:`engine.models.arithmetic`;
     ``nproc``: the data-parallel ranks that trained them).
@@ -211,24 +214,29 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
         versions = list_model_versions(s, exp_id)
     out: dict[str, dict] = {}
     for view in views_for(method, cfg):
-        recipes = _view_recipes(versions, view, cfg, same_set)
-        if fan_out is not None:
-            specs = _view_cell_specs(db, versions, recipes, view)
-            features = _view_cells(db, versions, recipes, view)  # read for verification only
-            try:
-                result = matrix_by_tasks(db, specs, len(versions), metrics=cfg.eval.metrics, paired=PairedOptions(),
-                                         fan_out=fan_out, label=f"experiment {exp_id}, {view}", should_stop=should_stop,
-                                         features=features, same_set=same_set, experiment_id=exp_id)
-            except TaskJobStopped as stopped:
-                raise (Cancelled(str(stopped)) if stopped.cancelled else RuntimeError(str(stopped))) from None
-        else:
-            cells = _view_cells(db, versions, recipes, view)
-            result = compatibility_matrices(cells, num_models=len(versions), metrics=cfg.eval.metrics,
-                                            gallery_kind=cfg.eval.gallery, same_set=same_set, paired=PairedOptions())
-        with session_scope(db) as s:
-            record_matrices(s, exp_id, result, gallery_kind=cfg.eval.gallery, view=view, eval_classes=cfg.eval.eval_classes,
-                            arithmetic=arithmetic_record(cfg.compute_threads, nproc=nproc, device=pick_device(cfg.device)))
-        out[view] = {m: {"matrix": result.values[m], **stored_summary(result, m)} for m in result.values}
+        for eval_classes in (cfg.eval.eval_classes, *cfg.eval.also_eval_classes):
+            recipes = _view_recipes(versions, view, cfg, same_set, eval_classes)
+            also = "" if eval_classes == cfg.eval.eval_classes else f", {eval_classes} classes"
+            if fan_out is not None:
+                specs = _view_cell_specs(db, versions, recipes, view)
+                features = _view_cells(db, versions, recipes, view)  # read for verification only
+                try:
+                    result = matrix_by_tasks(db, specs, len(versions), metrics=cfg.eval.metrics, paired=PairedOptions(),
+                                             fan_out=fan_out, label=f"experiment {exp_id}, {view}{also}",
+                                             should_stop=should_stop, features=features, same_set=same_set,
+                                             experiment_id=exp_id)
+                except TaskJobStopped as stopped:
+                    raise (Cancelled(str(stopped)) if stopped.cancelled else RuntimeError(str(stopped))) from None
+            else:
+                cells = _view_cells(db, versions, recipes, view)
+                result = compatibility_matrices(cells, num_models=len(versions), metrics=cfg.eval.metrics,
+                                                gallery_kind=cfg.eval.gallery, same_set=same_set, paired=PairedOptions())
+            with session_scope(db) as s:
+                record_matrices(s, exp_id, result, gallery_kind=cfg.eval.gallery, view=view, eval_classes=eval_classes,
+                                arithmetic=arithmetic_record(cfg.compute_threads, nproc=nproc,
+                                                             device=pick_device(cfg.device)))
+            if eval_classes == cfg.eval.eval_classes:
+                out[view] = {m: {"matrix": result.values[m], **stored_summary(result, m)} for m in result.values}
     return out
 
 
