@@ -71,3 +71,11 @@ def test_the_upgrade_rule_in_payloads_and_analysis_keys():
     assert contract.normalize_params("upgrade", {**params, "margin": 1})["margin"] == 1.0
     with pytest.raises(ValueError, match="the margin is in points"):
         contract.analysis_payload(3, "upgrade", {**params, "margin": 100})
+
+
+def test_each_analysis_kind_with_own_checks_is_a_known_kind():
+    from engine.core.contract import ANALYSIS_DEFAULTS, KIND_CHECKS
+
+    assert set(KIND_CHECKS) <= set(ANALYSIS_DEFAULTS)
+    with pytest.raises(ValueError, match="max_points must be at least 10"):
+        contract.normalize_params("projection", {"step_a": 1, "step_b": 2, "max_points": 3})

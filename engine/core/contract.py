@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.core.kinds import STRICT
@@ -121,38 +121,58 @@ def normalize_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any]
         check_resamples(out["resamples"])
     if out.get("split", "gallery") not in ("query", "gallery"):
         raise ValueError(f"split must be 'query' or 'gallery', got {out['split']!r}")
-    if kind == "projection":
-        if out["method"] not in EMBEDDINGS:
-            raise ValueError(f"unknown embedding {out['method']!r}; use one of {', '.join(EMBEDDINGS)}")
-        if out["max_points"] < 10:
-            raise ValueError(f"max_points must be at least 10, got {out['max_points']}")
-    if kind == "text_upgrade":
-        out["k"], out["level"] = int(out["k"]), float(out["level"])
-        if out["k"] < 1 or out["resamples"] < 1 or not 0 < out["level"] < 1:
-            raise ValueError(f"text_upgrade needs k >= 1, resamples >= 1 and a level strictly between 0 and 1, "
-                             f"got {out['k']}, {out['resamples']} and {out['level']}")
-        if not isinstance(out["adapters"], bool):
-            raise ValueError(f"adapters must be true or false (fit and judge the adapters), got {out['adapters']!r}")
-    if kind == "upgrade":
-        out["metric"], out["level"] = str(out["metric"]).strip().lower(), float(out["level"])
-        parse_metric(out["metric"], pairs=False)
-        out["margin"], out["ties"] = _rule(out["margin"], out["ties"])
-        if out["resamples"] < 1 or not 0 < out["level"] < 1:
-            raise ValueError(f"upgrade needs resamples >= 1 and a level strictly between 0 and 1, "
-                             f"got {out['resamples']} and {out['level']}")
-    if kind == "backfill":
-        out["orderings"] = [str(o) for o in out["orderings"]]
-        out["metrics"] = [str(m) for m in out["metrics"]]
-        bad = [o for o in out["orderings"] if o not in ORDERINGS]
-        if bad or not out["orderings"]:
-            raise ValueError(f"unknown or no backfilling order(s) {bad}; known: {', '.join(ORDERINGS)}")
-        if not out["metrics"]:
-            raise ValueError("backfill needs at least one metric, e.g. 'recall@1' or 'map'")
-        if out["num_fractions"] < 2:
-            raise ValueError(f"num_fractions must be at least 2 (0 and 1), got {out['num_fractions']}")
-        if not isinstance(out["rollout"], bool):
-            raise ValueError(f"rollout must be true or false (add the rank-merge and re-scoring curves), got {out['rollout']!r}")
+    KIND_CHECKS.get(kind, _no_check)(out)
     return out
+
+
+def _no_check(out: dict[str, Any]) -> None:
+    """An analysis kind whose parameters need no check beyond the shared ones."""
+
+
+def _check_projection(out: dict[str, Any]) -> None:
+    if out["method"] not in EMBEDDINGS:
+        raise ValueError(f"unknown embedding {out['method']!r}; use one of {', '.join(EMBEDDINGS)}")
+    if out["max_points"] < 10:
+        raise ValueError(f"max_points must be at least 10, got {out['max_points']}")
+
+
+def _check_text_upgrade(out: dict[str, Any]) -> None:
+    out["k"], out["level"] = int(out["k"]), float(out["level"])
+    if out["k"] < 1 or out["resamples"] < 1 or not 0 < out["level"] < 1:
+        raise ValueError(f"text_upgrade needs k >= 1, resamples >= 1 and a level strictly between 0 and 1, "
+                         f"got {out['k']}, {out['resamples']} and {out['level']}")
+    if not isinstance(out["adapters"], bool):
+        raise ValueError(f"adapters must be true or false (fit and judge the adapters), got {out['adapters']!r}")
+
+
+def _check_upgrade(out: dict[str, Any]) -> None:
+    out["metric"], out["level"] = str(out["metric"]).strip().lower(), float(out["level"])
+    parse_metric(out["metric"], pairs=False)
+    out["margin"], out["ties"] = _rule(out["margin"], out["ties"])
+    if out["resamples"] < 1 or not 0 < out["level"] < 1:
+        raise ValueError(f"upgrade needs resamples >= 1 and a level strictly between 0 and 1, "
+                         f"got {out['resamples']} and {out['level']}")
+
+
+def _check_backfill(out: dict[str, Any]) -> None:
+    out["orderings"] = [str(o) for o in out["orderings"]]
+    out["metrics"] = [str(m) for m in out["metrics"]]
+    bad = [o for o in out["orderings"] if o not in ORDERINGS]
+    if bad or not out["orderings"]:
+        raise ValueError(f"unknown or no backfilling order(s) {bad}; known: {', '.join(ORDERINGS)}")
+    if not out["metrics"]:
+        raise ValueError("backfill needs at least one metric, e.g. 'recall@1' or 'map'")
+    if out["num_fractions"] < 2:
+        raise ValueError(f"num_fractions must be at least 2 (0 and 1), got {out['num_fractions']}")
+    if not isinstance(out["rollout"], bool):
+        raise ValueError(f"rollout must be true or false (add the rank-merge and re-scoring curves), got {out['rollout']!r}")
+
+
+# Each analysis kind's own checks (after the shared ones), in place (they may coerce values): one function per kind.
+KIND_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "projection": _check_projection, "text_upgrade": _check_text_upgrade, "upgrade": _check_upgrade,
+    "backfill": _check_backfill,
+}
 
 
 # Parameters added after analyses were stored: left out of the key at these values, so older analyses keep their key.
