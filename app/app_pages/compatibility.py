@@ -457,9 +457,11 @@ if both:
     st.altair_chart(figure, width="content")
     st.caption(f"This run was configured with eval_classes = {configured}; the other convention is stored beside it "
                "(eval.also_eval_classes). **seen** counts only the queries and gallery images of the classes the "
-               "gallery (old) model was trained on, the closed-set analogue of the papers' open-set protocol, whose "
-               "test classes no model trained on; **all** counts every test class, so a cell also holds classes the "
-               "old model never learned. The newer model has learned those and moved them onto their own prototypes, "
-               "so under all a method such as CoReS can look incompatible although it works on the classes both "
-               "models trained, which is what the papers' protocols judge.")
+               "gallery (old) model was trained on: both models of a cross-test trained them. **all** counts every "
+               "test class, so a cell also holds classes only the newer model learned, which the old gallery has no "
+               "direction for. Neither is the papers' open-set protocol, whose test classes no model trained on: "
+               "under seen a newer model that must also tell the old classes from its new ones can be worse on them "
+               "than the old model was (then no cross-test beats the old self-test); under all its gain comes from "
+               "classes the old model never learned. Read both; docs/results.md measures how far each moves the "
+               "papers' claims.")
     download_buttons(figure, f"{e['name'].replace('/', '_')}_{metric}_{m['view']}_seen_vs_all", key="dl_both_chart")
