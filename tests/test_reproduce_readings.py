@@ -10,7 +10,7 @@ from engine.metrics.verification import pair_verification, sample_pairs
 from engine.reproduce.claims import CLAIMS, CONTROL, GROUPS, Claim, PaperCell, Reading
 from engine.reproduce.outcomes import items_from_cells, part_mask, seed_items, training_accuracy
 from engine.reproduce.plan import SCALE_SETTINGS, study_config
-from engine.reproduce.table import claim_rows, render, row_convention
+from engine.reproduce.table import Row, claim_rows, render, row_convention, why_lines
 from engine.metrics.compatibility import CellFeatures, compatibility_matrices
 from engine.results.record import NewVersion, record_experiment
 from storage import get_engine, init_db
@@ -75,11 +75,11 @@ OLD = np.array([[1, 0], [1, .1], [0, 1], [.1, 1], [1, .05], [.05, 1]], np.float6
 NEW = np.array([[1, 0], [1, .2], [0, 1], [.2, 1], [-1, -1], [-1, -.9]], np.float64)
 
 
-def _hits(q: np.ndarray, g: np.ndarray) -> np.ndarray:
+def _hits(q: np.ndarray, g: np.ndarray, labels: np.ndarray = LABELS) -> np.ndarray:
     qn, gn = q / np.linalg.norm(q, axis=1, keepdims=True), g / np.linalg.norm(g, axis=1, keepdims=True)
     s = qn @ gn.T
     np.fill_diagonal(s, -np.inf)
-    return (LABELS[s.argmax(1)] == LABELS).astype(float)
+    return (labels[s.argmax(1)] == labels).astype(float)
 
 
 def test_recall_items_split_by_the_classes_both_models_learned():
@@ -156,9 +156,34 @@ def test_training_accuracy_and_reading_rows_from_stored_runs(tmp_path):
     seen, _ = seed_items(db, runs[(0, "cores")], view="encoder", metric="recall@1", gallery="instance",
                          eval_classes="seen")
     assert margin[Reading("seen")] == pytest.approx([np.nanmean(seen.outcomes[:, 1]) - np.nanmean(seen.outcomes[:, 0])] * 2)
+    # the upgrade's own gain behind the margin: the new model's self-test minus the old one's, on the same items
+    gain = {r.reading: r.gain for r in rows if r.label == "(phi2, phi1) margin" and r.method == "cores"}
+    own = {"old": _hits(OLD, OLD), "new": _hits(NEW, NEW)}
+    assert gain[None]["mean"] == pytest.approx(own["new"].mean() - own["old"].mean()) and gain[None]["n"] == 2
+    assert gain[Reading("all", "trained")]["mean"] == pytest.approx(own["new"][trained].mean() - own["old"][trained].mean())
+    seen_own = {m: _hits(f[trained], f[trained], LABELS[trained]) for m, f in (("old", OLD), ("new", NEW))}
+    assert gain[Reading("seen")]["mean"] == pytest.approx(seen_own["new"].mean() - seen_own["old"].mean())
+    assert all(r.gain is None for r in rows if r.label == "AC") and all(r.paper_gain is None for r in rows)
     text = render(claim, rows)
     assert "under eval_classes all, items of classes both models trained:" in text and "70.8 % (min 66.7)" in text
     md = render(claim, rows, markdown=True).splitlines()
     assert len(md) == len(rows) and md[4].split(" | ")[2] == "closed-set / all, items of classes both models trained / " \
                                                               "instance / recall@1"
     assert row_convention(claim, rows[0]) == conv and md[0].endswith("| 70.8 % (min 66.7) |")
+
+
+def test_why_names_a_newer_model_that_is_itself_worse():
+    iv = {"mean": -0.08, "lo": -0.1, "hi": -0.06, "n": 10}
+    worse = Row("C", "cores", "(phi2, phi1) margin", 0.02, (), iv, "outside", "does not",
+                gain={"mean": -0.059, "lo": -0.08, "hi": -0.038, "n": 10}, paper_gain=0.04)
+    lines = why_lines([worse])
+    assert lines == ["why cores (phi2, phi1) margin (our convention): the newer model is itself worse than the old one on "
+                     "these items (own gain -5.9 [-8.0, -3.8]; paper +4.0 points), so no cross-test can be expected to "
+                     "beat the old self-test"]
+    better = Row("C", "cores", "(phi2, phi1) margin", 0.02, (), iv, "outside", "does not",
+                 gain={"mean": 0.1, "lo": 0.09, "hi": 0.11, "n": 10}, paper_gain=0.04)
+    unsure = Row("C", "cores", "(phi2, phi1) margin", 0.02, (), iv, "outside", "does not",
+                 gain={"mean": -0.01, "lo": -0.03, "hi": 0.01, "n": 10}, paper_gain=0.04)
+    passed = Row("C", "cores", "(phi2, phi1) margin", 0.02, (), iv, "inside", "reproduces",
+                 gain={"mean": -0.059, "lo": -0.08, "hi": -0.038, "n": 10}, paper_gain=0.04)
+    assert why_lines([better, unsure, passed]) == []  # a real gain, an unsure one, or a margin that reproduces

@@ -78,9 +78,11 @@ def cell_source(db: Engine, experiment_id: int, *, view: str, eval_classes: str,
                 cache[(i, split)] = load_feature_set(s, versions[i].id, split, raw)[:2]
         return cache[(i, split)]
 
-    def cell(t: int, k: int) -> CellFeatures:
+    def cell(t: int, k: int, *, gallery_model: int | None = None) -> CellFeatures:
+        """Model t's queries, model k's classes (under seen) and columns; the gallery embedded by ``gallery_model``
+        (default k): ``cell(t, k, gallery_model=t)`` is model t's self-test on the items cross-test (t, k) counts."""
         ck = len(versions[k].classes)
-        (q, ql), (g, gl) = load(t, "query"), load(k, "gallery")
+        (q, ql), (g, gl) = load(t, "query"), load(k if gallery_model is None else gallery_model, "gallery")
         ids = np.arange(len(ql))
         if eval_classes == "seen":
             qm, gm = ql < ck, gl < ck
@@ -100,6 +102,36 @@ def seed_items(db: Engine, experiment_id: int, *, view: str, metric: str, galler
     classes = learned_classes(db, experiment_id) if part is not None else None
     return items_from_cells(T, cell, metric=metric, gallery=gallery, same_set=experiment_same_set(db, experiment_id),
                             part=part, classes=classes, ties=ties)
+
+
+def own_gain(db: Engine, experiment_id: int, cell: tuple[int, int], *, view: str, metric: str, gallery: str,
+             eval_classes: str, part: str | None = None, ties: str = "pessimistic") -> float:
+    """The upgrade's own gain behind cross-test ``cell`` = (t, k): model t's self-test minus model k's, both on the
+    items the cross-test counts (under seen: model k's classes; ``part``: with model k's classes learned).
+
+    This is the denominator of paper 002's Update Gain (Gamma = (M(t, k) - M(k, k)) / (M(t, t) - M(k, k))) and the
+    premise of its reading of ECC: a newer model that is not itself better at this evaluation leaves no gain for a
+    cross-test to recover (paper 002 Tab. 2: +4 / +6 / +2 points for CoReS)."""
+    t, k = cell
+    _, source = cell_source(db, experiment_id, view=view, eval_classes=eval_classes)
+    same_set = experiment_same_set(db, experiment_id)
+    learned = learned_classes(db, experiment_id)[k]
+    pairs = parse_metric(metric)[0] == VERIFICATION
+
+    def value(model: int) -> float:
+        c = source(model, k, gallery_model=model)
+        v, vec = cell_outcomes(c, metric, gallery_kind=gallery, same_set=same_set, ties=ties)
+        if part is None:
+            return v
+        if pairs:
+            qi, gi, _ = sample_pairs(c.query_labels, c.gallery_labels, same_set=same_set)
+            keep = part_mask(part, learned, np.asarray(c.query_labels)[qi], np.asarray(c.gallery_labels)[gi])
+        else:
+            keep = part_mask(part, learned, c.query_labels)
+        kept = vec[keep & ~np.isnan(vec)]
+        return float(kept.mean()) if len(kept) else float("nan")
+
+    return value(t) - value(k)
 
 
 def part_mask(part: str, learned: int, query_labels: np.ndarray, gallery_labels: np.ndarray | None = None) -> np.ndarray:

@@ -17,7 +17,10 @@ The negative control (independent encoders) must fail: its AC interval must lie 
 
 A claim's :class:`~engine.reproduce.claims.Reading` s follow its own rows: the same cells and words under other eval
 classes, or on one part of each cell's items, recomputed from the stored features. Every row carries its method's
-training accuracy (each model's top-1 on its stored training images, mean and minimum over the models and seeds).
+training accuracy (each model's top-1 on its stored training images, mean and minimum over the models and seeds), and
+every margin row the upgrade's own gain behind it (:func:`engine.reproduce.outcomes.own_gain`: the newer model's
+self-test minus the old one's on the same items, Student's t over seeds) beside the paper's: a margin the paper reads
+as compatible presumes a newer model that is better at the evaluation, and the table says when ours is not.
 """
 from __future__ import annotations
 
@@ -57,6 +60,8 @@ class Row:
     note: str | None = None  # why a hierarchical interval fell back to seeds only
     reading: Reading | None = None  # None: the claim's own convention
     training: dict | None = None  # the method's training accuracy: {"mean", "min", "n"} over models and seeds
+    gain: dict | None = None  # a margin's own gain M(t, t) - M(k, k) over seeds: {"mean", "lo", "hi", "n"}
+    paper_gain: float | None = None  # the paper's, where it prints both self-tests
 
 
 @dataclass(frozen=True)
@@ -170,6 +175,28 @@ def training_accuracy(db: Engine, runs: dict[tuple[int, str], int], method: str)
     return {"mean": float(values.mean()), "min": float(values.min()), "n": int(len(values))}
 
 
+def gain_interval(db: Engine, runs: dict[tuple[int, str], int], claim: Claim, method: str, cell: tuple[int, int],
+                  reading: Reading | None = None) -> dict | None:
+    """The own gain behind ``method``'s cross-test ``cell`` over its finished seeds (:func:`own_gain`), Student's t;
+    None when a seed's stored features cannot give it."""
+    from engine.reproduce.outcomes import own_gain  # here: the table loads no torch
+
+    conv = claim.our_convention
+    values = []
+    for (seed, m), exp_id in sorted(runs.items()):
+        if m != method:
+            continue
+        try:
+            values.append(own_gain(db, exp_id, cell, view=claim.view(method), metric=conv["metric"],
+                                   gallery="template" if conv["gallery"] == "template" else "instance",
+                                   eval_classes=reading.eval_classes if reading else conv["eval_classes"],
+                                   part=reading.part if reading else None,
+                                   ties=reading.ties if reading else "pessimistic"))
+        except (ValueError, LookupError, OSError):
+            return None
+    return seed_interval(values)
+
+
 def cell_value(C: np.ndarray, cell: tuple[int, int] | None) -> float:
     """The margin ``C[t, k] - C[k, k]`` of cross-test ``cell``, or the matrix's AC (strict ECC) when None."""
     if cell is None:
@@ -236,8 +263,10 @@ def reading_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], rea
     for cell in claim.cells:
         values, iv, kind = cell_interval(cell.cell, by_method[cell.method], resamples=resamples)
         iv = _clipped(iv, cell.cell)
+        gain = None if cell.cell is None else gain_interval(db, runs, claim, cell.method, cell.cell, reading)
         rows.append(Row(claim.name, cell.method, cell.label, cell.value, values, iv, _inside(cell.value, iv),
-                        _verdict(cell, iv, control_ac), kind, by_method[cell.method].why, reading, training[cell.method]))
+                        _verdict(cell, iv, control_ac), kind, by_method[cell.method].why, reading, training[cell.method],
+                        gain, cell.gain))
     ac_paper = max((c.value for c in claim.cells if c.cell is None), default=None)
     for cell in {c.cell: c for c in claim.cells}.values():
         values, iv, kind = cell_interval(cell.cell, control, resamples=resamples)
@@ -268,6 +297,29 @@ def _ours(row: Row) -> str:
     return f"{_num(iv['mean'], points)}{span} (n={iv['n']})"
 
 
+def _gain(row: Row) -> str:
+    """A margin's own gain, ours with its interval, then the paper's: ``-5.8 [-6.9, -4.6]; paper +4.0``."""
+    g = row.gain
+    if not g or g["mean"] is None:
+        return "-"
+    span = f" [{_num(g['lo'], True)}, {_num(g['hi'], True)}]" if g["lo"] is not None else ""
+    return f"{_num(g['mean'], True)}{span}" + ("" if row.paper_gain is None else f"; paper {_num(row.paper_gain, True)}")
+
+
+def why_lines(rows: Sequence[Row]) -> list[str]:
+    """Why a margin the paper reads as compatible does not reproduce, when the measured reason is the premise: the
+    newer model is itself no better at the evaluation (own gain interval below zero, the paper's above)."""
+    out = []
+    for r in rows:
+        g = r.gain
+        if (r.verdict == "does not" and r.paper is not None and r.paper >= 0 and g and g["hi"] is not None
+                and g["hi"] < 0 and (r.paper_gain is None or r.paper_gain > 0)):
+            where = "our convention" if r.reading is None else r.reading.label
+            out.append(f"why {r.method} {r.label} ({where}): the newer model is itself worse than the old one on these "
+                       f"items (own gain {_gain(r)} points), so no cross-test can be expected to beat the old self-test")
+    return out
+
+
 def _training(row: Row) -> str:
     a = row.training
     if not a or a["mean"] is None:
@@ -277,7 +329,8 @@ def _training(row: Row) -> str:
 
 SHORT = {"hierarchical": "seeds, then items", "seeds": "t over seeds"}  # the interval column's words
 MARKDOWN_COLUMNS = ("cell", "paper's convention", "our convention", "row", "paper", "ours: mean [95 % interval] (seeds)",
-                    "interval", "verdict (paper in ours)", "training accuracy: mean (min)")
+                    "interval", "verdict (paper in ours)", "own gain: ours [t over seeds]; paper",
+                    "training accuracy: mean (min)")
 CONVENTION_ORDER = "protocol / eval classes / gallery / metric"
 
 
@@ -301,8 +354,9 @@ def markdown_header(interval: str = DEFAULT_INTERVAL, *, environment: str = "", 
     if environment:
         lines.append(f"Made with: {environment}.")
     lines.append(f"Interval: 95 %, {INTERVALS[interval]}, {RESAMPLES} resamples; margins in points (cross-test minus the "
-                 f"old model's self-test), AC as a share; n = seeds; conventions: {CONVENTION_ORDER}; training accuracy: "
-                 f"each model's top-1 on its stored training images, over the models and seeds.")
+                 f"old model's self-test), AC as a share; n = seeds; conventions: {CONVENTION_ORDER}; own gain: the newer "
+                 f"model's self-test minus the old one's on the cross-test's items (paper 002's Update Gain denominator); "
+                 f"training accuracy: each model's top-1 on its stored training images, over the models and seeds.")
     lines.append("")
     lines.append("| " + " | ".join(MARKDOWN_COLUMNS) + " |")
     lines.append("|" + "---|" * len(MARKDOWN_COLUMNS))
@@ -318,7 +372,8 @@ def render(claim: Claim, rows: Sequence[Row], *, markdown: bool = False) -> str:
             paper = "-" if r.paper is None else _num(r.paper, r.label != "AC")
             cells = (claim.name, " / ".join(claim.paper_convention.values()), " / ".join(row_convention(claim, r).values()),
                      f"{r.method} {r.label}", paper,
-                     _ours(r), SHORT[r.interval_kind], f"{r.verdict}{f' ({r.inside})' if r.inside else ''}", _training(r))
+                     _ours(r), SHORT[r.interval_kind], f"{r.verdict}{f' ({r.inside})' if r.inside else ''}", _gain(r),
+                     _training(r))
             out.append("| " + " | ".join(cells) + " |")
         return "\n".join(out)
     kinds = dict.fromkeys(r.interval_kind for r in rows) or {"seeds": None}
@@ -336,7 +391,9 @@ def render(claim: Claim, rows: Sequence[Row], *, markdown: bool = False) -> str:
             reading = r.reading
             lines.append(f"  under {'our convention' if reading is None else 'eval_classes ' + reading.label}:")
             lines.append(f"  {'method':<24}{'cell':<22}{'paper':>8}  {'ours':<34}{'paper in ours':<15}{'verdict':<36}"
-                         f"training accuracy")
+                         f"{'own gain; paper':<34}training accuracy")
         paper = "" if r.paper is None else _num(r.paper, r.label != "AC")
-        lines.append(f"  {r.method:<24}{r.label:<22}{paper:>8}  {_ours(r):<34}{r.inside:<15}{r.verdict:<36}{_training(r)}")
+        lines.append(f"  {r.method:<24}{r.label:<22}{paper:>8}  {_ours(r):<34}{r.inside:<15}{r.verdict:<36}"
+                     f"{_gain(r):<34}{_training(r)}")
+    lines += [f"  {w}" for w in why_lines(rows)]
     return "\n".join(lines)
