@@ -1,0 +1,23 @@
+"""bench/why_feature_drift.py: the share of a feature in the old head's row space and the cosines, by hand."""
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_feature_that_keeps_the_head_directions_but_grows_outside_them():
+    drift = runpy.run_path(str(ROOT / "bench" / "why_feature_drift.py"))["drift"]
+    head = np.array([[1.0, 0, 0, 0], [0, 1.0, 0, 0]])  # W_old constrains the first two coordinates only
+    old = np.array([[3.0, 4, 0, 0], [1, 0, 0, 0]])
+    new = np.array([[3.0, 4, 0, 5], [2, 0, 2, 0]])  # the same inside the rows, plus an orthogonal part
+    got = drift(old, new, head)
+    assert got["share in W_old's rows, old"] == pytest.approx(1.0)
+    assert got["share in W_old's rows, new"] == pytest.approx((25 / 50 + 4 / 8) / 2)
+    # cos(old, new): 25 / (5 * sqrt(50)) and 2 / (1 * sqrt(8)); inside the rows the two agree exactly
+    assert got["same-image cos"] == pytest.approx((25 / (5 * np.sqrt(50)) + 2 / np.sqrt(8)) / 2)
+    assert got["cos in W_old's rows"] == pytest.approx(1.0)
