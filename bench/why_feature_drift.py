@@ -1,13 +1,15 @@
-"""Why a reduced claim's cross-test fails: how much of each model's feature its old classifier constrains (issue 38).
+"""Why a reduced claim's cross-test fails: how far one image's feature moves between two models (issue 38).
 
-For every seed of a claim's method with a learnable linear head, read from a reproduction's database (runs of
-``python -m engine reproduce NAME --scale reduced``): the old model's head ``W_old`` (C_old x d) from its checkpoint
-(safetensors, read as arrays), both models' stored test features, and print, mean over seeds:
+For every seed of every method of a claim, read from a reproduction's database (runs of
+``python -m engine reproduce NAME --scale reduced``), the first two models' stored features and print, mean over seeds:
 
-* ``share in W_old's rows``: the share of a feature's energy in the row space of ``W_old`` (the only directions BCT's
-  influence loss, ``CE(W_old phi_new)``, constrains), for the old and the new model;
-* ``same-image cos``: the cosine of one test image's old and new features (what a cross-test compares);
-* ``cos in W_old's rows``: the same cosine after projecting both features onto that row space.
+* ``cos, test queries``: the cosine of one test query image's old and new features (what a cross-test compares; open
+  set: images of classes no model trained);
+* ``cos, old classes' training images``: the same on the stored training images of the classes the old model learned
+  (where a method's loss acts);
+* for a learnable linear head only (its weight ``W_old``, C_old x d, read from the old model's checkpoint as arrays):
+  ``share in W_old's rows`` of a test feature's energy, old and new model (the only directions BCT's influence loss
+  ``CE(W_old phi_new)`` constrains), and ``cos in W_old's rows``, the cosine after projecting both onto that row space.
 
 A new feature that agrees with the old one inside the row space but puts almost all its energy outside it is
 compatible in logits and not in features. Run: ``python bench/why_feature_drift.py --db sqlite:///PATH P0-Tab1a``.
@@ -26,18 +28,41 @@ from storage import get_engine, list_model_versions, load_feature_set, session_s
 HEAD = "head.fc.weight"  # a learnable linear head's weight in a checkpoint (engine.models.heads.LinearHead)
 
 
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine of two feature arrays of the same images (NaN for a zero feature)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
 def drift(features_old: np.ndarray, features_new: np.ndarray, head_old: np.ndarray) -> dict[str, float]:
-    """The three numbers of the module docstring for one seed (features of the same images, row by row)."""
+    """The linear-head numbers of the module docstring for one seed (features of the same images, row by row)."""
     basis, _ = np.linalg.qr(np.asarray(head_old, np.float64).T)  # (d, C_old): an orthonormal basis of W_old's rows
     out = {}
     for name, f in (("old", features_old), ("new", features_new)):
         f = np.asarray(f, np.float64)
         out[f"share in W_old's rows, {name}"] = float(np.mean(np.sum((f @ basis) ** 2, 1) / np.sum(f ** 2, 1)))
-    a, b = (np.asarray(x, np.float64) for x in (features_old, features_new))
-    a, b = a / np.linalg.norm(a, axis=1, keepdims=True), b / np.linalg.norm(b, axis=1, keepdims=True)
-    pa, pb = a @ basis, b @ basis
-    out["same-image cos"] = float(np.mean(np.sum(a * b, 1)))
-    out["cos in W_old's rows"] = float(np.mean(np.sum(pa * pb, 1) / np.linalg.norm(pa, axis=1) / np.linalg.norm(pb, axis=1)))
+    a, b = np.asarray(features_old, np.float64), np.asarray(features_new, np.float64)
+    out["cos in W_old's rows"] = float(np.nanmean(cosines(a @ basis, b @ basis)))
+    return out
+
+
+def seed_drift(db, exp_id: int) -> dict[str, float]:
+    """Every number of the module docstring for one stored experiment (its first two models)."""
+    with session_scope(db) as s:
+        old, new = list_model_versions(s, exp_id)[:2]
+        out = {}
+        for split, name in (("query", "cos, test queries"), ("train", "cos, old classes' training images")):
+            (fo, lo, io), (fn, _, in_) = (load_feature_set(s, v.id, split, "encoder") for v in (old, new))
+            if io is not None and not np.array_equal(io, in_):
+                raise SystemExit(f"experiment {exp_id}: the two models' {split} features are not of the same images")
+            keep = np.asarray(lo) < len(old.classes) if split == "train" else np.ones(len(lo), bool)
+            out[name] = float(np.nanmean(cosines(fo[keep], fn[keep])))
+            if split == "query":
+                queries = fo, fn
+        head = load_file(old.checkpoint_path).get(HEAD)
+    if head is not None:  # a learnable linear head; a fixed one (d-Simplex, ETF) constrains every direction it spans
+        out.update(drift(*queries, head))
     return out
 
 
@@ -51,17 +76,9 @@ def main() -> None:
     runs = stored_runs(db, study_config(CLAIMS[args.claim], args.scale))
     per_method: dict[str, list[dict[str, float]]] = {}
     for (seed, method), exp_id in sorted(runs.items()):
-        with session_scope(db) as s:
-            versions = list_model_versions(s, exp_id)[:2]
-            head = load_file(versions[0].checkpoint_path).get(HEAD)
-            if head is None or len(versions) < 2:
-                continue  # a fixed head (d-Simplex, ETF) or one model: nothing to project on
-            (f_old, _, ids_old), (f_new, _, ids_new) = (load_feature_set(s, v.id, "query", "encoder") for v in versions)
-        if ids_old is not None and not np.array_equal(ids_old, ids_new):
-            raise SystemExit(f"experiment {exp_id}: the two models' query features are not of the same images")
-        per_method.setdefault(method, []).append(drift(f_old, f_new, head))
+        per_method.setdefault(method, []).append(seed_drift(db, exp_id))
     for method, rows in per_method.items():
-        means = {k: np.mean([r[k] for r in rows]) for k in rows[0]}
+        means = {k: np.nanmean([r.get(k, np.nan) for r in rows]) for k in rows[0]}
         print(f"{method:<12} seeds {len(rows):>2}  " + "  ".join(f"{k} {v:.3f}" for k, v in means.items()))
 
 
