@@ -18,7 +18,7 @@ The negative control (independent encoders) must fail: its AC interval must lie 
 A claim's :class:`~engine.reproduce.claims.Reading` s follow its own rows: the same cells and words under other eval
 classes, or on one part of each cell's items, recomputed from the stored features. Every row carries its method's
 training accuracy (each model's top-1 on its stored training images, mean and minimum over the models and seeds), and
-every margin row the upgrade's own gain behind it (:func:`engine.reproduce.outcomes.own_gain`: the newer model's
+every margin row (and an AC row of two models: its one cross-test) the upgrade's own gain behind it (:func:`engine.reproduce.outcomes.own_gain`: the newer model's
 self-test minus the old one's on the same items, Student's t over seeds) beside the paper's: a margin the paper reads
 as compatible presumes a newer model that is better at the evaluation, and the table says when ours is not.
 """
@@ -197,6 +197,14 @@ def gain_interval(db: Engine, runs: dict[tuple[int, str], int], claim: Claim, me
     return seed_interval(values)
 
 
+def _one_cross(cell: PaperCell, by_method: dict[str, SeedRuns]) -> tuple[int, int] | None:
+    """The cross-test whose own gain a row shows: a margin's own, or an AC's when two models make one cross-test."""
+    if cell.cell is not None:
+        return cell.cell
+    matrices = by_method[cell.method].matrices
+    return (1, 0) if matrices and matrices[0].shape[0] == 2 else None
+
+
 def cell_value(C: np.ndarray, cell: tuple[int, int] | None) -> float:
     """The margin ``C[t, k] - C[k, k]`` of cross-test ``cell``, or the matrix's AC (strict ECC) when None."""
     if cell is None:
@@ -263,7 +271,7 @@ def reading_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], rea
     for cell in claim.cells:
         values, iv, kind = cell_interval(cell.cell, by_method[cell.method], resamples=resamples)
         iv = _clipped(iv, cell.cell)
-        gain = None if cell.cell is None else gain_interval(db, runs, claim, cell.method, cell.cell, reading)
+        gain = gain_interval(db, runs, claim, cell.method, cross, reading) if (cross := _one_cross(cell, by_method)) else None
         rows.append(Row(claim.name, cell.method, cell.label, cell.value, values, iv, _inside(cell.value, iv),
                         _verdict(cell, iv, control_ac), kind, by_method[cell.method].why, reading, training[cell.method],
                         gain, cell.gain))
