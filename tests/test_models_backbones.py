@@ -109,3 +109,20 @@ def test_senet18_cifar_has_512_features_and_the_counted_parameters():
     assert dim == 512
     assert sum(p.numel() for p in model.parameters()) == total
     assert model.eval()(torch.zeros(2, 3, 32, 32)).shape == (2, 512)
+
+
+@pytest.mark.parametrize(("shape", "width"), [((2, 1, 28, 28), 128), ((2, 3, 32, 32), 64), ((2, 1, 8, 8), 16)])
+def test_small_fc_cnn_output_dim_is_its_width(shape, width):
+    model, dim = build_backbone("small_fc_cnn", in_channels=shape[1], width=width)
+    assert dim == width
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.randn(*shape))
+    assert out.shape == (2, width) and (out >= 0).all()  # ReLU after the fully connected layer
+
+
+def test_small_fc_cnn_parameter_count_by_hand():
+    # conv 1 -> 16 and 16 -> 32 (3x3, no bias) with BN weight + bias, then 32 x 7 x 7 -> 128 with bias
+    model, _ = build_backbone("small_fc_cnn", in_channels=1, width=128)
+    expected = _conv(1, 16, 3) + 2 * 16 + _conv(16, 32, 3) + 2 * 32 + 32 * 49 * 128 + 128
+    assert sum(p.numel() for p in model.parameters()) == expected == 205_680

@@ -97,7 +97,8 @@ def test_smoke_reproduction_resumes_and_prints_the_stored_margins(tmp_path, caps
     assert "thread(s)" in first and "device cpu" in first
     assert main(argv + ["--table"]) == 0  # everything stored: nothing runs again (found by config hash)
     second = capsys.readouterr().out
-    assert "running seed" not in second and second.count("| P2-Tab2 |") == 8 + 4  # 8 paper cells + 4 control rows
+    # 8 paper cells + 4 control rows, under seen, then all, then all split by pair type (both trained / not)
+    assert "running seed" not in second and second.count("| P2-Tab2 |") == (8 + 4) * 4
     made = next(line for line in second.splitlines() if line.startswith("Made with: "))
     assert "runs recorded compute_threads 1" in made and "device cpu" in made.split("runs recorded")[1]  # the runs' own
     assert "Interval: 95 %, hierarchical bootstrap over seeds" in second
@@ -108,15 +109,15 @@ def test_smoke_reproduction_resumes_and_prints_the_stored_margins(tmp_path, caps
     runs = stored_runs(db, cfg)
     assert set(runs) == {(s, m) for s in cfg.seeds for m in cfg.methods}
     rows = claim_rows(db, CLAIMS["P2-Tab2"], runs, interval="seeds")
-    by_label = {(r.method, r.label): r for r in rows}
-    default = {(r.method, r.label): r for r in claim_rows(db, CLAIMS["P2-Tab2"], runs)}  # outcomes from stored features
+    by_label = {(r.method, r.label): r for r in rows if r.reading is None}
+    default = {(r.method, r.label): r for r in claim_rows(db, CLAIMS["P2-Tab2"], runs) if r.reading is None}
     assert {r.interval_kind for r in default.values()} == {"hierarchical"}
     assert all(default[key].values == by_label[key].values for key in by_label)
     with session_scope(db) as s:  # the (phi3, phi1) margin of CoReS recomputed from the stored matrices by hand
         margins = []
         for seed in cfg.seeds:
             exp = find_experiment_by_hash(s, experiment_hash(cfg, seed, "cores"))
-            (m,) = [m for m in load_matrices(s, exp.id, metric="verification", view="encoder") if m.eval_classes == "all"]
+            (m,) = [m for m in load_matrices(s, exp.id, metric="verification", view="encoder") if m.eval_classes == "seen"]
             C = np.asarray(m.values)
             margins.append(C[2, 0] - C[0, 0])
     row = by_label[("cores", "(phi3, phi1) margin")]
@@ -129,7 +130,7 @@ def test_smoke_reproduction_resumes_and_prints_the_stored_margins(tmp_path, caps
 
     # sensitivity: the run's own convention recomputed from the stored features is the pipeline's matrix, exactly
     exp_id = runs[(1, "cores")]
-    again = compute_matrix(db, exp_id, view="encoder", metric="verification", gallery="instance", eval_classes="all")
+    again = compute_matrix(db, exp_id, view="encoder", metric="verification", gallery="instance", eval_classes="seen")
     np.testing.assert_array_equal(again.values["verification"], C)
     seen = stored_or_computed(db, exp_id, view="encoder", metric="recall@1", gallery="template", eval_classes="seen")
     with session_scope(db) as s:  # a convention the run did not compute is stored beside its own, read back next time
@@ -138,7 +139,7 @@ def test_smoke_reproduction_resumes_and_prints_the_stored_margins(tmp_path, caps
         np.testing.assert_array_equal(np.asarray(m.values), seen)
     sens = sensitivity_rows(db, CLAIMS["P2-Tab2"], runs, ["cores"])
     assert len(sens) == len(conventions(CLAIMS["P2-Tab2"])) == 1 * 2 + 2 * 4  # verification: no template gallery
-    own = next(r for r in sens if (r["metric"], r["eval_classes"], r["gallery"]) == ("verification", "all", "instance"))
+    own = next(r for r in sens if (r["metric"], r["eval_classes"], r["gallery"]) == ("verification", "seen", "instance"))
     assert own["values"] == pytest.approx(list(by_label[("cores", "AC")].values))
 
 

@@ -18,8 +18,8 @@ TORCHVISION_INPUT_SIZE = 224  # every torchvision classifier here is fed 224 px 
 LITE_MEAN = (127.0 / 255.0,) * 3
 LITE_STD = (128.0 / 255.0,) * 3
 LITE_INPUT_SIZES = {0: 224, 1: 240, 2: 260, 3: 280, 4: 300}
-# the project's own backbones (small_cnn, *_cifar) come first in BACKBONE_NAMES; the rest are torchvision's
-TORCHVISION_NAMES = tuple(n for n in BACKBONE_NAMES if n != "small_cnn" and not n.endswith("_cifar"))
+# the project's own backbones (small_cnn, small_fc_cnn, *_cifar) come first in BACKBONE_NAMES; the rest are torchvision's
+TORCHVISION_NAMES = tuple(n for n in BACKBONE_NAMES if n not in ("small_cnn", "small_fc_cnn") and not n.endswith("_cifar"))
 PROJECT_ARCHS = ("small_cnn", "resnet18_cifar")  # project backbones whose state_dict can be read (with a linear head)
 
 

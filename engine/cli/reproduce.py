@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from engine.cli.options import add_db
 from engine.core.config import RunConfig
 from engine.reproduce.claims import CLAIMS, GROUPS, SCALES, claim_names
-from engine.reproduce.table import DEFAULT_INTERVAL, INTERVALS, claim_rows, markdown_header, render
+from engine.reproduce.table import DEFAULT_INTERVAL, INTERVALS, claim_rows, markdown_header, render, why_lines
 
 RunHere = Callable[[RunConfig, Engine, Path], object]  # one one-seed study config -> stored
 
@@ -97,12 +97,13 @@ def reproduce(args: argparse.Namespace, db: Engine, run_here: RunHere) -> int:
         print(markdown_header(interval, environment=made, command=command_line(args)))
     else:
         print(f"# reproduce {args.name} --scale {args.scale}: {made}")
-    sensitivity = []
+    sensitivity, why = [], []
     for i, (name, cfg) in enumerate(configs.items()):
         rows = claim_rows(db, CLAIMS[name], runs[name], interval=interval)
         if i and not args.table:
             print()
         print(render(CLAIMS[name], rows, markdown=args.table))
+        why += [f"- {name}: {line}" for line in why_lines(rows)] if args.table else []
         if args.sensitivity:
             sens = render_sensitivity(CLAIMS[name], sensitivity_rows(db, CLAIMS[name], runs[name], CLAIMS[name].methods,
                                                                      interval=interval), markdown=args.table)
@@ -110,6 +111,9 @@ def reproduce(args: argparse.Namespace, db: Engine, run_here: RunHere) -> int:
                 sensitivity.append(sens)
             else:
                 print(sens)
+    if why:  # under the table: a Markdown list (the text table prints its own under each claim)
+        print()
+        print("\n".join(why))
     if sensitivity:
         print()
         print(sensitivity_header(interval))

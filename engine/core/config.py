@@ -93,7 +93,7 @@ class ScenarioConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     backbone: str = "small_cnn"
-    width: int | None = None  # small_cnn channel width / output size
+    width: int | None = None  # small_cnn / small_fc_cnn output size (small_cnn: its channel width)
     feature_dim: int | None = None  # projection to this size (None: backbone output; d-Simplex: K - 1)
     dsimplex_classes: int | None = None  # K pre-allocated classes for fixed heads (None: total classes)
     # models trained from scratch: "auto" = what the method's paper prescribes (Method.init_seed: the same

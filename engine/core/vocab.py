@@ -103,8 +103,8 @@ DATASET_NAMES = ("digits", "shapes", "cifar10", "cifar100", "fashion", "imagefol
 TEXT_DATASET_NAMES = ("wordnet",)  # text corpora, for comparing text encoders (engine.data.wordnet); not for training
 # the classes of the datasets whose count is fixed (shapes generates as many as asked; a folder has its own)
 DATASET_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100, "fashion": 10}
-BACKBONE_NAMES = ("small_cnn", "resnet18_cifar", "resnet32_cifar", "senet18_cifar", "resnet18", "resnet34", "resnet50",
-                  "resnet101", "resnet152", "alexnet", "vgg16", "regnet_x_3_2gf", "regnet_y_400mf", "densenet121",
+BACKBONE_NAMES = ("small_cnn", "small_fc_cnn", "resnet18_cifar", "resnet32_cifar", "senet18_cifar", "resnet18", "resnet34",
+                  "resnet50", "resnet101", "resnet152", "alexnet", "vgg16", "regnet_x_3_2gf", "regnet_y_400mf", "densenet121",
                   "efficientnet_b0", "efficientnet_b3", "mobilenet_v3_small", "convnext_tiny", "swin_t", "maxvit_t",
                   "vit_b_32", "vit_b_16", "vit_l_16")
 OPTIMIZERS = ("sgd", "adam")

@@ -38,6 +38,30 @@ class SmallCNN(nn.Module):
         return self.layers(x)
 
 
+class SmallFcCNN(nn.Module):
+    """Two 3x3 conv blocks (16, 32 channels), each followed by 2x2 max-pooling, the 7 x 7 grid and a fully
+    connected layer of ``width`` outputs with ReLU (LeNet's layout with batch norm): a CPU backbone with the capacity
+    to fit its training images, which ``small_cnn`` lacks (issue 38: 99.7-100 % of 4-9 Fashion-MNIST classes' 600
+    training images each in 30 epochs, where ``small_cnn`` of width 32 reaches 72-80 %).
+
+    The pooled grid is averaged to 7 x 7 (a 28 x 28 image's own; 32 x 32 images give 8 x 8), so any input of at
+    least 4 x 4 pixels works; the output dimension is ``width``.
+    """
+
+    def __init__(self, in_channels: int = 3, width: int = 128) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            _conv_bn_relu(in_channels, 16), nn.MaxPool2d(2),
+            _conv_bn_relu(16, 32), nn.MaxPool2d(2),
+            nn.AdaptiveAvgPool2d(7), nn.Flatten(),
+            nn.Linear(32 * 7 * 7, width), nn.ReLU(inplace=True),
+        )
+        self.out_dim = width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
 def _conv_bn_relu(in_channels: int, out_channels: int) -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1, bias=False),
@@ -224,6 +248,7 @@ DEFAULT_SMALL_CNN_WIDTH = 64
 
 BACKBONES: dict[str, BackboneEntry] = {
     "small_cnn": BackboneEntry(build=SmallCNN, feature_dim=None, accepts_in_channels=True, accepts_width=True),
+    "small_fc_cnn": BackboneEntry(build=SmallFcCNN, feature_dim=None, accepts_in_channels=True, accepts_width=True),
     "resnet18_cifar": BackboneEntry(build=resnet18_cifar, feature_dim=512, accepts_in_channels=True, accepts_width=False),
     "resnet32_cifar": BackboneEntry(build=ResNet32Cifar, feature_dim=64, accepts_in_channels=True, accepts_width=False),
     "senet18_cifar": BackboneEntry(build=SENet18Cifar, feature_dim=512, accepts_in_channels=True, accepts_width=False),
@@ -234,7 +259,7 @@ BACKBONES: dict[str, BackboneEntry] = {
 def build_backbone(name: str, *, in_channels: int = 3, width: int | None = None) -> tuple[nn.Module, int]:
     """Build the backbone registered as ``name``; return ``(module, feature_dim)``.
 
-    ``width`` sets the output dimension of ``small_cnn`` (default 64) and is rejected elsewhere.
+    ``width`` sets the output dimension of ``small_cnn`` and ``small_fc_cnn`` (default 64) and is rejected elsewhere.
     torchvision architectures take 3-channel images only.
     """
     if name not in BACKBONES:

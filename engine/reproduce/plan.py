@@ -15,12 +15,14 @@ from engine.reproduce.claims import SCALES, Claim
 from engine.results.record import config_hash
 from storage import enqueue_job, find_experiment_by_hash, find_identical_job, init_db, session_scope
 
-# Per scale: images per class (train / test), epochs, width, default seeds. `reduced`: the issue's numbers (10 seeds,
-# 4,000 queries = 400 test images x 10 classes, 2,000+ images per cell); `paper`: all of Fashion-MNIST, 30 epochs.
-SCALE_SETTINGS: dict[str, dict[str, int]] = {
-    "smoke": dict(train_per_class=16, test_per_class=8, epochs=1, width=8, seeds=2),
-    "reduced": dict(train_per_class=600, test_per_class=400, epochs=10, width=32, seeds=10),
-    "paper": dict(train_per_class=6000, test_per_class=1000, epochs=30, width=32, seeds=10),
+# Per scale: images per class (train / test), backbone, width, epochs, default seeds. `reduced`: the issue's numbers
+# (10 seeds, 4,000 queries = 400 test images x 10 classes, 2,000+ images per cell) on a backbone that fits its training
+# images, as the papers' theories assume (issue 38: small_fc_cnn reaches 99.7-100 % training accuracy on 4-10 classes
+# in 30 epochs, small_cnn of width 32 67-80 %); `paper`: all of Fashion-MNIST. `smoke`: seconds, the layout only.
+SCALE_SETTINGS: dict[str, dict[str, Any]] = {
+    "smoke": dict(train_per_class=16, test_per_class=8, backbone="small_cnn", width=8, epochs=1, seeds=2),
+    "reduced": dict(train_per_class=600, test_per_class=400, backbone="small_fc_cnn", width=128, epochs=30, seeds=10),
+    "paper": dict(train_per_class=6000, test_per_class=1000, backbone="small_fc_cnn", width=128, epochs=30, seeds=10),
 }
 
 
@@ -38,8 +40,9 @@ def study_config(claim: Claim, scale: str, seeds: int | None = None, *, device: 
         seeds=list(range(n)), device=device,
         dataset=dict(name="fashion", train_per_class=s["train_per_class"], test_per_class=s["test_per_class"]),
         scenario=dict(claim.scenario),
-        model=dict(backbone="small_cnn", width=s["width"], **claim.model),
-        eval=dict(protocol="open-set" if claim.scenario.get("held_out_classes") else "closed-set", eval_classes=claim.our_convention["eval_classes"],
+        model=dict(backbone=s["backbone"], width=s["width"], **claim.model),
+        eval=dict(protocol="open-set" if claim.scenario.get("held_out_classes") else "closed-set",
+                  eval_classes=claim.our_convention["eval_classes"],
                   gallery="template" if claim.our_convention["gallery"] == "template" else "instance", metrics=[metric]),
         training=dict(epochs=s["epochs"], batch_size=64, lr=0.05, lr_schedule="cosine", **claim.training),
     )

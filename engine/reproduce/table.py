@@ -14,6 +14,13 @@ inside our interval (clipped to [0, 1]) and the negative control's mean AC is no
 AC of 0 that the control shows too is no evidence), does not when
 the paper's AC is outside.
 The negative control (independent encoders) must fail: its AC interval must lie below the paper's AC.
+
+A claim's :class:`~engine.reproduce.claims.Reading` s follow its own rows: the same cells and words under other eval
+classes, or on one part of each cell's items, recomputed from the stored features. Every row carries its method's
+training accuracy (each model's top-1 on its stored training images, mean and minimum over the models and seeds), and
+every margin row (and an AC row of two models: its one cross-test) the upgrade's own gain behind it (:func:`engine.reproduce.outcomes.own_gain`: the newer model's
+self-test minus the old one's on the same items, Student's t over seeds) beside the paper's: a margin the paper reads
+as compatible presumes a newer model that is better at the evaluation, and the table says when ours is not.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ from sqlalchemy import Engine
 from engine.metrics.hierarchical import SeedItems, ac_statistic, hierarchical_bootstrap, margin_statistic
 from engine.metrics.summary import average_compatibility
 from engine.metrics.uncertainty import seed_interval
-from engine.reproduce.claims import CONTROL, Claim, PaperCell
+from engine.reproduce.claims import CONTROL, Claim, PaperCell, Reading
 from storage import load_matrices, session_scope
 
 RESAMPLES = 1000
@@ -51,6 +58,10 @@ class Row:
     verdict: str
     interval_kind: str = "seeds"  # the INTERVALS key the row's interval is (hierarchical falls back to seeds)
     note: str | None = None  # why a hierarchical interval fell back to seeds only
+    reading: Reading | None = None  # None: the claim's own convention
+    training: dict | None = None  # the method's training accuracy: {"mean", "min", "n"} over models and seeds
+    gain: dict | None = None  # a margin's own gain M(t, t) - M(k, k) over seeds: {"mean", "lo", "hi", "n"}
+    paper_gain: float | None = None  # the paper's, where it prints both self-tests
 
 
 @dataclass(frozen=True)
@@ -118,12 +129,80 @@ def seed_matrices(db: Engine, runs: dict[tuple[int, str], int], claim: Claim, me
 
 
 def method_runs(db: Engine, runs: dict[tuple[int, str], int], claim: Claim, method: str, *,
-                interval: str = DEFAULT_INTERVAL) -> SeedRuns:
-    """:func:`seed_runs` of ``method`` under the claim's own convention."""
+                interval: str = DEFAULT_INTERVAL, reading: Reading | None = None) -> SeedRuns:
+    """:func:`seed_runs` of ``method`` under the claim's own convention, or :func:`reading_runs` under ``reading``."""
     conv = claim.our_convention
+    gallery = "template" if conv["gallery"] == "template" else "instance"
+    if reading is not None:
+        ids = [exp_id for (seed, m), exp_id in sorted(runs.items()) if m == method]
+        return reading_runs(db, ids, view=claim.view(method), metric=conv["metric"], gallery=gallery, reading=reading,
+                            interval=interval)
     return seed_runs(db, seed_matrices(db, runs, claim, method), view=claim.view(method), metric=conv["metric"],
-                     gallery="template" if conv["gallery"] == "template" else "instance",
-                     eval_classes=conv["eval_classes"], interval=interval)
+                     gallery=gallery, eval_classes=conv["eval_classes"], interval=interval)
+
+
+def reading_runs(db: Engine, experiment_ids: Sequence[int], *, view: str, metric: str, gallery: str, reading: Reading,
+                 interval: str = DEFAULT_INTERVAL) -> SeedRuns:
+    """The experiments' matrices and per-item outcomes under ``reading``, recomputed from their stored features (a
+    reading has no stored matrix of its own); no matrices, and ``why``, when one cannot be recomputed."""
+    if interval not in INTERVALS:
+        raise ValueError(f"unknown interval {interval!r}; use one of {', '.join(INTERVALS)}")
+    from engine.reproduce.outcomes import seed_items  # here: the table loads no torch
+
+    items, matrices = [], []
+    for exp_id in experiment_ids:
+        try:
+            got, C = seed_items(db, exp_id, view=view, metric=metric, gallery=gallery, eval_classes=reading.eval_classes,
+                                part=reading.part, ties=reading.ties)
+        except (ValueError, LookupError, OSError) as exc:
+            return SeedRuns((), None, f"experiment {exp_id} cannot be read as {reading.label} ({exc})")
+        items.append(got)
+        matrices.append(C)
+    hierarchical = interval == "hierarchical" and len(items) >= 2
+    return SeedRuns(tuple(matrices), tuple(items) if hierarchical else None)
+
+
+def training_accuracy(db: Engine, runs: dict[tuple[int, str], int], method: str) -> dict:
+    """``method``'s training accuracy over its finished seeds: ``{"mean", "min", "n"}`` over every model (None when
+    nothing is stored)."""
+    from engine.reproduce.outcomes import training_accuracy as per_model  # here: the table loads no torch
+
+    values = np.array([a for (seed, m), exp_id in sorted(runs.items()) if m == method for a in per_model(db, exp_id)],
+                      np.float64)
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return {"mean": None, "min": None, "n": 0}
+    return {"mean": float(values.mean()), "min": float(values.min()), "n": int(len(values))}
+
+
+def gain_interval(db: Engine, runs: dict[tuple[int, str], int], claim: Claim, method: str, cell: tuple[int, int],
+                  reading: Reading | None = None) -> dict | None:
+    """The own gain behind ``method``'s cross-test ``cell`` over its finished seeds (:func:`own_gain`), Student's t;
+    None when a seed's stored features cannot give it."""
+    from engine.reproduce.outcomes import own_gain  # here: the table loads no torch
+
+    conv = claim.our_convention
+    values = []
+    for (seed, m), exp_id in sorted(runs.items()):
+        if m != method:
+            continue
+        try:
+            values.append(own_gain(db, exp_id, cell, view=claim.view(method), metric=conv["metric"],
+                                   gallery="template" if conv["gallery"] == "template" else "instance",
+                                   eval_classes=reading.eval_classes if reading else conv["eval_classes"],
+                                   part=reading.part if reading else None,
+                                   ties=reading.ties if reading else "pessimistic"))
+        except (ValueError, LookupError, OSError):
+            return None
+    return seed_interval(values)
+
+
+def _one_cross(cell: PaperCell, by_method: dict[str, SeedRuns]) -> tuple[int, int] | None:
+    """The cross-test whose own gain a row shows: a margin's own, or an AC's when two models make one cross-test."""
+    if cell.cell is not None:
+        return cell.cell
+    matrices = by_method[cell.method].matrices
+    return (1, 0) if matrices and matrices[0].shape[0] == 2 else None
 
 
 def cell_value(C: np.ndarray, cell: tuple[int, int] | None) -> float:
@@ -173,16 +252,29 @@ def _verdict(cell: PaperCell, iv: dict, control_ac: float | None) -> str:
 
 def claim_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], *, interval: str = DEFAULT_INTERVAL,
                resamples: int = RESAMPLES) -> list[Row]:
-    """The claim's rows, then the negative control's (its margins of the same cross-tests and its AC)."""
+    """The claim's rows, then the negative control's (its margins of the same cross-tests and its AC), under the
+    claim's own convention, then under each of its readings."""
+    training = {m: training_accuracy(db, runs, m) for m in claim.methods}
     rows = []
-    by_method = {m: method_runs(db, runs, claim, m, interval=interval) for m in claim.methods}
+    for reading in (None, *claim.readings):
+        rows += reading_rows(db, claim, runs, reading, training, interval=interval, resamples=resamples)
+    return rows
+
+
+def reading_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], reading: Reading | None,
+                 training: dict[str, dict], *, interval: str = DEFAULT_INTERVAL, resamples: int = RESAMPLES) -> list[Row]:
+    """:func:`claim_rows` under one reading (None: the claim's own convention); ``training``: per method."""
+    rows = []
+    by_method = {m: method_runs(db, runs, claim, m, interval=interval, reading=reading) for m in claim.methods}
     control = by_method[CONTROL]
     control_ac = seed_interval([cell_value(C, None) for C in control.matrices])["mean"]
     for cell in claim.cells:
         values, iv, kind = cell_interval(cell.cell, by_method[cell.method], resamples=resamples)
         iv = _clipped(iv, cell.cell)
+        gain = gain_interval(db, runs, claim, cell.method, cross, reading) if (cross := _one_cross(cell, by_method)) else None
         rows.append(Row(claim.name, cell.method, cell.label, cell.value, values, iv, _inside(cell.value, iv),
-                        _verdict(cell, iv, control_ac), kind, by_method[cell.method].why))
+                        _verdict(cell, iv, control_ac), kind, by_method[cell.method].why, reading, training[cell.method],
+                        gain, cell.gain))
     ac_paper = max((c.value for c in claim.cells if c.cell is None), default=None)
     for cell in {c.cell: c for c in claim.cells}.values():
         values, iv, kind = cell_interval(cell.cell, control, resamples=resamples)
@@ -194,7 +286,7 @@ def claim_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], *, in
         else:
             word = "fails (as it must)" if iv["hi"] < 0 else "does not fail: the test cannot tell"
         rows.append(Row(claim.name, f"{CONTROL} (control)", cell.label if cell.cell else "AC", None, values, iv, "", word,
-                        kind, control.why))
+                        kind, control.why, reading, training[CONTROL]))
     return rows
 
 
@@ -213,15 +305,53 @@ def _ours(row: Row) -> str:
     return f"{_num(iv['mean'], points)}{span} (n={iv['n']})"
 
 
+def _gain(row: Row) -> str:
+    """A margin's own gain, ours with its interval, then the paper's: ``-5.8 [-6.9, -4.6]; paper +4.0``."""
+    g = row.gain
+    if not g or g["mean"] is None:
+        return "-"
+    span = f" [{_num(g['lo'], True)}, {_num(g['hi'], True)}]" if g["lo"] is not None else ""
+    return f"{_num(g['mean'], True)}{span}" + ("" if row.paper_gain is None else f"; paper {_num(row.paper_gain, True)}")
+
+
+def why_lines(rows: Sequence[Row]) -> list[str]:
+    """Why a margin the paper reads as compatible does not reproduce, when the measured reason is the premise: the
+    newer model is itself no better at the evaluation (own gain interval below zero, the paper's above)."""
+    out = []
+    for r in rows:
+        g = r.gain
+        if (r.verdict == "does not" and r.paper is not None and r.paper >= 0 and g and g["hi"] is not None
+                and g["hi"] < 0 and (r.paper_gain is None or r.paper_gain > 0)):
+            where = "our convention" if r.reading is None else r.reading.label
+            out.append(f"why {r.method} {r.label} ({where}): the newer model is itself worse than the old one on these "
+                       f"items (own gain {_gain(r)} points), so no cross-test can be expected to beat the old self-test")
+    return out
+
+
+def _training(row: Row) -> str:
+    a = row.training
+    if not a or a["mean"] is None:
+        return "-"
+    return f"{100 * a['mean']:.1f} % (min {100 * a['min']:.1f})"
+
+
 SHORT = {"hierarchical": "seeds, then items", "seeds": "t over seeds"}  # the interval column's words
 MARKDOWN_COLUMNS = ("cell", "paper's convention", "our convention", "row", "paper", "ours: mean [95 % interval] (seeds)",
-                    "interval", "verdict (paper in ours)")
+                    "interval", "verdict (paper in ours)", "own gain: ours [t over seeds]; paper",
+                    "training accuracy: mean (min)")
 CONVENTION_ORDER = "protocol / eval classes / gallery / metric"
 
 
 def conv_text(c: dict[str, str]) -> str:
     """A convention as words: ``protocol closed-set, eval_classes all, ...``."""
     return ", ".join(f"{k} {v}" for k, v in c.items())
+
+
+def row_convention(claim: Claim, row: Row) -> dict[str, str]:
+    """The convention a row reads: the claim's own, or its reading's eval classes (and part) in their place."""
+    if row.reading is None:
+        return claim.our_convention
+    return {**claim.our_convention, "eval_classes": row.reading.label}
 
 
 def markdown_header(interval: str = DEFAULT_INTERVAL, *, environment: str = "", command: str = "") -> str:
@@ -232,7 +362,9 @@ def markdown_header(interval: str = DEFAULT_INTERVAL, *, environment: str = "", 
     if environment:
         lines.append(f"Made with: {environment}.")
     lines.append(f"Interval: 95 %, {INTERVALS[interval]}, {RESAMPLES} resamples; margins in points (cross-test minus the "
-                 f"old model's self-test), AC as a share; n = seeds; conventions: {CONVENTION_ORDER}.")
+                 f"old model's self-test), AC as a share; n = seeds; conventions: {CONVENTION_ORDER}; own gain: the newer "
+                 f"model's self-test minus the old one's on the cross-test's items (paper 002's Update Gain denominator); "
+                 f"training accuracy: each model's top-1 on its stored training images, over the models and seeds.")
     lines.append("")
     lines.append("| " + " | ".join(MARKDOWN_COLUMNS) + " |")
     lines.append("|" + "---|" * len(MARKDOWN_COLUMNS))
@@ -240,26 +372,36 @@ def markdown_header(interval: str = DEFAULT_INTERVAL, *, environment: str = "", 
 
 
 def render(claim: Claim, rows: Sequence[Row], *, markdown: bool = False) -> str:
-    """The claim's table: text (header with its conventions and deviations) or the README's Markdown rows
-    (:func:`markdown_header` goes above them)."""
+    """The claim's table: text (header with its conventions, deviations and notes, then each reading's rows) or the
+    README's Markdown rows (:func:`markdown_header` goes above them)."""
     if markdown:
         out = []
         for r in rows:
             paper = "-" if r.paper is None else _num(r.paper, r.label != "AC")
-            cells = (claim.name, " / ".join(claim.paper_convention.values()), " / ".join(claim.our_convention.values()),
+            cells = (claim.name, " / ".join(claim.paper_convention.values()), " / ".join(row_convention(claim, r).values()),
                      f"{r.method} {r.label}", paper,
-                     _ours(r), SHORT[r.interval_kind], f"{r.verdict}{f' ({r.inside})' if r.inside else ''}")
+                     _ours(r), SHORT[r.interval_kind], f"{r.verdict}{f' ({r.inside})' if r.inside else ''}", _gain(r),
+                     _training(r))
             out.append("| " + " | ".join(cells) + " |")
         return "\n".join(out)
     kinds = dict.fromkeys(r.interval_kind for r in rows) or {"seeds": None}
     lines = [f"{claim.name}: {claim.source}", f"  paper's convention: {conv_text(claim.paper_convention)}",
              f"  ours:               {conv_text(claim.our_convention)}"]
     lines += [f"  differs: {d}" for d in claim.differs]
+    lines += [f"  note: {n}" for n in claim.notes]
     lines.append("  margins in points (cross - old self-test); 95 % interval: "
                  + "; ".join(f"{INTERVALS[k]}" + (f" ({RESAMPLES} resamples)" if k == "hierarchical" else "") for k in kinds))
-    lines += [f"  seeds only for {r.method}: {r.note}" for r in {r.method: r for r in rows if r.note}.values()]
-    lines.append(f"  {'method':<24}{'cell':<22}{'paper':>8}  {'ours':<34}{'paper in ours':<15}verdict")
+    lines += [f"  seeds only for {r.method}{f' ({r.reading.label})' if r.reading else ''}: {r.note}"
+              for r in {(r.method, r.reading): r for r in rows if r.note}.values()]
+    reading: object = False
     for r in rows:
+        if r.reading != reading:
+            reading = r.reading
+            lines.append(f"  under {'our convention' if reading is None else 'eval_classes ' + reading.label}:")
+            lines.append(f"  {'method':<24}{'cell':<22}{'paper':>8}  {'ours':<34}{'paper in ours':<15}{'verdict':<36}"
+                         f"{'own gain; paper':<34}training accuracy")
         paper = "" if r.paper is None else _num(r.paper, r.label != "AC")
-        lines.append(f"  {r.method:<24}{r.label:<22}{paper:>8}  {_ours(r):<34}{r.inside:<15}{r.verdict}")
+        lines.append(f"  {r.method:<24}{r.label:<22}{paper:>8}  {_ours(r):<34}{r.inside:<15}{r.verdict:<36}"
+                     f"{_gain(r):<34}{_training(r)}")
+    lines += [f"  {w}" for w in why_lines(rows)]
     return "\n".join(lines)

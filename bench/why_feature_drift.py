@@ -1,0 +1,86 @@
+"""Why a reduced claim's cross-test fails: how far one image's feature moves between two models (issue 38).
+
+For every seed of every method of a claim, read from a reproduction's database (runs of
+``python -m engine reproduce NAME --scale reduced``), the first two models' stored features and print, mean over seeds:
+
+* ``cos, test queries``: the cosine of one test query image's old and new features (what a cross-test compares; open
+  set: images of classes no model trained);
+* ``cos, old classes' training images``: the same on the stored training images of the classes the old model learned
+  (where a method's loss acts);
+* for a learnable linear head only (its weight ``W_old``, C_old x d, read from the old model's checkpoint as arrays):
+  ``share in W_old's rows`` of a test feature's energy, old and new model (the only directions BCT's influence loss
+  ``CE(W_old phi_new)`` constrains), and ``cos in W_old's rows``, the cosine after projecting both onto that row space.
+
+A new feature that agrees with the old one inside the row space but puts almost all its energy outside it is
+compatible in logits and not in features. Run: ``python bench/why_feature_drift.py --db sqlite:///PATH P0-Tab1a``.
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from engine.reproduce.claims import CLAIMS
+from engine.reproduce.plan import stored_runs, study_config
+from storage import get_engine, list_model_versions, load_feature_set, session_scope
+
+HEAD = "head.fc.weight"  # a learnable linear head's weight in a checkpoint (engine.models.heads.LinearHead)
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine of two feature arrays of the same images (NaN for a zero feature)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def drift(features_old: np.ndarray, features_new: np.ndarray, head_old: np.ndarray) -> dict[str, float]:
+    """The linear-head numbers of the module docstring for one seed (features of the same images, row by row)."""
+    basis, _ = np.linalg.qr(np.asarray(head_old, np.float64).T)  # (d, C_old): an orthonormal basis of W_old's rows
+    out = {}
+    for name, f in (("old", features_old), ("new", features_new)):
+        f = np.asarray(f, np.float64)
+        out[f"share in W_old's rows, {name}"] = float(np.mean(np.sum((f @ basis) ** 2, 1) / np.sum(f ** 2, 1)))
+    a, b = np.asarray(features_old, np.float64), np.asarray(features_new, np.float64)
+    out["cos in W_old's rows"] = float(np.nanmean(cosines(a @ basis, b @ basis)))
+    return out
+
+
+def seed_drift(db, exp_id: int) -> dict[str, float]:
+    """Every number of the module docstring for one stored experiment (its first two models)."""
+    with session_scope(db) as s:
+        old, new = list_model_versions(s, exp_id)[:2]
+        out = {}
+        for split, name in (("query", "cos, test queries"), ("train", "cos, old classes' training images")):
+            (fo, lo, io), (fn, _, in_) = (load_feature_set(s, v.id, split, "encoder") for v in (old, new))
+            if io is not None and not np.array_equal(io, in_):
+                raise SystemExit(f"experiment {exp_id}: the two models' {split} features are not of the same images")
+            keep = np.asarray(lo) < len(old.classes) if split == "train" else np.ones(len(lo), bool)
+            out[name] = float(np.nanmean(cosines(fo[keep], fn[keep])))
+            if split == "query":
+                queries = fo, fn
+        head = load_file(old.checkpoint_path).get(HEAD)
+    if head is not None:  # a learnable linear head; a fixed one (d-Simplex, ETF) constrains every direction it spans
+        out.update(drift(*queries, head))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("claim", choices=sorted(CLAIMS))
+    p.add_argument("--db", required=True, help="the reproduction's database URL")
+    p.add_argument("--scale", default="reduced")
+    args = p.parse_args()
+    db = get_engine(args.db)
+    runs = stored_runs(db, study_config(CLAIMS[args.claim], args.scale))
+    per_method: dict[str, list[dict[str, float]]] = {}
+    for (seed, method), exp_id in sorted(runs.items()):
+        per_method.setdefault(method, []).append(seed_drift(db, exp_id))
+    for method, rows in per_method.items():
+        means = {k: np.nanmean([r.get(k, np.nan) for r in rows]) for k in rows[0]}
+        print(f"{method:<12} seeds {len(rows):>2}  " + "  ".join(f"{k} {v:.3f}" for k, v in means.items()))
+
+
+if __name__ == "__main__":
+    main()
