@@ -196,6 +196,29 @@ def test_qdrant_local_never_unpickles_other_classes(tmp_path, data):  # noqa: F8
         list(source.blocks(10))
 
 
+def test_qdrant_local_layout_is_pinned_to_the_tested_version(tmp_path):
+    import importlib.metadata
+
+    from engine.sources.qdrant import LOCAL_LAYOUT_VERSION
+
+    pinned = (Path(__file__).resolve().parents[1] / "requirements-qdrant.txt").read_text(encoding="utf-8")
+    assert f"qdrant-client=={LOCAL_LAYOUT_VERSION}" in pinned  # the layout read is the pinned client's
+    try:
+        assert importlib.metadata.version("qdrant-client") == LOCAL_LAYOUT_VERSION  # the tests write with that one
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    folder = tmp_path / "qd"
+    (folder / "collection" / "items").mkdir(parents=True)
+    (folder / "meta.json").write_text(json.dumps({"collections": {"items": {"vectors": {"size": 2}}}, "aliases": {}}))
+    with sqlite3.connect(folder / "collection" / "items" / "storage.sqlite") as conn:
+        conn.execute("CREATE TABLE points (id TEXT PRIMARY KEY, point BLOB, version INTEGER)")  # another layout
+    conn.close()
+    with pytest.raises(SourceError, match=r"^old gallery .*points has columns id, point, version, not id, point: a "
+                                          rf"local-mode layout this reader does not know \(it reads qdrant-client "
+                                          rf"{LOCAL_LAYOUT_VERSION}'s\)$"):
+        open_source(f"qdrant:{folder}#collection=items", what="old gallery")
+
+
 def test_sqlite_json_arrays(tmp_path, data):  # noqa: F811
     path = write_sqlite(tmp_path / "e.db", data)
     before = fingerprint(tmp_path)

@@ -8,6 +8,8 @@ A local-mode folder (what ``QdrantClient(path=...)`` writes) is read without qdr
 collection's vectors, and its ``storage.sqlite`` opened read-only (``mode=ro``) and paged by row. qdrant-client
 keeps each point there as a pickle; it is decoded by an unpickler that knows one class, ``PointStruct``, rebuilt
 as plain data, so no code from the folder ever runs, and nothing (not even the client's ``.lock``) is written.
+These are qdrant-client's private files (its public API would write a lock into the folder): the layout is pinned
+to :data:`LOCAL_LAYOUT_VERSION` and a folder of another layout is refused in one line.
 A server is read with ``scroll`` in pages of a block.
 """
 from __future__ import annotations
@@ -27,6 +29,10 @@ from engine.sources.base import Raw, Source
 from engine.sources.text import SourceError, SourceText, check_url, first_line, is_url, local_path
 
 POINT_CLASS = ("qdrant_client.http.models.models", "PointStruct")
+# The local-mode layout this reader knows: qdrant-client's private files, pinned to the version the tests write with
+# (requirements-qdrant.txt); a folder of another layout is refused in one line naming it, not misread.
+LOCAL_LAYOUT_VERSION = "1.20.0"
+LOCAL_POINTS_COLUMNS = ("id", "point")  # storage.sqlite's table points: the point id and its pickled PointStruct
 
 
 class _Point:
@@ -123,6 +129,11 @@ class QdrantSource(Source):
             if kind is None or kind[0] != "table":  # a view (an endless recursive one) is not Qdrant's storage
                 raise SourceError(f"{self.description}: storage.sqlite's points is {kind[0] if kind else 'missing'}, not "
                                   "Qdrant's table")
+            columns = tuple(row[1] for row in conn.execute("PRAGMA table_info(points)"))
+            if columns != LOCAL_POINTS_COLUMNS:
+                raise SourceError(f"{self.description}: storage.sqlite's points has columns {', '.join(columns)}, not "
+                                  f"{', '.join(LOCAL_POINTS_COLUMNS)}: a local-mode layout this reader does not know "
+                                  f"(it reads qdrant-client {LOCAL_LAYOUT_VERSION}'s)")
             self.count = conn.execute("SELECT count(*) FROM points").fetchone()[0]
         return config.get("vectors") if isinstance(config, dict) else None
 
