@@ -131,7 +131,7 @@ def test_the_compatibility_page_shows_both_conventions_side_by_side(app_db):
     assert at.selectbox(key="cm_classes").value == "seen"  # the run's own convention first
     page = texts(at)
     assert "The same cells under seen and all classes" in page
-    assert "This run was configured with eval_classes = seen" in page and "CoReS" in page
+    assert "This run was configured with eval_classes = seen" in page and "open-set protocol" in page
     figure = json.loads(at.get("vega_lite_chart")[-1].proto.spec)
     titles = [panel["title"] for panel in figure["hconcat"]]
     assert titles[0] == "seen classes (configured) · AC 100.0% · AA 70.0% · ACA 70.0%"
