@@ -146,10 +146,14 @@ ALLOW_HOSTS = Setting("COMPATLAB_ALLOW_HOSTS", _hosts, "host names or host:port,
 THREADS = Setting("COMPATLAB_THREADS", _whole, "a whole number of threads (1 or more)",
                   "torch / BLAS / numba threads of every process (`--threads N`)",
                   shown_default="unset (`cores // processes`, or the libraries' own)")
+DASK_SCHEDULER = Setting("COMPATLAB_DASK_SCHEDULER", _text, "`tcp://HOST:PORT`, `local:N` or `in-process` "
+                         "(`engine.core.cluster` checks it)",
+                         "where a fan-out runs, as `--cluster` (which replaces it): a running Dask scheduler, a "
+                         "LocalCluster of N worker processes, or this process", shown_default="unset (in-process)")
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     DB_URL, DATA_ROOTS, ALLOW_TORCHSCRIPT, FEATURE_STORE, FEATURE_DTYPE, HEARTBEAT_S, STALE_AFTER_S, OWNER_LEASE_S,
-    MAX_ARRAY_BYTES, MAX_CHECKPOINT_BYTES, SECRET, TEXT_CACHE, ALLOW_HOSTS, THREADS)}
+    MAX_ARRAY_BYTES, MAX_CHECKPOINT_BYTES, SECRET, TEXT_CACHE, ALLOW_HOSTS, THREADS, DASK_SCHEDULER)}
 
 
 def read_setting(setting: Setting, environ: Mapping[str, str] | None = None) -> Any:

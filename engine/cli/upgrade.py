@@ -34,7 +34,7 @@ from engine.core.kinds import SOURCES, STRICT, TIE_RULES
 from engine.upgrade.rule import DEFAULT_INTERVAL, DEFAULT_POWER, INTERVALS
 from engine.upgrade.words import NOT_JUDGED, tie_line
 
-SOURCE_OPTIONS = ("new_gallery", "old_queries", "new_queries", "qrels", "relevance", "backfill_depth")
+SOURCE_OPTIONS = ("new_gallery", "old_queries", "new_queries", "qrels", "relevance", "backfill_depth", "cluster")
 
 if TYPE_CHECKING:
     from engine.metrics.compatibility import CellFeatures
@@ -109,6 +109,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backfill-depth", type=int, metavar="D",
                    help="with --old-gallery and --new-gallery: depth of the lists the backfill curves merge (default "
                         "max(10 k, 100); a query the lists cannot decide at a point is left out of it and counted)")
+    p.add_argument("--cluster", metavar="SPEC", help="with --old-gallery: where the search over the old gallery runs: "
+                   "in-process (the default), local:N (a Dask LocalCluster of N worker processes) or tcp://HOST:PORT (a "
+                   "running Dask scheduler); default $COMPATLAB_DASK_SCHEDULER, else in-process; the same numbers")
     p.add_argument("--old-step", type=int, metavar="A", help="with --experiment: the old model's step")
     p.add_argument("--new-step", type=int, metavar="B", help="with --experiment: the new model's step")
     p.add_argument("--view", default="encoder",
@@ -449,6 +452,7 @@ def _refuse_source_options(args: argparse.Namespace, form: str) -> None:
 
 def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeReport, dict, Features]:
     """The --old-gallery form: embeddings read where they live (engine/sources), the gallery streamed in blocks."""
+    from engine.core.cluster import requested_cluster
     from engine.sources.text import first_line
     from engine.upgrade.from_sources import SourceSpecs, check_sources
 
@@ -468,7 +472,8 @@ def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRep
         check = check_sources(specs, relevance=args.relevance, k=args.k, metric=args.metric,
                               names=args.names or ["old", "new"], resamples=args.resamples, level=args.level,
                               seed=args.seed, margin=args.margin, ties=args.ties, backfill_depth=args.backfill_depth,
-                              rollout=args.rollout, interval=settings["interval"], query_groups=args.query_groups)
+                              rollout=args.rollout, interval=settings["interval"], query_groups=args.query_groups,
+                              cluster=requested_cluster(args.cluster))
     except ValueError as exc:  # one line, credentials masked, whatever raised it
         raise ValueError(first_line(exc)) from None
     data = check.to_json()

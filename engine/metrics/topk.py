@@ -19,7 +19,7 @@ backend gives the same lists from the same similarities (numpy's and torch's pro
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -234,9 +234,24 @@ def stream_topk(queries: np.ndarray, blocks: Iterable[tuple[np.ndarray, np.ndarr
     return TopK(ids, scores, beyond, seen)
 
 
+def merge_topk(parts: Sequence[TopK], k: int) -> TopK:
+    """One gallery's lists from the lists of its consecutive partitions (the same queries; partitions in stream order;
+    ids are stream positions, as the rows of :func:`stream_topk`'s blocks): the block-by-block merge of
+    :func:`stream_topk` applied to the partitions, so ties and ``tied_beyond`` are those of one pass over the whole."""
+    if not parts:
+        raise ValueError("no partition to merge")
+    n_q = len(parts[0].ids)
+    scores, ids, beyond = np.zeros((n_q, 0), np.float32), np.zeros((n_q, 0), np.int64), np.zeros(n_q, np.int64)
+    for index, part in enumerate(parts):
+        if len(part.ids) != n_q:
+            raise ValueError(f"partition {index} ranks {len(part.ids)} queries, not {n_q}")
+        scores, ids, _, beyond = _merge(scores, ids, ids, beyond, part.scores, part.ids, part.ids, part.tied_beyond, k)
+    return TopK(ids, scores, beyond, sum(part.n_gallery for part in parts))
+
+
 def array_blocks(ids: np.ndarray, vectors: np.ndarray, size: int = 65536) -> list[tuple[np.ndarray, np.ndarray]]:
     """An in-memory gallery as consecutive ``(ids, vectors)`` blocks of ``size`` rows (views, no copy)."""
     return [(ids[lo: lo + size], vectors[lo: lo + size]) for lo in range(0, len(vectors), size)]
 
 
-__all__ = ["DEFAULT_TILE", "TOPK_BACKENDS", "TopK", "array_blocks", "stream_topk"]
+__all__ = ["DEFAULT_TILE", "TOPK_BACKENDS", "TopK", "array_blocks", "merge_topk", "stream_topk"]

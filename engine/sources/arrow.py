@@ -166,6 +166,35 @@ class ArrowSource(Source):
         for batch in self._batches(self.names.columns, block_rows):
             yield self.names.raw(batch, where=self.description)
 
+    def _raw_from(self, lo: int, block_rows: int) -> tuple[int, Iterator[Raw]]:
+        """Parquet: from the row group holding row ``lo`` (the files' metadata count the rows before it, none read)."""
+        if self.fmt != "parquet":
+            return super()._raw_from(lo, block_rows)
+        import pyarrow.parquet as pq
+
+        seen = 0
+        for f, path in enumerate(self.dataset.files):
+            with self.dataset.filesystem.open_input_file(path) as handle:
+                meta = pq.ParquetFile(handle).metadata
+            for g in range(meta.num_row_groups):
+                rows = meta.row_group(g).num_rows
+                if seen + rows > lo:
+                    return seen, self._raw_groups(f, g, block_rows)
+                seen += rows
+        return seen, iter(())
+
+    def _raw_groups(self, first_file: int, first_group: int, block_rows: int) -> Iterator[Raw]:
+        """Raw batches from row group ``first_group`` of file ``first_file`` on, to the end of the dataset."""
+        import pyarrow.parquet as pq
+
+        for f, path in enumerate(self.dataset.files[first_file:], first_file):
+            with self.dataset.filesystem.open_input_file(path) as handle:
+                reader = pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20)
+                groups = list(range(first_group if f == first_file else 0, reader.metadata.num_row_groups))
+                for batch in reader.iter_batches(batch_size=block_rows, row_groups=groups, columns=self.names.columns,
+                                                 use_threads=False):
+                    yield self.names.raw(batch, where=self.description)
+
     def ids(self) -> np.ndarray:
         from engine.sources.base import as_ids, join_ids
 

@@ -146,6 +146,28 @@ class Source:
         if held:
             yield _concat(pending)
 
+    def _raw_from(self, lo: int, block_rows: int) -> tuple[int, Iterator[Raw]]:
+        """Raw batches starting at a row at or before ``lo``, and that row's number; a reader that can skip (Parquet's
+        row groups) overrides it, the others read from the first row."""
+        return 0, self._raw(block_rows)
+
+    def rows(self, lo: int, hi: int, block_rows: int = 65536) -> Iterator[Block]:
+        """The items ``lo`` to ``hi - 1`` of the reading order, in blocks of at most ``block_rows``, checked as
+        :meth:`blocks` (a partition of the gallery that a fan-out task reads by itself)."""
+        if block_rows < 1 or not 0 <= lo <= hi:
+            raise SourceError(f"rows {lo} to {hi} in blocks of {block_rows} is not a range of {self.description}")
+        seen, raw = self._raw_from(lo, block_rows)
+        for ids, vectors, labels in raw:
+            if seen >= hi:
+                break
+            block = self._checked(ids, vectors, labels, seen)
+            start, stop = max(lo - seen, 0), min(hi - seen, len(block))
+            seen += len(block)
+            for at in range(start, stop, block_rows):
+                end = min(at + block_rows, stop)
+                yield Block(block.ids[at:end], block.vectors[at:end],
+                            None if block.labels is None else block.labels[at:end])
+
     def _checked(self, ids, vectors, labels, seen: int) -> Block:
         ids = as_ids(ids, where=self.description)
         kind = "text" if ids.dtype.kind == "U" else "integers"

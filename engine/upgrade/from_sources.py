@@ -38,9 +38,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from engine.core.kinds import MAX_K, STRICT, metric_parts
+from engine.core.cluster import ClusterSpec
 from engine.core.contract import sources_check_payload
+from engine.core.fan_out import FanOut
 from engine.core.conventions import relevance_phrase
 from engine.core.vocab import RELEVANCE, RELEVANCE_K, decision_metric
+from engine.evaluate.dask_search import dask_client, sharded_topk
 from engine.metrics.cell_interval import cell_seed, paired_intervals
 from engine.metrics.list_merge import rows_of
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
@@ -341,7 +344,8 @@ def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = 
                   block_rows: int = DEFAULT_BLOCK_ROWS, backend: str = "numpy",
                   progress: Progress | None = None, backfill_depth: int | None = None,
                   rollout: bool = False, interval: str = DEFAULT_INTERVAL,
-                  query_groups: str | None = None) -> SourcesCheck:
+                  query_groups: str | None = None, cluster: ClusterSpec | None = None,
+                  fan_out: FanOut | None = None) -> SourcesCheck:
     """The upgrade verdict of the new model's queries on the old gallery, read from sources (module docstring).
 
     ``relevance`` defaults to ``qrels`` when ``specs.qrels`` is given, else ``labels``; ``k`` is the depth of the top-k
@@ -350,25 +354,50 @@ def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = 
     keeps the old queries' top-D lists, for the rank-merge roll-outs of the plan (the report is the same);
     ``interval``: two-way (Recall@k with labels; every other metric resamples queries, with a note), queries or
     sequential; ``query_groups``: a column of the query sources whose value groups related queries (resampled
-    together). The result holds the lists its remedies reuse (:attr:`SourcesCheck.lists`, not in the JSON). Raises
+    together); ``cluster``: where the search over the old gallery runs (:mod:`engine.core.cluster`; default in this
+    process), on a cluster as :attr:`fan_out`'s query blocks x gallery partitions
+    (:func:`engine.evaluate.dask_search.sharded_topk`, the same lists). The result holds the lists its remedies reuse
+    (:attr:`SourcesCheck.lists`, not in the JSON). Raises
     ``ValueError`` (a
     :class:`SourceError` for the sources) with one line, credentials masked, for anything it cannot judge; nothing is
     written anywhere.
     """
     opened = Opened()
     try:
-        return _check(specs, opened, relevance=relevance, k=k, metric=metric, names=names, resamples=resamples,
-                      level=level, seed=seed, margin=margin, ties=ties, block_rows=block_rows, backend=backend,
-                      say=progress or (lambda f, m: None), backfill_depth=backfill_depth, rollout=rollout,
-                      interval=interval, query_groups=query_groups)
+        with dask_client(cluster or ClusterSpec()) as client:
+            search = _OldSearch(specs.old_gallery, client, fan_out or FanOut(), backend, block_rows)
+            return _check(specs, opened, relevance=relevance, k=k, metric=metric, names=names, resamples=resamples,
+                          level=level, seed=seed, margin=margin, ties=ties, block_rows=block_rows, backend=backend,
+                          say=progress or (lambda f, m: None), backfill_depth=backfill_depth, rollout=rollout,
+                          interval=interval, query_groups=query_groups, search_old=search)
     finally:
         opened.close()
+
+
+@dataclass(frozen=True)
+class _OldSearch:
+    """The search of the old gallery: streamed in this process, or sharded on the client's Dask cluster."""
+
+    text: str
+    client: object | None  # a distributed.Client, or None in-process
+    fan_out: FanOut
+    backend: str
+    block_rows: int
+
+    def __call__(self, queries: np.ndarray, source: Source, ids: np.ndarray, k: int, say: Progress) -> TopK:
+        if self.client is None:
+            return stream_topk(queries, in_order(source, ids, self.block_rows), k=k, backend=self.backend)
+        return sharded_topk(self.client, self.text, "old gallery", ids, queries, k=k, backend=self.backend,
+                            block_rows=self.block_rows, fan_out=self.fan_out,
+                            progress=lambda done, total: say(0.2 + 0.4 * done / total,
+                                                             f"searching the old gallery: {done} of {total} tasks"))
 
 
 def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int, metric: str | None,
            names: Sequence[str], resamples: int, level: float, seed: int, margin: float, ties: str, block_rows: int,
            backend: str, say: Progress, backfill_depth: int | None = None, rollout: bool = False,
-           interval: str = DEFAULT_INTERVAL, query_groups: str | None = None) -> SourcesCheck:
+           interval: str = DEFAULT_INTERVAL, query_groups: str | None = None,
+           search_old: Callable[..., TopK]) -> SourcesCheck:
     relevance = relevance or default_relevance(specs.qrels)
     if relevance not in RELEVANCE:
         raise ValueError(f"unknown relevance {relevance!r}; use one of {', '.join(RELEVANCE)}")
@@ -460,7 +489,7 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
     say(0.2, "searching the old gallery (old and new queries)")
     search = min(max(depth, two_way_depth(at)) if two_way else depth, n_g)  # two-way: deeper lists to walk
     stacked = np.concatenate([queries.old, queries.new])
-    on_old = stream_topk(stacked, in_order(old_g, old_scan.ids, block_rows), k=search, backend=backend)
+    on_old = search_old(stacked, old_g, old_scan.ids, search, say)
     top_oo, top_no = _split(on_old, n_q)
     top_nn = None
     if new_g is not None:

@@ -1,0 +1,136 @@
+"""Exact sharded top-k search on Dask: query blocks x gallery partitions, each task reading its own gallery rows.
+
+:func:`dask_client` opens what :class:`engine.core.cluster.ClusterSpec` names (nothing in-process, a
+``LocalCluster`` closed at the end, or a running scheduler) and says in one line when Dask is not installed.
+:func:`sharded_topk` cuts a source's reading order into partitions of :attr:`FanOut.shard_rows` rows and the queries
+into blocks of :attr:`FanOut.block_rows`; each task (:func:`partition_topk`) opens the source by its text, reads its
+partition (:meth:`engine.sources.Source.rows`), checks that it holds the items the check numbered (a digest of their
+ids) and returns its queries' partial top-k (:func:`engine.metrics.topk.stream_topk`, ids = gallery rows). Only the
+query blocks (scattered once) and the partial lists pass through the scheduler, never the gallery. The partial lists
+are merged exactly in partition order (:func:`engine.metrics.topk.merge_topk`): ids, ties (lower row first) and
+``tied_beyond`` are those of one streamed pass; scores are float32 products, which BLAS may round differently for
+tiles of another shape (a few ulps, so two items within that of each other may swap).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from engine.core.cluster import LOCAL, ClusterSpec
+from engine.core.fan_out import FanOut
+from engine.core.threads import library_env, per_process
+from engine.metrics.topk import TopK, merge_topk, stream_topk
+from engine.sources import open_source
+from engine.sources.base import join_ids
+from engine.sources.text import SourceError, first_line
+
+CONNECT_TIMEOUT_S = 30
+
+
+def _distributed(spec: ClusterSpec) -> Any:
+    """The ``distributed`` module, or one line saying how to install it."""
+    try:
+        import distributed
+    except ImportError:
+        raise ValueError(f"--cluster {spec} needs Dask: pip install -r requirements-dask.txt (or pip install -e "
+                         ".[dask]); without it the check runs in this process") from None
+    return distributed
+
+
+@contextmanager
+def dask_client(spec: ClusterSpec) -> Iterator[Any | None]:
+    """A ``distributed.Client`` for ``spec`` while the block runs (None in-process); a ``local:N`` cluster is started
+    here (N processes of one task each, their libraries' threads sharing the cores) and closed at the end."""
+    if spec.in_process:
+        yield None
+        return
+    distributed = _distributed(spec)
+    if spec.kind == LOCAL:
+        env = library_env(per_process(processes=spec.workers))
+        with (distributed.LocalCluster(n_workers=spec.workers, threads_per_worker=1, processes=True,
+                                       dashboard_address=None, silence_logs=logging.ERROR, env=env) as cluster,
+              distributed.Client(cluster) as client):
+            yield client
+        return
+    try:
+        client = distributed.Client(spec.address, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError) as exc:
+        raise ValueError(f"no Dask scheduler answered at {spec.address} within {CONNECT_TIMEOUT_S} s "
+                         f"({first_line(exc)})") from None
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def ids_digest(ids: np.ndarray) -> str:
+    """A digest of ids in order (integers or text): equal ids, equal digests."""
+    ids = np.asarray(ids)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{len(ids)}:{ids.dtype.kind == 'U'}:".encode())
+    if ids.dtype.kind == "U":
+        h.update("\0".join(ids.tolist()).encode("utf-8", "surrogatepass"))
+    else:
+        h.update(np.ascontiguousarray(ids, np.int64).tobytes())
+    return h.hexdigest()
+
+
+def partition_topk(text: str, what: str, lo: int, hi: int, digest: str, queries: np.ndarray, *, k: int,
+                   backend: str = "numpy", block_rows: int = 65536) -> TopK:
+    """The queries' top-``k`` among rows ``lo`` to ``hi - 1`` of the source ``text`` (ids = row numbers); a
+    :class:`SourceError` when those rows no longer hold the items whose ids gave ``digest``."""
+    source = open_source(text, what=what)
+    read: list[np.ndarray] = []
+
+    def blocks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        at = lo
+        for block in source.rows(lo, hi, block_rows):
+            read.append(block.ids)
+            yield np.arange(at, at + len(block), dtype=np.int64), np.require(block.vectors, requirements="W")
+            at += len(block)
+        if at != hi or ids_digest(join_ids(read, where=source.description)) != digest:
+            raise SourceError(f"{source.description} changed while it was read (rows {lo} to {hi - 1} no longer "
+                              "hold the items the check numbered)")
+
+    try:
+        return stream_topk(queries, blocks(), k=k, backend=backend)
+    finally:
+        source.close()
+
+
+def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np.ndarray, *, k: int,
+                 backend: str = "numpy", block_rows: int = 65536, fan_out: FanOut = FanOut(),
+                 progress: Callable[[int, int], None] | None = None) -> TopK:
+    """Each query's top-``k`` rows of the source ``text`` whose ids in reading order are ``ids``, computed on the
+    client's cluster as (query block x gallery partition) tasks and merged exactly (module docstring).
+    ``progress(done, total)`` is called as tasks finish."""
+    from distributed import as_completed
+
+    n_g, n_q = len(ids), len(queries)
+    if not n_g:
+        raise ValueError("the gallery is empty: no block has an item")
+    parts = [(lo, min(n_g, lo + fan_out.shard_rows)) for lo in range(0, n_g, fan_out.shard_rows)]
+    digests = [ids_digest(ids[lo:hi]) for lo, hi in parts]
+    q_blocks = client.scatter([queries[lo: lo + fan_out.block_rows] for lo in range(0, n_q, fan_out.block_rows)])
+    futures = [[client.submit(partition_topk, text, what, lo, hi, digest, block, k=k, backend=backend,
+                              block_rows=block_rows, pure=False) for (lo, hi), digest in zip(parts, digests)]
+               for block in q_blocks]
+    flat = [f for row in futures for f in row]
+    try:
+        for done, future in enumerate(as_completed(flat), 1):
+            future.result()  # a task's error, raised here as it was raised there
+            if progress is not None:
+                progress(done, len(flat))
+        merged = [merge_topk(client.gather(row), k) for row in futures]
+    finally:
+        client.cancel(flat + list(q_blocks))
+    return TopK(np.concatenate([m.ids for m in merged]), np.concatenate([m.scores for m in merged]),
+                np.concatenate([m.tied_beyond for m in merged]), n_g)
+
+
+__all__ = ["CONNECT_TIMEOUT_S", "dask_client", "ids_digest", "partition_topk", "sharded_topk"]
