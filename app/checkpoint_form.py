@@ -14,28 +14,37 @@ from typing import Any
 import streamlit as st
 
 from app.queries import db_url
-from engine.checkpoints.arch_table import ARCH_INPUTS
-from engine.checkpoints.files import (
+from engine.core.contract import CHECKPOINT_FORMAT
+from engine.core.kinds import COMPARED_VIEWS, VIEW_KINDS
+from engine.core.vocab import DATASET_NAMES, RUN_PROTOCOLS, TEXT_DATASET_NAMES
+from engine.read.requests import (
+    ARCH_INPUTS,
+    LITE_WEIGHT_PACKAGES,
+    TEXT_ARCH,
+    TEXT_MODEL_FILES,
+    TEXT_UPGRADE as TEXT_UPGRADE_PRESET,
     TORCHSCRIPT_REFUSED,
+    WORDNET_TASKS,  # noqa: F401 (the page's choices)
     CheckpointError,
+    ModelFolder,
+    OutsideRootsError,
+    TextModelError,
     check_ceiling,
+    check_torch_zip,
+    comparison_preset,
+    comparison_spec,
+    confine,
     human_bytes,
+    parse_options,
     parse_size,
     safetensors_metadata,
     server_max_bytes,
     server_trust,
     sniff,
+    sqlite_folder,
+    torchscript_allowed,
+    weights_member,
 )
-from engine.checkpoints.pretrained import LITE_WEIGHT_PACKAGES
-from engine.checkpoints.presets import TEXT_UPGRADE as TEXT_UPGRADE_PRESET, comparison_preset
-from engine.checkpoints.request import TEXT_ARCH, comparison_spec
-from engine.checkpoints.torch_zip import check_torch_zip
-from engine.core.contract import CHECKPOINT_FORMAT
-from engine.core.kinds import COMPARED_VIEWS, VIEW_KINDS
-from engine.data.roots import OutsideRootsError, confine, sqlite_folder, torchscript_allowed
-from engine.core.vocab import DATASET_NAMES, RUN_PROTOCOLS, TEXT_DATASET_NAMES
-from engine.data.text_model_files import TEXT_MODEL_FILES, ModelFolder, TextModelError, weights_member
-from engine.data.wordnet import TASKS as WORDNET_TASKS, parse_options  # noqa: F401 (WORDNET_TASKS: the page's choices)
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "ck_"

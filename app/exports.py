@@ -70,7 +70,7 @@ def chart_data(chart: alt.TopLevelMixin) -> pd.DataFrame:
 def csv_bytes(frame: pd.DataFrame) -> bytes:
     """A data frame as CSV whose text cells (and headers) a spreadsheet will not run as formulas
     (``engine.results.report.safe_cell``); numbers stay numbers."""
-    from engine.results.report import safe_cell
+    from engine.read.matrices import safe_cell
 
     safe = frame.rename(columns=lambda c: safe_cell(str(c)))
     text = safe.select_dtypes(include=["object", "string"]).columns
@@ -101,7 +101,7 @@ def study_download(experiments: Sequence[Mapping[str, Any]], matrices: Mapping[i
                    title: str, key: str, names: Mapping[int, Mapping[int, str | None]] | None = None) -> None:
     """A "Download this study" button: the zip of ``engine.results.bundle`` (config TOML, matrices CSV/JSON,
     summary Markdown), built when pressed; ``names``: experiment id -> {step: the user's model name}."""
-    from engine.results.bundle import study_bundle
+    from engine.read.matrices import study_bundle
 
     st.download_button("Download this study (zip)", lambda: study_bundle(experiments, matrices, title=title, names=names),
                        file_name=f"{_file_stem(title)}.zip", mime="application/zip", on_click="ignore", key=key,

@@ -54,7 +54,7 @@ def preset_config(name: str) -> dict[str, Any]:
     """The full RunConfig dict of a preset (validated)."""
     from engine.core.presets import RUN_PRESETS
     from engine.core.presets import preset_config as run_preset
-    from engine.data.fashion_files import fashion_available
+    from engine.read.requests import fashion_available
 
     if name not in RUN_PRESETS:
         raise ValueError(f"unknown preset {name!r}; known: {', '.join(preset_names())}")
@@ -123,7 +123,7 @@ def form_to_config(values: dict[str, Any], base: dict[str, Any]) -> dict[str, An
 
 def _scenario_problem(v: dict[str, Any]) -> str | None:
     """The engine's own scenario check (``build_scenario``) on the class count the dataset will have."""
-    from engine.data.scenario import build_scenario
+    from engine.read.requests import build_scenario
 
     first, step, steps = int(v["initial_classes"]), int(v["increment"]), int(v["num_steps"]) or None
     n = DATASET_CLASSES.get(v["dataset"])

@@ -11,9 +11,8 @@ from typing import Any
 import streamlit as st
 
 from app.queries import RESULT_TTL, db_engine
-from engine.analysis.neighbours import images_note as _images_note
-from engine.analysis.neighbours import row_texts, row_thumbnail_uris, row_thumbnails, split_labels
-from engine.data.thumbnails import THUMB_SIZE, thumbnail_dir
+from engine.read.samples import THUMB_SIZE, row_texts, row_thumbnail_uris, row_thumbnails, split_labels, thumbnail_dir
+from engine.read.samples import images_note as _images_note
 
 
 @st.cache_data(ttl=RESULT_TTL, max_entries=256, show_spinner=False)

@@ -8,8 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from app.widgets import MISSING, plain
-from engine.upgrade.plan import forecast_line, recovery_line
-from engine.upgrade.words import interval, pct
+from engine.read.verdicts import forecast_line, interval, pct, recovery_line
 
 PERCENT = st.column_config.NumberColumn(format="%.1f")
 

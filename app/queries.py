@@ -256,7 +256,7 @@ def stored_analysis(url: str, experiment_id: int, kind: str, key: str, stamp: st
 def neighbours(url: str, query_version_id: int, gallery_version_id: int, view: str, query_index: int,
                k: int) -> dict[str, Any]:
     """Cross-model nearest neighbours of one query (engine.analysis.neighbours), numpy-only, in this process."""
-    from engine.analysis.neighbours import nearest_neighbours
+    from engine.read.samples import nearest_neighbours
 
     return nearest_neighbours(db_engine(url), query_version_id, gallery_version_id, view, query_index, k)
 

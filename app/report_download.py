@@ -10,7 +10,7 @@ from typing import Any
 
 import streamlit as st
 
-from engine.upgrade.release_report import report_context, report_data, report_html
+from engine.read.verdicts import report_context, report_data, report_html
 
 STORED = ("this report was built from a stored check; check-upgrade --model ... --report measures the new model's "
           "embedding time")

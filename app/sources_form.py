@@ -18,7 +18,7 @@ from engine.core.contract import sources_check_payload
 from engine.core.conventions import metric_name
 from engine.core.kinds import SOURCE_HELP
 from engine.core.vocab import RELEVANCE, RELEVANCE_K
-from engine.upgrade.words import NOT_JUDGED, interval, sentence, share
+from engine.read.verdicts import NOT_JUDGED, interval, sentence, share
 from storage import IdenticalJob
 
 KIND = "sources_check"

@@ -19,12 +19,10 @@ from app import charts
 from app import queries as q
 from app.checkpoint_form import PREFIX
 from app.widgets import MISSING, analysis_result, experiment_label, follow_jobs, plain
-from engine.checkpoints.request import parse_dataset, text_corpus
 from engine.core.conventions import metric_name
 from engine.core.kinds import adapter_label, metric_parts
-from engine.data.wordnet import parse_options
-from engine.results.verdict_words import interval_text
-from engine.upgrade.words import pct
+from engine.read.requests import parse_dataset, parse_options, text_corpus
+from engine.read.verdicts import interval_text, pct
 
 KIND = "text_upgrade"
 PARAMS: dict[str, Any] = {}  # the contract's defaults: k 10, 1,000 resamples, 95%, seed 0, adapters fitted

@@ -4,8 +4,8 @@ Every import of every engine module counts, at the top of the file or inside a f
 arrow too). Floor 0 ``engine.core`` is torch-free and imports nothing else of the engine; floor 1 holds the
 kernels, each importing only core and the kernels before it in :data:`KERNELS`; floor 2 the shared middle
 (results, evaluation, the task mechanism); floor 3 the stages, which never import the job layer or each other
-(``upgrade``, the use case on top, may use ``analysis`` and ``checkpoints``); floor 4 the entry points.
-``storage`` imports nothing from the engine.
+(``upgrade``, the use case on top, may use ``analysis`` and ``checkpoints``); floor 4 the entry points, among them
+``read``, the dashboard's door (it never imports the job layer or the CLI). ``storage`` imports nothing from the engine.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ("data", "sources", "models", "methods", "metrics", "adapters")  # a kernel may import the ones before it
 SHARED = ("results", "evaluate", "tasks")
 STAGES = ("run", "checkpoints", "analysis", "upgrade", "learn", "reproduce")
-ENTRY = ("jobs", "cli", "__main__")
+ENTRY = ("jobs", "cli", "read", "__main__")
 FLOOR = {"core": 0, **{k: 1 for k in KERNELS}, **{s: 2 for s in SHARED}, **{s: 3 for s in STAGES},
          **{e: 4 for e in ENTRY}}
 STAGE_USES = {"upgrade": {"analysis", "checkpoints"}}  # the use case on top
@@ -82,6 +82,8 @@ def test_no_import_runs_up_or_across_a_floor():
             wrong.append(f"{src} -> {dst} (shared rooms import only what SHARED_USES allows)")
         elif FLOOR[dst] == FLOOR[src] == 3 and dst not in STAGE_USES.get(src, set()):
             wrong.append(f"{src} -> {dst} (stages never import each other)")
+        elif FLOOR[dst] == FLOOR[src] == 4 and src == "read":
+            wrong.append(f"{src} -> {dst} (the dashboard's door reads; it never enqueues or runs a job)")
     assert not wrong, "\n".join(wrong)
 
 
@@ -195,13 +197,15 @@ def test_the_core_loads_no_heavy_library_even_when_called():
     assert not wrong, "\n".join(wrong)
 
 
-APP_ENGINE_MODULES = 37  # engine modules the dashboard imports (counted 2026-11-28); lower it as the border thins
+# engine modules the dashboard imports: 37 (counted 2026-11-28), 16 (2026-11-29: engine.read, issue 40); lower it as
+# the border thins
+APP_ENGINE_MODULES = 16
+APP_ENGINE_ROOMS = ("core", "read", "learn")  # learn: the Learn demos only (app/learn/__init__.py)
 
 
-def test_the_app_border_does_not_widen():
-    """The dashboard reads what the engine stored through a small set of engine modules (issue 40: the border is
-    torch-free but not thin): the count may go down, never up. ``from engine.x import y`` counts ``engine.x.y`` when
-    that is a module, else ``engine.x``."""
+def app_engine_imports() -> set[str]:
+    """The engine modules ``app/`` imports anywhere: ``from engine.x import y`` counts ``engine.x.y`` when that is a
+    module, else ``engine.x``."""
     used = set()
     for path in (ROOT / "app").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -211,4 +215,22 @@ def test_the_app_border_does_not_widen():
                     used.add(sub if (ROOT / (sub.replace(".", "/") + ".py")).is_file() else node.module)
             elif isinstance(node, ast.Import):
                 used |= {a.name for a in node.names if a.name.startswith("engine")}
+    return used
+
+
+def test_the_app_border_does_not_widen():
+    """The dashboard reads what the engine stored through a small set of engine modules (issue 40): the count may go
+    down, never up."""
+    used = app_engine_imports()
     assert len(used) <= APP_ENGINE_MODULES, sorted(used)
+
+
+def test_the_app_reaches_the_engine_only_through_core_and_read():
+    """Pages import ``engine.core`` and the dashboard's door ``engine.read`` (each name there is imported from where it
+    is computed); only the Learn demos import their own ``engine.learn`` module."""
+    used = app_engine_imports()
+    wrong = sorted(m for m in used if room(m) not in APP_ENGINE_ROOMS)
+    assert not wrong, f"the app imports {wrong}: import them through engine.read (or engine.core)"
+    learn = sorted(f"{p.relative_to(ROOT)}: {m}" for p in (ROOT / "app").rglob("*.py")
+                   if "learn" not in p.relative_to(ROOT / "app").parts for m in imports(p) if m.startswith("engine.learn"))
+    assert not learn, "\n".join(learn)

@@ -12,8 +12,7 @@ from app.widgets import (MISSING, analysis_result, follow_jobs, launch, pick_exp
 from engine.core.contract import ADAPTER_KINDS, analysis_key, DEFAULT_ORDERINGS, ORDERING_HELP, ORDERINGS, adapter_key, adapters_payload, same_set_of
 from engine.core.conventions import metric_name
 from engine.core.kinds import adapter_label
-from engine.results.verdict_words import artefact_note, metric_order, needs_lines
-from engine.upgrade.orders import best_by_area
+from engine.read.verdicts import artefact_note, best_by_area, metric_order, needs_lines
 
 url = q.db_url()
 

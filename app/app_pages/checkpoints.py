@@ -53,10 +53,9 @@ from app.checkpoint_form import (
 )
 from app.text_upgrade_view import text_results_exist, text_upgrade_section
 from app.widgets import QUEUED_HINT_S, launch as launch_job, plain, queue_caption, status_badge
-from engine.checkpoints.files import human_bytes, server_max_bytes
-from engine.checkpoints.request import TEXT_ARCH, source_name, text_corpus
 from engine.core.contract import checkpoints_payload
 from engine.core.kinds import TIE_RULES, TIES_HELP
+from engine.read.requests import TEXT_ARCH, human_bytes, server_max_bytes, source_name, text_corpus
 
 url = q.db_url()
 start_sequence()

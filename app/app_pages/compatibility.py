@@ -1,7 +1,8 @@
 """Compatibility: the lower-triangular matrices (failing cross-tests marked), AC / AA / ACA and their curves.
 
 A study run with several seeds shows one row per method and view (mean and sample std over its seeds) and its
-heatmaps averaged over the seeds (each seed's verdict per cross-test in a table) or one per seed."""
+heatmaps averaged over the seeds (each seed's verdict per cross-test in a table) or one per seed. The numbers over
+the seeds come from the read model ``engine.read.matrices``; the page picks, lays out and draws."""
 from __future__ import annotations
 
 from typing import Any
@@ -14,14 +15,12 @@ from app import charts
 from app.exports import download_buttons, study_download
 from app import queries as q
 from app.widgets import empty_state, experiment_label, plain, state_convention, summary_columns, table
-from engine.core.kinds import STRICT
 from engine.core.conventions import annotate, convention, model_names, replaced_note, replaced_steps, settings, stored_ties
 from engine.core.vocab import EVAL_CLASSES
-from engine.metrics.gain import gain_cells, gain_json, gain_text
-from engine.metrics.over_seeds import ecc_gain, over_seeds
-from engine.metrics.uncertainty import ac_range, familywise_verdicts, seed_interval, verdict_counts
-from engine.results.report import seed_spread
-from engine.results.verdict_words import tie_lines
+from engine.read.matrices import (ecc_pass, gain_cells, gain_text, judged, matrix_download, paired_range,
+                                  render_summary_table, seed_verdicts, spread_summary, stacked_mean, summarize,
+                                  summary_row, verdict_total, view_row)
+from engine.read.verdicts import tie_lines
 
 url = q.db_url()
 MAIN = "main view of each method"
@@ -42,24 +41,8 @@ def metric_name(metric: str) -> str:
 
 @st.cache_data(ttl=q.RESULT_TTL, show_spinner=False)
 def ecc_cells(values: np.ndarray, ties: str) -> np.ndarray:
-    """The compatibility criterion per cell under the tie rule stored with the matrix."""
-    from engine.metrics import ecc_pass
-
+    """The compatibility criterion per cell under the tie rule stored with the matrix (a seed's or a mean's)."""
     return ecc_pass(values, ties=ties)
-
-
-def export(C: np.ndarray, fmt: str, title: str, comparable: np.ndarray | None, replaced: tuple[int, ...],
-           m: dict[str, Any], names: list[str], paired: dict[str, Any] | None, tie_readings: dict[str, Any] | None) -> str:
-    """A matrix rendered for download, its models named as on the page (the user's names where given); the CSV's
-    verdicts as judged on the page (family-wise as chosen), the choice in its ``familywise`` column; a single run's
-    Recall@k ties (``tie_readings``) beside each cell."""
-    from engine.results.report import render_matrix
-
-    if paired and family != "none":
-        paired = {**paired, "verdict": familywise_verdicts(paired, method=family), "familywise": family}
-    return render_matrix(C, fmt=fmt, title=title, comparable=comparable, replaced=replaced, names=names,
-                         metric=m["metric"], view=m["view"], gallery_kind=m["gallery_kind"], eval_classes=m["eval_classes"],
-                         paired=paired if fmt == "csv" else None, ties=stored_ties(m["summary"]), tie_readings=tie_readings)
 
 
 experiments = [e for e in q.experiments(url) if e["status"] == "done"]
@@ -134,59 +117,6 @@ def seed_of(e: dict[str, Any]) -> str:
 FAMILY = {"none": "each cell alone (95 %)", "holm": "Holm over the matrix", "bonferroni": "Bonferroni simultaneous intervals"}
 
 
-def gain_shown(matrices: list[np.ndarray], ties: str = STRICT) -> str:
-    """Γ in % averaged over the cross-tests where ECC holds and Γ is defined (paper 002), or "undefined" and why."""
-    g = ecc_gain(matrices, ties=ties)
-    return f"{100 * g['mean']:.1f}" if g["mean"] is not None else g["why"]
-
-
-def seed_runs(seeds: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each seed's stored matrix as :func:`engine.metrics.over_seeds.over_seeds` reads it."""
-    return [{"matrix": m["values"], "paired": m["summary"].get("paired"), "ties": stored_ties(m["summary"])} for m in seeds]
-
-
-def judged(m: dict[str, Any], family: str) -> list[list[str | None]] | None:
-    """The stored paired verdicts of a matrix, re-judged family-wise when asked; None without a paired test."""
-    p = m["summary"].get("paired")
-    return familywise_verdicts(p, method=family) if p else None
-
-
-def verdict_total(seeds: list[dict[str, Any]], family: str) -> str:
-    """``pass/fail/unresolved`` cross-tests: over several seeds with paired tests, the verdicts of each cross-test's mean
-    over the seeds (t-interval over seeds, family-wise as chosen); else added over the seeds: the paired verdicts
-    where stored, else the compatibility criterion on point estimates with ``–`` for "not tested"."""
-    if len(seeds) > 1 and all(m["summary"].get("paired") for m in seeds):  # the verdicts of the means over the seeds
-        mean = over_seeds(seed_runs(seeds))["verdicts"]
-        n = verdict_counts(familywise_verdicts(mean, method=family))
-        return f"{n['pass']}/{n['fail']}/{n['unresolved']}"
-    counts = {"pass": 0, "fail": 0, "unresolved": 0}
-    tested = True
-    for m in seeds:
-        v = judged(m, family)
-        if v is None:
-            tested = False
-            ecc = ecc_cells(m["values"], stored_ties(m["summary"]))
-            counts["pass"] += int(np.nansum(ecc == 1))
-            counts["fail"] += int(np.nansum(ecc == 0))
-        else:
-            for name, n in verdict_counts(v).items():
-                counts[name] += n
-    return f"{counts['pass']}/{counts['fail']}/" + (str(counts["unresolved"]) if tested else "–")
-
-
-def interval_text(lo: float | None, hi: float | None) -> str | None:
-    return None if lo is None or hi is None else f"{100 * lo:.1f} – {100 * hi:.1f}"
-
-
-def paired_range(seeds: list[dict[str, Any]], family: str) -> str | None:
-    """AC in % from the sure passes to every cell not a sure failure, averaged over the seeds with a paired test."""
-    ranges = [ac_range(m["values"], v) for m in seeds if (v := judged(m, family)) is not None]
-    ranges = [r for r in ranges if r["AC_lo"] is not None]
-    if not ranges:
-        return None
-    return interval_text(float(np.mean([r["AC_lo"] for r in ranges])), float(np.mean([r["AC_hi"] for r in ranges])))
-
-
 def view_label(e: dict[str, Any], m: dict[str, Any]) -> str:
     main = q.main_view(e["method"])
     if view_choice == MAIN and main and m["view"] != main:
@@ -200,30 +130,14 @@ for e, m in shown:
 many_seeds = any(len(r) > 1 for r in runs.values())
 
 
-def summary_row(method: str, view: str, seeds: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
-    """A method and view over its seeds: AC / AA / ACA in % as mean and sample std, Γ averaged, verdicts added."""
-    row: dict[str, Any] = {"method": method, "view": view, "seeds": len(seeds),
-                           "steps": seeds[0][1]["values"].shape[0]}
-    for name in ("AC", "AA", "ACA"):
-        spread = seed_spread([m["summary"].get(name) for _, m in seeds])
-        row[f"{name} %"] = None if spread["mean"] is None else 100 * spread["mean"]
-        row[f"{name} % std"] = None if spread["std"] is None else 100 * spread["std"]
-        ci = seed_interval([m["summary"].get(name) for _, m in seeds], bounds=(0.0, 1.0))  # shares: clipped
-        row[f"{name} % 95% CI"] = interval_text(ci["lo"], ci["hi"])
-    row["cells ✓/✗/?"] = verdict_total([m for _, m in seeds], family)
-    row["AC % range (paired)"] = paired_range([m for _, m in seeds], family)
-    row["mean Γ %"] = gain_shown([m["values"] for _, m in seeds], stored_ties(seeds[0][1]["summary"]))
-    row["queries without a positive"] = int(sum(np.nansum(np.tril(m["no_positive"])) for _, m in seeds))
-    return row
-
-
 family = "none"
 if any(m["summary"].get("paired") for _, m in shown):
     family = st.radio("Cross-tests judged", list(FAMILY), format_func=FAMILY.get, horizontal=True, key="cm_family",
                       help="Each cell alone: every cross-test's own 95 % paired interval. A T x T matrix judges "
                            "T(T-1)/2 cells at once; Holm (step-down on the cells' p-values) or Bonferroni-level "
                            "simultaneous intervals keep the chance that any verdict of the matrix is wrong at 5 %.")
-summary = pd.DataFrame([summary_row(method, view, seeds) for (method, view), seeds in runs.items()])
+summary = pd.DataFrame([summary_row(method, view, [m for _, m in seeds], family)
+                        for (method, view), seeds in runs.items()])
 st.subheader(f"{metric_name(metric)} · {gallery_kind} gallery · {eval_classes} classes")
 conv = state_convention(selected[0]["config"], metrics=metric, views=[m["view"] for _, m in shown], gallery=gallery_kind,
                         eval_classes=eval_classes, ties=stored_ties(shown[0][1]["summary"]))
@@ -267,10 +181,7 @@ if len(curves) and curves["step"].max() >= 3:
             download_buttons(curve, f"{value}_{metric}", key=f"dl_{value}")
 
 # ---- the same models in every stored view, side by side (the view picker above chooses the matrices below)
-by_view = [{"method": e["method"], "view": m["view"],
-            **{f"{k} %": np.nan if m["summary"].get(k) is None else 100 * m["summary"][k] for k in ("AC", "AA", "ACA")},
-            "failing cross-tests": int(np.sum(ecc_cells(m["values"], stored_ties(m["summary"])) == 0))}
-           for e in selected for m in stored[e["id"]]
+by_view = [view_row(e["method"], m) for e in selected for m in stored[e["id"]]
            if m["metric"] == metric and m["gallery_kind"] == gallery_kind and m["eval_classes"] == eval_classes]
 if len({r["view"] for r in by_view}) > 1:
     st.subheader("Feature views side by side")
@@ -284,19 +195,9 @@ if len({r["view"] for r in by_view}) > 1:
           column_config={c: st.column_config.NumberColumn(format="%.1f") for c in side.columns})
 
 
-def spread_summary(seeds: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
-    """The first seed's stored summary with the AC / AA / ACA spread over every seed (for the report tables)."""
-    return {**seeds[0][1]["summary"], "update_gain": gain_json(seeds[0][1]["values"]),  # Γ under one rule
-            "spread": {k: seed_spread([m["summary"].get(k) for _, m in seeds]) for k in ("AC", "AA", "ACA")},
-            "matrix": seeds[0][1]["values"], "over_seeds": over_seeds(seed_runs([m for _, m in seeds])),
-            "familywise": family}
-
-
-summary_rows = [(method if len(runs) == len({k[0] for k in runs}) else f"{method} ({view})", spread_summary(seeds))
-                for (method, view), seeds in runs.items()]
+summary_rows = [(method if len(runs) == len({k[0] for k in runs}) else f"{method} ({view})",
+                 spread_summary([m for _, m in seeds], family)) for (method, view), seeds in runs.items()]
 with st.expander("Download the summary table"):
-    from engine.results.report import render_summary_table
-
     d = st.columns(3)
     for col, (fmt, ext, mime) in zip(d, (("csv", "csv", "text/csv"), ("markdown", "md", "text/markdown"),
                                          ("latex", "tex", "application/x-tex"))):
@@ -305,42 +206,10 @@ with st.expander("Download the summary table"):
 
 
 # ---- the matrices, side by side: one per seed, or each method's mean over its seeds
-def stacked_mean(arrays: list[np.ndarray]) -> np.ndarray:
-    """The cell-wise mean over the seeds' matrices; NaN where no seed defines the cell."""
-    stack = np.stack([np.asarray(a, dtype=float) for a in arrays])
-    count = (~np.isnan(stack)).sum(axis=0)
-    return np.where(count > 0, np.nansum(stack, axis=0) / np.maximum(count, 1), np.nan)
-
-
 def given_names(e: dict[str, Any], steps: int) -> list[str]:
     """The models' names: the user's (v1, v2, ...) where given, else M1, M2, ... (a replaced step marked)."""
     given = {v["step"]: v.get("name") for v in q.model_versions(url, e["id"], q.stamp(e))}
     return [given.get(t) or n for t, n in enumerate(model_names(steps, replaced_steps(e["config"])), 1)]
-
-
-def seed_verdicts(seeds: list[tuple[dict[str, Any], dict[str, Any]]], names: list[str]) -> pd.DataFrame:
-    """One row per cross-test, one column per seed: ✓ / ✗ (the compatibility criterion) and the value in %, the
-    paired verdict in brackets where stored; then how many seeds pass."""
-    marks = {"pass": "✓", "fail": "✗", "unresolved": "?"}
-    T = seeds[0][1]["values"].shape[0]
-    rows = []
-    for t in range(1, T):
-        for k in range(t):
-            row: dict[str, Any] = {"cross-test": f"{names[t]} → {names[k]}"}
-            passes = defined = 0
-            for e, m in seeds:
-                value = m["values"][t, k]
-                if np.isnan(value):
-                    row[f"seed {seed_of(e)}"] = None
-                    continue
-                ok = bool(ecc_cells(m["values"], stored_ties(m["summary"]))[t, k])
-                passes, defined = passes + ok, defined + 1
-                paired = m["summary"].get("paired")
-                extra = f" (paired {marks[paired['verdict'][t][k]]})" if paired and paired["verdict"][t][k] in marks else ""
-                row[f"seed {seed_of(e)}"] = f"{'✓' if ok else '✗'} {100 * value:.1f}{extra}"
-            row["seeds passing"] = f"{passes} of {defined}" if defined else None
-            rows.append(row)
-    return pd.DataFrame(rows)
 
 
 st.subheader("Matrices")
@@ -398,11 +267,9 @@ for start in range(0, len(panels), per_row):
                             f"{verdict_total([m], family)}" + (f" · AC range {span} %" if span else "")
                             + (f" ({FAMILY[family]})" if s.get("paired") else ""))
             else:
-                from engine.metrics import summarize
-
                 st.markdown(f"Mean matrix: {charts.summary_line(summarize(C, ties=ties))} · {fails} failing cross-test(s)")
                 st.caption("Each seed's verdict per cross-test (✓ passes the criterion, ✗ fails; the value in %):")
-                table(seed_verdicts(p["seeds"], names))
+                table(pd.DataFrame(seed_verdicts([(seed_of(se), sm) for se, sm in p["seeds"]], names)))
             if gained := gain_text(C, names):
                 st.caption("Update gain Γ: " + plain(gained))
             if tie_words := tie_lines(tied, names, metric):
@@ -414,8 +281,9 @@ for start in range(0, len(panels), per_row):
                                                       ("latex", "tex", "application/x-tex"))):
                     dcol.download_button(fmt.upper() if fmt == "csv" else fmt.capitalize(),
                                          lambda C=C, fmt=fmt, t=p["title"], cm=comparable, r=replaced, line=line, m=m,
-                                         n=names, pr=p["paired"], tr=tied: annotate(export(C, fmt, t, cm, r, m, n, pr, tr),
-                                                                                    fmt, line),
+                                         n=names, pr=p["paired"], tr=tied: annotate(
+                                             matrix_download(C, fmt, m, title=t, comparable=cm, replaced=r, names=n,
+                                                             paired=pr, family=family, tie_readings=tr), fmt, line),
                                          file_name=f"{base}.{ext}", mime=mime, on_click="ignore",
                                          key=f"dl_{p['key']}_{fmt}")
                 download_buttons(chart, f"{base}_chart", key=f"dl_{p['key']}_chart")

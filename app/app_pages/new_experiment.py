@@ -8,10 +8,10 @@ from app import queries as q
 from app.widgets import launch as launch_job, plain
 from engine.core.config import config_from_dict, dump_toml
 from engine.core.contract import run_payload
-from engine.data.files_present import config_files_problem
 from engine.core.fan_out import FanOut
 from engine.core.presets import absent_methods_note, preset_deviations
 from engine.core.vocab import BACKBONE_NAMES, METHOD_NAMES
+from engine.read.requests import config_files_problem
 
 url = q.db_url()
 PREFIX = "ne_"

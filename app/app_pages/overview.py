@@ -11,7 +11,7 @@ from app import queries as q
 from app.charts import number, summary_percent
 from app.learn import LEARN_PAGES
 from app.widgets import MISSING, empty_state, job_heading, job_timing, plain, summary_columns, table
-from engine.results.verdict_words import matrix_verdict
+from engine.read.verdicts import matrix_verdict
 from storage import crashed_worker
 
 STALE_S = 60

@@ -14,9 +14,8 @@ from app.widgets import MISSING, analysis_result, model_label, pick_experiment, 
 from engine.core.contract import ADAPTER_KINDS, adapter_key, adapters_payload, analysis_key, same_set_of
 from engine.core.conventions import metric_name
 from engine.core.kinds import adapter_label
-from engine.results.verdict_words import artefact_note, metric_order, needs_lines
-from engine.upgrade.plan import pick_rollout
-from engine.upgrade.words import interval, sentence, share, tie_line
+from engine.read.verdicts import (artefact_note, interval, metric_order, needs_lines, pick_rollout, sentence, share,
+                                  tie_line)
 
 url = q.db_url()
 METRICS = ("map", "recall@1", "recall@5")  # the decision's metric first (engine.core.vocab.decision_metric)
