@@ -11,6 +11,9 @@ For every seed of every method of a claim, read from a reproduction's database (
   ``share in W_old's rows`` of a test feature's energy, old and new model (the only directions BCT's influence loss
   ``CE(W_old phi_new)`` constrains), and ``cos in W_old's rows``, the cosine after projecting both onto that row space.
 
+* ``units silent in old``: feature units the old model never turns on over the test queries (a ReLU output that stays
+  at 0), and ``new energy on them``: the share of the new features' energy on those units.
+
 A new feature that agrees with the old one inside the row space but puts almost all its energy outside it is
 compatible in logits and not in features. Run: ``python bench/why_feature_drift.py --db sqlite:///PATH P0-Tab1a``.
 """
@@ -48,6 +51,15 @@ def drift(features_old: np.ndarray, features_new: np.ndarray, head_old: np.ndarr
     return out
 
 
+def silent_units(features_old: np.ndarray, features_new: np.ndarray) -> dict[str, float]:
+    """Units (feature coordinates) the old model never uses on these images (never above 0: a ReLU output that stays
+    off), and the share of the new features' energy on them."""
+    fo, fn = np.asarray(features_old, np.float64), np.asarray(features_new, np.float64)
+    silent = fo.max(axis=0) <= 0
+    return {"units silent in old": float(silent.sum()),
+            "new energy on them": float(np.sum(fn[:, silent] ** 2) / np.sum(fn ** 2))}
+
+
 def seed_drift(db, exp_id: int) -> dict[str, float]:
     """Every number of the module docstring for one stored experiment (its first two models)."""
     cos = same_image_cosines(db, exp_id)  # the reproduce table's own column
@@ -55,9 +67,10 @@ def seed_drift(db, exp_id: int) -> dict[str, float]:
     with session_scope(db) as s:
         old, new = list_model_versions(s, exp_id)[:2]
         head = load_file(old.checkpoint_path).get(HEAD)
-        if head is None:  # a fixed head (d-Simplex, ETF) constrains every direction it spans
-            return out
         queries = [load_feature_set(s, v.id, "query", "encoder")[0] for v in (old, new)]
+    out.update(silent_units(*queries))
+    if head is None:  # a fixed head (d-Simplex, ETF) constrains every direction it spans
+        return out
     return {**out, **drift(*queries, head)}
 
 
