@@ -3,6 +3,8 @@ the pair-type split, both tie rules), each model's training accuracy, all checke
 numpy recomputations by hand."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -209,5 +211,8 @@ def test_why_names_how_far_the_features_move_when_the_upgrade_is_better():
         "have cosine 0.57; 0.93 on the old classes' training images (1 = unmoved)",
         "why er AC (our convention): the features move: the same test image's old and new features have cosine 0.56 "
         "(1 = unmoved)"]
+    seen = dataclasses.replace(ac, reading=Reading("seen"))  # the same reason under another reading: one line
+    assert why_lines([ac, seen])[0].startswith("why er AC (our convention; seen): the features move")
+    assert len(why_lines([ac, seen])) == 1
     paper_zero = Row("C", "cores", "AC", 0.0, (), iv, "outside", "does not", drift={"test": 0.5, "trained": 0.9, "n": 1})
     assert why_lines([paper_zero]) == []  # a paper AC of 0 claims no compatibility to explain

@@ -342,20 +342,24 @@ def _gain(row: Row) -> str:
 def why_lines(rows: Sequence[Row]) -> list[str]:
     """Why a row the paper reads as compatible (a margin >= 0, or an AC above 0) does not reproduce, as measured: the
     newer model is itself no better at the evaluation (own gain interval below zero, the paper's above); else, when
-    the features' drift is stored, how far the same image's feature moves from the old model to the new one."""
-    out = []
+    the features' drift is stored, how far the same image's feature moves from the old model to the new one. One line
+    per method, cell and reason, naming every reading it holds under."""
+    found: dict[tuple[str, str, str], list[str]] = {}
     for r in rows:
         if r.verdict != "does not" or r.paper is None or r.paper < 0 or (r.label == "AC" and r.paper == 0):
             continue
         g, where = r.gain, "our convention" if r.reading is None else r.reading.label
         if g and g["hi"] is not None and g["hi"] < 0 and (r.paper_gain is None or r.paper_gain > 0):
-            out.append(f"why {r.method} {r.label} ({where}): the newer model is itself worse than the old one on these "
-                       f"items (own gain {_gain(r)} points), so no cross-test can be expected to beat the old self-test")
+            why = (f"the newer model is itself worse than the old one on these items (own gain {_gain(r)} points), so "
+                   "no cross-test can be expected to beat the old self-test")
         elif r.drift and r.drift["test"] is not None:
             trained = "" if r.drift["trained"] is None else f"; {r.drift['trained']:.2f} on the old classes' training images"
-            out.append(f"why {r.method} {r.label} ({where}): the features move: the same test image's old and new "
-                       f"features have cosine {r.drift['test']:.2f}{trained} (1 = unmoved)")
-    return out
+            why = (f"the features move: the same test image's old and new features have cosine {r.drift['test']:.2f}"
+                   f"{trained} (1 = unmoved)")
+        else:
+            continue
+        found.setdefault((r.method, r.label, why), []).append(where)
+    return [f"why {method} {label} ({'; '.join(where)}): {why}" for (method, label, why), where in found.items()]
 
 
 def _drift(row: Row) -> str:
