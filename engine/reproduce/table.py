@@ -278,7 +278,8 @@ def claim_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], *, in
     """The claim's rows, then the negative control's (its margins of the same cross-tests and its AC), under the
     claim's own convention, then under each of its readings."""
     training = {m: training_accuracy(db, runs, m) for m in claim.methods}
-    drift = {m: feature_drift(db, runs, m) for m in claim.methods}
+    # the encoder's drift: a method read in a derived view (PSP's softmax, LSP's logits) is judged in that view
+    drift = {m: feature_drift(db, runs, m) if claim.view(m) == "encoder" else None for m in claim.methods}
     rows = []
     for reading in (None, *claim.readings):
         rows += [dataclasses.replace(r, drift=drift[r.method.removesuffix(CONTROL_SUFFIX)])
