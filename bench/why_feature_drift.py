@@ -3,13 +3,16 @@
 For every seed of every method of a claim, read from a reproduction's database (runs of
 ``python -m engine reproduce NAME --scale reduced``), the first two models' stored features and print, mean over seeds:
 
-* ``cos, test queries``: the cosine of one test query image's old and new features (what a cross-test compares; open
-  set: images of classes no model trained);
-* ``cos, old classes' training images``: the same on the stored training images of the classes the old model learned
-  (where a method's loss acts);
+* ``cos, test queries`` / ``cos, old classes' training images``: the reproduce table's same-image cosines
+  (:func:`engine.reproduce.outcomes.same_image_cosines`: one image's old and new features, on the test queries, open
+  set: classes no model trained, and on the training images of the classes the old model learned, where a method's
+  loss acts);
 * for a learnable linear head only (its weight ``W_old``, C_old x d, read from the old model's checkpoint as arrays):
   ``share in W_old's rows`` of a test feature's energy, old and new model (the only directions BCT's influence loss
   ``CE(W_old phi_new)`` constrains), and ``cos in W_old's rows``, the cosine after projecting both onto that row space.
+
+* ``units silent in old``: feature units the old model never turns on over the test queries (a ReLU output that stays
+  at 0), and ``new energy on them``: the share of the new features' energy on those units.
 
 A new feature that agrees with the old one inside the row space but puts almost all its energy outside it is
 compatible in logits and not in features. Run: ``python bench/why_feature_drift.py --db sqlite:///PATH P0-Tab1a``.
@@ -22,6 +25,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from engine.reproduce.claims import CLAIMS
+from engine.reproduce.outcomes import same_image_cosines
 from engine.reproduce.plan import stored_runs, study_config
 from storage import get_engine, list_model_versions, load_feature_set, session_scope
 
@@ -47,23 +51,27 @@ def drift(features_old: np.ndarray, features_new: np.ndarray, head_old: np.ndarr
     return out
 
 
+def silent_units(features_old: np.ndarray, features_new: np.ndarray) -> dict[str, float]:
+    """Units (feature coordinates) the old model never uses on these images (never above 0: a ReLU output that stays
+    off), and the share of the new features' energy on them."""
+    fo, fn = np.asarray(features_old, np.float64), np.asarray(features_new, np.float64)
+    silent = fo.max(axis=0) <= 0
+    return {"units silent in old": float(silent.sum()),
+            "new energy on them": float(np.sum(fn[:, silent] ** 2) / np.sum(fn ** 2))}
+
+
 def seed_drift(db, exp_id: int) -> dict[str, float]:
     """Every number of the module docstring for one stored experiment (its first two models)."""
+    cos = same_image_cosines(db, exp_id)  # the reproduce table's own column
+    out = {"cos, test queries": cos["test"], "cos, old classes' training images": cos["trained"]}
     with session_scope(db) as s:
         old, new = list_model_versions(s, exp_id)[:2]
-        out = {}
-        for split, name in (("query", "cos, test queries"), ("train", "cos, old classes' training images")):
-            (fo, lo, io), (fn, _, in_) = (load_feature_set(s, v.id, split, "encoder") for v in (old, new))
-            if io is not None and not np.array_equal(io, in_):
-                raise SystemExit(f"experiment {exp_id}: the two models' {split} features are not of the same images")
-            keep = np.asarray(lo) < len(old.classes) if split == "train" else np.ones(len(lo), bool)
-            out[name] = float(np.nanmean(cosines(fo[keep], fn[keep])))
-            if split == "query":
-                queries = fo, fn
         head = load_file(old.checkpoint_path).get(HEAD)
-    if head is not None:  # a learnable linear head; a fixed one (d-Simplex, ETF) constrains every direction it spans
-        out.update(drift(*queries, head))
-    return out
+        queries = [load_feature_set(s, v.id, "query", "encoder")[0] for v in (old, new)]
+    out.update(silent_units(*queries))
+    if head is None:  # a fixed head (d-Simplex, ETF) constrains every direction it spans
+        return out
+    return {**out, **drift(*queries, head)}
 
 
 def main() -> None:

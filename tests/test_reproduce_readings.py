@@ -3,12 +3,14 @@ the pair-type split, both tie rules), each model's training accuracy, all checke
 numpy recomputations by hand."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from engine.metrics.verification import pair_verification, sample_pairs
 from engine.reproduce.claims import CLAIMS, CONTROL, GROUPS, Claim, PaperCell, Reading
-from engine.reproduce.outcomes import items_from_cells, part_mask, seed_items, training_accuracy
+from engine.reproduce.outcomes import items_from_cells, part_mask, same_image_cosines, seed_items, training_accuracy
 from engine.reproduce.plan import SCALE_SETTINGS, study_config
 from engine.reproduce.table import Row, claim_rows, render, row_convention, why_lines
 from engine.metrics.compatibility import CellFeatures, compatibility_matrices
@@ -166,7 +168,13 @@ def test_training_accuracy_and_reading_rows_from_stored_runs(tmp_path):
     # two models make one cross-test: an AC row carries that cross-test's own gain
     assert all(r.gain == gain[r.reading] for r in rows if r.label == "AC" and r.method == "cores")
     assert all(r.paper_gain is None for r in rows)
+    # how far one image moves: the cosine of its old and new feature, by hand (no train features stored: "-")
+    cos = np.sum(OLD * NEW, 1) / np.linalg.norm(OLD, axis=1) / np.linalg.norm(NEW, axis=1)
+    assert same_image_cosines(db, runs[(0, "cores")])["test"] == pytest.approx(cos.mean())
+    assert np.isnan(same_image_cosines(db, runs[(0, "cores")])["trained"])
+    assert all(r.drift == pytest.approx({"test": cos.mean(), "trained": None, "n": 2}) for r in rows)
     text = render(claim, rows)
+    assert f"{cos.mean():.2f} / -" in text
     assert "under eval_classes all, items of classes both models trained:" in text and "70.8 % (min 66.7)" in text
     md = render(claim, rows, markdown=True).splitlines()
     assert len(md) == len(rows) and md[4].split(" | ")[2] == "closed-set / all, items of classes both models trained / " \
@@ -189,3 +197,22 @@ def test_why_names_a_newer_model_that_is_itself_worse():
     passed = Row("C", "cores", "(phi2, phi1) margin", 0.02, (), iv, "inside", "reproduces",
                  gain={"mean": -0.059, "lo": -0.08, "hi": -0.038, "n": 10}, paper_gain=0.04)
     assert why_lines([better, unsure, passed]) == []  # a real gain, an unsure one, or a margin that reproduces
+
+
+def test_why_names_how_far_the_features_move_when_the_upgrade_is_better():
+    iv = {"mean": -0.12, "lo": -0.16, "hi": -0.08, "n": 10}
+    moved = Row("C", "cores", "(phi2, phi1) margin", 0.02, (), iv, "outside", "does not",
+                gain={"mean": 0.154, "lo": 0.111, "hi": 0.197, "n": 10}, paper_gain=0.04,
+                drift={"test": 0.566, "trained": 0.925, "n": 10})
+    ac = Row("C", "er", "AC", 1.0, (), {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 10}, "outside", "does not",
+             drift={"test": 0.558, "trained": None, "n": 10})
+    assert why_lines([moved, ac]) == [
+        "why cores (phi2, phi1) margin (our convention): the features move: the same test image's old and new features "
+        "have cosine 0.57; 0.93 on the old classes' training images (1 = unmoved)",
+        "why er AC (our convention): the features move: the same test image's old and new features have cosine 0.56 "
+        "(1 = unmoved)"]
+    seen = dataclasses.replace(ac, reading=Reading("seen"))  # the same reason under another reading: one line
+    assert why_lines([ac, seen])[0].startswith("why er AC (our convention; seen): the features move")
+    assert len(why_lines([ac, seen])) == 1
+    paper_zero = Row("C", "cores", "AC", 0.0, (), iv, "outside", "does not", drift={"test": 0.5, "trained": 0.9, "n": 1})
+    assert why_lines([paper_zero]) == []  # a paper AC of 0 claims no compatibility to explain

@@ -26,3 +26,11 @@ def test_cosines_by_hand_and_a_zero_feature_is_nan():
     got = cosines(np.array([[3.0, 4, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]), np.array([[3.0, 4, 0, 5], [2, 0, 2, 0], [1, 0, 0, 0]]))
     np.testing.assert_allclose(got[:2], [25 / (5 * np.sqrt(50)), 2 / np.sqrt(8)], rtol=1e-12)
     assert np.isnan(got[2])
+
+
+def test_silent_units_by_hand():
+    silent_units = runpy.run_path(str(ROOT / "bench" / "why_feature_drift.py"))["silent_units"]
+    old = np.array([[1.0, 0, 0], [2, 0, 0]])  # units 1 and 2 never on
+    new = np.array([[1.0, 2, 0], [0, 0, 1]])
+    got = silent_units(old, new)
+    assert got["units silent in old"] == 2 and got["new energy on them"] == pytest.approx((4 + 1) / (1 + 4 + 1))

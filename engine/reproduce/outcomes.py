@@ -134,6 +134,32 @@ def own_gain(db: Engine, experiment_id: int, cell: tuple[int, int], *, view: str
     return value(t) - value(k)
 
 
+def same_image_cosines(db: Engine, experiment_id: int) -> dict[str, float]:
+    """How far one image's feature moves from the first model to the second of a stored experiment: the mean cosine of
+    the same image's two encoder features over the test queries (``"test"``; open set: classes no model trained) and
+    over the stored training images of the classes the first model learned (``"trained"``, where a method's loss
+    acts; NaN without a stored ``train`` split). A zero feature is left out (its cosine is undefined)."""
+    with session_scope(db) as s:
+        versions = list_model_versions(s, experiment_id)[:2]
+        if len(versions) < 2:
+            raise ValueError(f"experiment {experiment_id} has one model: no old and new feature to compare")
+        out = {}
+        for split, key in (("query", "test"), ("train", "trained")):
+            try:
+                (fo, lo, io), (fn, _, in_) = (load_feature_set(s, v.id, split, "encoder") for v in versions)
+            except ValueError:  # no such split stored
+                out[key] = float("nan")
+                continue
+            if io is not None and in_ is not None and not np.array_equal(io, in_):
+                raise ValueError(f"experiment {experiment_id}: its models' {split} features are not of the same images")
+            keep = np.asarray(lo) < len(versions[0].classes) if split == "train" else np.ones(len(lo), bool)
+            a, b = np.asarray(fo, np.float64)[keep], np.asarray(fn, np.float64)[keep]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                cos = np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+            out[key] = float(np.nanmean(cos)) if np.isfinite(cos).any() else float("nan")
+    return out
+
+
 def part_mask(part: str, learned: int, query_labels: np.ndarray, gallery_labels: np.ndarray | None = None) -> np.ndarray:
     """Which items of a cell are in ``part``: ``trained`` when every class an item involves (a query's; a pair's two,
     ``gallery_labels`` given) is below ``learned`` (the classes both models learned), ``untrained`` otherwise."""

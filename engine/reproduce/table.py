@@ -20,10 +20,14 @@ classes, or on one part of each cell's items, recomputed from the stored feature
 training accuracy (each model's top-1 on its stored training images, mean and minimum over the models and seeds), and
 every margin row (and an AC row of two models: its one cross-test) the upgrade's own gain behind it (:func:`engine.reproduce.outcomes.own_gain`: the newer model's
 self-test minus the old one's on the same items, Student's t over seeds) beside the paper's: a margin the paper reads
-as compatible presumes a newer model that is better at the evaluation, and the table says when ours is not.
+as compatible presumes a newer model that is better at the evaluation, and the table says when ours is not. Every
+method's rows also carry how far its features move from the first model to the second
+(:func:`engine.reproduce.outcomes.same_image_cosines`: the same image's old and new features, on the test queries and
+on the old classes' training images), the measured reason a margin fails when the upgrade itself is better.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -62,6 +66,7 @@ class Row:
     training: dict | None = None  # the method's training accuracy: {"mean", "min", "n"} over models and seeds
     gain: dict | None = None  # a margin's own gain M(t, t) - M(k, k) over seeds: {"mean", "lo", "hi", "n"}
     paper_gain: float | None = None  # the paper's, where it prints both self-tests
+    drift: dict | None = None  # same-image cosine, first to second model, mean over seeds: {"test", "trained", "n"}
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,24 @@ def reading_runs(db: Engine, experiment_ids: Sequence[int], *, view: str, metric
     return SeedRuns(tuple(matrices), tuple(items) if hierarchical else None)
 
 
+def feature_drift(db: Engine, runs: dict[tuple[int, str], int], method: str) -> dict | None:
+    """``method``'s same-image cosines (first to second model) over its finished seeds: ``{"test", "trained", "n"}``
+    means (NaN-free seeds only); None when no seed's features give them."""
+    from engine.reproduce.outcomes import same_image_cosines  # here: the table loads no torch
+
+    got = []
+    for (seed, m), exp_id in sorted(runs.items()):
+        if m == method:
+            try:
+                got.append(same_image_cosines(db, exp_id))
+            except (ValueError, LookupError, OSError):
+                return None
+    if not got:
+        return None
+    mean = {k: float(np.nanmean(v)) if np.isfinite(v := [g[k] for g in got]).any() else None for k in ("test", "trained")}
+    return {**mean, "n": len(got)}
+
+
 def training_accuracy(db: Engine, runs: dict[tuple[int, str], int], method: str) -> dict:
     """``method``'s training accuracy over its finished seeds: ``{"mean", "min", "n"}`` over every model (None when
     nothing is stored)."""
@@ -255,9 +278,12 @@ def claim_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], *, in
     """The claim's rows, then the negative control's (its margins of the same cross-tests and its AC), under the
     claim's own convention, then under each of its readings."""
     training = {m: training_accuracy(db, runs, m) for m in claim.methods}
+    # the encoder's drift: a method read in a derived view (PSP's softmax, LSP's logits) is judged in that view
+    drift = {m: feature_drift(db, runs, m) if claim.view(m) == "encoder" else None for m in claim.methods}
     rows = []
     for reading in (None, *claim.readings):
-        rows += reading_rows(db, claim, runs, reading, training, interval=interval, resamples=resamples)
+        rows += [dataclasses.replace(r, drift=drift[r.method.removesuffix(CONTROL_SUFFIX)])
+                 for r in reading_rows(db, claim, runs, reading, training, interval=interval, resamples=resamples)]
     return rows
 
 
@@ -285,7 +311,7 @@ def reading_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], rea
             word = "fails (as it must)" if ac_paper is None or iv["hi"] < ac_paper else "does not fail: the test cannot tell"
         else:
             word = "fails (as it must)" if iv["hi"] < 0 else "does not fail: the test cannot tell"
-        rows.append(Row(claim.name, f"{CONTROL} (control)", cell.label if cell.cell else "AC", None, values, iv, "", word,
+        rows.append(Row(claim.name, f"{CONTROL}{CONTROL_SUFFIX}", cell.label if cell.cell else "AC", None, values, iv, "", word,
                         kind, control.why, reading, training[CONTROL]))
     return rows
 
@@ -315,17 +341,34 @@ def _gain(row: Row) -> str:
 
 
 def why_lines(rows: Sequence[Row]) -> list[str]:
-    """Why a margin the paper reads as compatible does not reproduce, when the measured reason is the premise: the
-    newer model is itself no better at the evaluation (own gain interval below zero, the paper's above)."""
-    out = []
+    """Why a row the paper reads as compatible (a margin >= 0, or an AC above 0) does not reproduce, as measured: the
+    newer model is itself no better at the evaluation (own gain interval below zero, the paper's above); else, when
+    the features' drift is stored, how far the same image's feature moves from the old model to the new one. One line
+    per method, cell and reason, naming every reading it holds under."""
+    found: dict[tuple[str, str, str], list[str]] = {}
     for r in rows:
-        g = r.gain
-        if (r.verdict == "does not" and r.paper is not None and r.paper >= 0 and g and g["hi"] is not None
-                and g["hi"] < 0 and (r.paper_gain is None or r.paper_gain > 0)):
-            where = "our convention" if r.reading is None else r.reading.label
-            out.append(f"why {r.method} {r.label} ({where}): the newer model is itself worse than the old one on these "
-                       f"items (own gain {_gain(r)} points), so no cross-test can be expected to beat the old self-test")
-    return out
+        if r.verdict != "does not" or r.paper is None or r.paper < 0 or (r.label == "AC" and r.paper == 0):
+            continue
+        g, where = r.gain, "our convention" if r.reading is None else r.reading.label
+        if g and g["hi"] is not None and g["hi"] < 0 and (r.paper_gain is None or r.paper_gain > 0):
+            why = (f"the newer model is itself worse than the old one on these items (own gain {_gain(r)} points), so "
+                   "no cross-test can be expected to beat the old self-test")
+        elif r.drift and r.drift["test"] is not None:
+            trained = "" if r.drift["trained"] is None else f"; {r.drift['trained']:.2f} on the old classes' training images"
+            why = (f"the features move: the same test image's old and new features have cosine {r.drift['test']:.2f}"
+                   f"{trained} (1 = unmoved)")
+        else:
+            continue
+        found.setdefault((r.method, r.label, why), []).append(where)
+    return [f"why {method} {label} ({'; '.join(where)}): {why}" for (method, label, why), where in found.items()]
+
+
+def _drift(row: Row) -> str:
+    """The same-image cosines, test / trained: ``0.57 / 0.93``."""
+    d = row.drift
+    if not d:
+        return "-"
+    return " / ".join("-" if d[k] is None else f"{d[k]:.2f}" for k in ("test", "trained"))
 
 
 def _training(row: Row) -> str:
@@ -335,10 +378,11 @@ def _training(row: Row) -> str:
     return f"{100 * a['mean']:.1f} % (min {100 * a['min']:.1f})"
 
 
+CONTROL_SUFFIX = " (control)"  # the negative control's rows: its method name and this
 SHORT = {"hierarchical": "seeds, then items", "seeds": "t over seeds"}  # the interval column's words
 MARKDOWN_COLUMNS = ("cell", "paper's convention", "our convention", "row", "paper", "ours: mean [95 % interval] (seeds)",
                     "interval", "verdict (paper in ours)", "own gain: ours [t over seeds]; paper",
-                    "training accuracy: mean (min)")
+                    "same image old -> new: cos test / trained", "training accuracy: mean (min)")
 CONVENTION_ORDER = "protocol / eval classes / gallery / metric"
 
 
@@ -363,7 +407,9 @@ def markdown_header(interval: str = DEFAULT_INTERVAL, *, environment: str = "", 
         lines.append(f"Made with: {environment}.")
     lines.append(f"Interval: 95 %, {INTERVALS[interval]}, {RESAMPLES} resamples; margins in points (cross-test minus the "
                  f"old model's self-test), AC as a share; n = seeds; conventions: {CONVENTION_ORDER}; own gain: the newer "
-                 f"model's self-test minus the old one's on the cross-test's items (paper 002's Update Gain denominator); "
+                 f"model's self-test minus the old one's on the cross-test's items (paper 002's Update Gain denominator); same "
+                 f"image old -> new: the mean cosine of one image's features under the first and the second model, on the "
+                 f"test queries / the old classes' training images; "
                  f"training accuracy: each model's top-1 on its stored training images, over the models and seeds.")
     lines.append("")
     lines.append("| " + " | ".join(MARKDOWN_COLUMNS) + " |")
@@ -381,7 +427,7 @@ def render(claim: Claim, rows: Sequence[Row], *, markdown: bool = False) -> str:
             cells = (claim.name, " / ".join(claim.paper_convention.values()), " / ".join(row_convention(claim, r).values()),
                      f"{r.method} {r.label}", paper,
                      _ours(r), SHORT[r.interval_kind], f"{r.verdict}{f' ({r.inside})' if r.inside else ''}", _gain(r),
-                     _training(r))
+                     _drift(r), _training(r))
             out.append("| " + " | ".join(cells) + " |")
         return "\n".join(out)
     kinds = dict.fromkeys(r.interval_kind for r in rows) or {"seeds": None}
@@ -399,9 +445,9 @@ def render(claim: Claim, rows: Sequence[Row], *, markdown: bool = False) -> str:
             reading = r.reading
             lines.append(f"  under {'our convention' if reading is None else 'eval_classes ' + reading.label}:")
             lines.append(f"  {'method':<24}{'cell':<22}{'paper':>8}  {'ours':<34}{'paper in ours':<15}{'verdict':<36}"
-                         f"{'own gain; paper':<34}training accuracy")
+                         f"{'own gain; paper':<34}{'cos test / trained':<20}training accuracy")
         paper = "" if r.paper is None else _num(r.paper, r.label != "AC")
         lines.append(f"  {r.method:<24}{r.label:<22}{paper:>8}  {_ours(r):<34}{r.inside:<15}{r.verdict:<36}"
-                     f"{_gain(r):<34}{_training(r)}")
+                     f"{_gain(r):<34}{_drift(r):<20}{_training(r)}")
     lines += [f"  {w}" for w in why_lines(rows)]
     return "\n".join(lines)
