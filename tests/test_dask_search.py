@@ -182,3 +182,40 @@ def test_a_partition_whose_items_changed_is_refused(tmp_path):
     assert np.array_equal(top.ids, want) and top.n_gallery == 70
     with pytest.raises(SourceError, match="changed while it was read"):
         partition_topk(specs.old_gallery, "old gallery", 50, 120, ids_digest(ids[51:121]), q, k=3)
+
+
+@pytest.mark.parametrize("after", [0, 1])
+def test_a_cancelled_job_cancels_the_sharded_search(tmp_path, after):
+    """The job's cancel event, set before the search or after its first finished task, ends the wait with Cancelled
+    and cancels every task on the cluster (an in-process threads cluster: the same client calls, no processes)."""
+    distributed = pytest.importorskip("distributed")
+    import threading
+    import time
+
+    from engine.core.signals import Cancelled, cancel_scope
+    from engine.evaluate.dask_search import sharded_topk
+
+    tabs = tables(embeddings())
+    specs = write_all("parquet", tmp_path / "p", tabs)
+    ids, _, _ = tabs["old_gallery"]
+    queries = tabs["old_queries"][1]
+    event = threading.Event()
+    seen: list[int] = []
+
+    def progress(done, total):
+        seen.append(done)
+        if len(seen) >= after:
+            event.set()
+
+    if after == 0:
+        event.set()
+    with (distributed.Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as client,
+          cancel_scope(event)):
+        with pytest.raises(Cancelled, match=r"cancelled during the sharded search \(\d+ of 25 tasks done\)"):
+            sharded_topk(client, specs.old_gallery, "old gallery", ids, queries, k=3,
+                         fan_out=FanOut(block_rows=10, shard_rows=50), progress=progress)
+        assert len(seen) == after  # it stopped at the first look after the event
+        deadline = time.monotonic() + 60  # the scheduler releases cancelled keys asynchronously: wait for it
+        while client.who_has() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not client.who_has()  # nothing of the search is kept on the cluster

@@ -445,3 +445,22 @@ def test_adapter_qrels_refusals_are_one_line(tmp_path, capsys, better, extra, me
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_the_sources_job_runs_where_the_workers_setting_says(tmp_path, better, monkeypatch):
+    """A worker's $COMPATLAB_DASK_SCHEDULER is where a sources check searches (a bad one: one line, nothing stored)."""
+    from engine.core.contract import sources_check_payload
+    from engine.jobs.job_handlers import JobContext, sources_check_job
+    from storage import get_engine, init_db, load_source_check, payload_hash, session_scope
+
+    specs = write(tmp_path / "j", better)
+    db = get_engine(f"sqlite:///{tmp_path / 'j.db'}")
+    init_db(db)
+    payload = sources_check_payload({"old_gallery": specs.old_gallery, "old_queries": specs.old_queries,
+                                     "new_queries": specs.new_queries}, relevance="labels")
+    monkeypatch.setenv("COMPATLAB_DASK_SCHEDULER", "nowhere")
+    with pytest.raises(ValueError, match=r"^\$COMPATLAB_DASK_SCHEDULER 'nowhere' is not a cluster") as exc:
+        sources_check_job(db, payload, JobContext(lambda f, m: None, lambda: False, None))
+    assert "\n" not in str(exc.value)
+    with session_scope(db) as s:
+        assert load_source_check(s, payload_hash("sources_check", payload)) is None

@@ -23,6 +23,7 @@ import numpy as np
 
 from engine.core.cluster import LOCAL, ClusterSpec
 from engine.core.fan_out import FanOut
+from engine.core.signals import Cancelled, cancel_requested
 from engine.core.threads import library_env, per_process
 from engine.metrics.topk import TopK, merge_topk, stream_topk
 from engine.sources import open_source
@@ -30,6 +31,7 @@ from engine.sources.base import join_ids
 from engine.sources.text import SourceError, first_line
 
 CONNECT_TIMEOUT_S = 30
+CANCEL_POLL_S = 0.5  # how often the wait for the tasks looks at the job's cancel event
 
 
 def _distributed(spec: ClusterSpec) -> Any:
@@ -108,8 +110,10 @@ def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np
                  progress: Callable[[int, int], None] | None = None) -> TopK:
     """Each query's top-``k`` rows of the source ``text`` whose ids in reading order are ``ids``, computed on the
     client's cluster as (query block x gallery partition) tasks and merged exactly (module docstring).
-    ``progress(done, total)`` is called as tasks finish."""
-    from distributed import as_completed
+    ``progress(done, total)`` is called as tasks finish; a cancelled job (:func:`engine.core.signals.cancel_requested`)
+    raises :class:`~engine.core.signals.Cancelled` within :data:`CANCEL_POLL_S` and its tasks are cancelled on the
+    cluster."""
+    from distributed import wait
 
     n_g, n_q = len(ids), len(queries)
     if not n_g:
@@ -122,9 +126,18 @@ def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np
                for block in q_blocks]
     flat = [f for row in futures for f in row]
     try:
-        for done, future in enumerate(as_completed(flat), 1):
-            future.result()  # a task's error, raised here as it was raised there
-            if progress is not None:
+        pending, done = set(flat), 0
+        while pending:
+            if cancel_requested():  # the job was cancelled: the tasks are cancelled below, nothing is kept
+                raise Cancelled(f"cancelled during the sharded search ({done} of {len(flat)} tasks done)")
+            try:
+                finished, pending = wait(pending, timeout=CANCEL_POLL_S, return_when="FIRST_COMPLETED")
+            except TimeoutError:  # none finished within the poll: look at the cancel event again
+                continue
+            for future in finished:
+                future.result()  # a task's error, raised here as it was raised there
+            done += len(finished)
+            if progress is not None and finished:
                 progress(done, len(flat))
         merged = [merge_topk(client.gather(row), k) for row in futures]
     finally:

@@ -105,6 +105,7 @@ def sources_check_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -
     payload hash (``storage.save_source_check``) with its migration plan, where the Upgrade check page reads it: with
     the new gallery the default adapters fitted on its pairs and the threshold (``engine.upgrade.source_remedies``, as
     ``check-upgrade --old-gallery ... --new-gallery ... --plan``), else from the verdicts alone."""
+    from engine.core.cluster import requested_cluster
     from engine.core.contract import check_job_sources
     from engine.upgrade.from_sources import SourceSpecs, check_sources
     from engine.upgrade.migration import or_verdicts, plan_from_verdicts
@@ -116,7 +117,8 @@ def sources_check_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -
     check = check_sources(specs, relevance=payload["relevance"], k=int(payload["k"]), metric=payload.get("metric"),
                           names=tuple(payload["names"]), margin=payload.get("margin", 0.0),
                           ties=payload.get("ties", "fail"),  # older payloads: strict ECC
-                          progress=lambda f, m: job.progress(0.8 * f, m))
+                          progress=lambda f, m: job.progress(0.8 * f, m),
+                          cluster=requested_cluster(None))  # the worker's $COMPATLAB_DASK_SCHEDULER: where, not what
     if specs.new_gallery is None:
         plan = plan_from_verdicts(check.report).to_json()
     else:  # a gallery too small to fit an adapter on: the verdicts alone, saying why (as the in-memory plan)
