@@ -172,7 +172,7 @@ def test_training_accuracy_and_reading_rows_from_stored_runs(tmp_path):
     cos = np.sum(OLD * NEW, 1) / np.linalg.norm(OLD, axis=1) / np.linalg.norm(NEW, axis=1)
     assert same_image_cosines(db, runs[(0, "cores")])["test"] == pytest.approx(cos.mean())
     assert np.isnan(same_image_cosines(db, runs[(0, "cores")])["trained"])
-    assert all(r.drift == pytest.approx({"test": cos.mean(), "trained": None, "n": 2}) for r in rows)
+    assert all(r.drift == pytest.approx({"test": cos.mean(), "trained": None, "n": 2, "view": "encoder"}) for r in rows)
     text = render(claim, rows)
     assert f"{cos.mean():.2f} / -" in text
     assert "under eval_classes all, items of classes both models trained:" in text and "70.8 % (min 66.7)" in text
@@ -216,3 +216,28 @@ def test_why_names_how_far_the_features_move_when_the_upgrade_is_better():
     assert len(why_lines([ac, seen])) == 1
     paper_zero = Row("C", "cores", "AC", 0.0, (), iv, "outside", "does not", drift={"test": 0.5, "trained": 0.9, "n": 1})
     assert why_lines([paper_zero]) == []  # a paper AC of 0 claims no compatibility to explain
+
+
+def test_same_image_cosines_in_a_derived_view_keep_the_old_models_columns(tmp_path):
+    """LSP (paper 000): the first C^1 logits of both models, centred per row, compared by cosine; by hand."""
+    db = get_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    init_db(db)
+    rng = np.random.default_rng(3)
+    old_logits, new_logits = rng.normal(size=(6, 2)), rng.normal(size=(6, 3))  # C^1 = 2, C^2 = 3
+    versions = [NewVersion(architecture="external", method="lsp", classes=list(range(lg.shape[1])),
+                           num_outputs=lg.shape[1], feature_dim=2,
+                           outputs={"query": {"encoder": f, "logits": lg}, "gallery": {"encoder": f, "logits": lg}},
+                           labels={"query": LABELS, "gallery": LABELS})
+                for f, lg in ((OLD, old_logits), (NEW, new_logits))]
+    sets = [{"query_features": f, "query_labels": LABELS, "gallery_features": f, "gallery_labels": LABELS}
+            for f in (OLD, NEW)]
+    exp = record_experiment(db, name="lsp", method="lsp", config={"name": "lsp", "eval": {"protocol": "closed-set"}},
+                            versions=versions, results={"encoder": compatibility_matrices(sets, metrics=("recall@1",),
+                                                                                          same_set=True)},
+                            gallery_kind="instance")
+    a = old_logits - old_logits.mean(axis=1, keepdims=True)
+    b = new_logits[:, :2] - new_logits[:, :2].mean(axis=1, keepdims=True)  # the new model's first C^1 outputs
+    want = np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    got = same_image_cosines(db, exp, "lsp")
+    assert got["test"] == pytest.approx(want.mean(), abs=1e-6)  # float32 storage of the logits
+    assert np.isnan(got["trained"])  # no train split stored

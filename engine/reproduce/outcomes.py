@@ -134,11 +134,13 @@ def own_gain(db: Engine, experiment_id: int, cell: tuple[int, int], *, view: str
     return value(t) - value(k)
 
 
-def same_image_cosines(db: Engine, experiment_id: int) -> dict[str, float]:
+def same_image_cosines(db: Engine, experiment_id: int, view: str = "encoder") -> dict[str, float]:
     """How far one image's feature moves from the first model to the second of a stored experiment: the mean cosine of
-    the same image's two encoder features over the test queries (``"test"``; open set: classes no model trained) and
-    over the stored training images of the classes the first model learned (``"trained"``, where a method's loss
-    acts; NaN without a stored ``train`` split). A zero feature is left out (its cosine is undefined)."""
+    the same image's two features in ``view`` over the test queries (``"test"``; open set: classes no model trained)
+    and over the stored training images of the classes the first model learned (``"trained"``, where a method's loss
+    acts; NaN without a stored ``train`` split). A derived view (PSP, LSP) keeps the first model's C^1 outputs on both
+    sides, as their cross-test does. A zero feature is left out (its cosine is undefined)."""
+    raw = DERIVED_VIEWS.get(view, view)
     with session_scope(db) as s:
         versions = list_model_versions(s, experiment_id)[:2]
         if len(versions) < 2:
@@ -146,12 +148,14 @@ def same_image_cosines(db: Engine, experiment_id: int) -> dict[str, float]:
         out = {}
         for split, key in (("query", "test"), ("train", "trained")):
             try:
-                (fo, lo, io), (fn, _, in_) = (load_feature_set(s, v.id, split, "encoder") for v in versions)
+                (fo, lo, io), (fn, _, in_) = (load_feature_set(s, v.id, split, raw) for v in versions)
             except ValueError:  # no such split stored
                 out[key] = float("nan")
                 continue
             if io is not None and in_ is not None and not np.array_equal(io, in_):
                 raise ValueError(f"experiment {experiment_id}: its models' {split} features are not of the same images")
+            if view != raw:
+                fo, fn = cell_features({raw: fo}, {raw: fn}, view, columns=len(versions[0].classes))
             keep = np.asarray(lo) < len(versions[0].classes) if split == "train" else np.ones(len(lo), bool)
             a, b = np.asarray(fo, np.float64)[keep], np.asarray(fn, np.float64)[keep]
             with np.errstate(invalid="ignore", divide="ignore"):

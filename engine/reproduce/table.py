@@ -167,22 +167,22 @@ def reading_runs(db: Engine, experiment_ids: Sequence[int], *, view: str, metric
     return SeedRuns(tuple(matrices), tuple(items) if hierarchical else None)
 
 
-def feature_drift(db: Engine, runs: dict[tuple[int, str], int], method: str) -> dict | None:
-    """``method``'s same-image cosines (first to second model) over its finished seeds: ``{"test", "trained", "n"}``
-    means (NaN-free seeds only); None when no seed's features give them."""
+def feature_drift(db: Engine, runs: dict[tuple[int, str], int], method: str, view: str = "encoder") -> dict | None:
+    """``method``'s same-image cosines (first to second model) in ``view`` over its finished seeds:
+    ``{"test", "trained", "n", "view"}`` means (NaN-free seeds only); None when no seed's features give them."""
     from engine.reproduce.outcomes import same_image_cosines  # here: the table loads no torch
 
     got = []
     for (seed, m), exp_id in sorted(runs.items()):
         if m == method:
             try:
-                got.append(same_image_cosines(db, exp_id))
+                got.append(same_image_cosines(db, exp_id, view))
             except (ValueError, LookupError, OSError):
                 return None
     if not got:
         return None
     mean = {k: float(np.nanmean(v)) if np.isfinite(v := [g[k] for g in got]).any() else None for k in ("test", "trained")}
-    return {**mean, "n": len(got)}
+    return {**mean, "n": len(got), "view": view}
 
 
 def training_accuracy(db: Engine, runs: dict[tuple[int, str], int], method: str) -> dict:
@@ -278,8 +278,7 @@ def claim_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], *, in
     """The claim's rows, then the negative control's (its margins of the same cross-tests and its AC), under the
     claim's own convention, then under each of its readings."""
     training = {m: training_accuracy(db, runs, m) for m in claim.methods}
-    # the encoder's drift: a method read in a derived view (PSP's softmax, LSP's logits) is judged in that view
-    drift = {m: feature_drift(db, runs, m) if claim.view(m) == "encoder" else None for m in claim.methods}
+    drift = {m: feature_drift(db, runs, m, claim.view(m)) for m in claim.methods}  # in the view each is judged in
     rows = []
     for reading in (None, *claim.readings):
         rows += [dataclasses.replace(r, drift=drift[r.method.removesuffix(CONTROL_SUFFIX)])
@@ -355,8 +354,9 @@ def why_lines(rows: Sequence[Row]) -> list[str]:
                    "no cross-test can be expected to beat the old self-test")
         elif r.drift and r.drift["test"] is not None:
             trained = "" if r.drift["trained"] is None else f"; {r.drift['trained']:.2f} on the old classes' training images"
-            why = (f"the features move: the same test image's old and new features have cosine {r.drift['test']:.2f}"
-                   f"{trained} (1 = unmoved)")
+            view = "" if r.drift.get("view", "encoder") == "encoder" else f" {r.drift['view'].upper()}"
+            why = (f"the features move: the same test image's old and new{view} features have cosine "
+                   f"{r.drift['test']:.2f}{trained} (1 = unmoved)")
         else:
             continue
         found.setdefault((r.method, r.label, why), []).append(where)
