@@ -29,6 +29,7 @@ from engine.core.fan_out import FanOut
 from engine.evaluate.dask_search import dask_client, sharded_topk
 from engine.metrics.topk import stream_topk
 from engine.sources import open_source
+from engine.upgrade.from_sources import in_order
 
 ROW_GROUP = 50_000
 
@@ -69,8 +70,7 @@ def main() -> None:
         start = time.perf_counter()
         source = open_source(text, what="old gallery")
         try:
-            alone = stream_topk(queries, ((np.arange(lo, lo + len(b), dtype=np.int64), b.vectors)
-                                          for lo, b in _positions(source.blocks(65536))), k=args.k)
+            alone = stream_topk(queries, in_order(source, ids, 65536), k=args.k)  # as check-upgrade streams it
         finally:
             source.close()
         t_alone = time.perf_counter() - start
@@ -90,14 +90,6 @@ def main() -> None:
           f"{-(-args.items // args.shard_rows)} partitions")
     print(f"ratio baseline / Dask search: {t_alone / t_dask:.2f}x; with the start: {t_alone / (t_dask + t_start):.2f}x")
     print(f"same ids and tie counts: {same}; scores within 1e-6: {close}")
-
-
-def _positions(blocks):
-    """``(first row, block)`` of consecutive blocks."""
-    at = 0
-    for block in blocks:
-        yield at, block
-        at += len(block)
 
 
 if __name__ == "__main__":

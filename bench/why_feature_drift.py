@@ -25,18 +25,11 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from engine.reproduce.claims import CLAIMS
-from engine.reproduce.outcomes import same_image_cosines
+from engine.reproduce.outcomes import row_cosines, same_image_cosines
 from engine.reproduce.plan import stored_runs, study_config
 from storage import get_engine, list_model_versions, load_feature_set, session_scope
 
 HEAD = "head.fc.weight"  # a learnable linear head's weight in a checkpoint (engine.models.heads.LinearHead)
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise cosine of two feature arrays of the same images (NaN for a zero feature)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
 def drift(features_old: np.ndarray, features_new: np.ndarray, head_old: np.ndarray) -> dict[str, float]:
@@ -47,7 +40,7 @@ def drift(features_old: np.ndarray, features_new: np.ndarray, head_old: np.ndarr
         f = np.asarray(f, np.float64)
         out[f"share in W_old's rows, {name}"] = float(np.mean(np.sum((f @ basis) ** 2, 1) / np.sum(f ** 2, 1)))
     a, b = np.asarray(features_old, np.float64), np.asarray(features_new, np.float64)
-    out["cos in W_old's rows"] = float(np.nanmean(cosines(a @ basis, b @ basis)))
+    out["cos in W_old's rows"] = float(np.nanmean(row_cosines(a @ basis, b @ basis)))
     return out
 
 

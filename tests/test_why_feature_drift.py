@@ -22,8 +22,9 @@ def test_a_feature_that_keeps_the_head_directions_but_grows_outside_them():
 
 
 def test_cosines_by_hand_and_a_zero_feature_is_nan():
-    cosines = runpy.run_path(str(ROOT / "bench" / "why_feature_drift.py"))["cosines"]
-    got = cosines(np.array([[3.0, 4, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]), np.array([[3.0, 4, 0, 5], [2, 0, 2, 0], [1, 0, 0, 0]]))
+    from engine.reproduce.outcomes import row_cosines  # the bench's and the reproduce table's one cosine
+
+    got = row_cosines(np.array([[3.0, 4, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]), np.array([[3.0, 4, 0, 5], [2, 0, 2, 0], [1, 0, 0, 0]]))
     np.testing.assert_allclose(got[:2], [25 / (5 * np.sqrt(50)), 2 / np.sqrt(8)], rtol=1e-12)
     assert np.isnan(got[2])
 

@@ -157,11 +157,16 @@ def same_image_cosines(db: Engine, experiment_id: int, view: str = "encoder") ->
             if view != raw:
                 fo, fn = cell_features({raw: fo}, {raw: fn}, view, columns=len(versions[0].classes))
             keep = np.asarray(lo) < len(versions[0].classes) if split == "train" else np.ones(len(lo), bool)
-            a, b = np.asarray(fo, np.float64)[keep], np.asarray(fn, np.float64)[keep]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                cos = np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+            cos = row_cosines(np.asarray(fo)[keep], np.asarray(fn)[keep])
             out[key] = float(np.nanmean(cos)) if np.isfinite(cos).any() else float("nan")
     return out
+
+
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine of two feature arrays of the same images, in float64 (NaN for a zero feature)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
 def part_mask(part: str, learned: int, query_labels: np.ndarray, gallery_labels: np.ndarray | None = None) -> np.ndarray:

@@ -27,7 +27,6 @@ on the old classes' training images), the measured reason a margin fails when th
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -281,14 +280,16 @@ def claim_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], *, in
     drift = {m: feature_drift(db, runs, m, claim.view(m)) for m in claim.methods}  # in the view each is judged in
     rows = []
     for reading in (None, *claim.readings):
-        rows += [dataclasses.replace(r, drift=drift[r.method.removesuffix(CONTROL_SUFFIX)])
-                 for r in reading_rows(db, claim, runs, reading, training, interval=interval, resamples=resamples)]
+        rows += reading_rows(db, claim, runs, reading, training, drift, interval=interval, resamples=resamples)
     return rows
 
 
 def reading_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], reading: Reading | None,
-                 training: dict[str, dict], *, interval: str = DEFAULT_INTERVAL, resamples: int = RESAMPLES) -> list[Row]:
-    """:func:`claim_rows` under one reading (None: the claim's own convention); ``training``: per method."""
+                 training: dict[str, dict], drift: dict[str, dict | None] | None = None, *,
+                 interval: str = DEFAULT_INTERVAL, resamples: int = RESAMPLES) -> list[Row]:
+    """:func:`claim_rows` under one reading (None: the claim's own convention); ``training`` and ``drift``: per
+    method."""
+    drift = drift or {}
     rows = []
     by_method = {m: method_runs(db, runs, claim, m, interval=interval, reading=reading) for m in claim.methods}
     control = by_method[CONTROL]
@@ -299,7 +300,7 @@ def reading_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], rea
         gain = gain_interval(db, runs, claim, cell.method, cross, reading) if (cross := _one_cross(cell, by_method)) else None
         rows.append(Row(claim.name, cell.method, cell.label, cell.value, values, iv, _inside(cell.value, iv),
                         _verdict(cell, iv, control_ac), kind, by_method[cell.method].why, reading, training[cell.method],
-                        gain, cell.gain))
+                        gain, cell.gain, drift.get(cell.method)))
     ac_paper = max((c.value for c in claim.cells if c.cell is None), default=None)
     for cell in {c.cell: c for c in claim.cells}.values():
         values, iv, kind = cell_interval(cell.cell, control, resamples=resamples)
@@ -310,8 +311,8 @@ def reading_rows(db: Engine, claim: Claim, runs: dict[tuple[int, str], int], rea
             word = "fails (as it must)" if ac_paper is None or iv["hi"] < ac_paper else "does not fail: the test cannot tell"
         else:
             word = "fails (as it must)" if iv["hi"] < 0 else "does not fail: the test cannot tell"
-        rows.append(Row(claim.name, f"{CONTROL}{CONTROL_SUFFIX}", cell.label if cell.cell else "AC", None, values, iv, "", word,
-                        kind, control.why, reading, training[CONTROL]))
+        rows.append(Row(claim.name, f"{CONTROL} (control)", cell.label if cell.cell else "AC", None, values, iv, "", word,
+                        kind, control.why, reading, training[CONTROL], drift=drift.get(CONTROL)))
     return rows
 
 
@@ -378,7 +379,6 @@ def _training(row: Row) -> str:
     return f"{100 * a['mean']:.1f} % (min {100 * a['min']:.1f})"
 
 
-CONTROL_SUFFIX = " (control)"  # the negative control's rows: its method name and this
 SHORT = {"hierarchical": "seeds, then items", "seeds": "t over seeds"}  # the interval column's words
 MARKDOWN_COLUMNS = ("cell", "paper's convention", "our convention", "row", "paper", "ours: mean [95 % interval] (seeds)",
                     "interval", "verdict (paper in ours)", "own gain: ours [t over seeds]; paper",
