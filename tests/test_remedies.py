@@ -127,8 +127,8 @@ def _report():
 
 PASS = _v("compatible", 0.02, 0.01, 0.03)
 ADAPTER = {"name": "procrustes", "compatibility": PASS}
-TRANSFORM = {"name": "procrustes corpus transform", "kind": "procrustes", "compatibility": PASS, "transformed": 0.7}
-CASCADE = {"name": "cascade at N = 200", "n": 200, "first_stage": "new queries", "compatibility": PASS, "value": 0.65}
+TRANSFORM = {"name": "procrustes", "kind": "procrustes", "compatibility": PASS, "transformed": 0.7}
+CASCADE = {"name": "at N = 200", "n": 200, "first_stage": "new queries", "compatibility": PASS, "value": 0.65}
 ROLLOUT = {"ordering": "random", "to_old_self": 0.3, "area": 0.6}
 
 

@@ -215,6 +215,8 @@ def option_line(o: Mapping[str, Any], *, picked: bool) -> str:
     """One remedy in words: its verdict with the interval (at its own level), its costs, and whether the plan
     recommends it."""
     judged = f"{o['verdict']} ({interval(o, o['level'])})" if o["lo"] is not None else o["verdict"]
+    if o.get("vs_new_new"):  # a corpus transform: what it keeps of the full re-embedding, paired on the same queries
+        judged += f"; against the full re-embedding {interval(o['vs_new_new'], o['vs_new_new']['level'])}"
     return (f"{o['remedy']} {o['name']}: {judged}; cost: {o['cost']}"
             + (" <- recommended: the cheapest that passes" if picked else ""))
 
@@ -330,8 +332,7 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
                 guardrail=c["verdict"], threshold=dict(threshold) if threshold else None,
                 forecast=dict(forecast) if forecast else None,
                 recovery=tuple(recovery_rows(report, adapters)))
-    options = remedy_options(report, adapters=adapters, transforms=transforms, cascade=cascade,
-                             rollouts=rollouts if success == "better" else ())
+    options = remedy_options(report, adapters=adapters, transforms=transforms, cascade=cascade, rollouts=rollouts)
     base["options"] = tuple(options)
     alone = (f"{pct(report['new_new'])} vs {pct(report['old_old'])} ({interval(b, level)}: {success})"
              if b["verdict"] != NOT_JUDGED
@@ -343,11 +344,12 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
         numbers[f"adapter {a['name']} -> {old} gallery vs {old} alone"] = (
             f"{pct(a.get('adapted_old'))} ({interval(a['compatibility'], level)}: {a['compatibility']['verdict']})")
     for t in transforms:
-        numbers[f"{new} queries on the {old} gallery through {t['name']} vs {old} alone"] = (
-            f"{pct(t.get('transformed'))} ({interval(t['compatibility'], level)}: {t['compatibility']['verdict']})")
+        numbers[f"{new} queries on the {old} gallery transformed by {t['name']} vs {old} alone"] = (
+            f"{pct(t.get('transformed'))} ({interval(t['compatibility'], t.get('level', level))}: "
+            f"{t['compatibility']['verdict']})")
     if cascade is not None:
-        numbers[f"{cascade['name']} ({cascade['first_stage']} first) vs {old} alone"] = (
-            f"{pct(cascade.get('value'))} ({interval(cascade['compatibility'], level)}: "
+        numbers[f"cascade {cascade['name']} ({cascade['first_stage']} first) vs {old} alone"] = (
+            f"{pct(cascade.get('value'))} ({interval(cascade['compatibility'], cascade.get('level', level))}: "
             f"{cascade['compatibility']['verdict']})")
     for r in rollouts:
         via = f" with adapter {r['adapter']}" if r.get("adapter") else ""
@@ -397,12 +399,12 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
         t = next(t for t in transforms if str(t["name"]) == pick["name"])
         return Plan("transform the gallery", f"The {t['kind']} map {old} -> {new} turns the stored {old} vectors into "
                     f"{new}'s space, where {new}'s own queries {_passes(t['compatibility'], margin)} {old} alone "
-                    f"({interval(t['compatibility'], level)}); transform the gallery once into a new file, then serve "
+                    f"({interval(t['compatibility'], t.get('level', level))}); transform the gallery once into a new file, then serve "
                     f"{new}." + why, remedy=pick["name"], vectors_to_transform=n, notes=unjudged, **base)
     if kind == "cascade":
         return Plan("serve a cascade", f"{new}'s queries ({cascade['first_stage']}) fetch the {old} index's top "
                     f"{int(cascade['n']):,}, which {new} re-scores; they {_passes(cascade['compatibility'], margin)} "
-                    f"{old} alone ({interval(cascade['compatibility'], level)}), the smallest N of the curve that "
+                    f"{old} alone ({interval(cascade['compatibility'], cascade.get('level', level))}), the smallest N of the curve that "
                     "passes." + why, remedy=pick["name"], notes=unjudged, **base)
     if kind == "full re-embedding":
         return Plan("re-embed the gallery", f"{new} is better than {old} on its own ({interval(b, level)}) but no "

@@ -125,9 +125,9 @@ def transform_rows(old: CellFeatures, new: CellFeatures, report: UpgradeReport, 
         guard = judge(oo, t, report, level=level, base_lists=oo_l, other_lists=t_l, groups=grp)
         kept = judge(nn, t, report, base_lists=nn_l, other_lists=t_l, rule=False, groups=grp)
         rows.append(json_ready({
-            "name": f"{kind} corpus transform", "kind": kind, "direction": direction(m), "pairs": len(fitted),
+            "name": kind, "kind": kind, "direction": direction(m), "pairs": len(fitted),
             "fit_seconds": fit_s, "apply_seconds": apply_s, "vectors": len(g_old), "transformed": _mean(t),
-            "old_old": _mean(oo), "new_new": _mean(nn), "compatibility": asdict(guard), "vs_new_new": asdict(kept),
+            "old_old": _mean(oo), "new_new": _mean(nn), "compatibility": asdict(guard), "vs_new_new": {**asdict(kept), "level": report.level},
             "interval": report.interval, "level": level, "report_level": report.level}))
     return rows
 
@@ -205,7 +205,7 @@ def cascade_row(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
         curve.append({"n": n, "value": _mean(values), "compatibility": asdict(v)})
     passing = next((p for p in curve if p["compatibility"]["verdict"] == "compatible"), None)
     pick = passing or curve[-1]
-    return json_ready({"name": f"cascade at N = {pick['n']}", "first_stage": first_name, "n": pick["n"],
+    return json_ready({"name": f"at N = {pick['n']}", "first_stage": first_name, "n": pick["n"],
                        "smallest_passing": None if passing is None else passing["n"], "value": pick["value"],
                        "old_old": _mean(oo), "compatibility": pick["compatibility"], "curve": curve,
                        "per_query_rescorings": pick["n"], "interval": report.interval, "level": level,
