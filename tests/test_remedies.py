@@ -12,7 +12,8 @@ from engine.adapters.batch_apply import apply_to_file
 from engine.sources import open_source
 from engine.upgrade.migration import fit_rows, plan_inputs
 from engine.upgrade.plan import REMEDIES, REMEDY_DECISION, cheapest_passing, cost_key, migration_plan, remedy_options
-from engine.upgrade.remedies import OLD_TO_NEW, cascade_outcomes, cascade_row, direction, fit_transform, transform_rows
+from engine.adapters.posthoc import OLD_TO_NEW, map_direction
+from engine.upgrade.remedies import cascade_outcomes, cascade_row, fit_transform, transform_rows
 from engine.upgrade.verdict import check_upgrade
 from support.upgrade_plan_cli import rotated_back_pair
 
@@ -27,7 +28,7 @@ def unit(x: np.ndarray) -> np.ndarray:
 def test_a_transform_fitted_on_rotated_pairs_undoes_the_rotation_and_passes_the_rule():
     old, new = rotated_back_pair()  # new gallery = old gallery @ R exactly; new queries better, in R's space
     m = fit_transform("procrustes", old.gallery, new.gallery)
-    assert direction(m) == OLD_TO_NEW and m.fitted_on["direction"] == "old->new"
+    assert map_direction(m) == OLD_TO_NEW and m.fitted_on["direction"] == "old->new"
     np.testing.assert_allclose(m.apply(old.gallery), unit(new.gallery), atol=TOL)
     report = check_upgrade(old, new, resamples=200)
     assert report.verdict == "not compatible" and report.better.verdict == "better"
@@ -45,7 +46,7 @@ def test_the_transform_is_exported_with_its_direction_and_streamed_over_the_old_
     m = fit_transform("affine", old.gallery, new.gallery, options={"ridge": 0.0})
     save_adapter(m, tmp_path / "transform", onnx=False)
     back = load_adapter(tmp_path / "transform")
-    assert direction(back) == OLD_TO_NEW
+    assert map_direction(back) == OLD_TO_NEW
     store = tmp_path / "old_gallery.npz"
     np.savez(store, ids=np.arange(len(old.gallery)), vectors=old.gallery.astype(np.float32), labels=old.gallery_labels)
     before = hashlib.sha256(store.read_bytes()).hexdigest()
@@ -191,3 +192,29 @@ def test_a_cascade_refuses_a_depth_beyond_the_gallery():
     x = rng.normal(size=(4, 3))
     with pytest.raises(ValueError, match="a cascade re-scores from k = 1 to 4 candidates per query"):
         cascade_outcomes(x, x, np.zeros(4), x, x, np.zeros(4), ns=[5])
+
+
+def test_adapter_fit_old_to_new_exports_a_transform_that_apply_streams_over_the_old_gallery(tmp_path, capsys):
+    from engine.cli import main
+
+    rng = np.random.default_rng(42)
+    labels = rng.integers(0, 6, 300)
+    old = (3 * rng.standard_normal((6, 12)))[labels] + rng.standard_normal((300, 12))
+    rotation = np.linalg.qr(rng.standard_normal((12, 12)))[0]
+    ids = np.arange(300) * 7
+    np.savez(tmp_path / "old.npz", ids=ids, vectors=old.astype(np.float32), labels=labels)
+    np.savez(tmp_path / "new.npz", ids=ids, vectors=(old @ rotation).astype(np.float32), labels=labels)
+    code = main(["adapter", "fit", "--old", str(tmp_path / "old.npz"), "--new", str(tmp_path / "new.npz"),
+                 "--kind", "procrustes", "--pairs", "100", "--held-out", "50", "--resamples", "50",
+                 "--direction", "old-to-new", "--no-onnx", "--out", str(tmp_path / "t")])
+    out = capsys.readouterr().out
+    assert code == 0 and "procrustes corpus transform (old -> new, 12 -> 12 dims)" in out
+    m = load_adapter(tmp_path / "t")
+    assert map_direction(m) == OLD_TO_NEW and m.metrics["new/transformed"] == pytest.approx(m.metrics["new/new"])
+    code = main(["adapter", "apply", "--adapter", str(tmp_path / "t"), "--in", str(tmp_path / "old.npz"),
+                 "--out", str(tmp_path / "transformed.npz"), "--block-rows", "64"])
+    assert code == 0 and "300 vectors mapped 12 -> 12 dims old -> new by the procrustes corpus transform" in \
+        capsys.readouterr().out
+    with np.load(tmp_path / "transformed.npz") as got:
+        assert np.array_equal(got["ids"], ids)
+        np.testing.assert_allclose(got["vectors"], unit(old @ rotation), atol=TOL)

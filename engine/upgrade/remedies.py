@@ -2,7 +2,7 @@
 
 * **Corpus transform** (:func:`fit_transform`, :func:`transform_rows`): a post-hoc map fitted the other way, old ->
   new (the same kinds and export, :mod:`engine.adapters.posthoc`; its ``fitted_on["direction"]`` says
-  :data:`OLD_TO_NEW`), applied once to the stored old gallery (streamed: :func:`engine.adapters.batch_apply.apply_to_file`
+  :data:`engine.adapters.posthoc.OLD_TO_NEW`), applied once to the stored old gallery (streamed: :func:`engine.adapters.batch_apply.apply_to_file`
   writes a new file, the store is never touched), so the new model serves at once. Judged: the new queries on the
   transformed gallery against old/old under the report's rule (the guardrail) and against new/new (what it keeps of a
   full re-embedding), each with the report's interval. Cost: one pass over the stored vectors, no model.
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.adapters.posthoc import PosthocMap, fit_map
+from engine.adapters.posthoc import NEW_TO_OLD, OLD_TO_NEW, PosthocMap, fit_map, map_direction
 from engine.core.vocab import parse_metric
 from engine.metrics.cell_interval import cell_seed, paired_intervals
 from engine.metrics.compatibility import CellFeatures
@@ -33,7 +33,6 @@ from engine.metrics.twoway import TopLists, ranked_lists, top_lists, two_way_dep
 from engine.upgrade.verdict import BETTER, PairedVerdict, UpgradeReport, cell_scores, compare
 from storage import json_ready
 
-OLD_TO_NEW, NEW_TO_OLD = "old->new", "new->old"  # a map's direction, as its fitted_on records it (absent: new->old)
 DEFAULT_TRANSFORMS = ("procrustes", "affine")
 CASCADE_NS = (10, 20, 50, 100, 200, 500, 1000)  # candidates re-scored per query, capped by the gallery
 _BLOCK_ELEMENTS = 1 << 22  # query rows x gallery items held at once by the cascade's first stage
@@ -51,11 +50,6 @@ def fit_transform(kind: str, old: np.ndarray, new: np.ndarray, *, normalise: str
     :data:`OLD_TO_NEW`."""
     return fit_map(kind, old, new, normalise=normalise, options=options,
                    fitted_on={**(fitted_on or {}), "direction": OLD_TO_NEW})
-
-
-def direction(m: PosthocMap) -> str:
-    """The map's direction: :data:`OLD_TO_NEW` for a corpus transform, :data:`NEW_TO_OLD` (the default) otherwise."""
-    return OLD_TO_NEW if m.fitted_on.get("direction") == OLD_TO_NEW else NEW_TO_OLD
 
 
 def _lists(report: UpgradeReport, query: np.ndarray, labels: np.ndarray, gallery: np.ndarray,
@@ -125,7 +119,7 @@ def transform_rows(old: CellFeatures, new: CellFeatures, report: UpgradeReport, 
         guard = judge(oo, t, report, level=level, base_lists=oo_l, other_lists=t_l, groups=grp)
         kept = judge(nn, t, report, base_lists=nn_l, other_lists=t_l, rule=False, groups=grp)
         rows.append(json_ready({
-            "name": kind, "kind": kind, "direction": direction(m), "pairs": len(fitted),
+            "name": kind, "kind": kind, "direction": map_direction(m), "pairs": len(fitted),
             "fit_seconds": fit_s, "apply_seconds": apply_s, "vectors": len(g_old), "transformed": _mean(t),
             "old_old": _mean(oo), "new_new": _mean(nn), "compatibility": asdict(guard), "vs_new_new": {**asdict(kept), "level": report.level},
             "interval": report.interval, "level": level, "report_level": report.level}))
@@ -212,5 +206,5 @@ def cascade_row(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
                        "report_level": report.level})
 
 
-__all__ = ["CASCADE_NS", "DEFAULT_TRANSFORMS", "NEW_TO_OLD", "OLD_TO_NEW", "cascade_outcomes", "cascade_row", "direction",
+__all__ = ["CASCADE_NS", "DEFAULT_TRANSFORMS", "NEW_TO_OLD", "OLD_TO_NEW", "cascade_outcomes", "cascade_row",
            "fit_transform", "judge", "transform_rows"]
