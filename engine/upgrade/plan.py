@@ -250,7 +250,14 @@ class Plan:
     vectors_to_transform: int = 0  # a corpus transform: the stored vectors mapped once
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields, each option marked ``recommended`` when it is the one the decision took."""
+        out = asdict(self)
+        out["options"] = [{**o, "recommended": self.took(o)} for o in out["options"]]
+        return out
+
+    def took(self, option: Mapping[str, Any]) -> bool:
+        """Whether the decision is this option (its remedy's decision, its name)."""
+        return REMEDY_DECISION[option["remedy"]] == self.decision and option["name"] == self.remedy
 
     def headline(self) -> str:
         """The decision in a few words: ``ship with adapter X``, ``backfill p % in order Y``, ``ship as is``, ..."""
@@ -284,8 +291,7 @@ class Plan:
         lines += [f"- note: {n}" for n in self.notes]
         if self.options:
             lines += ["", "## Remedies side by side", ""]
-            lines += [f"- {option_line(o, picked=o['name'] == self.remedy and REMEDY_DECISION[o['remedy']] == self.decision)}"
-                      for o in self.options]
+            lines += [f"- {option_line(o, picked=self.took(o))}" for o in self.options]
         return "\n".join(lines) + "\n"
 
 
