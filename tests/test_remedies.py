@@ -218,3 +218,16 @@ def test_adapter_fit_old_to_new_exports_a_transform_that_apply_streams_over_the_
     with np.load(tmp_path / "transformed.npz") as got:
         assert np.array_equal(got["ids"], ids)
         np.testing.assert_allclose(got["vectors"], unit(old @ rotation), atol=TOL)
+
+
+def test_the_release_report_marks_the_transform_the_plan_took_and_lists_the_remedies():
+    from engine.upgrade.release_report import report_data, report_markdown
+
+    report = _report()
+    plan = migration_plan(report, rollouts=[ROLLOUT], transforms=[{**TRANSFORM, "vectors": 1000}], cascade=CASCADE)
+    data = report_data({**plan.to_json(), "headline": plan.headline(), "transforms": [{**TRANSFORM, "vectors": 1000}],
+                        "cascade": CASCADE, "rollouts": [ROLLOUT]}, report, {})
+    md = report_markdown(data)
+    assert "→ transform the v1 gallery with procrustes (old -> new, no model) (the plan's choice)" in md
+    assert "## Remedies side by side" in md and "- options" not in md and "- transforms" not in md
+    assert md.count("<- recommended") == 1
