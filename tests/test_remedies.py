@@ -13,6 +13,7 @@ from engine.sources import open_source
 from engine.upgrade.migration import fit_rows, plan_inputs
 from engine.upgrade.plan import REMEDIES, REMEDY_DECISION, cheapest_passing, cost_key, migration_plan, remedy_options
 from engine.adapters.posthoc import OLD_TO_NEW, map_direction
+from engine.metrics.compatibility import CellFeatures
 from engine.upgrade.remedies import cascade_outcomes, cascade_row, fit_transform, transform_rows
 from engine.upgrade.verdict import check_upgrade
 from support.upgrade_plan_cli import rotated_back_pair
@@ -89,6 +90,31 @@ def test_a_cascade_point_equals_a_brute_force_rescoring(n, k):
     want = brute_cascade(first, query, q_labels, old_g, new_g, g_labels, n, k)
     assert np.isnan(want).any() and np.array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, atol=1e-12, equal_nan=True)
+
+
+def test_ties_in_the_old_scores_are_broken_by_the_lower_gallery_row_as_by_hand():
+    rng = np.random.default_rng(8)
+    base = rng.normal(size=(10, 6))
+    old_g = np.repeat(base, 4, axis=0)  # every old vector four times: ties at every cut
+    new_g = rng.normal(size=(40, 6))
+    g_labels = rng.integers(0, 5, 40)
+    first, query = rng.normal(size=(2, 30, 6))
+    q_labels = rng.integers(0, 5, 30)
+    for n in (2, 3, 6, 13):
+        got = cascade_outcomes(first, query, q_labels, old_g, new_g, g_labels, ns=[n], k=1)[n][0]
+        want = brute_cascade(first, query, q_labels, old_g, new_g, g_labels, n, 1)
+        np.testing.assert_allclose(got, want, atol=1e-12, equal_nan=True)
+
+
+def test_same_set_cascade_and_transforms_leave_the_fitted_items_out():
+    old, new = rotated_back_pair()
+    same = [CellFeatures(c.gallery, c.gallery_labels, c.gallery, c.gallery_labels) for c in (old, new)]
+    report = check_upgrade(*same, resamples=100)
+    assert report.same_set
+    got = plan_inputs(*same, report)
+    assert got.transforms[0]["vectors"] == len(old.gallery) - got.transforms[0]["pairs"]
+    assert got.cascade["compatibility"]["n"] == len(old.gallery) - got.adapters[0]["pairs"]
+    assert all(p["n"] <= len(old.gallery) - got.adapters[0]["pairs"] - 1 for p in got.cascade["curve"])
 
 
 def test_the_cascade_curve_point_is_the_brute_force_mean_and_its_end_is_the_new_self_test():

@@ -376,16 +376,20 @@ def remedy_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *
              f"pairs; the new queries searched the transformed {len(old.gallery):,} stored vectors (one pass, no model)"
              ] if transforms else []
     first, name = None, ""
+    o, n, g = old, new, groups
     if "procrustes" in kinds:
-        _, m, _, _ = next(fitted_maps(old, new, ("procrustes",), share=share, seed=report.seed))
-        first, name = m.apply(new.query), "the procrustes adapter's queries"
+        _, m, fitted, _ = next(fitted_maps(old, new, ("procrustes",), share=share, seed=report.seed))
+        if report.same_set:  # the queries are the gallery: the fitted items leave both, as for the adapters
+            keep = np.setdiff1d(np.arange(len(old.gallery)), fitted)
+            o, n, g = _rows(old, keep), _rows(new, keep), None if groups is None else np.asarray(groups)[keep]
+        first, name = m.apply(n.query), "the procrustes adapter's queries"
     elif old.gallery.shape[1] == new.gallery.shape[1]:
         first, name = new.query, "new queries"
     cascade = None
     try:
         if first is None:
             raise ValueError("no first stage: no procrustes adapter and the two widths differ")
-        cascade = remedies.cascade_row(old, new, report, first=first, first_name=name, groups=groups)
+        cascade = remedies.cascade_row(o, n, report, first=first, first_name=name, groups=g)
         notes.append(f"cascade: {name} fetch the old index's top N and the new model re-scores them (from its gallery "
                      f"vectors); N over {', '.join(str(p['n']) for p in cascade['curve'])}, judged at the simultaneous "
                      f"level {100 * cascade['level']:.1f} % of the grid; smallest passing N: "

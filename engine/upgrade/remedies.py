@@ -126,6 +126,21 @@ def transform_rows(old: CellFeatures, new: CellFeatures, report: UpgradeReport, 
     return rows
 
 
+def _top_rows(scores: np.ndarray, width: int) -> np.ndarray:
+    """Each row's ``width`` highest columns, best first, ties by the lower column (a partition, then a sort of the
+    ``width`` kept: the whole row is never sorted)."""
+    n = scores.shape[1]
+    if width >= n:
+        return np.argsort(-scores, axis=1, kind="stable")
+    cut = -np.partition(-scores, width - 1, axis=1)[:, width - 1:width]  # the width-th highest score of each row
+    above = scores > cut
+    tied = scores == cut
+    keep = above | (tied & (np.cumsum(tied, axis=1) <= width - above.sum(axis=1, keepdims=True)))
+    cols = np.nonzero(keep)[1].reshape(len(scores), width)  # ascending columns within each row
+    kept = np.take_along_axis(scores, cols, 1)
+    return np.take_along_axis(cols, np.argsort(-kept, axis=1, kind="stable"), 1)
+
+
 def cascade_outcomes(first: np.ndarray, query: np.ndarray, query_labels: np.ndarray, old_gallery: np.ndarray,
                      new_gallery: np.ndarray, gallery_labels: np.ndarray, *, ns: Sequence[int], k: int = 1,
                      same_set: bool = False, depth: int = 0) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -152,7 +167,7 @@ def cascade_outcomes(first: np.ndarray, query: np.ndarray, query_labels: np.ndar
         s_old = q1[rows] @ g_old.T
         if same_set:
             s_old[np.arange(len(rows)), rows] = -np.inf
-        order = np.argsort(-s_old, axis=1, kind="stable")[:, :width]  # ties by the lower gallery row
+        order = _top_rows(s_old, width)
         positive = g_lab[order] == q_lab[rows, None]
         has = (g_lab[None, :] == q_lab[rows, None])
         if same_set:
