@@ -166,6 +166,25 @@ def test_a_rotated_gallery_ships_with_the_procrustes_adapter(better, better_chec
     assert any("never fitted on" in n and "stay in the searched gallery" in n for n in plan.notes)
 
 
+def test_the_corpus_transform_from_sources_is_numpy_on_the_transformed_gallery(better, better_plan):
+    """Each transform row's mean is the numpy Recall@1 of the new queries on the old gallery mapped old -> new by that
+    kind fitted on the same sample; Procrustes undoes the rotation, so it is new/new and passes the rule."""
+    from engine.upgrade.remedies import fit_transform
+
+    rows = sample_rows()
+    assert [t["kind"] for t in better_plan.transforms] == list(DEFAULT_ADAPTERS)
+    for t in better_plan.transforms:
+        m = fit_transform(t["kind"], better["old_gallery"][rows], better["new_gallery"][rows])
+        want = top1_hits(better["new_queries"], m.apply(better["old_gallery"]), better["q_labels"], better["g_labels"])
+        assert t["transformed"] == pytest.approx(want.mean(), abs=1e-9), t["kind"]
+        assert t["direction"] == "old->new" and t["vectors"] == NG and t["pairs"] == len(rows)
+    procrustes = better_plan.transforms[0]
+    assert procrustes["compatibility"]["verdict"] == "compatible"
+    assert procrustes["transformed"] == pytest.approx(procrustes["new_new"], abs=1e-9)  # the rotation undone
+    assert {o["remedy"] for o in better_plan.plan.options} >= {"query-side adapter", "corpus transform",
+                                                               "full re-embedding"}
+
+
 def test_every_adapter_mean_equals_numpy_on_the_whole_arrays(better, better_plan):
     """Each adapter row's adapted/old is the numpy Recall@1 of that kind fitted on the same sample, searched on the whole
     old gallery; label_free its neighbour recall@10 against the whole-array new/new top-10."""

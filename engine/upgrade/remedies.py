@@ -114,16 +114,23 @@ def transform_rows(old: CellFeatures, new: CellFeatures, report: UpgradeReport, 
     level = report.level if len(made) < 2 else simultaneous_level(
         [t - oo for *_, t, _ in made], level=report.level, resamples=report.resamples,
         seed=cell_seed(report.seed, 1, 0), groups=grp)
-    rows = []
-    for kind, m, fit_s, apply_s, t, t_l in made:
-        guard = judge(oo, t, report, level=level, base_lists=oo_l, other_lists=t_l, groups=grp)
-        kept = judge(nn, t, report, base_lists=nn_l, other_lists=t_l, rule=False, groups=grp)
-        rows.append(json_ready({
-            "name": kind, "kind": kind, "direction": map_direction(m), "pairs": len(fitted),
-            "fit_seconds": fit_s, "apply_seconds": apply_s, "vectors": len(g_old), "transformed": _mean(t),
-            "old_old": _mean(oo), "new_new": _mean(nn), "compatibility": asdict(guard), "vs_new_new": {**asdict(kept), "level": report.level},
-            "interval": report.interval, "level": level, "report_level": report.level}))
-    return rows
+    return [transform_row(m, report, t, judge(oo, t, report, level=level, base_lists=oo_l, other_lists=t_l, groups=grp),
+                          judge(nn, t, report, base_lists=nn_l, other_lists=t_l, rule=False, groups=grp), level=level,
+                          pairs=len(fitted), vectors=len(g_old), fit_seconds=fit_s, apply_seconds=apply_s,
+                          old_old=_mean(oo), new_new=_mean(nn))
+            for _, m, fit_s, apply_s, t, t_l in made]
+
+
+def transform_row(m: PosthocMap, report: UpgradeReport, values: np.ndarray, guard: PairedVerdict, kept: PairedVerdict, *,
+                  level: float, **extra: Any) -> dict[str, Any]:
+    """The plan's row of one corpus transform (in memory and from sources): the new queries' mean outcome on the
+    transformed gallery (``values``), its verdict against old/old (``guard``, at ``level``) and against new/new
+    (``kept``, at the report's level), and ``extra`` (pairs, vectors, seconds; old/old and new/new when they were
+    scored on other items than the report's)."""
+    return json_ready({"name": m.kind, "kind": m.kind, "direction": map_direction(m), "transformed": _mean(values),
+                       "old_old": report.old_old, "new_new": report.new_new, **extra, "compatibility": asdict(guard),
+                       "vs_new_new": {**asdict(kept), "level": report.level}, "interval": report.interval,
+                       "level": level, "report_level": report.level})
 
 
 def _top_rows(scores: np.ndarray, width: int) -> np.ndarray:
@@ -222,4 +229,4 @@ def cascade_row(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
 
 
 __all__ = ["CASCADE_NS", "DEFAULT_TRANSFORMS", "NEW_TO_OLD", "OLD_TO_NEW", "cascade_outcomes", "cascade_row",
-           "fit_transform", "judge", "transform_rows"]
+           "fit_transform", "judge", "transform_row", "transform_rows"]
