@@ -483,3 +483,24 @@ def test_the_sources_job_runs_where_the_workers_setting_says(tmp_path, better, m
     assert "\n" not in str(exc.value)
     with session_scope(db) as s:
         assert load_source_check(s, payload_hash("sources_check", payload)) is None
+
+
+def test_the_cascade_from_sources_is_a_numpy_rescoring_of_the_old_top_n(better, better_plan):
+    """Each cascade point's mean is, by hand: the Procrustes-adapted queries' full old-space cosines -> top N -> the new
+    gallery's cosines of those N -> the best of them relevant (Recall@1)."""
+    m = fitted(better, "procrustes", sample_rows())
+    first = unit(m.apply(better["new_queries"]))
+    s_old = first @ unit(better["old_gallery"]).T
+    s_new = unit(better["new_queries"]) @ unit(better["new_gallery"]).T
+    cascade = better_plan.cascade
+    assert cascade["first_stage"] == "the procrustes adapter's queries" and [p["n"] for p in cascade["curve"]] == sorted(
+        {min(n, NG) for n in (10, 20, 50, 100, 200, 500, 1000)})
+    for point in cascade["curve"]:
+        head = np.argsort(-s_old, axis=1, kind="stable")[:, :point["n"]]
+        best = head[np.arange(NQ), np.argmax(np.take_along_axis(s_new, head, 1), axis=1)]
+        want = (better["g_labels"][best] == better["q_labels"]).mean()
+        assert point["value"] == pytest.approx(want, abs=1e-9), point["n"]
+        c = point["compatibility"]
+        assert c["lo"] <= c["diff"] <= c["hi"]
+    assert {o["remedy"] for o in better_plan.plan.options} == {"query-side adapter", "corpus transform", "cascade",
+                                                               "backfill", "full re-embedding"}

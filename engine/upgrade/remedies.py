@@ -219,14 +219,21 @@ def cascade_row(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
         lists = ranked_lists(ids, keys, old.query_labels, old.gallery_labels) if two_way else None
         v = judge(oo, values, report, level=level, base_lists=oo_l, other_lists=lists, groups=groups)
         curve.append({"n": n, "value": _mean(values), "compatibility": asdict(v)})
+    return cascade_result(curve, report, first_name=first_name, old_old=_mean(oo), level=level)
+
+
+def cascade_result(curve: Sequence[dict[str, Any]], report: UpgradeReport, *, first_name: str, old_old: float,
+                   level: float) -> dict[str, Any]:
+    """The cascade's row from its judged curve (points ``n``, ``value``, ``compatibility``, N ascending): the smallest
+    N that passes, else the largest, with its serving cost (in memory and from sources)."""
     passing = next((p for p in curve if p["compatibility"]["verdict"] == "compatible"), None)
     pick = passing or curve[-1]
     return json_ready({"name": f"at N = {pick['n']}", "first_stage": first_name, "n": pick["n"],
                        "smallest_passing": None if passing is None else passing["n"], "value": pick["value"],
-                       "old_old": _mean(oo), "compatibility": pick["compatibility"], "curve": curve,
+                       "old_old": old_old, "compatibility": pick["compatibility"], "curve": list(curve),
                        "per_query_rescorings": pick["n"], "interval": report.interval, "level": level,
                        "report_level": report.level})
 
 
 __all__ = ["CASCADE_NS", "DEFAULT_TRANSFORMS", "NEW_TO_OLD", "OLD_TO_NEW", "cascade_outcomes", "cascade_row",
-           "fit_transform", "judge", "transform_row", "transform_rows"]
+           "cascade_result", "fit_transform", "judge", "transform_row", "transform_rows"]

@@ -45,7 +45,7 @@ from engine.adapters.posthoc import PosthocMap, fit_map
 from engine.metrics.cell_interval import cell_seed, paired_intervals
 from engine.metrics.list_merge import list_curves, rows_of
 from engine.metrics.relevance import neighbour_recall
-from engine.metrics.topk import stream_topk
+from engine.metrics.topk import TopK, stream_topk
 from engine.metrics.twoway import TopLists, ranked_lists
 from engine.upgrade.backfill_sources import curve_need, decided_note
 from engine.upgrade.from_sources import CheckLists, Opened, SourcesCheck, SourceSpecs, by_id, cut_lists, in_order
@@ -54,7 +54,7 @@ from engine.upgrade import forecast as fc
 from engine.upgrade.migration import (FORECAST_PAIRS, RANK_MERGE, RANK_MERGE_NOTE, PlanInputs, check_plan_options, fit_rows,
                                       remapped_threshold, rollout_rows, selection_level, selection_note)
 from engine.upgrade.plan import DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, migration_plan
-from engine.upgrade.remedies import fit_transform, transform_row
+from engine.upgrade.remedies import CASCADE_NS, cascade_result, fit_transform, transform_row
 from engine.upgrade.verdict import BETTER, BackfillNeed, PairedVerdict, UpgradeReport, compare
 from storage import json_ready
 
@@ -142,6 +142,54 @@ def transformed_outcomes(lists: CheckLists, m: PosthocMap, old_blocks: Blocks) -
     mine = cut_lists(deep, lists.old_old.k)
     free = neighbour_recall(mine, lists.new_new, ks=(lists.new_new.k,)).values[f"neighbour_recall@{lists.new_new.k}"]
     return Adapted(rel.outcomes(mine, ks=(lists.at,)).values[lists.key], free, False, ranked)
+
+
+def rescored(first: TopK, query: np.ndarray, new_blocks: Blocks) -> np.ndarray:
+    """The new model's cosine of each query (``query``, new vectors) with each candidate of ``first`` (ids = gallery
+    rows), read from the new gallery block by block: memory holds the candidates' scores and one block."""
+    q = query / np.maximum(np.linalg.norm(query, axis=1, keepdims=True), 1e-12)
+    out = np.full(first.ids.shape, np.nan)
+    for rows, vectors in new_blocks:
+        rows = np.asarray(rows)
+        at = np.argsort(rows)
+        pos = np.minimum(np.searchsorted(rows[at], first.ids), len(rows) - 1)
+        hit = rows[at][pos] == first.ids
+        if hit.any():
+            v = np.asarray(vectors, np.float64)[at[pos[hit]]]
+            v /= np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+            out[hit] = np.einsum("ij,ij->i", q[np.nonzero(hit)[0]], v)
+    if np.isnan(out[first.ids >= 0]).any():
+        raise ValueError("the new gallery lacks some of the old gallery's candidates; it changed while it was read")
+    return out
+
+
+def source_cascade(lists: CheckLists, report: UpgradeReport, first: np.ndarray, first_name: str, old_blocks: Blocks,
+                   new_blocks: Blocks, ns: Sequence[int] = CASCADE_NS) -> dict[str, Any]:
+    """The cascade from sources (:func:`engine.upgrade.remedies.cascade_row`'s row): ``first`` (the adapted new queries)
+    fetch the streamed old gallery's top N, the new gallery's vectors of those N re-score them (one pass over each
+    gallery, at the largest N), each N's re-ranked list scored under the check's relevance and metric and judged
+    against old/old with the check's interval and rule at the simultaneous level of the grid."""
+    n_g = lists.old_old.n_gallery
+    grid = sorted({min(max(int(n), lists.at), n_g) for n in ns})
+    deep = stream_topk(first, old_blocks, k=max(grid), backend=lists.backend)
+    s_new = rescored(deep, lists.queries.new, new_blocks)
+    rel, points = lists.relevance, []
+    for n in grid:
+        order = np.argsort(-s_new[:, :n], axis=1, kind="stable")  # the re-scored head, ties in the old order
+        ids, scores = np.take_along_axis(deep.ids[:, :n], order, 1), np.take_along_axis(s_new[:, :n], order, 1)
+        top = TopK(ids, scores.astype(np.float32), np.zeros(len(ids), np.int64), n_g)
+        ranked = None
+        if lists.ranked is not None:  # two-way: the head, then the old order to the lists' depth
+            tail = deep.ids[:, n:max(n, lists.ranked_depth)]
+            keys = np.concatenate([3.0 + scores, deep.scores[:, n:max(n, lists.ranked_depth)]], axis=1)
+            ranked = ranked_lists(np.concatenate([ids, tail], axis=1), keys, rel.query_labels, rel.gallery_labels)
+        values = rel.outcomes(top, ks=(lists.at,)).values[lists.key]
+        points.append((n, Adapted(values, np.full(len(values), np.nan), False, ranked)))
+    level = report.level if len(points) < 2 else selection_level([a.values - lists.oo for _, a in points], report,
+                                                                   lists.groups)
+    curve = [{"n": n, "value": _mean(a.values), "compatibility": asdict(judge_adapted(lists, report, a, level=level))}
+             for n, a in points]
+    return cascade_result(curve, report, first_name=first_name, old_old=report.old_old, level=level)
 
 
 def judge_adapted(lists: CheckLists, report: UpgradeReport, got: Adapted, *, level: float | None = None) -> PairedVerdict:
@@ -265,6 +313,13 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
         say(0.5, "searching the old gallery with the adapted queries")
         judged = adapted_outcomes(lists, [m for _, m, _ in maps] + ([forecast_map] if forecast_map else []),
                                   in_order(old_g, lists.gallery_ids, lists.block_rows))
+        cascade, no_cascade = None, "no cascade: no procrustes adapter fitted here to take its first stage"
+        first = next((m for kind, m, _ in maps if kind == "procrustes"), None)
+        if first is not None:
+            say(0.55, "the cascade: the old gallery's top N for the adapted queries, re-scored from the new gallery")
+            cascade = source_cascade(lists, report, first.apply(lists.queries.new), "the procrustes adapter's queries",
+                                     in_order(old_g, lists.gallery_ids, lists.block_rows),
+                                     by_id(new_g, lists.slots, lists.block_rows))
         transformed = []
         for t, _ in transform_maps:
             say(0.6, f"searching the old gallery transformed by {t.kind} with the new queries")
@@ -285,7 +340,15 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
     if transforms:
         notes.append(f"corpus transforms {', '.join(kinds)} fitted old -> new on the adapters' pairs; the new queries "
                      f"searched the {n_g:,} stored old vectors mapped block by block (one pass each, nothing written); "
-                     "against new/new the interval resamples the queries; no cascade from sources yet")
+                     "against new/new the interval resamples the queries")
+    if cascade is not None:
+        notes.append(f"cascade: the procrustes adapter's queries fetch the old gallery's top N (the streamed search's "
+                     f"order) and the new gallery's vectors re-score them; N over "
+                     f"{', '.join(str(p['n']) for p in cascade['curve'])}, judged at the simultaneous level "
+                     f"{100 * cascade['level']:.1f} % of the grid; smallest passing N: "
+                     + ("none" if cascade["smallest_passing"] is None else f"{cascade['smallest_passing']:,}"))
+    elif kinds:
+        notes.append(no_cascade)
     if rows is not None:
         capped = f", capped at {max_pairs:,} pairs" if int(round(share * n_g)) > max_pairs else ""
         notes.append(f"adapters {', '.join(kinds)} fitted on {len(rows):,} paired gallery items (a share of {share:g} of "
@@ -306,9 +369,10 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
     threshold, how = source_threshold(lists, t_old=t_old, precision=precision)
     notes.append(f"similarity threshold: {how}")
     plan = migration_plan(data, adapters=adapters, rollouts=rollouts, threshold=threshold,
-                          forecast=forecast and forecast.to_json(), transforms=transforms)
+                          forecast=forecast and forecast.to_json(), transforms=transforms, cascade=cascade)
     say(1.0, "plan ready")
-    return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, *notes)), adapters, rollouts, rescoring, transforms)
+    return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, *notes)), adapters, rollouts, rescoring, transforms,
+                      cascade)
 
 
 def source_transform_rows(lists: CheckLists, report: UpgradeReport, maps: Sequence[tuple[PosthocMap, float]],
@@ -329,5 +393,5 @@ def source_transform_rows(lists: CheckLists, report: UpgradeReport, maps: Sequen
 
 
 __all__ = ["MAX_FIT_PAIRS", "NEEDS_NEW_GALLERY", "Adapted", "adapted_outcomes", "adapter_row", "judge_adapted",
-           "plan_from_sources", "rank_merge_needs", "read_pairs", "source_threshold", "source_transform_rows",
-           "transformed_outcomes"]
+           "plan_from_sources", "rank_merge_needs", "read_pairs", "rescored", "source_cascade", "source_threshold",
+           "source_transform_rows", "transformed_outcomes"]
