@@ -12,6 +12,9 @@ and the stored ``upgrade`` analysis (the Upgrade check page shows its plan):
   (``--adapter DIR``) is judged the same way on every query (where it was fitted is its own business);
 * **roll-outs**: the report's item-replacement backfill rows and, when the report has them (``--rollout``), its
   rank-merge rows; candidate re-scoring is kept as information only (its fraction is K / N per query, not items);
+* **corpus transforms and the cascade** (:func:`remedy_inputs`, :mod:`engine.upgrade.remedies`): each adapter kind also
+  fitted old -> new on the same pairs and the stored old gallery transformed, and the Procrustes adapter's queries
+  fetching the old gallery's top N for the new model to re-score, both judged by the same rule and interval;
 * **threshold**: each model's top-``k`` (query, gallery item) candidates of its own cell, relevant when the labels
   agree; the old threshold is given or, by default, the lowest old score whose candidates have precision 0.9, and
   :func:`engine.metrics.threshold.matched_threshold` gives the new score with the same precision.

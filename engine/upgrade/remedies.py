@@ -13,7 +13,10 @@
   over a grid of N, each point judged against old/old at the simultaneous level of the grid (the plan picks the
   smallest passing N), and its serving cost: N re-scorings per query.
 
-This module imports no torch itself.
+The plan reads both beside the adapters, the backfill and the full re-embedding (:func:`engine.upgrade.plan.remedy_options`);
+from sources the same rows come from :func:`engine.upgrade.source_remedies.source_transform_rows` and
+:func:`engine.upgrade.source_remedies.source_cascade` (any of the check's metrics there). This module imports no torch
+itself.
 """
 from __future__ import annotations
 
