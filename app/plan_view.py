@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from app.widgets import MISSING, plain
-from engine.read.verdicts import forecast_line, interval, pct, recovery_line
+from engine.read.verdicts import forecast_line, interval, option_line, pct, recovery_line
 
 PERCENT = st.column_config.NumberColumn(format="%.1f")
 
@@ -48,6 +48,21 @@ def _adapters(plan: dict[str, Any], level: float) -> None:
             st.caption(plain(recovery_line(r, old, new)))
 
 
+def _options(plan: dict[str, Any]) -> None:
+    """The remedies side by side as the engine stored them: verdict and interval, one-time and per-query cost, and the
+    one the decision took."""
+    rows = [{"remedy": o["remedy"], "option": o["name"], "verdict": o["verdict"],
+             "interval": MISSING if o["lo"] is None else interval(o, o["level"]),
+             "items embedded once": o["one_time"]["embeddings"], "vectors rewritten once": o["one_time"]["vectors"],
+             "embedded per query": o["per_query"]["embeddings"], "maps per query": o["per_query"]["vectors"],
+             "recommended": "yes" if o.get("recommended") else ""} for o in plan["options"]]
+    st.markdown("**Remedies side by side** (the cheapest that passes is recommended: model work before vector "
+                "arithmetic, one-time before per query)")
+    st.dataframe(pd.DataFrame(rows), hide_index=True, placeholder=MISSING)
+    for o in plan["options"]:
+        st.caption(plain(option_line(o, picked=bool(o.get("recommended")))))
+
+
 def plan_section(plan: dict[str, Any] | None, level: float, *, key: str = "up_plan") -> None:
     """The decision, the items to re-embed, the threshold re-mapped, the adapters, numbers and notes, a Markdown file."""
     st.subheader("Migration plan")
@@ -75,6 +90,8 @@ def plan_section(plan: dict[str, Any] | None, level: float, *, key: str = "up_pl
                     delta_arrow="off")
     if plan.get("forecast"):  # read before any adapter was fitted; the table below is what the fit recovered
         st.caption(plain("Forecast before fitting: " + forecast_line(plan["forecast"], plan["old_name"], plan["new_name"])))
+    if plan.get("options"):  # plans stored before issue 42 have none
+        _options(plan)
     if plan["adapters"]:
         _adapters(plan, level)
     st.markdown("\n".join(f"- {plain(what)}: {plain(value)}" for what, value in plan["numbers"].items()))

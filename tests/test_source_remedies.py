@@ -166,6 +166,25 @@ def test_a_rotated_gallery_ships_with_the_procrustes_adapter(better, better_chec
     assert any("never fitted on" in n and "stay in the searched gallery" in n for n in plan.notes)
 
 
+def test_the_corpus_transform_from_sources_is_numpy_on_the_transformed_gallery(better, better_plan):
+    """Each transform row's mean is the numpy Recall@1 of the new queries on the old gallery mapped old -> new by that
+    kind fitted on the same sample; Procrustes undoes the rotation, so it is new/new and passes the rule."""
+    from engine.upgrade.remedies import fit_transform
+
+    rows = sample_rows()
+    assert [t["kind"] for t in better_plan.transforms] == list(DEFAULT_ADAPTERS)
+    for t in better_plan.transforms:
+        m = fit_transform(t["kind"], better["old_gallery"][rows], better["new_gallery"][rows])
+        want = top1_hits(better["new_queries"], m.apply(better["old_gallery"]), better["q_labels"], better["g_labels"])
+        assert t["transformed"] == pytest.approx(want.mean(), abs=1e-9), t["kind"]
+        assert t["direction"] == "old->new" and t["vectors"] == NG and t["pairs"] == len(rows)
+    procrustes = better_plan.transforms[0]
+    assert procrustes["compatibility"]["verdict"] == "compatible"
+    assert procrustes["transformed"] == pytest.approx(procrustes["new_new"], abs=1e-9)  # the rotation undone
+    assert {o["remedy"] for o in better_plan.plan.options} >= {"query-side adapter", "corpus transform",
+                                                               "full re-embedding"}
+
+
 def test_every_adapter_mean_equals_numpy_on_the_whole_arrays(better, better_plan):
     """Each adapter row's adapted/old is the numpy Recall@1 of that kind fitted on the same sample, searched on the whole
     old gallery; label_free its neighbour recall@10 against the whole-array new/new top-10."""
@@ -464,3 +483,24 @@ def test_the_sources_job_runs_where_the_workers_setting_says(tmp_path, better, m
     assert "\n" not in str(exc.value)
     with session_scope(db) as s:
         assert load_source_check(s, payload_hash("sources_check", payload)) is None
+
+
+def test_the_cascade_from_sources_is_a_numpy_rescoring_of_the_old_top_n(better, better_plan):
+    """Each cascade point's mean is, by hand: the Procrustes-adapted queries' full old-space cosines -> top N -> the new
+    gallery's cosines of those N -> the best of them relevant (Recall@1)."""
+    m = fitted(better, "procrustes", sample_rows())
+    first = unit(m.apply(better["new_queries"]))
+    s_old = first @ unit(better["old_gallery"]).T
+    s_new = unit(better["new_queries"]) @ unit(better["new_gallery"]).T
+    cascade = better_plan.cascade
+    assert cascade["first_stage"] == "the procrustes adapter's queries" and [p["n"] for p in cascade["curve"]] == sorted(
+        {min(n, NG) for n in (10, 20, 50, 100, 200, 500, 1000)})
+    for point in cascade["curve"]:
+        head = np.argsort(-s_old, axis=1, kind="stable")[:, :point["n"]]
+        best = head[np.arange(NQ), np.argmax(np.take_along_axis(s_new, head, 1), axis=1)]
+        want = (better["g_labels"][best] == better["q_labels"]).mean()
+        assert point["value"] == pytest.approx(want, abs=1e-9), point["n"]
+        c = point["compatibility"]
+        assert c["lo"] <= c["diff"] <= c["hi"]
+    assert {o["remedy"] for o in better_plan.plan.options} == {"query-side adapter", "corpus transform", "cascade",
+                                                               "backfill", "full re-embedding"}

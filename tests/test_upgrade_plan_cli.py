@@ -15,7 +15,7 @@ from engine.adapters.artifact import save_adapter
 from engine.adapters.posthoc import fit_map
 from engine.cli import main
 from engine.metrics.compatibility import CellFeatures
-from engine.upgrade.plan import DEFAULT_ADAPTERS, migration_plan
+from engine.upgrade.plan import DEFAULT_ADAPTERS, REMEDY_DECISION, cheapest_passing, migration_plan
 from support.upgrade_plan_cli import rotated_back_pair, same_decision
 
 
@@ -50,7 +50,7 @@ def test_the_plan_files_carry_migration_plans_decision_for_the_same_report(tmp_p
     got, report, plan, md = run(tmp_path, pair)
     assert got == code  # --plan leaves check-upgrade's exit codes as they are
     again = migration_plan(report, adapters=plan["adapters"], rollouts=plan["rollouts"], threshold=plan["threshold"],
-                           forecast=plan["forecast"])
+                           forecast=plan["forecast"], transforms=plan["transforms"], cascade=plan["cascade"])
     assert plan["decision"] == again.decision == decision
     assert [x for x in plan["markdown"].splitlines() if not x.startswith("- note:")] == [
         x for x in again.to_markdown().splitlines() if not x.startswith("- note:")]  # then the inputs' notes
@@ -59,7 +59,8 @@ def test_the_plan_files_carry_migration_plans_decision_for_the_same_report(tmp_p
     assert set(plan) == {"decision", "reason", "old_name", "new_name", "metric", "n_gallery", "adapter", "ordering",
                          "fraction", "items_to_reembed", "numbers", "threshold", "notes", "headline", "markdown",
                          "rule", "success", "guardrail", "backfill_metric", "margin_to_decide", "recovery",
-                         "forecast", "adapters", "rollouts", "rescoring", "report"}
+                         "forecast", "adapters", "rollouts", "rescoring", "report", "options", "remedy",
+                         "vectors_to_transform", "transforms", "cascade"}
     assert f"  plan: {again.headline()} (written to plan.json and plan.md)" in capsys.readouterr().out.splitlines()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "plan.json", "plan.md", "report.json"]
 
@@ -131,8 +132,15 @@ def test_backfill_plans_cost_their_items_and_rank_merge_is_read_above_the_old_se
         above = [f for f, v in zip(r["fractions"], r["values"]) if v > r["old_self"]]
         assert r["to_old_self"] == (above[0] if above else None)
     assert all(not r["ordering"] == "rescoring" for r in plan["rollouts"]) and plan["rescoring"]["ordering"] == "rescoring"
-    assert plan["decision"] == "backfill"
-    assert plan["items_to_reembed"] == math.ceil(plan["fraction"] * report["n_gallery"] - 1e-9) > 0
+    # the roll-outs alone decide a backfill costing its items; with the remedies side by side the plan takes the
+    # cheapest passing one (a backfill's once-embedded items cost more than a cascade's per-query re-scorings)
+    alone = migration_plan(report, adapters=plan["adapters"], rollouts=plan["rollouts"])
+    assert alone.decision == "backfill"
+    assert alone.items_to_reembed == math.ceil(alone.fraction * report["n_gallery"] - 1e-9) > 0
+    (backfill,) = [o for o in plan["options"] if o["remedy"] == "backfill"]
+    assert backfill["one_time"]["embeddings"] == alone.items_to_reembed and backfill["passes"]
+    picked = cheapest_passing(plan["options"])
+    assert (plan["decision"], plan["remedy"]) == (REMEDY_DECISION[picked["remedy"]], picked["name"])
 
 
 def test_same_set_adapters_are_scored_on_the_items_they_were_not_fitted_on(tmp_path):

@@ -87,3 +87,15 @@ def test_a_check_from_a_store_shows_its_plan_with_adapters(app_db, tmp_path):
                         {"sources": stored["sources"]}).decode()
     assert f"Decision: {want.headline()}." in page and "sources: old_gallery" in page
     assert "decided from the verdicts alone" not in page and "paired gallery items" in page
+
+
+def test_the_page_shows_the_remedies_side_by_side_as_stored(app_db):
+    plan = stored_plan(app_db, rotated_back_pair)["plan"]
+    at = open_upgrade()
+    assert not at.exception
+    (table,) = [d.value for d in at.dataframe if "remedy" in d.value.columns]
+    assert list(table["remedy"]) == [o["remedy"] for o in plan["options"]]
+    assert set(table["remedy"]) == {"query-side adapter", "corpus transform", "cascade", "backfill", "full re-embedding"}
+    (picked,) = table[table["recommended"] == "yes"].itertuples()
+    assert (picked.remedy, picked.option) == ("query-side adapter", "procrustes") == (
+        "query-side adapter", plan["remedy"])

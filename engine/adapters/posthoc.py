@@ -409,5 +409,15 @@ def fit_map(kind: str, new: np.ndarray, old: np.ndarray, *, normalise: str = "l2
     return PosthocMap(kind, new.shape[1], old.shape[1], normalise, opts, tensors, dict(fitted_on or {}))
 
 
-__all__ = ["NORMALISE", "POSTHOC", "check_tensors", "AffineOptions", "ClusterOptions", "Kind", "MlpOptions", "PosthocMap",
+NEW_TO_OLD, OLD_TO_NEW = "new->old", "old->new"
+DIRECTIONS = (NEW_TO_OLD, OLD_TO_NEW)  # a query-side adapter, a corpus transform (``fitted_on["direction"]``)
+
+
+def map_direction(m: PosthocMap) -> str:
+    """The map's direction as its ``fitted_on`` records it: :data:`OLD_TO_NEW` for a corpus transform (the stored old
+    vectors mapped into the new space; the map's ``new_dim`` is then the old model's width), else :data:`NEW_TO_OLD`."""
+    return OLD_TO_NEW if m.fitted_on.get("direction") == OLD_TO_NEW else NEW_TO_OLD
+
+
+__all__ = ["DIRECTIONS", "NEW_TO_OLD", "OLD_TO_NEW", "map_direction", "NORMALISE", "POSTHOC", "check_tensors", "AffineOptions", "ClusterOptions", "Kind", "MlpOptions", "PosthocMap",
            "ProcrustesOptions", "fit_map", "kind_of", "l2_rows", "options_for", "procrustes_weight"]

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.adapters.posthoc import PosthocMap, fit_map, kind_of, options_for
+from engine.adapters.posthoc import DIRECTIONS, NEW_TO_OLD, OLD_TO_NEW, PosthocMap, fit_map, kind_of, options_for
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, paired_bootstrap
 from engine.metrics.relevance import label_outcomes, neighbour_recall, qrels_outcomes
 from engine.metrics.topk import TopK, array_blocks, stream_topk
@@ -132,14 +132,21 @@ class Scorer:
 
     def score(self, adapted: np.ndarray) -> dict[str, Any]:
         """adapted/old and its shares of old/old and new/new, with paired intervals of the differences (points)."""
-        values = self._values(self._top(adapted, self.split.gallery.old))
-        out: dict[str, Any] = {"adapted/old": _mean(values)}
-        for i, (name, base) in enumerate((("old/old", self.old_old), ("new/new", self.new_new))):
+        return self._against_baselines(self._values(self._top(adapted, self.split.gallery.old)), "adapted/old")
+
+    def score_transformed(self, gallery: np.ndarray) -> dict[str, Any]:
+        """A corpus transform's reading: the new queries on the transformed old gallery (``new/transformed``) and its
+        shares of old/old and new/new, with the same paired intervals as :meth:`score`."""
+        return self._against_baselines(self._values(self._top(self.split.queries.new, gallery)), "new/transformed")
+
+    def _against_baselines(self, values: np.ndarray, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = {name: _mean(values)}
+        for i, (cell, base) in enumerate((("old/old", self.old_old), ("new/new", self.new_new))):
             diff, lo, hi = paired_bootstrap(values, base, resamples=self.resamples, seed=(self.seed, i),
                                             confidence=self.confidence)
             b = _mean(base)
-            out[f"share of {name}"] = None if not b else _mean(values) / b
-            out[f"vs {name}"] = {"diff": diff, "lo": lo, "hi": hi}
+            out[f"share of {cell}"] = None if not b else _mean(values) / b
+            out[f"vs {cell}"] = {"diff": diff, "lo": lo, "hi": hi}
         return out
 
 
@@ -148,15 +155,20 @@ def _mean(values: np.ndarray) -> float:
 
 
 def fit_on_pairs(split: Split, kind: str, pairs: int, *, normalise: str = "l2", options: Any = None,
-                 fitted_on: dict[str, Any] | None = None) -> tuple[PosthocMap, float]:
-    """The map fitted on the first ``pairs`` gallery items of the split's order, and the fit's wall seconds."""
+                 fitted_on: dict[str, Any] | None = None, direction: str = NEW_TO_OLD) -> tuple[PosthocMap, float]:
+    """The map fitted on the first ``pairs`` gallery items of the split's order, and the fit's wall seconds;
+    ``direction`` :data:`OLD_TO_NEW` fits a corpus transform (old vectors in, new out; recorded in ``fitted_on``)."""
     g = split.gallery
     if not 2 <= pairs <= len(g.ids):
         raise ValueError(f"--pairs must be between 2 and the gallery's {len(g.ids)} items, got {pairs}")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"the direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
     rows = np.sort(split.fit_order[:pairs])
     start = time.perf_counter()
-    m = fit_map(kind, g.new[rows], g.old[rows], normalise=normalise, options=options,
-                fitted_on={**(fitted_on or {}), "pairs": int(pairs)})
+    into, out = (g.old, g.new) if direction == OLD_TO_NEW else (g.new, g.old)
+    m = fit_map(kind, into[rows], out[rows], normalise=normalise, options=options,
+                fitted_on={**(fitted_on or {}), "pairs": int(pairs),
+                           **({"direction": OLD_TO_NEW} if direction == OLD_TO_NEW else {})})
     return m, time.perf_counter() - start
 
 

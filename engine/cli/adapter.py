@@ -2,7 +2,8 @@
 
 ``fit`` fits one map on N pairs and exports it (safetensors + JSON + ONNX, ``engine/adapters/artifact.py``) with
 its held-out scores; ``curve`` prints (and with ``--json`` writes) the recovery curve of one or more kinds over a
-grid of pair counts; ``apply`` maps a file of new embeddings into the old space, block by block. Sources are the
+grid of pair counts; ``apply`` maps a file of new embeddings into the old space, block by block (``fit --direction
+old-to-new``: a corpus transform, and ``apply`` maps the stored old gallery into the new space, into a new file). Sources are the
 texts of ``engine/sources`` (``file.npz``, ``parquet:DIR#vector=emb``, ``sqlite:///e.db#table=items``, ...), the
 old and new embeddings joined by item id. Every refused input is one line ``error: ...`` and exit code 2.
 """
@@ -68,6 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     fit.add_argument("--kind", required=True, help=KINDS_HELP)
     fit.add_argument("--pairs", type=int, required=True, metavar="N", help="pairs to fit on (from the gallery items)")
     fit.add_argument("--out", type=Path, required=True, metavar="DIR", help="the adapter folder to write (in the data roots)")
+    fit.add_argument("--direction", choices=("new-to-old", "old-to-new"), default="new-to-old",
+                     help="new-to-old (default): a query-side adapter, new queries mapped onto the old gallery; "
+                          "old-to-new: a corpus transform, the stored old vectors mapped once into the new space "
+                          "(apply it to the old gallery with 'adapter apply'); recorded in the adapter's fitted_on")
     fit.add_argument("--no-onnx", action="store_true", help="write no ONNX graph (without the onnx package)")
     fit.add_argument("--force", action="store_true", help="replace an existing --out folder")
     curve = sub.add_parser("curve", help="recovery curve vs the number of pairs, per adapter kind")
@@ -77,9 +82,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     curve.add_argument("--pairs", type=_grid, default=_grid(GRID_TEXT), metavar="N,N,...",
                        help=f"pair counts, capped by the gallery's size (default {GRID_TEXT})")
     curve.add_argument("--json", type=Path, metavar="OUT", help="also write the curve as JSON (atomically)")
-    apply = sub.add_parser("apply", help="map a file of new embeddings into the old space (streamed in blocks)")
+    apply = sub.add_parser("apply", help="map a file of embeddings through an adapter (streamed in blocks): new ones "
+                                         "into the old space, or, with an old-to-new transform, the old gallery into "
+                                         "the new space")
     apply.add_argument("--adapter", type=Path, required=True, metavar="DIR", help="a folder written by 'adapter fit'")
-    apply.add_argument("--in", required=True, dest="input", metavar="SRC", help="the new embeddings (a source text)")
+    apply.add_argument("--in", required=True, dest="input", metavar="SRC",
+                       help="the embeddings to map (a source text): new ones, or the old gallery for an old-to-new "
+                            "transform; read only, the output is a new file")
     apply.add_argument("--out", type=Path, required=True, metavar="FILE", help="output .npy, .npz or .parquet (in the data roots)")
     apply.add_argument("--force", action="store_true", help="replace an existing output file")
     apply.add_argument("--block-rows", type=int, default=65536, help="rows read and mapped at a time (default 65536)")
@@ -157,7 +166,7 @@ def _split_and_scorer(args: argparse.Namespace):
 def cmd_fit(args: argparse.Namespace) -> int:
     """Fit, score on the held-out queries, export."""
     from engine.adapters.artifact import check_replaceable, save_adapter
-    from engine.adapters.posthoc import options_for
+    from engine.adapters.posthoc import NEW_TO_OLD, OLD_TO_NEW, options_for
     from engine.adapters.recovery import apply_timed, fit_on_pairs
 
     if os.path.islink(args.out):
@@ -174,7 +183,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
                          "or give --no-onnx")
     options = options_for(args.kind, _settings(args.settings, [args.kind])[args.kind])
     split, scorer, fitted_on = _split_and_scorer(args)
-    m, fit_s = fit_on_pairs(split, args.kind, args.pairs, normalise=args.normalise, options=options, fitted_on=fitted_on)
+    transform = args.direction == "old-to-new"
+    m, fit_s = fit_on_pairs(split, args.kind, args.pairs, normalise=args.normalise, options=options, fitted_on=fitted_on,
+                            direction=OLD_TO_NEW if transform else NEW_TO_OLD)
+    if transform:
+        return _fit_transform(args, m, scorer, split, fit_s, out)
     adapted, apply_us = apply_timed(m, split.queries.new)
     m.metrics = {"metric": scorer.metric, "relevance": scorer.relevance, **scorer.baselines(), **scorer.score(adapted),
                  "fit_seconds": fit_s, "apply_us_per_query": apply_us}
@@ -185,6 +198,27 @@ def cmd_fit(args: argparse.Namespace) -> int:
           f"{s['new/new']:.4f}  adapted/old {s['adapted/old']:.4f} ({_share(s['share of old/old'])} of old/old, "
           f"{_share(s['share of new/new'])} of new/new)")
     print(f"  fit {fit_s:.3f} s, apply {apply_us:.2f} us per query; options {asdict(options)}")
+    return 0
+
+
+def _fit_transform(args: argparse.Namespace, m, scorer, split, fit_s: float, out: Path) -> int:
+    """Score an old -> new corpus transform on the held-out queries (the new queries on the transformed old gallery)
+    and export it; its direction is in its ``fitted_on``."""
+    from engine.adapters.artifact import save_adapter
+    from engine.adapters.recovery import apply_timed
+
+    transformed, apply_us = apply_timed(m, split.gallery.old)
+    m.metrics = {"metric": scorer.metric, "relevance": scorer.relevance, **scorer.baselines(),
+                 **scorer.score_transformed(transformed), "fit_seconds": fit_s, "apply_us_per_vector": apply_us}
+    save_adapter(m, out, force=args.force, onnx=not args.no_onnx)
+    s = m.metrics
+    print(f"{args.kind} corpus transform (old -> new, {m.new_dim} -> {m.old_dim} dims) fitted on {args.pairs} pairs, "
+          f"written to {out}")
+    print(f"  {scorer.metric} on {s['n_queries']} held-out queries: old/old {s['old/old']:.4f}  new/new "
+          f"{s['new/new']:.4f}  new queries on the transformed gallery {s['new/transformed']:.4f} "
+          f"({_share(s['share of old/old'])} of old/old, {_share(s['share of new/new'])} of new/new)")
+    print(f"  fit {fit_s:.3f} s, apply {apply_us:.2f} us per stored vector (one pass, no model); options "
+          f"{asdict(m.options)}")
     return 0
 
 
@@ -219,6 +253,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     """Map --in through --adapter into --out."""
     from engine.adapters.artifact import load_adapter
     from engine.adapters.batch_apply import apply_to_file, output_kind
+    from engine.adapters.posthoc import OLD_TO_NEW, map_direction
     from engine.sources import open_source
 
     out = roots.confine(args.out, what="--out")
@@ -227,7 +262,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         raise ValueError(f"--block-rows must be at least 1, got {args.block_rows}")
     adapter = roots.confine(args.adapter, what="--adapter")
     m = load_adapter(adapter)
-    source = open_source(args.input, what="new embeddings (--in)", dim=m.new_dim)
+    source = open_source(args.input, what="old gallery (--in)" if map_direction(m) == OLD_TO_NEW
+                         else "new embeddings (--in)", dim=m.new_dim)
     try:
         location = Path(source.text.location) if source.text.kind in ("npy", "npz", "parquet") else None
         if location is not None and location.exists() and location.resolve() == out:
@@ -235,7 +271,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
         n = apply_to_file(m, source, out, force=args.force, block_rows=args.block_rows)
     finally:
         source.close()
-    print(f"{n} vectors mapped {m.new_dim} -> {m.old_dim} dims by the {m.kind} adapter, written to {out}")
+    how = "old -> new by the" if map_direction(m) == OLD_TO_NEW else "by the"
+    print(f"{n} vectors mapped {m.new_dim} -> {m.old_dim} dims {how} {m.kind} "
+          f"{'corpus transform' if map_direction(m) == OLD_TO_NEW else 'adapter'}, written to {out}")
     return 0
 
 

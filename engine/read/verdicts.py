@@ -9,10 +9,10 @@ from __future__ import annotations
 from engine.results.verdict_words import (artefact_note, interval_text, matrix_verdict, metric_order, needs_lines,
                                           tie_lines)
 from engine.upgrade.orders import best_by_area
-from engine.upgrade.plan import forecast_line, pick_rollout, recovery_line
+from engine.upgrade.plan import forecast_line, option_line, pick_rollout, recovery_line
 from engine.upgrade.release_report import report_context, report_data, report_html
 from engine.upgrade.words import NOT_JUDGED, interval, pct, sentence, share, tie_line
 
 __all__ = ["artefact_note", "interval_text", "matrix_verdict", "metric_order", "needs_lines", "tie_lines",
-           "best_by_area", "forecast_line", "pick_rollout", "recovery_line", "report_context", "report_data",
+           "best_by_area", "forecast_line", "option_line", "pick_rollout", "recovery_line", "report_context", "report_data",
            "report_html", "NOT_JUDGED", "interval", "pct", "sentence", "share", "tie_line"]

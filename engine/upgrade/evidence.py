@@ -6,9 +6,10 @@ and both verdicts on the sample, beside the run's truth, the same computed on th
 
 * ``agree``: the sampled decision is the whole corpus's (by kind: ``ship with adapter`` agrees with itself whatever
   the adapter, ``backfill`` whatever the fraction);
-* ``false ship``: the sample ships (as is, or with an adapter) where the whole corpus does not, or ships as is where
-  the whole corpus needs an adapter;
-* ``false block``: the sample says ``do not ship`` where the whole corpus ships or backfills;
+* ``false ship``: the sample ships (as is, or with an adapter, a corpus transform or a cascade) where the whole corpus
+  does not, or with a remedy cheaper on :data:`REMEDY_COST`'s ladder than the whole corpus needs (as is where it needs
+  an adapter);
+* ``false block``: the sample says ``do not ship`` where the whole corpus ships or takes any remedy;
 * ``too close``: the sample says ``do not ship yet`` (too close to call) where the whole corpus decides;
 * ``costlier``: a safe but dearer remedy than the whole corpus needs, one step or two up :data:`REMEDY_COST`'s ladder
   (an adapter where shipping as is would do, a backfill where an adapter or nothing would do);
@@ -25,14 +26,19 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-SHIP = ("ship as is", "ship with adapter")
+from engine.upgrade.plan import REMEDIES, REMEDY_DECISION
+
+# the decisions that serve the new model now, without a model re-embedding the gallery (issue 42 adds a corpus
+# transform and a cascade to the adapter)
+SHIP = ("ship as is", "ship with adapter", "transform the gallery", "serve a cascade")
 NOT_YET = "do not ship yet"
 GAP_BINS = (0.0, 0.5, 1.0, 2.0, math.inf)  # points: |true gap - threshold| in [0, 0.5), [0.5, 1), [1, 2), [2, inf)
 CURVE_BINS = (-math.inf, -5.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 5.0, math.inf)  # points: the operating curve's x
 VERDICTS = {"guardrail": ("compatible", "not compatible", "too close to call"),
             "success": ("better", "not better", "too close to call")}
 OUTCOMES = ("agree", "false ship", "false block", "too close", "costlier", "other")
-REMEDY_COST = {"ship as is": 0, "ship with adapter": 1, "backfill": 2}  # the remedies a sample may overpay for
+# the remedies a sample may overpay for, in the plan's cost order (engine.upgrade.plan.cost_key)
+REMEDY_COST = {"ship as is": 0, **{REMEDY_DECISION[r]: i + 1 for i, r in enumerate(REMEDIES)}}
 
 
 def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
@@ -73,9 +79,9 @@ def outcome(truth: str, sampled: str) -> str:
     :data:`engine.upgrade.plan.DECISIONS`); see the module docstring."""
     if sampled == truth:
         return "agree"
-    if sampled in SHIP and (truth not in SHIP or (sampled == "ship as is" and truth == "ship with adapter")):
+    if sampled in SHIP and (truth not in REMEDY_COST or REMEDY_COST[sampled] < REMEDY_COST[truth]):
         return "false ship"
-    if sampled == "do not ship" and (truth in SHIP or truth == "backfill"):
+    if sampled == "do not ship" and truth in REMEDY_COST:
         return "false block"
     if sampled == NOT_YET:
         return "too close"
@@ -90,8 +96,8 @@ def could_false_ship(truth: str) -> bool:
 
 
 def could_false_block(truth: str) -> bool:
-    """Whether a sample can block falsely against this truth (a ship or a backfill)."""
-    return truth in SHIP or truth == "backfill"
+    """Whether a sample can block falsely against this truth (a ship or any remedy)."""
+    return truth in REMEDY_COST
 
 
 def decision_rates(draws: Sequence[Mapping[str, Any]], level: float = 0.95) -> dict[str, Any]:

@@ -12,6 +12,9 @@ and the stored ``upgrade`` analysis (the Upgrade check page shows its plan):
   (``--adapter DIR``) is judged the same way on every query (where it was fitted is its own business);
 * **roll-outs**: the report's item-replacement backfill rows and, when the report has them (``--rollout``), its
   rank-merge rows; candidate re-scoring is kept as information only (its fraction is K / N per query, not items);
+* **corpus transforms and the cascade** (:func:`remedy_inputs`, :mod:`engine.upgrade.remedies`): each adapter kind also
+  fitted old -> new on the same pairs and the stored old gallery transformed, and the Procrustes adapter's queries
+  fetching the old gallery's top N for the new model to re-score, both judged by the same rule and interval;
 * **threshold**: each model's top-``k`` (query, gallery item) candidates of its own cell, relevant when the labels
   agree; the old threshold is given or, by default, the lowest old score whose candidates have precision 0.9, and
   :func:`engine.metrics.threshold.matched_threshold` gives the new score with the same precision.
@@ -40,6 +43,7 @@ from engine.metrics.relevance import neighbour_recall
 from engine.metrics.threshold import matched_threshold, threshold_at_precision
 from engine.metrics.topk import array_blocks, stream_topk
 from engine.upgrade import forecast as fc
+from engine.upgrade import remedies
 from engine.upgrade.plan import (DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, backfill_metric,
                                  migration_plan)
 from engine.upgrade.verdict import UpgradeReport, backfill_needs, check_upgrade, per_query_scores, rollout_needs
@@ -60,12 +64,15 @@ class PlanInputs:
     adapters: list[dict[str, Any]]
     rollouts: list[dict[str, Any]]
     rescoring: dict[str, Any] | None
+    transforms: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # corpus transforms (remedies)
+    cascade: dict[str, Any] | None = None  # the cascade's curve over N and its pick (remedies)
 
     def to_json(self, report: dict[str, Any] | None = None) -> dict[str, Any]:
         """The plan's fields, then its inputs (the report too when given)."""
         out = {**self.plan.to_json(), "headline": self.plan.headline(), "markdown": self.plan.to_markdown(),
                "adapters": self.adapters,
-               "rollouts": self.rollouts, "rescoring": self.rescoring}
+               "rollouts": self.rollouts, "rescoring": self.rescoring, "transforms": self.transforms,
+               "cascade": self.cascade}
         return json_ready({**out, "report": report} if report is not None else out)
 
 
@@ -339,9 +346,10 @@ def plan_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
     adapters = adapter_rows(old, new, report, kinds=kinds, files=files, share=share, groups=groups)
     rollouts, rescoring = plan_rollouts(old, new, report)
     threshold, how = threshold_row(old, new, same_set=report.same_set, t_old=t_old, precision=precision)
+    transforms, cascade, remedy_notes = remedy_inputs(old, new, report, kinds=kinds, share=share, groups=groups)
     plan = migration_plan(data, adapters=adapters, rollouts=rollouts, threshold=threshold,
-                          forecast=forecast and forecast.to_json())
-    notes = list(plan.notes) + ([no_forecast] if no_forecast else [])
+                          forecast=forecast and forecast.to_json(), transforms=transforms, cascade=cascade)
+    notes = list(plan.notes) + ([no_forecast] if no_forecast else []) + remedy_notes
     if kinds:
         scored = ("the other items (the fitted ones left out of queries and gallery)" if report.same_set
                   else "every query (none of them fitted on)")
@@ -357,7 +365,41 @@ def plan_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
         notes.append("candidate re-scoring (the old index's top K re-ranked by the new model) reaches the old self-test "
                      + ("never" if reach is None else f"at K = {100 * reach:.1f} % of the gallery per query")
                      + ": a query-time cost, not items to re-embed, so it is not a backfill choice")
-    return PlanInputs(dataclasses.replace(plan, notes=tuple(notes)), adapters, rollouts, rescoring)
+    return PlanInputs(dataclasses.replace(plan, notes=tuple(notes)), adapters, rollouts, rescoring, transforms, cascade)
+
+
+def remedy_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, kinds: Sequence[str], share: float,
+                  groups: np.ndarray | None = None) -> tuple[list[dict[str, Any]], dict[str, Any] | None, list[str]]:
+    """The corpus transforms (the adapter ``kinds`` fitted old -> new on the same seeded share) and the cascade (first
+    stage: the Procrustes adapter when it is one of ``kinds``, else the new queries when the widths agree) of
+    :mod:`engine.upgrade.remedies`, and a note on each, or on why it was left out."""
+    transforms = remedies.transform_rows(old, new, report, fitted=fit_rows(len(old.gallery), share, report.seed),
+                                         kinds=kinds, groups=groups) if kinds else []
+    notes = [f"corpus transforms {', '.join(kinds)} fitted old -> new on the adapters' {transforms[0]['pairs']:,} gallery "
+             f"pairs; the new queries searched the transformed {len(old.gallery):,} stored vectors (one pass, no model)"
+             ] if transforms else []
+    first, name = None, ""
+    o, n, g = old, new, groups
+    if "procrustes" in kinds:
+        _, m, fitted, _ = next(fitted_maps(old, new, ("procrustes",), share=share, seed=report.seed))
+        if report.same_set:  # the queries are the gallery: the fitted items leave both, as for the adapters
+            keep = np.setdiff1d(np.arange(len(old.gallery)), fitted)
+            o, n, g = _rows(old, keep), _rows(new, keep), None if groups is None else np.asarray(groups)[keep]
+        first, name = m.apply(n.query), "the procrustes adapter's queries"
+    elif old.gallery.shape[1] == new.gallery.shape[1]:
+        first, name = new.query, "new queries"
+    cascade = None
+    try:
+        if first is None:
+            raise ValueError("no first stage: no procrustes adapter and the two widths differ")
+        cascade = remedies.cascade_row(o, n, report, first=first, first_name=name, groups=g)
+        notes.append(f"cascade: {name} fetch the old index's top N and the new model re-scores them (from its gallery "
+                     f"vectors); N over {', '.join(str(p['n']) for p in cascade['curve'])}, judged at the simultaneous "
+                     f"level {100 * cascade['level']:.1f} % of the grid; smallest passing N: "
+                     + ("none" if cascade["smallest_passing"] is None else f"{cascade['smallest_passing']:,}"))
+    except ValueError as exc:
+        notes.append(f"no cascade: {first_line(exc)}")
+    return transforms, cascade, notes
 
 
 VERDICTS_ONLY = ("adapters, roll-outs and the threshold need the features in memory (--features, --experiment or --model) "

@@ -28,6 +28,20 @@ Decisions, the first that applies:
    flatters backfilling: one re-embedded item of the class can make a Recall@1 hit);
 7. otherwise **do not ship yet**, naming what is open, the queries and the margin that would decide it.
 
+Steps 5 and 6 are one choice among the **remedies side by side** (:func:`remedy_options`, issue 42): query-side
+adapter, corpus transform (the stored old vectors mapped old -> new once), cascade at N (the old index's top N
+re-scored by v2), backfill p % (the roll-out step 6 picks) and full re-embedding, each with its verdict and interval
+(a backfill's fraction is read off one curve, without one), its one-time and its per-query cost. A remedy passes when
+its verdict under the rule is ``compatible`` (a backfill when its curve reaches v1's self-test, a full re-embedding
+when v2 is better alone and its queries are not compatible with v1's gallery: a guardrail too close to call leaves
+step 7's "do not ship yet", since more queries may show that shipping as is, free, passes; both only when v2's own
+gain is judged). The plan recommends **the cheapest passing remedy**
+(:func:`cheapest_passing`, :func:`cost_key`): model inference first, then vector arithmetic, each one-time before
+per-query: (gallery items embedded by a model once, items embedded per query, stored vectors rewritten once, vector
+maps per query), then the higher lower interval end. So: adapter (one map per query) < corpus transform (one pass over
+the stored vectors) < cascade at N (N candidates re-scored per query) < backfill p % < full re-embedding. With no
+remedy passing, step 7; a full re-embedding passes whenever v2 is better alone, so it is the last resort of step 6.
+
 Recovery is read against its ceiling: a query-side adapter teaches v2's queries to imitate v1 on v1's gallery, so its
 share of a full re-embedding is capped near old/old / new/new (:func:`recovery_rows`).
 """
@@ -43,7 +57,12 @@ from engine.core.conventions import metric_name
 from engine.metrics.decision import equivalent, margin_to_decide
 from engine.upgrade.words import NOT_JUDGED, interval, pct
 
-DECISIONS = ("ship as is", "ship with adapter", "backfill", "do not ship", "do not ship yet")
+DECISIONS = ("ship as is", "ship with adapter", "transform the gallery", "serve a cascade", "backfill",
+             "re-embed the gallery", "do not ship", "do not ship yet")
+# the remedies a plan compares (remedy_options), in the order of their cost rule (cost_key)
+REMEDIES = ("query-side adapter", "corpus transform", "cascade", "backfill", "full re-embedding")
+REMEDY_DECISION = {"query-side adapter": "ship with adapter", "corpus transform": "transform the gallery",
+                   "cascade": "serve a cascade", "backfill": "backfill", "full re-embedding": "re-embed the gallery"}
 # what a plan is decided from by default (engine.upgrade.migration; here, torch-free, for the command line's help)
 DEFAULT_ADAPTERS = ("procrustes", "affine")  # post-hoc kinds fitted on a share of the gallery's pairs
 DEFAULT_FIT_SHARE = 0.5
@@ -116,6 +135,92 @@ def forecast_line(f: Mapping[str, Any], old: str, new: str) -> str:
             f"{100 * f['ceiling']:.0f} %, Procrustes residual {f['residual']:.3f})")
 
 
+def _cost(once: int = 0, once_vectors: int = 0, per_query: int = 0, per_query_vectors: int = 0) -> dict[str, Any]:
+    return {"one_time": {"embeddings": int(once), "vectors": int(once_vectors)},
+            "per_query": {"embeddings": int(per_query), "vectors": int(per_query_vectors)}}
+
+
+def _option(remedy: str, name: str, verdict: str, passes: bool, c: Mapping[str, Any] | None, level: float | None,
+            cost: dict[str, Any], cost_words: str, **extra: Any) -> dict[str, Any]:
+    return {"remedy": remedy, "name": name, "verdict": verdict, "passes": bool(passes),
+            "diff": None if c is None else c["diff"], "lo": None if c is None else c["lo"],
+            "hi": None if c is None else c["hi"], "level": level, **cost, "cost": cost_words, **extra}
+
+
+def remedy_options(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str, Any]] = (),
+                   transforms: Sequence[Mapping[str, Any]] = (), cascade: Mapping[str, Any] | None = None,
+                   rollouts: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """The remedies side by side (module docstring): one option per adapter and corpus transform row, the cascade row
+    (its smallest passing N, else its largest), the roll-out :func:`pick_rollout` takes (else a row saying none
+    reaches) and the full re-embedding, each with ``verdict``, ``passes``, its interval (``diff``, ``lo``, ``hi`` at
+    ``level``; None for a backfill, read off one curve), ``one_time`` and ``per_query`` costs and their words."""
+    n, level = int(report["n_gallery"]), report["level"]
+    judged = success_verdict(report) == "better"
+    out = []
+    for a in adapters:
+        c = a["compatibility"]
+        out.append(_option("query-side adapter", str(a["name"]), c["verdict"], c["verdict"] == "compatible", c,
+                           a.get("level", level), _cost(per_query_vectors=1),
+                           "nothing once; one map per query (the query's vector through the adapter)"))
+    for t in transforms:
+        c = t["compatibility"]
+        out.append(_option("corpus transform", str(t["name"]), c["verdict"], c["verdict"] == "compatible", c,
+                           t.get("level", level), _cost(once_vectors=n),
+                           f"one pass over the {n:,} stored vectors (no model), written to a new file; nothing per "
+                           "query", vs_new_new=t.get("vs_new_new")))
+    if cascade is not None:
+        c, k = cascade["compatibility"], int(cascade["n"])
+        adapted = cascade.get("first_stage") != "new queries"
+        out.append(_option("cascade", str(cascade["name"]), c["verdict"], c["verdict"] == "compatible", c,
+                           cascade.get("level", level), _cost(per_query=k, per_query_vectors=int(adapted)),
+                           f"nothing once; per query the old index's top {k:,} re-scored by the new model ({k:,} "
+                           "candidates embedded by it, or read from its stored vectors)"
+                           + ("; the query through the adapter first" if adapted else ""),
+                           smallest_passing=cascade.get("smallest_passing")))
+    roll = pick_rollout(rollouts)
+    if roll is not None:
+        p = float(roll["to_old_self"])
+        merge = str(roll["ordering"]).startswith("rank_merge:")
+        name = f"{100 * p:.0f} % in order {roll['ordering']}" + (f" with adapter {roll['adapter']}"
+                                                                  if roll.get("adapter") else "")
+        out.append(_option("backfill", name, f"reaches the old self-test at {100 * p:.0f} %", judged, None, None,
+                           _cost(once=items_for(p, n), per_query=int(merge), per_query_vectors=int(bool(roll.get("adapter")))),
+                           f"{items_for(p, n):,} gallery items embedded by the new model once"
+                           + ("; both models embed each query until it is done (rank merge)" if merge else "")))
+    elif rollouts:
+        out.append(_option("backfill", "no measured order", "never reaches the old self-test", False, None, None,
+                           _cost(once=n), "every item re-embedded before it reaches the old self-test"))
+    b = report["better"]
+    settled = report["compatibility"]["verdict"] == "not compatible"  # too close: more queries may ship it as is
+    out.append(_option("full re-embedding", "the whole gallery", b["verdict"], judged and settled,
+                       None if b["verdict"] == NOT_JUDGED
+                       else b, level, _cost(once=n), f"{n:,} gallery items embedded by the new model once; nothing "
+                       "per query"))
+    return out
+
+
+def cost_key(option: Mapping[str, Any]) -> tuple[float, ...]:
+    """The cost rule, stated once: gallery items a model embeds once, items a model embeds per query, stored vectors
+    rewritten once, vector maps per query; then the higher lower interval end (a backfill's counts as 0)."""
+    once, per = option["one_time"], option["per_query"]
+    return (once["embeddings"], per["embeddings"], once["vectors"], per["vectors"], -(option.get("lo") or 0.0))
+
+
+def cheapest_passing(options: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The option a plan recommends: the passing one of least :func:`cost_key` (the first listed among equals)."""
+    return min((o for o in options if o["passes"]), key=cost_key, default=None)
+
+
+def option_line(o: Mapping[str, Any], *, picked: bool) -> str:
+    """One remedy in words: its verdict with the interval (at its own level), its costs, and whether the plan
+    recommends it."""
+    judged = f"{o['verdict']} ({interval(o, o['level'])})" if o["lo"] is not None else o["verdict"]
+    if o.get("vs_new_new"):  # a corpus transform: what it keeps of the full re-embedding, paired on the same queries
+        judged += f"; against the full re-embedding {interval(o['vs_new_new'], o['vs_new_new']['level'])}"
+    return (f"{o['remedy']} {o['name']}: {judged}; cost: {o['cost']}"
+            + (" <- recommended: the cheapest that passes" if picked else ""))
+
+
 @dataclass(frozen=True)
 class Plan:
     """The decision, its reason, the rule it was taken under, the numbers behind it and the cost in items to re-embed."""
@@ -140,14 +245,26 @@ class Plan:
     forecast: dict[str, Any] | None = None  # the recovery predicted before fitting (engine.upgrade.forecast)
     threshold: dict[str, Any] | None = None
     notes: tuple[str, ...] = ()
+    options: tuple[dict[str, Any], ...] = ()  # the remedies side by side (remedy_options)
+    remedy: str | None = None  # the option the decision took (its name), when it took one
+    vectors_to_transform: int = 0  # a corpus transform: the stored vectors mapped once
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields, each option marked ``recommended`` when it is the one the decision took."""
+        out = asdict(self)
+        out["options"] = [{**o, "recommended": self.took(o)} for o in out["options"]]
+        return out
+
+    def took(self, option: Mapping[str, Any]) -> bool:
+        """Whether the decision is this option (its remedy's decision, its name)."""
+        return REMEDY_DECISION[option["remedy"]] == self.decision and option["name"] == self.remedy
 
     def headline(self) -> str:
         """The decision in a few words: ``ship with adapter X``, ``backfill p % in order Y``, ``ship as is``, ..."""
         if self.decision == "ship with adapter":
             return f"ship with adapter {self.adapter}"
+        if self.decision in ("transform the gallery", "serve a cascade"):
+            return f"{self.decision}: {self.remedy}"
         if self.decision == "backfill":
             order = str(self.ordering)
             merge = order.startswith("rank_merge:")  # both models serve queries until the backfill is done
@@ -172,17 +289,15 @@ class Plan:
             lines.append(f"- similarity threshold: {t['t_old']:.4g} under {self.old_name} (precision {pct(t['precision'])}, "
                          f"recall {pct(t['recall_old'])}) -> {new}")
         lines += [f"- note: {n}" for n in self.notes]
+        if self.options:
+            lines += ["", "## Remedies side by side", ""]
+            lines += [f"- {option_line(o, picked=self.took(o))}" for o in self.options]
         return "\n".join(lines) + "\n"
 
 
 def items_for(fraction: float, n: int) -> int:
     """Items to re-embed for a fraction of an ``n``-item gallery: rounded up, a hair of float noise off."""
     return math.ceil(fraction * n - 1e-9)
-
-
-def _best_adapter(adapters: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    passing = [a for a in adapters if a["compatibility"]["verdict"] == "compatible"]
-    return max(passing, key=lambda a: a["compatibility"]["lo"], default=None)  # max keeps the first among equals
 
 
 def pick_rollout(rollouts: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
@@ -206,11 +321,13 @@ def _passes(c: Mapping[str, Any], margin: float) -> str:
 
 def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str, Any]] = (),
                    rollouts: Sequence[Mapping[str, Any]] | None = None,
-                   threshold: Mapping[str, Any] | None = None, forecast: Mapping[str, Any] | None = None) -> Plan:
+                   threshold: Mapping[str, Any] | None = None, forecast: Mapping[str, Any] | None = None,
+                   transforms: Sequence[Mapping[str, Any]] = (), cascade: Mapping[str, Any] | None = None) -> Plan:
     """The decision for ``report`` (an ``UpgradeReport.to_json()``), given the adapters' rows (``name``,
     ``compatibility`` = a paired verdict of adapted->old vs old/old under the report's rule, optional ``adapted_old``,
     ``label_free``) and the roll-out rows (``ordering``, optional ``adapter``, ``metric``, ``to_old_self``,
-    ``to_new_self``, ``area``; default the report's own backfill curves). See the module docstring for the rule."""
+    ``to_new_self``, ``area``; default the report's own backfill curves), the corpus transforms' rows and the cascade's
+    (:mod:`engine.upgrade.remedies`). See the module docstring for the rule."""
     old, new, level, margin = report["old_name"], report["new_name"], report["level"], _m(report)
     c, b, n = report["compatibility"], report["better"], int(report["n_gallery"])
     success = success_verdict(report)
@@ -221,6 +338,8 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
                 guardrail=c["verdict"], threshold=dict(threshold) if threshold else None,
                 forecast=dict(forecast) if forecast else None,
                 recovery=tuple(recovery_rows(report, adapters)))
+    options = remedy_options(report, adapters=adapters, transforms=transforms, cascade=cascade, rollouts=rollouts)
+    base["options"] = tuple(options)
     alone = (f"{pct(report['new_new'])} vs {pct(report['old_old'])} ({interval(b, level)}: {success})"
              if b["verdict"] != NOT_JUDGED
              else "not judged (no new gallery, or label-free: the new model's own top-k is the reference)")
@@ -230,6 +349,14 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
     for a in adapters:
         numbers[f"adapter {a['name']} -> {old} gallery vs {old} alone"] = (
             f"{pct(a.get('adapted_old'))} ({interval(a['compatibility'], level)}: {a['compatibility']['verdict']})")
+    for t in transforms:
+        numbers[f"{new} queries on the {old} gallery transformed by {t['name']} vs {old} alone"] = (
+            f"{pct(t.get('transformed'))} ({interval(t['compatibility'], t.get('level', level))}: "
+            f"{t['compatibility']['verdict']})")
+    if cascade is not None:
+        numbers[f"cascade {cascade['name']} ({cascade['first_stage']} first) vs {old} alone"] = (
+            f"{pct(cascade.get('value'))} ({interval(cascade['compatibility'], cascade.get('level', level))}: "
+            f"{cascade['compatibility']['verdict']})")
     for r in rollouts:
         via = f" with adapter {r['adapter']}" if r.get("adapter") else ""
         on = f" ({metric_name(r['metric'])})" if r.get("metric") and r["metric"] != report["metric"] else ""
@@ -265,13 +392,31 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
         return Plan("ship as is", f"{new} queries on the {old} gallery {_passes(c, margin)} {old} alone "
                     f"({interval(c, level)}); re-embed the gallery later, at leisure, for the rest of {new}'s gain.",
                     notes=unjudged, **base)
-    best = _best_adapter(adapters)
-    if best is not None:
+    pick = cheapest_passing(options)
+    kind = pick["remedy"] if pick is not None else None
+    why = "" if pick is None else f" It is the cheapest remedy that passes ({pick['cost']})."
+    if kind == "query-side adapter":
+        best = next(a for a in adapters if str(a["name"]) == pick["name"])
         return Plan("ship with adapter", f"Adapter {best['name']} maps {new}'s queries onto the {old} gallery, where they "
                     f"{_passes(best['compatibility'], margin)} {old} alone ({interval(best['compatibility'], level)}); "
-                    "apply it to each query until the gallery is re-embedded.", adapter=best["name"], notes=unjudged,
-                    **base)
-    roll = pick_rollout(rollouts) if judged else None
+                    "apply it to each query until the gallery is re-embedded." + why, adapter=best["name"],
+                    remedy=pick["name"], notes=unjudged, **base)
+    if kind == "corpus transform":
+        t = next(t for t in transforms if str(t["name"]) == pick["name"])
+        return Plan("transform the gallery", f"The {t['kind']} map {old} -> {new} turns the stored {old} vectors into "
+                    f"{new}'s space, where {new}'s own queries {_passes(t['compatibility'], margin)} {old} alone "
+                    f"({interval(t['compatibility'], t.get('level', level))}); transform the gallery once into a new file, then serve "
+                    f"{new}." + why, remedy=pick["name"], vectors_to_transform=n, notes=unjudged, **base)
+    if kind == "cascade":
+        return Plan("serve a cascade", f"{new}'s queries ({cascade['first_stage']}) fetch the {old} index's top "
+                    f"{int(cascade['n']):,}, which {new} re-scores; they {_passes(cascade['compatibility'], margin)} "
+                    f"{old} alone ({interval(cascade['compatibility'], cascade.get('level', level))}), the smallest N of the curve that "
+                    "passes." + why, remedy=pick["name"], notes=unjudged, **base)
+    if kind == "full re-embedding":
+        return Plan("re-embed the gallery", f"{new} is better than {old} on its own ({interval(b, level)}) but no "
+                    f"cheaper remedy passes: re-embed all {n:,} gallery items with {new}, then serve it." + why,
+                    remedy=pick["name"], items_to_reembed=n, notes=unjudged, **base)
+    roll = pick_rollout(rollouts) if kind == "backfill" else None
     if roll is not None:
         p = float(roll["to_old_self"])
         via = f" with adapter {roll['adapter']}" if roll.get("adapter") else ""
@@ -281,7 +426,7 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
         return Plan("backfill", f"No adapter is compatible; re-embedding {100 * p:.0f} % of the gallery in order "
                     f"{order_words(str(roll['ordering']))}{via} brings {new}'s queries back to {old}'s self-test"
                     f"{flatter}.", adapter=roll.get("adapter"), ordering=roll["ordering"], fraction=p,
-                    backfill_metric=on, items_to_reembed=items_for(p, n),
+                    backfill_metric=on, items_to_reembed=items_for(p, n), remedy=pick["name"],
                     notes=("the backfill fraction is read off one curve over the evaluated queries, without an interval",),
                     **base)
     tried = "no adapter was tried" if not adapters else "no adapter is compatible"

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from storage.secrets import mask_url
-from engine.upgrade.plan import forecast_line, items_for, recovery_line
+from engine.upgrade.plan import forecast_line, items_for, option_line, recovery_line
 from engine.upgrade.words import NOT_JUDGED, pct, sentence
 
 SUFFIXES = {".html": "html", ".htm": "html", ".md": "markdown"}
@@ -35,11 +35,11 @@ TOOL = "compatlab"
 KNOWN = {"decision", "reason", "headline", "old_name", "new_name", "metric", "n_gallery", "adapter", "ordering",
          "fraction", "items_to_reembed", "numbers", "threshold", "notes", "adapters", "rollouts", "rescoring", "report",
          "markdown", "context", "error", "rule", "success", "guardrail", "backfill_metric", "margin_to_decide",
-         "recovery"}
+         "recovery", "options", "remedy", "vectors_to_transform", "transforms", "cascade"}
 ADAPTER_KNOWN = {"name", "kind", "source", "pairs", "fit_seconds", "adapted_old", "old_old", "n_queries", "n_gallery",
                  "compatibility", "interval"}
-DECISION_CLASS = {"ship as is": "go", "ship with adapter": "go", "backfill": "wait", "do not ship yet": "wait",
-                  "do not ship": "stop"}
+DECISION_CLASS = {"ship as is": "go", "ship with adapter": "go", "transform the gallery": "go", "serve a cascade": "go",
+                  "backfill": "wait", "re-embed the gallery": "wait", "do not ship yet": "wait", "do not ship": "stop"}
 VERDICT_COLOURS = {"compatible": "#2e7d32", "not compatible": "#b71c1c", "too close to call": "#d98c00"}
 # the dashboard's palettes (app/charts.py: SERIES_COLOURS, SERIES_DASHES): orderings look the same in both
 SERIES_COLOURS = ("#009e73", "#cc79a7", "#0072b2", "#d55e00", "#56b4e9", "#e69f00", "#000000", "#999999")
@@ -220,11 +220,27 @@ def option_costs(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         items = int(data["items_to_reembed"]) if chosen else items_for(float(reach), n)
         out.append(row(_rollout_name(str(ro.get("ordering")), reach, via), items,
                        f"reaches {old}'s self-test at {100 * reach:.0f}% of the gallery (one curve, no interval)", chosen))
+    for t in data.get("transforms") or ():
+        tc = t.get("compatibility") or {}
+        out.append(row(f"transform the {old} gallery with {t.get('name')} (old -> new, no model)", 0,
+                       f"{new}'s queries on the transformed gallery: {tc.get('verdict')} ({_points(tc.get('diff'))}, "
+                       f"{level} interval {_interval(tc)}); one pass over {t.get('vectors', n):,} stored vectors",
+                       decision == "transform the gallery" and data.get("remedy") == t.get("name")))
+    if (cs := data.get("cascade")) is not None:
+        cc = cs.get("compatibility") or {}
+        out.append(row(f"serve a cascade: {old}'s top {int(cs['n']):,} re-scored by {new}", 0,
+                       f"{cc.get('verdict')} ({_points(cc.get('diff'))}, {level} interval {_interval(cc)}); "
+                       f"{int(cs['n']):,} candidates re-scored per query", decision == "serve a cascade"))
     b = r["better"]
     alone = (f"then {new} alone serves: {pct(r.get('new_new'))} vs {pct(r.get('old_old'))} for {old} ({b.get('verdict')})"
              if b.get("verdict") != NOT_JUDGED else f"then {new} alone serves (not measured here)")
-    out.append(row(f"re-embed the whole gallery with {new}", n, alone, False))
+    out.append(row(f"re-embed the whole gallery with {new}", n, alone, decision == "re-embed the gallery"))
     return out
+
+
+def remedy_lines(data: Mapping[str, Any]) -> list[str]:
+    """The plan's remedies side by side in words (:func:`engine.upgrade.plan.option_line`), as it stored them."""
+    return [option_line(o, picked=bool(o.get("recommended"))) for o in data.get("options") or ()]
 
 
 def _rollout_name(ordering: str, fraction: float | None, via: str) -> str:
@@ -379,6 +395,8 @@ def report_markdown(data: Mapping[str, Any]) -> str:
         lines += ["The plan's numbers:", "", *(f"- {_md(k)}: {_md(v)}" for k, v in data["numbers"].items()), ""]
     if data.get("adapters"):
         lines += ["## Adapters", "", *_md_table(*_adapter_table(data))]
+    if rem := remedy_lines(data):
+        lines += ["## Remedies side by side", "", *(f"- {_md(x)}" for x in rem), ""]
     if rec := recovery_lines(data):
         lines += ["## Recovery against its ceiling", "", *(f"- {_md(x)}" for x in rec), ""]
     curves = curve_rows(data)
@@ -598,6 +616,8 @@ def report_html(data: Mapping[str, Any], *, draw: Callable[[Mapping[str, Any]], 
                   "adapter's weights act on row vectors, x @ W (+ b), with W stored (new_dim, old_dim) "
                   "(adapter.json says so under files.weights_orientation).</p>",
                   _h_table(header, rows, numeric=(2, 3, 4, 5, 6))]
+    if rem := remedy_lines(data):
+        parts += ["<h2>Remedies side by side</h2><ul>", *(f"<li>{_h(x)}</li>" for x in rem), "</ul>"]
     if rec := recovery_lines(data):
         parts += ["<h2>Recovery against its ceiling</h2><ul>", *(f"<li>{_h(x)}</li>" for x in rec), "</ul>"]
     curves = curve_rows(data)

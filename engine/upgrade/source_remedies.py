@@ -19,6 +19,10 @@ page's sources check): adapters, rank-merge roll-outs and the threshold, the gal
   and the re-embedded part with the new queries, merged by score from the two top-D lists
   (:func:`engine.metrics.list_merge.list_curves`: exact for the queries the lists decide, the others left out of a
   point and counted); the first fraction scoring above old/old is :func:`engine.upgrade.migration.rollout_rows`'s;
+* **corpus transforms**: each kind is also fitted old -> new on the same sampled pairs
+  (:func:`engine.upgrade.remedies.fit_transform`); the old gallery is read again, each block mapped through it (nothing
+  written), and the new queries ranked against it in one streamed pass per kind, judged against old/old as the adapters
+  are (the check's interval and rule, at the simultaneous level of the kinds) and against new/new over the queries;
 * **threshold**: each model's top-10 candidates of its own cell (the check's old/old and new/new lists), relevant under
   the check's relevance (the same label; a qrels grade above 0), re-mapped to the same precision as in memory
   (:func:`engine.upgrade.migration.remapped_threshold`); label-free relevance marks nothing relevant, so no threshold.
@@ -41,7 +45,7 @@ from engine.adapters.posthoc import PosthocMap, fit_map
 from engine.metrics.cell_interval import cell_seed, paired_intervals
 from engine.metrics.list_merge import list_curves, rows_of
 from engine.metrics.relevance import neighbour_recall
-from engine.metrics.topk import stream_topk
+from engine.metrics.topk import TopK, stream_topk
 from engine.metrics.twoway import TopLists, ranked_lists
 from engine.upgrade.backfill_sources import curve_need, decided_note
 from engine.upgrade.from_sources import CheckLists, Opened, SourcesCheck, SourceSpecs, by_id, cut_lists, in_order
@@ -50,7 +54,8 @@ from engine.upgrade import forecast as fc
 from engine.upgrade.migration import (FORECAST_PAIRS, RANK_MERGE, RANK_MERGE_NOTE, PlanInputs, check_plan_options, fit_rows,
                                       remapped_threshold, rollout_rows, selection_level, selection_note)
 from engine.upgrade.plan import DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, migration_plan
-from engine.upgrade.verdict import BackfillNeed, PairedVerdict, UpgradeReport, compare
+from engine.upgrade.remedies import CASCADE_NS, cascade_result, fit_transform, transform_row
+from engine.upgrade.verdict import BETTER, BackfillNeed, PairedVerdict, UpgradeReport, compare
 from storage import json_ready
 
 MAX_FIT_PAIRS = 50_000  # pairs read from the galleries to fit an adapter on, at most
@@ -121,6 +126,70 @@ def adapted_outcomes(lists: CheckLists, maps: Sequence[PosthocMap], old_blocks: 
         free = neighbour_recall(mine, lists.new_new, ks=(lists.new_new.k,)).values[f"neighbour_recall@{lists.new_new.k}"]
         out.append(Adapted(values, free, bool(np.array_equal(a, q.old)), ranked))
     return out
+
+
+def transformed_outcomes(lists: CheckLists, m: PosthocMap, old_blocks: Blocks) -> Adapted:
+    """The new queries ranked against the old gallery mapped through the corpus transform ``m`` block by block (one
+    streamed pass, the check's depth and backend; nothing written), scored as :func:`adapted_outcomes` scores."""
+    q = lists.queries
+    if m.new_dim != q.old.shape[1] or m.old_dim != q.new.shape[1]:
+        raise ValueError(f"the {m.kind} transform maps {m.new_dim}-d old vectors to {m.old_dim}-d new ones, but the old "
+                         f"gallery is {q.old.shape[1]}-d and the new queries {q.new.shape[1]}-d")
+    mapped = ((rows, m.apply(vectors)) for rows, vectors in old_blocks)
+    deep = stream_topk(q.new, mapped, k=max(lists.old_old.k, lists.ranked_depth), backend=lists.backend)
+    rel = lists.relevance
+    ranked = ranked_lists(deep.ids, deep.scores, rel.query_labels, rel.gallery_labels) if lists.ranked is not None else None
+    mine = cut_lists(deep, lists.old_old.k)
+    free = neighbour_recall(mine, lists.new_new, ks=(lists.new_new.k,)).values[f"neighbour_recall@{lists.new_new.k}"]
+    return Adapted(rel.outcomes(mine, ks=(lists.at,)).values[lists.key], free, False, ranked)
+
+
+def rescored(first: TopK, query: np.ndarray, new_blocks: Blocks) -> np.ndarray:
+    """The new model's cosine of each query (``query``, new vectors) with each candidate of ``first`` (ids = gallery
+    rows), read from the new gallery block by block: memory holds the candidates' scores and one block."""
+    q = query / np.maximum(np.linalg.norm(query, axis=1, keepdims=True), 1e-12)
+    out = np.full(first.ids.shape, np.nan)
+    for rows, vectors in new_blocks:
+        rows = np.asarray(rows)
+        at = np.argsort(rows)
+        pos = np.minimum(np.searchsorted(rows[at], first.ids), len(rows) - 1)
+        hit = rows[at][pos] == first.ids
+        if hit.any():
+            v = np.asarray(vectors, np.float64)[at[pos[hit]]]
+            v /= np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+            out[hit] = np.einsum("ij,ij->i", q[np.nonzero(hit)[0]], v)
+    if np.isnan(out[first.ids >= 0]).any():
+        raise ValueError("the new gallery lacks some of the old gallery's candidates; it changed while it was read")
+    return out
+
+
+def source_cascade(lists: CheckLists, report: UpgradeReport, first: np.ndarray, first_name: str, old_blocks: Blocks,
+                   new_blocks: Blocks, ns: Sequence[int] = CASCADE_NS) -> dict[str, Any]:
+    """The cascade from sources (:func:`engine.upgrade.remedies.cascade_row`'s row): ``first`` (the adapted new queries)
+    fetch the streamed old gallery's top N, the new gallery's vectors of those N re-score them (one pass over each
+    gallery, at the largest N), each N's re-ranked list scored under the check's relevance and metric and judged
+    against old/old with the check's interval and rule at the simultaneous level of the grid."""
+    n_g = lists.old_old.n_gallery
+    grid = sorted({min(max(int(n), lists.at), n_g) for n in ns})
+    deep = stream_topk(first, old_blocks, k=max(grid), backend=lists.backend)
+    s_new = rescored(deep, lists.queries.new, new_blocks)
+    rel, points = lists.relevance, []
+    for n in grid:
+        order = np.argsort(-s_new[:, :n], axis=1, kind="stable")  # the re-scored head, ties in the old order
+        ids, scores = np.take_along_axis(deep.ids[:, :n], order, 1), np.take_along_axis(s_new[:, :n], order, 1)
+        top = TopK(ids, scores.astype(np.float32), np.zeros(len(ids), np.int64), n_g)
+        ranked = None
+        if lists.ranked is not None:  # two-way: the head, then the old order to the lists' depth
+            tail = deep.ids[:, n:max(n, lists.ranked_depth)]
+            keys = np.concatenate([3.0 + scores, deep.scores[:, n:max(n, lists.ranked_depth)]], axis=1)
+            ranked = ranked_lists(np.concatenate([ids, tail], axis=1), keys, rel.query_labels, rel.gallery_labels)
+        values = rel.outcomes(top, ks=(lists.at,)).values[lists.key]
+        points.append((n, Adapted(values, np.full(len(values), np.nan), False, ranked)))
+    level = report.level if len(points) < 2 else selection_level([a.values - lists.oo for _, a in points], report,
+                                                                   lists.groups)
+    curve = [{"n": n, "value": _mean(a.values), "compatibility": asdict(judge_adapted(lists, report, a, level=level))}
+             for n, a in points]
+    return cascade_result(curve, report, first_name=first_name, old_old=report.old_old, level=level)
 
 
 def judge_adapted(lists: CheckLists, report: UpgradeReport, got: Adapted, *, level: float | None = None) -> PairedVerdict:
@@ -210,6 +279,7 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
     say = progress or (lambda f, m: None)
     n_g = report.n_gallery
     maps: list[tuple[str, PosthocMap, dict[str, Any]]] = []
+    transform_maps: list[tuple[PosthocMap, float]] = []  # each kind fitted old -> new too: the corpus transforms
     forecast_map: PosthocMap | None = None  # the forecast's own small fit, judged in the same pass as the adapters
     opened = Opened()
     try:
@@ -225,12 +295,16 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
             if len(take) >= 2 and lists.relevance.kind != "none":  # label-free: new/new is the reference, no ceiling
                 forecast_map = fit_map("procrustes", new_s[take], old_s[take], fitted_on={"pairs": len(take)})
             for kind in kinds:
-                say(0.3, f"fitting the {kind} adapter")
+                say(0.3, f"fitting the {kind} adapter and corpus transform")
                 start = time.perf_counter()
                 m = fit_map(kind, new_s, old_s, fitted_on={"pairs": len(rows), "share": share, "seed": report.seed,
                                                            "cap": max_pairs})
                 maps.append((kind, m, {"source": "fitted here", "pairs": len(rows),
                                        "fit_seconds": time.perf_counter() - start}))
+                start = time.perf_counter()
+                t = fit_transform(kind, old_s, new_s, fitted_on={"pairs": len(rows), "share": share,
+                                                                 "seed": report.seed, "cap": max_pairs})
+                transform_maps.append((t, time.perf_counter() - start))
             del old_s, new_s
         for folder in files:
             m = load_adapter(folder)
@@ -239,6 +313,19 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
         say(0.5, "searching the old gallery with the adapted queries")
         judged = adapted_outcomes(lists, [m for _, m, _ in maps] + ([forecast_map] if forecast_map else []),
                                   in_order(old_g, lists.gallery_ids, lists.block_rows))
+        cascade, no_cascade = None, "no cascade: no procrustes adapter fitted here to take its first stage"
+        first = next((m for kind, m, _ in maps if kind == "procrustes"), None)
+        if first is not None:
+            say(0.55, "the cascade: the old gallery's top N for the adapted queries, re-scored from the new gallery")
+            cascade = source_cascade(lists, report, first.apply(lists.queries.new), "the procrustes adapter's queries",
+                                     in_order(old_g, lists.gallery_ids, lists.block_rows),
+                                     by_id(new_g, lists.slots, lists.block_rows))
+        transformed = []
+        for t, _ in transform_maps:
+            say(0.6, f"searching the old gallery transformed by {t.kind} with the new queries")
+            start = time.perf_counter()
+            transformed.append((transformed_outcomes(lists, t, in_order(old_g, lists.gallery_ids, lists.block_rows)),
+                                time.perf_counter() - start))
     finally:
         opened.close()
     forecast, no_forecast = source_forecast(lists, forecast_map, judged.pop()) if forecast_map else (None, None)
@@ -247,8 +334,21 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
                                                                    lists.groups)
     adapters = [adapter_row(name, m, report, got, judge_adapted(lists, report, got, level=level), level, **extra)
                 for (name, m, extra), got in zip(maps, judged)]
+    transforms = source_transform_rows(lists, report, transform_maps, transformed, n_g)
     data = report.to_json()
     notes = [no_forecast] if no_forecast else []
+    if transforms:
+        notes.append(f"corpus transforms {', '.join(kinds)} fitted old -> new on the adapters' pairs; the new queries "
+                     f"searched the {n_g:,} stored old vectors mapped block by block (one pass each, nothing written); "
+                     "against new/new the interval resamples the queries")
+    if cascade is not None:
+        notes.append(f"cascade: the procrustes adapter's queries fetch the old gallery's top N (the streamed search's "
+                     f"order) and the new gallery's vectors re-score them; N over "
+                     f"{', '.join(str(p['n']) for p in cascade['curve'])}, judged at the simultaneous level "
+                     f"{100 * cascade['level']:.1f} % of the grid; smallest passing N: "
+                     + ("none" if cascade["smallest_passing"] is None else f"{cascade['smallest_passing']:,}"))
+    elif kinds:
+        notes.append(no_cascade)
     if rows is not None:
         capped = f", capped at {max_pairs:,} pairs" if int(round(share * n_g)) > max_pairs else ""
         notes.append(f"adapters {', '.join(kinds)} fitted on {len(rows):,} paired gallery items (a share of {share:g} of "
@@ -269,10 +369,29 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
     threshold, how = source_threshold(lists, t_old=t_old, precision=precision)
     notes.append(f"similarity threshold: {how}")
     plan = migration_plan(data, adapters=adapters, rollouts=rollouts, threshold=threshold,
-                          forecast=forecast and forecast.to_json())
+                          forecast=forecast and forecast.to_json(), transforms=transforms, cascade=cascade)
     say(1.0, "plan ready")
-    return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, *notes)), adapters, rollouts, rescoring)
+    return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, *notes)), adapters, rollouts, rescoring, transforms,
+                      cascade)
+
+
+def source_transform_rows(lists: CheckLists, report: UpgradeReport, maps: Sequence[tuple[PosthocMap, float]],
+                          got: Sequence[tuple[Adapted, float]], n_gallery: int) -> list[dict[str, Any]]:
+    """The corpus transforms' rows (:func:`engine.upgrade.remedies.transform_row`): against old/old with the check's
+    interval and rule at the simultaneous level of the kinds; against new/new over the queries (or query groups)."""
+    if not maps:
+        return []
+    level = report.level if len(got) < 2 else selection_level([a.values - lists.oo for a, _ in got], report,
+                                                                lists.groups)
+    nn = lists.relevance.outcomes(lists.new_new, ks=(lists.at,)).values[lists.key]
+    return [transform_row(m, report, a.values, judge_adapted(lists, report, a, level=level),
+                          compare(a.values, nn, resamples=report.resamples, level=report.level, seed=report.seed,
+                                  names=BETTER, groups=lists.groups),
+                          level=level, pairs=m.fitted_on.get("pairs"), vectors=n_gallery, fit_seconds=fit_s,
+                          pass_seconds=search_s)
+            for (m, fit_s), (a, search_s) in zip(maps, got)]
 
 
 __all__ = ["MAX_FIT_PAIRS", "NEEDS_NEW_GALLERY", "Adapted", "adapted_outcomes", "adapter_row", "judge_adapted",
-           "plan_from_sources", "rank_merge_needs", "read_pairs", "source_threshold"]
+           "plan_from_sources", "rank_merge_needs", "read_pairs", "rescored", "source_cascade", "source_threshold",
+           "source_transform_rows", "transformed_outcomes"]

@@ -304,7 +304,8 @@ def adapter_rows(exp: TextExperiment, old: int, new: int, report: UpgradeReport,
 def pair_decision(report: UpgradeReport, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The pair's one decision (:func:`engine.upgrade.plan.migration_plan`) from its Recall@1 report and its adapters'
     verdicts. Recall@1 decides here: a query's one relevant item is its own synset's definition, so it cannot flatter a
-    backfill the way a class label does (and the summary measures no backfill curve)."""
+    backfill the way a class label does (and the summary measures no backfill curve, so a better new model that no
+    adapter serves reads "re-embed the gallery", the only remedy measured to pass)."""
     adapters = [{"name": adapter_label(r["kind"]),
                  "adapted_old": r["recall@1"], "compatibility": {"diff": r["diff"], "lo": r["lo"], "hi": r["hi"],
                                                                   "verdict": r["verdict"]}} for r in rows]
