@@ -137,7 +137,11 @@ class ArrowSource(Source):
 
             for path in self.dataset.files:
                 with self.dataset.filesystem.open_input_file(path) as handle:
-                    check_inflation(pq.ParquetFile(handle).metadata, self.names.vector, where=self.description)
+                    meta = pq.ParquetFile(handle).metadata
+                    check_inflation(meta, self.names.vector, where=self.description)
+                    self._note_fingerprint(Path(path).name, meta.num_rows, meta.metadata)
+        else:
+            self._note_fingerprint(Path(location.rstrip("/")).name, None, self.dataset.schema.metadata)
         self.count = self.dataset.count_rows()  # from the files' metadata
         dim = _vector_dim(self.dataset.schema, self.names.vector)
         if dim is None:  # a list column: the first vector tells
@@ -234,6 +238,7 @@ class LanceSource(Source):
             raise SourceError(f"{self.description} cannot be opened: {first_line(exc)}") from exc
         self.names = ColumnNames(text, schema, where=self.description)
         self.count = self.table.count_rows()
+        self._note_fingerprint(table, self.count, schema.metadata)
         dim = _vector_dim(schema, self.names.vector)
         if dim is not None:
             self._check_dim(dim)
