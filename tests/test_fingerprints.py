@@ -133,3 +133,58 @@ def test_fit_records_the_spaces_and_apply_refuses_another_model_in_one_line(pair
     _parquet(root / "mixed" / "b.parquet", new_ids[300:], new[300:], Fingerprint(14, name="other"))
     code, _, err = apply(str(root / "mixed"))
     assert code == 2 and "mixes vectors of several models" in err and "doctor" in err
+
+
+# --------------------------------------------------------------------------------------------- stored feature sets
+def test_a_recorded_version_stores_each_views_fingerprint_and_an_older_row_still_loads(tmp_path):
+    import hashlib
+    import sqlite3
+
+    from sqlalchemy import create_engine
+
+    from engine.results.record import NewVersion, record_experiment
+    from storage import (add_model_version, feature_set_fingerprint, get_engine, load_feature_set, save_feature_set,
+                         session_scope)
+    from storage.migrate import add_missing_columns
+
+    rng = np.random.default_rng(4)
+    enc = rng.standard_normal((12, 5)).astype(np.float32)
+    unit = (enc / np.linalg.norm(enc, axis=1, keepdims=True)).astype(np.float32)
+    weights = tmp_path / "w.pt"
+    weights.write_bytes(b"weights of a model")
+    labels = np.arange(12) % 3
+    path = tmp_path / "x.db"
+    db = get_engine(f"sqlite:///{path}")
+    versions = [NewVersion(architecture="resnet18", method="bct", classes=range(3), num_outputs=3, feature_dim=5,
+                           outputs={"gallery": {"encoder": enc, "logits": unit[:, :3]}}, labels={"gallery": labels},
+                           checkpoint_path=str(weights)),
+                NewVersion(architecture="text", method="checkpoints", classes=range(3), num_outputs=3, feature_dim=5,
+                           outputs={"gallery": {"encoder": unit}}, labels={"gallery": labels}, name="minilm",
+                           weights_sha256=HASH_B, pooling="mean")]
+    exp = record_experiment(db, name="e", method="bct", config={}, versions=versions, results={}, gallery_kind="instance")
+    with session_scope(db) as s:
+        from storage.models import ModelVersion
+
+        first, second = (mv.id for mv in s.query(ModelVersion).order_by(ModelVersion.step))
+        assert feature_set_fingerprint(s, first, "gallery", "encoder") == {
+            "dim": 5, "sha256": hashlib.sha256(b"weights of a model").hexdigest(),
+            "name": f"resnet18 bct, experiment {exp} step 1", "normalisation": "raw", "prefix": None, "pooling": None}
+        assert feature_set_fingerprint(s, first, "gallery", "logits")["dim"] == 3
+        assert feature_set_fingerprint(s, second, "gallery", "encoder") == Fingerprint(
+            5, sha256=HASH_B, name="minilm", normalisation="unit", pooling="mean").to_json()
+        old = add_model_version(s, exp, 3, architecture="a", method="m", classes=[0], num_outputs=1, feature_dim=5).id
+        save_feature_set(s, old, "gallery", "encoder", enc, labels)  # as a set stored before fingerprints
+        with pytest.raises(ValueError, match="fingerprint must be a JSON object with dim 5"):
+            save_feature_set(s, old, "gallery", "encoder", enc, labels, fingerprint={"dim": 4})
+    with session_scope(db) as s:
+        assert feature_set_fingerprint(s, old, "gallery", "encoder") is None
+        np.testing.assert_array_equal(load_feature_set(s, old, "gallery", "encoder")[0], enc)
+    db.dispose()
+    with sqlite3.connect(path) as c:  # a database made before fingerprints: the column is added, its rows still load
+        c.execute("ALTER TABLE feature_sets DROP COLUMN fingerprint")
+    c.close()
+    older = create_engine(f"sqlite:///{path}")
+    assert add_missing_columns(older) == ["feature_sets.fingerprint"]
+    with session_scope(older) as s:
+        assert feature_set_fingerprint(s, first, "gallery", "encoder") is None
+        np.testing.assert_array_equal(load_feature_set(s, first, "gallery", "encoder")[0], enc)

@@ -105,10 +105,14 @@ class Fingerprint:
 
 def normalisation_of(vectors: np.ndarray) -> str:
     """``unit`` when every row of ``vectors`` has L2 norm 1 within :data:`UNIT_TOLERANCE`, else ``raw``."""
-    x = np.asarray(vectors, np.float64)
+    x = np.asarray(vectors)
     if x.ndim != 2 or not len(x):
         return "raw"
-    return "unit" if bool(np.all(np.abs(np.linalg.norm(x, axis=1) - 1.0) <= UNIT_TOLERANCE)) else "raw"
+    for lo in range(0, len(x), 65536):  # a block at a time: no float64 copy of a whole feature set
+        norms = np.linalg.norm(x[lo:lo + 65536].astype(np.float64), axis=1)
+        if not np.all(np.abs(norms - 1.0) <= UNIT_TOLERANCE):
+            return "raw"
+    return "unit"
 
 
 def compare(expected: Fingerprint, got: Fingerprint, *, ignore: tuple[str, ...] = ()) -> tuple[str, str]:
