@@ -56,10 +56,10 @@ COMMANDS: dict[str, Command] = {  # in the order ``--help`` lists them
     "presets": Command("list the named presets", None, run.cmd_presets),
     "check-upgrade": Command("can the new model ship without re-indexing? (ECC verdict, exit 0/1/3)",
                              upgrade.add_arguments, upgrade.cmd_check_upgrade),
-    "doctor": Command("does one store hold vectors of more than one model? (exit 0 clean / 1 mixed)",
-                      doctor.add_arguments, doctor.cmd_doctor),
     "reproduce": Command("reproduce named paper table cells (P2-Tab2, ...) over seeds; queued or --here",
                          reproduce.add_command_arguments, reproduce.cmd_reproduce),
+    "doctor": Command("does one store hold vectors of more than one model? (exit 0 clean / 1 mixed)",
+                      doctor.add_arguments, doctor.cmd_doctor),
 }
 
 
