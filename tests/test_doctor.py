@@ -150,3 +150,27 @@ def test_bad_arguments_are_one_line(tmp_path, capsys):
         assert main(["doctor", path, *argv]) == 2
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1
+
+
+def test_a_mixed_lancedb_table_and_its_fingerprint_are_read(tmp_path):
+    lancedb = pytest.importorskip("lancedb")
+    x = stores()["unit"]
+    table = pa.table({"id": np.arange(N), "vector": pa.FixedSizeListArray.from_arrays(
+        pa.array(x.astype(np.float32).reshape(-1)), D)})
+    table = table.replace_schema_metadata({METADATA_KEY: json.dumps(Fingerprint(D, name="m").to_json())})
+    lancedb.connect(str(tmp_path / "lance")).create_table("items", table)
+    source = open_source(f"lance:{tmp_path / 'lance'}#table=items", what="t")
+    assert source.fingerprint == Fingerprint(D, name="m")
+    report = diagnose(source, block_rows=1000)
+    assert report["verdict"] == "mixed" and report["tests"]["fingerprints"]["verdict"] == "clean"
+    assert abs(minor_share(report["tests"]["neighbours"]) - MINOR / N) <= TOLERANCE
+
+
+def test_isotropic_noise_is_undecided_by_the_neighbours_and_the_json_is_strict(tmp_path, capsys):
+    """No structure to split (and two rotations of it could not be told apart): clean, said as undecided."""
+    x = np.random.default_rng(7).standard_normal((1000, D))
+    code = main(["doctor", write_parquet(tmp_path / "n.parquet", x), "--json", str(tmp_path / "n.json")])
+    out = capsys.readouterr().out
+    assert code == 0 and "neighbours: undecided: too few pairs beyond chance" in out
+    report = json.loads((tmp_path / "n.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert report["tests"]["neighbours"]["cross_edge_share"] is None

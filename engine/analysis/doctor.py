@@ -16,7 +16,7 @@ import numpy as np
 from engine.metrics import mixture
 from engine.sources import Source, SourceError
 
-DEFAULT_SAMPLE, MAX_SAMPLE = 2000, 10_000  # the neighbour test holds sample^2 float32 cosines (10,000: 400 MB)
+DEFAULT_SAMPLE, MAX_SAMPLE = 2000, 10_000  # the neighbour test holds a sample x sample float32 graph (10,000: 400 MB)
 
 
 def _reservoir(source: Source, sample: int, rng: np.random.Generator, block_rows: int) -> dict[str, Any]:

@@ -25,6 +25,7 @@ FLAT_LOG_NORM = 1e-4  # log-norms spread less than this: every vector has the sa
 # best bisection keeps at most CROSS_SHARE of the edges across; no verdict when the graph has under MIN_DENSITY of
 # all pairs as edges (isotropic noise: nothing to split)
 Z_EDGE, CROSS_SHARE, MIN_DENSITY = 4.0, 0.02, 0.01
+BLOCK = 512  # rows of the graph computed at a time (memory: the graph, n x n float32, and BLOCK x n more)
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Split:
 
     verdict: str
     groups: np.ndarray
-    stats: dict[str, float]
+    stats: dict[str, float | None]
 
 
 def zero_tails(x: np.ndarray) -> np.ndarray:
@@ -89,13 +90,15 @@ def space_split(x: np.ndarray, *, seed: int = 0) -> Split:
     u = unit_rows_np(np.asarray(x, np.float32))
     n, d = u.shape
     groups = np.zeros(n, np.int64)
-    a = (np.abs(u @ u.T) > Z_EDGE / np.sqrt(d)).astype(np.float32)
+    a = np.empty((n, n), np.float32)  # the one n x n array held (rows computed a block at a time)
+    for lo in range(0, n, BLOCK):
+        a[lo:lo + BLOCK] = np.abs(u[lo:lo + BLOCK] @ u.T) > Z_EDGE / np.sqrt(d)
     np.fill_diagonal(a, 0)
     deg = a.sum(axis=1, dtype=np.float64)
     total = float(deg.sum())
     density = total / max(n * (n - 1), 1)
     if n < 20 or density < MIN_DENSITY:
-        return Split("undecided", groups, {"cross_edge_share": float("nan"), "density": density, "minor_share": 0.0})
+        return Split("undecided", groups, {"cross_edge_share": None, "density": density, "minor_share": 0.0})
     tau = 0.1 * deg.mean()  # regularised spectral clustering: small stray components cannot take the split
     scale = 1 / np.sqrt(deg + tau)
 
@@ -107,8 +110,13 @@ def space_split(x: np.ndarray, *, seed: int = 0) -> Split:
     v0 = np.random.default_rng(seed).standard_normal(n)
     _, vecs = eigsh(op, k=2, which="LA", v0=v0, tol=1e-6)
     order = np.argsort(vecs[:, 0] * scale, kind="stable")  # the second eigenvector (eigsh sorts ascending)
-    ao = a[np.ix_(order, order)]
-    inside = np.cumsum(np.tril(ao, -1).sum(axis=1, dtype=np.float64))  # edges within the first t rows
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n)
+    earlier = np.empty(n)  # per row: its edges to rows before it in the order
+    for lo in range(0, n, BLOCK):
+        rows = order[lo:lo + BLOCK]
+        earlier[lo:lo + len(rows)] = (a[rows] * (rank[None, :] < rank[rows, None])).sum(axis=1, dtype=np.float64)
+    inside = np.cumsum(earlier)  # edges within the first t rows
     vol = np.cumsum(deg[order])
     cut = vol - 2 * inside
     t = np.arange(1, n + 1)
