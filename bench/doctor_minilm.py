@@ -10,13 +10,13 @@ share, and the verdict, against the thresholds of ``engine/metrics/mixture.py``.
 from __future__ import annotations
 
 import argparse
+import runpy
 import sys
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +28,6 @@ def main(argv: list[str] | None = None) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from bench_remedies import embed_wordnet
     from engine.analysis.doctor import diagnose
     from engine.data import roots
     from engine.metrics.mixture import CROSS_SHARE, DELTA_BIC, SEPARATION
@@ -36,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     roots.export(argparse.Namespace(data_roots=[str(args.out.resolve())]))
+    embed_wordnet = runpy.run_path(str(ROOT / "bench" / "bench_remedies.py"))["embed_wordnet"]  # its cached npz files
     embed_wordnet(args.out, queries=10, gallery=args.gallery, seed=args.seed)
     old = np.load(args.out / "text_gallery_old.npz")["vectors"]
     new = np.load(args.out / "text_gallery_new.npz")["vectors"]
