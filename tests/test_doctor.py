@@ -130,6 +130,9 @@ def test_files_carrying_two_fingerprints_are_mixed_by_fingerprint(tmp_path, caps
     assert sorted((g["model"], g["items"]) for g in fps["groups"]) == [("'m1', 64-d", 2000), ("'m2', 64-d", 1000)]
     write_parquet(tmp_path / "d" / "b.parquet", x[2000:], Fingerprint(D, name="m1"), ids=np.arange(2000, N))
     assert diagnose(open_source(str(tmp_path / "d"), what="t"))["tests"]["fingerprints"]["verdict"] == "clean"
+    write_parquet(tmp_path / "d" / "b.parquet", x[2000:], ids=np.arange(2000, N))  # a file without one: unknown
+    fps = diagnose(open_source(str(tmp_path / "d"), what="t"))["tests"]["fingerprints"]
+    assert fps["verdict"] == "clean" and fps["statistic"].endswith("1 without one")
 
 
 def test_a_mixed_sqlite_store_is_found_through_the_sql_reader(tmp_path, capsys):

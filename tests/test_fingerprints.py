@@ -133,6 +133,10 @@ def test_fit_records_the_spaces_and_apply_refuses_another_model_in_one_line(pair
     _parquet(root / "mixed" / "b.parquet", new_ids[300:], new[300:], Fingerprint(14, name="other"))
     code, _, err = apply(str(root / "mixed"))
     assert code == 2 and "mixes vectors of several models" in err and "doctor" in err
+    _parquet(root / "mixed" / "b.parquet", new_ids[300:], new[300:])  # one file without a fingerprint: said, applied
+    code, out, err = apply(str(root / "mixed"))
+    assert code == 0 and err.strip() == ("warning: 1 of the 2 files of --in carry no fingerprint; they are taken to "
+                                         "hold vectors of the others' model")
 
 
 # --------------------------------------------------------------------------------------------- stored feature sets

@@ -62,14 +62,16 @@ def _fingerprints(source: Source) -> dict[str, Any]:
         return {"verdict": "undecided", "statistic": "no fingerprint in the store's metadata", "groups": []}
     found: dict[str, dict[str, Any]] = {}
     for name, rows, fp in parts:
-        key = "none" if fp is None else fp.describe()
+        key = "none" if fp is None else fp.describe()  # "none": no fingerprint
         entry = found.setdefault(key, {"fingerprint": None if fp is None else fp.to_json(), "model": key, "items": 0,
                                        "parts": 0})
         entry["parts"] += 1
         entry["items"] = None if rows is None or entry["items"] is None else entry["items"] + rows
     groups = list(found.values())
-    return {"verdict": "mixed" if len(groups) > 1 else "clean", "groups": groups,
-            "statistic": f"{len(groups)} distinct fingerprint(s) over {len(parts)} file(s) or table(s)"}
+    distinct = sum(g["fingerprint"] is not None for g in groups)  # a file without one is unknown, not another model
+    return {"verdict": "mixed" if distinct > 1 else "clean", "groups": groups,
+            "statistic": f"{distinct} distinct fingerprint(s) over {len(parts)} file(s) or table(s)"
+                         + (f", {found['none']['parts']} without one" if "none" in found else "")}
 
 
 def diagnose(source: Source, *, sample: int = DEFAULT_SAMPLE, seed: int = 0, block_rows: int = 65536) -> dict[str, Any]:

@@ -215,12 +215,18 @@ def _space(text: str, declared: str | None, vectors, flag: str):
 
 
 def _one_fingerprint(source, flag: str):
-    """The fingerprint ``source`` carries (None: none); a store whose parts carry different ones is refused."""
-    found = {fp for _, _, fp in source.fingerprint_parts if fp is not None}
-    if len(found) > 1 or (found and any(fp is None for _, _, fp in source.fingerprint_parts)):
-        raise ValueError(f"{flag} {source.text.masked()} mixes vectors of several models by its files' fingerprints "
-                         f"({len(source.fingerprint_parts)} parts); run python -m engine doctor on it")
-    return source.fingerprint
+    """The fingerprint ``source`` carries (None: none); a store whose files carry different ones is refused, one whose
+    files carry one and no other is read as that one's, saying on stderr how many files carry none."""
+    parts = source.fingerprint_parts
+    found = {fp for _, _, fp in parts if fp is not None}
+    if len(found) > 1:
+        raise ValueError(f"{flag} {source.text.masked()} mixes vectors of several models: its files carry "
+                         f"{len(found)} different fingerprints; run python -m engine doctor on it")
+    bare = sum(fp is None for _, _, fp in parts)
+    if found and bare:
+        print(f"warning: {bare} of the {len(parts)} files of {flag} carry no fingerprint; they are taken to hold "
+              f"vectors of the others' model", file=sys.stderr)
+    return found.pop() if found else None
 
 
 def _checked_input(m, adapter: Path, source, declared: str | None) -> None:
