@@ -2,7 +2,9 @@
 
 Options: ``id=`` (default ``id``), ``vector=`` (default ``vector``; a list or fixed-size list of numbers),
 ``label=`` (default ``label`` when the table has it; empty: no labels). LanceDB: ``lance:DB_FOLDER#table=NAME``
-or ``TABLE.lance`` inside a LanceDB folder; only read calls are made (``open_table``, a plain scan).
+or ``TABLE.lance`` inside a LanceDB folder; only read calls are made (``open_table``, a plain scan). A file's or
+table's schema metadata may carry the fingerprint of the model that made its vectors under
+``engine.core.fingerprint.METADATA_KEY`` (``compatlab.fingerprint``, JSON); each is read into ``fingerprint_parts``.
 """
 from __future__ import annotations
 
