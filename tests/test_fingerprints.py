@@ -192,3 +192,19 @@ def test_a_recorded_version_stores_each_views_fingerprint_and_an_older_row_still
     with session_scope(older) as s:
         assert feature_set_fingerprint(s, first, "gallery", "encoder") is None
         np.testing.assert_array_equal(load_feature_set(s, first, "gallery", "encoder")[0], enc)
+
+
+def test_fit_refuses_a_store_whose_fingerprint_contradicts_its_vectors(pairs, capsys):  # noqa: F811
+    root, new_ids, new = pairs
+    lying = _parquet(root / "lying.parquet", new_ids, new, Fingerprint(10, name="new-v2"))  # 14-d vectors
+    code, _, err = run(["adapter", "fit", "--old", str(root / "old.npz"), "--new", lying, "--kind", "procrustes",
+                        "--pairs", "300", "--held-out", "100", "--resamples", "20", "--out", str(root / "ad")], capsys)
+    assert code == 2 and err == "error: --new: the store's fingerprint says 10-d vectors, it holds 14-d ones\n"
+    assert not (root / "ad").exists()
+    code, _, err = run(["adapter", "fit", "--old", str(root / "old.npz"), "--new", str(root / "new.npz"), "--kind",
+                        "procrustes", "--pairs", "300", "--held-out", "100", "--resamples", "20", "--out",
+                        str(root / "ad")], capsys)
+    assert code == 0, err
+    code, _, err = run(["adapter", "apply", "--adapter", str(root / "ad"), "--in", lying, "--out", str(root / "o.npy")],
+                       capsys)
+    assert code == 2 and err == "error: --in: the store's fingerprint says 10-d vectors, it holds 14-d ones\n"

@@ -14,11 +14,19 @@ import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.core.kinds import POSTHOC_ADAPTERS, listed
 from engine.core.vocab import check_resamples
 from engine.data import roots
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
+
+if TYPE_CHECKING:  # the command line imports no kernel before a command runs
+    import numpy as np
+
+    from engine.adapters.posthoc import PosthocMap
+    from engine.core.fingerprint import Fingerprint
+    from engine.sources import Source
 
 KINDS_HELP = listed(POSTHOC_ADAPTERS)  # checked against engine.adapters.posthoc.POSTHOC when run
 GRID_TEXT = "250,500,1000,2000,5000,10000,20000"
@@ -196,7 +204,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _space(text: str, declared: str | None, vectors, flag: str):
+def _space(text: str, declared: str | None, vectors: np.ndarray, flag: str) -> Fingerprint:
     """The fingerprint of the space of ``text``'s vectors: what its store carries (its metadata), else the declared
     name, else the dimension alone; the normalisation measured on ``vectors`` when the store states none."""
     from dataclasses import replace
@@ -214,7 +222,7 @@ def _space(text: str, declared: str | None, vectors, flag: str):
     return fp if fp.normalisation is not None else replace(fp, normalisation=normalisation_of(vectors))
 
 
-def _one_fingerprint(source, flag: str):
+def _one_fingerprint(source: Source, flag: str) -> Fingerprint | None:
     """The fingerprint ``source`` carries (None: none); a store whose files carry different ones is refused, one whose
     files carry one and no other is read as that one's, saying on stderr how many files carry none."""
     parts = source.fingerprint_parts
@@ -226,10 +234,13 @@ def _one_fingerprint(source, flag: str):
     if found and bare:
         print(f"warning: {bare} of the {len(parts)} files of {flag} carry no fingerprint; they are taken to hold "
               f"vectors of the others' model", file=sys.stderr)
-    return found.pop() if found else None
+    fp = found.pop() if found else None
+    if fp is not None and source.dim is not None and fp.dim != source.dim:
+        raise ValueError(f"{flag}: the store's fingerprint says {fp.dim}-d vectors, it holds {source.dim}-d ones")
+    return fp
 
 
-def _checked_input(m, adapter: Path, source, declared: str | None) -> None:
+def _checked_input(m: PosthocMap, adapter: Path, source: Source, declared: str | None) -> None:
     """Refuse (one line) vectors whose fingerprint does not match the adapter's input; say on stderr when the check
     is left to the dimension (an adapter from before fingerprints, or a source with no fingerprint, none declared)."""
     from engine.adapters.artifact import load_fingerprints
