@@ -12,6 +12,7 @@ from storage.db import (
 from storage.secrets import clear_secret, mask_url
 from storage.feature_sets import (
     copy_feature_sets,
+    feature_set_fingerprint,
     feature_set_ref,
     feature_set_rows,
     iter_feature_shards,
@@ -166,6 +167,7 @@ __all__ = [
     "queue_start_estimates",
     "lane_starts_s",
     "load_analysis",
+    "feature_set_fingerprint",
     "feature_set_ref",
     "feature_set_rows",
     "load_feature_set",

@@ -67,13 +67,15 @@ def save_feature_set(
     labels: np.ndarray,
     image_ids: np.ndarray | None = None,
     image_source: dict[str, Any] | None = None,
+    fingerprint: dict[str, Any] | None = None,
 ) -> int:
     """Store the features of (model version, split, view), replacing any earlier ones; return the row id.
 
     ``image_source`` (a JSON-able dict, ``engine.data.samples``) says what ``image_ids`` index: with it,
     ``image_ids`` are needed. Inputs are validated before anything is written (``ValueError``). The arrays go to
     the feature store when there is one (``storage.featurestore``), else into the row. The row write is a single
-    INSERT or UPDATE, so a failure leaves the previous features intact and never a duplicate.
+    INSERT or UPDATE, so a failure leaves the previous features intact and never a duplicate. ``fingerprint``: which
+    model made the vectors (``engine.core.fingerprint.Fingerprint.to_json()``, its ``dim`` the features' width).
     """
     require_choice("split", split, SPLITS)
     if not view:
@@ -81,19 +83,27 @@ def save_feature_set(
     features, labels, image_ids = _check_feature_arrays(features, labels, image_ids)
     if image_source is not None and (image_ids is None or image_ids.dtype.kind not in "iu"):
         raise ValueError("an image_source needs integer image_ids (one index into the source per feature row)")
+    _check_fingerprint(fingerprint, features.shape[1])
     require_row(session, ModelVersion, model_version_id)
     values = _stored_values(session, model_version_id, split, features, labels, image_ids)
-    return _upsert_feature_set(session, model_version_id, split, view, values, image_source)
+    return _upsert_feature_set(session, model_version_id, split, view, values, image_source, fingerprint)
+
+
+def _check_fingerprint(fingerprint: dict[str, Any] | None, dim: int) -> None:
+    """A fingerprint is a JSON object whose ``dim`` is the features' width (its fields are the engine's to check)."""
+    if fingerprint is not None and (not isinstance(fingerprint, dict) or fingerprint.get("dim") != dim):
+        raise ValueError(f"a feature set's fingerprint must be a JSON object with dim {dim}, got "
+                         f"{str(fingerprint)[:100]!r}")
 
 
 def _upsert_feature_set(session: Session, model_version_id: int, split: str, view: str, values: dict[str, Any],
-                        image_source: dict[str, Any] | None) -> int:
+                        image_source: dict[str, Any] | None, fingerprint: dict[str, Any] | None = None) -> int:
     """Write the row (one INSERT or UPDATE); the replaced set's files go once the session commits."""
     old = session.execute(select(FeatureSet.store_uri, FeatureSet.store_key)
                           .where(*_where(model_version_id, split, view))).first()
     count, dim = (values["store_layout"]["shape"] if values["store_layout"] is not None
                   else values["features"].shape)
-    values = {**values, "image_source": image_source, "dim": int(dim), "count": int(count)}
+    values = {**values, "image_source": image_source, "dim": int(dim), "count": int(count), "fingerprint": fingerprint}
     row_id = upsert(session, FeatureSet, {"model_version_id": model_version_id, "split": split, "view": view}, values)
     if old is not None and old.store_key is not None and (old.store_uri, old.store_key) != (values["store_uri"],
                                                                                              values["store_key"]):
@@ -102,16 +112,18 @@ def _upsert_feature_set(session: Session, model_version_id: int, split: str, vie
 
 
 def save_stored_feature_set(session: Session, model_version_id: int, split: str, view: str,
-                            pointer: featurestore.Pointer, image_source: dict[str, Any] | None = None) -> int:
+                            pointer: featurestore.Pointer, image_source: dict[str, Any] | None = None,
+                            fingerprint: dict[str, Any] | None = None) -> int:
     """Point (model version, split, view) at a set already in the store (``featurestore.commit_parts``), replacing
-    any earlier one; return the row id. ``image_source``: as :func:`save_feature_set`."""
+    any earlier one; return the row id. ``image_source``, ``fingerprint``: as :func:`save_feature_set`."""
     require_choice("split", split, SPLITS)
+    _check_fingerprint(fingerprint, pointer.layout["shape"][1])
     require_row(session, ModelVersion, model_version_id)
     layout = pointer.layout
     values = {"features": np.zeros((0, layout["shape"][1]), np.dtype(layout["read_dtype"])),
               "labels": np.zeros(0, np.dtype(layout["labels"])), "image_ids": None, "store_uri": pointer.uri,
               "store_key": pointer.key, "store_layout": layout}
-    return _upsert_feature_set(session, model_version_id, split, view, values, image_source)
+    return _upsert_feature_set(session, model_version_id, split, view, values, image_source, fingerprint)
 
 
 def save_feature_sets(
@@ -120,9 +132,10 @@ def save_feature_sets(
     features: Mapping[str, Mapping[str, np.ndarray]],
     labels: Mapping[str, np.ndarray],
     images: Mapping[str, tuple[dict[str, Any], np.ndarray]] | None = None,
+    fingerprints: Mapping[str, Mapping[str, dict[str, Any]]] | None = None,
 ) -> None:
     """Store ``features[split][view]`` with ``labels[split]`` for every split and view (see :func:`save_feature_set`),
-    and ``images[split]`` = ``(image_source, image_ids)`` where given.
+    ``images[split]`` = ``(image_source, image_ids)`` and ``fingerprints[split][view]`` where given.
 
     An ``(N, 0)`` array (a model without that output) is not stored.
     """
@@ -131,7 +144,8 @@ def save_feature_sets(
         source, ids = images.get(split, (None, None))
         for view, array in views.items():
             if np.shape(array)[1]:
-                save_feature_set(session, model_version_id, split, view, array, labels[split], ids, source)
+                save_feature_set(session, model_version_id, split, view, array, labels[split], ids, source,
+                                 ((fingerprints or {}).get(split) or {}).get(view))
 
 
 def _pointer(row: Any) -> featurestore.Pointer | None:
@@ -149,7 +163,8 @@ def copy_feature_sets(session: Session, source_version_id: int, target_version_i
     source = require_row(session, ModelVersion, source_version_id)
     for fs in source.feature_sets:
         if fs.view in views:
-            save_feature_set(session, target_version_id, fs.split, fs.view, *_arrays(session, fs), fs.image_source)
+            save_feature_set(session, target_version_id, fs.split, fs.view, *_arrays(session, fs), fs.image_source,
+                             fs.fingerprint)
 
 
 def list_feature_views(session: Session, model_version_id: int, split: str) -> list[str]:
@@ -179,6 +194,16 @@ def feature_set_ref(session: Session, model_version_id: int, split: str, view: s
     if row is None:
         _feature_row(session, model_version_id, split, view)  # raises, naming the stored views
     return int(row.id), int(row.dim)
+
+
+def feature_set_fingerprint(session: Session, model_version_id: int, split: str, view: str) -> dict[str, Any] | None:
+    """The fingerprint stored with (model version, split, view) (None: a set stored before fingerprints);
+    ``ValueError`` when there is no such set."""
+    row = session.execute(select(FeatureSet.id, FeatureSet.fingerprint).where(*_where(model_version_id, split, view))
+                          ).first()
+    if row is None:
+        _feature_row(session, model_version_id, split, view)  # raises, naming the stored views
+    return row.fingerprint
 
 
 def feature_set_size(session: Session, feature_set_id: int) -> tuple[int, int] | None:

@@ -36,6 +36,7 @@ ADDED_COLUMNS = (
     ("jobs", "worker_host"),
     ("jobs", "worker_boot_id"),
     ("jobs", "lease_until"),
+    ("feature_sets", "fingerprint"),
 )
 SPLITS = ("query", "gallery", "train")
 GALLERY_KINDS = ("instance", "template")  # what a gallery item is (engine.core.vocab.GALLERY_KINDS)
@@ -167,6 +168,8 @@ class FeatureSet(Base):
     store_uri: Mapped[str | None] = mapped_column(String(1000))
     store_key: Mapped[str | None] = mapped_column(String(500))
     store_layout: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # which model made the vectors (engine.core.fingerprint.Fingerprint as JSON); None: a set stored before fingerprints
+    fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
 
 class CompatibilityMatrix(Base):

@@ -1,6 +1,7 @@
 """engine.checkpoints.extract_tasks: one checkpoint's embedding of an image set fanned out over tasks equals the single-process
 extraction (uneven parts), labels and image ids included; a failed attempt's file is never referenced and its retry
 completes; the commit sweeps unreferenced parts, a cancelled or failed job leaves none; nothing is visible before the commit; bad inputs are one-line errors before anything is written."""
+import hashlib
 import multiprocessing
 import os
 import signal
@@ -18,8 +19,8 @@ from engine.cli import main
 from engine.checkpoints.extract_tasks import extract_task, fan_out_extract
 from engine.jobs.task_handlers import TASK_HANDLERS
 from engine.tasks.loop import run_claimed, run_one_task, run_tasks
-from storage import (FeatureSet, Job, add_model_version, create_experiment, get_engine, load_feature_set,
-                     load_image_refs, session_scope)
+from storage import (FeatureSet, Job, add_model_version, create_experiment, feature_set_fingerprint, get_engine,
+                     load_feature_set, load_image_refs, session_scope)
 from storage import featurestore
 from storage.featurestore import STORE_ENV
 from storage.models import Task
@@ -75,6 +76,12 @@ def _check_stored(engine, mv: int, model, images) -> None:
             assert stored_labels.tolist() == labels.tolist() and ids.tolist() == list(range(CLASSES * PER_CLASS))
         source, ids = load_image_refs(s, mv, "gallery")
         assert source == refs.source and ids.tolist() == refs.ids.tolist()
+        # the fingerprint: the checkpoint file's sha256 (hashed here), the stored version's name, raw rows
+        want = hashlib.sha256(Path(model["path"]).read_bytes()).hexdigest()
+        for view in ("encoder", "logits"):
+            assert feature_set_fingerprint(s, mv, "gallery", view) == {
+                "dim": expected[view].shape[1], "sha256": want, "name": "small_cnn none, experiment 1 step 1",
+                "normalisation": "raw", "prefix": None, "pooling": None}
         assert source["files"][7] == "class_0/7.png" and source["files"][12] == "class_1/2.png"
 
 

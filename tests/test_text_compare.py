@@ -115,7 +115,7 @@ def test_a_users_onnx_folder_is_the_same_model_as_its_pinned_copy(tmp_path):
 
 @pytest.mark.slow
 def test_a_train_split_is_stored_for_the_adapters_and_adapt_runs_on_it(db_url, capsys):
-    from storage import get_engine, list_model_versions, load_feature_set, session_scope
+    from storage import feature_set_fingerprint, get_engine, list_model_versions, load_feature_set, session_scope
     from engine.checkpoints.store import store_comparison
 
     spec = {"models": [{"path": "pretrained:minilm_l3"}, {"path": "pretrained:minilm_l6_int8"}],
@@ -135,7 +135,15 @@ def test_a_train_split_is_stored_for_the_adapters_and_adapt_runs_on_it(db_url, c
         versions = list_model_versions(s, experiment)
         stored = [load_feature_set(s, v.id, "train", "encoder") for v in versions]
         query = load_feature_set(s, versions[0].id, "query", "encoder")
+        prints = [feature_set_fingerprint(s, v.id, "query", "encoder") for v in versions]
     assert len(stored) == 2
+    # each model's fingerprint: its weights' sha256, its stored name, 384-d, unit rows or not (L3 does not normalise,
+    # L6 does: measured here with numpy), mean pooling
+    unit = [bool(np.allclose(np.linalg.norm(out["query"]["encoder"], axis=1), 1, atol=1e-3)) for out in cmp.outputs]
+    assert unit == [False, True]
+    assert [(p["sha256"], p["name"], p["dim"], p["normalisation"], p["pooling"]) for p in prints] == [
+        (m.sha256, f"{arch} checkpoints, experiment {experiment} step {step}", 384, "unit" if u else "raw", "mean")
+        for step, (m, arch, u) in enumerate(zip(cmp.models, ("minilm_l3", "minilm_l6_int8"), unit), start=1)]
     for (features, labels, ids), out in zip(stored, cmp.outputs):
         assert features.shape == (120, 384) and np.array_equal(labels, task.train_labels)  # supersenses
         assert np.allclose(features, out["train"]["encoder"]) and np.array_equal(ids, np.arange(120))

@@ -1,11 +1,13 @@
 """A post-hoc adapter as a folder a team can apply without this product: weights, a small JSON and an ONNX graph.
 
 ``DIR/adapter.safetensors`` (float32 tensors, no pickle), ``DIR/adapter.json`` (:data:`FORMAT`: kind, widths,
-normalisation, options, what it was fitted on, its held-out metrics, the tensors' shapes) and ``DIR/adapter.onnx``
+normalisation, options, what it was fitted on, its held-out metrics, the tensors' shapes, and ``fingerprints``: the
+:class:`engine.core.fingerprint.Fingerprint` of its ``input`` and ``output`` spaces) and ``DIR/adapter.onnx``
 (:mod:`engine.adapters.onnx_graph`; input ``new``, output ``old``). :func:`save_adapter` writes a temporary folder
 beside ``DIR`` and renames it, so ``DIR`` is whole or absent; an existing ``DIR`` is replaced only with ``force``.
 :func:`load_adapter` validates the JSON strictly (known keys, types, sizes bounded) and reads only the safetensors
-weights, checking each tensor's declared dtype and shape before it is read; every refusal is one line.
+weights, checking each tensor's declared dtype and shape before it is read; every refusal is one line. A folder
+written before fingerprints (no ``fingerprints`` key) still loads; :func:`load_fingerprints` then gives None.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from engine.adapters.posthoc import NORMALISE, POSTHOC, PosthocMap, check_tensors, kind_of, options_for
+from engine.core.fingerprint import Fingerprint
 
 FORMAT = "compatibility-lab/posthoc-adapter/1"
 JSON_NAME, WEIGHTS_NAME, ONNX_NAME = "adapter.json", "adapter.safetensors", "adapter.onnx"
@@ -29,6 +32,8 @@ MAX_JSON_BYTES = 1 << 20
 MAX_DIM = 1 << 16
 MAX_WEIGHT_BYTES = 1 << 31  # 2 GiB: far above any map of two embedding spaces
 KEYS = {"format", "kind", "new_dim", "old_dim", "normalise", "options", "tensors", "fitted_on", "metrics", "files"}
+OPTIONAL_KEYS = {"fingerprints"}  # absent in folders written before fingerprints (issue 42)
+SPACES = ("input", "output")  # the fingerprints' keys: the space the adapter maps from, and the one it maps into
 # how the stored weights are read (``files.weights_orientation``): row vectors times (in, out) matrices
 ORIENTATION = ("row vectors: a batch x of shape (batch, new_dim) maps as x @ W (+ b), every matrix stored (in, out) "
                "(weight is (new_dim, old_dim)), not (out, in) as torch.nn.Linear stores it, so x @ W.T is wrong; with "
@@ -40,9 +45,10 @@ class AdapterFileError(ValueError):
     """An adapter folder that cannot be read as one; the message is one line."""
 
 
-def describe(m: PosthocMap) -> dict[str, Any]:
-    """The JSON of an adapter folder."""
-    return {"format": FORMAT, "kind": m.kind, "new_dim": m.new_dim, "old_dim": m.old_dim, "normalise": m.normalise,
+def describe(m: PosthocMap, fingerprints: dict[str, Fingerprint] | None = None) -> dict[str, Any]:
+    """The JSON of an adapter folder (``fingerprints``: of its ``input`` and ``output`` spaces)."""
+    extra = {} if fingerprints is None else {"fingerprints": {k: fingerprints[k].to_json() for k in SPACES}}
+    return {**extra, "format": FORMAT, "kind": m.kind, "new_dim": m.new_dim, "old_dim": m.old_dim, "normalise": m.normalise,
             "options": asdict(m.options), "tensors": {n: list(t.shape) for n, t in m.tensors.items()},
             "fitted_on": m.fitted_on, "metrics": m.metrics,
             "files": {"weights": WEIGHTS_NAME, "weights_orientation": ORIENTATION, "formula": FORMULAS[m.kind],
@@ -64,8 +70,12 @@ def check_replaceable(folder: Path) -> None:
                                "written: give a new folder")
 
 
-def save_adapter(m: PosthocMap, folder: str | Path, *, force: bool = False, onnx: bool = True) -> Path:
-    """Write ``m`` to ``folder`` (whole or not at all); an existing ``folder`` is refused unless ``force``."""
+def save_adapter(m: PosthocMap, folder: str | Path, *, force: bool = False, onnx: bool = True,
+                 fingerprints: dict[str, Fingerprint] | None = None) -> Path:
+    """Write ``m`` to ``folder`` (whole or not at all) with the ``fingerprints`` of its input and output spaces;
+    an existing ``folder`` is refused unless ``force``."""
+    if fingerprints is not None:
+        _check_spaces(m, fingerprints, str(folder))
     from safetensors.numpy import save_file
 
     folder = Path(folder)
@@ -78,7 +88,7 @@ def save_adapter(m: PosthocMap, folder: str | Path, *, force: bool = False, onnx
     if folder.exists():
         check_replaceable(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(describe(m), indent=2, allow_nan=False)  # a NaN metric is refused before anything is written
+    text = json.dumps(describe(m, fingerprints), indent=2, allow_nan=False)  # a NaN metric is refused before anything is written
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         save_file({n: np.ascontiguousarray(t, np.float32) for n, t in m.tensors.items()}, str(tmp / WEIGHTS_NAME),
@@ -144,9 +154,26 @@ def _read_json(folder: Path) -> dict[str, Any]:
     if info.get("format") != FORMAT:
         raise AdapterFileError(f"{path} is not a Compatibility Lab post-hoc adapter (format {info.get('format')!r}, "
                                f"expected {FORMAT!r})")
-    if set(info) != KEYS:
-        raise AdapterFileError(f"{path}: unexpected keys {sorted(set(info) - KEYS)}, missing keys {sorted(KEYS - set(info))}")
+    if not KEYS <= set(info) <= KEYS | OPTIONAL_KEYS:
+        raise AdapterFileError(f"{path}: unexpected keys {sorted(set(info) - KEYS - OPTIONAL_KEYS)}, missing keys "
+                               f"{sorted(KEYS - set(info))}")
     return info
+
+
+def _check_spaces(m: PosthocMap, fingerprints: object, where: str) -> dict[str, Fingerprint]:
+    """``fingerprints`` as ``{"input": ..., "output": ...}`` of ``m``'s widths; ``AdapterFileError`` otherwise."""
+    if not isinstance(fingerprints, dict) or set(fingerprints) != set(SPACES):
+        raise AdapterFileError(f"{where}: fingerprints must name exactly the {' and '.join(SPACES)} spaces")
+    try:
+        spaces = {k: v if isinstance(v, Fingerprint) else Fingerprint.from_json(v, where=f"the {k} fingerprint")
+                  for k, v in fingerprints.items()}
+    except ValueError as exc:
+        raise AdapterFileError(f"{where}: {exc}") from None
+    for key, dim in (("input", m.new_dim), ("output", m.old_dim)):
+        if spaces[key].dim != dim:
+            raise AdapterFileError(f"{where}: the {key} fingerprint is {spaces[key].dim}-d, the adapter's {key} "
+                                   f"{dim}-d")
+    return spaces
 
 
 def load_adapter(folder: str | Path) -> PosthocMap:
@@ -200,8 +227,24 @@ def load_adapter(folder: str | Path) -> PosthocMap:
         check_tensors(tensors, str(path))
     except ValueError as exc:
         raise AdapterFileError(str(exc)) from None
-    return PosthocMap(info["kind"], new_dim, old_dim, info["normalise"], options, tensors, info["fitted_on"],
-                      info["metrics"])
+    m = PosthocMap(info["kind"], new_dim, old_dim, info["normalise"], options, tensors, info["fitted_on"],
+                   info["metrics"])
+    if "fingerprints" in info:
+        _check_spaces(m, info["fingerprints"], where)
+    return m
 
 
-__all__ = ["FORMAT", "FORMULAS", "ORIENTATION", "AdapterFileError", "describe", "load_adapter", "save_adapter"]
+def load_fingerprints(folder: str | Path) -> dict[str, Fingerprint] | None:
+    """The fingerprints of the ``input`` and ``output`` spaces of the adapter in ``folder`` (checked as
+    :func:`load_adapter` checks them); None for a folder written before fingerprints."""
+    folder = Path(folder)
+    info = _read_json(folder)
+    if "fingerprints" not in info:
+        return None
+    m = PosthocMap(info["kind"], _int(info, "new_dim", str(folder)), _int(info, "old_dim", str(folder)), "none",
+                   None, {})
+    return _check_spaces(m, info["fingerprints"], str(folder / JSON_NAME))
+
+
+__all__ = ["FORMAT", "FORMULAS", "ORIENTATION", "SPACES", "AdapterFileError", "describe", "load_adapter",
+           "load_fingerprints", "save_adapter"]

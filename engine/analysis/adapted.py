@@ -21,6 +21,7 @@ from engine.adapters.table import combination_table
 from engine.metrics.backfill import backfill_curves, curve_area, fraction_to_reach
 from engine.metrics.backfill_orders import backfill_order
 from engine.core.contract import DEFAULT_ORDERINGS, adapter_key
+from engine.core.fingerprint import Fingerprint, normalisation_of
 from engine.metrics.retrieval import retrieval_metrics
 from storage import get_model_version, list_feature_views, load_feature_set, save_analysis, save_feature_set, session_scope
 
@@ -48,6 +49,13 @@ class AdapterJob:
 def _load(session, version_id: int, split: str, view: str):
     feats, labels, _ = load_feature_set(session, version_id, split, view)
     return feats.astype(np.float32), labels
+
+
+def _mapped(view: str, version_id: int, x: np.ndarray) -> dict:
+    """The fingerprint of an adapter's outputs stored as ``view`` of a model version: no weights file, a name that
+    says which map of which model made them."""
+    return Fingerprint(int(x.shape[1]), name=f"{view} of model version {version_id}",
+                       normalisation=normalisation_of(x)).to_json()
 
 
 def run_adapters(db: Engine, job: AdapterJob) -> dict:
@@ -79,9 +87,11 @@ def run_adapters(db: Engine, job: AdapterJob) -> dict:
         for sp, ((old_x, labels), (new_x, _)) in splits.items():
             if pair.forward is not None:
                 adapted[(f_name, sp)] = pair.apply_forward(old_x)
-                save_feature_set(s, job.old_version_id, sp, f_name, adapted[(f_name, sp)], labels)
+                save_feature_set(s, job.old_version_id, sp, f_name, adapted[(f_name, sp)], labels,
+                                 fingerprint=_mapped(f_name, job.old_version_id, adapted[(f_name, sp)]))
             adapted[(b_name, sp)] = pair.apply_backward(new_x)
-            save_feature_set(s, job.new_version_id, sp, b_name, adapted[(b_name, sp)], labels)
+            save_feature_set(s, job.new_version_id, sp, b_name, adapted[(b_name, sp)], labels,
+                             fingerprint=_mapped(b_name, job.new_version_id, adapted[(b_name, sp)]))
     # partial backfilling in the adapted spaces: queries B(new), gallery F(old) (or old) replaced by B(new)
     q = adapted[(b_name, "query")]
     g_old = adapted.get((f_name, "gallery"), old_g)

@@ -38,7 +38,9 @@ from engine.checkpoints.loading import LoadedModel, load_model
 from engine.checkpoints.request import ModelSource, model_source
 from engine.data.bounds import check_batch_size
 from engine.core.cell import RAW_VIEWS
+from engine.core.fingerprint import Fingerprint, normalisation_of
 from engine.models.device import pick_device
+from engine.results.record import fingerprint_name
 from engine.tasks.loop import Done
 from storage import SPLITS, Task, featurestore, get_model_version, save_stored_feature_set, session_scope
 from storage.rows import require_choice
@@ -169,7 +171,25 @@ def extract_task(db: Engine, task: Task) -> tuple[dict[str, Any], None]:
         parts = {view: featurestore.write_part(s, spec["store_uri"], _view_key(spec, view), f"part-{lo:012d}",
                                                raw[view])
                  for view in RAW_VIEWS if raw[view].shape[1]}  # a logits-only model has no encoder view
-    return {"parts": parts, "message": f"rows {lo}:{hi} embedded"}, None
+    unit = {view: normalisation_of(raw[view]) == "unit" for view in parts}  # for the sets' fingerprints
+    return {"parts": parts, "weights_sha256": model.sha256, "unit": unit,
+            "message": f"rows {lo}:{hi} embedded"}, None
+
+
+def _fingerprints(s: Session, spec: Mapping[str, Any], results: list[dict[str, Any]],
+                  widths: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Each view's fingerprint from the extract tasks' results (one weights hash, all parts of unit rows or not);
+    one line when the tasks read different weights (the checkpoint changed while they ran)."""
+    hashes = {r.get("weights_sha256") for r in results}
+    if len(hashes) > 1:
+        raise ValueError(f"the checkpoint {spec['model'].get('path', '')!r} changed while its extract tasks ran "
+                         f"({len(hashes)} different weights); queue the extraction again")
+    sha = hashes.pop() or None
+    mv = get_model_version(s, spec["model_version_id"])
+    name = fingerprint_name(mv.name, mv.architecture, mv.method, mv.experiment_id, mv.step)
+    return {view: Fingerprint(width, sha256=sha, name=name,
+                              normalisation="unit" if all(r.get("unit", {}).get(view) for r in results) else "raw"
+                              ).to_json() for view, width in widths.items()}
 
 
 def commit_task(db: Engine, task: Task) -> Done:
@@ -178,7 +198,8 @@ def commit_task(db: Engine, task: Task) -> Done:
     spec = _spec(db, task)
     labels, image_source, ids = _checked_rows(spec, ImageSource(spec["images"]))
     with session_scope(db) as s:
-        parts = [r["parts"] for r in task_results(s, task.upstream)]  # upstream: the extract tasks in row order
+        results = task_results(s, task.upstream)  # upstream: the extract tasks in row order
+    parts = [r["parts"] for r in results]
     views = [v for v in RAW_VIEWS if v in parts[0]]
     message = f"{len(labels)} images embedded: {', '.join(views)} of model version {spec['model_version_id']}"
 
@@ -186,7 +207,9 @@ def commit_task(db: Engine, task: Task) -> Done:
         for view in views:
             pointer = featurestore.commit_parts(s, spec["store_uri"], _view_key(spec, view), [p[view] for p in parts],
                                                 labels, ids)
-            save_stored_feature_set(s, spec["model_version_id"], spec["split"], view, pointer, image_source)
+            fingerprint = _fingerprints(s, spec, results, {view: int(pointer.layout["shape"][1])})[view]
+            save_stored_feature_set(s, spec["model_version_id"], spec["split"], view, pointer, image_source,
+                                    fingerprint)
             kept = {shard["file"] for shard in pointer.layout["shards"]} | {pointer.layout["rows_file"]}
             featurestore.sweep_parts(s, spec["store_uri"], _view_key(spec, view), kept)  # other attempts' parts
 

@@ -33,7 +33,7 @@ def store_comparison(db: Engine, cmp: Comparison) -> int:
                         num_outputs=len(names), feature_dim=int(out["gallery"]["encoder"].shape[1]),
                         outputs=out, labels=cmp.split_labels,  # a logits-only TorchScript model stores no encoder view
                         class_names=names, checkpoint_path=str(model.path.resolve()), name=source.label,
-                        refs=cmp.refs)
+                        refs=cmp.refs, weights_sha256=model.sha256 or None, pooling=getattr(model, "pooling", None))
                 for model, names, out, source in zip(cmp.models, cmp.class_names, cmp.outputs, cmp.spec.models)]
     return record_experiment(db, name=(cmp.spec.name or "checkpoints: " + " -> ".join(cmp.labels))[:200],
                              method="checkpoints", config=config, versions=versions, results=cmp.results,

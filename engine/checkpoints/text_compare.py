@@ -56,6 +56,7 @@ class TextModelRecord:
     num_outputs: int
     sha256: str
     net: object = None
+    pooling: str | None = None  # recorded in the encoder view's fingerprint
 
 
 def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], should_stop: Callable[[], bool] | None):
@@ -107,7 +108,8 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
         timings.append(embedding_time(labels[i], "texts", device=device, **timed))
         outputs.append({split: {"encoder": emb, "logits": np.zeros((len(emb), 0), np.float32),
                                 "softmax": np.zeros((len(emb), 0), np.float32)} for split, emb in per_split.items()})
-        records.append(TextModelRecord(Path(source.path), "text", source.pretrained or TEXT_ARCH, 0, encoder.sha256))
+        records.append(TextModelRecord(Path(source.path), "text", source.pretrained or TEXT_ARCH, 0, encoder.sha256,
+                                       pooling=encoder.pooling.mode))
 
     report(0.9, "computing compatibility matrices")
     split_labels = {"query": q_labels, "gallery": g_labels}

@@ -15,11 +15,19 @@ import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.core.kinds import POSTHOC_ADAPTERS, listed
 from engine.core.vocab import check_resamples
 from engine.data import roots
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
+
+if TYPE_CHECKING:  # the command line imports no kernel before a command runs
+    import numpy as np
+
+    from engine.adapters.posthoc import PosthocMap
+    from engine.core.fingerprint import Fingerprint
+    from engine.sources import Source
 
 KINDS_HELP = listed(POSTHOC_ADAPTERS)  # checked against engine.adapters.posthoc.POSTHOC when run
 GRID_TEXT = "250,500,1000,2000,5000,10000,20000"
@@ -75,6 +83,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "(apply it to the old gallery with 'adapter apply'); recorded in the adapter's fitted_on")
     fit.add_argument("--no-onnx", action="store_true", help="write no ONNX graph (without the onnx package)")
     fit.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    fit.add_argument("--old-model", metavar="NAME", help="declare the model of --old (recorded in the adapter's "
+                     "fingerprint when the store carries none)")
+    fit.add_argument("--new-model", metavar="NAME", help="declare the model of --new (the adapter's input fingerprint; its output for "
+                     "--direction old-to-new)")
     curve = sub.add_parser("curve", help="recovery curve vs the number of pairs, per adapter kind")
     _add_sources(curve)
     curve.add_argument("--kind", action="append", dest="kinds",
@@ -92,6 +104,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     apply.add_argument("--out", type=Path, required=True, metavar="FILE", help="output .npy, .npz or .parquet (in the data roots)")
     apply.add_argument("--force", action="store_true", help="replace an existing output file")
     apply.add_argument("--block-rows", type=int, default=65536, help="rows read and mapped at a time (default 65536)")
+    apply.add_argument("--model", metavar="NAME", help="declare the model that made --in when its store carries no "
+                       "fingerprint (checked against the adapter's input fingerprint)")
     roots.add_arguments(apply)
 
 
@@ -184,24 +198,30 @@ def cmd_fit(args: argparse.Namespace) -> int:
     options = options_for(args.kind, _settings(args.settings, [args.kind])[args.kind])
     split, scorer, fitted_on = _split_and_scorer(args)
     transform = args.direction == "old-to-new"
+    new_space = _space(args.new, args.new_model, split.gallery.new, "--new")
+    old_space = _space(args.old, args.old_model, split.gallery.old, "--old")
+    # the adapter's input is the space it maps from: new for a query-side adapter, old for a corpus transform
+    spaces = {"input": old_space, "output": new_space} if transform else {"input": new_space, "output": old_space}
     m, fit_s = fit_on_pairs(split, args.kind, args.pairs, normalise=args.normalise, options=options, fitted_on=fitted_on,
                             direction=OLD_TO_NEW if transform else NEW_TO_OLD)
     if transform:
-        return _fit_transform(args, m, scorer, split, fit_s, out)
+        return _fit_transform(args, m, scorer, split, fit_s, out, spaces)
     adapted, apply_us = apply_timed(m, split.queries.new)
     m.metrics = {"metric": scorer.metric, "relevance": scorer.relevance, **scorer.baselines(), **scorer.score(adapted),
                  "fit_seconds": fit_s, "apply_us_per_query": apply_us}
-    save_adapter(m, out, force=args.force, onnx=not args.no_onnx)
+    save_adapter(m, out, force=args.force, onnx=not args.no_onnx, fingerprints=spaces)
     s = m.metrics
     print(f"{args.kind} adapter ({m.new_dim} -> {m.old_dim} dims) fitted on {args.pairs} pairs, written to {out}")
     print(f"  {scorer.metric} on {s['n_queries']} held-out queries: old/old {s['old/old']:.4f}  new/new "
           f"{s['new/new']:.4f}  adapted/old {s['adapted/old']:.4f} ({_share(s['share of old/old'])} of old/old, "
           f"{_share(s['share of new/new'])} of new/new)")
     print(f"  fit {fit_s:.3f} s, apply {apply_us:.2f} us per query; options {asdict(options)}")
+    print(f"  fingerprints: input {spaces['input'].describe()}; output {spaces['output'].describe()}")
     return 0
 
 
-def _fit_transform(args: argparse.Namespace, m, scorer, split, fit_s: float, out: Path) -> int:
+def _fit_transform(args: argparse.Namespace, m, scorer, split, fit_s: float, out: Path,
+                   spaces: dict[str, Fingerprint]) -> int:
     """Score an old -> new corpus transform on the held-out queries (the new queries on the transformed old gallery)
     and export it; its direction is in its ``fitted_on``."""
     from engine.adapters.artifact import save_adapter
@@ -210,7 +230,7 @@ def _fit_transform(args: argparse.Namespace, m, scorer, split, fit_s: float, out
     transformed, apply_us = apply_timed(m, split.gallery.old)
     m.metrics = {"metric": scorer.metric, "relevance": scorer.relevance, **scorer.baselines(),
                  **scorer.score_transformed(transformed), "fit_seconds": fit_s, "apply_us_per_vector": apply_us}
-    save_adapter(m, out, force=args.force, onnx=not args.no_onnx)
+    save_adapter(m, out, force=args.force, onnx=not args.no_onnx, fingerprints=spaces)
     s = m.metrics
     print(f"{args.kind} corpus transform (old -> new, {m.new_dim} -> {m.old_dim} dims) fitted on {args.pairs} pairs, "
           f"written to {out}")
@@ -219,7 +239,67 @@ def _fit_transform(args: argparse.Namespace, m, scorer, split, fit_s: float, out
           f"({_share(s['share of old/old'])} of old/old, {_share(s['share of new/new'])} of new/new)")
     print(f"  fit {fit_s:.3f} s, apply {apply_us:.2f} us per stored vector (one pass, no model); options "
           f"{asdict(m.options)}")
+    print(f"  fingerprints: input {spaces['input'].describe()}; output {spaces['output'].describe()}")
     return 0
+
+
+def _space(text: str, declared: str | None, vectors: np.ndarray, flag: str) -> Fingerprint:
+    """The fingerprint of the space of ``text``'s vectors: what its store carries (its metadata), else the declared
+    name, else the dimension alone; the normalisation measured on ``vectors`` when the store states none."""
+    from dataclasses import replace
+
+    from engine.core.fingerprint import Fingerprint, carried_or_declared, normalisation_of
+    from engine.sources import open_source
+
+    source = open_source(text, what=f"{flag} embeddings")
+    try:
+        carried = _one_fingerprint(source, flag)
+    finally:
+        source.close()
+    dim = int(vectors.shape[1])
+    fp = carried_or_declared(carried, declared, dim, what=flag) or Fingerprint(dim)
+    return fp if fp.normalisation is not None else replace(fp, normalisation=normalisation_of(vectors))
+
+
+def _one_fingerprint(source: Source, flag: str) -> Fingerprint | None:
+    """The fingerprint ``source`` carries (None: none); a store whose files carry different ones is refused, one whose
+    files carry one and no other is read as that one's, saying on stderr how many files carry none."""
+    parts = source.fingerprint_parts
+    found = {fp for _, _, fp in parts if fp is not None}
+    if len(found) > 1:
+        raise ValueError(f"{flag} {source.text.masked()} mixes vectors of several models: its files carry "
+                         f"{len(found)} different fingerprints; run python -m engine doctor on it")
+    bare = sum(fp is None for _, _, fp in parts)
+    if found and bare:
+        print(f"warning: {bare} of the {len(parts)} files of {flag} carry no fingerprint; they are taken to hold "
+              f"vectors of the others' model", file=sys.stderr)
+    fp = found.pop() if found else None
+    if fp is not None and source.dim is not None and fp.dim != source.dim:
+        raise ValueError(f"{flag}: the store's fingerprint says {fp.dim}-d vectors, it holds {source.dim}-d ones")
+    return fp
+
+
+def _checked_input(m: PosthocMap, adapter: Path, source: Source, declared: str | None) -> None:
+    """Refuse (one line) vectors whose fingerprint does not match the adapter's input; say on stderr when the check
+    is left to the dimension (an adapter from before fingerprints, or a source with no fingerprint, none declared)."""
+    from engine.adapters.artifact import load_fingerprints
+    from engine.core.fingerprint import MISMATCH, UNKNOWN, carried_or_declared, compare
+
+    spaces = load_fingerprints(adapter)
+    got = carried_or_declared(_one_fingerprint(source, "--in"), declared, source.dim, what="--in")
+    if spaces is None:
+        print(f"warning: {adapter} records no fingerprint (written before fingerprints); the input is checked on its "
+              f"dimension alone ({m.new_dim}-d)", file=sys.stderr)
+        return
+    if got is None:
+        print(f"warning: --in carries no fingerprint and none was declared (--model NAME); the input is checked on its "
+              f"dimension alone ({m.new_dim}-d), not on the model ({spaces['input'].describe()})", file=sys.stderr)
+        return
+    verdict, reason = compare(spaces["input"], got, ignore=("normalisation",) if m.normalise == "l2" else ())
+    if verdict == MISMATCH:
+        raise ValueError(f"--in holds {reason}: the adapter maps {spaces['input'].describe()}; nothing was written")
+    if verdict == UNKNOWN:
+        print(f"warning: {reason}; the input is checked on its dimension alone ({m.new_dim}-d)", file=sys.stderr)
 
 
 def _share(x: float | None) -> str:
@@ -268,6 +348,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         location = Path(source.text.location) if source.text.kind in ("npy", "npz", "parquet") else None
         if location is not None and location.exists() and location.resolve() == out:
             raise ValueError(f"--out {args.out} is the input itself; write the mapped vectors to another file")
+        _checked_input(m, adapter, source, args.model)
         n = apply_to_file(m, source, out, force=args.force, block_rows=args.block_rows)
     finally:
         source.close()

@@ -8,6 +8,7 @@ killed run resumes (:func:`resume_experiment`) and a cancelled one is wiped (:fu
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,10 +17,12 @@ import numpy as np
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from engine.core.fingerprint import MAX_TEXT, Fingerprint, normalisation_of
 from engine.core.kinds import STRICT
 from engine.core.config import neutral_for_hash
 from engine.core.contract import RAW_VIEWS
 from engine.data.samples import SampleRefs
+from engine.data.text_model_files import file_sha256
 from engine.metrics.compatibility import MatrixResult, stored_summary
 from storage import (
     add_model_version,
@@ -72,6 +75,8 @@ class NewVersion:
     copied_from: int | None = None
     name: str | None = None  # the user's name for the model (v1, v2, ...), e.g. a checkpoint comparison's label
     refs: Mapping[str, SampleRefs | None] | None = None
+    weights_sha256: str | None = None  # of the model's weights file (None: hashed from checkpoint_path when a file)
+    pooling: str | None = None  # a text model's pooling (mean, cls), recorded in the encoder view's fingerprint
 
 
 @dataclass(frozen=True)
@@ -99,12 +104,35 @@ def record_version(s: Session, experiment_id: int, step: int, version: NewVersio
                            class_names=None if version.class_names is None else list(version.class_names),
                            checkpoint_path=version.checkpoint_path, replaced=version.replaced)
     compact = {split: r.compact() for split, r in (version.refs or {}).items() if r is not None}
-    save_feature_sets(s, mv.id, version.outputs, version.labels, {split: (r.source, r.ids) for split, r in compact.items()})
+    save_feature_sets(s, mv.id, version.outputs, version.labels, {split: (r.source, r.ids) for split, r in compact.items()},
+                      version_fingerprints(version, experiment_id, step))
     if version.name:
         rename_model_version(s, mv.id, version.name)
     if version.copied_from is not None:
         copy_feature_sets(s, version.copied_from, mv.id, RAW_VIEWS)
     return mv.id
+
+
+def fingerprint_name(name: str | None, architecture: str, method: str, experiment_id: int, step: int) -> str:
+    """The name a stored model's fingerprint carries: the user's name for it, else ``ARCH METHOD, experiment E step
+    S`` (unique in its database)."""
+    return (name or f"{architecture} {method}, experiment {experiment_id} step {step}")[:MAX_TEXT]
+
+
+def version_fingerprints(version: NewVersion, experiment_id: int, step: int) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{split: {view: fingerprint JSON}}`` of a version's outputs: the weights' sha256 (given, or of the checkpoint
+    file), the user's name for the model or ``ARCH METHOD, experiment E step S``, each array's width and measured
+    normalisation, and the pooling on the encoder view of a text model."""
+    sha = version.weights_sha256
+    if sha is None and version.checkpoint_path is not None and os.path.isfile(version.checkpoint_path):
+        info = os.stat(version.checkpoint_path)
+        sha = file_sha256(version.checkpoint_path, info.st_size, info.st_mtime_ns)
+    name = fingerprint_name(version.name, version.architecture, version.method, experiment_id, step)
+    return {split: {view: Fingerprint(int(np.shape(x)[1]), sha256=sha or None, name=name,
+                                      normalisation=normalisation_of(x),
+                                      pooling=version.pooling if view == "encoder" else None).to_json()
+                    for view, x in views.items() if np.shape(x)[1]}
+            for split, views in version.outputs.items()}
 
 
 def record_matrices(s: Session, experiment_id: int, result: MatrixResult, *, gallery_kind: str, view: str,

@@ -20,6 +20,8 @@ sql        SQLAlchemy URL                                  query=SELECT... or ta
 
 A ``label`` option left out takes the ``label`` column when there is one; ``label=`` (empty) reads no labels.
 Local paths are confined to the data roots (``engine.data.roots``); nothing is ever written to a store.
+``source.fingerprint``: the model fingerprint the store carries (Parquet / Arrow / LanceDB schema metadata
+``compatlab.fingerprint``; ``engine.core.fingerprint``), None when it carries none or its files differ.
 """
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 
 Options: ``id=`` (default ``id``), ``vector=`` (default ``vector``; a list or fixed-size list of numbers),
 ``label=`` (default ``label`` when the table has it; empty: no labels). LanceDB: ``lance:DB_FOLDER#table=NAME``
-or ``TABLE.lance`` inside a LanceDB folder; only read calls are made (``open_table``, a plain scan).
+or ``TABLE.lance`` inside a LanceDB folder; only read calls are made (``open_table``, a plain scan). A file's or
+table's schema metadata may carry the fingerprint of the model that made its vectors under
+``engine.core.fingerprint.METADATA_KEY`` (``compatlab.fingerprint``, JSON); each is read into ``fingerprint_parts``.
 """
 from __future__ import annotations
 
@@ -137,7 +139,11 @@ class ArrowSource(Source):
 
             for path in self.dataset.files:
                 with self.dataset.filesystem.open_input_file(path) as handle:
-                    check_inflation(pq.ParquetFile(handle).metadata, self.names.vector, where=self.description)
+                    meta = pq.ParquetFile(handle).metadata
+                    check_inflation(meta, self.names.vector, where=self.description)
+                    self._note_fingerprint(Path(path).name, meta.num_rows, meta.metadata)
+        else:
+            self._note_fingerprint(Path(location.rstrip("/")).name, None, self.dataset.schema.metadata)
         self.count = self.dataset.count_rows()  # from the files' metadata
         dim = _vector_dim(self.dataset.schema, self.names.vector)
         if dim is None:  # a list column: the first vector tells
@@ -234,6 +240,7 @@ class LanceSource(Source):
             raise SourceError(f"{self.description} cannot be opened: {first_line(exc)}") from exc
         self.names = ColumnNames(text, schema, where=self.description)
         self.count = self.table.count_rows()
+        self._note_fingerprint(table, self.count, schema.metadata)
         dim = _vector_dim(schema, self.names.vector)
         if dim is not None:
             self._check_dim(dim)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.core.fingerprint import METADATA_KEY, Fingerprint
 from engine.sources.text import SourceError, SourceText
 
 Raw = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
@@ -111,8 +112,29 @@ class Source:
         self.id_kind: str | None = None  # integers or text, from the first block read: one type per source
         self.expect_dim = expect_dim
         self.dim = dim
+        # the model fingerprints the store carries (engine.core.fingerprint.METADATA_KEY): one entry per file or
+        # table, (name, rows or None, Fingerprint or None); :attr:`fingerprint` is their one fingerprint, if one
+        self.fingerprint_parts: list[tuple[str, int | None, Fingerprint | None]] = []
         if dim is not None:
             self._check_dim(dim)
+
+    @property
+    def fingerprint(self) -> Fingerprint | None:
+        """The fingerprint every part of the store carries; None when a part carries none or parts differ."""
+        found = {fp for _, _, fp in self.fingerprint_parts}
+        return found.pop() if len(found) == 1 else None
+
+    def _note_fingerprint(self, part: str, rows: int | None, metadata: dict | None) -> None:
+        """Record the fingerprint of one file or table from its schema's key-value ``metadata`` (one line when the
+        value is not a fingerprint)."""
+        raw = (metadata or {}).get(METADATA_KEY.encode()) or (metadata or {}).get(METADATA_KEY)
+        fp = None
+        if raw is not None:
+            try:
+                fp = Fingerprint.from_text(raw, where=f"{self.description}: {part}'s {METADATA_KEY} metadata")
+            except ValueError as exc:
+                raise SourceError(str(exc)) from None
+        self.fingerprint_parts.append((part, rows, fp))
 
     @property
     def description(self) -> str:
