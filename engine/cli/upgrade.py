@@ -100,8 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(new/new, and the reference of --relevance none)")
     p.add_argument("--old-queries", metavar="SRC", help="with --old-gallery: the queries embedded by the old model")
     p.add_argument("--new-queries", metavar="SRC", help="with --old-gallery: the same queries embedded by the new model")
-    p.add_argument("--qrels", metavar="SRC", help="with --old-gallery: judgements query id -> item id -> grade (.tsv BEIR "
-                   "style, TREC .txt, or Parquet); implies --relevance qrels")
+    p.add_argument("--qrels", metavar="SRC", help="with --old-gallery: judgements query id -> item id -> grade (TREC "
+                   "'qid 0 docid grade', BEIR .tsv with a header, or Parquet; told from the file or named trec:/beir:); "
+                   "implies --relevance qrels")
     p.add_argument("--relevance", choices=RELEVANCE, help="with --old-gallery: what is relevant: labels (same class "
                    "label; the default), qrels (--qrels) or none (label-free: the new model's top-k on --new-gallery)")
     p.add_argument("--k", type=int, default=DEFAULT_K, metavar="K",
