@@ -3,11 +3,15 @@
 ``relevance`` (``engine.core.vocab.RELEVANCE``):
 
 * ``labels``: an item is relevant when it shares the query's class label (the engine's convention so far);
-  Recall@k is the hit rate (a relevant item in the first k), AP@k and nDCG@k as for qrels with gain 1.
+  Recall@k is the hit rate (a relevant item in the first k; trec_eval's ``success_k``), the others as for qrels
+  with gain 1 (R: the class's items in the gallery).
 * ``qrels``: a mapping query id -> {item id: grade} (BEIR / MS MARCO judgements; grade > 0 is relevant, binary
-  judgements are grade 1). Per query: Recall@k = relevant items in the first k / relevant items in the gallery,
-  AP@k = sum of precision at each relevant rank <= k / min(R, k) (the engine's mAP@k), nDCG@k with linear gains
-  (DCG = sum grade_i / log2(i + 1), over the ideal DCG of the query's judged items in the gallery).
+  judgements are grade 1). Per query: Recall@k = relevant items in the first k / R, the relevant items in the
+  gallery; P@k = relevant items in the first k / k; AP@k = sum of precision at each relevant rank <= k / R (mAP@k,
+  trec_eval's ``map_cut_k``; ``map_capped@k`` divides by min(R, k) instead); MRR@k = 1 / the rank of the first
+  relevant item within k (0 when none is); nDCG@k with linear gains (DCG = sum grade_i / log2(i + 1), over the ideal
+  DCG of the query's judged items in the gallery). On the list as ranked, these equal pytrec_eval's and ranx's
+  (``tests/test_ir_equal.py``).
 * ``none`` (label-free): the reference of query ``i`` is its top-k under the new model on the new gallery; a cell's
   outcome is the neighbour recall |top-k of the cell & reference| / k, items matched by id (old and new galleries
   hold the same items, joined by id).
@@ -88,7 +92,12 @@ def graded_outcomes(top: TopK, gains: np.ndarray, n_relevant: np.ndarray, ideal:
             if relevance == "labels":  # a class has many members: the hit rate is the engine's Recall@k
                 values[f"recall@{k}"] = np.where(none, np.nan, (found > 0).astype(np.float64))
             precision = np.cumsum(hit[:, :k], 1) / np.arange(1, k + 1)
-            values[f"map@{k}"] = np.where(none, np.nan, (precision * hit[:, :k]).sum(1) / np.minimum(np.maximum(n_relevant, 1), k))
+            summed = (precision * hit[:, :k]).sum(1)
+            values[f"map@{k}"] = np.where(none, np.nan, summed / np.maximum(n_relevant, 1))
+            values[f"map_capped@{k}"] = np.where(none, np.nan, summed / np.minimum(np.maximum(n_relevant, 1), k))
+            values[f"precision@{k}"] = np.where(none, np.nan, found / k)
+            first = np.where(hit[:, :k].any(1), hit[:, :k].argmax(1) + 1, 0)
+            values[f"mrr@{k}"] = np.where(none, np.nan, np.where(first > 0, 1.0 / np.maximum(first, 1), 0.0))
             ideal_dcg = _dcg(np.asarray(ideal, np.float64)[:, :k])
             values[f"ndcg@{k}"] = np.where(none | (ideal_dcg <= 0), np.nan, _dcg(ranked[:, :k]) / ideal_dcg)
     return Outcomes(values, len(ranked), int(none.sum()), relevance, none)

@@ -133,6 +133,7 @@ class CheckLists:
     groups: np.ndarray | None = None  # each query's group index (None: queries on their own)
     ranked: TopLists | None = None  # two-way: old/old's pessimistically ordered top-D lists
     ranked_depth: int = 0  # two-way: D of the lists the gallery resample walks
+    new_old: TopK | None = None  # the cross-test's lists (new queries on the old gallery)
 
 
 @dataclass(frozen=True)
@@ -179,16 +180,50 @@ def default_metric(relevance: str, k: int) -> str:
     return decision_metric(relevance, k, streamed=True)
 
 
-def parse_source_metric(metric: str, relevance: str) -> tuple[str, int]:
-    """``(kind, K)`` of ``recall@K``, ``map@K``, ``ndcg@K`` (labels, qrels) or ``neighbour_recall@K`` (none)."""
+SOURCE_KINDS = ("recall", "precision", "map", "map_capped", "mrr", "ndcg")  # on top-k lists, labels or qrels
+
+
+def parse_source_metric(metric: str, relevance: str, k: int | None = None) -> tuple[str, int]:
+    """``(kind, K)`` of ``recall@K``, ``precision@K``, ``map@K``, ``map_capped@K``, ``mrr@K``, ``ndcg@K`` (labels,
+    qrels) or ``neighbour_recall@K`` (none), in any spelling :func:`engine.core.kinds.metric_parts` reads
+    (``ndcg_cut_10``, ``P_10``, ``recip_rank``: MRR over the lists' depth ``k``)."""
     parts = metric_parts(metric)
+    if parts is not None and parts == ("mrr", None) and k is not None:
+        parts = ("mrr", int(k))
     label_free = relevance == "none"
-    allowed = "neighbour_recall@K" if label_free else "recall@K, map@K or ndcg@K"
-    if (parts is None or parts[1] is None or parts[0] not in ("recall", "map", "ndcg", "neighbour_recall")
+    allowed = "neighbour_recall@K" if label_free else "recall@K, precision@K, map@K, map_capped@K, mrr@K or ndcg@K"
+    if (parts is None or parts[1] is None or parts[0] not in (*SOURCE_KINDS, "neighbour_recall")
             or (parts[0] == "neighbour_recall") != label_free):
         raise ValueError(f"metric {metric!r} does not go with relevance {relevance}; use {allowed} (1 <= K <= "
                          f"{MAX_K:,}; the lists are top-k, so a full-ranking mAP is not available)")
     return parts[0], parts[1]
+
+
+def trec_texts(check: SourcesCheck) -> tuple[dict[str, str], str, int]:
+    """The check's TREC files as text (:mod:`engine.results.trec`): a run per cell (old->old, new->old, and new->new
+    when the new gallery was given), the qrels it judged with (labels: every gallery item of the query's label;
+    label-free: the new/new top-k, so neighbour recall@k is a tool's P@k), and how many lists hold tied scores."""
+    from engine.results.trec import qrels_text, run_text, tied_queries
+
+    lists = check.lists
+    if lists is None:
+        raise ValueError("this check kept no lists to write")
+    qids, gids = lists.queries.ids, lists.gallery_ids
+    cells = {"old->old": lists.old_old, "new->old": lists.new_old, "new->new": lists.new_new}
+    runs = {cell: run_text(qids, gids[top.ids], top.scores, cell) for cell, top in cells.items() if top is not None}
+    judge, rows = lists.relevance, np.arange(len(qids))
+    if judge.kind == "qrels":
+        judged = {qids[q]: {gids[i]: g for i, g in items.items()} for q, items in judge.judged.items()}
+    elif judge.kind == "labels":
+        by_label: dict = {}
+        for row, label in enumerate(judge.gallery_labels.tolist()):
+            by_label.setdefault(label, []).append(gids[row])
+        judged = {qids[q]: dict.fromkeys(by_label.get(label, ()), 1.0)
+                  for q, label in zip(rows.tolist(), judge.query_labels.tolist())}
+    else:
+        judged = {qids[q]: dict.fromkeys(gids[ids].tolist(), 1.0) for q, ids in zip(rows.tolist(), judge.reference.ids)}
+    tied = sum(tied_queries(top.scores) for top in cells.values() if top is not None)
+    return runs, qrels_text(judged), tied
 
 
 def _fingerprints(vectors: np.ndarray, coeffs: np.ndarray) -> np.ndarray:
@@ -407,7 +442,8 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
     if backfill_depth is not None and (isinstance(backfill_depth, bool) or not isinstance(backfill_depth, (int, np.integer))
                                        or backfill_depth < 1):
         raise ValueError(f"the backfill depth must be a positive integer, got {backfill_depth!r}")
-    kind, at = parse_source_metric(metric, relevance)
+    kind, at = parse_source_metric(metric, relevance, int(k))
+    metric = f"{kind}@{at}"  # one spelling in the report, whichever the caller used
     (old_name, new_name), _ = check_settings(names, metric="recall@1", resamples=resamples, level=level, margin=margin,
                                              ties=ties, interval=interval)
     if query_groups is not None and (not isinstance(query_groups, str) or not query_groups.strip()):
@@ -569,11 +605,11 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
         sources["qrels"] = qrels_table.description
     say(1.0, "done")
     lists = CheckLists(queries, old_scan.ids, slots, judge, key, at, top_oo, top_nn, oo, block_rows, backend, backfill,
-                       interval, groups, ranked.get("oo"), search if two_way else 0)
+                       interval, groups, ranked.get("oo"), search if two_way else 0, top_no)
     return SourcesCheck(report, relevance, depth, relevance_phrase(relevance, k=at, n_no_relevant=n_none), sources,
                         {cell: o.means() for cell, o in cells.items()}, b_depth, decided, lists)
 
 
 __all__ = ["DEFAULT_K", "CheckLists", "GalleryScan", "Opened", "SourceRelevance", "SourceSpecs", "SourcesCheck", "by_id",
-           "check_sources", "default_metric", "default_relevance", "in_order", "parse_source_metric", "qrels_rows",
+           "check_sources", "default_metric", "trec_texts", "default_relevance", "in_order", "parse_source_metric", "qrels_rows",
            "scan_gallery"]
