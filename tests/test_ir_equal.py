@@ -14,7 +14,7 @@ from engine.cli import main
 from engine.core.kinds import metric_parts
 from engine.metrics.relevance import qrels_outcomes
 from engine.metrics.topk import array_blocks, stream_topk
-from engine.results.trec import qrels_text, run_text, write_trec
+from engine.results.trec import qrels_text, run_text, tied_queries, write_trec
 from support.upgrade_sources import NQ, embeddings, ids_for, tables, write_all
 
 pytrec_eval = pytest.importorskip("pytrec_eval")
@@ -156,3 +156,51 @@ def test_a_check_reads_the_toolchain_spellings_and_prints_one(tmp_path):
     got = {name: run(replace(specs), relevance="labels", metric=name).report for name in ("map_cut_10", "AP@10")}
     assert {r.metric for r in got.values()} == {"map@10"}
     assert got["map_cut_10"].old_old == pytest.approx(got["AP@10"].old_old, abs=0)
+
+
+def exact_units(rng: np.random.Generator, n: int, d: int = 16) -> np.ndarray:
+    """Unit rows with four entries of +/-0.5: every cosine is an exact multiple of 1/4, so ties are many and exact."""
+    x = np.zeros((n, d), np.float32)
+    for i in range(n):
+        x[i, rng.choice(d, 4, replace=False)] = rng.choice([-0.5, 0.5], 4)
+    return x
+
+
+def test_rank_ties_trec_gives_trec_evals_numbers_on_tied_lists(tmp_path, capsys):
+    """Exactly tied scores: under --rank-ties trec every printed metric equals pytrec_eval's on the written run files
+    (trec_eval orders equal scores by doc id, descending); under the default pessimistic rule they differ, and the
+    export says so."""
+    from support.upgrade_sources import write
+
+    rng = np.random.default_rng(2)
+    n_g, n_q = 200, 30
+    g_ids = np.array([f"d{i:03d}" for i in rng.permutation(n_g)])
+    q_ids = np.array([f"q{i}" for i in range(n_q)])
+    folder = tmp_path / "s"
+    folder.mkdir()
+    old_g, new_g, old_q, new_q = (exact_units(rng, n) for n in (n_g, n_g, n_q, n_q))
+    lab_g, lab_q = rng.integers(0, 3, n_g), rng.integers(0, 3, n_q)
+    sides = {"old_gallery": (g_ids, old_g, lab_g), "new_gallery": (g_ids, new_g, lab_g),
+             "old_queries": (q_ids, old_q, lab_q), "new_queries": (q_ids, new_q, lab_q)}
+    src = {side: write("npz", folder, side, table) for side, table in sides.items()}
+    (folder / "qrels.txt").write_text("".join(f"{q} 0 {d} {int(rng.integers(1, 3))}\n" for q in q_ids
+                                              for d in rng.choice(g_ids, 8, replace=False)))
+    base = ["check-upgrade", *[a for side, text in src.items() for a in (f"--{side.replace('_', '-')}", text)],
+            "--qrels", str(folder / "qrels.txt"), "--resamples", "20", "--k", "10"]
+    printed = {}
+    for rule in ("trec", "pessimistic"):
+        out = tmp_path / rule
+        assert main([*base, "--rank-ties", rule, "--export", "trec", str(out), "--json", str(tmp_path / f"{rule}.json")]) in (0, 1, 3)
+        data = json.loads((tmp_path / f"{rule}.json").read_text())
+        assert data["rank_ties"] == rule and "rank ties:" in data["convention"]
+        printed[rule] = data["means"]
+    assert "TREC tools order those by doc id" in capsys.readouterr().out  # said once, for the pessimistic export
+    differ = 0
+    for cell, name in (("old_old", "old/old"), ("new_old", "new/old"), ("new_new", "new/new")):
+        tool = tool_means(tmp_path / "trec", cell, 10)
+        scores = [float(x.split()[4]) for x in (tmp_path / "trec" / f"{cell}.run").read_text().splitlines()]
+        assert tied_queries(np.reshape(scores, (n_q, 10))) > n_q // 2  # the lists really hold ties
+        for key in ("recall@10", "precision@10", "map@10", "mrr@10", "ndcg@10"):
+            assert printed["trec"][name][key] == pytest.approx(tool[key], abs=TOL), (cell, key)
+            differ += abs(printed["pessimistic"][name][key] - tool[key]) > 1e-6
+    assert differ > 0

@@ -129,6 +129,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "neighbour_recall@K (defaults: map@K, ndcg@K, neighbour_recall@K by --relevance); trec_eval, "
                         "ranx and ir-measures spellings are read too (ndcg_cut_10, nDCG@10, P_10, recall_100, "
                         "recip_rank)")
+    p.add_argument("--rank-ties", choices=("pessimistic", "trec"), default="pessimistic",
+                   help="with --old-gallery: how equal scores in a list rank: a non-relevant item first (pessimistic, "
+                        "the default) or trec_eval's order, by doc id descending (trec: the numbers of trec_eval on "
+                        "the --export trec files); the ECC rule on a tie is --ties")
     p.add_argument("--export", nargs=2, metavar=("trec", "DIR"),
                    help="with --old-gallery: write DIR/old_old.run, new_old.run, new_new.run (TREC run files, each "
                         "cell's top-k lists) and DIR/qrels.txt (the judgements the check used), so trec_eval, "
@@ -454,6 +458,8 @@ def _refuse_source_options(args: argparse.Namespace, form: str) -> None:
     given = [f"--{o.replace('_', '-')}" for o in SOURCE_OPTIONS if getattr(args, o) is not None]
     if args.k != DEFAULT_K:
         given.append("--k")
+    if args.rank_ties != "pessimistic":
+        given.append("--rank-ties")
     if given:
         raise ValueError(f"{', '.join(given)} go(es) with --old-gallery; {form} does not read sources")
 
@@ -481,11 +487,11 @@ def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRep
                               names=args.names or ["old", "new"], resamples=args.resamples, level=args.level,
                               seed=args.seed, margin=args.margin, ties=args.ties, backfill_depth=args.backfill_depth,
                               rollout=args.rollout, interval=settings["interval"], query_groups=args.query_groups,
-                              cluster=requested_cluster(args.cluster))
+                              cluster=requested_cluster(args.cluster), rank_ties=args.rank_ties)
     except ValueError as exc:  # one line, credentials masked, whatever raised it
         raise ValueError(first_line(exc)) from None
     data = check.to_json()
-    return check.report, {key: data[key] for key in ("relevance", "k", "convention", "sources", "means",
+    return check.report, {key: data[key] for key in ("relevance", "k", "rank_ties", "convention", "sources", "means",
                                                       "backfill_depth", "backfill_decided")}, check
 
 
@@ -627,7 +633,7 @@ def _export_trec(folder: Path, check) -> list[str]:
     except OSError as exc:
         raise ValueError(f"--export trec {folder}: cannot write ({exc.strerror or type(exc).__name__})") from None
     out = [f"  export: {', '.join(p.name for p in paths)} (TREC, written to {folder})"]
-    if tied:
+    if tied and check.rank_ties != "trec":
         out.append(f"  note: {tied:,} exported lists hold equal scores; TREC tools order those by doc id, descending, "
                    "so their numbers equal these under --rank-ties trec")
     return out

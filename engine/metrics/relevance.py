@@ -20,10 +20,13 @@ Every outcome is per query, NaN where undefined, so the paired intervals of :mod
 apply unchanged (over queries). A query with no relevant item in the gallery is undefined, counted and reported
 (:attr:`Outcomes.n_no_relevant`), never dropped silently.
 
-Ties follow the engine's pessimistic rule: inside the list, items with equal scores are ranked non-relevant first;
-at the cut, the ``tied_beyond`` items outside the list that equal its last score (:class:`engine.metrics.topk.TopK`)
-are counted as non-relevant and ranked before the relevant items of that score. The rule needs ``k`` at least the
-largest cut asked for; the list's depth bounds the metrics (Recall@k for k <= depth).
+Ties (``rank_ties``) follow the engine's pessimistic rule by default: inside the list, items with equal scores are
+ranked non-relevant first; at the cut, the ``tied_beyond`` items outside the list that equal its last score
+(:class:`engine.metrics.topk.TopK`) are counted as non-relevant and ranked before the relevant items of that score.
+The rule needs ``k`` at least the largest cut asked for; the list's depth bounds the metrics (Recall@k for k <= depth).
+``rank_ties="trec"`` is trec_eval's order instead: equal scores by item id descending (string compare; ``names``
+gives each listed item's id), the list as it is, so the numbers are trec_eval's on the written run file
+(:mod:`engine.results.trec`; the list itself was cut by gallery position among items tied at its last score).
 """
 from __future__ import annotations
 
@@ -53,11 +56,25 @@ class Outcomes:
         return {m: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan") for m, v in self.values.items()}
 
 
-def ranked_gains(top: TopK, gains: np.ndarray) -> np.ndarray:
-    """(n_q, k) gains in pessimistic rank order: equal scores non-relevant first, ``tied_beyond`` zero gains at the cut."""
+RANK_TIES = ("pessimistic", "trec")  # the rank-tie rules a top-k list's metrics take (engine.metrics.retrieval.RankTies)
+
+
+def ranked_gains(top: TopK, gains: np.ndarray, *, rank_ties: str = "pessimistic",
+                 names: np.ndarray | None = None) -> np.ndarray:
+    """(n_q, k) gains in rank order: pessimistic (equal scores non-relevant first, ``tied_beyond`` zero gains at the
+    cut) or trec (equal scores by ``names``, the listed items' ids, descending)."""
     gains = np.asarray(gains, np.float64)
     if gains.shape != top.ids.shape:
         raise ValueError(f"gains must have the top-k list's shape {top.ids.shape}, got {gains.shape}")
+    if rank_ties not in RANK_TIES:
+        raise ValueError(f"unknown rank-tie rule {rank_ties!r}; use one of {', '.join(RANK_TIES)}")
+    if rank_ties == "trec":
+        if names is None or np.shape(names) != top.ids.shape:
+            raise ValueError("the trec tie order needs each listed item's id (names, the list's shape)")
+        text = np.asarray(names).astype(str)
+        _, code = np.unique(text, return_inverse=True)  # code order = string order (code points, as strcmp on UTF-8)
+        order = np.lexsort((-code.reshape(text.shape), -top.scores), axis=1)
+        return np.take_along_axis(gains, order, 1)
     order = np.lexsort((gains, -top.scores), axis=1)  # stable: score desc, then smaller gain first
     out = np.take_along_axis(gains, order, 1)
     scores = np.take_along_axis(top.scores, order, 1)
@@ -74,13 +91,14 @@ def _dcg(gains: np.ndarray) -> np.ndarray:
 
 
 def graded_outcomes(top: TopK, gains: np.ndarray, n_relevant: np.ndarray, ideal: np.ndarray, *, ks: Sequence[int],
-                    relevance: str) -> Outcomes:
-    """Recall@k, AP@k and nDCG@k of each query from its list's ``gains`` (n_q, k), its relevant count and ideal gains.
+                    relevance: str, rank_ties: str = "pessimistic", names: np.ndarray | None = None) -> Outcomes:
+    """Recall@k, P@k, AP@k, MRR@k and nDCG@k of each query from its list's ``gains`` (n_q, k), its relevant count and
+    ideal gains, ranked under ``rank_ties`` (:func:`ranked_gains`).
 
     ``ideal`` (n_q, k): the query's largest gains in the gallery, descending, zero-padded (for the ideal DCG).
     """
     ks = _check_ks(ks, top.k)
-    ranked = ranked_gains(top, gains)
+    ranked = ranked_gains(top, gains, rank_ties=rank_ties, names=names)
     hit = ranked > 0
     n_relevant = np.asarray(n_relevant, np.int64)
     none = n_relevant == 0
@@ -104,7 +122,7 @@ def graded_outcomes(top: TopK, gains: np.ndarray, n_relevant: np.ndarray, ideal:
 
 
 def label_outcomes(top: TopK, query_labels: np.ndarray, gallery_ids: np.ndarray, gallery_labels: np.ndarray, *,
-                   ks: Sequence[int] = (1,)) -> Outcomes:
+                   ks: Sequence[int] = (1,), rank_ties: str = "pessimistic", names: np.ndarray | None = None) -> Outcomes:
     """``labels`` relevance: an item is relevant when its label is the query's (``gallery_ids`` -> ``gallery_labels``)."""
     query_labels = np.asarray(query_labels)
     if len(query_labels) != len(top.ids):
@@ -115,11 +133,11 @@ def label_outcomes(top: TopK, query_labels: np.ndarray, gallery_ids: np.ndarray,
     at = np.clip(np.searchsorted(classes, query_labels), 0, len(classes) - 1)
     n_rel = np.where(classes[at] == query_labels, counts[at], 0)
     ideal = (np.arange(top.k)[None, :] < n_rel[:, None]).astype(np.float64)
-    return graded_outcomes(top, gains, n_rel, ideal, ks=ks, relevance="labels")
+    return graded_outcomes(top, gains, n_rel, ideal, ks=ks, relevance="labels", rank_ties=rank_ties, names=names)
 
 
 def qrels_outcomes(top: TopK, query_ids: Sequence, qrels: Qrels, gallery_ids: np.ndarray, *,
-                   ks: Sequence[int] = (10,)) -> Outcomes:
+                   ks: Sequence[int] = (10,), rank_ties: str = "pessimistic", names: np.ndarray | None = None) -> Outcomes:
     """``qrels`` relevance: graded or binary judgements ``qrels[query id][item id] = grade`` (grade > 0 relevant).
 
     Only judged items present in the gallery count (a judgement on an item the gallery lacks cannot be retrieved).
@@ -139,7 +157,7 @@ def qrels_outcomes(top: TopK, query_ids: Sequence, qrels: Qrels, gallery_ids: np
         best = sorted(judged.values(), reverse=True)[: top.k]
         ideal[i, : len(best)] = best
         gains[i] = [judged.get(item, 0.0) for item in top.ids[i].tolist()]
-    return graded_outcomes(top, gains, n_rel, ideal, ks=ks, relevance="qrels")
+    return graded_outcomes(top, gains, n_rel, ideal, ks=ks, relevance="qrels", rank_ties=rank_ties, names=names)
 
 
 def neighbour_recall(top: TopK, reference: TopK, *, ks: Sequence[int] = (10,)) -> Outcomes:
@@ -190,5 +208,5 @@ def outcomes(kind: str, top: TopK, **inputs) -> Outcomes:
     return neighbour_recall(top, **inputs)
 
 
-__all__ = ["Outcomes", "Qrels", "graded_outcomes", "label_outcomes", "neighbour_recall", "outcomes", "qrels_outcomes",
+__all__ = ["RANK_TIES", "Outcomes", "Qrels", "graded_outcomes", "label_outcomes", "neighbour_recall", "outcomes", "qrels_outcomes",
            "ranked_gains"]

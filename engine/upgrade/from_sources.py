@@ -47,7 +47,7 @@ from engine.evaluate.dask_search import dask_client, sharded_topk
 from engine.metrics.cell_interval import cell_seed, paired_intervals
 from engine.metrics.list_merge import rows_of
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
-from engine.metrics.relevance import Outcomes, label_outcomes, neighbour_recall, qrels_outcomes
+from engine.metrics.relevance import RANK_TIES, Outcomes, label_outcomes, neighbour_recall, qrels_outcomes
 from engine.metrics.ties import list_tie_outcomes, pair_ties
 from engine.metrics.topk import TopK, stream_topk
 from engine.metrics.twoway import TopLists, ranked_lists, two_way_depth
@@ -90,14 +90,17 @@ class SourceRelevance:
     judged: dict[int, dict[int, float]] = field(default_factory=dict)  # qrels: query row -> gallery row -> grade
     judged_rows: np.ndarray | None = None  # qrels: the gallery rows some query judges
     reference: TopK | None = None  # none: each query's new/new top-k
+    rank_ties: str = "pessimistic"  # equal scores in a list: non-relevant first, or trec_eval's order (item id desc.)
+    names: np.ndarray | None = None  # trec: each gallery row's id as text
 
     def outcomes(self, top: TopK, rows: np.ndarray | None = None, *, ks: Sequence[int]) -> Outcomes:
         """Outcomes of the lists ``top`` of the query rows ``rows`` (None: every query, in order)."""
         rows = np.arange(len(top.ids)) if rows is None else np.asarray(rows)
+        ties = {"rank_ties": self.rank_ties, "names": None if self.names is None else self.names[top.ids]}
         if self.kind == "labels":
-            return label_outcomes(top, self.query_labels[rows], self.gallery_rows, self.gallery_labels, ks=ks)
+            return label_outcomes(top, self.query_labels[rows], self.gallery_rows, self.gallery_labels, ks=ks, **ties)
         if self.kind == "qrels":
-            return qrels_outcomes(top, rows.tolist(), self.judged, self.judged_rows, ks=ks)
+            return qrels_outcomes(top, rows.tolist(), self.judged, self.judged_rows, ks=ks, **ties)
         return neighbour_recall(top, rows_of(self.reference, rows), ks=ks)
 
     def relevant(self, ids: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
@@ -149,12 +152,14 @@ class SourcesCheck:
     backfill_depth: int | None = None  # D of the backfill's top-D lists (None: no backfill computed)
     backfill_decided: dict[str, list[float]] = field(default_factory=dict)  # ordering -> share of queries decided per point
     lists: CheckLists | None = field(default=None, repr=False, compare=False)  # for the remedies, not in the JSON
+    rank_ties: str = "pessimistic"  # how equal scores in a list ranked (engine.metrics.relevance.RANK_TIES)
 
     def to_json(self) -> dict:
         """The report's JSON with the relevance, the depth, the convention line, the sources and every cell's means."""
         from storage import json_ready
 
-        return {**self.report.to_json(), "relevance": self.relevance, "k": self.k, "convention": self.convention,
+        return {**self.report.to_json(), "relevance": self.relevance, "k": self.k, "rank_ties": self.rank_ties,
+                "convention": self.convention,
                 "sources": dict(self.sources), "means": json_ready(self.means), "backfill_depth": self.backfill_depth,
                 "backfill_decided": json_ready(self.backfill_decided)}
 
@@ -380,7 +385,7 @@ def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = 
                   progress: Progress | None = None, backfill_depth: int | None = None,
                   rollout: bool = False, interval: str = DEFAULT_INTERVAL,
                   query_groups: str | None = None, cluster: ClusterSpec | None = None,
-                  fan_out: FanOut | None = None) -> SourcesCheck:
+                  fan_out: FanOut | None = None, rank_ties: str = "pessimistic") -> SourcesCheck:
     """The upgrade verdict of the new model's queries on the old gallery, read from sources (module docstring).
 
     ``relevance`` defaults to ``qrels`` when ``specs.qrels`` is given, else ``labels``; ``k`` is the depth of the top-k
@@ -404,7 +409,7 @@ def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = 
             return _check(specs, opened, relevance=relevance, k=k, metric=metric, names=names, resamples=resamples,
                           level=level, seed=seed, margin=margin, ties=ties, block_rows=block_rows, backend=backend,
                           say=progress or (lambda f, m: None), backfill_depth=backfill_depth, rollout=rollout,
-                          interval=interval, query_groups=query_groups, search_old=search)
+                          interval=interval, query_groups=query_groups, search_old=search, rank_ties=rank_ties)
     finally:
         opened.close()
 
@@ -432,8 +437,10 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
            names: Sequence[str], resamples: int, level: float, seed: int, margin: float, ties: str, block_rows: int,
            backend: str, say: Progress, backfill_depth: int | None = None, rollout: bool = False,
            interval: str = DEFAULT_INTERVAL, query_groups: str | None = None,
-           search_old: Callable[..., TopK]) -> SourcesCheck:
+           search_old: Callable[..., TopK], rank_ties: str = "pessimistic") -> SourcesCheck:
     relevance = relevance or default_relevance(specs.qrels)
+    if rank_ties not in RANK_TIES:
+        raise ValueError(f"unknown rank-tie rule {rank_ties!r}; use one of {', '.join(RANK_TIES)}")
     if relevance not in RELEVANCE:
         raise ValueError(f"unknown relevance {relevance!r}; use one of {', '.join(RELEVANCE)}")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
@@ -451,11 +458,11 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
     if query_groups is not None and interval == "sequential":
         raise ValueError("--sequential takes the queries one by one in their order; it does not go with query groups")
     notes: tuple[str, ...] = ()
-    two_way = interval == "two-way" and kind == "recall" and relevance == "labels"
+    two_way = interval == "two-way" and kind == "recall" and relevance == "labels" and rank_ties == "pessimistic"
     if interval == "two-way" and not two_way:
         interval = "queries"
-        notes += (f"the gallery resample covers recall@k with labels; this {metric} interval resamples "
-                  f"{'query groups' if query_groups else 'queries'} only",)
+        notes += (f"the gallery resample covers recall@k with labels (pessimistic ties); this {metric} interval "
+                  f"resamples {'query groups' if query_groups else 'queries'} only",)
     if interval == "sequential":
         notes += (SEQUENTIAL_NOTE,)
     rule = Rule(margin, ties)
@@ -540,7 +547,8 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
     ks = tuple(x for x in ks if x <= min(depth, n_g))
 
     say(0.9, "per-query outcomes and the paired interval")
-    judge = SourceRelevance(relevance, gallery_rows, q_labels, g_labels, judged, judged_rows, top_nn)
+    judge = SourceRelevance(relevance, gallery_rows, q_labels, g_labels, judged, judged_rows, top_nn, rank_ties,
+                            old_scan.ids.astype(str) if rank_ties == "trec" else None)
     cells = {f"{old_name}/{old_name}": judge.outcomes(top_oo, ks=ks), f"{new_name}/{old_name}": judge.outcomes(top_no, ks=ks)}
     if top_nn is not None and relevance != "none":
         cells[f"{new_name}/{new_name}"] = judge.outcomes(top_nn, ks=ks)
@@ -606,8 +614,9 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
     say(1.0, "done")
     lists = CheckLists(queries, old_scan.ids, slots, judge, key, at, top_oo, top_nn, oo, block_rows, backend, backfill,
                        interval, groups, ranked.get("oo"), search if two_way else 0, top_no)
-    return SourcesCheck(report, relevance, depth, relevance_phrase(relevance, k=at, n_no_relevant=n_none), sources,
-                        {cell: o.means() for cell, o in cells.items()}, b_depth, decided, lists)
+    return SourcesCheck(report, relevance, depth, relevance_phrase(relevance, k=at, n_no_relevant=n_none, metric=key,
+                                                                   rank_ties=rank_ties), sources,
+                        {cell: o.means() for cell, o in cells.items()}, b_depth, decided, lists, rank_ties)
 
 
 __all__ = ["DEFAULT_K", "CheckLists", "GalleryScan", "Opened", "SourceRelevance", "SourceSpecs", "SourcesCheck", "by_id",
