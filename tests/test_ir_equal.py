@@ -204,3 +204,35 @@ def test_rank_ties_trec_gives_trec_evals_numbers_on_tied_lists(tmp_path, capsys)
             assert printed["trec"][name][key] == pytest.approx(tool[key], abs=TOL), (cell, key)
             differ += abs(printed["pessimistic"][name][key] - tool[key]) > 1e-6
     assert differ > 0
+
+
+def test_compare_checkpoints_exports_trec_files_that_recompute_every_matrix_cell(tmp_path):
+    """compare-checkpoints --export trec DIR: for every view and computed cell, pytrec_eval on the written full
+    ranking and label qrels gives the printed Recall@1 (trec_eval's success_1), mAP (map) and mAP@5 (map_cut_5)."""
+    from support.checkpoints_factory import save_state_dict_pt, save_step_checkpoint, write_image_folder
+
+    images = write_image_folder(tmp_path / "imgs", classes=4, per_class=6)
+    save_state_dict_pt(tmp_path / "old.pt", num_classes=4, width=16)
+    save_step_checkpoint(tmp_path / "new.safetensors", num_classes=4, width=16, seed=1)
+    out, js = tmp_path / "trec", tmp_path / "c.json"
+    assert main(["compare-checkpoints", "--model", f"{tmp_path / 'old.pt'}:small_cnn:4", "--model",
+                 str(tmp_path / "new.safetensors"), "--dataset", f"imagefolder:{images}", "--input-size", "16",
+                 "--metric", "recall@1", "--metric", "map", "--metric", "map_cut_5", "--no-store", "--json", str(js),
+                 "--export", "trec", str(out)]) == 0
+    data = json.loads(js.read_text())
+    checked = 0
+    for view, got in data["views"].items():
+        for t in range(2):
+            for k in range(t + 1):
+                if not got["comparable"][t][k]:
+                    continue
+                with open(out / f"{view}_M{t + 1}_M{k + 1}.qrels") as f:
+                    qrels = pytrec_eval.parse_qrel(f)
+                with open(out / f"{view}_M{t + 1}_M{k + 1}.run") as f:
+                    run = pytrec_eval.parse_run(f)
+                tool = pytrec_eval.RelevanceEvaluator(qrels, {"success.1", "map", "map_cut.5"}).evaluate(run)
+                for printed, measure in (("recall@1", "success_1"), ("map", "map"), ("map@5", "map_cut_5")):
+                    want = float(np.mean([v[measure] for v in tool.values()]))
+                    assert got["metrics"][printed]["matrix"][t][k] == pytest.approx(want, abs=TOL), (view, t, k, printed)
+                    checked += 1
+    assert checked >= 9

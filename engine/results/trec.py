@@ -69,13 +69,23 @@ def write_trec(folder: Path, runs: Mapping[str, str], qrels: str) -> list[Path]:
     unknown = [c for c in runs if c not in CELL_FILES]
     if unknown:
         raise ValueError(f"unknown cell(s) {', '.join(unknown)}; a run file is one of {', '.join(CELL_FILES)}")
+    return write_files(folder, {**{f"{CELL_FILES[c]}{RUN_SUFFIX}": text for c, text in runs.items()},
+                                QRELS_NAME: qrels})
+
+
+def write_files(folder: Path, files: Mapping[str, str]) -> list[Path]:
+    """``folder/<name>`` for each ``name -> text`` of ``files`` (plain names), each written whole or not at all."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"--export trec {folder}: not a folder")
-    paths = [folder / f"{CELL_FILES[c]}{RUN_SUFFIX}" for c in runs] + [folder / QRELS_NAME]
-    for path, text in zip(paths, [*runs.values(), qrels]):
+    bad = [n for n in files if Path(n).name != n or n.startswith(".")]
+    if bad:
+        raise ValueError(f"a TREC file name must be a plain name, got {bad[0]!r}")
+    paths = [folder / name for name in files]
+    for path, text in zip(paths, files.values()):
         write_text_atomic(path, text)
     return paths
 
 
-__all__ = ["CELL_FILES", "QRELS_NAME", "RUN_SUFFIX", "qrels_text", "run_text", "tied_queries", "write_trec"]
+__all__ = ["CELL_FILES", "QRELS_NAME", "RUN_SUFFIX", "qrels_text", "run_text", "tied_queries", "write_files",
+           "write_trec"]
