@@ -105,10 +105,14 @@ def test_check_upgrade_exports_trec_files_that_recompute_every_printed_number(tm
     out = tmp_path / "trec"
     args = ["check-upgrade", "--old-gallery", specs.old_gallery, "--new-gallery", specs.new_gallery, "--old-queries",
             specs.old_queries, "--new-queries", specs.new_queries, *qrels, "--resamples", "50", "--k", "10",
-            "--json", str(tmp_path / "c.json"), "--export", "trec", str(out)]
+            "--json", str(tmp_path / "c.json"), "--export", "trec", str(out), "--plan", str(tmp_path / "plan")]
     assert main(args) in (0, 1, 3)
     data = json.loads((tmp_path / "c.json").read_text())
-    assert sorted(p.name for p in out.iterdir()) == ["new_new.run", "new_old.run", "old_old.run", "qrels.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["adapted_affine_old.run", "adapted_procrustes_old.run",
+                                                     "new_new.run", "new_old.run", "old_old.run", "qrels.txt"]
+    for row in json.loads((tmp_path / "plan.json").read_text())["adapters"]:  # adapted->old under the check's metric
+        tool = tool_means(out, f"adapted_{row['name']}_old", 10)
+        assert row["adapted_old"] == pytest.approx(tool[data["metric"]], abs=TOL), row["name"]
     for cell, name in (("old_old", "old/old"), ("new_old", "new/old"), ("new_new", "new/new")):
         printed, tool = data["means"][name], tool_means(out, cell, 10)
         if relevance == "labels":  # the hit rate: trec_eval's success_10, not its recall_10

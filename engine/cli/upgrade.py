@@ -134,9 +134,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the default) or trec_eval's order, by doc id descending (trec: the numbers of trec_eval on "
                         "the --export trec files); the ECC rule on a tie is --ties")
     p.add_argument("--export", nargs=2, metavar=("trec", "DIR"),
-                   help="with --old-gallery: write DIR/old_old.run, new_old.run, new_new.run (TREC run files, each "
-                        "cell's top-k lists) and DIR/qrels.txt (the judgements the check used), so trec_eval, "
-                        "pytrec_eval or ranx recompute every number printed")
+                   help="with --old-gallery: write DIR/old_old.run, new_old.run, new_new.run and, for each adapter of "
+                        "the plan, adapted_<name>_old.run (TREC run files, each cell's top-k lists) and DIR/qrels.txt "
+                        "(the judgements the check used), so trec_eval, pytrec_eval or ranx recompute every number "
+                        "printed")
     p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help=f"bootstrap resamples (default {DEFAULT_RESAMPLES})")
     p.add_argument("--level", type=float, default=DEFAULT_CONFIDENCE,
                    help=f"confidence level of the interval (default {DEFAULT_CONFIDENCE})")
@@ -622,14 +623,15 @@ def _export_target(args: argparse.Namespace) -> Path | None:
     return real
 
 
-def _export_trec(folder: Path, check) -> list[str]:
-    """Write the check's TREC files; the lines that say so (and how many lists hold tied scores)."""
-    from engine.results.trec import write_trec
+def _export_trec(folder: Path, check, adapted: dict) -> list[str]:
+    """Write the check's TREC files (with the plan's adapted->old lists); the lines that say so (and how many lists
+    hold tied scores)."""
+    from engine.results.trec import QRELS_NAME, write_files
     from engine.upgrade.from_sources import trec_texts
 
-    runs, qrels, tied = trec_texts(check)
+    runs, qrels, tied = trec_texts(check, adapted)
     try:
-        paths = write_trec(folder, runs, qrels)
+        paths = write_files(folder, {**runs, QRELS_NAME: qrels})
     except OSError as exc:
         raise ValueError(f"--export trec {folder}: cannot write ({exc.strerror or type(exc).__name__})") from None
     out = [f"  export: {', '.join(p.name for p in paths)} (TREC, written to {folder})"]
@@ -716,7 +718,7 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise ValueError(f"--json {args.json}: cannot write ({exc.strerror or type(exc).__name__})") from None
     if export is not None:
-        lines += _export_trec(export, features)
+        lines += _export_trec(export, features, plan.adapted_lists)
     if plan_files is not None:
         # OUT.md is the release report in Markdown: the decision first, the inputs, command line, version, date, costs
         write_plan(plan_files, plan_json, report_text(args, plan_files[1], plan_json, source))

@@ -32,7 +32,7 @@ rank merge and threshold (:mod:`engine.upgrade.source_remedies`), which read the
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -204,18 +204,25 @@ def parse_source_metric(metric: str, relevance: str, k: int | None = None) -> tu
     return parts[0], parts[1]
 
 
-def trec_texts(check: SourcesCheck) -> tuple[dict[str, str], str, int]:
-    """The check's TREC files as text (:mod:`engine.results.trec`): a run per cell (old->old, new->old, and new->new
-    when the new gallery was given), the qrels it judged with (labels: every gallery item of the query's label;
-    label-free: the new/new top-k, so neighbour recall@k is a tool's P@k), and how many lists hold tied scores."""
-    from engine.results.trec import qrels_text, run_text, tied_queries
+def trec_texts(check: SourcesCheck, adapted: Mapping[str, TopK] | None = None) -> tuple[dict[str, str], str, int]:
+    """The check's TREC files as text (:mod:`engine.results.trec`): a run per cell (old->old, new->old, new->new when
+    the new gallery was given, and adapted->old per ``adapted`` list: adapter name -> its adapted queries' lists on the
+    old gallery), keyed by file name; the qrels it judged with (labels: every gallery item of the query's label;
+    label-free: the new/new top-k, so neighbour recall@k is a tool's P@k); how many lists hold tied scores."""
+    import re
+
+    from engine.results.trec import CELL_FILES, RUN_SUFFIX, qrels_text, run_text, tied_queries
 
     lists = check.lists
     if lists is None:
         raise ValueError("this check kept no lists to write")
     qids, gids = lists.queries.ids, lists.gallery_ids
-    cells = {"old->old": lists.old_old, "new->old": lists.new_old, "new->new": lists.new_new}
-    runs = {cell: run_text(qids, gids[top.ids], top.scores, cell) for cell, top in cells.items() if top is not None}
+    cells = {f"{CELL_FILES[c]}{RUN_SUFFIX}": (c, top) for c, top in
+             (("old->old", lists.old_old), ("new->old", lists.new_old), ("new->new", lists.new_new)) if top is not None}
+    for name, top in (adapted or {}).items():
+        plain = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_.")
+        cells[f"adapted_{plain}_old{RUN_SUFFIX}"] = (f"adapted({plain})->old", top)
+    runs = {file: run_text(qids, gids[top.ids], top.scores, tag) for file, (tag, top) in cells.items()}
     judge, rows = lists.relevance, np.arange(len(qids))
     if judge.kind == "qrels":
         judged = {qids[q]: {gids[i]: g for i, g in items.items()} for q, items in judge.judged.items()}
@@ -227,7 +234,7 @@ def trec_texts(check: SourcesCheck) -> tuple[dict[str, str], str, int]:
                   for q, label in zip(rows.tolist(), judge.query_labels.tolist())}
     else:
         judged = {qids[q]: dict.fromkeys(gids[ids].tolist(), 1.0) for q, ids in zip(rows.tolist(), judge.reference.ids)}
-    tied = sum(tied_queries(top.scores) for top in cells.values() if top is not None)
+    tied = sum(tied_queries(top.scores) for _, top in cells.values())
     return runs, qrels_text(judged), tied
 
 

@@ -60,6 +60,8 @@ class PlanInputs:
     adapters: list[dict[str, Any]]
     rollouts: list[dict[str, Any]]
     rescoring: dict[str, Any] | None
+    adapted_lists: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)  # sources: adapter name -> the
+    # adapted queries' top-k lists on the old gallery (engine.metrics.topk.TopK), for --export trec; not in the JSON
 
     def to_json(self, report: dict[str, Any] | None = None) -> dict[str, Any]:
         """The plan's fields, then its inputs (the report too when given)."""

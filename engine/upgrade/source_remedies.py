@@ -41,7 +41,7 @@ from engine.adapters.posthoc import PosthocMap, fit_map
 from engine.metrics.cell_interval import cell_seed, paired_intervals
 from engine.metrics.list_merge import list_curves, rows_of
 from engine.metrics.relevance import neighbour_recall
-from engine.metrics.topk import stream_topk
+from engine.metrics.topk import TopK, stream_topk
 from engine.metrics.twoway import TopLists, ranked_lists
 from engine.upgrade.backfill_sources import curve_need, decided_note
 from engine.upgrade.from_sources import CheckLists, Opened, SourcesCheck, SourceSpecs, by_id, cut_lists, in_order
@@ -70,6 +70,7 @@ class Adapted:
     label_free: np.ndarray
     same_as_old: bool
     ranked: TopLists | None = None  # the check's interval is two-way: the adapted queries' top-D lists, re-ordered
+    top: TopK | None = None  # the adapted queries' top-k lists on the old gallery, as scored (for --export trec)
 
 
 def _gather(blocks: Blocks, rows: np.ndarray, what: str) -> np.ndarray:
@@ -119,7 +120,7 @@ def adapted_outcomes(lists: CheckLists, maps: Sequence[PosthocMap], old_blocks: 
         mine = cut_lists(deep, lists.old_old.k)
         values = rel.outcomes(mine, ks=(lists.at,)).values[lists.key]
         free = neighbour_recall(mine, lists.new_new, ks=(lists.new_new.k,)).values[f"neighbour_recall@{lists.new_new.k}"]
-        out.append(Adapted(values, free, bool(np.array_equal(a, q.old)), ranked))
+        out.append(Adapted(values, free, bool(np.array_equal(a, q.old)), ranked, mine))
     return out
 
 
@@ -271,7 +272,8 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
     plan = migration_plan(data, adapters=adapters, rollouts=rollouts, threshold=threshold,
                           forecast=forecast and forecast.to_json())
     say(1.0, "plan ready")
-    return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, *notes)), adapters, rollouts, rescoring)
+    return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, *notes)), adapters, rollouts, rescoring,
+                      {name: got.top for (name, _, _), got in zip(maps, judged)})
 
 
 __all__ = ["MAX_FIT_PAIRS", "NEEDS_NEW_GALLERY", "Adapted", "adapted_outcomes", "adapter_row", "judge_adapted",
