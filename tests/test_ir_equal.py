@@ -211,11 +211,12 @@ def test_rank_ties_trec_gives_trec_evals_numbers_on_tied_lists(tmp_path, capsys)
 
 
 def test_compare_checkpoints_exports_trec_files_that_recompute_every_matrix_cell(tmp_path):
-    """compare-checkpoints --export trec DIR: for every view and computed cell, pytrec_eval on the written full
-    ranking and label qrels gives the printed Recall@1 (trec_eval's success_1), mAP (map) and mAP@5 (map_cut_5)."""
+    """compare-checkpoints --export trec DIR: for every view and computed cell whose ranking holds no tied scores,
+    pytrec_eval on the written full ranking and label qrels gives the printed Recall@1 (trec_eval's success_1), mAP
+    (map) and mAP@5 (map_cut_5, over R = 7 relevant items, not min(R, 5))."""
     from support.checkpoints_factory import save_state_dict_pt, save_step_checkpoint, write_image_folder
 
-    images = write_image_folder(tmp_path / "imgs", classes=4, per_class=6)
+    images = write_image_folder(tmp_path / "imgs", classes=4, per_class=8)  # R = 7 > 5: mAP@5 over R, not min(R, 5)
     save_state_dict_pt(tmp_path / "old.pt", num_classes=4, width=16)
     save_step_checkpoint(tmp_path / "new.safetensors", num_classes=4, width=16, seed=1)
     out, js = tmp_path / "trec", tmp_path / "c.json"
@@ -224,7 +225,7 @@ def test_compare_checkpoints_exports_trec_files_that_recompute_every_matrix_cell
                  "--metric", "recall@1", "--metric", "map", "--metric", "map_cut_5", "--no-store", "--json", str(js),
                  "--export", "trec", str(out)]) == 0
     data = json.loads(js.read_text())
-    checked = 0
+    checked = tied = 0
     for view, got in data["views"].items():
         for t in range(2):
             for k in range(t + 1):
@@ -234,9 +235,12 @@ def test_compare_checkpoints_exports_trec_files_that_recompute_every_matrix_cell
                     qrels = pytrec_eval.parse_qrel(f)
                 with open(out / f"{view}_M{t + 1}_M{k + 1}.run") as f:
                     run = pytrec_eval.parse_run(f)
+                if any(len(set(r.values())) < len(r) for r in run.values()):
+                    tied += 1  # the full ranking's AP ranks tied items together (scikit-learn's), trec_eval by doc id
+                    continue
                 tool = pytrec_eval.RelevanceEvaluator(qrels, {"success.1", "map", "map_cut.5"}).evaluate(run)
                 for printed, measure in (("recall@1", "success_1"), ("map", "map"), ("map@5", "map_cut_5")):
                     want = float(np.mean([v[measure] for v in tool.values()]))
                     assert got["metrics"][printed]["matrix"][t][k] == pytest.approx(want, abs=TOL), (view, t, k, printed)
                     checked += 1
-    assert checked >= 9
+    assert checked >= 6 and tied <= 3, (checked, tied)

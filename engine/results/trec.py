@@ -4,7 +4,7 @@ ranx or ir-measures recompute every number the check printed (``--export trec DI
 A run line is ``query-id Q0 doc-id rank score tag`` (trec_eval's format): each query's top-k list as the check ranked
 it, the score the cosine similarity (the float32 value written in full, so it reads back exactly). trec_eval orders
 equal scores by doc id, descending, whatever the ranks say; the check's default rank-tie rule ranks a non-relevant
-item first instead, so on a list with tied scores the two agree only under ``--ties trec`` (:func:`tied_queries`
+item first instead, so on a list with tied scores the two agree only under ``--rank-ties trec`` (:func:`tied_queries`
 counts the lists a reader should know about). A qrels line is ``query-id 0 doc-id grade``: only the relevant
 judgements (grade > 0) of the queries that have one in the gallery, the queries the check averages over, so a tool's
 mean over the file's queries is the check's mean.
