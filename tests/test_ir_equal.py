@@ -127,6 +127,24 @@ def test_check_upgrade_exports_trec_files_that_recompute_every_printed_number(tm
         for measure, value in ranx_means.items():
             assert printed[measure] == pytest.approx(value, abs=TOL), (cell, measure)
     assert data["metric"] == ("ndcg@10" if relevance == "qrels" else "map@10")
+    assert ("nDCG@10 with linear gains" if relevance == "qrels" else "mAP@10 = AP over R") in data["convention"]
+    assert "rank ties: a non-relevant item first (the default; trec: by doc id, descending)" in data["convention"]
+
+
+def test_a_bad_export_is_one_line_and_exit_2(tmp_path, capsys):
+    e = embeddings()
+    specs = write_all("npz", tmp_path / "s", tables(e, text=True))
+    sources = ["--old-gallery", specs.old_gallery, "--old-queries", specs.old_queries, "--new-queries",
+               specs.new_queries, "--resamples", "20"]
+    (tmp_path / "file").write_text("")
+    for args, message in (([*sources, "--export", "csv", str(tmp_path / "x")], "check-upgrade writes trec"),
+                          (["--features", str(tmp_path), "--export", "trec", str(tmp_path / "x")], "goes with --old-gallery"),
+                          ([*sources, "--export", "trec", str(tmp_path / "file")], "not a folder"),
+                          (["--features", str(tmp_path), "--rank-ties", "trec"], "--rank-ties go(es) with --old-gallery")):
+        assert main(["check-upgrade", *args]) == 2, args
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err, (args, err)
+    assert not (tmp_path / "x").exists()
 
 
 def trec_success(folder, cell: str) -> float:
