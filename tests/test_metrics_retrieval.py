@@ -22,7 +22,7 @@ def test_hand_computed_ranking():
     m = retrieval_metrics(q, ql, g, gl, ks=(1, 2, 3), map_at=2)
     assert m["recall@1"] == 0.0 and m["recall@2"] == 1.0 and m["recall@3"] == 1.0
     assert m["map"] == pytest.approx((1 / 2 + 2 / 3) / 2)  # positives at ranks 2 and 3
-    assert m["map@2"] == pytest.approx((1 / 2) / 2)  # only the rank-2 positive is within k, / min(P, k)
+    assert m["map@2"] == pytest.approx((1 / 2) / 2)  # only the rank-2 positive is within k, / P (= 2 = min(P, k) here)
     assert (m["n_queries"], m["n_valid"], m["n_no_positive"]) == (1, 1, 0)
 
 

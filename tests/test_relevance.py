@@ -89,9 +89,13 @@ def test_qrels_recall_ap_on_a_hand_computed_case():
     out = qrels_outcomes(top, ["q"], qrels, gallery_ids=np.arange(100), ks=(1, 2, 5))
     assert out.values["recall@1"][0] == 0 and out.values["recall@2"][0] == pytest.approx(1 / 3)
     assert out.values["recall@5"][0] == pytest.approx(2 / 3)
-    # AP@5 = (1/2 + 2/5) / min(3, 5) = 0.3 ; AP@2 = (1/2) / 2
+    # AP@k over R = 3: AP@5 = (1/2 + 2/5) / 3 = 0.3, AP@2 = (1/2) / 3; capped over min(R, k): AP@2 = (1/2) / 2
     assert out.values["map@5"][0] == pytest.approx((1 / 2 + 2 / 5) / 3)
-    assert out.values["map@2"][0] == pytest.approx(0.25)
+    assert out.values["map@2"][0] == pytest.approx(1 / 6)
+    assert out.values["map_capped@2"][0] == pytest.approx(0.25) and out.values["map_capped@5"][0] == pytest.approx(0.3)
+    # P@k = hits / k, MRR@k = 1 / rank of the first relevant item (0 when none within k)
+    assert [out.values[f"precision@{k}"][0] for k in (1, 2, 5)] == pytest.approx([0, 1 / 2, 2 / 5])
+    assert [out.values[f"mrr@{k}"][0] for k in (1, 2, 5)] == pytest.approx([0, 1 / 2, 1 / 2])
     assert out.n_no_relevant == 0
 
 

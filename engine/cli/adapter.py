@@ -55,7 +55,7 @@ def _add_sources(p: argparse.ArgumentParser) -> None:
                    help="labels: Recall@k by shared label; qrels: nDCG@k under --qrels; none: neighbour recall@k against "
                         "the new model's own top-k (default: qrels with --qrels, else labels when both sources have labels)")
     p.add_argument("--qrels", metavar="SRC", help="with --query-old/--query-new: judgements query id -> item id -> grade "
-                   "(.tsv BEIR style, TREC .txt, or Parquet), the relevance check-upgrade --old-gallery --qrels judges with")
+                   "(TREC, BEIR .tsv or Parquet; or named trec:/beir:), the relevance check-upgrade --old-gallery --qrels judges with")
     p.add_argument("--k", type=int, help="the k of the metric (default 1 for labels, 10 for qrels and none)")
     p.add_argument("--normalise", choices=("l2", "none"), default="l2",
                    help="l2 (default): unit rows in and out (cosine retrieval); none: the raw vectors")

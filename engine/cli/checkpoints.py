@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from engine.checkpoints.presets import COMPARISON_PRESETS, comparison_preset
-from engine.core.kinds import COMPARED_VIEWS, STRICT, TIE_RULES, TIES_HELP
+from engine.core.kinds import COMPARED_VIEWS, STRICT, TIE_RULES, TIES_HELP, canonical_metric
 from engine.cli.options import add_db, add_model_arguments, models_spec_from_args
 from engine.results.json_file import write_json_atomic
 from engine.results.report import FORMATS
@@ -59,14 +59,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                             "--metric and --name replace its own)")
     p.add_argument("--view", action="append", dest="views", choices=COMPARED_VIEWS,
                    help="feature view (repeatable; default encoder, psp and lsp)")
-    p.add_argument("--metric", action="append", dest="metrics", metavar="NAME",
+    p.add_argument("--metric", action="append", dest="metrics", metavar="NAME", type=canonical_metric,
                    help="recall@K, map or map@K (repeatable; default recall@1 and map)")
     p.add_argument("--gallery-kind", "--protocol", dest="gallery_kind", choices=("instance", "template"), default="instance",
                    help="gallery items or class templates")
     p.add_argument("--ties", choices=TIE_RULES, default=STRICT, help=TIES_HELP)
     p.add_argument("--name", help="experiment name in the database (default: the model names)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the matrices, AC/AA/ACA and notes as JSON")
-    p.add_argument("--export", choices=FORMATS[1:], help="also print the matrices as CSV, Markdown or LaTeX")
+    p.add_argument("--export", nargs="+", metavar="FORMAT",
+                   help="also print the matrices as csv, markdown or latex; or trec DIR: write each view's and cell's "
+                        "full ranking as a TREC run file and its label qrels into DIR (<view>_M<t>_M<k>.run / .qrels), "
+                        "so trec_eval, pytrec_eval or ranx recompute the matrices")
     p.add_argument("--no-store", action="store_true", help="do not write to the database")
     p.add_argument("--no-cache", action="store_true",
                    help="text encoders: embed every text again and keep nothing (default: reuse and keep embeddings "
@@ -87,6 +90,24 @@ def spec_from_args(args: argparse.Namespace) -> dict:
             **({"text_cache": False} if args.no_cache else {})}
 
 
+def _export_choice(given: list[str] | None) -> tuple[str | None, Path | None]:
+    """``--export csv|markdown|latex`` (a printed format) or ``--export trec DIR`` (a folder in the data roots)."""
+    if not given:
+        return None, None
+    if given[0] == "trec":
+        if len(given) != 2:
+            raise ValueError("--export trec takes one folder: --export trec DIR")
+        from engine.data import roots
+
+        folder = roots.confine(given[1], what="--export trec")
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"--export trec {given[1]}: not a folder")
+        return None, folder
+    if len(given) != 1 or given[0] not in FORMATS[1:]:
+        raise ValueError(f"--export {' '.join(given)}: use one of {', '.join(FORMATS[1:])}, or trec DIR")
+    return given[0], None
+
+
 def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
     """Compare, print the matrices (stdout) and store. Progress goes to stderr as it happens (one flushed line per
     step when stderr is not a terminal) from the first embedding step on: the checks before it (the request, the
@@ -95,6 +116,7 @@ def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
     from engine.checkpoints.store import comparison_json, store_comparison
     from engine.core.progress import TerminalProgress
 
+    export, trec_dir = _export_choice(args.export)
     bar = TerminalProgress()
     try:
         cmp = compare_checkpoints(spec_from_args(args), progress=lambda f, message: bar(f, message) if f > 0 else None)
@@ -112,11 +134,17 @@ def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
             print()
             print(matrix_text(result, metric, title=f"{view} / {metric} ({title_protocol})", ties=cmp.spec.ties,
                               names=list(cmp.labels)), end="")
-            if args.export:
-                print(matrix_text(result, metric, fmt=args.export, title=f"{view} / {metric}", ties=cmp.spec.ties,
+            if export:
+                print(matrix_text(result, metric, fmt=export, title=f"{view} / {metric}", ties=cmp.spec.ties,
                                   names=list(cmp.labels), metric=metric, view=view, protocol=cmp.spec.gallery_kind))
     for note in cmp.notes:
         print(f"note: {note}")
+    if trec_dir is not None:
+        from engine.checkpoints.trec_export import comparison_trec_files
+        from engine.results.trec import write_files
+
+        paths = write_files(trec_dir, comparison_trec_files(cmp))
+        print(f"export: {len(paths)} TREC files (a run and its qrels per view and cell) written to {trec_dir}")
     experiment_id = None
     if not args.no_store:
         from storage import get_engine

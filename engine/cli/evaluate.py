@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from engine.core.kinds import STRICT, TIE_RULES, TIES_HELP
+from engine.core.kinds import STRICT, TIE_RULES, TIES_HELP, canonical_metric
 from engine.cli.options import add_db
 from engine.results.json_file import write_json_atomic
 from engine.results.report import FORMATS
@@ -14,7 +14,7 @@ from engine.results.report import FORMATS
 def add_arguments(ev: argparse.ArgumentParser) -> None:
     """The options of ``evaluate``."""
     ev.add_argument("--features", required=True, type=Path, metavar="DIR", help="folder with step_1.npz ... step_T.npz")
-    ev.add_argument("--metric", action="append", dest="metrics", metavar="NAME",
+    ev.add_argument("--metric", action="append", dest="metrics", metavar="NAME", type=canonical_metric,
                     help="recall@K, map or map@K (repeatable; default recall@1 and map)")
     ev.add_argument("--gallery-kind", "--protocol", dest="gallery_kind", choices=("instance", "template"), default="instance")
     ev.add_argument("--same-set", action="store_true", help="queries are the gallery images: exclude each query's own image")

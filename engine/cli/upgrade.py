@@ -30,7 +30,7 @@ from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT
 from engine.upgrade.plan import (DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, backfill_metric,
                                  recovery_line, forecast_line)
 from engine.metrics.decision import margin_to_decide
-from engine.core.kinds import SOURCES, STRICT, TIE_RULES
+from engine.core.kinds import SOURCES, STRICT, TIE_RULES, canonical_metric
 from engine.upgrade.rule import DEFAULT_INTERVAL, DEFAULT_POWER, INTERVALS
 from engine.upgrade.words import NOT_JUDGED, tie_line
 
@@ -100,8 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(new/new, and the reference of --relevance none)")
     p.add_argument("--old-queries", metavar="SRC", help="with --old-gallery: the queries embedded by the old model")
     p.add_argument("--new-queries", metavar="SRC", help="with --old-gallery: the same queries embedded by the new model")
-    p.add_argument("--qrels", metavar="SRC", help="with --old-gallery: judgements query id -> item id -> grade (.tsv BEIR "
-                   "style, TREC .txt, or Parquet); implies --relevance qrels")
+    p.add_argument("--qrels", metavar="SRC", help="with --old-gallery: judgements query id -> item id -> grade (TREC "
+                   "'qid 0 docid grade', BEIR .tsv with a header, or Parquet; told from the file or named trec:/beir:); "
+                   "implies --relevance qrels")
     p.add_argument("--relevance", choices=RELEVANCE, help="with --old-gallery: what is relevant: labels (same class "
                    "label; the default), qrels (--qrels) or none (label-free: the new model's top-k on --new-gallery)")
     p.add_argument("--k", type=int, default=DEFAULT_K, metavar="K",
@@ -121,10 +122,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                 "(nothing is stored without --db)")
     p.add_argument("--name", action="append", dest="names", metavar="NAME",
                    help="the models' names, old then new (give it twice; default: old, new, or the stored names)")
-    p.add_argument("--metric", help="the metric the verdict and the plan decide on: map, map@K or recall@K (default map: "
-                                    "Recall@K flatters backfilling); with --old-gallery recall@K, map@K, "
-                                    "ndcg@K or, label-free, neighbour_recall@K (defaults: map@K, ndcg@K, "
-                                    "neighbour_recall@K by --relevance)")
+    p.add_argument("--metric", type=canonical_metric,
+                   help="the metric the verdict and the plan decide on: map, map@K or recall@K (default map: "
+                        "Recall@K flatters backfilling); with --old-gallery recall@K, precision@K, map@K (AP over R, "
+                        "trec_eval's map_cut_K), map_capped@K (over min(R, K)), mrr@K, ndcg@K or, label-free, "
+                        "neighbour_recall@K (defaults: map@K, ndcg@K, neighbour_recall@K by --relevance); trec_eval, "
+                        "ranx and ir-measures spellings are read too (ndcg_cut_10, nDCG@10, P_10, recall_100, "
+                        "recip_rank)")
+    p.add_argument("--rank-ties", choices=("pessimistic", "trec"), default="pessimistic",
+                   help="with --old-gallery: how equal scores in a list rank: a non-relevant item first (pessimistic, "
+                        "the default) or trec_eval's order, by doc id descending (trec: the numbers of trec_eval on "
+                        "the --export trec files); the ECC rule on a tie is --ties")
+    p.add_argument("--export", nargs=2, metavar=("trec", "DIR"),
+                   help="with --old-gallery: write DIR/old_old.run, new_old.run, new_new.run and, for each adapter of "
+                        "the plan, adapted_<name>_old.run (TREC run files, each cell's top-k lists) and DIR/qrels.txt "
+                        "(the judgements the check used), so trec_eval, pytrec_eval or ranx recompute every number "
+                        "printed")
     p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help=f"bootstrap resamples (default {DEFAULT_RESAMPLES})")
     p.add_argument("--level", type=float, default=DEFAULT_CONFIDENCE,
                    help=f"confidence level of the interval (default {DEFAULT_CONFIDENCE})")
@@ -446,6 +459,8 @@ def _refuse_source_options(args: argparse.Namespace, form: str) -> None:
     given = [f"--{o.replace('_', '-')}" for o in SOURCE_OPTIONS if getattr(args, o) is not None]
     if args.k != DEFAULT_K:
         given.append("--k")
+    if args.rank_ties != "pessimistic":
+        given.append("--rank-ties")
     if given:
         raise ValueError(f"{', '.join(given)} go(es) with --old-gallery; {form} does not read sources")
 
@@ -473,11 +488,11 @@ def _check_sources(args: argparse.Namespace, settings: dict) -> tuple[UpgradeRep
                               names=args.names or ["old", "new"], resamples=args.resamples, level=args.level,
                               seed=args.seed, margin=args.margin, ties=args.ties, backfill_depth=args.backfill_depth,
                               rollout=args.rollout, interval=settings["interval"], query_groups=args.query_groups,
-                              cluster=requested_cluster(args.cluster))
+                              cluster=requested_cluster(args.cluster), rank_ties=args.rank_ties)
     except ValueError as exc:  # one line, credentials masked, whatever raised it
         raise ValueError(first_line(exc)) from None
     data = check.to_json()
-    return check.report, {key: data[key] for key in ("relevance", "k", "convention", "sources", "means",
+    return check.report, {key: data[key] for key in ("relevance", "k", "rank_ties", "convention", "sources", "means",
                                                       "backfill_depth", "backfill_decided")}, check
 
 
@@ -593,6 +608,39 @@ def _text_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_target(args: argparse.Namespace) -> Path | None:
+    """``--export trec DIR``: the folder (inside the data roots), refused before any work when it cannot be."""
+    if args.export is None:
+        return None
+    fmt, folder = args.export
+    if fmt != "trec":
+        raise ValueError(f"--export {fmt}: check-upgrade writes trec (run files and qrels), e.g. --export trec DIR")
+    if args.old_gallery is None:
+        raise ValueError("--export trec goes with --old-gallery (the top-k lists of the sources check)")
+    real = roots.confine(folder, what="--export trec")
+    if real.exists() and not real.is_dir():
+        raise ValueError(f"--export trec {folder}: not a folder")
+    return real
+
+
+def _export_trec(folder: Path, check, adapted: dict) -> list[str]:
+    """Write the check's TREC files (with the plan's adapted->old lists); the lines that say so (and how many lists
+    hold tied scores)."""
+    from engine.results.trec import QRELS_NAME, write_files
+    from engine.upgrade.from_sources import trec_texts
+
+    runs, qrels, tied = trec_texts(check, adapted)
+    try:
+        paths = write_files(folder, {**runs, QRELS_NAME: qrels})
+    except OSError as exc:
+        raise ValueError(f"--export trec {folder}: cannot write ({exc.strerror or type(exc).__name__})") from None
+    out = [f"  export: {', '.join(p.name for p in paths)} (TREC, written to {folder})"]
+    if tied and check.rank_ties != "trec":
+        out.append(f"  note: {tied:,} exported lists hold equal scores; TREC tools order those by doc id, descending, "
+                   "so their numbers equal these under --rank-ties trec")
+    return out
+
+
 def cmd_check_upgrade(args: argparse.Namespace) -> int:
     """Print the verdict sentence and the numbers; the exit code is the verdict's."""
     if args.text_summary:
@@ -616,6 +664,7 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
                 "seed": args.seed, "margin": args.margin, "ties": args.ties,
                 "interval": "sequential" if args.sequential else args.interval or DEFAULT_INTERVAL,
                 "orderings": tuple(args.orderings), "rollout": args.rollout}
+    export = _export_target(args)
     if args.old_gallery is None:
         _refuse_source_options(args, "--features, --experiment or --model")
     if args.old_gallery is not None:
@@ -668,6 +717,8 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
             write_json_atomic(args.json, {**source, **report.to_json()}, allow_nan=False)
         except OSError as exc:
             raise ValueError(f"--json {args.json}: cannot write ({exc.strerror or type(exc).__name__})") from None
+    if export is not None:
+        lines += _export_trec(export, features, plan.adapted_lists)
     if plan_files is not None:
         # OUT.md is the release report in Markdown: the decision first, the inputs, command line, version, date, costs
         write_plan(plan_files, plan_json, report_text(args, plan_files[1], plan_json, source))

@@ -162,14 +162,35 @@ RELEVANCE_PHRASES = {
 }
 
 
-def relevance_phrase(relevance: str, *, k: int | None = None, n_no_relevant: int = 0) -> str:
+# how a metric on top-k lists is defined where the IR tools differ (engine.metrics.relevance), by kind
+METRIC_DEFINITIONS = {
+    "map": "mAP@{k} = AP over R, every relevant item (trec_eval's map_cut_{k}, ranx, ir-measures)",
+    "map_capped": "capped mAP@{k} = AP over min(R, {k}), not trec_eval's map_cut_{k}",
+    "ndcg": "nDCG@{k} with linear gains (trec_eval's ndcg_cut_{k})",
+}
+RANK_TIE_PHRASES = {
+    "pessimistic": "rank ties: a non-relevant item first (the default; trec: by doc id, descending)",
+    "trec": "rank ties: trec_eval's order, by doc id descending (the default: a non-relevant item first)",
+}
+
+
+def relevance_phrase(relevance: str, *, k: int | None = None, n_no_relevant: int = 0, metric: str | None = None,
+                     rank_ties: str | None = None) -> str:
     """Which relevance a number used, e.g. 'label-free: relevant = the new model's top-10 on the new gallery
-    (neighbour recall)'; with the queries that had no relevant item in the gallery, counted."""
+    (neighbour recall)'; with the queries that had no relevant item in the gallery, counted, and, when given, how the
+    ``metric`` is defined where the IR tools differ (:data:`METRIC_DEFINITIONS`) and the ``rank_ties`` rule."""
     if relevance not in RELEVANCE_PHRASES:
         raise ValueError(f"unknown relevance {relevance!r}; use one of {', '.join(RELEVANCE_PHRASES)}")
     phrase = RELEVANCE_PHRASES[relevance].replace("{k}", str(k) if k else "k")
     if n_no_relevant:
         phrase += f" ({n_no_relevant} quer{'y' if n_no_relevant == 1 else 'ies'} without a relevant item, left out)"
+    kind, _, at = (metric or "").partition("@")
+    if kind in METRIC_DEFINITIONS and at:
+        phrase += SEPARATOR + METRIC_DEFINITIONS[kind].replace("{k}", at)
+    if rank_ties is not None:
+        if rank_ties not in RANK_TIE_PHRASES:
+            raise ValueError(f"unknown rank-tie rule {rank_ties!r}; use one of {', '.join(RANK_TIE_PHRASES)}")
+        phrase += SEPARATOR + RANK_TIE_PHRASES[rank_ties]
     return phrase
 
 

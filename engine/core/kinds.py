@@ -61,23 +61,49 @@ def beats(cross: Any, old: Any, ties: str = STRICT) -> Any:
 # ---------------------------------------------------------------------------------------------- metrics
 METRICS = _named(
     Kind("recall", "Recall", "share of queries with a relevant item in the top K (Recall@K)"),
-    Kind("map", "mAP", "mean average precision over the full ranking, or over the top K (mAP@K)"),
+    Kind("map", "mAP", "mean average precision over the full ranking, or over the top K (mAP@K: the precisions at "
+         "relevant ranks <= K over R, the query's relevant items, as trec_eval's map_cut_K)"),
+    Kind("map_capped", "capped mAP", "mAP@K over min(R, K) instead of R (reaches 1 when the top K is all relevant)"),
     Kind("ndcg", "nDCG", "discounted gain of the graded judgements by rank in the top K (BEIR's)"),
+    Kind("precision", "P", "share of the top K that is relevant (P@K, trec_eval's P_K)"),
+    Kind("mrr", "MRR", "reciprocal rank of the first relevant item in the top K (trec_eval's recip_rank on a run of "
+         "depth K)"),
     Kind("neighbour_recall", "neighbour recall", "label-free: the share of the new model's own top K a search returns"),
     Kind("supersense_recall", "supersense Recall", "the top K holds a definition of the sentence's supersense"),
 )
 MAX_K = 1_000_000  # the K of a metric (recall@K, map@K, ...): a bound keeps it a machine integer
 _METRIC = re.compile(r"^([a-z_]+?)(?:@(\d+))?$")
+# the IR toolchain's spellings (trec_eval / pytrec_eval ``ndcg_cut_10``, ``P_10``, ``recall_100``, ``map_cut_10``,
+# ``recip_rank``; ranx ``ndcg@10``, ``precision@10``, ``mrr@10``; ir-measures ``nDCG@10``, ``P@10``, ``R@100``,
+# ``AP@10``, ``RR@10``): a name before an optional ``_cut`` and a ``_K`` / ``.K`` suffix, read as ``kind@K``
+_TREC_CUT = re.compile(r"^([a-z_]+?)(?:_cut)?[_.](\d+)$")
+METRIC_ALIASES = {"p": "precision", "r": "recall", "ap": "map", "rr": "mrr", "recip_rank": "mrr"}
 
 
 def metric_parts(name: object) -> tuple[str, int | None] | None:
-    """``("recall", 10)`` of ``"recall@10"``, ``("map", None)`` of ``"map"`` (case and outer spaces ignored); None when
-    the name is not a kind of :data:`METRICS` with an optional K in ``1..MAX_K``."""
-    m = _METRIC.match(str(name).strip().lower())
-    if not m or m.group(1) not in METRICS:
+    """``("recall", 10)`` of ``"recall@10"``, ``("map", None)`` of ``"map"`` (case and outer spaces ignored), and of the
+    IR toolchain's spellings (:data:`METRIC_ALIASES`: ``ndcg_cut_10`` = ``nDCG@10`` = ``ndcg@10``, ``P_10``,
+    ``recall_100``, ``map_cut_10``, ``recip_rank``); None when the name is not a kind of :data:`METRICS` with an
+    optional K in ``1..MAX_K``."""
+    key = str(name).strip().lower()
+    cut = None if "@" in key else _TREC_CUT.match(key)
+    m = _METRIC.match(f"{cut.group(1)}@{cut.group(2)}" if cut else key)
+    if not m:
+        return None
+    kind = METRIC_ALIASES.get(m.group(1), m.group(1))
+    if kind not in METRICS:
         return None
     k = None if m.group(2) is None else int(m.group(2))
-    return None if k is not None and not 1 <= k <= MAX_K else (m.group(1), k)
+    return None if k is not None and not 1 <= k <= MAX_K else (kind, k)
+
+
+def canonical_metric(name: str) -> str:
+    """A metric name in the engine's one spelling (``"ndcg_cut_10"`` -> ``"ndcg@10"``, ``"recip_rank"`` -> ``"mrr"``);
+    a name :func:`metric_parts` does not read comes back stripped and lowered, for its reader to refuse."""
+    parts = metric_parts(name)
+    if parts is None:
+        return str(name).strip().lower()
+    return parts[0] if parts[1] is None else f"{parts[0]}@{parts[1]}"
 
 
 def metric_label(name: str) -> str:

@@ -94,7 +94,7 @@ def _store(state, p, map_k, i, r, n_pos, neg_ge, neg_gt, ap, ap_k):  # pragma: n
         neg_ge[i, r] = np.int64(state[4])
         ap[i, r] = state[5] / p
         if map_k > 0:
-            ap_k[i, r] = state[6] / min(p, map_k)
+            ap_k[i, r] = state[6] / p  # over every positive, as trec_eval's map_cut
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)

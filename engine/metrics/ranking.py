@@ -15,8 +15,8 @@ Conventions (documented once, used by every metric):
 * Near ties (:mod:`engine.metrics.ties`): the negatives above the best positive by more than ``tol``
   (``RANK_TIE_TOLERANCE``), the negatives within ``tol`` of it and the positives within ``tol`` below it, counted
   in the same pass, give every Recall@k cell its tie share and its three readings.
-* mAP@k (not used by the papers) is ``sum of precisions at positives ranked <= k / min(P, k)``,
-  where a positive's rank is ``#items >= s``.
+* mAP@k (not used by the papers) is ``sum of precisions at positives ranked <= k / P`` (over every positive, as
+  trec_eval's ``map_cut_k``, ranx and ir-measures), where a positive's rank is ``#items >= s``.
 
 Two implementations compute the same numbers: compiled CPU kernels (numba) and a torch version
 that runs on CUDA. On CPU, a request without AP takes the counting kernel (best positive, then two
@@ -275,7 +275,7 @@ def stats_torch(sims: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, *,
     ap = torch.where(has, precision.sum(1) / n_pos.clamp(min=1), torch.full((n,), float("nan"), dtype=torch.float64, device=dev))
     if map_k > 0:
         in_top = is_pos & (ge_all <= map_k)
-        ap_k_vals = torch.where(in_top, precision, torch.zeros_like(precision)).sum(1) / n_pos.clamp(min=1, max=map_k)
+        ap_k_vals = torch.where(in_top, precision, torch.zeros_like(precision)).sum(1) / n_pos.clamp(min=1)
         ap_k = torch.where(has, ap_k_vals, torch.full_like(ap_k_vals, float("nan")))
     else:
         ap_k = torch.full((n,), float("nan"), dtype=torch.float64, device=dev)
@@ -344,4 +344,4 @@ def _ap_from_counts(pos, cnt, map_k):  # pragma: no cover - compiled
         if map_k > 0 and pos_ge + suffix <= map_k:
             total_k += size * precision
         i = g0 - 1
-    return total / p, (total_k / min(p, map_k) if map_k > 0 else np.nan)
+    return total / p, (total_k / p if map_k > 0 else np.nan)

@@ -3,11 +3,15 @@
 ``relevance`` (``engine.core.vocab.RELEVANCE``):
 
 * ``labels``: an item is relevant when it shares the query's class label (the engine's convention so far);
-  Recall@k is the hit rate (a relevant item in the first k), AP@k and nDCG@k as for qrels with gain 1.
+  Recall@k is the hit rate (a relevant item in the first k; trec_eval's ``success_k``), the others as for qrels
+  with gain 1 (R: the class's items in the gallery).
 * ``qrels``: a mapping query id -> {item id: grade} (BEIR / MS MARCO judgements; grade > 0 is relevant, binary
-  judgements are grade 1). Per query: Recall@k = relevant items in the first k / relevant items in the gallery,
-  AP@k = sum of precision at each relevant rank <= k / min(R, k) (the engine's mAP@k), nDCG@k with linear gains
-  (DCG = sum grade_i / log2(i + 1), over the ideal DCG of the query's judged items in the gallery).
+  judgements are grade 1). Per query: Recall@k = relevant items in the first k / R, the relevant items in the
+  gallery; P@k = relevant items in the first k / k; AP@k = sum of precision at each relevant rank <= k / R (mAP@k,
+  trec_eval's ``map_cut_k``; ``map_capped@k`` divides by min(R, k) instead); MRR@k = 1 / the rank of the first
+  relevant item within k (0 when none is); nDCG@k with linear gains (DCG = sum grade_i / log2(i + 1), over the ideal
+  DCG of the query's judged items in the gallery). On the list as ranked, these equal pytrec_eval's and ranx's
+  (``tests/test_ir_equal.py``).
 * ``none`` (label-free): the reference of query ``i`` is its top-k under the new model on the new gallery; a cell's
   outcome is the neighbour recall |top-k of the cell & reference| / k, items matched by id (old and new galleries
   hold the same items, joined by id).
@@ -16,10 +20,13 @@ Every outcome is per query, NaN where undefined, so the paired intervals of :mod
 apply unchanged (over queries). A query with no relevant item in the gallery is undefined, counted and reported
 (:attr:`Outcomes.n_no_relevant`), never dropped silently.
 
-Ties follow the engine's pessimistic rule: inside the list, items with equal scores are ranked non-relevant first;
-at the cut, the ``tied_beyond`` items outside the list that equal its last score (:class:`engine.metrics.topk.TopK`)
-are counted as non-relevant and ranked before the relevant items of that score. The rule needs ``k`` at least the
-largest cut asked for; the list's depth bounds the metrics (Recall@k for k <= depth).
+Ties (``rank_ties``) follow the engine's pessimistic rule by default: inside the list, items with equal scores are
+ranked non-relevant first; at the cut, the ``tied_beyond`` items outside the list that equal its last score
+(:class:`engine.metrics.topk.TopK`) are counted as non-relevant and ranked before the relevant items of that score.
+The rule needs ``k`` at least the largest cut asked for; the list's depth bounds the metrics (Recall@k for k <= depth).
+``rank_ties="trec"`` is trec_eval's order instead: equal scores by item id descending (string compare; ``names``
+gives each listed item's id), the list as it is, so the numbers are trec_eval's on the written run file
+(:mod:`engine.results.trec`; the list itself was cut by gallery position among items tied at its last score).
 """
 from __future__ import annotations
 
@@ -49,11 +56,25 @@ class Outcomes:
         return {m: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan") for m, v in self.values.items()}
 
 
-def ranked_gains(top: TopK, gains: np.ndarray) -> np.ndarray:
-    """(n_q, k) gains in pessimistic rank order: equal scores non-relevant first, ``tied_beyond`` zero gains at the cut."""
+RANK_TIES = ("pessimistic", "trec")  # the rank-tie rules a top-k list's metrics take (engine.metrics.retrieval.RankTies)
+
+
+def ranked_gains(top: TopK, gains: np.ndarray, *, rank_ties: str = "pessimistic",
+                 names: np.ndarray | None = None) -> np.ndarray:
+    """(n_q, k) gains in rank order: pessimistic (equal scores non-relevant first, ``tied_beyond`` zero gains at the
+    cut) or trec (equal scores by ``names``, the listed items' ids, descending)."""
     gains = np.asarray(gains, np.float64)
     if gains.shape != top.ids.shape:
         raise ValueError(f"gains must have the top-k list's shape {top.ids.shape}, got {gains.shape}")
+    if rank_ties not in RANK_TIES:
+        raise ValueError(f"unknown rank-tie rule {rank_ties!r}; use one of {', '.join(RANK_TIES)}")
+    if rank_ties == "trec":
+        if names is None or np.shape(names) != top.ids.shape:
+            raise ValueError("the trec tie order needs each listed item's id (names, the list's shape)")
+        text = np.asarray(names).astype(str)
+        _, code = np.unique(text, return_inverse=True)  # code order = string order (code points, as strcmp on UTF-8)
+        order = np.lexsort((-code.reshape(text.shape), -top.scores), axis=1)
+        return np.take_along_axis(gains, order, 1)
     order = np.lexsort((gains, -top.scores), axis=1)  # stable: score desc, then smaller gain first
     out = np.take_along_axis(gains, order, 1)
     scores = np.take_along_axis(top.scores, order, 1)
@@ -70,13 +91,14 @@ def _dcg(gains: np.ndarray) -> np.ndarray:
 
 
 def graded_outcomes(top: TopK, gains: np.ndarray, n_relevant: np.ndarray, ideal: np.ndarray, *, ks: Sequence[int],
-                    relevance: str) -> Outcomes:
-    """Recall@k, AP@k and nDCG@k of each query from its list's ``gains`` (n_q, k), its relevant count and ideal gains.
+                    relevance: str, rank_ties: str = "pessimistic", names: np.ndarray | None = None) -> Outcomes:
+    """Recall@k, P@k, AP@k, MRR@k and nDCG@k of each query from its list's ``gains`` (n_q, k), its relevant count and
+    ideal gains, ranked under ``rank_ties`` (:func:`ranked_gains`).
 
     ``ideal`` (n_q, k): the query's largest gains in the gallery, descending, zero-padded (for the ideal DCG).
     """
     ks = _check_ks(ks, top.k)
-    ranked = ranked_gains(top, gains)
+    ranked = ranked_gains(top, gains, rank_ties=rank_ties, names=names)
     hit = ranked > 0
     n_relevant = np.asarray(n_relevant, np.int64)
     none = n_relevant == 0
@@ -88,14 +110,19 @@ def graded_outcomes(top: TopK, gains: np.ndarray, n_relevant: np.ndarray, ideal:
             if relevance == "labels":  # a class has many members: the hit rate is the engine's Recall@k
                 values[f"recall@{k}"] = np.where(none, np.nan, (found > 0).astype(np.float64))
             precision = np.cumsum(hit[:, :k], 1) / np.arange(1, k + 1)
-            values[f"map@{k}"] = np.where(none, np.nan, (precision * hit[:, :k]).sum(1) / np.minimum(np.maximum(n_relevant, 1), k))
+            summed = (precision * hit[:, :k]).sum(1)
+            values[f"map@{k}"] = np.where(none, np.nan, summed / np.maximum(n_relevant, 1))
+            values[f"map_capped@{k}"] = np.where(none, np.nan, summed / np.minimum(np.maximum(n_relevant, 1), k))
+            values[f"precision@{k}"] = np.where(none, np.nan, found / k)
+            first = np.where(hit[:, :k].any(1), hit[:, :k].argmax(1) + 1, 0)
+            values[f"mrr@{k}"] = np.where(none, np.nan, np.where(first > 0, 1.0 / np.maximum(first, 1), 0.0))
             ideal_dcg = _dcg(np.asarray(ideal, np.float64)[:, :k])
             values[f"ndcg@{k}"] = np.where(none | (ideal_dcg <= 0), np.nan, _dcg(ranked[:, :k]) / ideal_dcg)
     return Outcomes(values, len(ranked), int(none.sum()), relevance, none)
 
 
 def label_outcomes(top: TopK, query_labels: np.ndarray, gallery_ids: np.ndarray, gallery_labels: np.ndarray, *,
-                   ks: Sequence[int] = (1,)) -> Outcomes:
+                   ks: Sequence[int] = (1,), rank_ties: str = "pessimistic", names: np.ndarray | None = None) -> Outcomes:
     """``labels`` relevance: an item is relevant when its label is the query's (``gallery_ids`` -> ``gallery_labels``)."""
     query_labels = np.asarray(query_labels)
     if len(query_labels) != len(top.ids):
@@ -106,11 +133,11 @@ def label_outcomes(top: TopK, query_labels: np.ndarray, gallery_ids: np.ndarray,
     at = np.clip(np.searchsorted(classes, query_labels), 0, len(classes) - 1)
     n_rel = np.where(classes[at] == query_labels, counts[at], 0)
     ideal = (np.arange(top.k)[None, :] < n_rel[:, None]).astype(np.float64)
-    return graded_outcomes(top, gains, n_rel, ideal, ks=ks, relevance="labels")
+    return graded_outcomes(top, gains, n_rel, ideal, ks=ks, relevance="labels", rank_ties=rank_ties, names=names)
 
 
 def qrels_outcomes(top: TopK, query_ids: Sequence, qrels: Qrels, gallery_ids: np.ndarray, *,
-                   ks: Sequence[int] = (10,)) -> Outcomes:
+                   ks: Sequence[int] = (10,), rank_ties: str = "pessimistic", names: np.ndarray | None = None) -> Outcomes:
     """``qrels`` relevance: graded or binary judgements ``qrels[query id][item id] = grade`` (grade > 0 relevant).
 
     Only judged items present in the gallery count (a judgement on an item the gallery lacks cannot be retrieved).
@@ -130,7 +157,7 @@ def qrels_outcomes(top: TopK, query_ids: Sequence, qrels: Qrels, gallery_ids: np
         best = sorted(judged.values(), reverse=True)[: top.k]
         ideal[i, : len(best)] = best
         gains[i] = [judged.get(item, 0.0) for item in top.ids[i].tolist()]
-    return graded_outcomes(top, gains, n_rel, ideal, ks=ks, relevance="qrels")
+    return graded_outcomes(top, gains, n_rel, ideal, ks=ks, relevance="qrels", rank_ties=rank_ties, names=names)
 
 
 def neighbour_recall(top: TopK, reference: TopK, *, ks: Sequence[int] = (10,)) -> Outcomes:
@@ -181,5 +208,5 @@ def outcomes(kind: str, top: TopK, **inputs) -> Outcomes:
     return neighbour_recall(top, **inputs)
 
 
-__all__ = ["Outcomes", "Qrels", "graded_outcomes", "label_outcomes", "neighbour_recall", "outcomes", "qrels_outcomes",
+__all__ = ["RANK_TIES", "Outcomes", "Qrels", "graded_outcomes", "label_outcomes", "neighbour_recall", "outcomes", "qrels_outcomes",
            "ranked_gains"]

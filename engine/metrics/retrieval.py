@@ -34,8 +34,11 @@ if TYPE_CHECKING:
     import torch
 
 GalleryKind = Literal["instance", "template"]
-# how a negative that ties the best positive ranks (Recall@k); not the ECC tie rule (engine.core.kinds.TIES)
-RankTies = Literal["pessimistic", "optimistic"]
+# how a negative that ties the best positive ranks (Recall@k); not the ECC tie rule (engine.core.kinds.TIES). "trec":
+# trec_eval's order, equal scores by item id descending (string compare); it needs the ids, so it applies to top-k
+# lists (engine.metrics.relevance), not to the counts of a full ranking
+RankTies = Literal["pessimistic", "optimistic", "trec"]
+TREC_TIES = "trec"
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,9 @@ def per_query_from_stats(stats: QueryStats, *, ks: tuple[int, ...] = (1, 5), map
     caller's order (hits are False and APs NaN where not valid). Averaging them over ``valid`` gives
     :func:`metrics_from_stats`; a paired test compares two cells' vectors query by query.
     """
+    if ties == TREC_TIES:
+        raise ValueError("the trec tie order ranks equal scores by item id, which a full ranking's counts do not hold; "
+                         "it applies to top-k lists (check-upgrade --old-gallery ... --rank-ties trec)")
     if ties not in ("pessimistic", "optimistic"):
         raise ValueError(f"unknown tie rule {ties!r}; use 'pessimistic' or 'optimistic'")
     valid = stats.n_positives > 0

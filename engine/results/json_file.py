@@ -46,7 +46,11 @@ def write_json_atomic(path: Path, data: Any, *, allow_nan: bool = True) -> None:
     ``allow_nan=False`` refuses NaN/inf (strict JSON) instead of writing them as ``NaN``/``Infinity``. A path that
     is (or links to) anything but a regular file is refused with ``ValueError`` before anything is written.
     """
-    text = json.dumps(data, indent=2, allow_nan=allow_nan)
+    write_text_atomic(path, json.dumps(data, indent=2, allow_nan=allow_nan))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (its folder created) whole or not at all, under :func:`write_json_atomic`'s rules."""
     path = json_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -1,10 +1,13 @@
 """Relevance judgements (qrels: query id -> item id -> grade) read from a file, read-only, paths in the data roots.
 
-Formats, by suffix or a ``tsv:`` / ``parquet:`` prefix: a BEIR-style ``.tsv`` / ``.csv`` with a header
-(``query-id  corpus-id  score``), a TREC qrels file (``.txt`` / ``.qrels``, no header: ``qid 0 docid grade``), or a
-Parquet / Arrow table (local or an fsspec URL). Columns are found by their usual names (``query-id``, ``query_id``,
+Formats, named by a ``trec:`` / ``beir:`` / ``tsv:`` / ``parquet:`` prefix or told from the file: a TREC qrels file
+(``qid 0 docid grade``, whitespace-separated, no header; trec_eval's and pytrec_eval's), a BEIR-style delimited file
+with a header (``query-id  corpus-id  score``; ``.tsv`` tab, ``.csv`` comma), or a Parquet / Arrow table (local or an
+fsspec URL). A ``.tsv`` / ``.csv`` / ``.txt`` / ``.qrels`` file is TREC when its first line is four fields ending
+in a number, else delimited with a header. Columns are found by their usual names (``query-id``, ``query_id``,
 ``qid``; ``corpus-id``, ``item_id``, ``doc_id``, ``docid``, ``id``; ``score``, ``grade``, ``relevance``) or named
-with ``#query=COL&item=COL&grade=COL``; without a grade column every listed pair is relevant (grade 1).
+with ``#query=COL&item=COL&grade=COL``; without a grade column every listed pair is relevant (grade 1). Ids are kept
+as the text they are written as; a malformed row is one line naming ``FILE:LINE``.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ QUERY_NAMES = ("query-id", "query_id", "qid", "query")
 ITEM_NAMES = ("corpus-id", "corpus_id", "item-id", "item_id", "doc-id", "doc_id", "docid", "id", "item")
 GRADE_NAMES = ("score", "grade", "relevance", "rel", "label")
 TEXT_SUFFIXES = {".tsv": "\t", ".csv": ",", ".txt": None, ".qrels": None}
+TEXT_FORMATS = ("trec", "beir", "tsv")  # named text formats (tsv: delimited with a header, as beir)
+TREC_HEADER = ["query-id", "iteration", "corpus-id", "score"]
 
 
 @dataclass(frozen=True)
@@ -52,43 +57,84 @@ def _columns(names: list[str], options: dict[str, str], where: str) -> tuple[str
     return query, item, grade
 
 
-def _text_rows(path: Path, delimiter: str | None, where: str) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of a delimited file; a TREC file (no header, 4 columns) gets its standard names."""
-    with open(path, newline="", encoding="utf-8") as f:
-        if delimiter is None:
-            rows = [line.split() for line in f if line.strip()]
-        else:
-            rows = [r for r in csv.reader(f, delimiter=delimiter) if r]
-    if not rows:
-        raise SourceError(f"{where} is empty")
-    if delimiter is None and len(rows[0]) == 4 and not any(c.lower() in QUERY_NAMES for c in rows[0]):
-        header = ["query-id", "iteration", "corpus-id", "score"]
-    else:
-        header, rows = [c.strip() for c in rows[0]], rows[1:]
-    bad = next((i for i, r in enumerate(rows) if len(r) != len(header)), None)
-    if bad is not None:
-        raise SourceError(f"{where}: row {bad + 2} has {len(rows[bad])} fields, the header {len(header)}")
-    return header, rows
-
-
-def _grades(values: list, where: str) -> np.ndarray:
+def _looks_trec(fields: list[str]) -> bool:
+    """A first line of four fields ending in a number, and no header name: a TREC qrels row."""
+    if len(fields) != 4 or fields[0].lower() in QUERY_NAMES:
+        return False
     try:
-        grades = np.asarray([float(v) for v in values], np.float64)
-    except (TypeError, ValueError) as exc:
-        raise SourceError(f"{where}: a grade is not a number ({first_line(exc)})") from None
-    if not np.isfinite(grades).all():
-        raise SourceError(f"{where}: a grade is NaN or infinite")
-    return grades
+        float(fields[3])
+    except ValueError:
+        return False
+    return True
+
+
+def _text_rows(path: Path, delimiter: str | None, fmt: str, where: str) -> tuple[list[str], list[list[str]], list[int]]:
+    """Header, rows and each row's line number of a text qrels file: TREC (``fmt`` "trec", whitespace, the standard
+    names), delimited with a header ("beir"), or told from the first line (""); ``FILE:LINE`` for a malformed row."""
+    with open(path, newline="", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    first = next((line for line in lines if line.strip()), None)
+    if first is None:
+        raise SourceError(f"{where} is empty")
+    if not fmt:
+        fmt = "trec" if _looks_trec(first.split()) else "beir"
+    if fmt == "trec":
+        rows, numbers = [], []
+        for n, line in enumerate(lines, 1):
+            fields = line.split()
+            if not fields:
+                continue
+            if len(fields) != 4:
+                raise SourceError(f"{where}:{n}: a TREC qrels row is 'query-id 0 doc-id grade' (4 fields), this one "
+                                  f"has {len(fields)}")
+            rows.append(fields)
+            numbers.append(n)
+        return list(TREC_HEADER), rows, numbers
+    if delimiter is None:  # .txt / .qrels with a header: whitespace-separated
+        numbered = [(n, line.split()) for n, line in enumerate(lines, 1)]
+    else:
+        reader = csv.reader(lines, delimiter=delimiter)
+        numbered = [(reader.line_num, row) for row in reader]
+    header: list[str] | None = None
+    rows, numbers = [], []
+    for n, row in numbered:
+        if not any(c.strip() for c in row):
+            continue
+        if header is None:
+            header = [c.strip() for c in row]
+            continue
+        if len(row) != len(header):
+            raise SourceError(f"{where}:{n}: {len(row)} fields, the header {len(header)}")
+        rows.append(row)
+        numbers.append(n)
+    return header or [], rows, numbers
+
+
+def _grades(values: list, where: str, lines: list[int] | None = None) -> np.ndarray:
+    """The grades as float64; a bad one names its line (``FILE:LINE``) when ``lines`` are known."""
+    out = np.empty(len(values), np.float64)
+    for i, v in enumerate(values):
+        at = f"{where}:{lines[i]}" if lines else where
+        try:
+            out[i] = float(v)
+        except (TypeError, ValueError) as exc:
+            raise SourceError(f"{at}: a grade is not a number ({first_line(exc)})") from None
+        if not np.isfinite(out[i]):
+            raise SourceError(f"{at}: a grade is NaN or infinite")
+    return out
 
 
 def read_qrels(text: str) -> QrelsTable:
-    """The judgements a qrels text names (``[tsv:|parquet:]LOCATION[#query=&item=&grade=]``); one line when unreadable."""
+    """The judgements a qrels text names (``[trec:|beir:|tsv:|parquet:]LOCATION[#query=&item=&grade=]``); one line
+    when unreadable."""
     text = text.strip()
     kind, colon, rest = text.partition(":")
-    if colon and kind in ("tsv", "parquet"):
+    if colon and kind in (*TEXT_FORMATS, "parquet"):
         text = rest
     else:
         kind = ""
+    fmt = "" if kind in ("", "tsv") else kind  # the text format named, "" to tell it from the file
+    kind = "tsv" if kind in TEXT_FORMATS else kind
     location, options = split_options(text)
     where = f"qrels {mask_url(location)}"
     suffix = Path(location.rstrip("/")).suffix.lower()
@@ -96,7 +142,7 @@ def read_qrels(text: str) -> QrelsTable:
         kind = "tsv" if suffix in TEXT_SUFFIXES else "parquet" if suffix in ARROW_SUFFIXES else ""
     if not kind:
         raise SourceError(f"cannot tell the format of {where}; use a .tsv, .csv, .txt (TREC) or .parquet file, or "
-                          "prefix it with tsv: or parquet:")
+                          "prefix it with trec:, beir:, tsv: or parquet:")
     try:
         if kind == "tsv":
             if is_url(location):
@@ -104,11 +150,14 @@ def read_qrels(text: str) -> QrelsTable:
             path = local_path(location, what="qrels")
             if not path.is_file():
                 raise SourceError(f"{where} cannot be read: no such file")
-            header, rows = _text_rows(path, TEXT_SUFFIXES.get(suffix, "\t"), where)
+            header, rows, lines = _text_rows(path, TEXT_SUFFIXES.get(suffix, "\t"), fmt, f"{where}")
             q, i, g = _columns(header, options, where)
             cols = {name: [r[k].strip() for r in rows] for k, name in enumerate(header)}
             query, item = cols[q], cols[i]
-            grade = _grades(cols[g], where) if g else np.ones(len(rows))
+            grade = _grades(cols[g], where, lines) if g else np.ones(len(rows))
+            blank = next((n for n, a, b in zip(lines, query, item) if not a or not b), None)
+            if blank is not None:
+                raise SourceError(f"{where}:{blank}: a judgement without a query or item id")
         else:
             import pyarrow.dataset as ds
 

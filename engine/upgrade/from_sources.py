@@ -32,7 +32,7 @@ rank merge and threshold (:mod:`engine.upgrade.source_remedies`), which read the
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -47,7 +47,7 @@ from engine.evaluate.dask_search import dask_client, sharded_topk
 from engine.metrics.cell_interval import cell_seed, paired_intervals
 from engine.metrics.list_merge import rows_of
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
-from engine.metrics.relevance import Outcomes, label_outcomes, neighbour_recall, qrels_outcomes
+from engine.metrics.relevance import RANK_TIES, Outcomes, label_outcomes, neighbour_recall, qrels_outcomes
 from engine.metrics.ties import list_tie_outcomes, pair_ties
 from engine.metrics.topk import TopK, stream_topk
 from engine.metrics.twoway import TopLists, ranked_lists, two_way_depth
@@ -90,14 +90,17 @@ class SourceRelevance:
     judged: dict[int, dict[int, float]] = field(default_factory=dict)  # qrels: query row -> gallery row -> grade
     judged_rows: np.ndarray | None = None  # qrels: the gallery rows some query judges
     reference: TopK | None = None  # none: each query's new/new top-k
+    rank_ties: str = "pessimistic"  # equal scores in a list: non-relevant first, or trec_eval's order (item id desc.)
+    names: np.ndarray | None = None  # trec: each gallery row's id as text
 
     def outcomes(self, top: TopK, rows: np.ndarray | None = None, *, ks: Sequence[int]) -> Outcomes:
         """Outcomes of the lists ``top`` of the query rows ``rows`` (None: every query, in order)."""
         rows = np.arange(len(top.ids)) if rows is None else np.asarray(rows)
+        ties = {"rank_ties": self.rank_ties, "names": None if self.names is None else self.names[top.ids]}
         if self.kind == "labels":
-            return label_outcomes(top, self.query_labels[rows], self.gallery_rows, self.gallery_labels, ks=ks)
+            return label_outcomes(top, self.query_labels[rows], self.gallery_rows, self.gallery_labels, ks=ks, **ties)
         if self.kind == "qrels":
-            return qrels_outcomes(top, rows.tolist(), self.judged, self.judged_rows, ks=ks)
+            return qrels_outcomes(top, rows.tolist(), self.judged, self.judged_rows, ks=ks, **ties)
         return neighbour_recall(top, rows_of(self.reference, rows), ks=ks)
 
     def relevant(self, ids: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
@@ -133,6 +136,7 @@ class CheckLists:
     groups: np.ndarray | None = None  # each query's group index (None: queries on their own)
     ranked: TopLists | None = None  # two-way: old/old's pessimistically ordered top-D lists
     ranked_depth: int = 0  # two-way: D of the lists the gallery resample walks
+    new_old: TopK | None = None  # the cross-test's lists (new queries on the old gallery)
 
 
 @dataclass(frozen=True)
@@ -148,12 +152,14 @@ class SourcesCheck:
     backfill_depth: int | None = None  # D of the backfill's top-D lists (None: no backfill computed)
     backfill_decided: dict[str, list[float]] = field(default_factory=dict)  # ordering -> share of queries decided per point
     lists: CheckLists | None = field(default=None, repr=False, compare=False)  # for the remedies, not in the JSON
+    rank_ties: str = "pessimistic"  # how equal scores in a list ranked (engine.metrics.relevance.RANK_TIES)
 
     def to_json(self) -> dict:
         """The report's JSON with the relevance, the depth, the convention line, the sources and every cell's means."""
         from storage import json_ready
 
-        return {**self.report.to_json(), "relevance": self.relevance, "k": self.k, "convention": self.convention,
+        return {**self.report.to_json(), "relevance": self.relevance, "k": self.k, "rank_ties": self.rank_ties,
+                "convention": self.convention,
                 "sources": dict(self.sources), "means": json_ready(self.means), "backfill_depth": self.backfill_depth,
                 "backfill_decided": json_ready(self.backfill_decided)}
 
@@ -179,16 +185,57 @@ def default_metric(relevance: str, k: int) -> str:
     return decision_metric(relevance, k, streamed=True)
 
 
-def parse_source_metric(metric: str, relevance: str) -> tuple[str, int]:
-    """``(kind, K)`` of ``recall@K``, ``map@K``, ``ndcg@K`` (labels, qrels) or ``neighbour_recall@K`` (none)."""
+SOURCE_KINDS = ("recall", "precision", "map", "map_capped", "mrr", "ndcg")  # on top-k lists, labels or qrels
+
+
+def parse_source_metric(metric: str, relevance: str, k: int | None = None) -> tuple[str, int]:
+    """``(kind, K)`` of ``recall@K``, ``precision@K``, ``map@K``, ``map_capped@K``, ``mrr@K``, ``ndcg@K`` (labels,
+    qrels) or ``neighbour_recall@K`` (none), in any spelling :func:`engine.core.kinds.metric_parts` reads
+    (``ndcg_cut_10``, ``P_10``, ``recip_rank``: MRR over the lists' depth ``k``)."""
     parts = metric_parts(metric)
+    if parts is not None and parts == ("mrr", None) and k is not None:
+        parts = ("mrr", int(k))
     label_free = relevance == "none"
-    allowed = "neighbour_recall@K" if label_free else "recall@K, map@K or ndcg@K"
-    if (parts is None or parts[1] is None or parts[0] not in ("recall", "map", "ndcg", "neighbour_recall")
+    allowed = "neighbour_recall@K" if label_free else "recall@K, precision@K, map@K, map_capped@K, mrr@K or ndcg@K"
+    if (parts is None or parts[1] is None or parts[0] not in (*SOURCE_KINDS, "neighbour_recall")
             or (parts[0] == "neighbour_recall") != label_free):
         raise ValueError(f"metric {metric!r} does not go with relevance {relevance}; use {allowed} (1 <= K <= "
                          f"{MAX_K:,}; the lists are top-k, so a full-ranking mAP is not available)")
     return parts[0], parts[1]
+
+
+def trec_texts(check: SourcesCheck, adapted: Mapping[str, TopK] | None = None) -> tuple[dict[str, str], str, int]:
+    """The check's TREC files as text (:mod:`engine.results.trec`): a run per cell (old->old, new->old, new->new when
+    the new gallery was given, and adapted->old per ``adapted`` list: adapter name -> its adapted queries' lists on the
+    old gallery), keyed by file name; the qrels it judged with (labels: every gallery item of the query's label;
+    label-free: the new/new top-k, so neighbour recall@k is a tool's P@k); how many lists hold tied scores."""
+    import re
+
+    from engine.results.trec import CELL_FILES, RUN_SUFFIX, qrels_text, run_text, tied_queries
+
+    lists = check.lists
+    if lists is None:
+        raise ValueError("this check kept no lists to write")
+    qids, gids = lists.queries.ids, lists.gallery_ids
+    cells = {f"{CELL_FILES[c]}{RUN_SUFFIX}": (c, top) for c, top in
+             (("old->old", lists.old_old), ("new->old", lists.new_old), ("new->new", lists.new_new)) if top is not None}
+    for name, top in (adapted or {}).items():
+        plain = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_.")
+        cells[f"adapted_{plain}_old{RUN_SUFFIX}"] = (f"adapted({plain})->old", top)
+    runs = {file: run_text(qids, gids[top.ids], top.scores, tag) for file, (tag, top) in cells.items()}
+    judge, rows = lists.relevance, np.arange(len(qids))
+    if judge.kind == "qrels":
+        judged = {qids[q]: {gids[i]: g for i, g in items.items()} for q, items in judge.judged.items()}
+    elif judge.kind == "labels":
+        by_label: dict = {}
+        for row, label in enumerate(judge.gallery_labels.tolist()):
+            by_label.setdefault(label, []).append(gids[row])
+        judged = {qids[q]: dict.fromkeys(by_label.get(label, ()), 1.0)
+                  for q, label in zip(rows.tolist(), judge.query_labels.tolist())}
+    else:
+        judged = {qids[q]: dict.fromkeys(gids[ids].tolist(), 1.0) for q, ids in zip(rows.tolist(), judge.reference.ids)}
+    tied = sum(tied_queries(top.scores) for _, top in cells.values())
+    return runs, qrels_text(judged), tied
 
 
 def _fingerprints(vectors: np.ndarray, coeffs: np.ndarray) -> np.ndarray:
@@ -345,7 +392,7 @@ def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = 
                   progress: Progress | None = None, backfill_depth: int | None = None,
                   rollout: bool = False, interval: str = DEFAULT_INTERVAL,
                   query_groups: str | None = None, cluster: ClusterSpec | None = None,
-                  fan_out: FanOut | None = None) -> SourcesCheck:
+                  fan_out: FanOut | None = None, rank_ties: str = "pessimistic") -> SourcesCheck:
     """The upgrade verdict of the new model's queries on the old gallery, read from sources (module docstring).
 
     ``relevance`` defaults to ``qrels`` when ``specs.qrels`` is given, else ``labels``; ``k`` is the depth of the top-k
@@ -369,7 +416,7 @@ def check_sources(specs: SourceSpecs, *, relevance: str | None = None, k: int = 
             return _check(specs, opened, relevance=relevance, k=k, metric=metric, names=names, resamples=resamples,
                           level=level, seed=seed, margin=margin, ties=ties, block_rows=block_rows, backend=backend,
                           say=progress or (lambda f, m: None), backfill_depth=backfill_depth, rollout=rollout,
-                          interval=interval, query_groups=query_groups, search_old=search)
+                          interval=interval, query_groups=query_groups, search_old=search, rank_ties=rank_ties)
     finally:
         opened.close()
 
@@ -397,8 +444,10 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
            names: Sequence[str], resamples: int, level: float, seed: int, margin: float, ties: str, block_rows: int,
            backend: str, say: Progress, backfill_depth: int | None = None, rollout: bool = False,
            interval: str = DEFAULT_INTERVAL, query_groups: str | None = None,
-           search_old: Callable[..., TopK]) -> SourcesCheck:
+           search_old: Callable[..., TopK], rank_ties: str = "pessimistic") -> SourcesCheck:
     relevance = relevance or default_relevance(specs.qrels)
+    if rank_ties not in RANK_TIES:
+        raise ValueError(f"unknown rank-tie rule {rank_ties!r}; use one of {', '.join(RANK_TIES)}")
     if relevance not in RELEVANCE:
         raise ValueError(f"unknown relevance {relevance!r}; use one of {', '.join(RELEVANCE)}")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
@@ -407,7 +456,8 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
     if backfill_depth is not None and (isinstance(backfill_depth, bool) or not isinstance(backfill_depth, (int, np.integer))
                                        or backfill_depth < 1):
         raise ValueError(f"the backfill depth must be a positive integer, got {backfill_depth!r}")
-    kind, at = parse_source_metric(metric, relevance)
+    kind, at = parse_source_metric(metric, relevance, int(k))
+    metric = f"{kind}@{at}"  # one spelling in the report, whichever the caller used
     (old_name, new_name), _ = check_settings(names, metric="recall@1", resamples=resamples, level=level, margin=margin,
                                              ties=ties, interval=interval)
     if query_groups is not None and (not isinstance(query_groups, str) or not query_groups.strip()):
@@ -415,11 +465,11 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
     if query_groups is not None and interval == "sequential":
         raise ValueError("--sequential takes the queries one by one in their order; it does not go with query groups")
     notes: tuple[str, ...] = ()
-    two_way = interval == "two-way" and kind == "recall" and relevance == "labels"
+    two_way = interval == "two-way" and kind == "recall" and relevance == "labels" and rank_ties == "pessimistic"
     if interval == "two-way" and not two_way:
         interval = "queries"
-        notes += (f"the gallery resample covers recall@k with labels; this {metric} interval resamples "
-                  f"{'query groups' if query_groups else 'queries'} only",)
+        notes += (f"the gallery resample covers recall@k with labels (pessimistic ties); this {metric} interval "
+                  f"resamples {'query groups' if query_groups else 'queries'} only",)
     if interval == "sequential":
         notes += (SEQUENTIAL_NOTE,)
     rule = Rule(margin, ties)
@@ -504,7 +554,8 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
     ks = tuple(x for x in ks if x <= min(depth, n_g))
 
     say(0.9, "per-query outcomes and the paired interval")
-    judge = SourceRelevance(relevance, gallery_rows, q_labels, g_labels, judged, judged_rows, top_nn)
+    judge = SourceRelevance(relevance, gallery_rows, q_labels, g_labels, judged, judged_rows, top_nn, rank_ties,
+                            old_scan.ids.astype(str) if rank_ties == "trec" else None)
     cells = {f"{old_name}/{old_name}": judge.outcomes(top_oo, ks=ks), f"{new_name}/{old_name}": judge.outcomes(top_no, ks=ks)}
     if top_nn is not None and relevance != "none":
         cells[f"{new_name}/{new_name}"] = judge.outcomes(top_nn, ks=ks)
@@ -569,11 +620,12 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
         sources["qrels"] = qrels_table.description
     say(1.0, "done")
     lists = CheckLists(queries, old_scan.ids, slots, judge, key, at, top_oo, top_nn, oo, block_rows, backend, backfill,
-                       interval, groups, ranked.get("oo"), search if two_way else 0)
-    return SourcesCheck(report, relevance, depth, relevance_phrase(relevance, k=at, n_no_relevant=n_none), sources,
-                        {cell: o.means() for cell, o in cells.items()}, b_depth, decided, lists)
+                       interval, groups, ranked.get("oo"), search if two_way else 0, top_no)
+    return SourcesCheck(report, relevance, depth, relevance_phrase(relevance, k=at, n_no_relevant=n_none, metric=key,
+                                                                   rank_ties=rank_ties), sources,
+                        {cell: o.means() for cell, o in cells.items()}, b_depth, decided, lists, rank_ties)
 
 
 __all__ = ["DEFAULT_K", "CheckLists", "GalleryScan", "Opened", "SourceRelevance", "SourceSpecs", "SourcesCheck", "by_id",
-           "check_sources", "default_metric", "default_relevance", "in_order", "parse_source_metric", "qrels_rows",
+           "check_sources", "default_metric", "trec_texts", "default_relevance", "in_order", "parse_source_metric", "qrels_rows",
            "scan_gallery"]

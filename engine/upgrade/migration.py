@@ -66,6 +66,8 @@ class PlanInputs:
     rescoring: dict[str, Any] | None
     transforms: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # corpus transforms (remedies)
     cascade: dict[str, Any] | None = None  # the cascade's curve over N and its pick (remedies)
+    adapted_lists: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)  # sources: adapter name -> the
+    # adapted queries' top-k lists on the old gallery (engine.metrics.topk.TopK), for --export trec; not in the JSON
 
     def to_json(self, report: dict[str, Any] | None = None) -> dict[str, Any]:
         """The plan's fields, then its inputs (the report too when given)."""

@@ -75,6 +75,7 @@ class Adapted:
     label_free: np.ndarray
     same_as_old: bool
     ranked: TopLists | None = None  # the check's interval is two-way: the adapted queries' top-D lists, re-ordered
+    top: TopK | None = None  # the adapted queries' top-k lists on the old gallery, as scored (for --export trec)
 
 
 def _gather(blocks: Blocks, rows: np.ndarray, what: str) -> np.ndarray:
@@ -124,7 +125,7 @@ def adapted_outcomes(lists: CheckLists, maps: Sequence[PosthocMap], old_blocks: 
         mine = cut_lists(deep, lists.old_old.k)
         values = rel.outcomes(mine, ks=(lists.at,)).values[lists.key]
         free = neighbour_recall(mine, lists.new_new, ks=(lists.new_new.k,)).values[f"neighbour_recall@{lists.new_new.k}"]
-        out.append(Adapted(values, free, bool(np.array_equal(a, q.old)), ranked))
+        out.append(Adapted(values, free, bool(np.array_equal(a, q.old)), ranked, mine))
     return out
 
 
@@ -372,7 +373,7 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
                           forecast=forecast and forecast.to_json(), transforms=transforms, cascade=cascade)
     say(1.0, "plan ready")
     return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, *notes)), adapters, rollouts, rescoring, transforms,
-                      cascade)
+                      cascade, adapted_lists={name: got.top for (name, _, _), got in zip(maps, judged)})
 
 
 def source_transform_rows(lists: CheckLists, report: UpgradeReport, maps: Sequence[tuple[PosthocMap, float]],

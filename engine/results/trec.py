@@ -1,0 +1,91 @@
+"""TREC files of a check: one run file per matrix cell and the qrels it was judged with, so trec_eval, pytrec_eval,
+ranx or ir-measures recompute every number the check printed (``--export trec DIR``).
+
+A run line is ``query-id Q0 doc-id rank score tag`` (trec_eval's format): each query's top-k list as the check ranked
+it, the score the cosine similarity (the float32 value written in full, so it reads back exactly). trec_eval orders
+equal scores by doc id, descending, whatever the ranks say; the check's default rank-tie rule ranks a non-relevant
+item first instead, so on a list with tied scores the two agree only under ``--rank-ties trec`` (:func:`tied_queries`
+counts the lists a reader should know about). A qrels line is ``query-id 0 doc-id grade``: only the relevant
+judgements (grade > 0) of the queries that have one in the gallery, the queries the check averages over, so a tool's
+mean over the file's queries is the check's mean.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from engine.results.json_file import write_text_atomic
+
+RUN_SUFFIX = ".run"
+QRELS_NAME = "qrels.txt"
+# a cell's file name: the role of its query model -> gallery model (the check's names may be anything)
+CELL_FILES = {"old->old": "old_old", "new->old": "new_old", "new->new": "new_new", "adapted->old": "adapted_old"}
+
+
+def _trec_id(value: object, what: str) -> str:
+    text = str(value)
+    if not text or any(c.isspace() for c in text):
+        raise ValueError(f"{what} {text!r} is empty or holds whitespace; a TREC file cannot hold it")
+    return text
+
+
+def run_text(query_ids: Sequence, item_ids: np.ndarray, scores: np.ndarray, tag: str) -> str:
+    """The run lines of ranked lists: row ``i`` of ``item_ids`` / ``scores`` (n_q, k) is query ``query_ids[i]``'s list,
+    best first; ``tag`` names the run (no whitespace)."""
+    item_ids, scores = np.asarray(item_ids), np.asarray(scores)
+    if item_ids.shape != scores.shape or len(item_ids) != len(query_ids):
+        raise ValueError(f"{len(query_ids)} queries, ids {item_ids.shape} and scores {scores.shape} do not match")
+    tag = _trec_id(tag, "run tag")
+    lines = []
+    for qid, items, row in zip(query_ids, item_ids.tolist(), scores.tolist()):
+        q = _trec_id(qid, "query id")
+        lines += [f"{q} Q0 {_trec_id(d, 'item id')} {r} {s!r} {tag}" for r, (d, s) in enumerate(zip(items, row), 1)]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def qrels_text(judged: Mapping[object, Mapping[object, float]]) -> str:
+    """The qrels lines of ``judged[query id][item id] = grade``: relevant judgements only (grade > 0), an integral
+    grade written as an integer (trec_eval reads integers), queries without one left out."""
+    lines = []
+    for qid, items in judged.items():
+        for item, grade in items.items():
+            if grade > 0:
+                g = int(grade) if float(grade).is_integer() else grade
+                lines.append(f"{_trec_id(qid, 'query id')} 0 {_trec_id(item, 'item id')} {g}")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def tied_queries(scores: np.ndarray) -> int:
+    """How many lists hold two equal scores (their order in a TREC tool is by doc id, descending)."""
+    scores = np.asarray(scores)
+    return int((np.diff(scores, axis=1) == 0).any(1).sum()) if scores.shape[1] > 1 else 0
+
+
+def write_trec(folder: Path, runs: Mapping[str, str], qrels: str) -> list[Path]:
+    """``folder/<cell>.run`` for each cell of :data:`CELL_FILES` in ``runs`` (cell -> run text) and
+    ``folder/qrels.txt``, each written whole or not at all; the paths written."""
+    unknown = [c for c in runs if c not in CELL_FILES]
+    if unknown:
+        raise ValueError(f"unknown cell(s) {', '.join(unknown)}; a run file is one of {', '.join(CELL_FILES)}")
+    return write_files(folder, {**{f"{CELL_FILES[c]}{RUN_SUFFIX}": text for c, text in runs.items()},
+                                QRELS_NAME: qrels})
+
+
+def write_files(folder: Path, files: Mapping[str, str]) -> list[Path]:
+    """``folder/<name>`` for each ``name -> text`` of ``files`` (plain names), each written whole or not at all."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--export trec {folder}: not a folder")
+    bad = [n for n in files if Path(n).name != n or n.startswith(".")]
+    if bad:
+        raise ValueError(f"a TREC file name must be a plain name, got {bad[0]!r}")
+    paths = [folder / name for name in files]
+    for path, text in zip(paths, files.values()):
+        write_text_atomic(path, text)
+    return paths
+
+
+__all__ = ["CELL_FILES", "QRELS_NAME", "RUN_SUFFIX", "qrels_text", "run_text", "tied_queries", "write_files",
+           "write_trec"]
