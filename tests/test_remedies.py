@@ -11,7 +11,7 @@ from engine.adapters.artifact import load_adapter, save_adapter
 from engine.adapters.batch_apply import apply_to_file
 from engine.sources import open_source
 from engine.upgrade.migration import fit_rows, plan_inputs
-from engine.upgrade.plan import REMEDIES, REMEDY_DECISION, cheapest_passing, cost_key, migration_plan, remedy_options
+from engine.upgrade.plan import REMEDIES, REMEDY_DECISION, cheapest_passing, cost_key, horizon, migration_plan, remedy_options
 from engine.adapters.posthoc import OLD_TO_NEW, map_direction
 from engine.metrics.compatibility import CellFeatures
 from engine.upgrade.remedies import cascade_outcomes, cascade_row, fit_transform, transform_rows
@@ -159,26 +159,47 @@ CASCADE = {"name": "at N = 200", "n": 200, "first_stage": "new queries", "compat
 ROLLOUT = {"ordering": "random", "to_old_self": 0.3, "area": 0.6}
 
 
-@pytest.mark.parametrize("given,decision", [
-    ({"adapters": [ADAPTER], "transforms": [TRANSFORM], "cascade": CASCADE}, "ship with adapter"),
-    ({"transforms": [TRANSFORM], "cascade": CASCADE}, "transform the gallery"),
-    ({"cascade": CASCADE}, "serve a cascade"),
-    ({}, "backfill"),
+@pytest.mark.parametrize("given,queries,decision", [
+    ({"adapters": [ADAPTER], "transforms": [TRANSFORM], "cascade": CASCADE}, None, "ship with adapter"),
+    ({"transforms": [TRANSFORM], "cascade": CASCADE}, None, "transform the gallery"),
+    ({"cascade": CASCADE}, None, "backfill"),  # 200 re-scorings x 1,000 queries > 300 items embedded once
+    ({"cascade": CASCADE}, 1, "serve a cascade"),  # one query served: 200 < 300
+    ({}, None, "backfill"),
 ])
-def test_the_plan_recommends_the_cheapest_passing_remedy_and_lists_all_five(given, decision):
-    plan = migration_plan(_report(), rollouts=[ROLLOUT], **given)
+def test_the_plan_recommends_the_cheapest_passing_remedy_and_lists_all_five(given, queries, decision):
+    plan = migration_plan(_report(), rollouts=[ROLLOUT], queries=queries, **given)
     assert plan.decision == decision
+    assert plan.queries == (1000 if queries is None else queries)  # default horizon: the gallery's 1,000 items
     assert [o["remedy"] for o in plan.options][-1] == "full re-embedding"
-    picked = cheapest_passing(plan.options)
+    picked = cheapest_passing(plan.options, plan.queries)
     assert REMEDY_DECISION[picked["remedy"]] == plan.decision and picked["name"] == plan.remedy
     assert "<- recommended" in plan.to_markdown() and "## Remedies side by side" in plan.to_markdown()
+
+
+def test_a_cascade_plan_says_after_how_many_queries_the_backfill_is_cheaper():
+    plan = migration_plan(_report(), rollouts=[ROLLOUT], cascade=CASCADE, queries=1)
+    assert plan.decision == "serve a cascade"
+    # the backfill embeds ceil(0.3 x 1,000) = 300 items once; the cascade 200 per query: cheaper after 2 queries
+    assert "exceed the 300 of backfill" in plan.reason and "after 2 queries" in plan.reason
+
+
+def test_the_horizon_is_a_whole_number_of_queries():
+    assert horizon(None, 1234) == 1234 and horizon(7, 1234) == 7
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="whole number >= 1"):
+            horizon(bad, 10)
 
 
 def test_the_cost_rule_orders_the_five_remedies_as_documented():
     options = remedy_options(_report(), adapters=[ADAPTER], transforms=[TRANSFORM],
                              cascade={**CASCADE, "first_stage": "the procrustes adapter's queries"}, rollouts=[ROLLOUT])
-    assert sorted((o["remedy"] for o in options), key=lambda r: cost_key(next(o for o in options if o["remedy"] == r))) \
-        == list(REMEDIES)
+
+    def order(queries):
+        return [o["remedy"] for o in sorted(options, key=lambda o: cost_key(o, queries))]
+
+    assert order(1) == list(REMEDIES)  # one query: the cascade's 200 re-scorings beat 300 items embedded once
+    # the default horizon (as many queries as items): 200 x 1,000 re-scorings cost more than re-embedding 1,000 items
+    assert order(1000) == ["query-side adapter", "corpus transform", "backfill", "full re-embedding", "cascade"]
     backfill = next(o for o in options if o["remedy"] == "backfill")
     assert backfill["one_time"]["embeddings"] == 300 and backfill["lo"] is None
     full = options[-1]

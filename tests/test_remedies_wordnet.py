@@ -50,9 +50,16 @@ def test_the_wordnet_upgrade_plan_shows_the_five_remedies_with_intervals_and_cos
     assert next(o for o in options if o["remedy"] == "corpus transform")["one_time"]["vectors"] == 4000
     cascade = next(o for o in options if o["remedy"] == "cascade")
     assert cascade["per_query"]["embeddings"] == got.cascade["n"] and len(got.cascade["curve"]) == 7
-    picked = cheapest_passing(options)
+    picked = cheapest_passing(options, got.plan.queries)
     assert picked is not None and (got.plan.decision, got.plan.remedy) == (REMEDY_DECISION[picked["remedy"]],
                                                                           picked["name"])
+    # at the default horizon (4,000 queries) a cascade's re-scorings cost more than the full re-embedding, which passes
+    assert got.plan.queries == 4000 and picked["remedy"] != "cascade"
+    low = migration_plan(report.to_json(), adapters=got.adapters, rollouts=got.rollouts, transforms=got.transforms,
+                         cascade=got.cascade, queries=100)  # a low traffic: the horizon turns the order
+    want = cheapest_passing(options, 100)
+    assert (low.decision, low.remedy) == (REMEDY_DECISION[want["remedy"]], want["name"])
+    print(low.headline(), "|", low.reason)
     again = migration_plan(report.to_json(), adapters=got.adapters, rollouts=got.rollouts, transforms=got.transforms,
                            cascade=got.cascade)
     assert again.decision == got.plan.decision and again.options == got.plan.options

@@ -60,7 +60,7 @@ def test_the_plan_files_carry_migration_plans_decision_for_the_same_report(tmp_p
                          "fraction", "items_to_reembed", "numbers", "threshold", "notes", "headline", "markdown",
                          "rule", "success", "guardrail", "backfill_metric", "margin_to_decide", "recovery",
                          "forecast", "adapters", "rollouts", "rescoring", "report", "options", "remedy",
-                         "vectors_to_transform", "transforms", "cascade"}
+                         "vectors_to_transform", "queries", "transforms", "cascade"}
     assert f"  plan: {again.headline()} (written to plan.json and plan.md)" in capsys.readouterr().out.splitlines()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "plan.json", "plan.md", "report.json"]
 
@@ -133,13 +133,13 @@ def test_backfill_plans_cost_their_items_and_rank_merge_is_read_above_the_old_se
         assert r["to_old_self"] == (above[0] if above else None)
     assert all(not r["ordering"] == "rescoring" for r in plan["rollouts"]) and plan["rescoring"]["ordering"] == "rescoring"
     # the roll-outs alone decide a backfill costing its items; with the remedies side by side the plan takes the
-    # cheapest passing one (a backfill's once-embedded items cost more than a cascade's per-query re-scorings)
+    # cheapest passing one over its horizon (by default as many queries as gallery items)
     alone = migration_plan(report, adapters=plan["adapters"], rollouts=plan["rollouts"])
     assert alone.decision == "backfill"
     assert alone.items_to_reembed == math.ceil(alone.fraction * report["n_gallery"] - 1e-9) > 0
     (backfill,) = [o for o in plan["options"] if o["remedy"] == "backfill"]
     assert backfill["one_time"]["embeddings"] == alone.items_to_reembed and backfill["passes"]
-    picked = cheapest_passing(plan["options"])
+    picked = cheapest_passing(plan["options"], plan["queries"])
     assert (plan["decision"], plan["remedy"]) == (REMEDY_DECISION[picked["remedy"]], picked["name"])
 
 

@@ -189,6 +189,9 @@ def plan_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --plan: also judge an exported adapter folder ('adapter fit --out DIR'; repeatable)")
     p.add_argument("--fit-share", type=float, default=DEFAULT_FIT_SHARE, metavar="F",
                    help=f"with --plan: share of the gallery the adapters are fitted on (default {DEFAULT_FIT_SHARE:g})")
+    p.add_argument("--expected-queries", type=int, metavar="Q", help="the queries the new model will serve before the "
+                   "next upgrade: the plan weighs per-query costs (a cascade's re-scorings, an adapter's maps) over "
+                   "them against one-time ones (default: as many as the gallery holds items)")
     p.add_argument("--threshold", type=float, metavar="T", help="with --plan: the old model's similarity threshold to "
                    f"re-map (default: the old score at which precision is {DEFAULT_PRECISION:g} on the top-"
                    f"{THRESHOLD_K} candidates)")
@@ -309,6 +312,10 @@ def _plan_options(args: argparse.Namespace) -> None:
     from engine.upgrade.migration import check_plan_options
 
     check_plan_options(DEFAULT_ADAPTERS if args.adapters is None else args.adapters, args.fit_share)
+    if args.expected_queries is not None:
+        from engine.upgrade.plan import horizon
+
+        horizon(args.expected_queries, 1)
     if args.threshold is not None and not math.isfinite(args.threshold):
         raise ValueError(f"--threshold must be a finite score, got {args.threshold!r}")
     from engine.adapters.artifact import load_adapter
@@ -514,13 +521,12 @@ def _plan(args: argparse.Namespace, report: UpgradeReport, features: Features) -
         try:  # one line, credentials masked
             return or_verdicts(lambda: plan_from_sources(
                 features, specs, kinds=DEFAULT_ADAPTERS if args.adapters is None else args.adapters, files=files,
-                share=args.fit_share, t_old=args.threshold), report,
+                share=args.fit_share, t_old=args.threshold, queries=args.expected_queries), report,
                 asked=args.adapters is not None or bool(files) or args.threshold is not None)
         except ValueError as exc:
             raise ValueError(first_line(exc)) from None
     return decide_in_memory(features[0], features[1], report, groups=features[2], kinds=args.adapters, files=files,
-                            share=args.fit_share,
-                            t_old=args.threshold)
+                            share=args.fit_share, t_old=args.threshold, queries=args.expected_queries)
 
 
 def plan_lines(plan: Plan) -> list[str]:

@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from engine.upgrade.plan import REMEDIES, REMEDY_DECISION
+from engine.upgrade.plan import REMEDY_DECISION
 
 # the decisions that serve the new model now, without a model re-embedding the gallery (issue 42 adds a corpus
 # transform and a cascade to the adapter)
@@ -37,8 +37,10 @@ CURVE_BINS = (-math.inf, -5.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 5.0, math.i
 VERDICTS = {"guardrail": ("compatible", "not compatible", "too close to call"),
             "success": ("better", "not better", "too close to call")}
 OUTCOMES = ("agree", "false ship", "false block", "too close", "costlier", "other")
-# the remedies a sample may overpay for, in the plan's cost order (engine.upgrade.plan.cost_key)
-REMEDY_COST = {"ship as is": 0, **{REMEDY_DECISION[r]: i + 1 for i, r in enumerate(REMEDIES)}}
+# the remedies a sample may overpay for, in the plan's cost order at its default horizon (engine.upgrade.plan.cost_key
+# over as many queries as the gallery holds items: a cascade's N re-scorings per query then cost more than a re-embedding)
+REMEDY_COST = {"ship as is": 0, **{REMEDY_DECISION[r]: i + 1 for i, r in enumerate(
+    ("query-side adapter", "corpus transform", "backfill", "full re-embedding", "cascade"))}}
 
 
 def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:

@@ -340,9 +340,10 @@ def remapped_threshold(so: np.ndarray, ro: np.ndarray, sn: np.ndarray, rn: np.nd
 
 def plan_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, kinds: Sequence[str] = DEFAULT_ADAPTERS,
                 files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE, t_old: float | None = None,
-                precision: float = DEFAULT_PRECISION, groups: np.ndarray | None = None) -> PlanInputs:
+                precision: float = DEFAULT_PRECISION, groups: np.ndarray | None = None,
+                queries: int | None = None) -> PlanInputs:
     """The migration plan of ``report`` (computed on ``old`` and ``new``, with the query ``groups`` when it had them)
-    with its adapters, roll-outs and threshold."""
+    with its adapters, roll-outs and threshold; ``queries``: the plan's horizon (:func:`engine.upgrade.plan.horizon`)."""
     data = report.to_json()
     forecast, no_forecast = forecast_of(old, new, report) if kinds else (None, None)  # before any adapter is fitted
     adapters = adapter_rows(old, new, report, kinds=kinds, files=files, share=share, groups=groups)
@@ -350,7 +351,8 @@ def plan_inputs(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *, 
     threshold, how = threshold_row(old, new, same_set=report.same_set, t_old=t_old, precision=precision)
     transforms, cascade, remedy_notes = remedy_inputs(old, new, report, kinds=kinds, share=share, groups=groups)
     plan = migration_plan(data, adapters=adapters, rollouts=rollouts, threshold=threshold,
-                          forecast=forecast and forecast.to_json(), transforms=transforms, cascade=cascade)
+                          forecast=forecast and forecast.to_json(), transforms=transforms, cascade=cascade,
+                          queries=queries)
     notes = list(plan.notes) + ([no_forecast] if no_forecast else []) + remedy_notes
     if kinds:
         scored = ("the other items (the fitted ones left out of queries and gallery)" if report.same_set
@@ -430,10 +432,11 @@ def or_verdicts(build: Callable[[], PlanInputs], report: UpgradeReport, *, asked
 def decide_in_memory(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *,
                      kinds: Sequence[str] | None = None, files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE,
                      t_old: float | None = None, precision: float = DEFAULT_PRECISION,
-                     groups: np.ndarray | None = None) -> PlanInputs:
+                     groups: np.ndarray | None = None, queries: int | None = None) -> PlanInputs:
     """The plan of a check whose features are in memory (``--features``, ``--experiment``, ``--model``, the stored
     ``upgrade`` analysis): :func:`plan_inputs`, or the verdicts alone (:func:`or_verdicts`) when the default adapters
     cannot be fitted and nothing was asked for by name (``kinds`` None, no ``files``, no ``t_old``)."""
     return or_verdicts(lambda: plan_inputs(old, new, report, kinds=DEFAULT_ADAPTERS if kinds is None else kinds,
-                                           files=files, share=share, t_old=t_old, precision=precision, groups=groups),
+                                           files=files, share=share, t_old=t_old, precision=precision, groups=groups,
+                                           queries=queries),
                        report, asked=kinds is not None or bool(files) or t_old is not None)

@@ -36,11 +36,12 @@ its verdict under the rule is ``compatible`` (a backfill when its curve reaches 
 when v2 is better alone and its queries are not compatible with v1's gallery: a guardrail too close to call leaves
 step 7's "do not ship yet", since more queries may show that shipping as is, free, passes; both only when v2's own
 gain is judged). The plan recommends **the cheapest passing remedy**
-(:func:`cheapest_passing`, :func:`cost_key`): model inference first, then vector arithmetic, each one-time before
-per-query: (gallery items embedded by a model once, items embedded per query, stored vectors rewritten once, vector
-maps per query), then the higher lower interval end. So: adapter (one map per query) < corpus transform (one pass over
-the stored vectors) < cascade at N (N candidates re-scored per query) < backfill p % < full re-embedding. With no
-remedy passing, step 7; a full re-embedding passes whenever v2 is better alone, so it is the last resort of step 6.
+(:func:`cheapest_passing`, :func:`cost_key`) over a horizon of Q queries served (:func:`horizon`: ``--expected-queries``,
+by default as many as the gallery holds items): model inference first (items a model embeds once + Q x items it embeds
+per query), then stored vectors rewritten once (the index rebuilt), then Q x vector maps per query, then the higher
+lower interval end. So an adapter comes before a corpus transform, and both before any model inference. A cascade's per-query inference grows with traffic, so at the default horizon it costs more than a
+re-embedding (N x n > n) and wins only for a declared low traffic; the plan says after how many queries it stops being
+the cheaper (:func:`break_even`). With no remedy passing, step 7.
 
 Recovery is read against its ceiling: a query-side adapter teaches v2's queries to imitate v1 on v1's gallery, so its
 share of a full re-embedding is capped near old/old / new/new (:func:`recovery_rows`).
@@ -186,7 +187,8 @@ def remedy_options(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
         out.append(_option("backfill", name, f"reaches the old self-test at {100 * p:.0f} %", judged, None, None,
                            _cost(once=items_for(p, n), per_query=int(merge), per_query_vectors=int(bool(roll.get("adapter")))),
                            f"{items_for(p, n):,} gallery items embedded by the new model once"
-                           + ("; both models embed each query until it is done (rank merge)" if merge else "")))
+                           + ("; both models embed each query until it is done (rank merge)" if merge else ""),
+                           transitional=True))
     elif rollouts:
         out.append(_option("backfill", "no measured order", "never reaches the old self-test", False, None, None,
                            _cost(once=n), "every item re-embedded before it reaches the old self-test"))
@@ -199,16 +201,46 @@ def remedy_options(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
     return out
 
 
-def cost_key(option: Mapping[str, Any]) -> tuple[float, ...]:
-    """The cost rule, stated once: gallery items a model embeds once, items a model embeds per query, stored vectors
-    rewritten once, vector maps per query; then the higher lower interval end (a backfill's counts as 0)."""
+def horizon(queries: int | None, n_gallery: int) -> int:
+    """The queries a plan weighs per-query costs over: ``queries`` when given (a whole number >= 1), else as many as
+    the gallery holds items (a documented default: a service that answers about one query per stored item before the
+    next upgrade; ``check-upgrade --expected-queries`` sets it)."""
+    if queries is None:
+        return int(n_gallery)
+    if isinstance(queries, bool) or int(queries) != queries or queries < 1:
+        raise ValueError(f"the expected queries must be a whole number >= 1, got {queries!r}")
+    return int(queries)
+
+
+def cost_key(option: Mapping[str, Any], queries: int) -> tuple[float, ...]:
+    """The cost rule, stated once, over a horizon of ``queries`` served: model inference first (items a model embeds
+    once, plus items it embeds per query times ``queries``), then stored vectors rewritten once (the index rebuilt),
+    then vector maps per query times ``queries``; then the higher lower interval end (a backfill's counts as 0). A
+    backfill's per-query work (both models embed each query while a rank merge serves) lasts only until it is done, so
+    it is not weighed over the horizon."""
     once, per = option["one_time"], option["per_query"]
-    return (once["embeddings"], per["embeddings"], once["vectors"], per["vectors"], -(option.get("lo") or 0.0))
+    q = 0 if option.get("transitional") else queries  # a backfill's per-query work (a rank merge) ends with it
+    return (once["embeddings"] + q * per["embeddings"], once["vectors"], q * per["vectors"], -(option.get("lo") or 0.0))
 
 
-def cheapest_passing(options: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The option a plan recommends: the passing one of least :func:`cost_key` (the first listed among equals)."""
-    return min((o for o in options if o["passes"]), key=cost_key, default=None)
+def cheapest_passing(options: Sequence[Mapping[str, Any]], queries: int) -> Mapping[str, Any] | None:
+    """The option a plan recommends: the passing one of least :func:`cost_key` over ``queries`` (the first listed
+    among equals)."""
+    return min((o for o in options if o["passes"]), key=lambda o: cost_key(o, queries), default=None)
+
+
+def break_even(pick: Mapping[str, Any], options: Sequence[Mapping[str, Any]]) -> str:
+    """For a remedy that embeds per query (a cascade): after how many queries its model inference exceeds the cheapest
+    passing remedy that embeds once (a backfill, a re-embedding), so a team can read the cost rule against its traffic;
+    empty when there is no such remedy."""
+    per = pick["per_query"]["embeddings"]
+    once = [o for o in options if o["passes"] and o["one_time"]["embeddings"] and not o["per_query"]["embeddings"]]
+    if not per or not once:
+        return ""
+    o = min(once, key=lambda x: x["one_time"]["embeddings"])
+    q = math.ceil(o["one_time"]["embeddings"] / per)
+    return (f" Its {per:,} embeddings per query exceed the {o['one_time']['embeddings']:,} of {o['remedy']} "
+            f"{o['name']} (embedded once) after {q:,} queries: past that traffic, {o['remedy']} is cheaper.")
 
 
 def option_line(o: Mapping[str, Any], *, picked: bool) -> str:
@@ -248,6 +280,7 @@ class Plan:
     options: tuple[dict[str, Any], ...] = ()  # the remedies side by side (remedy_options)
     remedy: str | None = None  # the option the decision took (its name), when it took one
     vectors_to_transform: int = 0  # a corpus transform: the stored vectors mapped once
+    queries: int = 0  # the queries served the per-query costs are weighed over (horizon)
 
     def to_json(self) -> dict[str, Any]:
         """The fields, each option marked ``recommended`` when it is the one the decision took."""
@@ -322,12 +355,14 @@ def _passes(c: Mapping[str, Any], margin: float) -> str:
 def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str, Any]] = (),
                    rollouts: Sequence[Mapping[str, Any]] | None = None,
                    threshold: Mapping[str, Any] | None = None, forecast: Mapping[str, Any] | None = None,
-                   transforms: Sequence[Mapping[str, Any]] = (), cascade: Mapping[str, Any] | None = None) -> Plan:
+                   transforms: Sequence[Mapping[str, Any]] = (), cascade: Mapping[str, Any] | None = None,
+                   queries: int | None = None) -> Plan:
     """The decision for ``report`` (an ``UpgradeReport.to_json()``), given the adapters' rows (``name``,
     ``compatibility`` = a paired verdict of adapted->old vs old/old under the report's rule, optional ``adapted_old``,
     ``label_free``) and the roll-out rows (``ordering``, optional ``adapter``, ``metric``, ``to_old_self``,
     ``to_new_self``, ``area``; default the report's own backfill curves), the corpus transforms' rows and the cascade's
-    (:mod:`engine.upgrade.remedies`). See the module docstring for the rule."""
+    (:mod:`engine.upgrade.remedies`), and the horizon of ``queries`` the per-query costs are weighed over (default:
+    as many as the gallery holds items, :func:`horizon`). See the module docstring for the rule."""
     old, new, level, margin = report["old_name"], report["new_name"], report["level"], _m(report)
     c, b, n = report["compatibility"], report["better"], int(report["n_gallery"])
     success = success_verdict(report)
@@ -340,6 +375,7 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
                 recovery=tuple(recovery_rows(report, adapters)))
     options = remedy_options(report, adapters=adapters, transforms=transforms, cascade=cascade, rollouts=rollouts)
     base["options"] = tuple(options)
+    base["queries"] = horizon(queries, n)
     alone = (f"{pct(report['new_new'])} vs {pct(report['old_old'])} ({interval(b, level)}: {success})"
              if b["verdict"] != NOT_JUDGED
              else "not judged (no new gallery, or label-free: the new model's own top-k is the reference)")
@@ -392,9 +428,10 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
         return Plan("ship as is", f"{new} queries on the {old} gallery {_passes(c, margin)} {old} alone "
                     f"({interval(c, level)}); re-embed the gallery later, at leisure, for the rest of {new}'s gain.",
                     notes=unjudged, **base)
-    pick = cheapest_passing(options)
+    pick = cheapest_passing(options, base["queries"])
     kind = pick["remedy"] if pick is not None else None
-    why = "" if pick is None else f" It is the cheapest remedy that passes ({pick['cost']})."
+    why = "" if pick is None else (f" It is the cheapest remedy that passes over {base['queries']:,} queries served "
+                                   f"({pick['cost']}).")
     if kind == "query-side adapter":
         best = next(a for a in adapters if str(a["name"]) == pick["name"])
         return Plan("ship with adapter", f"Adapter {best['name']} maps {new}'s queries onto the {old} gallery, where they "
@@ -411,7 +448,7 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
         return Plan("serve a cascade", f"{new}'s queries ({cascade['first_stage']}) fetch the {old} index's top "
                     f"{int(cascade['n']):,}, which {new} re-scores; they {_passes(cascade['compatibility'], margin)} "
                     f"{old} alone ({interval(cascade['compatibility'], cascade.get('level', level))}), the smallest N of the curve that "
-                    "passes." + why, remedy=pick["name"], notes=unjudged, **base)
+                    "passes." + why + break_even(pick, options), remedy=pick["name"], notes=unjudged, **base)
     if kind == "full re-embedding":
         return Plan("re-embed the gallery", f"{new} is better than {old} on its own ({interval(b, level)}) but no "
                     f"cheaper remedy passes: re-embed all {n:,} gallery items with {new}, then serve it." + why,

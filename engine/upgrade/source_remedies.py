@@ -269,7 +269,7 @@ def source_forecast(lists: CheckLists, m: PosthocMap, got: Adapted) -> tuple[fc.
 def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequence[str] = DEFAULT_ADAPTERS,
                       files: Sequence[str | Path] = (), share: float = DEFAULT_FIT_SHARE, t_old: float | None = None,
                       precision: float = DEFAULT_PRECISION, max_pairs: int = MAX_FIT_PAIRS,
-                      progress: Progress | None = None) -> PlanInputs:
+                      progress: Progress | None = None, queries: int | None = None) -> PlanInputs:
     """The migration plan of a check from sources (``specs`` are the check's own; the galleries are read again) with
     its adapters, rank-merge roll-outs and threshold (see the module docstring); ``ValueError`` in one line when the
     check had no new gallery or an option is bad."""
@@ -370,7 +370,8 @@ def plan_from_sources(check: SourcesCheck, specs: SourceSpecs, *, kinds: Sequenc
     threshold, how = source_threshold(lists, t_old=t_old, precision=precision)
     notes.append(f"similarity threshold: {how}")
     plan = migration_plan(data, adapters=adapters, rollouts=rollouts, threshold=threshold,
-                          forecast=forecast and forecast.to_json(), transforms=transforms, cascade=cascade)
+                          forecast=forecast and forecast.to_json(), transforms=transforms, cascade=cascade,
+                          queries=queries)
     say(1.0, "plan ready")
     return PlanInputs(dataclasses.replace(plan, notes=(*plan.notes, *notes)), adapters, rollouts, rescoring, transforms,
                       cascade, adapted_lists={name: got.top for (name, _, _), got in zip(maps, judged)})
