@@ -54,6 +54,7 @@ from storage.models import (
     EXPERIMENT_STATUSES,
     JOB_STATUSES,
     LEGACY_TASK_JOB_KIND,
+    TASK_JOB_KINDS,
     GALLERY_KINDS,
     SPLITS,
     Analysis,
@@ -65,7 +66,6 @@ from storage.models import (
     ModelVersion,
     SourceCheck,
     Study,
-    Task,
 )
 from storage.queue_eta import lane_starts_s, queue_start_estimates
 from storage.repo import (
@@ -91,13 +91,13 @@ from storage.repo import (
     set_experiment_study,
 )
 from storage.source_checks import load_source_check, save_source_check
-from storage.tasks import TaskBoard, task_board, task_kinds_of_jobs
 from storage.types import NpyArray, UTCDateTime
 
 __all__ = [
     "EXPERIMENT_STATUSES",
     "JOB_STATUSES",
     "LEGACY_TASK_JOB_KIND",
+    "TASK_JOB_KINDS",
     "GALLERY_KINDS",
     "SPLITS",
     "Analysis",
@@ -107,10 +107,6 @@ __all__ = [
     "FeatureSet",
     "Job",
     "SourceCheck",
-    "Task",
-    "TaskBoard",
-    "task_board",
-    "task_kinds_of_jobs",
     "load_source_check",
     "save_source_check",
     "LeaseLost",

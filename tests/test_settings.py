@@ -51,7 +51,7 @@ def test_values_are_parsed():
 
 @pytest.mark.parametrize(("setting", "raw"), [
     (settings.THREADS, "0"), (settings.THREADS, "1.5"), (settings.HEARTBEAT_S, "-1"), (settings.STALE_AFTER_S, "inf"),
-    (settings.OWNER_LEASE_S, "soon"), (settings.MAX_ARRAY_BYTES, "4GB"), (settings.MAX_CHECKPOINT_BYTES, "big"),
+    (settings.HEARTBEAT_S, "soon"), (settings.MAX_ARRAY_BYTES, "4GB"), (settings.MAX_CHECKPOINT_BYTES, "big"),
     (settings.ALLOW_TORCHSCRIPT, "maybe"), (settings.FEATURE_DTYPE, "int8")])
 def test_a_bad_value_is_one_line_naming_the_variable(setting, raw):
     with pytest.raises(SettingError) as exc:
