@@ -9,7 +9,6 @@ from app.widgets import launch as launch_job, plain
 from engine.core.config import config_from_dict, dump_toml
 from engine.core.contract import run_payload
 from engine.core.cluster import requested_cluster
-from engine.core.fan_out import check_fan_out_gallery
 from engine.core.presets import absent_methods_note, preset_deviations
 from engine.core.vocab import BACKBONE_NAMES, METHOD_NAMES
 from engine.read.requests import config_files_problem
@@ -149,9 +148,7 @@ if check or launch:
     else:
         result = {"toml": dump_toml(cfg), "name": cfg.name}
         try:
-            if not requested_cluster(None).in_process:
-                check_fan_out_gallery(cfg.eval.gallery)
-            payload = run_payload(cfg.to_dict())
+            payload = run_payload(cfg.to_dict(), cluster=requested_cluster(None))
         except ValueError as exc:
             payload, result = None, {"problems": [str(exc)]}
         if launch and payload and (job_id := launch_job(url, "run", payload)) is not None:

@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.core.kinds import STRICT
-from engine.core.fan_out import FanOut
+from engine.core.cluster import ClusterSpec
+from engine.core.fan_out import FanOut, check_fan_out_gallery
 from engine.core.presets import RUN_PRESETS
 from engine.core.kinds import ANALYSES, DERIVED_VIEWS, JOBS, MAX_K, PAPER_ADAPTERS, RAW_VIEWS  # noqa: F401 (RAW_VIEWS: the border's name)
 from engine.core.vocab import RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, Rule, check_resamples, parse_metric
@@ -259,9 +260,13 @@ def adapter_key(old_version_id: int, new_version_id: int, kind: str, view: str) 
     return f"{old_version_id}->{new_version_id}:{kind}:{view}"
 
 
-def run_payload(config: dict[str, Any], fan_out: FanOut | None = None) -> dict[str, Any]:
+def run_payload(config: dict[str, Any], fan_out: FanOut | None = None, *,
+                cluster: ClusterSpec | None = None) -> dict[str, Any]:
     """A ``run`` job: one RunConfig dict (``RunConfig.to_dict()``); ``fan_out``: how its matrices are cut when the
-    worker evaluates them on a Dask cluster (its ``$COMPATLAB_DASK_SCHEDULER``; ``engine.evaluate.matrix``)."""
+    worker evaluates them on a Dask cluster (its ``$COMPATLAB_DASK_SCHEDULER``; ``engine.evaluate.matrix``);
+    ``cluster``: where the workers evaluate, so what a cluster does not compute is refused here."""
+    if cluster is not None and not cluster.in_process:
+        check_fan_out_gallery(config["eval"]["gallery"])
     if fan_out is None:
         return {"config": config}
     return {"config": config, "fan_out": dataclasses.asdict(fan_out)}
