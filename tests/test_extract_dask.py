@@ -2,6 +2,8 @@
 on an in-process Dask client, on a LocalCluster of 2 worker processes) equals the single-process extraction (uneven
 parts), labels and image ids included; a failed or cancelled run leaves no part file and no row; bad inputs are
 one-line errors before anything is written; the ``extract`` command."""
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -159,3 +161,30 @@ def test_the_extract_command_commits_the_sets_and_refuses_in_one_line(engine, db
     assert main([a if a != images else "nosuch:x" for a in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: unknown dataset") and err.count("\n") == 1
+
+
+def test_a_worker_killed_mid_extraction_is_recomputed_and_leaves_no_stray_part(engine, store, inputs):
+    # the first part done, one of 2 worker processes gets SIGKILL (its nanny restarts it): Dask embeds its parts
+    # again, the commit takes one part per range and sweeps any other (a half-written .tmp one, a lost result's)
+    model, images = inputs
+    mv = _model_version(engine)
+    killed = []
+    with dask_client(ClusterSpec(LOCAL, workers=2)) as client:
+        def kill_one(done, total):
+            if not killed:
+                pid = next(iter(client.run(os.getpid).values()))
+                os.kill(pid, signal.SIGKILL)
+                killed.append((done, total))
+
+        extract_on_dask(engine, client, model_version_id=mv, model=model, images=images, split="gallery",
+                        rows_per_part=3, batch_size=3, progress=kill_one)
+    assert killed and killed[0][0] < killed[0][1]
+    with session_scope(engine) as s:
+        shards = s.scalar(select(FeatureSet.store_layout).where(FeatureSet.view == "encoder"))["shards"]
+    assert [p["rows"] for p in shards] == [3] * 10  # 30 images in parts of 3
+    assert len([p for p in _files(store) if p.suffix == ".npy"]) == 10 * 3 and not any(
+        p.name.startswith(".tmp") for p in store.rglob("*"))
+    with session_scope(engine) as s:
+        features, labels, _ = load_feature_set(s, mv, "gallery", "encoder")
+    cmp = compare_checkpoints({"models": [model], "dataset": images, "views": ["encoder"]})
+    np.testing.assert_allclose(features, cmp.outputs[0]["gallery"]["encoder"], rtol=1e-5, atol=1e-6)

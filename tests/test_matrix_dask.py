@@ -2,6 +2,8 @@
 sets, two counting passes, an exact merge) equals the plain in-process computation, on an in-process Dask client and on
 a LocalCluster of 2 worker processes; the run pipeline stores the in-process matrices (``run --cluster``,
 ``RunContext.client``); a cancel ends it with its futures cancelled and no rows; what it cannot compute is refused."""
+import os
+import signal
 import subprocess
 import sys
 
@@ -166,3 +168,28 @@ def test_what_dask_cannot_compute_is_refused_before_any_row(tmp_path, inproc):
                          capture_output=True, text=True, timeout=300)
     assert cli.returncode == 2 and cli.stderr.strip().splitlines()[-1].endswith("must be >= 1, got 10000 and 0")
     assert len(cli.stderr.strip().splitlines()) == 1
+
+
+def test_a_worker_killed_mid_matrix_is_recomputed_by_dask(engine):
+    # a LocalCluster of its own (its nanny restarts the killed process); the first tasks done, one worker gets SIGKILL:
+    # Dask recomputes what it held or ran, and the matrix equals numpy's single-shot one
+    q, ql, g, gl = _cell(seed=8, n=150, nq=60)
+    ids = _models(engine, [(g, gl)])
+    with session_scope(engine) as s:
+        query = save_feature_set(s, 1, "train", "encoder", q, ql)
+    metrics = ("recall@1", "recall@5", "map")
+    killed = []
+
+    with dask_client(ClusterSpec(LOCAL, workers=2)) as client:
+        def kill_one(done, total, link):
+            if not killed:
+                pid = next(iter(client.run(os.getpid).values()))
+                os.kill(pid, signal.SIGKILL)
+                killed.append((pid, done, total))
+
+        got = matrix_on_dask(engine, client, lambda t, k: CellSpec(query, ids[0]["gallery"]), 1, metrics=metrics,
+                             fan_out=FanOut(block_rows=7, shard_rows=11), progress=kill_one)
+    want = compatibility_matrices([CellFeatures(q, ql, g, gl)], metrics=metrics)
+    assert killed and killed[0][1] < killed[0][2]  # killed while tasks were left
+    for metric in metrics:
+        assert got.values[metric][0, 0] == pytest.approx(want.values[metric][0, 0], abs=TOL)
