@@ -4,6 +4,7 @@ parts), labels and image ids included; a failed or cancelled run leaves no part 
 one-line errors before anything is written; the ``extract`` command."""
 import os
 import signal
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -114,14 +115,37 @@ def test_a_failed_run_leaves_no_part_file_and_no_row(engine, store, inputs, monk
     assert _files(store) == [] and _feature_count(engine) == 0
 
 
-def test_a_cancelled_run_leaves_no_part_file_and_no_row(engine, store, inputs, inproc):
+_RELEASE = threading.Event()  # module-level: a task of the in-process client is pickled by reference to it
+_REAL_PART = extract_dask.extract_part
+
+
+def _held_part(url, spec, lo, hi):
+    """``extract_part``, the parts after the first held until the cancel is decided (or a minute)."""
+    if lo:
+        _RELEASE.wait(60)
+    return _REAL_PART(url, spec, lo, hi)
+
+
+def test_a_cancelled_run_leaves_no_part_file_and_no_row(engine, store, inputs, inproc, monkeypatch):
+    # the parts after the first wait until the cancel is decided, then write theirs while the run is cancelling: the
+    # run waits for them and deletes every part
     model, images = inputs
     seen = []
-    with pytest.raises(Cancelled, match="cancelled during the extraction"):
-        extract_on_dask(engine, inproc, model_version_id=_model_version(engine), model=model, images=images,
-                        split="gallery", rows_per_part=7, progress=lambda d, t: seen.append(d),
-                        should_stop=lambda: bool(seen))  # cancelled once a part is written
-    assert seen and _files(store) == [] and _feature_count(engine) == 0 and not inproc.futures
+    _RELEASE.clear()
+
+    def stop() -> bool:
+        if seen:
+            _RELEASE.set()
+        return bool(seen)
+
+    monkeypatch.setattr(extract_dask, "extract_part", _held_part)
+    try:
+        with pytest.raises(Cancelled, match="cancelled during the extraction"):
+            extract_on_dask(engine, inproc, model_version_id=_model_version(engine), model=model, images=images,
+                            split="gallery", rows_per_part=7, progress=lambda d, t: seen.append(d), should_stop=stop)
+    finally:
+        _RELEASE.set()
+    assert seen == [1] and _files(store) == [] and _feature_count(engine) == 0 and not inproc.futures
 
 
 @pytest.mark.parametrize("change, message", [

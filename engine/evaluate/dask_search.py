@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -116,15 +117,18 @@ def partition_topk(text: str, what: str, lo: int, hi: int, digest: str, queries:
 def wait_for(futures: list[Any], *, what: str, progress: Callable[[int, int], None] | None = None,
              should_stop: Callable[[], bool] | None = None) -> None:
     """Wait until every future is finished, raising the first task error as it was raised there; ``progress(done,
-    total)`` as they finish. A cancelled job (:func:`engine.core.signals.cancel_requested`, or ``should_stop``) raises
-    :class:`~engine.core.signals.Cancelled` naming ``what`` within :data:`CANCEL_POLL_S`; the caller cancels the
-    futures on the cluster."""
+    total)`` as they finish (at most once per :data:`CANCEL_POLL_S`, and at the end). A cancelled job
+    (:func:`engine.core.signals.cancel_requested`, or ``should_stop``, asked at most once per poll: it may query the
+    database) raises :class:`~engine.core.signals.Cancelled` naming ``what`` within :data:`CANCEL_POLL_S`; the caller
+    cancels the futures on the cluster."""
     from distributed import wait
 
-    pending, done = set(futures), 0
+    pending, done, told, asked = set(futures), 0, 0, -CANCEL_POLL_S
     while pending:
-        if cancel_requested() or (should_stop is not None and should_stop()):
+        now = time.monotonic()
+        if cancel_requested() or (should_stop is not None and now - asked >= CANCEL_POLL_S and should_stop()):
             raise Cancelled(f"cancelled during {what} ({done} of {len(futures)} tasks done)")
+        asked = now if now - asked >= CANCEL_POLL_S else asked
         try:
             finished, pending = wait(pending, timeout=CANCEL_POLL_S, return_when="FIRST_COMPLETED")
         except TimeoutError:  # none finished within the poll: look at the cancel event again
@@ -132,8 +136,9 @@ def wait_for(futures: list[Any], *, what: str, progress: Callable[[int, int], No
         for future in finished:
             future.result()  # a task's error, raised here as it was raised there
         done += len(finished)
-        if progress is not None and finished:
+        if progress is not None and finished and (not pending or time.monotonic() - told >= CANCEL_POLL_S):
             progress(done, len(futures))
+            told = time.monotonic()
 
 
 def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np.ndarray, *, k: int,
