@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 from engine.core.contract import JOB_LANES, JOB_PRIORITY, analysis_key, available_views, job_label, main_view
 from storage import (
     QueuePlace,
-    TaskBoard,
+    TASK_JOB_KINDS,
     cancel_experiment as cancel_experiment_row,
     default_db_url,
     enqueue_job,
@@ -41,8 +41,6 @@ from storage import (
     retry_job,
     session_scope,
     study_remaining_s,
-    task_board as task_board_rows,
-    task_kinds_of_jobs,
     write_problem,
 )
 
@@ -76,24 +74,16 @@ def read_only(url: str) -> str | None:
 
 @st.cache_data(ttl=1, show_spinner=False)
 def jobs(url: str, limit: int = 200) -> list[dict[str, Any]]:
-    """The newest jobs as dicts, with a human label; a task job's ``tasks`` counts its tasks by kind (else empty)."""
+    """The newest jobs as dicts, with a human label; ``old_tasks``: a job of the removed task layer (no retry)."""
     with session_scope(db_engine(url)) as s:
         rows = list_jobs(s, limit=limit)
-        tasks = task_kinds_of_jobs(s, [j.id for j in rows])
         return [{
             "id": j.id, "kind": j.kind, "payload": dict(j.payload), "label": job_label(j.kind, j.payload),
             "status": j.status, "progress": float(j.progress or 0.0), "message": j.message or "", "error": j.error,
             "experiment_id": j.experiment_id, "study_id": j.study_id, "cancel_requested": bool(j.cancel_requested),
             "created_at": j.created_at, "started_at": j.started_at, "finished_at": j.finished_at,
-            "heartbeat_at": j.heartbeat_at, "tasks": tasks.get(j.id, {}),
+            "heartbeat_at": j.heartbeat_at, "old_tasks": j.kind in TASK_JOB_KINDS,
         } for j in rows]
-
-
-@st.cache_data(ttl=1, show_spinner=False)
-def task_board(url: str, job_id: int) -> TaskBoard:
-    """Where a task job's tasks are (``storage.tasks.task_board``): counts by state, lines by state, kind and worker."""
-    with session_scope(db_engine(url)) as s:
-        return task_board_rows(s, job_id)
 
 
 def enqueue(url: str, kind: str, payload: dict[str, Any], *, experiment_id: int | None = None,

@@ -14,7 +14,7 @@ from engine.core.contract import analysis_key, analysis_payload
 from engine.core.conventions import SEPARATOR, convention, step_label
 from engine.core.kinds import TIE_RULES
 from engine.core.vocab import Rule
-from storage import IdenticalJob, QueuePlace, TaskBoard
+from storage import IdenticalJob, QueuePlace
 
 STATUS_BADGE = {"queued": ":blue[:material/schedule: queued]", "running": ":blue[:material/autorenew: running]",
                 "done": ":green[:material/check_circle: done]", "failed": ":red[:material/error: failed]",
@@ -168,38 +168,10 @@ def job_timing(url: str, job: dict[str, Any]) -> None:
                                       if left is not None else "time left is estimated once it has made some progress."))
 
 
-TASK_STATE_ORDER = ("queued", "running", "done", "failed", "cancelled")
-ERROR_SHOWN = 160  # characters of a failed task's first error line on the board
-
-
-def task_board_items(board: TaskBoard) -> list[str]:
-    """A task job's board as compact items, one per (state, worker): ``queued 12``, ``running on host:41 3``,
-    ``done 30``, ``failed 1 (ValueError: ...)`` (the first error's first line); kinds are added up."""
-    groups: dict[tuple[str, str | None], list[int | str | None]] = {}
-    for line in board.lines:
-        group = groups.setdefault((line.state, line.worker if line.state == "running" else None), [0, None])
-        group[0] += line.count
-        group[1] = group[1] or line.error
-    items = []
-    for (state, worker), (count, error) in sorted(groups.items(), key=lambda g: (TASK_STATE_ORDER.index(g[0][0]),
-                                                                                  g[0][1] or "")):
-        where = f" on {worker}" if worker else ""
-        first = f" ({str(error).strip().splitlines()[0][:ERROR_SHOWN]})" if state == "failed" and error else ""
-        items.append(f"{state}{where} {count}{first}")
-    return items
-
-
 def job_heading(url: str, job: dict[str, Any], when: str) -> None:
-    """A job card's first line (id, label, status, when); a task job's label counts its tasks by kind (search,
-    reduce, extract, commit), and a caption says where they are (:func:`task_board_items`)."""
-    label = job["label"]
-    kinds = job.get("tasks") or {}
-    board = q.task_board(url, job["id"]) if kinds else None
-    if kinds:
-        label = f"{label}, {sum(kinds.values())} tasks ({', '.join(f'{n} {kind}' for kind, n in kinds.items())})"
-    st.markdown(f"**#{job['id']} · {plain(label)}** — {status_badge(job['status'])} · {when}")
-    if board is not None and board.lines:
-        st.caption("Tasks: " + plain(" · ".join(task_board_items(board))))
+    """A job card's first line (id, label, status, when); a job that fans out on Dask says its partitions done and
+    the Dask dashboard in its progress message."""
+    st.markdown(f"**#{job['id']} · {plain(job['label'])}** — {status_badge(job['status'])} · {when}")
 
 
 def _job_state(url: str, job: dict[str, Any]) -> None:

@@ -55,6 +55,7 @@ from storage.models import (
     EXPERIMENT_STATUSES,
     JOB_STATUSES,
     LEGACY_TASK_JOB_KIND,
+    TASK_JOB_KINDS,
     GALLERY_KINDS,
     SPLITS,
     Analysis,
@@ -66,7 +67,6 @@ from storage.models import (
     ModelVersion,
     SourceCheck,
     Study,
-    Task,
 )
 from storage.queue_eta import lane_starts_s, queue_start_estimates
 from storage.repo import (
@@ -92,13 +92,13 @@ from storage.repo import (
     set_experiment_study,
 )
 from storage.source_checks import load_source_check, save_source_check
-from storage.tasks import TaskBoard, task_board, task_kinds_of_jobs
 from storage.types import NpyArray, UTCDateTime
 
 __all__ = [
     "EXPERIMENT_STATUSES",
     "JOB_STATUSES",
     "LEGACY_TASK_JOB_KIND",
+    "TASK_JOB_KINDS",
     "GALLERY_KINDS",
     "SPLITS",
     "Analysis",
@@ -108,10 +108,6 @@ __all__ = [
     "FeatureSet",
     "Job",
     "SourceCheck",
-    "Task",
-    "TaskBoard",
-    "task_board",
-    "task_kinds_of_jobs",
     "load_source_check",
     "save_source_check",
     "LeaseLost",

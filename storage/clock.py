@@ -1,8 +1,7 @@
 """The database's clock: the one time every worker, on every machine, agrees on for heartbeats and leases.
 
-A worker's own clock may run ahead or behind (150 s ahead, it used to fail other workers' healthy jobs as stale and
-take over their tasks). Every heartbeat, lease deadline and staleness test in :mod:`storage.jobs` and
-:mod:`storage.tasks` therefore reads the time from the database server (PostgreSQL's ``clock_timestamp()``; on
+A worker's own clock may run ahead or behind (150 s ahead, it used to fail other workers' healthy jobs as stale).
+Every heartbeat, lease and staleness test in :mod:`storage.jobs` therefore reads the time from the database server (PostgreSQL's ``clock_timestamp()``; on
 SQLite, one file on one machine, SQLite's ``'now'``, which is that machine's clock).
 """
 from __future__ import annotations

@@ -25,12 +25,13 @@ points at the files, so a killed or failing writer leaves no visible shard and n
 rollback the new files are deleted; after a commit the files of the set it replaced (or deleted) are. A killed
 writer can leave an unreferenced ``.tmp-*`` folder or key, never a half-read set.
 
-Sets assembled from parts (extract tasks, ``engine.checkpoints.extract_tasks``). Many writers each put one part of rows
+Sets assembled from parts (an extraction fanned out on Dask, ``engine.checkpoints.extract_dask``). Many writers each
+put one part of rows
 under the set's key as ``<name>-<token>.npy`` (:func:`write_part`: a fresh name per attempt, renamed into place when
 complete), then one writer lists them in order (:func:`commit_parts`: the shards carry their ``file``) and adds
 ``rows-<token>.parquet`` (``rows_file``) before the pointer commits. Files of attempts that failed, were cancelled or
-lost their lease are swept (:func:`sweep_parts`): the unreferenced ones when the set commits, the whole folder when
-the job fails or is cancelled.
+recomputed are swept (:func:`sweep_parts`): the unreferenced ones when the set commits, the whole folder when the run
+fails or is cancelled.
 
 Pointers are confined. A row's ``store_uri`` must name the configured store (another bucket, host or folder is
 refused before anything is contacted), its ``store_key`` must be one this module writes (``mv<id>/<split>/<name>``:

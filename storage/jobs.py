@@ -28,12 +28,12 @@ from sqlalchemy.orm import Session
 from storage.clock import db_now
 from storage.db import json_hash, session_scope
 from storage.identity import WorkerIdentity, identity
-from storage.models import FINISHED_STATUSES, JOB_STATUSES, Experiment, Job, Study
+from storage.models import FINISHED_STATUSES, JOB_STATUSES, TASK_JOB_KINDS, Experiment, Job, Study
 from storage.rows import require_choice, require_row
-from storage.tasks import STALE_PREFIX, cancel_task_job, fail_orphaned_task_jobs, is_task_job
 from storage.types import utcnow
 
 _CLAIM_BATCH = 16
+STALE_PREFIX = "worker stopped"  # a job failed because whoever ran it went silent (crashed_worker)
 CRASH_PREFIXES = (STALE_PREFIX, "worker killed", "worker exited")
 IDENTICAL_STATUSES = ("queued", "running", "done")  # a launch identical to one of these is refused unless forced
 MIN_ETA_PROGRESS = 0.01  # below this fraction an estimate of the time left is noise
@@ -207,9 +207,6 @@ def request_cancel(session: Session, job_id: int) -> str:
     if job.status == "queued":
         job.status, job.finished_at, job.message = "cancelled", db_now(session), "cancelled before it started"
         job.cancel_requested = True
-    elif job.status == "running" and session.scalar(select(is_task_job()).where(Job.id == job_id)):
-        session.flush()
-        return cancel_task_job(session, job_id)  # its queued tasks at once, the job once no task runs
     elif job.status == "running":
         job.cancel_requested = True
     session.flush()
@@ -255,13 +252,11 @@ def fail_stale_jobs(session: Session, max_age_s: float, *, now: datetime | None 
 
     Ages are measured by the database's clock (``now``: a database time, for tests). The message says how long the
     worker has been silent and what it last reported. The job's running experiments (its own, and those of its
-    study) are failed with the same text. A task job (storage.tasks) is not judged by its heartbeat (its tasks
-    carry their own leases, and it may wait for workers) but by its owner's lease: an owned task job whose owner
-    stopped renewing is failed (:func:`storage.tasks.fail_orphaned_task_jobs`).
+    study) are failed with the same text. A job that fans out on Dask beats its heart while it waits, like any other.
     """
     now = now or db_now(session)
-    failed = fail_orphaned_task_jobs(session, now)
-    for job in session.scalars(select(Job).where(Job.status == "running", ~is_task_job())):
+    failed = []
+    for job in session.scalars(select(Job).where(Job.status == "running")):
         last_seen = job.heartbeat_at or job.started_at or job.created_at
         silent_s = (now - last_seen).total_seconds()
         if silent_s > max_age_s:
@@ -323,9 +318,9 @@ def retry_job(session: Session, job_id: int) -> int:
     job = require_row(session, Job, job_id)
     if job.status not in FINISHED_STATUSES:
         raise ValueError(f"job {job_id} is still {job.status}; cancel it or wait for it to finish before retrying")
-    if session.scalar(select(is_task_job()).where(Job.id == job_id)):
-        # no worker claims a task job itself: a copy of its row would wait forever; its command makes new tasks
-        raise ValueError(f"job {job_id} ran as tasks; rerun the command or page action that queued it")
+    if job.kind in TASK_JOB_KINDS:  # the removed task layer's: no worker runs such a kind
+        raise ValueError(f"job {job_id} ran as tasks of an older version; rerun the command or page action that "
+                         "queued it")
     return enqueue_job(session, job.kind, dict(job.payload), experiment_id=job.experiment_id, study_id=job.study_id)
 
 

@@ -19,7 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from storage.types import NpyArray, NpzArrays, UTCDateTime, utcnow
+from storage.types import NpyArray, UTCDateTime, utcnow
 
 EXPERIMENT_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 JOB_STATUSES = EXPERIMENT_STATUSES
@@ -35,7 +35,6 @@ ADDED_COLUMNS = (
     ("feature_sets", "store_layout"),
     ("jobs", "worker_host"),
     ("jobs", "worker_boot_id"),
-    ("jobs", "lease_until"),
     ("feature_sets", "fingerprint"),
 )
 SPLITS = ("query", "gallery", "train")
@@ -234,9 +233,8 @@ class Job(Base):
     study_id: Mapped[int | None] = mapped_column(ForeignKey("studies.id", ondelete="SET NULL"), index=True)
     worker_pid: Mapped[int | None] = mapped_column(Integer)
     worker_host: Mapped[str | None] = mapped_column(String(200))  # with worker_boot_id and worker_pid: who claimed it
-    worker_boot_id: Mapped[str | None] = mapped_column(String(64))  # (storage.identity), or who owns a task job
+    worker_boot_id: Mapped[str | None] = mapped_column(String(64))  # (storage.identity)
     lease: Mapped[str | None] = mapped_column(String(64))  # fresh random token per claim; see storage.jobs
-    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)  # a task job's owner lease (storage.tasks)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = _created_at()
@@ -244,50 +242,11 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
-TASK_STATES = ("queued", "running", "done", "failed", "cancelled")
-TASK_KINDS = ("search", "reduce", "extract", "commit")  # engine.jobs.task_handlers.TASK_HANDLERS
-# A task job (storage.tasks: its work is its tasks, no worker claims the job itself) is known by having tasks; its
-# kind is its first task's ("search": cells as search + reduce tasks, "extract": extract + commit tasks). Rows
-# written before kept the one kind "cell" for both.
+# Kinds of the jobs the removed task layer wrote (a matrix's cells, an extraction; "cell" for both before they took
+# their tasks' kind): a database from then still lists them; no worker runs or retries them. Their ``tasks`` table
+# and ``jobs.lease_until`` column stay in such a database, unmapped and unread (tests/test_old_task_database.py).
 LEGACY_TASK_JOB_KIND = "cell"
-
-
-class Task(Base):
-    """One piece of a job that any worker may take (storage.tasks): claimable once ``deps_left`` is 0.
-
-    ``upstream`` lists the tasks this one waits for, ``downstream`` those waiting for it; finishing it counts each of them down by one.
-    A claim writes a fresh ``lease`` valid until ``lease_until`` (extended by heartbeats); a running task
-    whose lease has passed is claimable again. ``result``/``arrays`` are written with the state "done".
-    """
-
-    __tablename__ = "tasks"
-    __table_args__ = (
-        _one_of("state", TASK_STATES),
-        CheckConstraint("deps_left >= 0", name="deps_left_nonnegative"),
-        CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True, nullable=False)
-    kind: Mapped[str] = mapped_column(String(50))
-    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
-    state: Mapped[str] = mapped_column(String(20), default="queued", index=True)
-    deps_left: Mapped[int] = mapped_column(Integer, default=0)
-    upstream: Mapped[list[int]] = mapped_column(JSON, default=list)  # the tasks it waits for, in the creator's order
-    downstream: Mapped[list[int]] = mapped_column(JSON, default=list)
-    needs_gpu: Mapped[bool] = mapped_column(Boolean, default=False)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
-    worker: Mapped[str | None] = mapped_column(String(200))  # host:pid of the last claim
-    lease: Mapped[str | None] = mapped_column(String(64))
-    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    error: Mapped[str | None] = mapped_column(Text)  # the last attempt's error
-    result: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
-    arrays: Mapped[dict[str, np.ndarray] | None] = mapped_column(NpzArrays)
-    created_at: Mapped[datetime] = _created_at()
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+TASK_JOB_KINDS = ("search", "extract", LEGACY_TASK_JOB_KIND)
 
 
 class SourceCheck(Base):

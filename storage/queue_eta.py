@@ -17,8 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage.jobs import _took_s, claim_order, job_remaining_s
-from storage.models import Job
-from storage.tasks import is_task_job
+from storage.models import TASK_JOB_KINDS, Job
 from storage.types import utcnow
 
 
@@ -47,7 +46,8 @@ def queue_start_estimates(session: Session, lanes: Mapping[str, Sequence[str]], 
     now = now or utcnow()
     lane_of = {kind: lane for lane, kinds in lanes.items() for kind in kinds}
     running: dict[str, list[float | None]] = {}
-    for job in session.scalars(select(Job).where(Job.status == "running", ~is_task_job())):
+    held = select(Job).where(Job.status == "running", Job.kind.not_in(TASK_JOB_KINDS))  # old task jobs held no worker
+    for job in session.scalars(held):
         running.setdefault(lane_of.get(job.kind, default_lane), []).append(
             job_remaining_s(job.progress, job.started_at, now))
     queued: dict[str, list[Job]] = {}

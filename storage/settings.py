@@ -122,9 +122,6 @@ HEARTBEAT_S = Setting("COMPATLAB_HEARTBEAT_S", _seconds, _SECONDS,
 STALE_AFTER_S = Setting("COMPATLAB_STALE_AFTER_S", _seconds, _SECONDS,
                         "a running job without a heartbeat for this long is failed as stale", default=60.0,
                         shown_default="60")
-OWNER_LEASE_S = Setting("COMPATLAB_OWNER_LEASE_S", _seconds, _SECONDS,
-                        "a task job outlives its owner's last lease renewal by this long",
-                        shown_default="the task lease, 60")
 MAX_ARRAY_BYTES = Setting("COMPATLAB_MAX_ARRAY_BYTES", _whole, "a whole number of bytes (1 or more)",
                           "the largest array `evaluate-folder` reads from one `.npz` file", default=4 * 1024**3,
                           shown_default="4294967296 (4 GiB)")
@@ -152,7 +149,7 @@ DASK_SCHEDULER = Setting("COMPATLAB_DASK_SCHEDULER", _text, "`tcp://HOST:PORT`, 
                          "LocalCluster of N worker processes, or this process", shown_default="unset (in-process)")
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
-    DB_URL, DATA_ROOTS, ALLOW_TORCHSCRIPT, FEATURE_STORE, FEATURE_DTYPE, HEARTBEAT_S, STALE_AFTER_S, OWNER_LEASE_S,
+    DB_URL, DATA_ROOTS, ALLOW_TORCHSCRIPT, FEATURE_STORE, FEATURE_DTYPE, HEARTBEAT_S, STALE_AFTER_S,
     MAX_ARRAY_BYTES, MAX_CHECKPOINT_BYTES, SECRET, TEXT_CACHE, ALLOW_HOSTS, THREADS, DASK_SCHEDULER)}
 
 

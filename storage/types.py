@@ -77,23 +77,3 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
-
-
-class NpzArrays(TypeDecorator[dict]):
-    """Named numpy arrays stored as ``.npz`` bytes (no pickle): a task's partial results."""
-
-    impl = LargeBinary
-    cache_ok = True
-
-    def process_bind_param(self, value: Any, dialect: Dialect) -> bytes | None:
-        if value is None:
-            return None
-        buffer = io.BytesIO()
-        np.savez(buffer, **{str(name): storable_array(array) for name, array in value.items()})
-        return buffer.getvalue()
-
-    def process_result_value(self, value: bytes | None, dialect: Dialect) -> dict | None:
-        if value is None:
-            return None
-        with np.load(io.BytesIO(bytes(value)), allow_pickle=False) as npz:
-            return {name: npz[name] for name in npz.files}

@@ -4,11 +4,13 @@ import numpy as np
 import pytest
 
 import engine.run.pipeline as pipeline
+from engine.core.cluster import LOCAL, ClusterSpec
 from engine.core.config import config_from_dict
 from engine.core.fan_out import FanOut
+from engine.evaluate.dask_search import dask_client
 from engine.core.presets import PRESET_DEVIATIONS, RUN_PRESETS, preset_config
 from engine.results.record import config_hash
-from storage import Job, list_model_versions, load_feature_set, load_matrices, session_scope
+from storage import list_model_versions, load_feature_set, load_matrices, session_scope
 from support.pipeline import TINY, _cfg, _ctx
 
 
@@ -58,21 +60,26 @@ def _recall1(q, ql, g, gl):
     return float(np.mean(best_pos > best_neg))
 
 
-@pytest.mark.parametrize("fan_out", [None, FanOut(block_rows=500, shard_rows=500)], ids=["in process", "tasks"])
-def test_a_run_stores_the_matrices_under_both_conventions(tmp_path, fan_out):
+@pytest.mark.parametrize("on_dask", [False, True], ids=["in process", "dask"])
+def test_a_run_stores_the_matrices_under_both_conventions(tmp_path, on_dask):
     cfg = _cfg(methods=["independent"], eval={"views": ["encoder"], "metrics": ["recall@1", "map"],
                                               "eval_classes": "seen", "also_eval_classes": ["all"]})
-    ctx = _ctx(tmp_path, fan_out=fan_out)
-    exp_id = pipeline.run_experiment(cfg, ctx)
+    lines = []
+    with dask_client(ClusterSpec(LOCAL, workers=1) if on_dask else ClusterSpec()) as client:
+        ctx = _ctx(tmp_path, client=client, fan_out=FanOut(block_rows=500, shard_rows=500),
+                   progress=lambda f, m: lines.append(m))
+        exp_id = pipeline.run_experiment(cfg, ctx)
     with session_scope(ctx.db) as s:
         stored = {(m.eval_classes, m.metric): np.asarray(m.values) for m in load_matrices(s, exp_id)}
         versions = list_model_versions(s, exp_id)
         feats = {(i, split): load_feature_set(s, v.id, split, "encoder")[:2]
                  for i, v in enumerate(versions) for split in ("query", "gallery")}
-        labels = sorted(j.payload["label"] for j in s.query(Job).filter(Job.kind == "search"))
     assert set(stored) == {(ec, m) for ec in ("seen", "all") for m in ("recall@1", "map")}
-    if fan_out is not None:  # the configured convention's label as before, the other named
-        assert labels == [f"experiment {exp_id}, encoder", f"experiment {exp_id}, encoder, all classes"]
+    evaluated = sorted({m.split(":")[0] for m in lines if " on Dask: " in m})
+    if on_dask:  # the configured convention's line as before, the other named
+        assert evaluated == ["evaluating encoder on Dask", "evaluating encoder, all classes on Dask"]
+    else:
+        assert evaluated == []
     # every cell recomputed by brute force from the stored features: seen keeps the classes the gallery model learned
     # (0 .. C^k - 1 after the remapping to the class order), all keeps every test class. Tolerance: one query in the
     # cell may flip on a float32 near-tie between the engine's products and these float64 ones

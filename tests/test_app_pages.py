@@ -138,9 +138,12 @@ def test_new_experiment_errors_are_shown_and_nothing_is_queued(app_db):
     assert jobs(app_db) == []
 
 
-def test_new_experiment_can_evaluate_through_tasks(app_db):
+def test_new_experiment_says_where_the_workers_evaluate(app_db, monkeypatch):
     at = open_page("new_experiment")
-    at.checkbox(key="ne_fan_out").check()
+    assert any("evaluated in the worker's process" in c.value for c in at.caption)
+    monkeypatch.setenv("COMPATLAB_DASK_SCHEDULER", "tcp://10.0.0.5:8786")  # the workers' cluster setting
+    at = open_page("new_experiment")
+    assert any("on Dask (tcp://10.0.0.5:8786)" in c.value for c in at.caption)
     at.radio(key="ne_gallery").set_value("template")
     at.button[1].click().run()  # template galleries are searched in one process: refused, nothing queued
     assert "needs the instance gallery" in " ".join(e.value for e in at.error) and jobs(app_db) == []
@@ -148,9 +151,7 @@ def test_new_experiment_can_evaluate_through_tasks(app_db):
     at.button[1].click().run()
     assert not at.error, [e.value for e in at.error]
     (job,) = jobs(app_db)
-    from engine.core.fan_out import FanOut
-
-    assert job.payload["tasks"] == {"block_rows": FanOut.block_rows, "shard_rows": FanOut.shard_rows}
+    assert job.payload == {"config": job.payload["config"]}  # where is the worker's setting, not the job's
 
 
 def test_preset_fills_the_form(app_db, tmp_path, monkeypatch):

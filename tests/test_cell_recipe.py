@@ -1,7 +1,7 @@
 """One cell recipe (``engine.core.cell``): the same PSP cell through every path that reads one.
 
 Two small checkpoints embed one image folder (the checkpoint comparison); the comparison is stored; then the
-pipeline's evaluation (in process and through tasks), the upgrade check (of the checkpoints and of the stored
+pipeline's evaluation (in process and on Dask), the upgrade check (of the checkpoints and of the stored
 experiment) and the backfill analysis read the cross-test cell (new query model, old gallery model) from the same
 raw outputs: identical feature arrays, identical matrix values. A training run with ``eval_classes = "seen"`` and a
 top-k checks the rows and top-k the same way.
@@ -22,7 +22,7 @@ from engine.checkpoints.store import store_comparison
 from engine.core.cell import CellRecipe, apply_recipe, cell_recipe, project_simplex, recipe_settings
 from engine.core.contract import normalize_params
 from engine.core.fan_out import FanOut
-from engine.evaluate.search_tasks import CellSpec, _rows
+from engine.evaluate.matrix import CellSpec, _rows
 from engine.methods import build_method
 from engine.upgrade.from_checkpoints import check_models, comparison_pair
 from engine.upgrade.stored import check_stored, load_pair
@@ -30,6 +30,12 @@ from storage import get_engine, list_model_versions, load_feature_set, load_matr
 
 METRICS = ("recall@1", "map")
 SETTINGS = {"resamples": 50, "level": 0.95, "seed": 0}
+
+
+def _client():
+    """An in-process Dask client (threads of this process)."""
+    distributed = pytest.importorskip("distributed")
+    return distributed.Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None)
 
 
 def _nested_pair(tmp_path):
@@ -100,19 +106,21 @@ def test_the_same_psp_cell_through_every_path(tmp_path):
     for a, b in ((run_cell.query, cell.query), (run_cell.gallery, cell.gallery), (run_cell.query_labels, ql)):
         np.testing.assert_array_equal(a, b)
     in_process = pipeline.evaluate_experiment(db, exp_id, cfg, build_method("psp"), same_set=True)
-    # 3. the task path: the cell's rows as a search task reads them, and the whole matrix through tasks
+    # 3. the Dask path: the cell's rows as a Dask task reads them, and the whole matrix on an in-process Dask client
     spec_10 = pipeline._view_cell_specs(db, stored_versions, recipes, "psp")(1, 0)
     assert spec_10.recipe == recipes(1, 0) and CellSpec.of(spec_10.query, spec_10.gallery, spec_10.recipe) == spec_10
-    task_q, task_ql, task_ids = _rows(db, spec_10, "query", 0, len(ql))
-    task_g, _, _ = _rows(db, spec_10, "gallery", 0, len(ql))
+    url = db.url.render_as_string(hide_password=False)
+    task_q, task_ql, task_ids = _rows(url, spec_10, "query", 0, len(ql))
+    task_g, _, _ = _rows(url, spec_10, "gallery", 0, len(ql))
     np.testing.assert_array_equal(task_q, cell.query)
     np.testing.assert_array_equal(task_g, cell.gallery)
     assert task_ids.tolist() == list(range(len(ql)))
-    by_tasks = pipeline.evaluate_experiment(db, exp_id, cfg, build_method("psp"), same_set=True,
-                                            fan_out=FanOut(block_rows=7, shard_rows=9))
+    with _client() as client:
+        on_dask = pipeline.evaluate_experiment(db, exp_id, cfg, build_method("psp"), same_set=True, client=client,
+                                               fan_out=FanOut(block_rows=7, shard_rows=9))
     for metric in METRICS:
         np.testing.assert_array_equal(in_process["psp"][metric]["matrix"], want[metric])
-        np.testing.assert_array_equal(by_tasks["psp"][metric]["matrix"], want[metric])
+        np.testing.assert_allclose(on_dask["psp"][metric]["matrix"], want[metric], rtol=0, atol=1e-9)
 
     # 4. the upgrade check, of the two checkpoints and of the stored experiment: old = step 1, new = step 2
     old, new = comparison_pair(cmp, "psp")
@@ -133,7 +141,7 @@ def test_the_same_psp_cell_through_every_path(tmp_path):
         assert backfill["cross_test"][metric] == want[metric][1, 0]
 
 
-def test_seen_rows_and_topk_are_the_same_in_the_run_the_tasks_the_upgrade_check_and_the_backfill(tmp_path):
+def test_seen_rows_and_topk_are_the_same_in_the_run_on_dask_the_upgrade_check_and_the_backfill(tmp_path):
     cfg = _cfg(methods=["psp"], scenario={"initial_classes": 5, "increment": 5, "num_steps": 2},
                eval={"views": ["psp"], "eval_classes": "seen", "topk": 3, "metrics": list(METRICS)})
     ctx = _ctx(tmp_path)
@@ -151,13 +159,14 @@ def test_seen_rows_and_topk_are_the_same_in_the_run_the_tasks_the_upgrade_check_
     np.testing.assert_array_equal(cell.query_ids, np.flatnonzero(labels < 5))  # the old model's 5 classes only
     assert 0 < len(cell.query_ids) < n and set(cell.query_labels.tolist()) == set(range(5))
     assert np.all(np.count_nonzero(cell.query, axis=1) <= 3)  # top-3 kept
-    # the task path reads the same rows, in the same view
+    # the Dask path reads the same rows, in the same view
     spec = pipeline._view_cell_specs(ctx.db, versions, lambda t, k: recipe, "psp")(1, 0)
-    task_q, task_ql, task_ids = _rows(ctx.db, spec, "query", 0, n)
+    task_q, task_ql, task_ids = _rows(ctx.db.url.render_as_string(hide_password=False), spec, "query", 0, n)
     np.testing.assert_array_equal(task_q, cell.query)
     np.testing.assert_array_equal(task_ids, cell.query_ids)
-    by_tasks = pipeline.evaluate_experiment(ctx.db, exp_id, cfg, build_method("psp"), same_set=True,
-                                            fan_out=FanOut(block_rows=150, shard_rows=200))
+    with _client() as client:
+        on_dask = pipeline.evaluate_experiment(ctx.db, exp_id, cfg, build_method("psp"), same_set=True, client=client,
+                                               fan_out=FanOut(block_rows=150, shard_rows=200))
     # the upgrade check of the stored run and the backfill analysis: the same cell, the same values
     pair = load_pair(ctx.db, exp_id, 1, 2, "psp")
     np.testing.assert_array_equal(pair.new.query, cell.query)
@@ -168,5 +177,5 @@ def test_seen_rows_and_topk_are_the_same_in_the_run_the_tasks_the_upgrade_check_
     backfill = compute_backfill(ctx.db, config, analysis_versions, params, lambda f, m: None)
     assert (report.old_old, report.new_old) == (stored["recall@1"][0, 0], stored["recall@1"][1, 0])
     for metric in METRICS:
-        np.testing.assert_array_equal(by_tasks["psp"][metric]["matrix"], stored[metric])
+        np.testing.assert_allclose(on_dask["psp"][metric]["matrix"], stored[metric], rtol=0, atol=1e-9)
         assert backfill["cross_test"][metric] == stored[metric][1, 0]

@@ -30,7 +30,7 @@ def test_a_command_module_imports_no_other_command_module_only_the_shared_option
 def test_the_parser_has_every_command_in_the_table_and_no_other():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert list(sub.choices) == list(COMMANDS)
-    assert list(COMMANDS) == ["evaluate", "run", "compare", "worker", "adapt", "adapter", "extract-tasks", "compare-checkpoints",
+    assert list(COMMANDS) == ["evaluate", "run", "compare", "worker", "adapt", "adapter", "extract", "compare-checkpoints",
                               "export-images", "presets", "check-upgrade", "reproduce", "doctor"]
     assert sub.choices["compare"].get_default("export") == "markdown" and sub.choices["run"].get_default("export") == "text"
 

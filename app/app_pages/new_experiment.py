@@ -8,12 +8,21 @@ from app import queries as q
 from app.widgets import launch as launch_job, plain
 from engine.core.config import config_from_dict, dump_toml
 from engine.core.contract import run_payload
-from engine.core.fan_out import FanOut
+from engine.core.cluster import requested_cluster
 from engine.core.presets import absent_methods_note, preset_deviations
 from engine.core.vocab import BACKBONE_NAMES, METHOD_NAMES
 from engine.read.requests import config_files_problem
 
 url = q.db_url()
+def cluster_line() -> str:
+    """Where the workers evaluate a run's matrices, in words (a bad setting: its one-line error)."""
+    try:
+        spec = requested_cluster(None)
+    except ValueError as exc:
+        return f"nowhere yet: {exc}"
+    return "in the worker's process" if spec.in_process else f"on Dask ({spec})"
+
+
 PREFIX = "ne_"
 
 
@@ -78,10 +87,9 @@ with st.form("new_experiment", border=True):
                     help="Real data, open-set: e.g. cifar10 (its train split = queries, test split = gallery)")
     c[2].number_input("Open-set classes (shapes)", min_value=1, step=1, key=PREFIX + "open_set_classes")
     c[3].checkbox("Download CIFAR if missing", key=PREFIX + "download")
-    st.checkbox("Evaluate through tasks", key=PREFIX + "fan_out",
-                help="Each compatibility matrix is split into search tasks that any `python -m engine worker --tasks` "
-                     "(any machine on this database) may share; the worker running this job takes part too. Exact: "
-                     "the same matrices. Instance gallery only.")
+    st.caption(f"Matrices are evaluated {cluster_line()} (the workers' `$COMPATLAB_DASK_SCHEDULER`, read as "
+               "each run starts: `local:N` or `tcp://HOST:PORT` evaluates on Dask; exact, the same matrices; "
+               "instance gallery only).")
     with st.expander("Images per class (shapes)"):
         c = st.columns(2)
         c[0].number_input("Training images per class", min_value=1, step=1, key=PREFIX + "train_per_class")
@@ -140,7 +148,7 @@ if check or launch:
     else:
         result = {"toml": dump_toml(cfg), "name": cfg.name}
         try:
-            payload = run_payload(cfg.to_dict(), FanOut() if st.session_state.get(PREFIX + "fan_out") else None)
+            payload = run_payload(cfg.to_dict(), cluster=requested_cluster(None))
         except ValueError as exc:
             payload, result = None, {"problems": [str(exc)]}
         if launch and payload and (job_id := launch_job(url, "run", payload)) is not None:

@@ -130,8 +130,8 @@ def job_card(job: dict) -> None:
                 if st.session_state.get(confirm_key):
                     st.warning(crash_warning(job), icon=":material/warning:")
             if active and job["cancel_requested"]:
-                st.caption("Cancel requested — its running tasks stop at their next lease renewal." if job.get("tasks")
-                           else "Cancel requested — the worker stops at the next epoch.")
+                st.caption("Cancel requested — the worker stops at the next epoch (a Dask fan-out within a second, "
+                           "its tasks cancelled on the cluster).")
         with right:
             if active and st.button("Cancel", key=f"cancel_{job['id']}", disabled=job["cancel_requested"],
                                     help="Stop this job, or one method of a study, after a confirmation"):
@@ -145,8 +145,8 @@ def job_card(job: dict) -> None:
                 if st.button("Keep", key=f"retry_keep_{job['id']}", help="Do not retry"):
                     st.session_state.pop(confirm_key)
                     st.rerun()
-            elif not active and job.get("tasks"):
-                st.caption("Ran as tasks: rerun what queued it")
+            elif not active and job.get("old_tasks"):
+                st.caption("Ran as tasks of an older version: rerun what queued it")
             elif not active and st.button("Retry", key=f"retry_{job['id']}", help="Queue the same job again"):
                 if crashed_worker(job["error"]):
                     st.session_state[confirm_key] = True

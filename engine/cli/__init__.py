@@ -5,8 +5,8 @@ Commands: ``run`` (train/evaluate a config or preset; several methods = a study)
 features), ``compare-checkpoints`` (your own models on an image folder), ``adapt`` (paper 004's
 adapters between two stored models), ``adapter fit|curve|apply`` (post-hoc maps fitted on paired embeddings from any
 source, exported as safetensors + JSON + ONNX), ``export-images`` (a dataset split as PNG class folders),
-``worker`` (the background job runner), ``extract-tasks`` (one checkpoint's embedding of an image set, queued as
-tasks for many workers; prints the job id), ``presets``, ``check-upgrade`` (the upgrade verdict of two
+``worker`` (the background job runner), ``extract`` (one checkpoint's embedding of an image set into the feature
+store, fanned out over a Dask cluster with ``--cluster``), ``presets``, ``check-upgrade`` (the upgrade verdict of two
 models' features; exit 0/1/3), ``doctor`` (does one store hold more than one model's vectors; exit 0/1). Every
 refused input prints one line ``error: ...`` on stderr and exits with code 2.
 
@@ -47,8 +47,8 @@ COMMANDS: dict[str, Command] = {  # in the order ``--help`` lists them
                      adapt.add_arguments, adapt.cmd_adapt),
     "adapter": Command("post-hoc maps new -> old space fitted on paired embeddings: fit, curve, apply (exported)",
                        adapter.add_arguments, adapter.cmd_adapter),
-    "extract-tasks": Command("queue one checkpoint's embedding of an image set as tasks for many workers",
-                             worker.add_extract_arguments, worker.cmd_extract_tasks),
+    "extract": Command("embed an image set by one checkpoint into the feature store (on Dask with --cluster)",
+                       worker.add_extract_arguments, worker.cmd_extract),
     "compare-checkpoints": Command("compare your own checkpoints (TorchScript, state_dict, safetensors)",
                                    checkpoints.add_arguments, checkpoints.cmd_compare_checkpoints),
     "export-images": Command("write a dataset split as PNG class folders (for imagefolder)", export_images.add_arguments,

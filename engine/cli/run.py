@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from engine.cli.options import add_db
-from engine.core.fan_out import FanOut, check_task_gallery
+from engine.core.fan_out import FanOut, check_fan_out_gallery
 from engine.results.json_file import write_json_atomic
 from engine.results.report import FORMATS
 
@@ -36,12 +36,15 @@ def _add_study_arguments(r: argparse.ArgumentParser, *, export: str) -> None:
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="train each step data-parallel in N processes (one per GPU on CUDA, gloo on CPU)")
-    r.add_argument("--tasks", action="store_true",
-                   help="evaluate each matrix through tasks that any 'worker --tasks' (any machine) may share")
-    r.add_argument("--task-block-rows", type=int, default=FanOut.block_rows, metavar="N",
-                   help="with --tasks: query rows per search task")
-    r.add_argument("--task-shard-rows", type=int, default=FanOut.shard_rows, metavar="N",
-                   help="with --tasks: gallery rows per search task")
+    r.add_argument("--cluster", metavar="SPEC",
+                   help="where each matrix's search runs: in-process (the default), local:N (a Dask LocalCluster of N "
+                        "worker processes) or tcp://HOST:PORT (a running Dask scheduler whose workers reach the "
+                        "database and the feature store); default $COMPATLAB_DASK_SCHEDULER, else in-process; the "
+                        "same matrices")
+    r.add_argument("--query-block-rows", type=int, default=FanOut.block_rows, metavar="N",
+                   help=f"on a cluster: query rows per Dask task (default {FanOut.block_rows})")
+    r.add_argument("--gallery-partition-rows", type=int, default=FanOut.shard_rows, metavar="N",
+                   help=f"on a cluster: gallery rows per Dask task (default {FanOut.shard_rows})")
     add_db(r)
 
 
@@ -84,18 +87,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     from engine.results.study_summary import print_study, study_summary
     from storage import default_db_url, get_engine, init_db
     from storage.checkpoint_folders import checkpoint_root
+    from engine.core.cluster import requested_cluster
+    from engine.evaluate.dask_search import dask_client
 
     cfg = _run_config(args)
     check_nproc(args.nproc, pick_device(cfg.device))
-    fan_out = FanOut(args.task_block_rows, args.task_shard_rows) if args.tasks else None
-    if fan_out is not None:
-        check_task_gallery(cfg.eval.gallery)
+    cluster = requested_cluster(args.cluster)
+    fan_out = FanOut(args.query_block_rows, args.gallery_partition_rows)
+    if not cluster.in_process:
+        check_fan_out_gallery(cfg.eval.gallery)
     _check_checkpoint_folder(checkpoint_root(args.db or default_db_url(), args.checkpoints))
     data = check_study(cfg)  # everything refusable is refused before the database is touched
     db = get_engine(args.db)
     init_db(db)
     bar = None if args.quiet else TerminalProgress()
-    study_id, ids = run_study(cfg, RunContext(db, args.checkpoints, bar, nproc=args.nproc, fan_out=fan_out), data=data)
+    with dask_client(cluster) as client:
+        study_id, ids = run_study(cfg, RunContext(db, args.checkpoints, bar, nproc=args.nproc, client=client,
+                                                  fan_out=fan_out), data=data)
     if bar:
         bar.close()
     summary = study_summary(db, study_id, ids)

@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.core.kinds import STRICT
-from engine.core.fan_out import FanOut, check_task_gallery
+from engine.core.cluster import ClusterSpec
+from engine.core.fan_out import FanOut, check_fan_out_gallery
 from engine.core.presets import RUN_PRESETS
 from engine.core.kinds import ANALYSES, DERIVED_VIEWS, JOBS, MAX_K, PAPER_ADAPTERS, RAW_VIEWS  # noqa: F401 (RAW_VIEWS: the border's name)
 from engine.core.vocab import RELEVANCE, RELEVANCE_K, RUN_PROTOCOLS, Rule, check_resamples, parse_metric
@@ -231,7 +232,7 @@ def _extract_label(payload: dict[str, Any]) -> str:
 
 
 def _cells_label(payload: dict[str, Any]) -> str:
-    cells = payload.get("cells") or [payload]  # a matrix's cells (engine.evaluate.search_tasks), or one older cell
+    cells = payload.get("cells") or [payload]  # a matrix's cells, or one older cell (a job of the old task layer)
     if payload.get("label"):
         return f"{payload['label']}: {len(cells)} cells"
     if len(cells) > 1:
@@ -240,7 +241,7 @@ def _cells_label(payload: dict[str, Any]) -> str:
     return f"cell: query set #{cells[0].get('query', '?')} x gallery set #{cells[0].get('gallery', '?')}{same}"
 
 
-# a job in one line, by kind (engine.core.kinds.JOBS; a task job's kind is its tasks', storage.models.TASK_KINDS)
+# a job in one line, by kind (engine.core.kinds.JOBS; "extract" and "search": jobs stored by the old task layer)
 JOB_LABELS = {"run": _run_label, "analysis": _analysis_label, "sources_check": _sources_check_label,
               "extract": _extract_label, "search": _cells_label}
 
@@ -259,13 +260,16 @@ def adapter_key(old_version_id: int, new_version_id: int, kind: str, view: str) 
     return f"{old_version_id}->{new_version_id}:{kind}:{view}"
 
 
-def run_payload(config: dict[str, Any], fan_out: FanOut | None = None) -> dict[str, Any]:
-    """A ``run`` job: one RunConfig dict (``RunConfig.to_dict()``); ``fan_out``: evaluate through tasks
-    (``engine.evaluate.matrix``), refused here for what tasks do not compute."""
+def run_payload(config: dict[str, Any], fan_out: FanOut | None = None, *,
+                cluster: ClusterSpec | None = None) -> dict[str, Any]:
+    """A ``run`` job: one RunConfig dict (``RunConfig.to_dict()``); ``fan_out``: how its matrices are cut when the
+    worker evaluates them on a Dask cluster (its ``$COMPATLAB_DASK_SCHEDULER``; ``engine.evaluate.matrix``);
+    ``cluster``: where the workers evaluate, so what a cluster does not compute is refused here."""
+    if cluster is not None and not cluster.in_process:
+        check_fan_out_gallery(config["eval"]["gallery"])
     if fan_out is None:
         return {"config": config}
-    check_task_gallery(config["eval"]["gallery"])
-    return {"config": config, "tasks": dataclasses.asdict(fan_out)}
+    return {"config": config, "fan_out": dataclasses.asdict(fan_out)}
 
 
 def run_preset_payload(name: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -70,6 +71,14 @@ def dask_client(spec: ClusterSpec) -> Iterator[Any | None]:
         client.close()
 
 
+def dashboard_link(client: Any) -> str | None:
+    """The Dask dashboard's address of the client's cluster, or None when it serves none."""
+    try:
+        return client.dashboard_link or None
+    except (AttributeError, KeyError, OSError, ValueError):
+        return None
+
+
 def ids_digest(ids: np.ndarray) -> str:
     """A digest of ids in order (integers or text): equal ids, equal digests."""
     ids = np.asarray(ids)
@@ -105,6 +114,33 @@ def partition_topk(text: str, what: str, lo: int, hi: int, digest: str, queries:
         source.close()
 
 
+def wait_for(futures: list[Any], *, what: str, progress: Callable[[int, int], None] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> None:
+    """Wait until every future is finished, raising the first task error as it was raised there; ``progress(done,
+    total)`` as they finish (at most once per :data:`CANCEL_POLL_S`, and at the end). A cancelled job
+    (:func:`engine.core.signals.cancel_requested`, or ``should_stop``, asked at most once per poll: it may query the
+    database) raises :class:`~engine.core.signals.Cancelled` naming ``what`` within :data:`CANCEL_POLL_S`; the caller
+    cancels the futures on the cluster."""
+    from distributed import wait
+
+    pending, done, told, asked = set(futures), 0, 0, -CANCEL_POLL_S
+    while pending:
+        now = time.monotonic()
+        if cancel_requested() or (should_stop is not None and now - asked >= CANCEL_POLL_S and should_stop()):
+            raise Cancelled(f"cancelled during {what} ({done} of {len(futures)} tasks done)")
+        asked = now if now - asked >= CANCEL_POLL_S else asked
+        try:
+            finished, pending = wait(pending, timeout=CANCEL_POLL_S, return_when="FIRST_COMPLETED")
+        except TimeoutError:  # none finished within the poll: look at the cancel event again
+            continue
+        for future in finished:
+            future.result()  # a task's error, raised here as it was raised there
+        done += len(finished)
+        if progress is not None and finished and (not pending or time.monotonic() - told >= CANCEL_POLL_S):
+            progress(done, len(futures))
+            told = time.monotonic()
+
+
 def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np.ndarray, *, k: int,
                  backend: str = "numpy", block_rows: int = 65536, fan_out: FanOut = FanOut(),
                  progress: Callable[[int, int], None] | None = None) -> TopK:
@@ -113,8 +149,6 @@ def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np
     ``progress(done, total)`` is called as tasks finish; a cancelled job (:func:`engine.core.signals.cancel_requested`)
     raises :class:`~engine.core.signals.Cancelled` within :data:`CANCEL_POLL_S` and its tasks are cancelled on the
     cluster."""
-    from distributed import wait
-
     n_g, n_q = len(ids), len(queries)
     if not n_g:
         raise ValueError("the gallery is empty: no block has an item")
@@ -126,19 +160,7 @@ def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np
                for block in q_blocks]
     flat = [f for row in futures for f in row]
     try:
-        pending, done = set(flat), 0
-        while pending:
-            if cancel_requested():  # the job was cancelled: the tasks are cancelled below, nothing is kept
-                raise Cancelled(f"cancelled during the sharded search ({done} of {len(flat)} tasks done)")
-            try:
-                finished, pending = wait(pending, timeout=CANCEL_POLL_S, return_when="FIRST_COMPLETED")
-            except TimeoutError:  # none finished within the poll: look at the cancel event again
-                continue
-            for future in finished:
-                future.result()  # a task's error, raised here as it was raised there
-            done += len(finished)
-            if progress is not None and finished:
-                progress(done, len(flat))
+        wait_for(flat, what="the sharded search", progress=progress)
         merged = [merge_topk(client.gather(row), k) for row in futures]
     finally:
         client.cancel(flat + list(q_blocks))
@@ -146,4 +168,4 @@ def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np
                 np.concatenate([m.tied_beyond for m in merged]), n_g)
 
 
-__all__ = ["CONNECT_TIMEOUT_S", "dask_client", "ids_digest", "partition_topk", "sharded_topk"]
+__all__ = ["CONNECT_TIMEOUT_S", "dashboard_link", "dask_client", "ids_digest", "partition_topk", "sharded_topk", "wait_for"]

@@ -1,80 +1,198 @@
-"""A compatibility matrix evaluated through tasks: N workers share one matrix.
+"""A compatibility matrix evaluated on a Dask cluster: query blocks x gallery partitions of the stored feature sets.
 
-:func:`matrix_by_tasks` fans every comparable cell out as search and reduce tasks
-(:func:`engine.evaluate.search_tasks.fan_out_cells`), takes part in the job itself (:func:`run_task_job`: the process
-that asked runs the job's tasks too, so one machine alone finishes it; any ``python -m engine worker --tasks`` on
-any machine pointed at the same database and feature store helps), then reads each cell's per-query statistics
-and builds the :class:`~engine.metrics.compatibility.MatrixResult` with the same code as an in-process
-evaluation (paired tests included). Cells are exact, so the matrices equal the in-process ones.
+:func:`matrix_on_dask` follows :mod:`engine.metrics.sharded`'s two counting passes for every comparable cell
+(:class:`CellSpec`: a stored query and gallery feature set and the cell's recipe), as a Dask graph per query block:
 
-The process that fans the job out owns it (``storage.tasks``, "Owner"): while it waits, a thread renews its lease on
-the job every third of ``$COMPATLAB_OWNER_LEASE_S`` (default 60 s); if it dies, the first worker that sees the lease
-expired (by the database's clock) fails the job and its experiment and cancels its tasks.
+1. :func:`positives_part` per (block x partition): the block's positive similarities found in the partition.
+2. :func:`merged_positives` (the block's pass-1 parts): each query's positives, sorted.
+3. :func:`counts_part` per (block x partition): the partition's negatives counted against the merged positives.
+4. :func:`block_stats`: the counts summed over partitions and AP from the merged positives, as
+   :class:`~engine.metrics.ranking.QueryStats` of the block's kept queries.
 
-The task graph searches instance galleries for Recall@k, mAP and mAP@k; pair verification (paper 002) is computed
-in this process from the cells' features (``features``), as an in-process evaluation does.
+Counts add up across partitions, so a cell equals :func:`engine.metrics.retrieval.cell_stats` on the whole gallery
+(ties as in sharded.py); the blocks' statistics are concatenated and the
+:class:`~engine.metrics.compatibility.MatrixResult` is built with the same code as an in-process evaluation (paired
+tests included). Each task opens the database by its URL and reads only its rows (:func:`storage.feature_set_rows`),
+so the workers must reach the database and the feature store; only per-query statistics come back. A failed task
+fails the matrix (Dask recomputes the tasks of a lost worker), a cancelled job cancels the futures; nothing is written
+here. Instance galleries only (:func:`engine.core.fan_out.check_fan_out_gallery`).
 """
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-import torch
+import numpy as np
 from sqlalchemy import Engine
 
+from engine.core.cell import CellRecipe
 from engine.core.fan_out import FanOut
-from engine.evaluate.search_tasks import SEARCH_HANDLERS, STATS_FIELDS, CellSpec, fan_out_cells
-from engine.tasks.loop import LEASE_S, Handler, TaskJobStopped, run_tasks, worker_name
+from engine.core.vocab import RANK_TIE_TOLERANCE
+from engine.evaluate.dask_search import dashboard_link, wait_for
 from engine.metrics.compatibility import CellFeatures, CellStats, MatrixResult, compatibility_matrices
+from engine.metrics.device import one_blas_thread
 from engine.metrics.paired import PairedOptions
 from engine.metrics.ranking import QueryStats
-from engine.metrics.retrieval import VERIFICATION, parse_metric
-from storage import session_scope
-from storage.settings import OWNER_LEASE_S, read_setting
-from storage.tasks import results_of_kind, task_job_state
+from engine.metrics.retrieval import VERIFICATION, parse_metric, unit_rows
+from engine.metrics.search import DEFAULT_BLOCK
+from engine.metrics.sharded import Shard, ap_kernel, checked_shard, count_kernel, gather_positives, group_by_query, \
+    label_codes, shard_blocks, tied_positives
+from storage import feature_set_rows, get_engine, session_scope
+from storage.feature_sets import feature_set_size
 
-OWNER_LEASE_ENV = OWNER_LEASE_S.name
-
-
-def owner_lease_s() -> float:
-    """Seconds a task job outlives its owner's last renewal: ``$COMPATLAB_OWNER_LEASE_S``, else the task lease."""
-    value = read_setting(OWNER_LEASE_S)
-    return LEASE_S if value is None else value
+Positives = tuple[np.ndarray, np.ndarray, np.ndarray]  # (offsets, values sorted per query, kept query row ids)
 
 
-def run_task_job(db: Engine, job_id: int, *, should_stop: Callable[[], bool] | None = None, poll_s: float = 0.5,
-                 owner_lease: str | None = None, handlers: Mapping[str, Handler] = SEARCH_HANDLERS) -> None:
-    """Run ``job_id``'s tasks in this process until the job is done (other workers may take some meanwhile): the
-    task loop (:func:`engine.tasks.loop.run_tasks`) with ``job_id``, as the job's owner when ``owner_lease`` is given
-    (renewed every third of :func:`owner_lease_s`).
+@dataclass(frozen=True)
+class CellSpec:
+    """One cell: query feature set x gallery feature set (stored ids of the same raw view), and how to read them.
 
-    ``should_stop`` asks the job to stop (:func:`storage.tasks.cancel_task_job`). Raises :class:`TaskJobStopped` when
-    the job fails (with its error) or is cancelled; any other exception cancels the job before propagating.
+    The fields after ``gallery`` are the cell's :class:`engine.core.cell.CellRecipe` (``view``, each side's
+    ``columns``, ``topk``, ``below`` for ``eval_classes = "seen"``, ``same_set``), kept flat and plain so a task
+    carries it as data; build one with :meth:`of`, read it with :attr:`recipe`.
     """
-    run_tasks(db, worker_name(), torch.cuda.is_available(), threading.Event(), handlers=handlers, poll_s=poll_s,
-              job_id=job_id, should_stop=should_stop, owner_lease=owner_lease,
-              owner_lease_s=owner_lease_s() if owner_lease is not None else LEASE_S)
+
+    query: int
+    gallery: int
+    view: str = "encoder"
+    query_columns: int | tuple[int, ...] | None = None
+    gallery_columns: int | tuple[int, ...] | None = None
+    topk: int | None = None
+    below: int | None = None
+    same_set: bool = False
+
+    @classmethod
+    def of(cls, query: int, gallery: int, recipe: CellRecipe) -> "CellSpec":
+        """The cell of stored feature sets ``query`` x ``gallery`` read by ``recipe``."""
+        return cls(query, gallery, view=recipe.view, query_columns=recipe.query_columns,
+                   gallery_columns=recipe.gallery_columns, topk=recipe.topk, below=recipe.below,
+                   same_set=recipe.same_set)
+
+    @property
+    def recipe(self) -> CellRecipe:
+        """How the cell's rows are kept and its view derived."""
+        return CellRecipe(self.view, self.query_columns, self.gallery_columns, topk=self.topk, below=self.below,
+                          same_set=self.same_set)
 
 
-def cell_results(db: Engine, job_id: int) -> list[CellStats]:
-    """Each cell's per-query statistics and query row ids, in the order the cells were fanned out."""
+def _ranges(n: int, size: int) -> list[tuple[int, int]]:
+    return [(lo, min(n, lo + size)) for lo in range(0, n, size)]
+
+
+def _width(columns: int | tuple[int, ...] | None, dim: int) -> int:
+    return dim if columns is None else columns if isinstance(columns, int) else len(columns)
+
+
+def check_cell(db: Engine, cell: CellSpec) -> tuple[int, int]:
+    """The cell's (query rows, gallery rows) before class selection; ``ValueError`` for a cell that cannot be searched."""
     with session_scope(db) as s:
-        reduces = results_of_kind(s, job_id, "reduce")
-    by_cell = {result["cell"]: arrays for result, arrays in reduces}
-    return [CellStats(QueryStats(*(by_cell[i].get(f) for f in STATS_FIELDS)), by_cell[i]["ids"]) for i in sorted(by_cell)]
+        sizes = {fid: feature_set_size(s, fid) for fid in (cell.query, cell.gallery)}
+    for fid, size in sizes.items():
+        if size is None or size[0] == 0:
+            raise ValueError(f"feature set {fid} is missing or empty")
+    (nq, dq), (ng, dg) = sizes[cell.query], sizes[cell.gallery]
+    derived = cell.recipe.derived
+    wq = _width(cell.query_columns if derived else None, dq)
+    wg = _width(cell.gallery_columns if derived else None, dg)
+    if wq != wg:
+        raise ValueError(f"query features are {wq}-d but gallery features are {wg}-d")
+    if cell.same_set and nq != ng:
+        raise ValueError(f"same_set needs the queries to be the gallery's items, but they have {nq} and {ng} rows")
+    return nq, ng
 
 
-def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], num_models: int, *,
-                    metrics: Sequence[str], ties: str = "pessimistic", paired: PairedOptions | None = None,
-                    fan_out: FanOut = FanOut(), label: str = "", should_stop: Callable[[], bool] | None = None,
-                    features: Callable[[int, int], CellFeatures] | None = None, same_set: bool = False,
-                    experiment_id: int | None = None) -> MatrixResult:
-    """Every lower-triangle cell ``cells(t, k)`` (None: not comparable) through tasks; see the module docstring.
+def _rows(url: str, cell: CellSpec, side: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows ``lo:hi`` of the cell's ``side`` set, its classes only, in the cell's view: (features, labels, row ids)."""
+    with session_scope(get_engine(url)) as s:
+        feats, labels = feature_set_rows(s, getattr(cell, side), lo, hi)
+    return cell.recipe.side(side, feats, labels, np.arange(lo, hi, dtype=np.int64))
 
-    ``experiment_id``: the experiment the matrix is for, failed with the task job if this process dies.
 
-    ``features(t, k)``: the cell's features, read only when a metric needs them (pair verification, which samples its
-    pairs by ``same_set`` as the cells' ``CellSpec.same_set`` leaves each query's own item out).
+def _query_block(url: str, cell: CellSpec, block: tuple[int, int]):
+    """Unit query rows, their classes, codes among the block's classes, row ids and exclusion ids of one query block."""
+    feats, labels, ids = _rows(url, cell, "query", *block)
+    classes = np.unique(labels)
+    return unit_rows(feats), classes, label_codes(classes, labels), ids, ids if cell.same_set else None
+
+
+def _partition(url: str, cell: CellSpec, part: tuple[int, int], d: int) -> Shard | None:
+    feats, labels, ids = _rows(url, cell, "gallery", *part)
+    return checked_shard(part[0], Shard(feats, labels, ids), d)
+
+
+def positives_part(url: str, cell: CellSpec, block: tuple[int, int], part: tuple[int, int]) -> Positives:
+    """Pass 1: the block's positive similarities in gallery rows ``part`` (offsets per kept query, values, query ids)."""
+    q, classes, qcode, qids, exclude = _query_block(url, cell, block)
+    shard = _partition(url, cell, part, q.shape[1])
+    if shard is None or not len(q):  # nothing of the cell's classes in this block or partition
+        return np.zeros(len(q) + 1, np.int64), np.zeros(0, np.float32), qids
+    with one_blas_thread():
+        offsets, pos = gather_positives(q, qcode, classes, lambda: enumerate([shard]), exclude, DEFAULT_BLOCK, [])
+    return offsets, pos, qids
+
+
+def merged_positives(*parts: Positives) -> Positives:
+    """A query block's positives from each partition's pass-1 part, sorted per query."""
+    ids = parts[0][2]
+    who = [np.repeat(np.arange(len(ids), dtype=np.int64), np.diff(offsets)) for offsets, _, _ in parts]
+    return (*group_by_query(who, [pos for _, pos, _ in parts], len(ids)), ids)
+
+
+def counts_part(url: str, cell: CellSpec, block: tuple[int, int], part: tuple[int, int], merged: Positives,
+                want_cnt: bool) -> dict[str, np.ndarray]:
+    """Pass 2: the partition's negatives counted against the block's merged positives (sharded.py's counts)."""
+    q, classes, qcode, _, exclude = _query_block(url, cell, block)
+    offsets, pos, _ = merged
+    cnt = np.zeros(offsets[-1] + len(q) if want_cnt else 0, np.int64)
+    neg_ge, neg_gt, above, tied = (np.zeros(len(q), np.int64) for _ in range(4))
+    shard = _partition(url, cell, part, q.shape[1])
+    if shard is not None and len(q):
+        gcode = label_codes(classes, shard.labels)
+        with one_blas_thread():
+            for rows, sims in shard_blocks(q, shard, exclude, DEFAULT_BLOCK, None):
+                count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt, above, tied,
+                             RANK_TIE_TOLERANCE)
+    return {"cnt": cnt, "neg_ge": neg_ge, "neg_gt": neg_gt, "neg_above": above, "neg_tied": tied}
+
+
+def block_stats(merged: Positives, *counts: dict[str, np.ndarray], want_cnt: bool,
+                map_k: int) -> tuple[QueryStats, np.ndarray]:
+    """The block's per-query statistics from its positives and its partitions' counts, with its kept query row ids."""
+    offsets, pos, rows = merged
+    n = len(rows)
+    total = {key: sum(c[key] for c in counts) for key in ("cnt", "neg_ge", "neg_gt", "neg_above", "neg_tied")}
+    ap, ap_k = (ap_kernel(offsets, pos, total["cnt"], map_k) if want_cnt and n
+                else (np.full(n, np.nan), np.full(n, np.nan)))
+    stats = QueryStats(np.diff(offsets), total["neg_ge"], total["neg_gt"], ap, ap_k, total["neg_above"],
+                       total["neg_tied"], tied_positives(offsets, pos))
+    return stats, rows
+
+
+def _submit_cell(client: Any, url: str, cell: CellSpec, blocks: list[tuple[int, int]], parts: list[tuple[int, int]],
+                 want_cnt: bool, map_k: int) -> tuple[list[Any], list[Any]]:
+    """The cell's graph: (every future, the blocks' :func:`block_stats` futures in block order)."""
+    every, stats = [], []
+    for block in blocks:
+        found = [client.submit(positives_part, url, cell, block, part, pure=False) for part in parts]
+        merged = client.submit(merged_positives, *found, pure=False)
+        counted = [client.submit(counts_part, url, cell, block, part, merged, want_cnt, pure=False) for part in parts]
+        stats.append(client.submit(block_stats, merged, *counted, want_cnt=want_cnt, map_k=map_k, pure=False))
+        every += [*found, merged, *counted, stats[-1]]
+    return every, stats
+
+
+def matrix_on_dask(db: Engine, client: Any, cells: Callable[[int, int], CellSpec | None], num_models: int, *,
+                   metrics: Sequence[str], ties: str = "pessimistic", paired: PairedOptions | None = None,
+                   fan_out: FanOut = FanOut(), features: Callable[[int, int], CellFeatures] | None = None,
+                   same_set: bool = False, should_stop: Callable[[], bool] | None = None,
+                   progress: Callable[[int, int, str | None], None] | None = None) -> MatrixResult:
+    """Every lower-triangle cell ``cells(t, k)`` (None: not comparable) on the client's cluster; see the module
+    docstring. ``features(t, k)``: the cell's features, read here only when a metric needs them (pair verification,
+    and the two-way interval of Recall@k). ``progress(done, total, dashboard)``: tasks finished of the graph's, and
+    the Dask dashboard's address (None without one). A cancelled job (``should_stop`` or the job's cancel event)
+    raises :class:`~engine.core.signals.Cancelled` and its futures are cancelled; every refusal is a one-line
+    ``ValueError`` before any task runs.
     """
     parsed = [parse_metric(m) for m in metrics]
     verification = any(kind == VERIFICATION for kind, _ in parsed)
@@ -83,20 +201,27 @@ def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], nu
     if all(kind == VERIFICATION for kind, _ in parsed):  # nothing to search
         return compatibility_matrices(features, num_models=num_models, metrics=metrics, ties=ties, paired=paired,
                                       same_set=same_set)
-    ks = tuple(sorted({k for kind, k in parsed if kind == "recall"})) or (1,)
-    map_k = next((k for kind, k in parsed if kind == "map" and k), None)
+    want_cnt = any(kind == "map" for kind, _ in parsed)
+    map_k = next((k for kind, k in parsed if kind == "map" and k), None) or 0
     specs = {(t, k): cells(t, k) for t in range(num_models) for k in range(t + 1)}
-    positions = [tk for tk, spec in specs.items() if spec is not None]
-    results: dict[tuple[int, int], CellStats] = {}
-    if positions:
-        job_id = fan_out_cells(db, [specs[tk] for tk in positions], ks=ks, map_at=map_k, ties=ties,
-                               compute_map=any(kind == "map" for kind, _ in parsed), block_rows=fan_out.block_rows,
-                               shard_rows=fan_out.shard_rows, label=label, experiment_id=experiment_id,
-                               owner_lease_s=owner_lease_s())
-        with session_scope(db) as s:
-            lease = task_job_state(s, job_id).lease
-        run_task_job(db, job_id, should_stop=should_stop, owner_lease=lease)
-        results = dict(zip(positions, cell_results(db, job_id)))
+    sizes = {tk: check_cell(db, spec) for tk, spec in specs.items() if spec is not None}
+    url = db.url.render_as_string(hide_password=False)  # each task opens the database itself
+    every, by_cell = [], {}
+    for tk, (nq, ng) in sizes.items():
+        futures, by_cell[tk] = _submit_cell(client, url, specs[tk], _ranges(nq, fan_out.block_rows),
+                                            _ranges(ng, fan_out.shard_rows), want_cnt, map_k)
+        every += futures
+    link = dashboard_link(client)
+    try:
+        wait_for(every, what="the matrix's search", should_stop=should_stop,
+                 progress=None if progress is None else lambda done, total: progress(done, total, link))
+        results = {}
+        for tk, futures in by_cell.items():
+            parts = client.gather(futures)
+            results[tk] = CellStats(QueryStats.concat([stats for stats, _ in parts]),
+                                    np.concatenate([rows for _, rows in parts]))
+    finally:
+        client.cancel(every)
 
     # the paired test's two-way interval (Recall@k, check-upgrade's) ranks each cell's features again: read them here
     two_way = paired is not None and features is not None and any(kind == "recall" for kind, _ in parsed)
@@ -111,4 +236,5 @@ def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], nu
                                   same_set=same_set)
 
 
-__all__ = ["OWNER_LEASE_ENV", "TaskJobStopped", "cell_results", "matrix_by_tasks", "owner_lease_s", "run_task_job"]
+__all__ = ["CellSpec", "block_stats", "check_cell", "counts_part", "matrix_on_dask", "merged_positives",
+           "positives_part"]

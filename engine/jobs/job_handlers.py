@@ -49,15 +49,18 @@ JobHandler = Callable[[Engine, Mapping[str, Any], JobContext], str]
 def run_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -> str:
     """A ``run`` job: train and evaluate the study of a config or a preset."""
     from engine.core.config import config_from_dict
+    from engine.core.cluster import requested_cluster
     from engine.core.fan_out import FanOut
+    from engine.evaluate.dask_search import dask_client
     from engine.run.pipeline import RunContext, run_study
     from engine.core.presets import preset_config
     from engine.data.fashion_files import fashion_available
 
     cfg = preset_config(payload["preset"], fashion_present=fashion_available) if "preset" in payload else config_from_dict(payload["config"])
-    fan_out = FanOut(**payload["tasks"]) if payload.get("tasks") else None
-    study_id, ids = run_study(cfg, RunContext(db, job.checkpoint_dir, job.progress, job.should_stop,
-                                              on_study=job.on_study, fan_out=fan_out))
+    fan_out = FanOut(**payload.get("fan_out") or payload.get("tasks") or {})  # "tasks": a job queued before Dask
+    with dask_client(requested_cluster(None)) as client:  # the worker's $COMPATLAB_DASK_SCHEDULER: where, not what
+        study_id, ids = run_study(cfg, RunContext(db, job.checkpoint_dir, job.progress, job.should_stop,
+                                                  on_study=job.on_study, client=client, fan_out=fan_out))
     return f"study {study_id}: experiments {', '.join(map(str, ids))}"
 
 

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,9 +33,8 @@ from engine.models.device import pick_device
 from engine.core.cell import RAW_VIEWS, CellRecipe, apply_recipe, cell_recipe
 from engine.core.contract import raw_view
 from engine.models.extract import extract_outputs
-from engine.core.fan_out import FanOut, check_task_gallery
-from engine.evaluate.matrix import TaskJobStopped, matrix_by_tasks
-from engine.evaluate.search_tasks import CellSpec
+from engine.core.fan_out import FanOut, check_fan_out_gallery
+from engine.evaluate.matrix import CellSpec, matrix_on_dask
 from engine.methods import build_method
 from engine.methods.base import Method, StepContext, resolve_init_seed
 from engine.metrics import PairedOptions
@@ -84,7 +84,8 @@ class RunContext:
     study_id: int | None = None
     on_study: Callable[[int], None] | None = None  # told the study's id once it exists (the worker links its job)
     nproc: int = 1  # processes that train each step data-parallel (engine.run.ddp); this one alone writes
-    fan_out: FanOut | None = None  # evaluate each matrix through tasks any `worker --tasks` may share (engine.evaluate.matrix)
+    client: Any = None  # a distributed.Client: evaluate each matrix on its Dask cluster (engine.evaluate.matrix)
+    fan_out: FanOut = FanOut()  # with ``client``: query rows per block, gallery rows per partition
 
 
 def views_for(method: Method, cfg: RunConfig) -> tuple[str, ...]:
@@ -185,7 +186,7 @@ def _view_cells(db: Engine, versions: list[ModelVersion], recipes: Callable[[int
 
 def _view_cell_specs(db: Engine, versions: list[ModelVersion], recipes: Callable[[int, int], CellRecipe], view: str
                      ) -> Callable[[int, int], CellSpec | None]:
-    """The cells of :func:`_view_cells` as task cells (stored set ids; rows selected and views derived by the tasks)."""
+    """The cells of :func:`_view_cells` as Dask cells (stored set ids; rows selected and views derived by the tasks)."""
     raw = raw_view(view)
     with session_scope(db) as s:
         refs = {(i, split): feature_set_ref(s, v.id, split, raw) for i, v in enumerate(versions) for split in ("query", "gallery")}
@@ -201,12 +202,14 @@ def _view_cell_specs(db: Engine, versions: list[ModelVersion], recipes: Callable
 
 
 def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method, *, same_set: bool,
-                        fan_out: FanOut | None = None, should_stop: Callable[[], bool] | None = None,
-                        nproc: int = 1) -> dict[str, dict]:
+                        client: Any = None, fan_out: FanOut = FanOut(),
+                        should_stop: Callable[[], bool] | None = None, nproc: int = 1,
+                        progress: Progress | None = None) -> dict[str, dict]:
     """Compute and store every (metric, view) matrix; return {view: {metric: summary}} under ``eval.eval_classes``.
 
     The matrices under each of ``eval.also_eval_classes`` are computed and stored too (same views and metrics).
-    ``fan_out``: through tasks that any ``worker --tasks`` may share (this process runs them too); the same matrices.
+    ``client``: on its Dask cluster, cut as ``fan_out`` (:func:`engine.evaluate.matrix.matrix_on_dask`, the same
+    matrices), reporting the tasks done of the matrix's and the Dask dashboard to ``progress``.
     Each summary records the arithmetic the features were made with (``arithmetic``, :mod:`engine.models.arithmetic`;
     ``nproc``: the data-parallel ranks that trained them).
     """
@@ -217,16 +220,13 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
         for eval_classes in (cfg.eval.eval_classes, *cfg.eval.also_eval_classes):
             recipes = _view_recipes(versions, view, cfg, same_set, eval_classes)
             also = "" if eval_classes == cfg.eval.eval_classes else f", {eval_classes} classes"
-            if fan_out is not None:
+            if client is not None:
                 specs = _view_cell_specs(db, versions, recipes, view)
                 features = _view_cells(db, versions, recipes, view)  # read for verification only
-                try:
-                    result = matrix_by_tasks(db, specs, len(versions), metrics=cfg.eval.metrics, paired=PairedOptions(),
-                                             fan_out=fan_out, label=f"experiment {exp_id}, {view}{also}",
-                                             should_stop=should_stop, features=features, same_set=same_set,
-                                             experiment_id=exp_id)
-                except TaskJobStopped as stopped:
-                    raise (Cancelled(str(stopped)) if stopped.cancelled else RuntimeError(str(stopped))) from None
+                say = _dask_progress(progress, f"evaluating {view}{also} on Dask")
+                result = matrix_on_dask(db, client, specs, len(versions), metrics=cfg.eval.metrics,
+                                        paired=PairedOptions(), fan_out=fan_out, features=features, same_set=same_set,
+                                        should_stop=should_stop, progress=say)
             else:
                 cells = _view_cells(db, versions, recipes, view)
                 result = compatibility_matrices(cells, num_models=len(versions), metrics=cfg.eval.metrics,
@@ -238,6 +238,14 @@ def evaluate_experiment(db: Engine, exp_id: int, cfg: RunConfig, method: Method,
             if eval_classes == cfg.eval.eval_classes:
                 out[view] = {m: {"matrix": result.values[m], **stored_summary(result, m)} for m in result.values}
     return out
+
+
+def _dask_progress(progress: Progress | None, what: str) -> Callable[[int, int, str | None], None] | None:
+    """A :func:`matrix_on_dask` progress callback that reports ``what``, the tasks done and the Dask dashboard."""
+    if progress is None:
+        return None
+    return lambda done, total, link: progress(0.99, f"{what}: {done} of {total} tasks done"
+                                                    + (f" (Dask dashboard {link})" if link else ""))
 
 
 def _open_experiment(ctx: RunContext, cfg: RunConfig, method: str) -> tuple[Resumed, Callable[[float, str], None]]:
@@ -329,8 +337,8 @@ def run_experiment(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = No
 
 def _finish(ctx: RunContext, exp_id: int, cfg: RunConfig, method: Method, data: RunData) -> int:
     """Evaluate every view of a trained (or copied) experiment and mark it done."""
-    evaluate_experiment(ctx.db, exp_id, cfg, method, same_set=data.same_set, fan_out=ctx.fan_out,
-                        should_stop=ctx.should_stop, nproc=ctx.nproc)
+    evaluate_experiment(ctx.db, exp_id, cfg, method, same_set=data.same_set, client=ctx.client, fan_out=ctx.fan_out,
+                        should_stop=ctx.should_stop, nproc=ctx.nproc, progress=ctx.progress)
     with session_scope(ctx.db) as s:
         finish(s, exp_id)
     (ctx.progress or (lambda f, m: None))(1.0, f"{method.name}: done")
@@ -420,8 +428,8 @@ def run_study(cfg: RunConfig, ctx: RunContext, *, data: RunData | None = None) -
     ``data``: what :func:`check_study` returned for ``cfg`` (checked here when not given). An experiment cancelled
     on its own (its status set to cancelled while it runs) is discarded and left out of the ids; the others run.
     """
-    if ctx.fan_out is not None:
-        check_task_gallery(cfg.eval.gallery)
+    if ctx.client is not None:
+        check_fan_out_gallery(cfg.eval.gallery)
     checked = data or check_study(cfg)
     init_db(ctx.db)
     study_id = open_study(ctx.db, name=cfg.name, kind="compare", config=cfg.to_dict())

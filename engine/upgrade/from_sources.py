@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -43,7 +44,7 @@ from engine.core.contract import sources_check_payload
 from engine.core.fan_out import FanOut
 from engine.core.conventions import relevance_phrase
 from engine.core.vocab import RELEVANCE, RELEVANCE_K, decision_metric
-from engine.evaluate.dask_search import dask_client, sharded_topk
+from engine.evaluate.dask_search import dashboard_link, dask_client, sharded_topk
 from engine.metrics.cell_interval import cell_seed, paired_intervals
 from engine.metrics.list_merge import rows_of
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
@@ -431,13 +432,20 @@ class _OldSearch:
     backend: str
     block_rows: int
 
+    @cached_property
+    def dashboard(self) -> str:
+        """`` (Dask dashboard URL)`` when the cluster serves one, else nothing (asked once)."""
+        link = dashboard_link(self.client)
+        return f" (Dask dashboard {link})" if link else ""
+
     def __call__(self, queries: np.ndarray, source: Source, ids: np.ndarray, k: int, say: Progress) -> TopK:
         if self.client is None:
             return stream_topk(queries, in_order(source, ids, self.block_rows), k=k, backend=self.backend)
         return sharded_topk(self.client, self.text, "old gallery", ids, queries, k=k, backend=self.backend,
                             block_rows=self.block_rows, fan_out=self.fan_out,
                             progress=lambda done, total: say(0.2 + 0.4 * done / total,
-                                                             f"searching the old gallery: {done} of {total} tasks"))
+                                                             f"searching the old gallery: {done} of {total} tasks"
+                                                             + self.dashboard))
 
 
 def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int, metric: str | None,

@@ -1,1 +1,0 @@
-"""The task mechanism: claim, lease, heartbeat, retry, complete exactly once; handlers passed in (``loop``)."""
