@@ -81,7 +81,7 @@ def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], nu
     if verification and features is None:
         raise ValueError("pair verification needs the cells' features: pass features=")
     if all(kind == VERIFICATION for kind, _ in parsed):  # nothing to search
-        return compatibility_matrices(features, num_models=num_models, metrics=metrics, ties=ties, paired=paired,
+        return compatibility_matrices(features, num_models=num_models, metrics=metrics, rank_ties=ties, paired=paired,
                                       same_set=same_set)
     ks = tuple(sorted({k for kind, k in parsed if kind == "recall"})) or (1,)
     map_k = next((k for kind, k in parsed if kind == "map" and k), None)
@@ -107,7 +107,7 @@ def matrix_by_tasks(db: Engine, cells: Callable[[int, int], CellSpec | None], nu
         done = results[(t, k)]
         return CellStats(done.stats, done.query_ids, features(t, k) if verification or two_way else None)
 
-    return compatibility_matrices(cell, num_models=num_models, metrics=metrics, ties=ties, paired=paired,
+    return compatibility_matrices(cell, num_models=num_models, metrics=metrics, rank_ties=ties, paired=paired,
                                   same_set=same_set)
 
 
