@@ -118,10 +118,10 @@ def with_convention(chart: alt.TopLevelMixin, line: str, width: int = 80) -> alt
 
 def matrix_frame(C: np.ndarray, ecc: np.ndarray, names: Sequence[str], comparable: np.ndarray | None = None,
                  valid: np.ndarray | None = None, paired: dict | None = None, gain: Sequence | None = None,
-                 ties: dict | None = None) -> pd.DataFrame:
+                 tie_readings: dict | None = None) -> pd.DataFrame:
     """Lower-triangle cells as rows: query, gallery, value, status (self / pass / fail / n/c), label, and, when
     stored, the paired verdict (pass / fail / unresolved), its interval, the update gain Γ of each cross-test and a
-    Recall@k cell's ties (``ties``: the stored ``tie_readings``; share tied, the three readings, whether they decide)."""
+    Recall@k cell's ties (``tie_readings``, as stored: share tied, the three readings, whether they decide)."""
     rows = []
     T = C.shape[0]
     symbols = {"pass": " ✓", "fail": " ✗", "unresolved": " ?"}
@@ -142,21 +142,21 @@ def matrix_frame(C: np.ndarray, ecc: np.ndarray, names: Sequence[str], comparabl
                          "status": status, "label": label,
                          "queries": None if valid is None else int(valid[t, k]),
                          "verdict": verdict or "", "interval": "" if lo is None else f"[{100 * lo:+.1f}, {100 * hi:+.1f}] pts",
-                         "gain": None if g is None else float(g), "ties": tie_cell(ties, t, k)})
+                         "gain": None if g is None else float(g), "ties": tie_cell(tie_readings, t, k)})
     return pd.DataFrame(rows)
 
 
-def tie_cell(ties: dict | None, t: int, k: int) -> str:
+def tie_cell(tie_readings: dict | None, t: int, k: int) -> str:
     """``12.5 % tied · 30.8 / 38.9 / 46.1 % · ties decide the verdict`` (pessimistic / expected / optimistic), ``none
     tied`` where no query is, empty without stored ties."""
-    if not ties or ties["tied"][t][k] is None:
+    if not tie_readings or tie_readings["tied"][t][k] is None:
         return ""
-    if not ties["tied"][t][k]:
+    if not tie_readings["tied"][t][k]:
         return "none tied"
-    readings = " / ".join(f"{100 * ties[r][t][k]:.1f}" for r in ties["readings"])
-    decide = ties.get("decide")
+    readings = " / ".join(f"{100 * tie_readings[r][t][k]:.1f}" for r in tie_readings["readings"])
+    decide = tie_readings.get("decide")
     decided = " · ties decide the verdict" if decide and decide[t][k] else ""
-    return f"{100 * ties['share'][t][k]:.1f} % tied · {readings} %{decided}"
+    return f"{100 * tie_readings['share'][t][k]:.1f} % tied · {readings} %{decided}"
 
 
 def matrix_heatmap(frame: pd.DataFrame, names: Sequence[str], *, title: str, metric: str,

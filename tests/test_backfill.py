@@ -50,7 +50,7 @@ def test_hand_computed_curve_and_area():
     assert out["map"] == pytest.approx([7 / 12, 7 / 12, 5 / 6, 1.0])
     assert curve_area(fr, out["recall@1"]) == pytest.approx(1 / 2)  # (0 + 1/2 + 1) / 3
     assert curve_area(fr, out["map"]) == pytest.approx(53 / 72)  # (7/12 + 17/24 + 11/12) / 3
-    _, optimistic = backfill_curve(q, ql, old, new, gl, order=order, fractions=fr, ties="optimistic")
+    _, optimistic = backfill_curve(q, ql, old, new, gl, order=order, fractions=fr, rank_ties="optimistic")
     assert optimistic.tolist() == [0.0, 1.0, 1.0, 1.0]  # the tie at beta 1/3 now counts as a hit
     assert fraction_to_reach(fr, out["recall@1"], 1.0) == pytest.approx(2 / 3)
     assert fraction_to_reach(fr, out["map"], 0.7) == pytest.approx(1 / 3 + (0.7 - 7 / 12) / (5 / 6 - 7 / 12) / 3)
@@ -72,17 +72,17 @@ def test_endpoints_equal_cross_and_self_test_exactly(same_set, metrics):
 
 
 @pytest.mark.parametrize("same_set", [False, True])
-@pytest.mark.parametrize("ties", ["pessimistic", "optimistic"])
-def test_every_fraction_equals_a_naive_recompute(same_set, ties):
+@pytest.mark.parametrize("rank_ties", ["pessimistic", "optimistic"])
+def test_every_fraction_equals_a_naive_recompute(same_set, rank_ties):
     query, old, new, y = _pair(seed=1)
     if same_set:
         query = new
     order = backfill_order("distance_mse", old_gallery=old, gallery_labels=y)
-    out = backfill_curves(query, y, old, new, y, order=order, metrics=ALL, same_set=same_set, ties=ties)
-    _, fast_r1 = backfill_curve(query, y, old, new, y, order=order, same_set=same_set, ties=ties)  # kernel-free path
+    out = backfill_curves(query, y, old, new, y, order=order, metrics=ALL, same_set=same_set, rank_ties=rank_ties)
+    _, fast_r1 = backfill_curve(query, y, old, new, y, order=order, same_set=same_set, rank_ties=rank_ties)  # kernel-free path
     assert len(set(out["recall@1"])) > 3  # the curve actually moves
     for i, k in enumerate(out["n_backfilled"]):
-        naive = retrieval_metrics(query, y, _mixed(old, new, order, k), y, ks=(1, 5), map_at=10, same_set=same_set, ties=ties)
+        naive = retrieval_metrics(query, y, _mixed(old, new, order, k), y, ks=(1, 5), map_at=10, same_set=same_set, rank_ties=rank_ties)
         assert [out[m][i] for m in ALL] == [naive[m] for m in ALL]
         assert fast_r1[i] == naive["recall@1"]
 
@@ -252,7 +252,7 @@ def _call(**change):
     ({"fractions": [0.0, 0.5, 0.5, 1.0]}, "strictly increasing; 0.5 is followed by 0.5"),
     ({"metrics": ("recall@1", "ndcg")}, "unknown metric 'ndcg'"),
     ({"metrics": ("map@5", "map@10")}, "one mAP@k at a time"),
-    ({"ties": "random"}, "unknown tie rule"),
+    ({"rank_ties": "random"}, "unknown tie rule"),
     ({"gallery_labels": np.array([0, 1])}, "gallery labels has 2 labels for 3 feature rows"),
     ({"same_set": True}, "same_set=True needs one query per gallery item"),
 ])

@@ -60,9 +60,9 @@ def _cell(q, y, g, same_set=False):
 # ---- the one-pass AP path ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ties", ["pessimistic", "optimistic"])
+@pytest.mark.parametrize("rank_ties", ["pessimistic", "optimistic"])
 @pytest.mark.parametrize("same_set", [False, True])
-def test_one_pass_curves_equal_recompute_with_ties(same_set, ties):
+def test_one_pass_curves_equal_recompute_with_ties(same_set, rank_ties):
     """Features drawn from a few distinct vectors, so similarities tie exactly; every metric, every fraction."""
     rng = np.random.default_rng(5)
     atoms = rng.normal(size=(7, 5)).astype(np.float32)
@@ -73,11 +73,11 @@ def test_one_pass_curves_equal_recompute_with_ties(same_set, ties):
     order = backfill_order("random", gallery_labels=y, seed=2)
     fr = np.linspace(0, 1, 11)
     metrics = ("recall@1", "recall@5", "map", "map@10")
-    out = backfill_curves(query, y, old, new, y, order=order, fractions=fr, metrics=metrics, same_set=same_set, ties=ties)
+    out = backfill_curves(query, y, old, new, y, order=order, fractions=fr, metrics=metrics, same_set=same_set, rank_ties=rank_ties)
     for i, k in enumerate(backfill_counts(fr, n)):
         mixed = old.copy()
         mixed[order[:k]] = new[order[:k]]
-        ref = retrieval_metrics(query, y, mixed, y, ks=(1, 5), map_at=10, same_set=same_set, ties=ties)
+        ref = retrieval_metrics(query, y, mixed, y, ks=(1, 5), map_at=10, same_set=same_set, rank_ties=rank_ties)
         for m in metrics:
             assert out[m][i] == pytest.approx(ref[m], abs=1e-9), (m, i)
 
@@ -228,9 +228,9 @@ def test_rescoring_breaks_ties_at_the_kth_place_by_lower_row(engine):
     assert out["map"] == pytest.approx([0.5, 0.5, 1.0, 1.0])
 
 
-@pytest.mark.parametrize("ties", ["pessimistic", "optimistic"])
+@pytest.mark.parametrize("rank_ties", ["pessimistic", "optimistic"])
 @pytest.mark.parametrize("same_set", [False, True])
-def test_compiled_and_torch_paths_agree_on_every_metric_with_ties(same_set, ties):
+def test_compiled_and_torch_paths_agree_on_every_metric_with_ties(same_set, rank_ties):
     """Features drawn from a few vectors (exact ties, also at the K-th place); the compiled walk against the torch
     keys read by the ranking kernel, for Recall@1/5 (both tie rules), mAP and mAP@10."""
     rng = np.random.default_rng(11)
@@ -241,7 +241,7 @@ def test_compiled_and_torch_paths_agree_on_every_metric_with_ties(same_set, ties
     old_q, new_q = (old_g, new_g) if same_set else (atoms[rng.integers(0, 6, n)], atoms[rng.integers(0, 6, n)])
     metrics = ("recall@1", "recall@5", "map", "map@10")
     order = backfill_order("random", gallery_labels=y, seed=1)
-    kw = {"metrics": metrics, "same_set": same_set, "ties": ties}
+    kw = {"metrics": metrics, "same_set": same_set, "rank_ties": rank_ties}
     for run in (lambda e: rank_merge_curves(old_q, new_q, y, old_g, new_g, y, order=order, fractions=FR, merge="rank", engine=e, **kw),
                 lambda e: rescoring_curves(old_q, new_q, y, old_g, new_g, y, ks=[0, 1, 2, 7, 30, 59, 60], engine=e, **kw)):
         fast, slow = run("auto"), run("torch")

@@ -1,6 +1,6 @@
 """The built-in demo (``python -m engine run --preset quick-demo``) on Fashion-MNIST, seeds 0, 1, 2: what it reproduces.
 
-Asserted here, for the fixed seeds, are the papers' orderings the demo does reproduce (README, "What reproduces"):
+Asserted here, for the fixed seeds, are the papers' orderings the demo does reproduce (docs/results.md, "What reproduces"):
 
 * paper 000 Tab. 1a baseline: independently trained encoders are not compatible; every Recall@1 cross-test fails the
   paired test, so AC = 0 for every seed;
@@ -13,7 +13,7 @@ Asserted here, for the fixed seeds, are the papers' orderings the demo does repr
   over the seeds above 0 (AC, 0.56 vs 0.11, is not resolved by three seeds, so it is not asserted);
 * paper 000 Tab. 1a: CoReS under Recall@1 has AC = 0 for every seed.
 
-Not asserted, because they do not reproduce at demo scale (the README gives the numbers and the likely causes):
+Not asserted, because they do not reproduce at demo scale (docs/results.md gives the numbers and the likely causes):
 LSP's higher AA, BCT's compatibility under Recall@1, and CoReS's AC = 1 under paper 002's pair verification.
 The run takes about 3 minutes on an idle 2-core machine.
 """

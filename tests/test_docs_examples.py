@@ -58,6 +58,14 @@ def test_the_setup_page_shows_the_readmes_two_commands():
     assert len(setup) == 2 and set(setup) <= readme
 
 
+def test_the_readmes_test_command_is_what_ci_runs():
+    """The README's second command (the suite) is the one .ci/run runs, its ``-q`` flags aside."""
+    readme = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.DOTALL)
+    suite = next(body.strip() for body in readme if "python -m pytest" in body)
+    ci = next(line for line in (ROOT / ".ci/run").read_text(encoding="utf-8").splitlines() if "python -m pytest" in line)
+    assert ci.split("#")[0].replace(" -q", "").strip() == suite
+
+
 def command_path(words: list[str]) -> bool:
     """Whether ``words`` are a chain of the CLI's commands and subcommands (a command named in a sentence)."""
     parser = build_parser()

@@ -1,4 +1,4 @@
-"""The engine's floors: each floor imports only the floors below it (``../shared/STYLE.md``, README "Layout").
+"""The engine's floors: each floor imports only the floors below it (``../shared/STYLE.md``, docs/design.md "Layout").
 
 Every import of every engine module counts, at the top of the file or inside a function (a lazy import is an
 arrow too). Floor 0 ``engine.core`` is torch-free and imports nothing else of the engine; floor 1 holds the
@@ -141,13 +141,13 @@ def test_the_core_is_torch_free():
 
 
 def layout_block() -> str:
-    readme = (ROOT / "docs/design.md").read_text(encoding="utf-8")
-    start = readme.index("## Layout")
-    return readme[start:readme.index("\n## ", start + 1)]
+    design = (ROOT / "docs/design.md").read_text(encoding="utf-8")
+    start = design.index("## Layout")
+    return design[start:design.index("\n## ", start + 1)]
 
 
 def test_the_readme_layout_matches_the_tree():
-    """Every engine room is named in the README's Layout, and every file the Layout names exists."""
+    """Every engine room is named in docs/design.md's Layout, and every file the Layout names exists."""
     block = layout_block()
     rooms = {room(module_name(p)) for p in engine_files()} - {"", "__main__"}
     missing_rooms = sorted(r for r in rooms if f"{r}/" not in block)

@@ -24,13 +24,15 @@ from engine.core.vocab import VIEWS
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES: dict[str, tuple[str, ...]] = {
-    "tie rule": kinds.TIE_RULES, "metric": tuple(kinds.METRICS), "paper 004 adapter": kinds.PAPER_ADAPTERS,
+    "tie rule": kinds.TIE_RULES, "rank tie rule": kinds.RANK_TIE_RULES, "metric": tuple(kinds.METRICS), "paper 004 adapter": kinds.PAPER_ADAPTERS,
     "post-hoc adapter": kinds.POSTHOC_ADAPTERS, "source": tuple(kinds.SOURCES), "job": tuple(kinds.JOBS),
     "view": VIEWS, "raw view": kinds.RAW_VIEWS, "compared view": kinds.COMPARED_VIEWS, "analysis": ANALYSIS_KINDS}
-RECORDS = {"tie rule": kinds.TIES, "metric": kinds.METRICS, "adapter": kinds.ADAPTERS, "source": kinds.SOURCES,
+RECORDS = {"tie rule": kinds.TIES, "rank tie rule": kinds.RANK_TIES, "metric": kinds.METRICS, "adapter": kinds.ADAPTERS, "source": kinds.SOURCES,
            "job": kinds.JOBS, "view": kinds.VIEW_KINDS}
 # (file, family): a literal that is legitimately a different thing, each with its reason; keep this short
-ALLOWED: dict[tuple[str, str], str] = {}
+ALLOWED: dict[tuple[str, str], str] = {
+    ("engine/metrics/retrieval.py", "rank tie rule"): "RankTies, the type of a rank_ties parameter: a Literal spells its "
+                                                      "names (test_rank_tie_rules_have_one_record checks them equal)"}
 
 
 def texts() -> dict[str, str]:
@@ -116,6 +118,22 @@ def test_beats_is_the_ecc_comparison_under_each_tie_rule():
     assert beats(cross, old, "pass").tolist() == [True, True, False, False]  # ties pass; NaN never beats
     assert beats(0.5, 0.5) is False and STRICT == "fail"  # the default is the papers' strict rule
     assert TIE_RULES == ("fail", "pass") and [TIES[t].label for t in TIE_RULES] == [">", ">="]
+
+
+def test_rank_tie_rules_have_one_record():
+    """Recall@k's rule for a negative tying the best positive: its own family, apart from the ECC tie rules."""
+    from typing import get_args
+
+    from engine.core.kinds import RANK_TIE_RULES, RANK_TIES, check_rank_ties
+    from engine.core.vocab import RANK_TIE_READINGS
+    from engine.metrics.retrieval import RankTies
+    from engine.metrics.ties import JUDGED
+
+    assert get_args(RankTies) == RANK_TIE_RULES == JUDGED == ("pessimistic", "optimistic")
+    assert set(RANK_TIE_RULES) < set(RANK_TIE_READINGS) and not set(RANK_TIE_RULES) & set(TIE_RULES)
+    assert all(r.help for r in RANK_TIES.values()) and check_rank_ties("optimistic") == "optimistic"
+    with pytest.raises(ValueError, match="unknown tie rule 'fail'"):
+        check_rank_ties("fail")  # an ECC rule is not a rank-tie rule
 
 
 @pytest.mark.parametrize("bad", ["FAIL", "ge", None, 1])

@@ -13,13 +13,13 @@ def test_per_query_vectors_by_hand():
     # 4 queries: the last has no positive; negatives before the best positive: >= 0,1,3 / > 0,0,3
     stats = QueryStats(np.array([2, 1, 1, 0]), np.array([0, 1, 3, 0]), np.array([0, 0, 3, 0]),
                        np.array([1.0, 0.5, 0.25, np.nan]), np.full(4, np.nan))
-    valid, v = per_query_from_stats(stats, ks=(1, 2), ties="pessimistic")
+    valid, v = per_query_from_stats(stats, ks=(1, 2), rank_ties="pessimistic")
     assert valid.tolist() == [True, True, True, False]
     assert v["recall@1"].tolist() == [True, False, False, False]
     assert v["recall@2"].tolist() == [True, True, False, False]
     assert v["recall@1"].dtype == bool
     assert np.allclose(v["map"][:3], [1.0, 0.5, 0.25]) and np.isnan(v["map"][3])
-    _, opt = per_query_from_stats(stats, ks=(1,), ties="optimistic")
+    _, opt = per_query_from_stats(stats, ks=(1,), rank_ties="optimistic")
     assert opt["recall@1"].tolist() == [True, True, False, False]
     m = metrics_from_stats(stats, ks=(1, 2))
     assert m["recall@1"] == pytest.approx(1 / 3) and m["recall@2"] == pytest.approx(2 / 3)

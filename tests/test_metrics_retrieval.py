@@ -37,7 +37,7 @@ def test_tie_between_positive_and_negative():
     g = np.array([[0.0, 1.0], [0.0, -1.0]], np.float32)  # both at cosine 0
     gl = np.array([0, 1])
     assert retrieval_metrics(q, [0], g, gl, ks=(1,))["recall@1"] == 0.0
-    assert retrieval_metrics(q, [0], g, gl, ks=(1,), ties="optimistic")["recall@1"] == 1.0
+    assert retrieval_metrics(q, [0], g, gl, ks=(1,), rank_ties="optimistic")["recall@1"] == 1.0
     # mAP puts tied items at one threshold (as scikit-learn): precision 1/2
     assert retrieval_metrics(q, [0], g, gl)["map"] == pytest.approx(0.5)
     assert average_precision_score([1, 0], [0.0, 0.0]) == pytest.approx(0.5)
@@ -243,8 +243,8 @@ def test_faiss_backend_resolves_boundary_ties_exactly():
     q = np.array([[1.0, 0.0]], np.float32)
     g = np.array([[0.0, 1.0]] * 5 + [[0.0, -1.0]], np.float32)
     gl = np.array([1, 1, 1, 1, 1, 0])
-    for ties in ("pessimistic", "optimistic"):
-        kw = dict(ks=(1, 5, 6), compute_map=False, ties=ties)
+    for rank_ties in ("pessimistic", "optimistic"):
+        kw = dict(ks=(1, 5, 6), compute_map=False, rank_ties=rank_ties)
         assert retrieval_metrics(q, [0], g, gl, backend="faiss", **kw) == retrieval_metrics(q, [0], g, gl, backend="torch", **kw)
 
 

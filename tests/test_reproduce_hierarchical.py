@@ -1,6 +1,6 @@
 """The reproduce table's hierarchical interval (seeds, then queries; pairs clustered by image) on small synthetic
 stored runs, against an independent numpy recomputation: per-query hits by brute force, a bootstrap written as
-plain loops with its own random stream; and the README's table laid out as ``reproduce --table`` prints it."""
+plain loops with its own random stream; and docs/results.md's table laid out as ``reproduce --table`` prints it."""
 from __future__ import annotations
 
 import re
@@ -188,7 +188,7 @@ def _readme_table() -> tuple[list[str], list[list[str]]]:
     end = section.find("\n## ", 5)
     section = section if end < 0 else section[:end]
     lines = section.splitlines()
-    head = lines.index("| " + " | ".join(MARKDOWN_COLUMNS) + " |")  # ValueError: the README's table is not the command's
+    head = lines.index("| " + " | ".join(MARKDOWN_COLUMNS) + " |")  # ValueError: the page's table is not the command's
     rows = []
     for line in lines[head + 2:]:
         if not line.startswith("|"):
@@ -198,7 +198,7 @@ def _readme_table() -> tuple[list[str], list[list[str]]]:
 
 
 def test_readme_table_is_laid_out_as_reproduce_demo_table_prints_it(tmp_path):
-    """The README's "What reproduces" table has the header, the interval line and the rows (claims, conventions,
+    """docs/results.md's "What reproduces" table has the header, the interval line and the rows (claims, conventions,
     row labels, paper values, in order) that ``reproduce demo --table`` prints; not its numbers."""
     db = get_engine(f"sqlite:///{tmp_path / 'empty.sqlite'}")
     init_db(db)

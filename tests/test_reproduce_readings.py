@@ -26,7 +26,7 @@ def test_p0_tests_the_2_step_column_at_5_classes_and_the_papers_temperature():
     for m in ("psp", "lsp"):  # paper 000 A.9: temperature 12, and the deviation (the stored softmax's) said
         assert cfg.method_params[m] == {"temperature": 12.0, "extraction_temperature": "training"}
     assert any("temperature 12" in d for d in claim.differs)
-    assert {(r.eval_classes, r.ties) for r in claim.readings} == {("all", "optimistic"), ("seen", "pessimistic"),
+    assert {(r.eval_classes, r.rank_ties) for r in claim.readings} == {("all", "optimistic"), ("seen", "pessimistic"),
                                                                   ("seen", "optimistic")}
     assert any("tie" in n for n in claim.notes)
 
@@ -58,8 +58,8 @@ def test_the_reduced_scale_uses_a_backbone_that_fits():
 def test_reading_labels_and_bad_values():
     assert Reading("all").label == "all"
     assert Reading("all", "trained").label == "all, items of classes both models trained"
-    assert Reading("seen", ties="optimistic").label == "seen, ties optimistic"
-    for bad in (dict(eval_classes="some"), dict(eval_classes="all", part="half"), dict(eval_classes="all", ties="x")):
+    assert Reading("seen", rank_ties="optimistic").label == "seen, ties optimistic"
+    for bad in (dict(eval_classes="some"), dict(eval_classes="all", part="half"), dict(eval_classes="all", rank_ties="x")):
         with pytest.raises(ValueError, match="unknown"):
             Reading(**bad)
 

@@ -1,5 +1,5 @@
 """Every ``COMPATLAB_*`` variable is declared once (``storage/settings.py``), read through one reader, and listed in
-the README exactly as declared."""
+docs/setup.md exactly as declared."""
 from __future__ import annotations
 
 import ast

@@ -45,13 +45,13 @@ def test_identical_statistics_on_uneven_shards_with_ties(kw):
 def test_identical_metrics_both_tie_rules():
     q, ql, g, gl = _cell(seed=1)
     shards = _split(g, gl, UNEVEN)
-    for ties in ("pessimistic", "optimistic"):
-        kw = dict(ks=(1, 3, 10), map_at=5, ties=ties)
+    for rank_ties in ("pessimistic", "optimistic"):
+        kw = dict(ks=(1, 3, 10), map_at=5, rank_ties=rank_ties)
         one = retrieval_metrics(q, ql, g, gl, **kw)
         assert sharded_retrieval_metrics(q, ql, shards, max_block=500, **kw) == one
         assert one["n_no_positive"] > 0
     assert (retrieval_metrics(q, ql, g, gl, ks=(1,))["recall@1"]
-            < retrieval_metrics(q, ql, g, gl, ks=(1,), ties="optimistic")["recall@1"])  # the ties matter
+            < retrieval_metrics(q, ql, g, gl, ks=(1,), rank_ties="optimistic")["recall@1"])  # the ties matter
 
 
 def test_hand_computed_cell_over_shards():

@@ -105,3 +105,43 @@ def test_the_margin_and_tie_rule_reach_the_check(app_db, tmp_path):
     queries.jobs.clear()
     at.run()
     assert "Rule: non-inferiority margin 10 points" in texts(at)
+
+
+def test_a_secret_typed_into_the_form_is_never_stored_or_shown(app_db, tmp_path, monkeypatch):
+    """Issue 40: a Qdrant api_key and a PostgreSQL password typed in clear are refused before anything is queued (the
+    message says what, never the value); named by reference (``${SOURCE_SECRET_...}``, read from the worker's
+    environment) the check is queued, and neither its stored payload, its label on Overview and in the check picker,
+    nor the worker's error holds either secret."""
+    monkeypatch.setenv("COMPATLAB_ALLOW_HOSTS", "q.example:6333,db.example")
+    key, password = "qd-KEY-4711", "pg-PASS-0815"
+    specs = write_all("parquet", tmp_path / "s", tables(embeddings(), text=True))
+    qdrant = "qdrant:https://q.example:6333#collection=items&api_key={}"
+    postgres = "sql:postgresql+psycopg://lab:{}@db.example/x#table=items"
+
+    def shown(at) -> str:
+        return texts(at) + "".join(map(str, at.exception)) + "".join(str(s.options) for s in at.selectbox)
+
+    for old, new, what in ((qdrant.format(key), None, "a value of api_key"),
+                           ("${SOURCE_SECRET_QDRANT}".join(qdrant.split("{}")), postgres.format(password),
+                            "a password in its URL")):
+        at = fill(open_page("upgrade"), SourceSpecs(old, specs.old_queries, specs.new_queries, new))
+        assert what in texts(at) and jobs(app_db) == []
+        assert key not in shown(at) and password not in shown(at)
+
+    monkeypatch.setenv("SOURCE_SECRET_QDRANT", key)  # the worker's environment (the same process here)
+    monkeypatch.setenv("SOURCE_SECRET_PG", password)
+    refs = SourceSpecs(qdrant.format("${SOURCE_SECRET_QDRANT}"), specs.old_queries, specs.new_queries,
+                       postgres.format("${SOURCE_SECRET_PG}"))
+    at = fill(open_page("upgrade"), refs)
+    (job,) = jobs(app_db)
+    assert job.payload["sources"]["old_gallery"] == refs.old_gallery
+    assert job.payload["sources"]["new_gallery"] == refs.new_gallery
+    run_one(get_engine(app_db), kinds=["sources_check"])  # the reader resolves the references; no such host answers
+    (job,) = jobs(app_db)
+    assert job.status == "failed"
+    queries.jobs.clear()
+    at.run()
+    overview = open_page("overview")
+    for where in (str(job.payload), str(job.error), str(job.message), shown(at), shown(overview)):
+        assert key not in where and password not in where, where
+    assert "The check failed" in texts(at) and "q.example" in texts(at)

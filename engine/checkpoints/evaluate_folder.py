@@ -186,12 +186,12 @@ def load_feature_folder(folder: str | Path, *, cap: int | None = None) -> Featur
 
 
 def evaluate_folder(folder: FeatureFolder, *, metrics: tuple[str, ...], gallery_kind: str, same_set: bool,
-                    ties: str = "pessimistic", paired: PairedOptions | None = None) -> MatrixResult:
+                    rank_ties: str = "pessimistic", paired: PairedOptions | None = None) -> MatrixResult:
     """All metrics' matrices for the folder (one neighbour pass per cell); with ``paired``, every cross-test's
     interval and verdict as check-upgrade computes them (:mod:`engine.metrics.cell_interval`)."""
     for m in metrics:
         parse_metric(m)
-    return compatibility_matrices(folder.sets, metrics=metrics, gallery_kind=gallery_kind, same_set=same_set, ties=ties,
+    return compatibility_matrices(folder.sets, metrics=metrics, gallery_kind=gallery_kind, same_set=same_set, rank_ties=rank_ties,
                                   paired=paired)
 
 

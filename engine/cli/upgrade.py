@@ -30,7 +30,7 @@ from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT
 from engine.upgrade.plan import (DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, backfill_metric,
                                  recovery_line, forecast_line)
 from engine.metrics.decision import margin_to_decide
-from engine.core.kinds import SOURCES, STRICT, TIE_RULES, canonical_metric
+from engine.core.kinds import LIST_RANK_TIES, SOURCES, STRICT, TIE_RULES, canonical_metric
 from engine.upgrade.rule import DEFAULT_INTERVAL, DEFAULT_POWER, INTERVALS
 from engine.upgrade.words import NOT_JUDGED, tie_line
 
@@ -129,7 +129,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "neighbour_recall@K (defaults: map@K, ndcg@K, neighbour_recall@K by --relevance); trec_eval, "
                         "ranx and ir-measures spellings are read too (ndcg_cut_10, nDCG@10, P_10, recall_100, "
                         "recip_rank)")
-    p.add_argument("--rank-ties", choices=("pessimistic", "trec"), default="pessimistic",
+    p.add_argument("--rank-ties", choices=LIST_RANK_TIES, default="pessimistic",
                    help="with --old-gallery: how equal scores in a list rank: a non-relevant item first (pessimistic, "
                         "the default) or trec_eval's order, by doc id descending (trec: the numbers of trec_eval on "
                         "the --export trec files); the ECC rule on a tie is --ties")

@@ -327,7 +327,7 @@ def sources_check_payload(sources: dict[str, str | None], *, relevance: str, k: 
     """A ``sources_check`` job: the upgrade check on embeddings read from sources (``engine.upgrade.from_sources``).
 
     ``stored`` (default): the payload will be stored, so a source text holding a secret in clear is refused
-    (:func:`engine.core.secrets.clear_secret`); ``stored=False`` is the command line's own check, never stored.
+    (:func:`storage.secrets.clear_secret`); ``stored=False`` is the command line's own check, never stored.
 
     ``sources`` maps :data:`SOURCE_SIDES` to source texts; empty ones are left out. Checked here before anything is
     queued: the three required sources, the relevance and what it needs, ``k``, the rule (``margin`` in points,

@@ -3,7 +3,8 @@
 nothing else spells a kind's name (``tests/test_kinds_named_once.py``).
 
 - ECC tie rules (:data:`TIES`) and the one comparison :func:`beats`: strict ``>`` (an exact tie fails, the papers'
-  rule) or ``>=`` (ties pass). Not the rank tie readings of Recall@k (``engine.core.vocab.RANK_TIE_READINGS``).
+  rule) or ``>=`` (ties pass); parameters call it ``ties``. Not the rank-tie rules of Recall@k (:data:`RANK_TIES`,
+  how a negative that ties the best positive ranks; parameters call it ``rank_ties``; ``tests/test_tie_words.py``).
 - metrics (:data:`METRICS`) and their one grammar ``kind[@K]`` (:func:`metric_parts`), with the one bound on K
   (:data:`MAX_K`); which kinds a caller accepts is its own (``engine.core.vocab.parse_metric``, the sources check).
 - adapter kinds (:data:`ADAPTERS`): paper 004's trained pairs (``engine.adapters.pair``) and the post-hoc maps fitted
@@ -56,6 +57,25 @@ def beats(cross: Any, old: Any, ties: str = STRICT) -> Any:
     """Whether ``cross`` passes ECC against ``old`` under the tie rule ``ties``: ``cross > old`` (``"fail"``) or
     ``cross >= old`` (``"pass"``); numbers or numpy arrays (elementwise; NaN never beats)."""
     return cross >= old if check_ties(ties) == "pass" else cross > old
+
+
+# ------------------------------------------------------------------------------------------- rank-tie rules
+# Recall@k's rule for a negative that ties a query's best positive (engine.metrics.retrieval.RankTies); the near-tie
+# readings of a cell (engine.core.vocab.RANK_TIE_READINGS) read it three ways
+RANK_TIES = _named(Kind("pessimistic", "pessimistic", "a negative tying the best positive ranks before it: a miss "
+                        "(the engine's rule, as stored)"),
+                   Kind("optimistic", "optimistic", "a negative tying the best positive ranks after it: a hit"),
+                   Kind("trec", "trec", "trec_eval's order: equal scores by item id, descending (string compare); "
+                        "top-k lists only, since it needs the ids"))
+RANK_TIE_RULES = tuple(RANK_TIES)
+LIST_RANK_TIES = ("pessimistic", "trec")  # the rules a top-k list's metrics take (engine.metrics.relevance)
+
+
+def check_rank_ties(rank_ties: object, allowed: tuple[str, ...] = RANK_TIE_RULES) -> str:
+    """``rank_ties`` when it names a rank-tie rule of :data:`RANK_TIES` among ``allowed``; one line otherwise."""
+    if rank_ties not in RANK_TIES or rank_ties not in allowed:
+        raise ValueError(f"unknown rank-tie rule {rank_ties!r}; use one of {', '.join(allowed)}")
+    return str(rank_ties)
 
 
 # ---------------------------------------------------------------------------------------------- metrics

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.core.kinds import check_rank_ties
 from engine.metrics.backfill_kernels import all_fraction_stats, mixed_stats, recall1_stats, segment_of_columns
 from engine.metrics.device import auto_device, one_blas_thread
 from engine.metrics.ranking import QueryStats
@@ -92,7 +93,7 @@ def backfill_curves(
     fractions: Sequence[float] | np.ndarray | None = None,
     metrics: Sequence[str] = ("recall@1", "map"),
     same_set: bool = False,
-    ties: RankTies = "pessimistic",
+    rank_ties: RankTies = "pessimistic",
     max_block: int = DEFAULT_BLOCK,  # the search backends' default: same blocks, so the endpoints match it bit for bit
 ) -> dict[str, np.ndarray | int]:
     """Backfilling curves of several metrics from one pass over the queries.
@@ -104,7 +105,7 @@ def backfill_curves(
     ``n_no_positive`` (the same at every fraction: exclusions are by index on both galleries).
     """
     return mixed_gallery_curves(query, query, query_labels, old_gallery, new_gallery, gallery_labels, order=order,
-                                fractions=fractions, metrics=metrics, same_set=same_set, ties=ties, max_block=max_block)
+                                fractions=fractions, metrics=metrics, same_set=same_set, rank_ties=rank_ties, max_block=max_block)
 
 
 def mixed_gallery_curves(
@@ -119,7 +120,7 @@ def mixed_gallery_curves(
     fractions: Sequence[float] | np.ndarray | None = None,
     metrics: Sequence[str] = ("recall@1", "map"),
     same_set: bool = False,
-    ties: RankTies = "pessimistic",
+    rank_ties: RankTies = "pessimistic",
     max_block: int = DEFAULT_BLOCK,
 ) -> dict[str, np.ndarray | int]:
     """:func:`backfill_curves` where an item not yet backfilled is scored against ``query_old`` and a backfilled
@@ -127,7 +128,7 @@ def mixed_gallery_curves(
     n_old = check_two_spaces(query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels, same_set=same_set)
     order = _check_order(order, n_old)
     fractions = _check_fractions(fractions)
-    metrics, parsed, ks, map_k, want_ap = parse_curve_metrics(metrics, ties)
+    metrics, parsed, ks, map_k, want_ap = parse_curve_metrics(metrics, rank_ties)
 
     device = auto_device()
     query_labels = np.asarray(query_labels)
@@ -160,7 +161,7 @@ def mixed_gallery_curves(
             for acc, stats in zip(parts, block):
                 acc.append(stats)
 
-    return curve_output(parts, metrics, parsed, ks, map_k, ties, fractions=fractions, n_backfilled=counts)
+    return curve_output(parts, metrics, parsed, ks, map_k, rank_ties, fractions=fractions, n_backfilled=counts)
 
 
 def check_two_spaces(query_old: np.ndarray, query_new: np.ndarray, query_labels: np.ndarray, old_gallery: np.ndarray,
@@ -187,7 +188,7 @@ def check_two_spaces(query_old: np.ndarray, query_new: np.ndarray, query_labels:
     return n_old
 
 
-def parse_curve_metrics(metrics: Sequence[str] | str, ties: str) -> tuple[tuple[str, ...], list[tuple[str, int | None]], tuple[int, ...], int, bool]:
+def parse_curve_metrics(metrics: Sequence[str] | str, rank_ties: str) -> tuple[tuple[str, ...], list[tuple[str, int | None]], tuple[int, ...], int, bool]:
     """Validate curve metric names and the tie rule: (names, parsed, Recall@k ks, mAP@k's k or 0, whether AP is needed)."""
     metrics = (metrics,) if isinstance(metrics, str) else tuple(metrics)
     if not metrics or not all(isinstance(m, str) for m in metrics):
@@ -197,15 +198,14 @@ def parse_curve_metrics(metrics: Sequence[str] | str, ties: str) -> tuple[tuple[
     map_ks = sorted({k for kind, k in parsed if kind == "map" and k})
     if len(map_ks) > 1:
         raise ValueError(f"one mAP@k at a time, got {map_ks}")
-    if ties not in ("pessimistic", "optimistic"):
-        raise ValueError(f"unknown tie rule {ties!r}; use 'pessimistic' or 'optimistic'")
+    check_rank_ties(rank_ties)
     return metrics, parsed, ks, (map_ks[0] if map_ks else 0), any(kind == "map" for kind, _ in parsed)
 
 
 def curve_output(parts: list[list[QueryStats]], metrics: tuple[str, ...], parsed: list[tuple[str, int | None]],
-                 recall_ks: tuple[int, ...], map_k: int, ties: RankTies, **grid: np.ndarray) -> dict[str, np.ndarray | int]:
+                 recall_ks: tuple[int, ...], map_k: int, rank_ties: RankTies, **grid: np.ndarray) -> dict[str, np.ndarray | int]:
     """The curves' dict from the per-block statistics at each grid point: ``grid`` entries, one array per metric, counts."""
-    per_point = [metrics_from_stats(QueryStats.concat(p), ks=recall_ks, map_at=map_k or None, want_map=("map", None) in parsed, ties=ties)
+    per_point = [metrics_from_stats(QueryStats.concat(p), ks=recall_ks, map_at=map_k or None, want_map=("map", None) in parsed, rank_ties=rank_ties)
                  for p in parts]
     out: dict[str, np.ndarray | int] = dict(grid)
     for name, (kind, at) in zip(metrics, parsed):
@@ -226,13 +226,13 @@ def backfill_curve(
     fractions: Sequence[float] | np.ndarray | None = None,
     metric: str = "recall@1",
     same_set: bool = False,
-    ties: RankTies = "pessimistic",
+    rank_ties: RankTies = "pessimistic",
 ) -> tuple[np.ndarray, np.ndarray]:
     """One metric's backfilling curve: ``(fractions, values)`` (default grid 0, 0.05, ..., 1)."""
     if not isinstance(metric, str):
         raise ValueError(f"metric must be one name such as 'recall@1' or 'map', got {metric!r}")
     out = backfill_curves(query, query_labels, old_gallery, new_gallery, gallery_labels, order=order,
-                          fractions=fractions, metrics=(metric,), same_set=same_set, ties=ties)
+                          fractions=fractions, metrics=(metric,), same_set=same_set, rank_ties=rank_ties)
     return out["fractions"], out[metric]
 
 

@@ -75,12 +75,12 @@ def _check_engine(engine: str) -> None:
 
 def _keyed_curves(query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels, *, n_points: int,
                   keys: Callable[..., Any], compiled: Callable[..., tuple[np.ndarray, ...]], engine: str,
-                  metrics, same_set: bool, ties: RankTies, max_block: int):
+                  metrics, same_set: bool, rank_ties: RankTies, max_block: int):
     """Per grid point, the statistics of a ranking: on CPU (``engine="auto"``) from ``compiled(s_old, s_new, by_old,
     by_new, starts, ends, map_k, ctx)`` (every point at once, rows sorted once per block), else from the ranking
     kernel over the keys ``keys(s_old, s_new, point, ctx)``."""
     n = check_two_spaces(query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels, same_set=same_set)
-    metrics, parsed, ks, map_k, want_ap = parse_curve_metrics(metrics, ties)
+    metrics, parsed, ks, map_k, want_ap = parse_curve_metrics(metrics, rank_ties)
     device = auto_device()
     query_labels = np.asarray(query_labels)
     old_g = prepare_gallery(old_gallery, gallery_labels, device=device)
@@ -125,7 +125,7 @@ def rank_merge_curves(
     metrics: Sequence[str] = ("recall@1", "map"),
     merge: str = "score",
     same_set: bool = False,
-    ties: RankTies = "pessimistic",
+    rank_ties: RankTies = "pessimistic",
     max_block: int = DEFAULT_BLOCK,
     engine: str = "auto",
 ) -> dict[str, np.ndarray | int]:
@@ -141,7 +141,7 @@ def rank_merge_curves(
     _check_engine(engine)
     if merge == "score":
         return mixed_gallery_curves(query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels,
-                                    order=order, fractions=fractions, metrics=metrics, same_set=same_set, ties=ties,
+                                    order=order, fractions=fractions, metrics=metrics, same_set=same_set, rank_ties=rank_ties,
                                     max_block=max_block)
     n = len(np.asarray(gallery_labels))
     order = _check_order(order, n)
@@ -167,8 +167,8 @@ def rank_merge_curves(
 
     n, metrics, parsed, ks, map_k, parts = _keyed_curves(
         query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels, n_points=len(fractions), keys=keys,
-        compiled=compiled, engine=engine, metrics=metrics, same_set=same_set, ties=ties, max_block=max_block)
-    return curve_output(parts, metrics, parsed, ks, map_k, ties, fractions=fractions, n_backfilled=counts)
+        compiled=compiled, engine=engine, metrics=metrics, same_set=same_set, rank_ties=rank_ties, max_block=max_block)
+    return curve_output(parts, metrics, parsed, ks, map_k, rank_ties, fractions=fractions, n_backfilled=counts)
 
 
 def rescoring_ks(n: int, fractions: Sequence[float] | np.ndarray | None = None) -> np.ndarray:
@@ -187,7 +187,7 @@ def rescoring_curves(
     ks: Sequence[int] | np.ndarray | None = None,
     metrics: Sequence[str] = ("recall@1", "map"),
     same_set: bool = False,
-    ties: RankTies = "pessimistic",
+    rank_ties: RankTies = "pessimistic",
     max_block: int = DEFAULT_BLOCK,
     engine: str = "auto",
 ) -> dict[str, np.ndarray | int]:
@@ -229,8 +229,8 @@ def rescoring_curves(
 
     n, metrics, parsed, ks_, map_k, parts = _keyed_curves(
         query_old, query_new, query_labels, old_gallery, new_gallery, gallery_labels, n_points=len(grid), keys=keys,
-        compiled=compiled, engine=engine, metrics=metrics, same_set=same_set, ties=ties, max_block=max_block)
-    return curve_output(parts, metrics, parsed, ks_, map_k, ties, ks=grid, fractions=grid / max(n, 1))
+        compiled=compiled, engine=engine, metrics=metrics, same_set=same_set, rank_ties=rank_ties, max_block=max_block)
+    return curve_output(parts, metrics, parsed, ks_, map_k, rank_ties, ks=grid, fractions=grid / max(n, 1))
 
 
 def curve_summary(fractions: np.ndarray, values: np.ndarray, *, old_self: float, new_self: float) -> dict[str, float | None]:
@@ -277,7 +277,7 @@ def rollout_curves(
     metrics: Sequence[str] = ("recall@1", "map"),
     merge: str = "score",
     same_set: bool = False,
-    ties: RankTies = "pessimistic",
+    rank_ties: RankTies = "pessimistic",
     seed: int = 0,
 ) -> dict:
     """Item replacement (per order), rank merge (per order) and candidate re-scoring, each with its summary.
@@ -296,11 +296,11 @@ def rollout_curves(
         raise ValueError("adapted rows need both adapted_query and adapted_gallery")
     a_query = adapted_query if adapted_query is not None else map_rows(adapter, new_query, what="new query features")
     a_gallery = adapted_gallery if adapted_gallery is not None else map_rows(adapter, new_gallery, what="new gallery features")
-    metrics, parsed, ks, map_k, _ = parse_curve_metrics(metrics, ties)
+    metrics, parsed, ks, map_k, _ = parse_curve_metrics(metrics, rank_ties)
     fractions = _check_fractions(fractions)
     if fractions[0] != 0.0 or fractions[-1] != 1.0:
         raise ValueError(f"a roll-out curve runs from beta 0 to 1 (its area averages over [0, 1]); got {fractions[0]} to {fractions[-1]}")
-    cell = {"ks": ks or (1,), "map_at": map_k or None, "same_set": same_set, "ties": ties}
+    cell = {"ks": ks or (1,), "map_at": map_k or None, "same_set": same_set, "rank_ties": rank_ties}
     old_self = retrieval_metrics(old_query, query_labels, old_gallery, gallery_labels, **cell)
     new_self = retrieval_metrics(new_query, query_labels, new_gallery, gallery_labels, **cell)
 
@@ -313,14 +313,14 @@ def rollout_curves(
         order = backfill_order(name, old_gallery=old_gallery, new_gallery=new_gallery, gallery_labels=gallery_labels,
                                seed=seed, adapter=a_gallery)
         out = backfill_curves(a_query, query_labels, old_gallery, a_gallery, gallery_labels, order=order,
-                              fractions=fractions, metrics=metrics, same_set=same_set, ties=ties)
+                              fractions=fractions, metrics=metrics, same_set=same_set, rank_ties=rank_ties)
         replacement[name] = summarised(out, fractions)
         out = rank_merge_curves(a_query, new_query, query_labels, old_gallery, new_gallery, gallery_labels, order=order,
-                                fractions=fractions, metrics=metrics, merge=merge, same_set=same_set, ties=ties)
+                                fractions=fractions, metrics=metrics, merge=merge, same_set=same_set, rank_ties=rank_ties)
         merged[name] = summarised(out, fractions)
     rescored = rescoring_curves(a_query, new_query, query_labels, old_gallery, new_gallery, gallery_labels,
                                 ks=rescoring_ks(len(np.asarray(gallery_labels)), fractions), metrics=metrics,
-                                same_set=same_set, ties=ties)
+                                same_set=same_set, rank_ties=rank_ties)
     return {
         "fractions": fractions.tolist(),
         "metrics": list(metrics),

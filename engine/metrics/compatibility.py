@@ -95,7 +95,7 @@ def _empty_paired(T: int, options: PairedOptions) -> dict:
 
 
 def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: list, *, gallery_kind: GalleryKind, same_set: bool,
-                   ties: RankTies, backend
+                   rank_ties: RankTies, backend
                    ) -> tuple[dict[str, float], dict[str, np.ndarray], int, int, dict[str, TieOutcomes]]:
     """One cell: each metric's value and per-item outcome vector (NaN = undefined), valid and no-positive counts, and
     each Recall@k's tie readings (where the pass counted near ties)."""
@@ -110,7 +110,7 @@ def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: 
         stats = c.stats if isinstance(c, CellStats) else cell_stats(
             c.query, c.query_labels, c.gallery, c.gallery_labels, gallery_kind=gallery_kind, same_set=same_set, map_k=map_k,
             want_ap=want_map, backend=backend, top_k=max(ks, default=1))
-        valid, per_query = per_query_from_stats(stats, ks=ks, map_at=map_k or None, want_map=("map", None) in parsed, ties=ties)
+        valid, per_query = per_query_from_stats(stats, ks=ks, map_at=map_k or None, want_map=("map", None) in parsed, rank_ties=rank_ties)
         n_valid, n_no_pos = int(valid.sum()), int((~valid).sum())
         for name, (kind, at) in zip(metrics, parsed):
             if kind != VERIFICATION:
@@ -128,11 +128,11 @@ def _cell_outcomes(c: CellFeatures | CellStats, metrics: Sequence[str], parsed: 
     return values, vectors, n_valid, n_no_pos, readings
 
 def cell_outcomes(c: CellFeatures | CellStats, metric: str, *, gallery_kind: GalleryKind = "instance",
-                  same_set: bool = False, ties: RankTies = "pessimistic", backend=None) -> tuple[float, np.ndarray]:
+                  same_set: bool = False, rank_ties: RankTies = "pessimistic", backend=None) -> tuple[float, np.ndarray]:
     """One cell's value of ``metric`` and its per-item outcomes (per query, or per verification pair in
     :func:`engine.metrics.cell_interval.pair_images`'s order; NaN = undefined), from the pass that gives its value."""
     values, vectors, _, _, _ = _cell_outcomes(c, (metric,), [parse_metric(metric)], gallery_kind=gallery_kind,
-                                              same_set=same_set, ties=ties, backend=backend)
+                                              same_set=same_set, rank_ties=rank_ties, backend=backend)
     return values[metric], vectors[metric]
 
 
@@ -146,7 +146,7 @@ def compatibility_matrices(
     num_models: int | None = None,
     gallery_kind: GalleryKind = "instance",
     same_set: bool = False,
-    ties: RankTies = "pessimistic",
+    rank_ties: RankTies = "pessimistic",
     backend=None,
     progress: Callable[[int, int], None] | None = None,
     paired: PairedOptions | None = None,
@@ -182,13 +182,13 @@ def compatibility_matrices(
     diagonal: dict[int, tuple] = {}  # self-test of each gallery model: (query ids, outcomes, top lists, query features,
     # pair images, tie readings)
     recall_ks = [at for kind, at in parsed if kind == "recall"]
-    two_way = paired is not None and bool(recall_ks) and two_way_applies("recall", gallery_kind=gallery_kind, rank_ties=ties)
+    two_way = paired is not None and bool(recall_ks) and two_way_applies("recall", gallery_kind=gallery_kind, rank_ties=rank_ties)
     cells = [(t, k) for t in range(T) for k in range(t + 1)]
     for i, (t, k) in enumerate(cells):
         c = cell(t, k)
         if _comparable(c):  # otherwise left NaN
             out, vectors, valid[t, k], no_pos[t, k], readings = _cell_outcomes(
-                c, metrics, parsed, gallery_kind=gallery_kind, same_set=same_set, ties=ties, backend=backend)
+                c, metrics, parsed, gallery_kind=gallery_kind, same_set=same_set, rank_ties=rank_ties, backend=backend)
             for name in metrics:
                 values[name][t, k] = out[name]
             for name, got in readings.items():
@@ -213,7 +213,7 @@ def compatibility_matrices(
     if tests is not None and paired.on_its_own:
         for t, k in [(t, k) for t in range(T) for k in range(t) if t in diagonal and k in diagonal]:
             _alone_cell(tests, t, k, diagonal[t], diagonal[k], dict(zip(metrics, parsed)), paired)
-    return MatrixResult(values, valid, no_pos, comparable, tests, rank_ties=ties, ties=tie_cells or None)
+    return MatrixResult(values, valid, no_pos, comparable, tests, rank_ties=rank_ties, ties=tie_cells or None)
 
 
 def _comparable(c: CellFeatures | CellStats) -> bool:

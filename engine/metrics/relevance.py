@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.core.kinds import LIST_RANK_TIES, check_rank_ties
 from engine.core.vocab import RELEVANCE
 from engine.metrics.topk import TopK
 
@@ -56,7 +57,6 @@ class Outcomes:
         return {m: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan") for m, v in self.values.items()}
 
 
-RANK_TIES = ("pessimistic", "trec")  # the rank-tie rules a top-k list's metrics take (engine.metrics.retrieval.RankTies)
 
 
 def ranked_gains(top: TopK, gains: np.ndarray, *, rank_ties: str = "pessimistic",
@@ -66,8 +66,7 @@ def ranked_gains(top: TopK, gains: np.ndarray, *, rank_ties: str = "pessimistic"
     gains = np.asarray(gains, np.float64)
     if gains.shape != top.ids.shape:
         raise ValueError(f"gains must have the top-k list's shape {top.ids.shape}, got {gains.shape}")
-    if rank_ties not in RANK_TIES:
-        raise ValueError(f"unknown rank-tie rule {rank_ties!r}; use one of {', '.join(RANK_TIES)}")
+    check_rank_ties(rank_ties, LIST_RANK_TIES)
     if rank_ties == "trec":
         if names is None or np.shape(names) != top.ids.shape:
             raise ValueError("the trec tie order needs each listed item's id (names, the list's shape)")
@@ -208,5 +207,5 @@ def outcomes(kind: str, top: TopK, **inputs) -> Outcomes:
     return neighbour_recall(top, **inputs)
 
 
-__all__ = ["RANK_TIES", "Outcomes", "Qrels", "graded_outcomes", "label_outcomes", "neighbour_recall", "outcomes", "qrels_outcomes",
+__all__ = ["Outcomes", "Qrels", "graded_outcomes", "label_outcomes", "neighbour_recall", "outcomes", "qrels_outcomes",
            "ranked_gains"]

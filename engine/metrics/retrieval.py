@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from engine.core.norms import EPS, unit_rows_np
+from engine.core.kinds import check_rank_ties
 from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
 from engine.metrics.search import DEFAULT_BLOCK, Backend, pick_backend
 from engine.metrics.validate import check_cell
@@ -34,9 +35,9 @@ if TYPE_CHECKING:
     import torch
 
 GalleryKind = Literal["instance", "template"]
-# how a negative that ties the best positive ranks (Recall@k); not the ECC tie rule (engine.core.kinds.TIES). "trec":
-# trec_eval's order, equal scores by item id descending (string compare); it needs the ids, so it applies to top-k
-# lists (engine.metrics.relevance), not to the counts of a full ranking
+# how a negative that ties the best positive ranks (Recall@k, engine.core.kinds.RANK_TIES); not the ECC tie rule
+# (engine.core.kinds.TIES). "trec": trec_eval's order, equal scores by item id descending (string compare); it needs
+# the ids, so it applies to top-k lists (engine.metrics.relevance), not to the counts of a full ranking
 RankTies = Literal["pessimistic", "optimistic", "trec"]
 TREC_TIES = "trec"
 
@@ -177,20 +178,18 @@ def cell_stats(
 
 
 def per_query_from_stats(stats: QueryStats, *, ks: tuple[int, ...] = (1, 5), map_at: int | None = None,
-                         want_map: bool = True, ties: RankTies = "pessimistic") -> tuple[np.ndarray, dict[str, np.ndarray]]:
+                         want_map: bool = True, rank_ties: RankTies = "pessimistic") -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Per-query outcomes of one cell: ``(valid, {"recall@k": hit (bool), "map": AP, "map@k": AP@k})``.
 
     ``valid`` marks the queries with a positive in the gallery; the vectors cover every query in the
     caller's order (hits are False and APs NaN where not valid). Averaging them over ``valid`` gives
     :func:`metrics_from_stats`; a paired test compares two cells' vectors query by query.
     """
-    if ties == TREC_TIES:
+    if rank_ties == TREC_TIES:
         raise ValueError("the trec tie order ranks equal scores by item id, which a full ranking's counts do not hold; "
                          "it applies to top-k lists (check-upgrade --old-gallery ... --rank-ties trec)")
-    if ties not in ("pessimistic", "optimistic"):
-        raise ValueError(f"unknown tie rule {ties!r}; use 'pessimistic' or 'optimistic'")
     valid = stats.n_positives > 0
-    before = stats.neg_ge_best if ties == "pessimistic" else stats.neg_gt_best
+    before = stats.neg_ge_best if check_rank_ties(rank_ties) == "pessimistic" else stats.neg_gt_best
     out: dict[str, np.ndarray] = {f"recall@{k}": valid & (before < k) for k in ks}
     if want_map:
         out["map"] = np.where(valid, stats.ap, np.nan)
@@ -199,9 +198,9 @@ def per_query_from_stats(stats: QueryStats, *, ks: tuple[int, ...] = (1, 5), map
     return valid, out
 
 
-def metrics_from_stats(stats: QueryStats, *, ks: tuple[int, ...] = (1, 5), map_at: int | None = None, want_map: bool = True, ties: RankTies = "pessimistic") -> dict[str, float | int]:
+def metrics_from_stats(stats: QueryStats, *, ks: tuple[int, ...] = (1, 5), map_at: int | None = None, want_map: bool = True, rank_ties: RankTies = "pessimistic") -> dict[str, float | int]:
     """Average the per-query statistics into Recall@k, mAP and mAP@k over the valid queries."""
-    valid, vectors = per_query_from_stats(stats, ks=ks, map_at=map_at, want_map=want_map, ties=ties)
+    valid, vectors = per_query_from_stats(stats, ks=ks, map_at=map_at, want_map=want_map, rank_ties=rank_ties)
     n_valid = int(valid.sum())
     out: dict[str, float | int] = {name: float(v[valid].mean()) if n_valid else float("nan") for name, v in vectors.items()}
     out["n_queries"] = int(len(valid))
@@ -220,7 +219,7 @@ def retrieval_metrics(
     map_at: int | None = None,
     gallery_kind: GalleryKind = "instance",
     same_set: bool = False,
-    ties: RankTies = "pessimistic",
+    rank_ties: RankTies = "pessimistic",
     compute_map: bool = True,
     backend: Backend | str | None = None,
 ) -> dict[str, float | int]:
@@ -234,7 +233,7 @@ def retrieval_metrics(
     stats = cell_stats(query, query_labels, gallery, gallery_labels, gallery_kind=gallery_kind, same_set=same_set,
                        map_k=map_at or 0, want_ap=compute_map or bool(map_at), backend=backend,
                        top_k=max(ks, default=1))
-    return metrics_from_stats(stats, ks=ks, map_at=map_at, want_map=compute_map, ties=ties)
+    return metrics_from_stats(stats, ks=ks, map_at=map_at, want_map=compute_map, rank_ties=rank_ties)
 
 
 __all__ = ["Gallery", "prepare_gallery", "cell_stats", "metrics_from_stats", "per_query_from_stats", "VERIFICATION", "retrieval_metrics", "parse_metric",

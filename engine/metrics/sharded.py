@@ -321,7 +321,7 @@ def sharded_retrieval_metrics(
     map_at: int | None = None,
     gallery_kind: GalleryKind = "instance",
     exclude_ids: np.ndarray | None = None,
-    ties: RankTies = "pessimistic",
+    rank_ties: RankTies = "pessimistic",
     compute_map: bool = True,
     max_block: int = DEFAULT_BLOCK,
 ) -> dict[str, float | int]:
@@ -331,7 +331,7 @@ def sharded_retrieval_metrics(
         raise ValueError(f"every k must be >= 1, got {ks}")
     stats = sharded_cell_stats(query, query_labels, shards, gallery_kind=gallery_kind, exclude_ids=exclude_ids,
                                map_k=map_at or 0, want_ap=compute_map or bool(map_at), max_block=max_block)
-    return metrics_from_stats(stats, ks=ks, map_at=map_at, want_map=compute_map, ties=ties)
+    return metrics_from_stats(stats, ks=ks, map_at=map_at, want_map=compute_map, rank_ties=rank_ties)
 
 
 __all__ = ["Shard", "ShardSource", "ap_kernel", "checked_shard", "count_kernel", "gather_positives", "group_by_query",

@@ -46,7 +46,7 @@ from engine.metrics.cell_interval import PairedInterval, paired_intervals
 from engine.metrics.decision import Rule, decide
 from engine.metrics.ranking import QueryStats
 
-JUDGED = ("pessimistic", "optimistic")  # the readings whose verdicts say whether ties decide one
+JUDGED = RANK_TIE_READINGS[::2]  # pessimistic, optimistic: the readings whose verdicts say whether ties decide one
 _LGAMMA = np.frompyfunc(math.lgamma, 1, 1)
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.core.kinds import RANK_TIE_RULES, check_rank_ties
+
 CONTROL = "independent"  # the negative control: independently trained encoders
 SCALES = ("smoke", "reduced", "paper")
 PARTS = {  # a reading's part of each cell's items (engine.reproduce.outcomes.part_mask): its words in the table
@@ -21,30 +23,26 @@ PARTS = {  # a reading's part of each cell's items (engine.reproduce.outcomes.pa
 }
 
 
-TIES = ("pessimistic", "optimistic")  # Recall@k's rule for a negative tying the best positive (engine.metrics.retrieval)
-
-
 @dataclass(frozen=True)
 class Reading:
     """The claim's cells under ``eval_classes``, on every item or on one ``part`` of each cell's (:data:`PARTS`), with
-    Recall@k's tie rule ``ties`` (the stored matrices' is pessimistic: a tie is a miss; optimistic: a hit)."""
+    Recall@k's rank-tie rule ``rank_ties`` (the stored matrices' is pessimistic: a tie is a miss; optimistic: a hit)."""
 
     eval_classes: str
     part: str | None = None
-    ties: str = "pessimistic"
+    rank_ties: str = "pessimistic"
 
     def __post_init__(self) -> None:
         if self.eval_classes not in ("all", "seen"):
             raise ValueError(f"unknown eval classes {self.eval_classes!r}; use all or seen")
         if self.part is not None and self.part not in PARTS:
             raise ValueError(f"unknown part {self.part!r}; use one of {', '.join(PARTS)}")
-        if self.ties not in TIES:
-            raise ValueError(f"unknown tie rule {self.ties!r}; use one of {', '.join(TIES)}")
+        check_rank_ties(self.rank_ties)
 
     @property
     def label(self) -> str:
         words = [self.eval_classes] + ([PARTS[self.part]] if self.part else [])
-        return ", ".join(words + ([f"ties {self.ties}"] if self.ties != TIES[0] else []))
+        return ", ".join(words + ([f"ties {self.rank_ties}"] if self.rank_ties != RANK_TIE_RULES[0] else []))
 
 
 @dataclass(frozen=True)
@@ -176,7 +174,7 @@ CLAIMS: dict[str, Claim] = {
         scenario=dict(initial_classes=5, increment=5, num_steps=2),
         views={"psp": "psp", "lsp": "lsp"},
         method_params={m: {"temperature": PSP_TEMPERATURE, "extraction_temperature": "training"} for m in ("psp", "lsp")},
-        readings=(Reading("all", ties="optimistic"), Reading("seen"), Reading("seen", ties="optimistic")),
+        readings=(Reading("all", rank_ties="optimistic"), Reading("seen"), Reading("seen", rank_ties="optimistic")),
     ),
     # paper 001 Table II: CL2R on CIFAR-100/10, 2 tasks (10 + 90 classes), fine-tuning with replay (20 images a
     # class), 1:N search on open-set CIFAR-10 against class-mean templates; AC 1 for every method in the 2-task column

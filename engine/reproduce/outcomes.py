@@ -94,18 +94,18 @@ def cell_source(db: Engine, experiment_id: int, *, view: str, eval_classes: str,
 
 
 def seed_items(db: Engine, experiment_id: int, *, view: str, metric: str, gallery: str, eval_classes: str,
-               topk: int | None = None, part: str | None = None, ties: str = "pessimistic"
+               topk: int | None = None, part: str | None = None, rank_ties: str = "pessimistic"
                ) -> tuple[SeedItems, np.ndarray]:
-    """The experiment's per-item outcomes (module docstring; ``part``: one kind of item, :data:`PARTS`; ``ties``:
+    """The experiment's per-item outcomes (module docstring; ``part``: one kind of item, :data:`PARTS`; ``rank_ties``:
     Recall@k's tie rule) and the T x T matrix of their means (the cells' values)."""
     T, cell = cell_source(db, experiment_id, view=view, eval_classes=eval_classes, topk=topk)
     classes = learned_classes(db, experiment_id) if part is not None else None
     return items_from_cells(T, cell, metric=metric, gallery=gallery, same_set=experiment_same_set(db, experiment_id),
-                            part=part, classes=classes, ties=ties)
+                            part=part, classes=classes, rank_ties=rank_ties)
 
 
 def own_gain(db: Engine, experiment_id: int, cell: tuple[int, int], *, view: str, metric: str, gallery: str,
-             eval_classes: str, part: str | None = None, ties: str = "pessimistic") -> float:
+             eval_classes: str, part: str | None = None, rank_ties: str = "pessimistic") -> float:
     """The upgrade's own gain behind cross-test ``cell`` = (t, k): model t's self-test minus model k's, both on the
     items the cross-test counts (under seen: model k's classes; ``part``: with model k's classes learned).
 
@@ -120,7 +120,7 @@ def own_gain(db: Engine, experiment_id: int, cell: tuple[int, int], *, view: str
 
     def value(model: int) -> float:
         c = source(model, k, gallery_model=model)
-        v, vec = cell_outcomes(c, metric, gallery_kind=gallery, same_set=same_set, ties=ties)
+        v, vec = cell_outcomes(c, metric, gallery_kind=gallery, same_set=same_set, rank_ties=rank_ties)
         if part is None:
             return v
         if pairs:
@@ -182,12 +182,12 @@ def part_mask(part: str, learned: int, query_labels: np.ndarray, gallery_labels:
 
 def items_from_cells(T: int, cell: Callable[[int, int], CellFeatures], *, metric: str,
                      gallery: str = "instance", same_set: bool = True, part: str | None = None,
-                     classes: Sequence[int] | None = None, ties: str = "pessimistic") -> tuple[SeedItems, np.ndarray]:
+                     classes: Sequence[int] | None = None, rank_ties: str = "pessimistic") -> tuple[SeedItems, np.ndarray]:
     """:func:`seed_items` for any ``cell(t, k)`` (``query_ids``: the query images' ids; every lower-triangle cell
     comparable). ``same_set``: the queries are the gallery images (closed set, one id space); else (open set) the
     gallery images get their own ids after the queries', so a pair names its two images in one id space. ``part``
     (with ``classes``, the classes each model learned): only that part's items (:func:`part_mask`), the others NaN;
-    ``ties``: Recall@k's rule for a negative tying the best positive (pessimistic: a miss, as stored)."""
+    ``rank_ties``: Recall@k's rule for a negative tying the best positive (pessimistic: a miss, as stored)."""
     if part is not None and (classes is None or len(classes) != T):
         raise ValueError(f"a part needs the classes each of the {T} models learned")
     columns = matrix_columns(T)
@@ -199,7 +199,7 @@ def items_from_cells(T: int, cell: Callable[[int, int], CellFeatures], *, metric
         c = cell(t, k)
         if np.asarray(c.query).shape[1] != np.asarray(c.gallery).shape[1]:
             raise ValueError(f"cell ({t + 1}, {k + 1}) is not comparable: no per-item outcomes")
-        C[t, k], vec = cell_outcomes(c, metric, gallery_kind=gallery, same_set=same_set, ties=ties)
+        C[t, k], vec = cell_outcomes(c, metric, gallery_kind=gallery, same_set=same_set, rank_ties=rank_ties)
         if part is not None:
             learned = min(classes[t], classes[k])
             if pairs:

@@ -157,7 +157,7 @@ def reading_runs(db: Engine, experiment_ids: Sequence[int], *, view: str, metric
     for exp_id in experiment_ids:
         try:
             got, C = seed_items(db, exp_id, view=view, metric=metric, gallery=gallery, eval_classes=reading.eval_classes,
-                                part=reading.part, ties=reading.ties)
+                                part=reading.part, rank_ties=reading.rank_ties)
         except (ValueError, LookupError, OSError) as exc:
             return SeedRuns((), None, f"experiment {exp_id} cannot be read as {reading.label} ({exc})")
         items.append(got)
@@ -213,7 +213,7 @@ def gain_interval(db: Engine, runs: dict[tuple[int, str], int], claim: Claim, me
                                    gallery="template" if conv["gallery"] == "template" else "instance",
                                    eval_classes=reading.eval_classes if reading else conv["eval_classes"],
                                    part=reading.part if reading else None,
-                                   ties=reading.ties if reading else "pessimistic"))
+                                   rank_ties=reading.rank_ties if reading else "pessimistic"))
         except (ValueError, LookupError, OSError):
             return None
     return seed_interval(values)

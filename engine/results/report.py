@@ -172,12 +172,12 @@ def matrix_rows(C: np.ndarray, *, names: Sequence[str], comparable: np.ndarray |
     return rows
 
 
-def _tie_columns(ties: dict | None, t: int, k: int) -> dict:
+def _tie_columns(tie_readings: dict | None, t: int, k: int) -> dict:
     """A Recall@k cell's ties as CSV columns (empty without stored tie readings or counts)."""
-    if not ties or ties["tied"][t][k] is None:
+    if not tie_readings or tie_readings["tied"][t][k] is None:
         return {}
-    decide = ties.get("decide")
-    return {"tie_share": ties["share"][t][k], **{f"value_{r}": ties[r][t][k] for r in ties["readings"]},
+    decide = tie_readings.get("decide")
+    return {"tie_share": tie_readings["share"][t][k], **{f"value_{r}": tie_readings[r][t][k] for r in tie_readings["readings"]},
             "ties_decide": decide[t][k] if decide and t != k else None}
 
 
@@ -227,9 +227,9 @@ def matrix_csv(C: np.ndarray, *, names: Sequence[str], **labels: Any) -> str:
 
 
 def _extra_lines(paired: dict | None, C: np.ndarray | None, names: Sequence[str], replaced: Sequence[int],
-                 ties: Sequence[str] = ()) -> list[str]:
+                 tie_words: Sequence[str] = ()) -> list[str]:
     return (([paired_line(paired)] if paired else []) + ([gain_line(C, names)] if C is not None else [])
-            + ([replaced_note(replaced)] if replaced else []) + list(ties))
+            + ([replaced_note(replaced)] if replaced else []) + list(tie_words))
 
 
 def _value(s: dict, key: str, scale: float) -> str:

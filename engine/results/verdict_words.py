@@ -28,14 +28,14 @@ def verdict_word(verdict: str | None) -> str | None:
     return None if verdict is None else WORDS[verdict]
 
 
-def matrix_verdict(verdicts: Sequence[Sequence[str | None]], ties: Mapping | None = None) -> str | None:
+def matrix_verdict(verdicts: Sequence[Sequence[str | None]], tie_readings: Mapping | None = None) -> str | None:
     """The paired verdict of a stored matrix in words: one cross-test (two models) -> its word; several -> the
-    count of each word ('2 compatible, 1 too close to call'); None when no cross-test has a verdict. ``ties`` (a
-    Recall@k matrix's stored ``tie_readings``) adds where ties decide verdicts: '(ties decide it)', '; ties decide 2'."""
+    count of each word ('2 compatible, 1 too close to call'); None when no cross-test has a verdict. ``tie_readings`` (as
+    a Recall@k matrix stores them) adds where ties decide verdicts: '(ties decide it)', '; ties decide 2'."""
     flat = [v for t, row in enumerate(verdicts) for k, v in enumerate(row) if k < t and v]
     if not flat:
         return None
-    decide = (ties or {}).get("decide") or []
+    decide = (tie_readings or {}).get("decide") or []
     decided = sum(bool(v) for t, row in enumerate(decide) for k, v in enumerate(row) if k < t)
     if len(flat) == 1:
         return WORDS[flat[0]] + (" (ties decide it)" if decided else "")
@@ -80,10 +80,10 @@ RESAMPLED = {"two-way": "queries and gallery items", "images": "pairs, their ima
              "unchanged": None}
 
 
-def cell_verdict_lines(paired: Mapping | None, names: Sequence[str], ties: Mapping | None = None) -> list[str]:
+def cell_verdict_lines(paired: Mapping | None, names: Sequence[str], tie_readings: Mapping | None = None) -> list[str]:
     """Each judged cross-test of a stored paired test in check-upgrade's words, then the rule and the family-wise
     choice: ``M2 → M1: too close to call (-0.3 points, 95% CI -2.1 to +1.5 over 400 queries and gallery items)``;
-    ``ties`` (a Recall@k matrix's stored ``tie_readings``) adds ``; ties decide it (...)`` where they do."""
+    ``tie_readings`` (as a Recall@k matrix stores them) adds ``; ties decide it (...)`` where they do."""
     if not paired:
         return []
     items = paired.get("items", "queries")
@@ -99,7 +99,7 @@ def cell_verdict_lines(paired: Mapping | None, names: Sequence[str], ties: Mappi
             extra = (" (no item changed: the exact bound on the share that could)" if kind == "unchanged" else "")
             out.append(f"{names[t]} → {names[k]}: {WORDS[v]} ({interval_text(paired['diff'][t][k], paired['lo'][t][k], paired['hi'][t][k], paired['confidence'])}"
                        f" over {'' if n is None else f'{n:,} '}{over}){extra}{_alone(paired, t, k, names)}"
-                       + (f"; {decided}" if (decided := ties_decide_words(ties, t, k)) else ""))
+                       + (f"; {decided}" if (decided := ties_decide_words(tie_readings, t, k)) else ""))
     if out and (ac := ac_line(paired)):
         out.append(ac)
     if out:
@@ -110,35 +110,35 @@ def cell_verdict_lines(paired: Mapping | None, names: Sequence[str], ties: Mappi
     return out
 
 
-def ties_decide_words(ties: Mapping | None, t: int, k: int) -> str | None:
+def ties_decide_words(tie_readings: Mapping | None, t: int, k: int) -> str | None:
     """``ties decide it (not compatible when tied negatives rank first, compatible when they rank after)`` for a
     cross-test whose verdict differs between the pessimistic and the optimistic tie reading, else None."""
-    decide = (ties or {}).get("decide")
+    decide = (tie_readings or {}).get("decide")
     if not decide or not decide[t][k]:
         return None
-    v = ties["verdicts"][t][k]
+    v = tie_readings["verdicts"][t][k]
     return (f"ties decide it ({WORDS[v['pessimistic']]} when tied negatives rank first, {WORDS[v['optimistic']]} "
             f"when they rank after)")
 
 
-def tie_lines(ties: Mapping | None, names: Sequence[str], metric: str = "recall@k") -> list[str]:
+def tie_lines(tie_readings: Mapping | None, names: Sequence[str], metric: str = "recall@k") -> list[str]:
     """Every cell of a Recall@k matrix with tied queries (stored ``tie_readings``, :mod:`engine.metrics.ties`): its tie
     share and the Recall@k under the pessimistic / expected / optimistic readings, and where ties decide the cell's
     verdict; [] when no query is tied (or the matrix has no tie counts)."""
-    if not ties:
+    if not tie_readings:
         return []
-    tied, share = ties["tied"], ties["share"]
-    decide = ties.get("decide")
+    tied, share = tie_readings["tied"], tie_readings["share"]
+    decide = tie_readings.get("decide")
     cells = [(t, k) for t, row in enumerate(tied) for k, n in enumerate(row) if k <= t and n]
     if not cells:
         return []
-    out = [f"ties (a negative within {ties['tolerance']:g} of the best positive, before the k-th place; the value "
+    out = [f"ties (a negative within {tie_readings['tolerance']:g} of the best positive, before the k-th place; the value "
            f"applies the pessimistic rule to exact ties): {metric_name(metric)} pessimistic / expected / optimistic"]
     for t, k in cells:
-        readings = " / ".join(f"{100 * ties[r][t][k]:.2f}" for r in ties["readings"])
+        readings = " / ".join(f"{100 * tie_readings[r][t][k]:.2f}" for r in tie_readings["readings"])
         line = f"{names[t]} → {names[k]}: {tied[t][k]:,} queries tied ({100 * share[t][k]:.1f} %); {readings} %"
         if decide and decide[t][k]:
-            line += f"; {ties_decide_words(ties, t, k)}"
+            line += f"; {ties_decide_words(tie_readings, t, k)}"
         out.append(line)
     return out
 

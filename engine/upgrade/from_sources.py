@@ -38,7 +38,7 @@ from functools import cached_property
 
 import numpy as np
 
-from engine.core.kinds import MAX_K, STRICT, metric_parts
+from engine.core.kinds import LIST_RANK_TIES, MAX_K, STRICT, check_rank_ties, metric_parts
 from engine.core.cluster import ClusterSpec
 from engine.core.contract import sources_check_payload
 from engine.core.fan_out import FanOut
@@ -48,7 +48,7 @@ from engine.evaluate.dask_search import dashboard_link, dask_client, sharded_top
 from engine.metrics.cell_interval import cell_seed, paired_intervals
 from engine.metrics.list_merge import rows_of
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED
-from engine.metrics.relevance import RANK_TIES, Outcomes, label_outcomes, neighbour_recall, qrels_outcomes
+from engine.metrics.relevance import Outcomes, label_outcomes, neighbour_recall, qrels_outcomes
 from engine.metrics.ties import list_tie_outcomes, pair_ties
 from engine.metrics.topk import TopK, stream_topk
 from engine.metrics.twoway import TopLists, ranked_lists, two_way_depth
@@ -153,7 +153,7 @@ class SourcesCheck:
     backfill_depth: int | None = None  # D of the backfill's top-D lists (None: no backfill computed)
     backfill_decided: dict[str, list[float]] = field(default_factory=dict)  # ordering -> share of queries decided per point
     lists: CheckLists | None = field(default=None, repr=False, compare=False)  # for the remedies, not in the JSON
-    rank_ties: str = "pessimistic"  # how equal scores in a list ranked (engine.metrics.relevance.RANK_TIES)
+    rank_ties: str = "pessimistic"  # how equal scores in a list ranked (engine.core.kinds.LIST_RANK_TIES)
 
     def to_json(self) -> dict:
         """The report's JSON with the relevance, the depth, the convention line, the sources and every cell's means."""
@@ -454,8 +454,7 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
            interval: str = DEFAULT_INTERVAL, query_groups: str | None = None,
            search_old: Callable[..., TopK], rank_ties: str = "pessimistic") -> SourcesCheck:
     relevance = relevance or default_relevance(specs.qrels)
-    if rank_ties not in RANK_TIES:
-        raise ValueError(f"unknown rank-tie rule {rank_ties!r}; use one of {', '.join(RANK_TIES)}")
+    check_rank_ties(rank_ties, LIST_RANK_TIES)
     if relevance not in RELEVANCE:
         raise ValueError(f"unknown relevance {relevance!r}; use one of {', '.join(RELEVANCE)}")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
