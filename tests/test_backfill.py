@@ -252,7 +252,7 @@ def _call(**change):
     ({"fractions": [0.0, 0.5, 0.5, 1.0]}, "strictly increasing; 0.5 is followed by 0.5"),
     ({"metrics": ("recall@1", "ndcg")}, "unknown metric 'ndcg'"),
     ({"metrics": ("map@5", "map@10")}, "one mAP@k at a time"),
-    ({"rank_ties": "random"}, "unknown tie rule"),
+    ({"rank_ties": "random"}, "unknown rank-tie rule"),
     ({"gallery_labels": np.array([0, 1])}, "gallery labels has 2 labels for 3 feature rows"),
     ({"same_set": True}, "same_set=True needs one query per gallery item"),
 ])

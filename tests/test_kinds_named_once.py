@@ -124,16 +124,20 @@ def test_rank_tie_rules_have_one_record():
     """Recall@k's rule for a negative tying the best positive: its own family, apart from the ECC tie rules."""
     from typing import get_args
 
-    from engine.core.kinds import RANK_TIE_RULES, RANK_TIES, check_rank_ties
+    from engine.core.kinds import LIST_RANK_TIES, RANK_TIE_RULES, RANK_TIES, check_rank_ties
     from engine.core.vocab import RANK_TIE_READINGS
     from engine.metrics.retrieval import RankTies
     from engine.metrics.ties import JUDGED
 
-    assert get_args(RankTies) == RANK_TIE_RULES == JUDGED == ("pessimistic", "optimistic")
-    assert set(RANK_TIE_RULES) < set(RANK_TIE_READINGS) and not set(RANK_TIE_RULES) & set(TIE_RULES)
+    # trec (trec_eval's order by item id) is a rule of top-k lists only; the near-tie readings judge the other two
+    assert get_args(RankTies) == RANK_TIE_RULES == ("pessimistic", "optimistic", "trec")
+    assert JUDGED == ("pessimistic", "optimistic") and set(LIST_RANK_TIES) == {"pessimistic", "trec"}
+    assert set(JUDGED) < set(RANK_TIE_READINGS) and not set(RANK_TIE_RULES) & set(TIE_RULES)
     assert all(r.help for r in RANK_TIES.values()) and check_rank_ties("optimistic") == "optimistic"
-    with pytest.raises(ValueError, match="unknown tie rule 'fail'"):
+    with pytest.raises(ValueError, match="unknown rank-tie rule 'fail'"):
         check_rank_ties("fail")  # an ECC rule is not a rank-tie rule
+    with pytest.raises(ValueError, match="unknown rank-tie rule 'optimistic'; use one of pessimistic, trec"):
+        check_rank_ties("optimistic", LIST_RANK_TIES)
 
 
 @pytest.mark.parametrize("bad", ["FAIL", "ge", None, 1])

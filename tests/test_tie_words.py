@@ -28,14 +28,8 @@ from engine.core.kinds import RANK_TIE_RULES, TIE_RULES
 ROOT = Path(__file__).resolve().parents[1]
 RANK_RULES = set(RANK_TIE_RULES)
 ECC_RULES = set(TIE_RULES)
-# the task mechanism, being deleted (issue 40): its search tasks still take a rank-tie rule as ``ties``, and so does
-# matrix_by_tasks, which hands it to them (its in-process calls already pass ``rank_ties=``). Their parameters are
-# left out of the first scan; their calls are not left out of the second (one that no longer fits fails it).
-GOING = {"engine/evaluate/search_tasks.py", "storage/tasks.py", "engine/jobs/task_handlers.py",
-         "engine/checkpoints/extract_tasks.py", "engine/tasks"}
-ALLOWED = {"engine/evaluate/matrix.py:68",
-           # MatrixResult.ties, each Recall@k matrix's tie readings: tests/test_matrix_tasks.py (the task path's test)
-           # reads it, so it is renamed tie_readings with the task path's deletion
+GOING: set[str] = set()  # files left out of the first scan (none since the task mechanism went, issue 41)
+ALLOWED = {  # MatrixResult.ties, each Recall@k matrix's stored tie readings (a dict, not a rule), read under that name
            "engine/metrics/compatibility.py:86"}
 
 

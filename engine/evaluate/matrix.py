@@ -183,7 +183,7 @@ def _submit_cell(client: Any, url: str, cell: CellSpec, blocks: list[tuple[int, 
 
 
 def matrix_on_dask(db: Engine, client: Any, cells: Callable[[int, int], CellSpec | None], num_models: int, *,
-                   metrics: Sequence[str], ties: str = "pessimistic", paired: PairedOptions | None = None,
+                   metrics: Sequence[str], rank_ties: str = "pessimistic", paired: PairedOptions | None = None,
                    fan_out: FanOut = FanOut(), features: Callable[[int, int], CellFeatures] | None = None,
                    same_set: bool = False, should_stop: Callable[[], bool] | None = None,
                    progress: Callable[[int, int, str | None], None] | None = None) -> MatrixResult:
@@ -199,7 +199,7 @@ def matrix_on_dask(db: Engine, client: Any, cells: Callable[[int, int], CellSpec
     if verification and features is None:
         raise ValueError("pair verification needs the cells' features: pass features=")
     if all(kind == VERIFICATION for kind, _ in parsed):  # nothing to search
-        return compatibility_matrices(features, num_models=num_models, metrics=metrics, rank_ties=ties, paired=paired,
+        return compatibility_matrices(features, num_models=num_models, metrics=metrics, rank_ties=rank_ties, paired=paired,
                                       same_set=same_set)
     want_cnt = any(kind == "map" for kind, _ in parsed)
     map_k = next((k for kind, k in parsed if kind == "map" and k), None) or 0
@@ -232,7 +232,7 @@ def matrix_on_dask(db: Engine, client: Any, cells: Callable[[int, int], CellSpec
         done = results[(t, k)]
         return CellStats(done.stats, done.query_ids, features(t, k) if verification or two_way else None)
 
-    return compatibility_matrices(cell, num_models=num_models, metrics=metrics, rank_ties=ties, paired=paired,
+    return compatibility_matrices(cell, num_models=num_models, metrics=metrics, rank_ties=rank_ties, paired=paired,
                                   same_set=same_set)
 
 
