@@ -6,15 +6,18 @@
 into blocks of :attr:`FanOut.block_rows`; each task (:func:`partition_topk`) opens the source by its text, reads its
 partition (:meth:`engine.sources.Source.rows`), checks that it holds the items the check numbered (a digest of their
 ids) and returns its queries' partial top-k (:func:`engine.metrics.topk.stream_topk`, ids = gallery rows). Only the
-query blocks (scattered once) and the partial lists pass through the scheduler, never the gallery. The partial lists
-are merged exactly in partition order (:func:`engine.metrics.topk.merge_topk`): ids, ties (lower row first) and
-``tied_beyond`` are those of one streamed pass; scores are float32 products, which BLAS may round differently for
-tiles of another shape (a few ulps, so two items within that of each other may swap).
+query blocks (scattered once, to every worker: scattered data is not recomputed, so a worker that dies loses no
+block another still holds) and the partial lists pass through the scheduler, never the gallery; a killed worker's
+tasks are recomputed by Dask on the others (tests/test_dask_faults.py). The partial lists are merged exactly in
+partition order (:func:`engine.metrics.topk.merge_topk`): ids, ties (lower row first) and ``tied_beyond`` are those
+of one streamed pass; scores are float32 products, which BLAS may round differently for tiles of another shape (a
+few ulps, so two items within that of each other may swap).
 """
 from __future__ import annotations
 
 import hashlib
 import logging
+from concurrent.futures import CancelledError
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -105,6 +108,16 @@ def partition_topk(text: str, what: str, lo: int, hi: int, digest: str, queries:
         source.close()
 
 
+def _lost(client: Any, done: int, total: int) -> str:
+    """One line for tasks the cluster dropped: the scheduler went away, or every copy of their input died."""
+    scheduler = getattr(client.scheduler, "address", None) or "its address"
+    if client.status != "running":
+        return (f"the Dask scheduler at {scheduler} went away during the sharded search ({done} of {total} tasks "
+                "done); nothing was written")
+    return (f"the Dask cluster at {scheduler} lost the sharded search's tasks ({done} of {total} done; every worker "
+            "holding their queries died); nothing was written")
+
+
 def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np.ndarray, *, k: int,
                  backend: str = "numpy", block_rows: int = 65536, fan_out: FanOut = FanOut(),
                  progress: Callable[[int, int], None] | None = None) -> TopK:
@@ -112,7 +125,8 @@ def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np
     client's cluster as (query block x gallery partition) tasks and merged exactly (module docstring).
     ``progress(done, total)`` is called as tasks finish; a cancelled job (:func:`engine.core.signals.cancel_requested`)
     raises :class:`~engine.core.signals.Cancelled` within :data:`CANCEL_POLL_S` and its tasks are cancelled on the
-    cluster."""
+    cluster; tasks the cluster drops (its scheduler went away, or every worker holding a query block died) raise a
+    one-line ``ValueError``."""
     from distributed import wait
 
     n_g, n_q = len(ids), len(queries)
@@ -120,13 +134,15 @@ def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np
         raise ValueError("the gallery is empty: no block has an item")
     parts = [(lo, min(n_g, lo + fan_out.shard_rows)) for lo in range(0, n_g, fan_out.shard_rows)]
     digests = [ids_digest(ids[lo:hi]) for lo, hi in parts]
-    q_blocks = client.scatter([queries[lo: lo + fan_out.block_rows] for lo in range(0, n_q, fan_out.block_rows)])
+    # on every worker: scattered data is not recomputed, so a block held by one worker alone dies with it
+    q_blocks = client.scatter([queries[lo: lo + fan_out.block_rows] for lo in range(0, n_q, fan_out.block_rows)],
+                              broadcast=True)
     futures = [[client.submit(partition_topk, text, what, lo, hi, digest, block, k=k, backend=backend,
                               block_rows=block_rows, pure=False) for (lo, hi), digest in zip(parts, digests)]
                for block in q_blocks]
     flat = [f for row in futures for f in row]
+    pending, done = set(flat), 0
     try:
-        pending, done = set(flat), 0
         while pending:
             if cancel_requested():  # the job was cancelled: the tasks are cancelled below, nothing is kept
                 raise Cancelled(f"cancelled during the sharded search ({done} of {len(flat)} tasks done)")
@@ -140,8 +156,11 @@ def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np
             if progress is not None and finished:
                 progress(done, len(flat))
         merged = [merge_topk(client.gather(row), k) for row in futures]
+    except CancelledError:  # not the job's cancel (Cancelled is no CancelledError): the cluster dropped the tasks
+        raise ValueError(_lost(client, done, len(flat))) from None
     finally:
-        client.cancel(flat + list(q_blocks))
+        if client.status == "running":  # a client whose scheduler went away has nothing left to cancel
+            client.cancel(flat + list(q_blocks))
     return TopK(np.concatenate([m.ids for m in merged]), np.concatenate([m.scores for m in merged]),
                 np.concatenate([m.tied_beyond for m in merged]), n_g)
 
