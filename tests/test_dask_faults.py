@@ -5,6 +5,7 @@ holds: every partition task blocks, once its worker process has said which it is
   worker and on the one its nanny restarts; the check equals the in-process one (top-k ids and tie counts equal,
   scores to float32 rounding 1e-6, every JSON number to 1e-9) and the old queries' lists equal a float64 numpy
   brute force.
+- A task whose workers die more often than Dask allows (``allowed-failures`` 0): one line, ``ValueError``.
 - The scheduler killed while the tasks run: the CLI fails with one line (exit 2), writes nothing.
 - A job cancelled during the fan-out: tests/test_dask_search.py (``test_a_cancelled_job_cancels_the_sharded_search``).
 
@@ -95,12 +96,9 @@ def holder_of_most_blocks(client) -> str:
     return sorted(held, key=lambda w: (-held[w], w))[0]
 
 
-def test_a_worker_killed_mid_search_is_recomputed_and_the_check_is_unchanged(tmp_path):
-    e = embeddings()
-    tabs = tables(e, text=True)
-    specs = write_all("parquet", tmp_path / "p", tabs)
-    fan_out = FanOut(block_rows=48, shard_rows=50)  # 96 stacked queries x 240 items: 2 x 5 tasks, 2 query blocks
-    alone = run(specs)
+def check_with_a_worker_killed(specs, fan_out: FanOut) -> tuple[dict, list[str]]:
+    """The check on a ``LocalCluster(2)`` whose worker holding the most query blocks is SIGKILLed while both workers
+    are inside a partition task; returns ({"check": the check} or {"error": what it raised}, its progress lines)."""
     with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
           distributed.Client(cluster) as client):
         client.wait_for_workers(2)
@@ -124,8 +122,18 @@ def test_a_worker_killed_mid_search_is_recomputed_and_the_check_is_unchanged(tmp
         distributed.Event(RELEASE, client=client).set()
         thread.join(DEADLINE_S)
         assert not thread.is_alive(), "the check did not end after the kill"
-        assert "error" not in outcome, outcome.get("error")
-        assert victim not in client.run(os.getpid).values()  # the killed process is gone; the work was redone
+        assert victim not in client.run(os.getpid).values()  # the killed process is gone
+    return outcome, said
+
+
+def test_a_worker_killed_mid_search_is_recomputed_and_the_check_is_unchanged(tmp_path):
+    e = embeddings()
+    tabs = tables(e, text=True)
+    specs = write_all("parquet", tmp_path / "p", tabs)
+    alone = run(specs)
+    # 96 stacked queries x 240 items: 2 query blocks x 5 partitions
+    outcome, said = check_with_a_worker_killed(specs, FanOut(block_rows=48, shard_rows=50))
+    assert "error" not in outcome, outcome.get("error")
     sharded = outcome["check"]
     assert "searching the old gallery: 10 of 10 tasks" in said
     a, b = alone.lists.old_old, sharded.lists.old_old
@@ -139,6 +147,17 @@ def test_a_worker_killed_mid_search_is_recomputed_and_the_check_is_unchanged(tmp
     want = np.argsort(-(unit(q_vec.astype(np.float64)) @ unit(g_vec.astype(np.float64)).T), axis=1, kind="stable")
     order = np.argsort(sharded.lists.queries.ids)  # the check's query order, by id, against the table's
     assert np.array_equal(b.ids[order], want[:, :b.k][np.argsort(q_ids)])
+
+
+def test_a_task_whose_workers_die_more_often_than_dask_allows_fails_in_one_line(tmp_path):
+    import dask
+
+    specs = write_all("parquet", tmp_path / "p", tables(embeddings()))
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):  # the first death gives the task up
+        outcome, _ = check_with_a_worker_killed(specs, FanOut(block_rows=48, shard_rows=50))
+    error = outcome.get("error")
+    assert isinstance(error, ValueError) and "\n" not in str(error), repr(error)
+    assert str(error).startswith("every Dask worker that ran one partition task died"), str(error)
 
 
 @pytest.fixture

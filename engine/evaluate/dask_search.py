@@ -125,9 +125,9 @@ def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np
     client's cluster as (query block x gallery partition) tasks and merged exactly (module docstring).
     ``progress(done, total)`` is called as tasks finish; a cancelled job (:func:`engine.core.signals.cancel_requested`)
     raises :class:`~engine.core.signals.Cancelled` within :data:`CANCEL_POLL_S` and its tasks are cancelled on the
-    cluster; tasks the cluster drops (its scheduler went away, or every worker holding a query block died) raise a
-    one-line ``ValueError``."""
-    from distributed import wait
+    cluster; tasks the cluster drops (its scheduler went away, every worker holding a query block died, or a task's
+    workers died more often than Dask allows) raise a one-line ``ValueError``."""
+    from distributed import KilledWorker, wait
 
     n_g, n_q = len(ids), len(queries)
     if not n_g:
@@ -158,6 +158,9 @@ def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np
         merged = [merge_topk(client.gather(row), k) for row in futures]
     except CancelledError:  # not the job's cancel (Cancelled is no CancelledError): the cluster dropped the tasks
         raise ValueError(_lost(client, done, len(flat))) from None
+    except KilledWorker as exc:  # Dask gave up on a task after its allowed failures
+        raise ValueError(f"every Dask worker that ran one partition task died ({done} of {len(flat)} tasks done; "
+                         f"nothing was written): {first_line(exc)}") from None
     finally:
         if client.status == "running":  # a client whose scheduler went away has nothing left to cancel
             client.cancel(flat + list(q_blocks))
