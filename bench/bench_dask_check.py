@@ -192,7 +192,7 @@ def main() -> None:
     print(f"sources written in {t_write:.1f} s")
     print(f"in this process (baseline): {alone['wall_s']:.1f} s, peak RSS {alone['peak_mb']:,.0f} MB")
     print(f"LocalCluster({args.workers}): {sharded['wall_s']:.1f} s (+ {sharded['start_s']:.1f} s to start it), "
-          f"{len(tasks)} tasks of {args.shard_rows:,} gallery rows x {args.block_rows:,} queries, search span "
+          f"{len(tasks)} tasks of {args.shard_rows:,} gallery rows x {min(args.block_rows, 2 * args.queries):,} queries, search span "
           f"{sharded['search_span_s']:.1f} s; peak RSS client {sharded['peak_mb']:,.0f} MB, workers "
           f"{', '.join(f'{m:,.0f}' for m in sharded['worker_peak_mb'])} MB")
     print(f"ratio baseline / cluster: {alone['wall_s'] / sharded['wall_s']:.2f}x; with the start: "
