@@ -29,7 +29,7 @@ import pytest
 from engine.cli import main
 from engine.core.cluster import parse_cluster
 from engine.core.fan_out import FanOut
-from support.upgrade_sources import embeddings, run, tables, write_all
+from support.upgrade_sources import close_json, embeddings, run, tables, write_all
 
 distributed = pytest.importorskip("distributed")
 
@@ -62,22 +62,6 @@ def gate_partitions() -> int:
     opened = dask_search.open_source
     dask_search.open_source = lambda text, *, what: GatedSource(opened(text, what=what))
     return os.getpid()
-
-
-def close(a, b, path: str = "") -> None:
-    """Two JSON values equal, numbers to 1e-9 (NaN equal to NaN)."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for key in a:
-            close(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            close(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) or isinstance(b, float):
-        assert a == pytest.approx(b, rel=1e-9, abs=1e-9, nan_ok=True), path
-    else:
-        assert a == b, path
 
 
 def started_pid(client) -> int:
@@ -139,7 +123,7 @@ def test_a_worker_killed_mid_search_is_recomputed_and_the_check_is_unchanged(tmp
     a, b = alone.lists.old_old, sharded.lists.old_old
     assert np.array_equal(a.ids, b.ids) and np.array_equal(a.tied_beyond, b.tied_beyond)
     np.testing.assert_allclose(a.scores, b.scores, rtol=0, atol=1e-6)
-    close(json.loads(json.dumps(alone.to_json())), json.loads(json.dumps(sharded.to_json())))
+    close_json(json.loads(json.dumps(alone.to_json())), json.loads(json.dumps(sharded.to_json())))
     # independently: old/old lists are the float64 brute-force top-k of the old queries on the old gallery
     g_ids, g_vec, _ = tabs["old_gallery"]
     q_ids, q_vec, _ = tabs["old_queries"]
