@@ -19,7 +19,7 @@ from engine.core.cluster import LOCAL, SCHEDULER, ClusterSpec, parse_cluster, re
 from engine.core.fan_out import FanOut
 from engine.metrics.topk import array_blocks, merge_topk, stream_topk
 from engine.sources import open_source
-from support.upgrade_sources import embeddings, run, tables, write_all
+from support.upgrade_sources import close_json, embeddings, run, tables, write_all
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,22 +116,6 @@ def test_partition_lists_merge_into_one_pass_ties_included():
 
 # ---- the check: in-process and on a LocalCluster of 2 worker processes ----------------------------------------------
 
-def close(a, b, path: str = "") -> None:
-    """Two JSON values equal, numbers to 1e-9 (NaN equal to NaN)."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for key in a:
-            close(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            close(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) or isinstance(b, float):
-        assert a == pytest.approx(b, rel=1e-9, abs=1e-9, nan_ok=True), path
-    else:
-        assert a == b, path
-
-
 def test_local_cluster_gives_the_in_process_check(tmp_path):
     e = embeddings()
     specs = write_all("parquet", tmp_path / "p", tables(e, text=True))  # row groups of 64: partitions start inside them
@@ -146,7 +130,7 @@ def test_local_cluster_gives_the_in_process_check(tmp_path):
         a, b = alone.lists.old_old, sharded.lists.old_old
         assert np.array_equal(a.ids, b.ids) and np.array_equal(a.tied_beyond, b.tied_beyond)
         np.testing.assert_allclose(a.scores, b.scores, rtol=0, atol=1e-6)
-        close(json.loads(json.dumps(alone.to_json())), json.loads(json.dumps(sharded.to_json())))
+        close_json(json.loads(json.dumps(alone.to_json())), json.loads(json.dumps(sharded.to_json())))
     # independently: old/old lists are the float64 brute-force top-k of the old queries on the old gallery
     g_ids, g_vec, _ = tables(e, text=True)["old_gallery"]
     q_ids, q_vec, _ = tables(e, text=True)["old_queries"]

@@ -6,16 +6,19 @@
 into blocks of :attr:`FanOut.block_rows`; each task (:func:`partition_topk`) opens the source by its text, reads its
 partition (:meth:`engine.sources.Source.rows`), checks that it holds the items the check numbered (a digest of their
 ids) and returns its queries' partial top-k (:func:`engine.metrics.topk.stream_topk`, ids = gallery rows). Only the
-query blocks (scattered once) and the partial lists pass through the scheduler, never the gallery. The partial lists
-are merged exactly in partition order (:func:`engine.metrics.topk.merge_topk`): ids, ties (lower row first) and
-``tied_beyond`` are those of one streamed pass; scores are float32 products, which BLAS may round differently for
-tiles of another shape (a few ulps, so two items within that of each other may swap).
+query blocks (scattered once, to every worker: scattered data is not recomputed, so a worker that dies loses no
+block another still holds) and the partial lists pass through the scheduler, never the gallery; a killed worker's
+tasks are recomputed by Dask on the others (tests/test_dask_faults.py). The partial lists are merged exactly in
+partition order (:func:`engine.metrics.topk.merge_topk`): ids, ties (lower row first) and ``tied_beyond`` are those
+of one streamed pass; scores are float32 products, which BLAS may round differently for tiles of another shape (a
+few ulps, so two items within that of each other may swap).
 """
 from __future__ import annotations
 
 import hashlib
 import logging
 import time
+from concurrent.futures import CancelledError
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -114,31 +117,48 @@ def partition_topk(text: str, what: str, lo: int, hi: int, digest: str, queries:
         source.close()
 
 
+def lost_line(client: Any, what: str, done: int, total: int) -> str:
+    """One line for tasks the cluster dropped: the scheduler went away, or every copy of their input died."""
+    scheduler = getattr(client.scheduler, "address", None) or "its address"
+    if client.status != "running":
+        return (f"the Dask scheduler at {scheduler} went away during {what} ({done} of {total} tasks done); nothing was "
+                "written")
+    return (f"the Dask cluster at {scheduler} lost the tasks of {what} ({done} of {total} done; every worker holding "
+            "their input died); nothing was written")
+
+
 def wait_for(futures: list[Any], *, what: str, progress: Callable[[int, int], None] | None = None,
              should_stop: Callable[[], bool] | None = None) -> None:
     """Wait until every future is finished, raising the first task error as it was raised there; ``progress(done,
     total)`` as they finish (at most once per :data:`CANCEL_POLL_S`, and at the end). A cancelled job
     (:func:`engine.core.signals.cancel_requested`, or ``should_stop``, asked at most once per poll: it may query the
     database) raises :class:`~engine.core.signals.Cancelled` naming ``what`` within :data:`CANCEL_POLL_S`; the caller
-    cancels the futures on the cluster."""
-    from distributed import wait
+    cancels the futures on the cluster. Tasks the cluster drops (its scheduler went away, every worker holding their
+    input died, or a task's workers died more often than Dask allows) raise a one-line ``ValueError``."""
+    from distributed import KilledWorker, wait
 
     pending, done, told, asked = set(futures), 0, 0, -CANCEL_POLL_S
-    while pending:
-        now = time.monotonic()
-        if cancel_requested() or (should_stop is not None and now - asked >= CANCEL_POLL_S and should_stop()):
-            raise Cancelled(f"cancelled during {what} ({done} of {len(futures)} tasks done)")
-        asked = now if now - asked >= CANCEL_POLL_S else asked
-        try:
-            finished, pending = wait(pending, timeout=CANCEL_POLL_S, return_when="FIRST_COMPLETED")
-        except TimeoutError:  # none finished within the poll: look at the cancel event again
-            continue
-        for future in finished:
-            future.result()  # a task's error, raised here as it was raised there
-        done += len(finished)
-        if progress is not None and finished and (not pending or time.monotonic() - told >= CANCEL_POLL_S):
-            progress(done, len(futures))
-            told = time.monotonic()
+    try:
+        while pending:
+            now = time.monotonic()
+            if cancel_requested() or (should_stop is not None and now - asked >= CANCEL_POLL_S and should_stop()):
+                raise Cancelled(f"cancelled during {what} ({done} of {len(futures)} tasks done)")
+            asked = now if now - asked >= CANCEL_POLL_S else asked
+            try:
+                finished, pending = wait(pending, timeout=CANCEL_POLL_S, return_when="FIRST_COMPLETED")
+            except TimeoutError:  # none finished within the poll: look at the cancel event again
+                continue
+            for future in finished:
+                future.result()  # a task's error, raised here as it was raised there
+            done += len(finished)
+            if progress is not None and finished and (not pending or time.monotonic() - told >= CANCEL_POLL_S):
+                progress(done, len(futures))
+                told = time.monotonic()
+    except CancelledError:  # not the job's cancel (Cancelled is no CancelledError): the cluster dropped the tasks
+        raise ValueError(lost_line(futures[0].client, what, done, len(futures))) from None
+    except KilledWorker as exc:  # Dask gave up on a task after its allowed failures
+        raise ValueError(f"every Dask worker that ran one task of {what} died ({done} of {len(futures)} tasks done; "
+                         f"nothing was written): {first_line(exc)}") from None
 
 
 def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np.ndarray, *, k: int,
@@ -148,13 +168,16 @@ def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np
     client's cluster as (query block x gallery partition) tasks and merged exactly (module docstring).
     ``progress(done, total)`` is called as tasks finish; a cancelled job (:func:`engine.core.signals.cancel_requested`)
     raises :class:`~engine.core.signals.Cancelled` within :data:`CANCEL_POLL_S` and its tasks are cancelled on the
-    cluster."""
+    cluster; tasks the cluster drops (its scheduler went away, every worker holding a query block died, or a task's
+    workers died more often than Dask allows) raise a one-line ``ValueError``."""
     n_g, n_q = len(ids), len(queries)
     if not n_g:
         raise ValueError("the gallery is empty: no block has an item")
     parts = [(lo, min(n_g, lo + fan_out.shard_rows)) for lo in range(0, n_g, fan_out.shard_rows)]
     digests = [ids_digest(ids[lo:hi]) for lo, hi in parts]
-    q_blocks = client.scatter([queries[lo: lo + fan_out.block_rows] for lo in range(0, n_q, fan_out.block_rows)])
+    # on every worker: scattered data is not recomputed, so a block held by one worker alone dies with it
+    q_blocks = client.scatter([queries[lo: lo + fan_out.block_rows] for lo in range(0, n_q, fan_out.block_rows)],
+                              broadcast=True)
     futures = [[client.submit(partition_topk, text, what, lo, hi, digest, block, k=k, backend=backend,
                               block_rows=block_rows, pure=False) for (lo, hi), digest in zip(parts, digests)]
                for block in q_blocks]
@@ -162,8 +185,11 @@ def sharded_topk(client: Any, text: str, what: str, ids: np.ndarray, queries: np
     try:
         wait_for(flat, what="the sharded search", progress=progress)
         merged = [merge_topk(client.gather(row), k) for row in futures]
+    except CancelledError:  # the scheduler went away between the wait and the gather
+        raise ValueError(lost_line(client, "the sharded search", len(flat), len(flat))) from None
     finally:
-        client.cancel(flat + list(q_blocks))
+        if client.status == "running":  # a client whose scheduler went away has nothing left to cancel
+            client.cancel(flat + list(q_blocks))
     return TopK(np.concatenate([m.ids for m in merged]), np.concatenate([m.scores for m in merged]),
                 np.concatenate([m.tied_beyond for m in merged]), n_g)
 

@@ -7,6 +7,7 @@ import sqlite3
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from engine.upgrade.from_sources import SourceSpecs, check_sources
 from support.sources import fixed_list
@@ -111,3 +112,18 @@ def write_all(kind, folder, tabs, **kw) -> SourceSpecs:
 def run(specs, **kw):
     return check_sources(specs, resamples=RESAMPLES, block_rows=kw.pop("block_rows", 37), **kw)
 
+
+def close_json(a, b, path: str = "") -> None:
+    """Two JSON values equal, numbers to 1e-9 (NaN equal to NaN)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            close_json(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            close_json(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-9, nan_ok=True), path
+    else:
+        assert a == b, path
