@@ -49,18 +49,22 @@ def _adapters(plan: dict[str, Any], level: float) -> None:
 
 
 def _options(plan: dict[str, Any]) -> None:
-    """The remedies side by side as the engine stored them: verdict and interval, one-time and per-query cost, and the
-    one the decision took."""
-    rows = [{"remedy": o["remedy"], "option": o["name"], "verdict": o["verdict"],
-             "interval": MISSING if o["lo"] is None else interval(o, o["level"]),
-             "items embedded once": o["one_time"]["embeddings"], "vectors rewritten once": o["one_time"]["vectors"],
-             "embedded per query": o["per_query"]["embeddings"], "maps per query": o["per_query"]["vectors"],
-             "recommended": "yes" if o.get("recommended") else ""} for o in plan["options"]]
-    st.markdown("**Remedies side by side** (the cheapest that passes is recommended: model work before vector "
-                "arithmetic, one-time before per query)")
+    """The remedies side by side as the engine stored them: the one the decision took first-marked, verdict and
+    interval, the model inference the rule ranks over the plan's horizon, one-time and per-query cost."""
+    q = plan.get("queries")  # plans stored before the horizon have none
+    over = f"embedded over {q:,} queries" if q else "embedded over the horizon"
+    rows = [{"": "✓" if o.get("recommended") else "", "remedy": o["remedy"], "option": o["name"],
+             "verdict": o["verdict"], "interval": MISSING if o["lo"] is None else interval(o, o["level"]),
+             over: o.get("embeddings_at_horizon"), "embedded once": o["one_time"]["embeddings"],
+             "embedded / query": o["per_query"]["embeddings"], "rewritten once": o["one_time"]["vectors"],
+             "maps / query": o["per_query"]["vectors"]} for o in plan["options"]]
+    horizon = f"{q:,} queries served" if q else "the plan's horizon"
+    st.markdown(f"**Remedies side by side**: ✓ the cheapest that passes over {horizon} (model inference first, then "
+                "stored vectors rewritten, then maps per query; `check-upgrade --expected-queries` sets the horizon)")
     st.dataframe(pd.DataFrame(rows), hide_index=True, placeholder=MISSING)
-    for o in plan["options"]:
-        st.caption(plain(option_line(o, picked=bool(o.get("recommended")))))
+    with st.expander("Each option in words"):
+        for o in plan["options"]:
+            st.caption(plain(option_line(o, picked=bool(o.get("recommended")))))
 
 
 def plan_section(plan: dict[str, Any] | None, level: float, *, key: str = "up_plan") -> None:

@@ -96,6 +96,11 @@ def test_the_page_shows_the_remedies_side_by_side_as_stored(app_db):
     (table,) = [d.value for d in at.dataframe if "remedy" in d.value.columns]
     assert list(table["remedy"]) == [o["remedy"] for o in plan["options"]]
     assert set(table["remedy"]) == {"query-side adapter", "corpus transform", "cascade", "backfill", "full re-embedding"}
-    (picked,) = table[table["recommended"] == "yes"].itertuples()
+    (picked,) = table[table[""] == "✓"].itertuples()
     assert (picked.remedy, picked.option) == ("query-side adapter", "procrustes") == (
         "query-side adapter", plan["remedy"])
+    # the column the rule ranks first: items embedded once + the horizon's queries x items embedded per query
+    over = table[f"embedded over {plan['queries']:,} queries"]
+    want = [o["one_time"]["embeddings"] + (0 if o["remedy"] == "backfill" else plan["queries"] * o["per_query"]["embeddings"])
+            for o in plan["options"]]
+    assert list(over) == want

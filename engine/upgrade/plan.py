@@ -373,9 +373,11 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
                 guardrail=c["verdict"], threshold=dict(threshold) if threshold else None,
                 forecast=dict(forecast) if forecast else None,
                 recovery=tuple(recovery_rows(report, adapters)))
-    options = remedy_options(report, adapters=adapters, transforms=transforms, cascade=cascade, rollouts=rollouts)
-    base["options"] = tuple(options)
     base["queries"] = horizon(queries, n)
+    options = [{**o, "embeddings_at_horizon": int(cost_key(o, base["queries"])[0])}  # what the rule ranks first
+               for o in remedy_options(report, adapters=adapters, transforms=transforms, cascade=cascade,
+                                       rollouts=rollouts)]
+    base["options"] = tuple(options)
     alone = (f"{pct(report['new_new'])} vs {pct(report['old_old'])} ({interval(b, level)}: {success})"
              if b["verdict"] != NOT_JUDGED
              else "not judged (no new gallery, or label-free: the new model's own top-k is the reference)")
