@@ -108,7 +108,7 @@ def test_the_same_psp_cell_through_every_path(tmp_path):
     in_process = pipeline.evaluate_experiment(db, exp_id, cfg, build_method("psp"), same_set=True)
     # 3. the Dask path: the cell's rows as a Dask task reads them, and the whole matrix on an in-process Dask client
     spec_10 = pipeline._view_cell_specs(db, stored_versions, recipes, "psp")(1, 0)
-    assert spec_10.recipe == recipes(1, 0) and CellSpec.of(spec_10.query, spec_10.gallery, spec_10.recipe) == spec_10
+    assert spec_10.recipe == recipes(1, 0) and CellSpec(spec_10.query, spec_10.gallery, spec_10.recipe) == spec_10
     url = db.url.render_as_string(hide_password=False)
     task_q, task_ql, task_ids = _rows(url, spec_10, "query", 0, len(ql))
     task_g, _, _ = _rows(url, spec_10, "gallery", 0, len(ql))

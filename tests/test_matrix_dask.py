@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import engine.run.pipeline as pipeline
+from engine.core.cell import CellRecipe
 from engine.core.cluster import LOCAL, ClusterSpec
 from engine.core.fan_out import FanOut
 from engine.core.signals import Cancelled
@@ -80,7 +81,7 @@ def test_a_matrix_on_dask_equals_the_in_process_matrix(engine, request, where, b
     def spec(t, k):
         if sets[t][0].shape[1] != sets[k][0].shape[1]:
             return None
-        return CellSpec(ids[t]["query"], ids[k]["gallery"], below=below, same_set=True)
+        return CellSpec(ids[t]["query"], ids[k]["gallery"], CellRecipe("encoder", below=below, same_set=True))
 
     def cell(t, k):
         (q, ql), (gg, ggl) = sets[t], sets[k]

@@ -46,34 +46,13 @@ Positives = tuple[np.ndarray, np.ndarray, np.ndarray]  # (offsets, values sorted
 
 @dataclass(frozen=True)
 class CellSpec:
-    """One cell: query feature set x gallery feature set (stored ids of the same raw view), and how to read them.
-
-    The fields after ``gallery`` are the cell's :class:`engine.core.cell.CellRecipe` (``view``, each side's
-    ``columns``, ``topk``, ``below`` for ``eval_classes = "seen"``, ``same_set``), kept flat and plain so a task
-    carries it as data; build one with :meth:`of`, read it with :attr:`recipe`.
-    """
+    """One cell: query feature set x gallery feature set (stored ids of the same raw view) and its
+    :class:`engine.core.cell.CellRecipe` (the view, each side's columns, ``topk``, ``below`` for ``eval_classes =
+    "seen"``, ``same_set``), the one recipe every path reads a cell by."""
 
     query: int
     gallery: int
-    view: str = "encoder"
-    query_columns: int | tuple[int, ...] | None = None
-    gallery_columns: int | tuple[int, ...] | None = None
-    topk: int | None = None
-    below: int | None = None
-    same_set: bool = False
-
-    @classmethod
-    def of(cls, query: int, gallery: int, recipe: CellRecipe) -> "CellSpec":
-        """The cell of stored feature sets ``query`` x ``gallery`` read by ``recipe``."""
-        return cls(query, gallery, view=recipe.view, query_columns=recipe.query_columns,
-                   gallery_columns=recipe.gallery_columns, topk=recipe.topk, below=recipe.below,
-                   same_set=recipe.same_set)
-
-    @property
-    def recipe(self) -> CellRecipe:
-        """How the cell's rows are kept and its view derived."""
-        return CellRecipe(self.view, self.query_columns, self.gallery_columns, topk=self.topk, below=self.below,
-                          same_set=self.same_set)
+    recipe: CellRecipe = CellRecipe("encoder")
 
 
 def _ranges(n: int, size: int) -> list[tuple[int, int]]:
@@ -93,11 +72,11 @@ def check_cell(db: Engine, cell: CellSpec) -> tuple[int, int]:
             raise ValueError(f"feature set {fid} is missing or empty")
     (nq, dq), (ng, dg) = sizes[cell.query], sizes[cell.gallery]
     derived = cell.recipe.derived
-    wq = _width(cell.query_columns if derived else None, dq)
-    wg = _width(cell.gallery_columns if derived else None, dg)
+    wq = _width(cell.recipe.query_columns if derived else None, dq)
+    wg = _width(cell.recipe.gallery_columns if derived else None, dg)
     if wq != wg:
         raise ValueError(f"query features are {wq}-d but gallery features are {wg}-d")
-    if cell.same_set and nq != ng:
+    if cell.recipe.same_set and nq != ng:
         raise ValueError(f"same_set needs the queries to be the gallery's items, but they have {nq} and {ng} rows")
     return nq, ng
 
@@ -113,7 +92,7 @@ def _query_block(url: str, cell: CellSpec, block: tuple[int, int]):
     """Unit query rows, their classes, codes among the block's classes, row ids and exclusion ids of one query block."""
     feats, labels, ids = _rows(url, cell, "query", *block)
     classes = np.unique(labels)
-    return unit_rows(feats), classes, label_codes(classes, labels), ids, ids if cell.same_set else None
+    return unit_rows(feats), classes, label_codes(classes, labels), ids, ids if cell.recipe.same_set else None
 
 
 def _partition(url: str, cell: CellSpec, part: tuple[int, int], d: int) -> Shard | None:

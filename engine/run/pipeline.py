@@ -196,7 +196,7 @@ def _view_cell_specs(db: Engine, versions: list[ModelVersion], recipes: Callable
         recipe = recipes(t, k)
         if not recipe.derived and dq != dg:
             return None  # not comparable
-        return CellSpec.of(query, gallery, recipe)
+        return CellSpec(query, gallery, recipe)
 
     return cell
 
