@@ -29,6 +29,7 @@ from engine.core.cluster import LOCAL, ClusterSpec
 from engine.core.fan_out import FanOut
 from engine.core.signals import Cancelled, cancel_requested
 from engine.core.threads import library_env, per_process
+from engine.metrics.device import one_pass_at_a_time
 from engine.metrics.topk import TopK, merge_topk, stream_topk
 from engine.sources import open_source
 from engine.sources.base import join_ids
@@ -112,7 +113,8 @@ def partition_topk(text: str, what: str, lo: int, hi: int, digest: str, queries:
                               "hold the items the check numbered)")
 
     try:
-        return stream_topk(queries, blocks(), k=k, backend=backend)
+        with one_pass_at_a_time(numpy_products=False):  # a threaded worker: one compiled pass at a time (device.py)
+            return stream_topk(queries, blocks(), k=k, backend=backend)
     finally:
         source.close()
 

@@ -31,7 +31,7 @@ from engine.core.fan_out import FanOut
 from engine.core.vocab import RANK_TIE_TOLERANCE
 from engine.evaluate.dask_search import dashboard_link, wait_for
 from engine.metrics.compatibility import CellFeatures, CellStats, MatrixResult, compatibility_matrices
-from engine.metrics.device import one_blas_thread
+from engine.metrics.device import one_pass_at_a_time
 from engine.metrics.paired import PairedOptions
 from engine.metrics.ranking import QueryStats
 from engine.metrics.retrieval import VERIFICATION, parse_metric, unit_rows
@@ -106,7 +106,7 @@ def positives_part(url: str, cell: CellSpec, block: tuple[int, int], part: tuple
     shard = _partition(url, cell, part, q.shape[1])
     if shard is None or not len(q):  # nothing of the cell's classes in this block or partition
         return np.zeros(len(q) + 1, np.int64), np.zeros(0, np.float32), qids
-    with one_blas_thread():
+    with one_pass_at_a_time():
         offsets, pos = gather_positives(q, qcode, classes, lambda: enumerate([shard]), exclude, DEFAULT_BLOCK, [])
     return offsets, pos, qids
 
@@ -128,7 +128,7 @@ def counts_part(url: str, cell: CellSpec, block: tuple[int, int], part: tuple[in
     shard = _partition(url, cell, part, q.shape[1])
     if shard is not None and len(q):
         gcode = label_codes(classes, shard.labels)
-        with one_blas_thread():
+        with one_pass_at_a_time():
             for rows, sims in shard_blocks(q, shard, exclude, DEFAULT_BLOCK, None):
                 count_kernel(sims, rows.start, qcode, gcode, offsets, pos, cnt, neg_ge, neg_gt, want_cnt, above, tied,
                              RANK_TIE_TOLERANCE)
@@ -141,8 +141,9 @@ def block_stats(merged: Positives, *counts: dict[str, np.ndarray], want_cnt: boo
     offsets, pos, rows = merged
     n = len(rows)
     total = {key: sum(c[key] for c in counts) for key in ("cnt", "neg_ge", "neg_gt", "neg_above", "neg_tied")}
-    ap, ap_k = (ap_kernel(offsets, pos, total["cnt"], map_k) if want_cnt and n
-                else (np.full(n, np.nan), np.full(n, np.nan)))
+    with one_pass_at_a_time(numpy_products=False):
+        ap, ap_k = (ap_kernel(offsets, pos, total["cnt"], map_k) if want_cnt and n
+                    else (np.full(n, np.nan), np.full(n, np.nan)))
     stats = QueryStats(np.diff(offsets), total["neg_ge"], total["neg_gt"], ap, ap_k, total["neg_above"],
                        total["neg_tied"], tied_positives(offsets, pos))
     return stats, rows

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
@@ -68,6 +69,20 @@ def one_blas_thread(numpy_products: bool = True) -> AbstractContextManager:
     """Around a pass that alternates numpy products with compiled kernels: BLAS on one thread (see the module
     docstring), the previous count back afterwards; nothing when ``numpy_products`` is false (tensors)."""
     return _thread_pools().limit(limits=1, user_api="blas") if numpy_products else nullcontext()
+
+
+_ONE_PASS = threading.Lock()
+
+
+@contextmanager
+def one_pass_at_a_time(numpy_products: bool = True) -> Iterator[None]:
+    """Around a pass run as a task of a Dask worker, which may run several tasks at once in threads: one such pass at
+    a time in this process, on one BLAS thread (:func:`one_blas_thread`). The compiled kernels' thread pool and
+    threadpoolctl's limits belong to the process: two threaded tasks launching numba's parallel kernels together
+    aborted the process (the test suite, an in-process Dask client of 2 threads), and limits set and restored out of
+    order would leave BLAS on the wrong count. A pass already uses every core, so little is lost."""
+    with _ONE_PASS, one_blas_thread(numpy_products):
+        yield
 
 
 @contextmanager
