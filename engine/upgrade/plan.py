@@ -464,7 +464,7 @@ def migration_plan(report: Mapping[str, Any], *, adapters: Sequence[Mapping[str,
                    if on != report["metric"] else "")
         return Plan("backfill", f"No adapter is compatible; re-embedding {100 * p:.0f} % of the gallery in order "
                     f"{order_words(str(roll['ordering']))}{via} brings {new}'s queries back to {old}'s self-test"
-                    f"{flatter}.", adapter=roll.get("adapter"), ordering=roll["ordering"], fraction=p,
+                    f"{flatter}." + why, adapter=roll.get("adapter"), ordering=roll["ordering"], fraction=p,
                     backfill_metric=on, items_to_reembed=items_for(p, n), remedy=pick["name"],
                     notes=("the backfill fraction is read off one curve over the evaluated queries, without an interval",),
                     **base)
