@@ -453,12 +453,12 @@ def test_the_upgrade_check_runs_on_a_parquet_pair_from_the_form(server, browser,
 
     def map_at_10(q: np.ndarray) -> float:
         """The form's default metric (the decision's, mAP@10 with labels) by hand: AP@10 = the precision at each hit in
-        the top 10, summed and divided by min(R, 10), R = 40 same-label items."""
+        the top 10, summed and divided by R = 40 same-label items (trec_eval's map_cut_10; issue 43)."""
         unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
         top = np.argsort(-(unit(q) @ unit(old_g).T), axis=1, kind="stable")[:, :10]
         hits = g_labels[top] == q_labels[:, None]
         precision = np.cumsum(hits, axis=1) / np.arange(1, 11)
-        return float(np.mean((precision * hits).sum(axis=1) / 10))
+        return float(np.mean((precision * hits).sum(axis=1) / 40))
 
     page = browser.new_page(viewport={"width": 1300, "height": 1500})
     page.goto(f"{server['base']}/upgrade")

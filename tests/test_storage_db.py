@@ -25,7 +25,7 @@ from storage import (
 )
 
 TABLES = {"studies", "experiments", "model_versions", "feature_sets", "compatibility_matrices", "analyses", "jobs",
-          "tasks", "source_checks"}
+          "source_checks"}  # no tasks table since the task layer went (issue 41); an old database keeps its own
 
 
 def test_sqlite_connections_use_wal_foreign_keys_and_a_busy_timeout(engine):
