@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.core.norms import unit_rows_np
 from engine.upgrade.plan import forecast_line
 
 LEVEL = 0.9
@@ -73,15 +74,10 @@ class Forecast:
         return forecast_line(self.to_json(), old, new)
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 def procrustes_map(new: np.ndarray, old: np.ndarray) -> np.ndarray:
     """The orthogonal ``W`` (d x d) minimising ``||N W - O||_F`` over unit-normalised paired rows (``U V^T`` of the
     SVD of ``N^T O``); ``ValueError`` for fewer than 2 pairs or two widths."""
-    n, o = _unit(new), _unit(old)
+    n, o = unit_rows_np(new, np.float64), unit_rows_np(old, np.float64)
     if n.ndim != 2 or n.shape != o.shape or len(n) < 2:
         raise ValueError(f"a Procrustes fit needs at least 2 paired rows of one width, got {n.shape} and {o.shape}")
     u, _, vt = np.linalg.svd(n.T @ o)
@@ -90,7 +86,7 @@ def procrustes_map(new: np.ndarray, old: np.ndarray) -> np.ndarray:
 
 def procrustes_residual(new: np.ndarray, old: np.ndarray, w: np.ndarray) -> float:
     """1 - the mean cosine between ``new W`` and ``old`` (paired rows): 0 when the map reproduces the old embeddings."""
-    a, b = _unit(np.asarray(new, np.float64) @ w), _unit(old)
+    a, b = unit_rows_np(np.asarray(new, np.float64) @ w, np.float64), unit_rows_np(old, np.float64)
     if a.shape != b.shape or not len(a):
         raise ValueError(f"the residual needs paired rows of one width, got {a.shape} and {b.shape}")
     return float(1.0 - np.mean(np.sum(a * b, axis=1)))

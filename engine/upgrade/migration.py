@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.core.norms import unit_rows_np
 from engine.adapters.artifact import load_adapter
 from engine.adapters.posthoc import PosthocMap, fit_map, kind_of
 from engine.metrics.cell_interval import cell_seed
@@ -219,11 +220,6 @@ def adapter_rows(old: CellFeatures, new: CellFeatures, report: UpgradeReport, *,
 FORECAST_PAIRS = 1000  # gallery pairs the forecast's Procrustes is fitted on (at most half the gallery), as calibrated
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 def forecast_inputs(old: CellFeatures, new: CellFeatures, metric: str, seed: int, *, same_set: bool = False,
                     self_tests: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
     """What :func:`engine.upgrade.forecast.forecast_recovery` reads: both self-tests per query (``self_tests``: already
@@ -239,9 +235,9 @@ def forecast_inputs(old: CellFeatures, new: CellFeatures, metric: str, seed: int
     rows = np.random.default_rng(seed).permutation(len(old.gallery))[:m]
     w = fc.procrustes_map(new.gallery[rows], old.gallery[rows])
     residual = fc.procrustes_residual(new.query, old.query, w)
-    adapted = per_query_scores(_unit(new.query) @ w, old.query_labels, old.gallery, old.gallery_labels, metric=metric,
+    adapted = per_query_scores(unit_rows_np(new.query, np.float64) @ w, old.query_labels, old.gallery, old.gallery_labels, metric=metric,
                                same_set=same_set)
-    raw = float(np.mean(np.sum(_unit(new.query) * _unit(old.query), axis=1))) if new.query.shape == old.query.shape else None
+    raw = float(np.mean(np.sum(unit_rows_np(new.query, np.float64) * unit_rows_np(old.query, np.float64), axis=1))) if new.query.shape == old.query.shape else None
     return {"oo": oo, "nn": nn, "adapted": adapted, "residual": residual, "pairs": int(m), "raw_cosine": raw}
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.core.norms import unit_rows_np
 from engine.adapters.posthoc import NEW_TO_OLD, OLD_TO_NEW, PosthocMap, fit_map, map_direction
 from engine.core.vocab import parse_metric
 from engine.metrics.cell_interval import cell_seed, paired_intervals
@@ -39,11 +40,6 @@ from storage import json_ready
 DEFAULT_TRANSFORMS = ("procrustes", "affine")
 CASCADE_NS = (10, 20, 50, 100, 200, 500, 1000)  # candidates re-scored per query, capped by the gallery
 _BLOCK_ELEMENTS = 1 << 22  # query rows x gallery items held at once by the cascade's first stage
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def fit_transform(kind: str, old: np.ndarray, new: np.ndarray, *, normalise: str = "l2", options: Any = None,
@@ -165,8 +161,8 @@ def cascade_outcomes(first: np.ndarray, query: np.ndarray, query_labels: np.ndar
     ns = [int(n) for n in ns]
     if not ns or min(ns) < max(1, int(k)) or max(ns) > limit:
         raise ValueError(f"a cascade re-scores from k = {k} to {limit} candidates per query, got {ns}")
-    q1, q2 = _unit(first), _unit(query)
-    g_old, g_new = _unit(old_gallery), _unit(new_gallery)
+    q1, q2 = unit_rows_np(first, np.float64), unit_rows_np(query, np.float64)
+    g_old, g_new = unit_rows_np(old_gallery, np.float64), unit_rows_np(new_gallery, np.float64)
     g_lab, q_lab = np.asarray(gallery_labels), np.asarray(query_labels)
     width = min(limit, max(max(ns), int(depth)))
     out = {n: (np.full(len(q1), np.nan), np.zeros((len(q1), max(n, min(width, depth))), np.int64),
