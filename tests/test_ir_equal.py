@@ -262,3 +262,16 @@ def test_compare_checkpoints_exports_trec_files_that_recompute_every_matrix_cell
                     assert got["metrics"][printed]["matrix"][t][k] == pytest.approx(want, abs=TOL), (view, t, k, printed)
                     checked += 1
     assert checked >= 6 and tied <= 3, (checked, tied)
+
+
+def test_a_checkpoint_cells_run_file_is_the_same_whatever_the_query_block(monkeypatch):
+    """compare-checkpoints' run files hold a block of queries' similarities at a time; blocks of 3 rows (a boundary
+    inside the queries, the closed-set diagonal crossing it) write the same run and qrels as one block."""
+    from engine.checkpoints import trec_export
+
+    rng = np.random.default_rng(4)
+    x, labels = rng.normal(size=(8, 5)), np.repeat(np.arange(4), 2)
+    whole = trec_export.cell_texts(x, labels, x, labels, same_set=True, tag="t")
+    monkeypatch.setattr(trec_export, "BLOCK_ROWS", 3)
+    assert trec_export.cell_texts(x, labels, x, labels, same_set=True, tag="t") == whole
+    assert "q7 Q0 g7" not in whole[0] and whole[0].count("\n") == 8 * 7  # each query's own row is left out

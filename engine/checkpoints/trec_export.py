@@ -17,6 +17,8 @@ from engine.checkpoints.comparison import Comparison
 from engine.metrics.retrieval import unit_rows
 from engine.results.trec import qrels_text, run_text
 
+BLOCK_ROWS = 1024  # queries whose similarities to the whole gallery are held at once
+
 
 def comparison_trec_files(cmp: Comparison) -> dict[str, str]:
     """File name -> text of every computed cell's run and qrels (module docstring)."""
@@ -40,18 +42,21 @@ def comparison_trec_files(cmp: Comparison) -> dict[str, str]:
 
 def cell_texts(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray, gallery_labels: np.ndarray, *,
                same_set: bool, tag: str) -> tuple[str, str]:
-    """The run (every gallery item ranked by cosine similarity, ties by row) and the label qrels of one cell."""
+    """The run (every gallery item ranked by cosine similarity, ties by row) and the label qrels of one cell; the
+    similarities are held a block of :data:`BLOCK_ROWS` queries at a time."""
     q, g = unit_rows(query), unit_rows(gallery)
-    sims = q @ g.T
     ql, gl = np.asarray(query_labels), np.asarray(gallery_labels)
-    order = np.argsort(-sims, axis=1, kind="stable")
     gid = np.array([f"g{j}" for j in range(len(g))])
     qid = [f"q{i}" for i in range(len(q))]
     judged: dict[str, dict[str, float]] = {}
     runs = []
     for i in range(len(q)):
-        row = order[i][order[i] != i] if same_set else order[i]
-        runs.append(run_text([qid[i]], gid[row][None, :], sims[i, row][None, :], tag))
+        if i % BLOCK_ROWS == 0:
+            sims = q[i:i + BLOCK_ROWS] @ g.T
+            order = np.argsort(-sims, axis=1, kind="stable")
+        at = i % BLOCK_ROWS
+        row = order[at][order[at] != i] if same_set else order[at]
+        runs.append(run_text([qid[i]], gid[row][None, :], sims[at, row][None, :], tag))
         relevant = np.flatnonzero(gl == ql[i])
         if same_set:
             relevant = relevant[relevant != i]
