@@ -275,3 +275,21 @@ def test_a_checkpoint_cells_run_file_is_the_same_whatever_the_query_block(monkey
     monkeypatch.setattr(trec_export, "BLOCK_ROWS", 3)
     assert trec_export.cell_texts(x, labels, x, labels, same_set=True, tag="t") == whole
     assert "q7 Q0 g7" not in whole[0] and whole[0].count("\n") == 8 * 7  # each query's own row is left out
+
+
+def test_both_commands_take_the_export_folder_from_one_check(tmp_path, tmp_path_factory, capsys):
+    """``--export trec DIR`` of check-upgrade and compare-checkpoints: one function (engine.cli.options.trec_folder)
+    refuses a folder outside the data roots and a path that is a file, in one line, before any work."""
+    from engine.cli.options import trec_folder
+
+    assert trec_folder(str(tmp_path / "new")) == (tmp_path / "new").resolve()  # need not exist yet
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="not a folder"):
+        trec_folder(str(tmp_path / "file"))
+    outside = tmp_path_factory.mktemp("elsewhere")
+    with pytest.raises(ValueError, match="outside the data roots"):
+        trec_folder(str(outside / "runs"))
+    assert main(["compare-checkpoints", "--model", "pretrained:minilm_l3", "--dataset", "wordnet",
+                 "--export", "trec", str(outside / "runs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "outside the data roots" in err and "\n" not in err and not list(outside.iterdir())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from engine.checkpoints.presets import COMPARISON_PRESETS, comparison_preset
 from engine.core.kinds import COMPARED_VIEWS, STRICT, TIE_RULES, TIES_HELP, canonical_metric
-from engine.cli.options import add_db, add_model_arguments, models_spec_from_args
+from engine.cli.options import add_db, add_model_arguments, models_spec_from_args, trec_folder
 from engine.results.json_file import write_json_atomic
 from engine.results.report import FORMATS
 
@@ -97,12 +97,7 @@ def _export_choice(given: list[str] | None) -> tuple[str | None, Path | None]:
     if given[0] == "trec":
         if len(given) != 2:
             raise ValueError("--export trec takes one folder: --export trec DIR")
-        from engine.data import roots
-
-        folder = roots.confine(given[1], what="--export trec")
-        if folder.exists() and not folder.is_dir():
-            raise ValueError(f"--export trec {given[1]}: not a folder")
-        return None, folder
+        return None, trec_folder(given[1])
     if len(given) != 1 or given[0] not in FORMATS[1:]:
         raise ValueError(f"--export {' '.join(given)}: use one of {', '.join(FORMATS[1:])}, or trec DIR")
     return given[0], None

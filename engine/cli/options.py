@@ -81,3 +81,12 @@ def models_spec_from_args(args: argparse.Namespace) -> dict:
     return {"models": models, "dataset": args.dataset, "query_dataset": args.query_dataset,
             "gallery_dataset": args.gallery_dataset, "max_file_bytes": args.max_size, "batch_size": args.batch_size,
             "device": args.device}
+
+
+def trec_folder(text: str) -> Path:
+    """``--export trec DIR``'s folder: inside the data roots, and a folder when it exists; one line otherwise, before
+    any work."""
+    folder = roots.confine(text, what="--export trec")
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--export trec {text}: not a folder")
+    return folder

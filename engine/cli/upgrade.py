@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.cli.options import add_model_arguments, models_spec_from_args
+from engine.cli.options import add_model_arguments, models_spec_from_args, trec_folder
 from engine.core.contract import DEFAULT_ORDERINGS, ORDERINGS
 from engine.core.vocab import RELEVANCE, RELEVANCE_K as DEFAULT_K, decision_metric
 from engine.data import roots
@@ -623,10 +623,7 @@ def _export_target(args: argparse.Namespace) -> Path | None:
         raise ValueError(f"--export {fmt}: check-upgrade writes trec (run files and qrels), e.g. --export trec DIR")
     if args.old_gallery is None:
         raise ValueError("--export trec goes with --old-gallery (the top-k lists of the sources check)")
-    real = roots.confine(folder, what="--export trec")
-    if real.exists() and not real.is_dir():
-        raise ValueError(f"--export trec {folder}: not a folder")
-    return real
+    return trec_folder(folder)
 
 
 def _export_trec(folder: Path, check, adapted: dict) -> list[str]:
