@@ -208,57 +208,69 @@ class ArrowSource(Source):
                          for b in self._batches([self.names.id], 65536)], where=self.description)
 
 
+def open_lance(text: SourceText, *, what: str, where: str) -> tuple[object, str, pa.Schema]:
+    """A LanceDB table (embedded: a local folder or an object-store URI; ``#table=NAME`` or ``FOLDER/NAME.lance``)
+    opened with read calls only, small caches, with its name and schema; a local folder confined to the data roots with every
+    member checked. One line naming ``where`` when it cannot be."""
+    try:
+        import lancedb
+    except ModuleNotFoundError as exc:
+        raise SourceError(f"reading {where} needs the lancedb extra: pip install -e .[lancedb]") from exc
+    location, name = text.location.rstrip("/"), text.option("table")
+    if name is None and location.endswith(".lance"):
+        location, _, stem = location.rpartition("/")
+        name = stem[:-len(".lance")]
+    if not name:
+        raise SourceError(f"{where} names no table; add #table=NAME")
+    if is_url(location):
+        check_url(location, what=where)
+    else:
+        folder = local_path(location, what=what)
+        if not folder.is_dir():
+            raise SourceError(f"{where}: {folder} is not a LanceDB folder")
+        local_members(folder, set(), what=where)  # no member (a table folder, a file) leads out
+        location = str(folder)
+    try:
+        small = lancedb.Session(index_cache_size_bytes=1 << 20, metadata_cache_size_bytes=1 << 20)
+        table = lancedb.connect(location, session=small).open_table(name)
+        schema = table.schema
+    except Exception as exc:  # a missing table or unreachable store becomes the one line
+        raise SourceError(f"{where} cannot be opened: {first_line(exc)}") from exc
+    return table, name, schema
+
+
+def lance_batches(table, columns: list[str], block_rows: int, *, where: str) -> Iterator[pa.RecordBatch]:
+    """A LanceDB table's ``columns``, a block per query (offset, limit) with small caches: one streamed scan held more
+    than the table (README)."""
+    start = 0
+    while True:
+        try:
+            got = table.search().select(columns).offset(start).limit(block_rows).to_arrow()
+        except Exception as exc:  # a store that went away becomes the one line
+            raise SourceError(f"{where} cannot be read: {first_line(exc)}") from exc
+        if got.num_rows == 0:
+            return
+        yield from got.to_batches()
+        start += got.num_rows
+        if got.num_rows < block_rows:
+            return
+
+
 class LanceSource(Source):
     """A LanceDB table (embedded: a local folder or an object-store URI)."""
 
     def __init__(self, text: SourceText, *, what: str, expect_dim: int | None) -> None:
         super().__init__(text, what=what, expect_dim=expect_dim)
-        try:
-            import lancedb
-        except ModuleNotFoundError as exc:
-            raise SourceError(f"reading {self.description} needs the lancedb extra: pip install -e .[lancedb]") \
-                from exc
-        location, table = text.location.rstrip("/"), text.option("table")
-        if table is None and location.endswith(".lance"):
-            location, _, name = location.rpartition("/")
-            table = name[:-len(".lance")]
-        if not table:
-            raise SourceError(f"{self.description} names no table; add #table=NAME")
-        if is_url(location):
-            check_url(location, what=self.description)
-        else:
-            folder = local_path(location, what=what)
-            if not folder.is_dir():
-                raise SourceError(f"{self.description}: {folder} is not a LanceDB folder")
-            local_members(folder, set(), what=self.description)  # no member (a table folder, a file) leads out
-            location = str(folder)
-        try:
-            small = lancedb.Session(index_cache_size_bytes=1 << 20, metadata_cache_size_bytes=1 << 20)
-            self.table = lancedb.connect(location, session=small).open_table(table)
-            schema = self.table.schema
-        except Exception as exc:  # a missing table or unreachable store becomes the one line
-            raise SourceError(f"{self.description} cannot be opened: {first_line(exc)}") from exc
+        self.table, name, schema = open_lance(text, what=what, where=self.description)
         self.names = ColumnNames(text, schema, where=self.description)
         self.count = self.table.count_rows()
-        self._note_fingerprint(table, self.count, schema.metadata)
+        self._note_fingerprint(name, self.count, schema.metadata)
         dim = _vector_dim(schema, self.names.vector)
         if dim is not None:
             self._check_dim(dim)
 
     def _scan(self, columns: list[str], block_rows: int) -> Iterator[pa.RecordBatch]:
-        """A block per query (offset, limit) with small caches: one streamed scan held more than the table (README)."""
-        start = 0
-        while True:
-            try:
-                table = self.table.search().select(columns).offset(start).limit(block_rows).to_arrow()
-            except Exception as exc:  # a store that went away becomes the one line
-                raise SourceError(f"{self.description} cannot be read: {first_line(exc)}") from exc
-            if table.num_rows == 0:
-                return
-            yield from table.to_batches()
-            start += table.num_rows
-            if table.num_rows < block_rows:
-                return
+        return lance_batches(self.table, columns, block_rows, where=self.description)
 
     def _raw(self, block_rows: int) -> Iterator[Raw]:
         for batch in self._scan(self.names.columns, block_rows):
@@ -269,4 +281,3 @@ class LanceSource(Source):
 
         return join_ids([as_ids(b.column(self.names.id).to_numpy(zero_copy_only=False), where=self.description)
                          for b in self._scan([self.names.id], 65536)], where=self.description)
-

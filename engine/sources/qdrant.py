@@ -88,50 +88,50 @@ def _pick(vector: object, name: str | None, *, where: str, point_id: object) -> 
 LOCAL_TIMEOUT_S = 600  # one connection to a local-mode storage.sqlite (a pass over its points)
 
 
-class QdrantSource(Source):
-    def __init__(self, text: SourceText, *, what: str, expect_dim: int | None) -> None:
-        super().__init__(text, what=what, expect_dim=expect_dim)
+class QdrantPoints:
+    """A collection's points in pages, read-only: a local-mode folder from its files, a server through ``scroll``
+    (``#collection=NAME``, ``#api_key=KEY``). Every failure is one line naming ``where`` (masked); what the points
+    mean is the caller's (:class:`QdrantSource`'s vectors, qrels' payloads)."""
+
+    def __init__(self, text: SourceText, *, what: str, where: str) -> None:
+        self.text, self.what, self.where = text, what, where
         self.collection = text.option("collection")
         if not self.collection:
-            raise SourceError(f"{self.description} names no collection; add #collection=NAME")
+            raise SourceError(f"{where} names no collection; add #collection=NAME")
         if "/" in self.collection or "\\" in self.collection or self.collection in (".", ".."):
-            raise SourceError(f"{self.description}: {self.collection!r} is not a collection name")
-        self.label_key = text.option("label")
+            raise SourceError(f"{where}: {self.collection!r} is not a collection name")
         self.server = is_url(text.location)
         self.client = None
         if self.server:
-            check_url(text.location, what=self.description)
-            config = self._server_config()
+            check_url(text.location, what=where)
+            self.vectors = self._server_config()
         else:
-            config = self._local_config()
-        self.vector_name, dim = _vector_config(config, text.option("vector"), where=self.description)
-        if dim is not None:
-            self._check_dim(dim)
+            self.vectors = self._local_config()
 
     # local mode
     def _local_config(self) -> object:
         folder = local_path(self.text.location, what=self.what)
         meta_path = folder / "meta.json"
         if not meta_path.is_file():
-            raise SourceError(f"{self.description}: {folder} is not a Qdrant local-mode folder (no meta.json)")
+            raise SourceError(f"{self.where}: {folder} is not a Qdrant local-mode folder (no meta.json)")
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
             config = meta["collections"][self.collection]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             names = ", ".join(meta.get("collections", {})) if isinstance(locals().get("meta"), dict) else "?"
-            raise SourceError(f"{self.description} has no collection {self.collection!r} (collections: {names})") \
+            raise SourceError(f"{self.where} has no collection {self.collection!r} (collections: {names})") \
                 from exc
         self.storage = local_path(str(folder / "collection" / self.collection / "storage.sqlite"), what=self.what)
         if not self.storage.is_file():
-            raise SourceError(f"{self.description}: collection {self.collection!r} has no storage.sqlite")
+            raise SourceError(f"{self.where}: collection {self.collection!r} has no storage.sqlite")
         with self._connect() as conn:
             kind = conn.execute("SELECT type FROM sqlite_master WHERE name = 'points'").fetchone()
             if kind is None or kind[0] != "table":  # a view (an endless recursive one) is not Qdrant's storage
-                raise SourceError(f"{self.description}: storage.sqlite's points is {kind[0] if kind else 'missing'}, not "
+                raise SourceError(f"{self.where}: storage.sqlite's points is {kind[0] if kind else 'missing'}, not "
                                   "Qdrant's table")
             columns = tuple(row[1] for row in conn.execute("PRAGMA table_info(points)"))
             if columns != LOCAL_POINTS_COLUMNS:
-                raise SourceError(f"{self.description}: storage.sqlite's points has columns {', '.join(columns)}, not "
+                raise SourceError(f"{self.where}: storage.sqlite's points has columns {', '.join(columns)}, not "
                                   f"{', '.join(LOCAL_POINTS_COLUMNS)}: a local-mode layout this reader does not know "
                                   f"(it reads qdrant-client {LOCAL_LAYOUT_VERSION}'s)")
             self.count = conn.execute("SELECT count(*) FROM points").fetchone()[0]
@@ -144,7 +144,7 @@ class QdrantSource(Source):
             conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
             return conn
         except sqlite3.Error as exc:
-            raise SourceError(f"{self.description} cannot be opened: {first_line(exc)}") from exc
+            raise SourceError(f"{self.where} cannot be opened: {first_line(exc)}") from exc
 
     def _local_points(self, block_rows: int) -> Iterator[list[dict]]:
         conn = self._connect()
@@ -156,9 +156,9 @@ class QdrantSource(Source):
                 if not rows:
                     return
                 last = rows[-1][0]
-                yield [_decode(blob, where=self.description) for _, blob in rows]
+                yield [_decode(blob, where=self.where) for _, blob in rows]
         except sqlite3.Error as exc:
-            raise SourceError(f"{self.description} cannot be read: {first_line(exc)}") from exc
+            raise SourceError(f"{self.where} cannot be read: {first_line(exc)}") from exc
         finally:
             conn.close()
 
@@ -167,7 +167,7 @@ class QdrantSource(Source):
         try:
             from qdrant_client import QdrantClient
         except ModuleNotFoundError as exc:
-            raise SourceError(f"reading {self.description} needs the qdrant extra: pip install -e .[qdrant]") from exc
+            raise SourceError(f"reading {self.where} needs the qdrant extra: pip install -e .[qdrant]") from exc
         try:
             with warnings.catch_warnings():  # an api key over http, an unknown server version: not errors here
                 warnings.simplefilter("ignore", UserWarning)
@@ -175,31 +175,63 @@ class QdrantSource(Source):
                                            check_compatibility=False)
             info = self.client.get_collection(self.collection)
         except Exception as exc:  # unreachable server, refused key, missing collection
-            raise SourceError(f"{self.description} cannot be reached: {first_line(exc)}") from exc
+            raise SourceError(f"{self.where} cannot be reached: {first_line(exc)}") from exc
         self.count = info.points_count
         vectors = info.config.params.vectors
         if hasattr(vectors, "size"):
             return {"size": vectors.size}
         return {k: {"size": v.size} for k, v in (vectors or {}).items()}
 
-    def _server_points(self, block_rows: int) -> Iterator[list[dict]]:
+    def _server_points(self, block_rows: int, vectors: list[str] | bool, payload: list[str] | bool
+                       ) -> Iterator[list[dict]]:
         offset = None
-        with_vectors = [self.vector_name] if self.vector_name else True
-        with_payload = [self.label_key or "label"] if self.label_key != "" else False  # never the documents' text
         while True:
             try:
                 records, offset = self.client.scroll(self.collection, limit=block_rows, offset=offset,
-                                                     with_vectors=with_vectors, with_payload=with_payload)
+                                                     with_vectors=vectors, with_payload=payload)
             except Exception as exc:
-                raise SourceError(f"{self.description} cannot be read: {first_line(exc)}") from exc
+                raise SourceError(f"{self.where} cannot be read: {first_line(exc)}") from exc
             if records:
                 yield [{"id": r.id, "vector": r.vector, "payload": r.payload} for r in records]
             if offset is None:
                 return
 
+    def pages(self, block_rows: int, *, vectors: list[str] | bool, payload: list[str] | bool) -> Iterator[list[dict]]:
+        """The points (``id``, ``vector``, ``payload``), ``block_rows`` at a time; a server sends only the ``vectors``
+        and ``payload`` fields asked for (a local point is stored whole: what is not asked for is dropped)."""
+        if self.server:
+            yield from self._server_points(block_rows, vectors, payload)
+            return
+        for points in self._local_points(block_rows):
+            yield [{"id": p.get("id"), "vector": p.get("vector") if vectors else None,
+                    "payload": _fields(p.get("payload"), payload)} for p in points]
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+def _fields(payload: object, wanted: list[str] | bool) -> dict | None:
+    """The ``wanted`` fields of a payload (all of them for True, none for False), as a server's scroll sends them."""
+    if not wanted or not isinstance(payload, dict):
+        return None
+    return payload if wanted is True else {k: payload[k] for k in wanted if k in payload}
+
+
+class QdrantSource(Source):
+    def __init__(self, text: SourceText, *, what: str, expect_dim: int | None) -> None:
+        super().__init__(text, what=what, expect_dim=expect_dim)
+        self.points = QdrantPoints(text, what=what, where=self.description)
+        self.count = self.points.count
+        self.label_key = text.option("label")
+        self.vector_name, dim = _vector_config(self.points.vectors, text.option("vector"), where=self.description)
+        if dim is not None:
+            self._check_dim(dim)
+
     def _raw(self, block_rows: int) -> Iterator[Raw]:
-        pages = self._server_points(block_rows) if self.server else self._local_points(block_rows)
-        for points in pages:
+        with_vectors = [self.vector_name] if self.vector_name else True
+        with_payload = [self.label_key or "label"] if self.label_key != "" else False  # never the documents' text
+        for points in self.points.pages(block_rows, vectors=with_vectors, payload=with_payload):
             if self.label_key is None:
                 first = points[0].get("payload") or {}
                 self.label_key = "label" if "label" in first else ""
@@ -217,5 +249,4 @@ class QdrantSource(Source):
             yield ids, np.array(rows, dtype=np.float64).reshape(len(rows), -1), labels
 
     def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
+        self.points.close()

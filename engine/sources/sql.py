@@ -93,37 +93,40 @@ def _sqlite_read_only(url, *, what: str):  # sqlalchemy URL objects
     return url.set(database=f"file:{quote(str(path))}?mode=ro", query={"uri": "true"})
 
 
-class SqlSource(Source):
-    def __init__(self, text: SourceText, *, what: str, expect_dim: int | None) -> None:
-        from sqlalchemy import create_engine, literal_column, make_url, select, table
+class SqlRows:
+    """The rows of one read-only statement at a SQLAlchemy URL: a ``table`` (``[schema.]name``) or a ``query`` (one
+    ``SELECT`` / ``WITH``), fetched in blocks within ``timeout`` seconds a pass (module docstring). Every failure is one
+    line naming ``where`` (masked); what the rows mean is the caller's (:class:`SqlSource`'s vectors, qrels)."""
+
+    def __init__(self, location: str, *, table: str | None, query: str | None, timeout: int, where: str) -> None:
+        from sqlalchemy import create_engine, literal_column, make_url, select
+        from sqlalchemy import table as sql_table
         from sqlalchemy.exc import ArgumentError
 
-        super().__init__(text, what=what, expect_dim=expect_dim)
+        self.where = where
         try:
-            url = make_url(text.location)
+            url = make_url(location)
         except ArgumentError as exc:
-            raise SourceError(f"{self.description} is not a SQLAlchemy URL") from exc
+            raise SourceError(f"{where} is not a SQLAlchemy URL") from exc
         self.backend = url.get_backend_name()
         if self.backend == "sqlite":
-            url = _sqlite_read_only(url, what=self.description)
-        query, name = text.option("query"), text.option("table")
-        if bool(query) == bool(name):
-            raise SourceError(f"{self.description}: give exactly one of #query=SELECT... or #table=NAME")
-        self.timeout = timeout_option(text, self.description)
+            url = _sqlite_read_only(url, what=where)
+        if bool(query) == bool(table):
+            raise SourceError(f"{where}: give exactly one of #query=SELECT... or #table=NAME")
+        self.timeout = timeout
         self.deadline = math.inf  # of the statement or fetch under way (time.monotonic())
         self.spent = 0.0  # seconds the pass under way has spent in the database
         self._driver = None  # the DBAPI connection of the pass under way (PostgreSQL: cancelled on a job's cancel)
-        self.id_name, self.vector_name = text.option("id", "id"), text.option("vector", "vector")
-        self.label_name = text.option("label")
-        if name:
-            if not IDENTIFIER.match(name):
-                raise SourceError(f"{self.description}: table {name!r} is not a plain [schema.]name")
-            schema, _, bare = name.rpartition(".")
-            self.table = table(bare, schema=schema or None)
+        self.table = None
+        if table:
+            if not IDENTIFIER.match(table):
+                raise SourceError(f"{where}: table {table!r} is not a plain [schema.]name")
+            schema, _, bare = table.rpartition(".")
+            self.table = sql_table(bare, schema=schema or None)
             self.statement = select(literal_column("*")).select_from(self.table).limit(1)
         else:
             if not READ_ONLY_START.match(query) or ";" in query.strip().rstrip(";"):
-                raise SourceError(f"{self.description}: the query must be one SELECT or WITH statement")
+                raise SourceError(f"{where}: the query must be one SELECT or WITH statement")
             from sqlalchemy import text as sql_text
 
             self.statement = sql_text(query.strip().rstrip(";"))
@@ -133,16 +136,46 @@ class SqlSource(Source):
             self.engine = create_engine(url, connect_args=connect_args)
         except ModuleNotFoundError as exc:
             extra = "postgresql" if self.backend == "postgresql" else "driver for " + self.backend
-            raise SourceError(f"reading {self.description} needs the {extra} extra: pip install -e .[{extra}]") \
-                from exc
+            raise SourceError(f"reading {where} needs the {extra} extra: pip install -e .[{extra}]") from exc
         except Exception as exc:
-            raise SourceError(f"{self.description} cannot be opened: {first_line(exc)}") from exc
-        self._probe()
-        if name:  # the table's columns are known now: read only those
-            from sqlalchemy import column
+            raise SourceError(f"{where} cannot be opened: {first_line(exc)}") from exc
 
-            chosen = [c for c in (self.id_name, self.vector_name, self.label_name) if c]
-            self.statement = select(*(column(c) for c in chosen)).select_from(self.table)
+    def probe(self, first: str | None = None) -> tuple[list[str], object]:
+        """Connects once: the result's column names, and its first row (a mapping) when it has a column ``first``
+        (else None, and no row is fetched)."""
+        try:
+            conn = self._connection()
+        except Exception as exc:  # unreachable server, refused login, missing driver
+            self.engine.dispose()
+            raise SourceError(f"{self.where} cannot be reached: {first_line(exc)}") from exc
+        try:
+            result = self._execute(conn)
+            names = list(result.keys())
+            row = self._fetch(lambda: result.mappings().fetchone()) if first in names else None
+            result.close()
+        finally:
+            conn.rollback()
+            conn.close()
+        return names, row
+
+    def choose(self, columns: list[str]) -> None:
+        """A table is read as only these columns from now on (a query is the user's own statement, read as it is)."""
+        if self.table is not None:
+            from sqlalchemy import column, select
+
+            self.statement = select(*(column(c) for c in columns)).select_from(self.table)
+
+    def blocks(self, block_rows: int) -> Iterator[list]:
+        """The result's rows (mappings), ``block_rows`` at a time, in one read-only connection."""
+        conn = self._connection()
+        try:
+            result = self._execute(conn)
+            blocks = result.mappings().partitions(block_rows)
+            while (rows := self._fetch(lambda: next(blocks, None))) is not None:
+                yield rows
+        finally:
+            conn.rollback()
+            conn.close()
 
     def _connection(self):  # a sqlalchemy Connection
         self.spent, self.deadline = 0.0, math.inf
@@ -157,58 +190,11 @@ class SqlSource(Source):
         return conn.execution_options(**options)
 
     def _past(self) -> SourceError:
-        return SourceError(f"{self.description}: reading it ran past its time limit of {self.timeout} s "
+        return SourceError(f"{self.where}: reading it ran past its time limit of {self.timeout} s "
                            "(#timeout=S raises it)")
 
     def _execute(self, conn):  # ANN202
         return self._fetch(lambda: conn.execute(self.statement))
-
-    def _probe(self) -> None:
-        """Connects once and checks the result's columns (no rows are fetched)."""
-        try:
-            conn = self._connection()
-        except Exception as exc:  # unreachable server, refused login, missing driver
-            self.engine.dispose()
-            raise SourceError(f"{self.description} cannot be reached: {first_line(exc)}") from exc
-        try:
-            result = self._execute(conn)
-            names = list(result.keys())
-            first = self._fetch(lambda: result.mappings().fetchone()) if self.vector_name in names else None
-            result.close()
-        finally:
-            conn.rollback()
-            conn.close()
-        for role, name in (("id", self.id_name), ("vector", self.vector_name), ("label", self.label_name)):
-            if name and name not in names:
-                self.engine.dispose()
-                raise SourceError(f"{self.description}: the result has no {role} column {name!r} (columns: "
-                                  f"{', '.join(names)}); name it with #{role}=COLUMN")
-        if self.label_name is None:
-            self.label_name = "label" if "label" in names else ""
-        if first is not None:  # the first vector tells the dimension
-            self._check_dim(len(parse_vector(first[self.vector_name], where=self.description)))
-
-    def _raw(self, block_rows: int) -> Iterator[Raw]:
-        conn = self._connection()
-        try:
-            result = self._execute(conn)
-            blocks = result.mappings().partitions(block_rows)
-            while (rows := self._fetch(lambda: next(blocks, None))) is not None:
-                vectors = [parse_vector(r[self.vector_name], where=self.description) for r in rows]
-                lengths = {len(v) for v in vectors}
-                if len(lengths) > 1:
-                    raise SourceError(f"{self.description}: vectors of {min(lengths)} to {max(lengths)} numbers "
-                                      f"(ragged)")
-                try:
-                    array = np.array(vectors, dtype=np.float64).reshape(len(vectors), -1)
-                except (TypeError, ValueError) as exc:
-                    raise SourceError(f"{self.description}: a vector holds something other than numbers") from exc
-                ids = np.array([r[self.id_name] for r in rows], dtype=object)
-                labels = np.array([r[self.label_name] for r in rows], dtype=object) if self.label_name else None
-                yield ids, array, labels
-        finally:
-            conn.rollback()
-            conn.close()
 
     def _fetch(self, get):  # ANN202
         """``get()`` (the statement, or a fetch of rows) within what is left of the pass's budget: past it, or a
@@ -226,12 +212,50 @@ class SqlSource(Source):
             raise
         except Exception as exc:  # an interrupted or failing fetch becomes the one line
             if cancel_requested():
-                raise Cancelled(f"cancelled while reading {self.description}") from exc
+                raise Cancelled(f"cancelled while reading {self.where}") from exc
             if time.monotonic() > self.deadline:
                 raise self._past() from exc
-            raise SourceError(f"{self.description}: the query fails: {query_error(exc)}") from exc
+            raise SourceError(f"{self.where}: the query fails: {query_error(exc)}") from exc
         finally:
             self.spent += time.monotonic() - start
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+class SqlSource(Source):
+    def __init__(self, text: SourceText, *, what: str, expect_dim: int | None) -> None:
+        super().__init__(text, what=what, expect_dim=expect_dim)
+        self.db = SqlRows(text.location, table=text.option("table"), query=text.option("query"),
+                          timeout=timeout_option(text, self.description), where=self.description)
+        self.id_name, self.vector_name = text.option("id", "id"), text.option("vector", "vector")
+        self.label_name = text.option("label")
+        names, first = self.db.probe(self.vector_name)
+        for role, name in (("id", self.id_name), ("vector", self.vector_name), ("label", self.label_name)):
+            if name and name not in names:
+                self.db.close()
+                raise SourceError(f"{self.description}: the result has no {role} column {name!r} (columns: "
+                                  f"{', '.join(names)}); name it with #{role}=COLUMN")
+        if self.label_name is None:
+            self.label_name = "label" if "label" in names else ""
+        if first is not None:  # the first vector tells the dimension
+            self._check_dim(len(parse_vector(first[self.vector_name], where=self.description)))
+        self.db.choose([c for c in (self.id_name, self.vector_name, self.label_name) if c])
+
+    def _raw(self, block_rows: int) -> Iterator[Raw]:
+        for rows in self.db.blocks(block_rows):
+            vectors = [parse_vector(r[self.vector_name], where=self.description) for r in rows]
+            lengths = {len(v) for v in vectors}
+            if len(lengths) > 1:
+                raise SourceError(f"{self.description}: vectors of {min(lengths)} to {max(lengths)} numbers "
+                                  f"(ragged)")
+            try:
+                array = np.array(vectors, dtype=np.float64).reshape(len(vectors), -1)
+            except (TypeError, ValueError) as exc:
+                raise SourceError(f"{self.description}: a vector holds something other than numbers") from exc
+            ids = np.array([r[self.id_name] for r in rows], dtype=object)
+            labels = np.array([r[self.label_name] for r in rows], dtype=object) if self.label_name else None
+            yield ids, array, labels
+
+    def close(self) -> None:
+        self.db.close()
