@@ -16,7 +16,7 @@ from app.report_download import report_button
 from app.widgets import MISSING, follow_jobs, pick_rule, plain
 from engine.core.contract import sources_check_payload
 from engine.core.conventions import metric_name
-from engine.core.kinds import SOURCE_HELP
+from engine.core.kinds import QRELS_HELP, SOURCE_HELP
 from engine.core.vocab import RELEVANCE, RELEVANCE_K
 from engine.read.verdicts import NOT_JUDGED, interval, sentence, share
 from storage import IdenticalJob
@@ -40,8 +40,7 @@ def _form(url: str) -> None:
                                            placeholder="data/….parquet" if required else "(optional)")
                  for i, (side, label, required) in enumerate(FIELDS)}
         texts["qrels"] = st.text_input("Qrels (with relevance qrels)", key="up_src_qrels", placeholder="(optional)",
-                                       help="A BEIR-style .tsv (query-id, corpus-id, score), a TREC .txt or a Parquet "
-                                            "table of judgements")
+                                       help=QRELS_HELP)
         r = st.columns([3, 1, 2, 2])
         relevance = r[0].selectbox("Relevance", RELEVANCE, format_func=RELEVANCE_WORDS.get, key="up_src_relevance")
         k = r[1].number_input("k", min_value=1, max_value=1000, value=RELEVANCE_K, step=1, key="up_src_k",

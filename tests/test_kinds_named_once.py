@@ -25,10 +25,11 @@ from engine.core.vocab import VIEWS
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES: dict[str, tuple[str, ...]] = {
     "tie rule": kinds.TIE_RULES, "rank tie rule": kinds.RANK_TIE_RULES, "metric": tuple(kinds.METRICS), "paper 004 adapter": kinds.PAPER_ADAPTERS,
-    "post-hoc adapter": kinds.POSTHOC_ADAPTERS, "source": tuple(kinds.SOURCES), "job": tuple(kinds.JOBS),
+    "post-hoc adapter": kinds.POSTHOC_ADAPTERS, "source": tuple(kinds.SOURCES), "qrels": tuple(kinds.QRELS),
+    "job": tuple(kinds.JOBS),
     "view": VIEWS, "raw view": kinds.RAW_VIEWS, "compared view": kinds.COMPARED_VIEWS, "analysis": ANALYSIS_KINDS}
 RECORDS = {"tie rule": kinds.TIES, "rank tie rule": kinds.RANK_TIES, "metric": kinds.METRICS, "adapter": kinds.ADAPTERS, "source": kinds.SOURCES,
-           "job": kinds.JOBS, "view": kinds.VIEW_KINDS}
+           "qrels": kinds.QRELS, "job": kinds.JOBS, "view": kinds.VIEW_KINDS}
 # (file, family): a literal that is legitimately a different thing, each with its reason; keep this short
 ALLOWED: dict[tuple[str, str], str] = {
     ("engine/metrics/retrieval.py", "rank tie rule"): "RankTies, the type of a rank_ties parameter: a Literal spells its "
@@ -37,7 +38,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 
 def texts() -> dict[str, str]:
     """Every record's label and help (the distinctive ones: not the name itself, five characters or more)."""
-    out = {kinds.TIES_HELP: "TIES_HELP", kinds.SOURCE_HELP: "SOURCE_HELP"}
+    out = {kinds.TIES_HELP: "TIES_HELP", kinds.SOURCE_HELP: "SOURCE_HELP", kinds.QRELS_HELP: "QRELS_HELP"}
     for family, records in RECORDS.items():
         for r in records.values():
             out.update({t: f"the {family} {r.name!r}" for t in (r.label, r.help) if t != r.name and len(t) >= 5})

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.core.kinds import POSTHOC_ADAPTERS, listed
+from engine.core.kinds import POSTHOC_ADAPTERS, QRELS_HELP, listed
 from engine.core.vocab import check_resamples
 from engine.data import roots
 from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
@@ -54,8 +54,8 @@ def _add_sources(p: argparse.ArgumentParser) -> None:
     p.add_argument("--relevance", choices=("labels", "qrels", "none"),
                    help="labels: Recall@k by shared label; qrels: nDCG@k under --qrels; none: neighbour recall@k against "
                         "the new model's own top-k (default: qrels with --qrels, else labels when both sources have labels)")
-    p.add_argument("--qrels", metavar="SRC", help="with --query-old/--query-new: judgements query id -> item id -> grade "
-                   "(TREC, BEIR .tsv or Parquet; or named trec:/beir:), the relevance check-upgrade --old-gallery --qrels judges with")
+    p.add_argument("--qrels", metavar="SRC", help="with --query-old/--query-new: the relevance check-upgrade --old-gallery "
+                   f"--qrels judges with. {QRELS_HELP}")
     p.add_argument("--k", type=int, help="the k of the metric (default 1 for labels, 10 for qrels and none)")
     p.add_argument("--normalise", choices=("l2", "none"), default="l2",
                    help="l2 (default): unit rows in and out (cosine retrieval); none: the raw vectors")

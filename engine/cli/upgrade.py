@@ -30,7 +30,7 @@ from engine.metrics.paired import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT
 from engine.upgrade.plan import (DEFAULT_ADAPTERS, DEFAULT_FIT_SHARE, DEFAULT_PRECISION, THRESHOLD_K, Plan, backfill_metric,
                                  recovery_line, forecast_line)
 from engine.metrics.decision import margin_to_decide
-from engine.core.kinds import LIST_RANK_TIES, SOURCES, STRICT, TIE_RULES, canonical_metric
+from engine.core.kinds import LIST_RANK_TIES, QRELS_HELP, SOURCES, STRICT, TIE_RULES, canonical_metric
 from engine.upgrade.rule import DEFAULT_INTERVAL, DEFAULT_POWER, INTERVALS
 from engine.upgrade.words import NOT_JUDGED, tie_line
 
@@ -100,9 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(new/new, and the reference of --relevance none)")
     p.add_argument("--old-queries", metavar="SRC", help="with --old-gallery: the queries embedded by the old model")
     p.add_argument("--new-queries", metavar="SRC", help="with --old-gallery: the same queries embedded by the new model")
-    p.add_argument("--qrels", metavar="SRC", help="with --old-gallery: judgements query id -> item id -> grade (TREC "
-                   "'qid 0 docid grade', BEIR .tsv with a header, or Parquet; told from the file or named trec:/beir:); "
-                   "implies --relevance qrels")
+    p.add_argument("--qrels", metavar="SRC", help=f"with --old-gallery (implies --relevance qrels). {QRELS_HELP}")
     p.add_argument("--relevance", choices=RELEVANCE, help="with --old-gallery: what is relevant: labels (same class "
                    "label; the default), qrels (--qrels) or none (label-free: the new model's top-k on --new-gallery)")
     p.add_argument("--k", type=int, default=DEFAULT_K, metavar="K",

@@ -12,6 +12,8 @@ nothing else spells a kind's name (``tests/test_kinds_named_once.py``).
 - feature views (:data:`VIEW_KINDS`): the raw outputs stored per model and the PSP/LSP views derived from them, and
   which ones a checkpoint comparison evaluates.
 - source kinds (:data:`SOURCES`): where embeddings are read from (``engine.sources.READERS`` holds their readers).
+- qrels kinds (:data:`QRELS`): where relevance judgements are read from: file formats and stores
+  (``engine.sources.qrels.STORES`` holds the stores' readers).
 - analysis kinds (:data:`ANALYSES`): what an ``analysis`` job computes from an experiment's stored features
   (``engine.jobs.analysis.ANALYSIS_RUNS`` holds their computations, ``engine.core.contract`` their parameters).
 - job kinds (:data:`JOBS`): the worker's lane and claim priority of each (``engine.jobs.job_handlers.JOB_HANDLERS``
@@ -207,6 +209,23 @@ SOURCES = _named(
 )
 SOURCE_HELP = (f"A path inside the data roots or a URL: {listed([s.help for s in SOURCES.values()])}. "
                "Columns: #id=...&vector=...&label=...")
+
+# Relevance judgements (engine.sources.qrels): ``[KIND:]LOCATION[#query=COL&item=COL&grade=COL]``, one judgement a row
+# (a point's payload for Qdrant); a file's format is told from the file when not named, a store is named or recognised
+# as a source is; the stores are source kinds, read for their rows, never their vectors
+QRELS = _named(
+    Kind("trec", "TREC", "a TREC qrels file ('qid 0 docid grade')"),
+    Kind("beir", "BEIR", "a BEIR .tsv / .csv with a header (query-id, corpus-id, score)"),
+    Kind("tsv", "delimited", "a .tsv / .csv / .txt read as TREC or BEIR by its first line"),
+    Kind("parquet", SOURCES["parquet"].label, "Parquet / Arrow (file, folder or fsspec URL)"),
+    Kind("sql", SOURCES["sql"].label, "a SQL table or view (sql:URL#table=NAME)"),
+    Kind("lance", SOURCES["lance"].label, "a LanceDB table (lance:FOLDER#table=NAME)"),
+    Kind("qdrant", SOURCES["qdrant"].label, "a Qdrant collection with a judgement in each point's payload "
+         "(qdrant:FOLDER-or-URL#collection=NAME)"),
+)
+QRELS_HELP = (f"Judgements query id -> item id -> grade: {listed([k.help for k in QRELS.values()])}. A file's format is "
+              "told from it or named (trec:, beir:); ids are kept as text; columns (payload fields) by their usual names "
+              "or #query=COL&item=COL&grade=COL; without a grade column every pair listed is relevant")
 
 
 # ---------------------------------------------------------------------------------------------- analysis kinds
