@@ -32,6 +32,7 @@ from storage import (
     list_model_versions,
     load_analysis,
     load_source_check,
+    load_source_check_trec,
     payload_hash,
     load_matrices,
     queue_positions,
@@ -149,6 +150,13 @@ def source_check(url: str, kind: str, payload: dict[str, Any]) -> dict[str, Any]
     """The report a finished ``sources_check`` job stored (under its payload hash), or None (read each time: one row)."""
     with session_scope(db_engine(url)) as s:
         return load_source_check(s, payload_hash(kind, payload))
+
+
+def source_check_trec(url: str, kind: str, payload: dict[str, Any]) -> bytes:
+    """The zip of TREC run files and qrels stored with a finished ``sources_check`` job's report (empty when none was
+    kept); read when its download button is pressed, never cached."""
+    with session_scope(db_engine(url)) as s:
+        return load_source_check_trec(s, payload_hash(kind, payload)) or b""
 
 
 def analysis_job(url: str, experiment_id: int, kind: str, key: str) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ from app.report_download import report_button
 from app.widgets import MISSING, follow_jobs, pick_rule, plain
 from engine.core.contract import sources_check_payload
 from engine.core.conventions import metric_name
-from engine.core.kinds import QRELS_HELP, SOURCE_HELP
+from engine.core.kinds import DEFAULT_RANK_TIES, LIST_RANK_TIES, QRELS_HELP, RANK_TIES, SOURCE_HELP
 from engine.core.vocab import RELEVANCE, RELEVANCE_K
 from engine.read.verdicts import NOT_JUDGED, interval, sentence, share
 from storage import IdenticalJob
@@ -25,6 +25,8 @@ KIND = "sources_check"
 VERDICT_BOX = {"compatible": st.success, "not compatible": st.error, "too close to call": st.warning}
 RELEVANCE_WORDS = {"labels": "labels (same class label)", "qrels": "qrels (judgements: query id, item id, grade)",
                    "none": "none (label-free: the new model's top-k on the new gallery)"}
+RANK_TIES_HELP = ("How equal scores in a top-k list rank (check-upgrade --rank-ties): "
+                  + "; ".join(f"{RANK_TIES[r].label}: {RANK_TIES[r].help}" for r in LIST_RANK_TIES))
 FIELDS = (("old_gallery", "Old gallery (old model)", True), ("new_gallery", "New gallery (new model, optional)", False),
           ("old_queries", "Old queries (old model)", True), ("new_queries", "New queries (new model)", True))
 
@@ -47,12 +49,17 @@ def _form(url: str) -> None:
                               help="Depth of the top-k lists (Recall@k, nDCG@k, neighbour recall@k)")
         names = (r[2].text_input("Old model's name", "old", max_chars=40, key="up_src_old_name"),
                  r[3].text_input("New model's name", "new", max_chars=40, key="up_src_new_name"))
-        margin, ties = pick_rule(key="up_src")
+        rule = st.columns([1, 2, 1])
+        margin, ties = pick_rule(key="up_src", columns=rule[:2])
+        rank_ties = rule[2].selectbox("Rank ties", LIST_RANK_TIES, index=LIST_RANK_TIES.index(DEFAULT_RANK_TIES),
+                                      format_func=lambda r: RANK_TIES[r].label, key="up_src_rank_ties",
+                                      help=RANK_TIES_HELP)
         submitted = st.form_submit_button("Check the upgrade", type="primary")
     if not submitted:
         return
     try:
-        payload = sources_check_payload(texts, relevance=relevance, k=int(k), names=names, margin=margin, ties=ties)
+        payload = sources_check_payload(texts, relevance=relevance, k=int(k), names=names, margin=margin, ties=ties,
+                                        rank_ties=rank_ties)
     except ValueError as exc:
         st.error(plain(str(exc)))
         return
@@ -64,7 +71,7 @@ def _form(url: str) -> None:
         st.info(f"The same check is already queued or done (job #{exc.job_id}); showing it.")
 
 
-def _report(report: dict[str, Any]) -> None:
+def _report(report: dict[str, Any], *, url: str, job: dict[str, Any]) -> None:
     c, b = report["compatibility"], report["better"]
     VERDICT_BOX[report["verdict"]](plain(sentence(report)))
     decision_box(report.get("plan"))  # the one decision; its details close the report
@@ -93,7 +100,34 @@ def _report(report: dict[str, Any]) -> None:
     plan_section(report.get("plan"), report["level"], key="up_src_plan")
     report_button(report.get("plan"), {k: v for k, v in report.items() if k != "plan"}, key="up_src_report",
                   inputs={"sources": report.get("sources") or {}, "relevance": report.get("relevance"),
-                          "k": report.get("k"), "backfill depth": report.get("backfill_depth")})
+                          "k": report.get("k"), "rank ties": RANK_TIES[_rank_ties(report)].label,
+                          "backfill depth": report.get("backfill_depth")})
+    _trec_download(report, url=url, job=job)
+
+
+def _rank_ties(report: dict[str, Any]) -> str:
+    return report.get("rank_ties") or DEFAULT_RANK_TIES  # a report stored before the rule was a choice: the default
+
+
+def _trec_download(report: dict[str, Any], *, url: str, job: dict[str, Any]) -> None:
+    """The check's TREC run files and qrels (the files ``check-upgrade --export trec`` writes), zipped and stored with
+    the report by the worker; read from the database only when the button is pressed."""
+    trec = report.get("trec")
+    if trec is None:
+        st.caption("This check was stored before its TREC run files were kept; run it again to download them.")
+        return
+    if "error" in trec:
+        st.caption(plain(f"No TREC run files for this check: {trec['error']}"))
+        return
+    st.download_button("TREC run files (.zip)", lambda: q.source_check_trec(url, KIND, job["payload"]),
+                       file_name=f"trec-runs-job{job['id']}.zip", mime="application/zip", on_click="ignore",
+                       key="up_src_trec", icon=":material/download:",
+                       help=plain(f"{', '.join(trec['files'])}: each cell's top-k lists as a TREC run and the judgements "
+                                  "the check used (what check-upgrade --export trec writes), so trec_eval, pytrec_eval, "
+                                  "ranx or ir-measures recompute every number above (the check's rank-tie rule: "
+                                  f"{RANK_TIES[_rank_ties(report)].label})"))
+    if trec.get("note"):
+        st.caption(plain(trec["note"]))
 
 
 def _backfill(report: dict[str, Any]) -> None:
@@ -144,4 +178,4 @@ def sources_section(url: str) -> None:
     if report is None:
         st.warning(f"Job #{job['id']} finished but stored no report; run the check again.")
         return
-    _report(report)
+    _report(report, url=url, job=job)

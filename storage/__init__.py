@@ -91,7 +91,7 @@ from storage.repo import (
     set_experiment_status,
     set_experiment_study,
 )
-from storage.source_checks import load_source_check, save_source_check
+from storage.source_checks import load_source_check, load_source_check_trec, save_source_check
 from storage.types import NpyArray, UTCDateTime
 
 __all__ = [
@@ -109,6 +109,7 @@ __all__ = [
     "Job",
     "SourceCheck",
     "load_source_check",
+    "load_source_check_trec",
     "save_source_check",
     "LeaseLost",
     "ModelVersion",

@@ -12,6 +12,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -36,6 +37,7 @@ ADDED_COLUMNS = (
     ("jobs", "worker_host"),
     ("jobs", "worker_boot_id"),
     ("feature_sets", "fingerprint"),
+    ("source_checks", "trec_zip"),
 )
 SPLITS = ("query", "gallery", "train")
 GALLERY_KINDS = ("instance", "template")  # what a gallery item is (engine.core.vocab.GALLERY_KINDS)
@@ -257,4 +259,7 @@ class SourceCheck(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     key: Mapped[str] = mapped_column(String(64), unique=True)  # storage.jobs.payload_hash of the job that computed it
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)  # engine.upgrade.from_sources.SourcesCheck.to_json()
+    # the check's TREC run files and qrels in one zip (engine.results.trec.zip_files), read only when downloaded;
+    # None: stored before they were kept, or an id a TREC file cannot hold (the payload's "trec" says why)
+    trec_zip: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     created_at: Mapped[datetime] = _created_at()

@@ -627,7 +627,7 @@ def _export_target(args: argparse.Namespace) -> Path | None:
 def _export_trec(folder: Path, check, adapted: dict) -> list[str]:
     """Write the check's TREC files (with the plan's adapted->old lists); the lines that say so (and how many lists
     hold tied scores)."""
-    from engine.results.trec import QRELS_NAME, write_files
+    from engine.results.trec import QRELS_NAME, tied_note, write_files
     from engine.upgrade.from_sources import trec_texts
 
     runs, qrels, tied = trec_texts(check, adapted)
@@ -636,9 +636,8 @@ def _export_trec(folder: Path, check, adapted: dict) -> list[str]:
     except OSError as exc:
         raise ValueError(f"--export trec {folder}: cannot write ({exc.strerror or type(exc).__name__})") from None
     out = [f"  export: {', '.join(p.name for p in paths)} (TREC, written to {folder})"]
-    if tied and check.rank_ties != "trec":
-        out.append(f"  note: {tied:,} exported lists hold equal scores; TREC tools order those by doc id, descending, "
-                   "so their numbers equal these under --rank-ties trec")
+    if note := tied_note(tied, check.rank_ties):
+        out.append(f"  note: {note}")
     return out
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from engine.core.kinds import STRICT
+from engine.core.kinds import DEFAULT_RANK_TIES, LIST_RANK_TIES, STRICT, check_rank_ties
 from engine.core.cluster import ClusterSpec
 from engine.core.fan_out import FanOut, check_fan_out_gallery
 from engine.core.presets import RUN_PRESETS
@@ -323,7 +323,7 @@ def check_job_sources(texts: dict[str, str]) -> None:
 
 def sources_check_payload(sources: dict[str, str | None], *, relevance: str, k: int = RELEVANCE_K,
                           metric: str | None = None, names: tuple[str, str] = ("old", "new"), margin: float = 0.0,
-                          ties: str = STRICT, stored: bool = True) -> dict[str, Any]:
+                          ties: str = STRICT, rank_ties: str = DEFAULT_RANK_TIES, stored: bool = True) -> dict[str, Any]:
     """A ``sources_check`` job: the upgrade check on embeddings read from sources (``engine.upgrade.from_sources``).
 
     ``stored`` (default): the payload will be stored, so a source text holding a secret in clear is refused
@@ -331,8 +331,10 @@ def sources_check_payload(sources: dict[str, str | None], *, relevance: str, k: 
 
     ``sources`` maps :data:`SOURCE_SIDES` to source texts; empty ones are left out. Checked here before anything is
     queued: the three required sources, the relevance and what it needs, ``k``, the rule (``margin`` in points,
-    ``ties``). The rule is left out at strict ECC (margin 0, ties fail), the default of payloads that have none, so
-    such a payload is the one queued before the rule could be chosen (same job, same stored report).
+    ``ties``) and the rank-tie rule of the top-k lists (``rank_ties``, one of ``engine.core.kinds.LIST_RANK_TIES``,
+    ``check-upgrade --rank-ties``). The rule is left out at strict ECC (margin 0, ties fail) and the rank-tie rule at
+    its default, the defaults of payloads that have none, so such a payload is the one queued before they could be
+    chosen (same job, same stored report).
     """
     given = {side: str(text).strip() for side, text in sources.items() if text is not None and str(text).strip()}
     unknown = sorted(set(given) - set(SOURCE_SIDES))
@@ -361,8 +363,38 @@ def sources_check_payload(sources: dict[str, str | None], *, relevance: str, k: 
     if problem := next(filter(None, map(model_name_problem, names)), None):
         raise ValueError(problem)
     rule = {k: v for k, v in zip(STRICT_RULE, _rule(margin, ties)) if v != STRICT_RULE[k]}
+    if check_rank_ties(rank_ties, LIST_RANK_TIES) != DEFAULT_RANK_TIES:
+        rule["rank_ties"] = rank_ties
     return {"sources": {side: given[side] for side in SOURCE_SIDES if side in given}, "relevance": relevance, "k": k,
             "metric": (metric or "").strip().lower() or None, "names": list(names), **rule}
+
+
+SOURCES_CHECK_FIELDS = ("sources", "relevance", "k", "metric", "names", "margin", "ties", "rank_ties")
+
+
+def sources_check_args(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored ``sources_check`` payload read strictly, as the worker runs it (a stored payload is data, and the
+    allow-list may have changed since it was queued): unknown fields refused and every field checked again by
+    :func:`sources_check_payload`; the keyword arguments of ``engine.upgrade.from_sources.check_sources`` with
+    ``sources`` (side -> text), the rule and the rank-tie rule at their defaults where the payload leaves them out.
+    One line otherwise."""
+    unknown = sorted(map(str, set(payload) - set(SOURCES_CHECK_FIELDS)))
+    if unknown:
+        raise ValueError(f"a sources_check payload holds unknown field(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(SOURCES_CHECK_FIELDS)}")
+    missing = [f for f in ("sources", "relevance", "names") if f not in payload]
+    if (missing or not isinstance(payload["sources"], Mapping) or not isinstance(payload["names"], (list, tuple))
+            or not isinstance(payload.get("metric"), (str, type(None)))):
+        raise ValueError("a sources_check payload needs sources (side -> text), a relevance, two names and, when "
+                         "given, a metric as text")
+    margin, ties = payload.get("margin", STRICT_RULE["margin"]), payload.get("ties", STRICT_RULE["ties"])
+    rank_ties = payload.get("rank_ties", DEFAULT_RANK_TIES)
+    checked = sources_check_payload(dict(payload["sources"]), relevance=payload["relevance"],
+                                    k=payload.get("k", RELEVANCE_K), metric=payload.get("metric"),
+                                    names=tuple(payload["names"]), margin=margin, ties=ties, rank_ties=rank_ties)
+    return {"sources": checked["sources"], "relevance": checked["relevance"], "k": checked["k"],
+            "metric": checked["metric"], "names": tuple(checked["names"]), "margin": float(margin), "ties": ties,
+            "rank_ties": rank_ties}
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

@@ -71,6 +71,7 @@ RANK_TIES = _named(Kind("pessimistic", "pessimistic", "a negative tying the best
                         "top-k lists only, since it needs the ids"))
 RANK_TIE_RULES = tuple(RANK_TIES)
 LIST_RANK_TIES = ("pessimistic", "trec")  # the rules a top-k list's metrics take (engine.metrics.relevance)
+DEFAULT_RANK_TIES = "pessimistic"  # the default rank-tie rule (the engine's, as stored; check-upgrade's)
 
 
 def check_rank_ties(rank_ties: object, allowed: tuple[str, ...] = RANK_TIE_RULES) -> str:

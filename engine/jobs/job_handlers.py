@@ -107,28 +107,29 @@ def sources_check_job(db: Engine, payload: Mapping[str, Any], job: JobContext) -
     """A ``sources_check`` job: the upgrade check on embeddings read from sources, its report stored under the job's
     payload hash (``storage.save_source_check``) with its migration plan, where the Upgrade check page reads it: with
     the new gallery the default adapters fitted on its pairs and the threshold (``engine.upgrade.source_remedies``, as
-    ``check-upgrade --old-gallery ... --new-gallery ... --plan``), else from the verdicts alone."""
+    ``check-upgrade --old-gallery ... --new-gallery ... --plan``), else from the verdicts alone. Beside the report, in
+    the same transaction, the zip of the TREC files ``--export trec`` writes
+    (``engine.upgrade.from_sources.trec_zip``)."""
     from engine.core.cluster import requested_cluster
-    from engine.core.contract import check_job_sources
-    from engine.upgrade.from_sources import SourceSpecs, check_sources
+    from engine.core.contract import sources_check_args
+    from engine.upgrade.from_sources import SourceSpecs, check_sources, trec_zip
     from engine.upgrade.migration import or_verdicts, plan_from_verdicts
     from engine.upgrade.source_remedies import plan_from_sources
     from storage import payload_hash, save_source_check, session_scope
 
-    check_job_sources(dict(payload["sources"]))  # again here: a stored payload is data, and the allow-list may change
-    specs = SourceSpecs(**payload["sources"])
-    check = check_sources(specs, relevance=payload["relevance"], k=int(payload["k"]), metric=payload.get("metric"),
-                          names=tuple(payload["names"]), margin=payload.get("margin", 0.0),
-                          ties=payload.get("ties", "fail"),  # older payloads: strict ECC
-                          progress=lambda f, m: job.progress(0.8 * f, m),
+    args = sources_check_args(payload)  # read strictly: a stored payload is data, and the allow-list may change
+    specs = SourceSpecs(**args.pop("sources"))
+    check = check_sources(specs, **args, progress=lambda f, m: job.progress(0.8 * f, m),
                           cluster=requested_cluster(None))  # the worker's $COMPATLAB_DASK_SCHEDULER: where, not what
     if specs.new_gallery is None:
-        plan = plan_from_verdicts(check.report).to_json()
+        plan = plan_from_verdicts(check.report)
     else:  # a gallery too small to fit an adapter on: the verdicts alone, saying why (as the in-memory plan)
         plan = or_verdicts(lambda: plan_from_sources(check, specs, progress=lambda f, m: job.progress(0.8 + 0.2 * f, m)),
-                           check.report, asked=False).to_json()
+                           check.report, asked=False)
+    trec, files = trec_zip(check, plan.adapted_lists)
     with session_scope(db) as s:
-        save_source_check(s, payload_hash("sources_check", dict(payload)), {**check.to_json(), "plan": plan})
+        save_source_check(s, payload_hash("sources_check", dict(payload)),
+                          {**check.to_json(), "plan": plan.to_json(), "trec": trec}, files)
     return check.report.sentence().split(":", 1)[0]  # "v2 is compatible with v1"
 
 

@@ -8,9 +8,14 @@ item first instead, so on a list with tied scores the two agree only under ``--r
 counts the lists a reader should know about). A qrels line is ``query-id 0 doc-id grade``: only the relevant
 judgements (grade > 0) of the queries that have one in the gallery, the queries the check averages over, so a tool's
 mean over the file's queries is the check's mean.
+
+The same files reach a folder (:func:`write_files`, the command line) or one zip (:func:`zip_files`, the dashboard's
+download, stored with the check); both hold every text in memory at once (the lists' size: queries x k lines per cell).
 """
 from __future__ import annotations
 
+import io
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -73,19 +78,45 @@ def write_trec(folder: Path, runs: Mapping[str, str], qrels: str) -> list[Path]:
                                 QRELS_NAME: qrels})
 
 
+def tied_note(tied: int, rank_ties: str) -> str | None:
+    """What a reader of the files should know when ``tied`` lists hold equal scores and the check did not rank them
+    in trec_eval's order (``rank_ties``); None otherwise."""
+    if not tied or rank_ties == "trec":
+        return None
+    return (f"{tied:,} exported lists hold equal scores; TREC tools order those by doc id, descending, so their numbers "
+            "equal these under the rank-tie rule trec (--rank-ties trec)")
+
+
+def _plain_names(files: Mapping[str, str]) -> None:
+    bad = [n for n in files if Path(n).name != n or n.startswith(".")]
+    if bad:
+        raise ValueError(f"a TREC file name must be a plain name, got {bad[0]!r}")
+
+
+def zip_files(files: Mapping[str, str]) -> bytes:
+    """One zip of ``name -> text`` (plain names, UTF-8, deflated), the same bytes for the same files (entries dated
+    1980-01-01, the zip format's first day)."""
+    _plain_names(files)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, text in files.items():
+            entry = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            entry.compress_type, entry.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
+            z.writestr(entry, text.encode())
+    return out.getvalue()
+
+
 def write_files(folder: Path, files: Mapping[str, str]) -> list[Path]:
     """``folder/<name>`` for each ``name -> text`` of ``files`` (plain names), each written whole or not at all."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"--export trec {folder}: not a folder")
-    bad = [n for n in files if Path(n).name != n or n.startswith(".")]
-    if bad:
-        raise ValueError(f"a TREC file name must be a plain name, got {bad[0]!r}")
+    _plain_names(files)
     paths = [folder / name for name in files]
     for path, text in zip(paths, files.values()):
         write_text_atomic(path, text)
     return paths
 
 
-__all__ = ["CELL_FILES", "QRELS_NAME", "RUN_SUFFIX", "qrels_text", "run_text", "tied_queries", "write_files",
-           "write_trec"]
+__all__ = ["CELL_FILES", "QRELS_NAME", "RUN_SUFFIX", "qrels_text", "run_text", "tied_note", "tied_queries",
+           "write_files", "write_trec", "zip_files"]

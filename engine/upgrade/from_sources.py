@@ -53,6 +53,7 @@ from engine.metrics.ties import list_tie_outcomes, pair_ties
 from engine.metrics.topk import TopK, stream_topk
 from engine.metrics.twoway import TopLists, ranked_lists, two_way_depth
 from engine.sources import Joined, Source, SourceError, join_by_id, open_source
+from engine.sources.text import first_line
 from engine.sources.base import check_unique_ids, join_ids
 from engine.sources.join import IdSlots, check_same_ids
 from engine.sources.qrels import QrelsTable, read_qrels
@@ -237,6 +238,21 @@ def trec_texts(check: SourcesCheck, adapted: Mapping[str, TopK] | None = None) -
         judged = {qids[q]: dict.fromkeys(gids[ids].tolist(), 1.0) for q, ids in zip(rows.tolist(), judge.reference.ids)}
     tied = sum(tied_queries(top.scores) for _, top in cells.values())
     return runs, qrels_text(judged), tied
+
+
+def trec_zip(check: SourcesCheck, adapted: Mapping[str, TopK] | None = None) -> tuple[dict, bytes | None]:
+    """The files of :func:`trec_texts` (the runs and ``qrels.txt``, as ``check-upgrade --export trec`` writes them) in
+    one zip (:func:`engine.results.trec.zip_files`; every text in memory at once, as the export), and what a reader is
+    told of them: ``{"files": names, "note": the tied-scores note or None}``; or ``{"error": why}`` and no zip when
+    they cannot be written (an id a TREC file cannot hold), which leaves the check as it is."""
+    from engine.results.trec import QRELS_NAME, tied_note, zip_files
+
+    try:
+        runs, qrels, tied = trec_texts(check, adapted)
+        files = {**runs, QRELS_NAME: qrels}
+        return {"files": list(files), "note": tied_note(tied, check.rank_ties)}, zip_files(files)
+    except ValueError as exc:
+        return {"error": first_line(exc)}, None
 
 
 def _fingerprints(vectors: np.ndarray, coeffs: np.ndarray) -> np.ndarray:
@@ -634,5 +650,5 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
 
 
 __all__ = ["DEFAULT_K", "CheckLists", "GalleryScan", "Opened", "SourceRelevance", "SourceSpecs", "SourcesCheck", "by_id",
-           "check_sources", "default_metric", "trec_texts", "default_relevance", "in_order", "parse_source_metric", "qrels_rows",
+           "check_sources", "default_metric", "trec_texts", "trec_zip", "default_relevance", "in_order", "parse_source_metric", "qrels_rows",
            "scan_gallery"]
