@@ -212,9 +212,9 @@ def test_the_cli_refuses_bad_requests_in_one_line(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_docs_mteb_example_runs_as_written(tmp_path):
-    """docs/reference.md's MTEB example (real MiniLM L3 -> L6 on a WordNet task) runs as written and prints what the
-    page says; its new->old cell equals pytrec_eval on the same models' vectors (to 1e-3: MiniLM's float32 cosines
-    may hold near-ties that float64 orders the other way)."""
+    """docs/reference.md's MTEB example (real MiniLM L3 -> L6 on a WordNet task, a Procrustes adapter) runs as written
+    and prints what the page says; its new->old and adapted->old cells equal pytrec_eval on the same models' vectors
+    (to 1e-3: MiniLM's float32 cosines may hold near-ties that float64 orders the other way)."""
     from test_readme_examples import needs_text_models
 
     if why := needs_text_models():
@@ -231,12 +231,18 @@ def test_the_docs_mteb_example_runs_as_written(tmp_path):
     report = json.loads((tmp_path / "data" / "mteb.json").read_text())
     C = np.array(report["matrix"], dtype=float)
     assert C[1, 0] < C[0, 0] < C[1, 1]  # the page's reading: L6 alone best, its queries on L3's corpus worst
+    adapted = report["adapter"]["scores"]["ndcg_at_10"]
+    assert C[1, 0] < adapted < C[0, 0] and "minilm_l6 adapted → minilm_l3 (procrustes adapter)" in out.stdout
+    from engine.adapters.artifact import load_adapter
     from engine.models.text_models import load_text_model
 
     data = read_retrieval_folder(tmp_path / "data" / "wordnet-task")
     l3, l6 = load_text_model("minilm_l3", device="cpu"), load_text_model("minilm_l6", device="cpu")
-    q, d = l6.encode(data.query_texts).astype(np.float64), l3.encode(data.corpus_texts).astype(np.float64)
-    scores = (q / np.linalg.norm(q, axis=1, keepdims=True)) @ (d / np.linalg.norm(d, axis=1, keepdims=True)).T
-    run = {qid: dict(zip(data.corpus_ids, map(float, row))) for qid, row in zip(data.query_ids, scores)}
-    got = pytrec_eval.RelevanceEvaluator(data.qrels, {"ndcg_cut_10"}).evaluate(run)
-    assert C[1, 0] == pytest.approx(np.mean([v["ndcg_cut_10"] for v in got.values()]), abs=1e-3)
+    q, d = l6.encode(data.query_texts), l3.encode(data.corpus_texts)
+    mapped = load_adapter(tmp_path / "data" / "adapter").apply(q)
+    for queries, value in ((q, C[1, 0]), (mapped, adapted)):
+        x, y = queries.astype(np.float64), d.astype(np.float64)
+        scores = (x / np.linalg.norm(x, axis=1, keepdims=True)) @ (y / np.linalg.norm(y, axis=1, keepdims=True)).T
+        run = {qid: dict(zip(data.corpus_ids, map(float, row))) for qid, row in zip(data.query_ids, scores)}
+        got = pytrec_eval.RelevanceEvaluator(data.qrels, {"ndcg_cut_10"}).evaluate(run)
+        assert value == pytest.approx(np.mean([v["ndcg_cut_10"] for v in got.values()]), abs=1e-3)

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from engine.adapters.posthoc import NEW_TO_OLD, PosthocMap, map_direction
 from engine.checkpoints.text_cache import TextEmbeddingCache, cached_encode
 from engine.core.kinds import metric_parts
 from engine.metrics.summary import average_accuracy, average_compatibility, average_compatibility_accuracy
@@ -47,16 +49,28 @@ def mteb_score_key(metric: str) -> str:
 class CrossTestEncoder:
     """An MTEB encoder (``mteb.models.EncoderProtocol``) embedding queries with ``queries`` and documents with
     ``corpus`` (``engine.models.text_encoder.TextEncoder`` or any object with ``encode(texts, batch_size=)``, ``name``,
-    ``dim``). ``cache``: the text embedding cache (None: none)."""
+    ``dim``). ``query_map``: a post-hoc adapter applied to the query vectors (new -> old space); ``corpus_map``: a
+    corpus transform applied to the documents' (old -> new space). ``cache``: the text embedding cache (None: none)."""
 
     def __init__(self, queries: Any, corpus: Any, *, cache: TextEmbeddingCache | None = None, batch_size: int = 64,
+                 query_map: PosthocMap | None = None, corpus_map: PosthocMap | None = None,
                  on_encode: Callable[[str, int], None] | None = None) -> None:
-        if int(queries.dim) != int(corpus.dim):
-            raise ValueError(f"{queries.name} gives {queries.dim}-d vectors and {corpus.name} {corpus.dim}-d: a "
+        dims = []
+        for encoder, m, side in ((queries, query_map, "queries"), (corpus, corpus_map, "corpus")):
+            if m is not None and int(encoder.dim) != m.new_dim:
+                raise ValueError(f"the adapter maps {m.new_dim}-d vectors and {encoder.name} (the {side}) gives "
+                                 f"{encoder.dim}-d")
+            dims.append(int(encoder.dim) if m is None else m.old_dim)
+        if dims[0] != dims[1]:
+            raise ValueError(f"{queries.name} gives {dims[0]}-d vectors and {corpus.name} {dims[1]}-d: a "
                              "cross-test searches one space (fit an adapter between them first)")
         self.queries, self.corpus, self.cache, self.batch_size = queries, corpus, cache, batch_size
+        self.maps = {"query": query_map, "document": corpus_map}
         self.on_encode = on_encode
-        self.mteb_model_meta = _model_meta(f"compatlab/{queries.name}-queries--{corpus.name}-corpus", int(queries.dim))
+        adapted = "-adapted" if query_map is not None else ""
+        transformed = "-transformed" if corpus_map is not None else ""
+        self.mteb_model_meta = _model_meta(f"compatlab/{queries.name}{adapted}-queries--{corpus.name}{transformed}-corpus",
+                                           dims[0])
 
     def encode(self, inputs: Any, *, task_metadata: Any, hf_split: str, hf_subset: str, prompt_type: Any = None,
                **kwargs: Any) -> np.ndarray:
@@ -71,7 +85,8 @@ class CrossTestEncoder:
         if self.on_encode is not None:
             self.on_encode(str(prompt_type.value), len(texts))
         vectors, _ = cached_encode(encoder, texts, cache=self.cache, batch_size=self.batch_size)
-        return np.asarray(vectors, np.float32)
+        mapped = self.maps[str(prompt_type.value)]
+        return np.asarray(vectors if mapped is None else mapped.apply(vectors), np.float32)
 
     def similarity(self, embeddings1: Any, embeddings2: Any) -> Any:
         """Cosine similarity of every pair (MTEB's ``cos_sim``)."""
@@ -148,27 +163,58 @@ class MtebMatrix:
         return {"AC": average_compatibility(C), "AA": average_accuracy(C), "ACA": average_compatibility_accuracy(C)}
 
 
+def _run(task: Any, model: CrossTestEncoder) -> dict[str, float]:
+    """MTEB's scores of ``task`` (its one split) with ``model``; nothing written to MTEB's result cache."""
+    import mteb
+
+    result = mteb.evaluate(model, task, cache=None, show_progress_bar=False, overwrite_strategy="always")
+    (found,) = result.task_results
+    return {key: float(v) for key, v in found.scores[task.metadata.eval_splits[0]][0].items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def mteb_cross_tests(task: Any, encoders: Sequence[Any], labels: Sequence[str], *,
                      cache: TextEmbeddingCache | None = None, batch_size: int = 64,
                      report: Callable[[str], None] | None = None) -> MtebMatrix:
     """Run ``task`` (an MTEB retrieval task) once per cell ``(t, k)``, ``k <= t``: model ``t``'s queries on model
     ``k``'s corpus (``encoders`` oldest first). MTEB's evaluator does the search and the scoring."""
-    import mteb
-
     T = len(encoders)
     scores: list[list[dict[str, float] | None]] = [[None] * T for _ in range(T)]
-    split = task.metadata.eval_splits[0]
     for t in range(T):
         for k in range(t + 1):
             if report is not None:
                 report(f"MTEB {task.metadata.name}: {labels[t]} queries on the {labels[k]} corpus")
-            model = CrossTestEncoder(encoders[t], encoders[k], cache=cache, batch_size=batch_size)
-            result = mteb.evaluate(model, task, cache=None, show_progress_bar=False, overwrite_strategy="always")
-            (found,) = result.task_results
-            scores[t][k] = {key: float(v) for key, v in found.scores[split][0].items()
-                            if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    return MtebMatrix(list(labels), task.metadata.name, split, scores)
+            scores[t][k] = _run(task, CrossTestEncoder(encoders[t], encoders[k], cache=cache, batch_size=batch_size))
+    return MtebMatrix(list(labels), task.metadata.name, task.metadata.eval_splits[0], scores)
 
 
-__all__ = ["CrossTestEncoder", "MTEB_KINDS", "MTEB_KS", "MtebMatrix", "local_retrieval_task", "mteb_cross_tests",
-           "mteb_score_key"]
+def adapter_models_check(adapter: PosthocMap, folder: Path, old: Any, new: Any) -> str | None:
+    """Refuse (``ValueError``, one line) an adapter whose recorded input model is not the one it would map (the new
+    model for a query-side adapter, the old for a corpus transform); a warning when its record cannot tell."""
+    from engine.adapters.artifact import load_fingerprints
+    from engine.core.fingerprint import MISMATCH, UNKNOWN, Fingerprint, compare
+
+    source = new if map_direction(adapter) == NEW_TO_OLD else old
+    spaces = load_fingerprints(folder)
+    if spaces is None:
+        return f"{folder} records no fingerprint; {source.name} is checked on its dimension alone"
+    got = Fingerprint(int(source.dim), sha256=getattr(source, "sha256", "") or None)
+    verdict, reason = compare(spaces["input"], got, ignore=("normalisation",))
+    if verdict == MISMATCH:
+        raise ValueError(f"{source.name} is not the model the adapter in {folder} maps ({reason})")
+    return f"{reason}: {source.name} is checked against the adapter on its dimension alone" if verdict == UNKNOWN else None
+
+
+def mteb_adapted_cell(task: Any, new: Any, old: Any, adapter: PosthocMap, *, cache: TextEmbeddingCache | None = None,
+                      batch_size: int = 64) -> dict[str, float]:
+    """MTEB's scores of the remedy ``adapter`` makes of the cross-test: a query-side adapter maps ``new``'s queries into
+    ``old``'s space (adapted -> old), a corpus transform maps ``old``'s corpus into ``new``'s (new -> transformed)."""
+    if map_direction(adapter) == NEW_TO_OLD:
+        model = CrossTestEncoder(new, old, query_map=adapter, cache=cache, batch_size=batch_size)
+    else:
+        model = CrossTestEncoder(new, old, corpus_map=adapter, cache=cache, batch_size=batch_size)
+    return _run(task, model)
+
+
+__all__ = ["CrossTestEncoder", "MTEB_KINDS", "adapter_models_check", "MTEB_KS", "MtebMatrix", "local_retrieval_task", "mteb_adapted_cell",
+           "mteb_cross_tests", "mteb_score_key"]

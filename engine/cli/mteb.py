@@ -33,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the score the matrix and AC/AA/ACA are read from, in any spelling (ndcg@10 = ndcg_cut_10 = "
                         "ndcg_at_10; recall, precision, map, mrr at K in 1, 3, 5, 10, 20, 100, 1000; default ndcg@10)")
     p.add_argument("--language", default="eng-Latn", help="the task's language as MTEB names it (default eng-Latn)")
+    p.add_argument("--adapter", metavar="DIR",
+                   help="also score the remedy of a fitted adapter (python -m engine adapter fit ... --out DIR) with two "
+                        "--model: new queries mapped into the old space (a query-side adapter), or the old corpus "
+                        "mapped into the new space (a corpus transform)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write every cell's MTEB scores, the matrix and AC/AA/ACA")
     p.add_argument("--max-size", default="2GB", metavar="SIZE", help="largest model file accepted (default 2GB)")
     p.add_argument("--batch-size", type=int, default=64)
@@ -51,7 +55,8 @@ def cmd_mteb(args: argparse.Namespace) -> int:
         raise ValueError("the MTEB bridge needs mteb: pip install -e .[mteb]") from None
     from engine.checkpoints.comparison import model_labels
     from engine.checkpoints.files import parse_size
-    from engine.checkpoints.mteb_bridge import local_retrieval_task, mteb_cross_tests, mteb_score_key
+    from engine.checkpoints.mteb_bridge import (adapter_models_check, local_retrieval_task, mteb_adapted_cell,
+                                                mteb_cross_tests, mteb_score_key)
     from engine.checkpoints.request import is_text_source, model_source
     from engine.checkpoints.text_cache import TextEmbeddingCache
     from engine.checkpoints.text_compare import load_text_source
@@ -66,6 +71,13 @@ def cmd_mteb(args: argparse.Namespace) -> int:
     for spec, source in zip(args.models, sources):
         if not is_text_source(source):
             raise ValueError(f"--model {spec} is not a text encoder (pretrained:minilm_l3 ..., or PATH:text)")
+    adapter = None
+    if args.adapter is not None:
+        if len(args.models) != 2:
+            raise ValueError("--adapter maps between two models: give exactly two --model, old then new")
+        from engine.adapters.artifact import load_adapter
+
+        adapter = load_adapter(roots.confine(args.adapter, what="--adapter"))
     data = read_retrieval_folder(args.folder, split=args.split)
     task = local_retrieval_task(data, language=args.language, main_score=args.metric)
     labels = model_labels(sources)
@@ -73,8 +85,16 @@ def cmd_mteb(args: argparse.Namespace) -> int:
     max_bytes = parse_size(args.max_size)
     encoders = [load_text_source(s, name=label, max_bytes=max_bytes, device=device) for s, label in zip(sources, labels)]
     try:
-        result = mteb_cross_tests(task, encoders, labels, cache=None if args.no_cache else TextEmbeddingCache(),
-                                  batch_size=args.batch_size, report=lambda line: print(line, file=sys.stderr))
+        cache = None if args.no_cache else TextEmbeddingCache()
+        result = mteb_cross_tests(task, encoders, labels, cache=cache, batch_size=args.batch_size,
+                                  report=lambda line: print(line, file=sys.stderr))
+        remedy = None
+        if adapter is not None:
+            warning = adapter_models_check(adapter, Path(args.adapter), *encoders)
+            if warning:
+                print(f"warning: {warning}", file=sys.stderr)
+            print(f"MTEB {task.metadata.name}: the adapter's remedy", file=sys.stderr)
+            remedy = mteb_adapted_cell(task, encoders[1], encoders[0], adapter, cache=cache, batch_size=args.batch_size)
     finally:
         for encoder in encoders:
             encoder.close()
@@ -91,6 +111,14 @@ def cmd_mteb(args: argparse.Namespace) -> int:
             ok = C[t, k] > C[k, k]
             print(f"{labels[t]} → {labels[k]}: {key} {C[t, k]:.5f} vs {C[k, k]:.5f} for {labels[k]} alone: "
                   f"{'compatible' if ok else 'not compatible'} (ECC, MTEB's point estimates)")
+    if remedy is not None:
+        from engine.adapters.posthoc import NEW_TO_OLD, map_direction
+
+        cell = (f"{labels[1]} adapted → {labels[0]}" if map_direction(adapter) == NEW_TO_OLD
+                else f"{labels[1]} → {labels[0]} transformed")
+        print(f"{cell} ({adapter.kind} {'adapter' if map_direction(adapter) == NEW_TO_OLD else 'corpus transform'}): "
+              f"{key} {remedy[key]:.5f} vs {C[0, 0]:.5f} for {labels[0]} alone and {C[1, 0]:.5f} without it: "
+              f"{'compatible' if remedy[key] > C[0, 0] else 'not compatible'} (ECC, MTEB's point estimates)")
     summary = result.summary(args.metric)
     print("AC={AC:.3f} AA={AA:.5f} ACA={ACA:.5f}".format(**summary))
     print("note: MTEB's scores carry no interval; python -m engine check-upgrade on the same vectors gives one")
@@ -98,7 +126,8 @@ def cmd_mteb(args: argparse.Namespace) -> int:
         write_json_atomic(args.json, {"task": data.name, "split": data.split, "metric": key, "labels": labels,
                                       "mteb": mteb_version(), "matrix": [[None if c != c else c for c in row]
                                                                         for row in C.tolist()],
-                                      "summary": summary, "scores": result.scores})
+                                      "summary": summary, "scores": result.scores,
+                                      **({"adapter": {"kind": adapter.kind, "scores": remedy}} if remedy else {})})
     return 0
 
 
