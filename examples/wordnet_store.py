@@ -5,7 +5,7 @@ the gallery (Debian's ``wordnet-base``; the models are the offline data wheels o
 Written to FOLDER: ``old_gallery.parquet``, ``new_gallery.parquet``, ``old_queries.parquet``, ``new_queries.parquet``
 (columns ``id``, ``vector``) and ``qrels.tsv`` (BEIR: each query's relevant definition is its own synset's).
 
-    python examples/wordnet_store.py data/store [--queries 300] [--gallery 1200]
+    python examples/wordnet_store.py data/store [--queries 300] [--gallery 1200] [--seed 0]
 """
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("folder", type=Path)
     p.add_argument("--queries", type=int, default=300)
     p.add_argument("--gallery", type=int, default=1200)
+    p.add_argument("--seed", type=int, default=0, help="the sample's seed (another seed: other synsets)")
     args = p.parse_args(argv)
-    task = wordnet_task(queries=args.queries, gallery=args.gallery)
+    task = wordnet_task(queries=args.queries, gallery=args.gallery, seed=args.seed)
     args.folder.mkdir(parents=True, exist_ok=True)
     for side, name in (("old", "minilm_l3"), ("new", "minilm_l6")):
         model = load_text_model(name, device="cpu")

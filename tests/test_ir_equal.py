@@ -157,11 +157,11 @@ def trec_success(folder, cell: str) -> float:
 
 
 def test_the_metric_names_of_the_toolchain_are_one_grammar():
-    for names, want in ((("ndcg_cut_10", "nDCG@10", "ndcg@10", "NDCG_CUT.10"), ("ndcg", 10)),
-                        (("recall_100", "recall@100", "R@100"), ("recall", 100)),
-                        (("P_10", "P@10", "precision@10", "p.10"), ("precision", 10)),
-                        (("map_cut_10", "map@10", "AP@10"), ("map", 10)), (("map", "AP"), ("map", None)),
-                        (("recip_rank", "RR", "mrr"), ("mrr", None)), (("mrr@10", "RR@10"), ("mrr", 10)),
+    for names, want in ((("ndcg_cut_10", "nDCG@10", "ndcg@10", "NDCG_CUT.10", "ndcg_at_10"), ("ndcg", 10)),
+                        (("recall_100", "recall@100", "R@100", "recall_at_100"), ("recall", 100)),
+                        (("P_10", "P@10", "precision@10", "p.10", "precision_at_10"), ("precision", 10)),
+                        (("map_cut_10", "map@10", "AP@10", "map_at_10"), ("map", 10)), (("map", "AP"), ("map", None)),
+                        (("recip_rank", "RR", "mrr"), ("mrr", None)), (("mrr@10", "RR@10", "mrr_at_10"), ("mrr", 10)),
                         (("map_capped@10",), ("map_capped", 10))):
         for name in names:
             assert metric_parts(name) == want, name

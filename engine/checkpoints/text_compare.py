@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.checkpoints.comparison import Comparison, embedding_time, model_labels
-from engine.checkpoints.request import TEXT_ARCH, ComparisonSpec, parse_dataset
+from engine.checkpoints.request import TEXT_ARCH, ComparisonSpec, ModelSource, parse_dataset
 from engine.checkpoints.text_cache import TextEmbeddingCache, cached_encode
 from engine.data.folder import check_stop
 from engine.data.samples import text_refs
@@ -39,7 +39,7 @@ from engine.metrics.compatibility import CellFeatures, compatibility_matrices
 from engine.metrics.paired import PairedOptions
 from engine.data.text_model_files import ModelFolder
 from engine.models.device import pick_device
-from engine.models.text_encoder import load_text_folder
+from engine.models.text_encoder import TextEncoder, load_text_folder
 from engine.models.text_models import load_text_model
 
 NO_HEAD_NOTE = ("psp/lsp do not apply to text encoders: they compare class outputs and a sentence encoder has no "
@@ -59,6 +59,13 @@ class TextModelRecord:
     pooling: str | None = None  # recorded in the encoder view's fingerprint
 
 
+def load_text_source(source: ModelSource, *, name: str, max_bytes: int, device: str) -> TextEncoder:
+    """The text encoder a model of a spec names: an offline one (``pretrained:minilm_l3``) or ``PATH:text``."""
+    if source.pretrained:
+        return load_text_model(source.pretrained, max_bytes=max_bytes, device=device)
+    return load_text_folder(ModelFolder(source.path, max_bytes=max_bytes), name=name, device=device)
+
+
 def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], should_stop: Callable[[], bool] | None):
     """The :class:`engine.checkpoints.comparison.Comparison` of text models on the spec's corpus (nothing stored)."""
     options = parse_options(parse_dataset(spec.dataset)[1])
@@ -76,10 +83,7 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
     records, outputs, timings = [], [], []
     for i, source in enumerate(spec.models):
         report(0.05 + 0.85 * i / T, f"loading {labels[i]} ({i + 1}/{T})")
-        encoder = (load_text_model(source.pretrained, max_bytes=spec.max_file_bytes, device=device)
-                   if source.pretrained else
-                   load_text_folder(ModelFolder(source.path, max_bytes=spec.max_file_bytes), name=labels[i],
-                                    device=device))
+        encoder = load_text_source(source, name=labels[i], max_bytes=spec.max_file_bytes, device=device)
         done = 0
 
         def step(n: int, i: int = i, cached: str = "") -> None:
@@ -136,4 +140,4 @@ def compare_text(spec: ComparisonSpec, report: Callable[[float, str], None], sho
     return cmp
 
 
-__all__ = ["NO_HEAD_NOTE", "compare_text"]
+__all__ = ["NO_HEAD_NOTE", "compare_text", "load_text_source"]

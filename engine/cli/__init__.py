@@ -7,11 +7,12 @@ adapters between two stored models), ``adapter fit|curve|apply`` (post-hoc maps 
 source, exported as safetensors + JSON + ONNX), ``export-images`` (a dataset split as PNG class folders),
 ``worker`` (the background job runner), ``extract`` (one checkpoint's embedding of an image set into the feature
 store, fanned out over a Dask cluster with ``--cluster``), ``presets``, ``check-upgrade`` (the upgrade verdict of two
-models' features; exit 0/1/3), ``doctor`` (does one store hold more than one model's vectors; exit 0/1). Every
+models' features; exit 0/1/3), ``doctor`` (does one store hold more than one model's vectors; exit 0/1), ``mteb`` (MTEB's evaluator scores the
+cross-tests of text models on a local retrieval task). Every
 refused input prints one line ``error: ...`` on stderr and exits with code 2.
 
 One module per command group (``run``, ``evaluate``, ``worker``, ``adapt``, ``adapter``, ``checkpoints``, ``export_images``,
-``upgrade``, ``doctor``), each with its options and its command; the options several commands share are in ``options``.
+``upgrade``, ``doctor``, ``mteb``), each with its options and its command; the options several commands share are in ``options``.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from engine.checkpoints.files import export_ceiling
-from engine.cli import adapt, adapter, checkpoints, doctor, evaluate, export_images, reproduce, run, upgrade, worker
+from engine.cli import (adapt, adapter, checkpoints, doctor, evaluate, export_images, mteb, reproduce, run, upgrade,
+                        worker)
 from engine.data import roots
 from engine.results.json_file import json_target
 
@@ -60,6 +62,8 @@ COMMANDS: dict[str, Command] = {  # in the order ``--help`` lists them
                          reproduce.add_command_arguments, reproduce.cmd_reproduce),
     "doctor": Command("does one store hold vectors of more than one model? (exit 0 clean / 1 mixed)",
                       doctor.add_arguments, doctor.cmd_doctor),
+    "mteb": Command("MTEB's retrieval evaluator scores every cross-test of text models on a local task folder",
+                    mteb.add_arguments, mteb.cmd_mteb),
 }
 
 

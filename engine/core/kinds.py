@@ -98,15 +98,16 @@ MAX_K = 1_000_000  # the K of a metric (recall@K, map@K, ...): a bound keeps it 
 _METRIC = re.compile(r"^([a-z_]+?)(?:@(\d+))?$")
 # the IR toolchain's spellings (trec_eval / pytrec_eval ``ndcg_cut_10``, ``P_10``, ``recall_100``, ``map_cut_10``,
 # ``recip_rank``; ranx ``ndcg@10``, ``precision@10``, ``mrr@10``; ir-measures ``nDCG@10``, ``P@10``, ``R@100``,
-# ``AP@10``, ``RR@10``): a name before an optional ``_cut`` and a ``_K`` / ``.K`` suffix, read as ``kind@K``
-_TREC_CUT = re.compile(r"^([a-z_]+?)(?:_cut)?[_.](\d+)$")
+# ``AP@10``, ``RR@10``; MTEB ``ndcg_at_10``, ``map_at_10``, ``mrr_at_10``): a name before an optional ``_cut`` / ``_at``
+# and a ``_K`` / ``.K`` suffix, read as ``kind@K``
+_TREC_CUT = re.compile(r"^([a-z_]+?)(?:_cut|_at)?[_.](\d+)$")
 METRIC_ALIASES = {"p": "precision", "r": "recall", "ap": "map", "rr": "mrr", "recip_rank": "mrr"}
 
 
 def metric_parts(name: object) -> tuple[str, int | None] | None:
     """``("recall", 10)`` of ``"recall@10"``, ``("map", None)`` of ``"map"`` (case and outer spaces ignored), and of the
-    IR toolchain's spellings (:data:`METRIC_ALIASES`: ``ndcg_cut_10`` = ``nDCG@10`` = ``ndcg@10``, ``P_10``,
-    ``recall_100``, ``map_cut_10``, ``recip_rank``); None when the name is not a kind of :data:`METRICS` with an
+    IR toolchain's spellings (:data:`METRIC_ALIASES`: ``ndcg_cut_10`` = ``nDCG@10`` = ``ndcg@10`` = MTEB's
+    ``ndcg_at_10``, ``P_10``, ``recall_100``, ``map_cut_10``, ``recip_rank``); None when the name is not a kind of :data:`METRICS` with an
     optional K in ``1..MAX_K``."""
     key = str(name).strip().lower()
     cut = None if "@" in key else _TREC_CUT.match(key)

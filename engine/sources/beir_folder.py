@@ -1,0 +1,115 @@
+"""A retrieval task folder in the BEIR layout MTEB's retrieval tasks come in, read-only, inside the data roots.
+
+    FOLDER/corpus.jsonl       {"_id": "d1", "title": "...", "text": "..."}   one document a line (title optional)
+    FOLDER/queries.jsonl      {"_id": "q1", "text": "..."}                    one query a line
+    FOLDER/qrels/SPLIT.tsv    query-id  corpus-id  score                      BEIR (or TREC: engine.sources.qrels)
+
+``id`` is read where ``_id`` is absent (MTEB v2's column name). Ids are kept as the text they are written as. Queries
+without a judgement in the split are left out, as MTEB's own loader does; a judgement of a query or document the
+files do not hold is refused (a typo would silently score 0). Grades are whole numbers (MTEB casts them to int32).
+Every malformed line is one ``SourceError`` naming ``FILE:LINE``. The texts are read line by line; they are held as
+Python strings (a corpus's text, not its vectors).
+"""
+from __future__ import annotations
+
+import io
+import re
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.data.roots import data_roots
+from engine.sources.qrels import read_qrels
+from engine.sources.text import SourceError, local_path
+from storage.safe_open import open_regular
+
+FILES = ("corpus.jsonl", "queries.jsonl")  # and qrels/SPLIT.tsv
+
+
+@dataclass(frozen=True)
+class RetrievalFolder:
+    """One split of a retrieval task: documents (ids, titles, texts), queries (ids, texts) and integer qrels."""
+
+    name: str
+    split: str
+    corpus_ids: list[str]
+    corpus_titles: list[str]
+    corpus_texts: list[str]
+    query_ids: list[str]
+    query_texts: list[str]
+    qrels: dict[str, dict[str, int]]
+
+
+def _jsonl(path: Path, where: str, *, title: bool) -> tuple[list[str], list[str], list[str]]:
+    """Ids, titles ("" without) and texts of a JSON-lines file; one line for a malformed or repeated row."""
+    ids: list[str] = []
+    titles: list[str] = []
+    texts: list[str] = []
+    seen: set[str] = set()
+    try:
+        handle = open_regular(path, roots=data_roots(), what=where)
+    except FileNotFoundError:
+        raise SourceError(f"{where} cannot be read: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"{where} cannot be read: {exc}") from None
+    with io.TextIOWrapper(handle, encoding="utf-8") as lines:
+        try:
+            for n, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise SourceError(f"{where}:{n}: not a JSON object ({exc.msg})") from None
+                key = "_id" if isinstance(row, dict) and "_id" in row else "id"
+                if not isinstance(row, dict) or row.get(key) in (None, "") or not isinstance(row.get("text"), str):
+                    raise SourceError(f'{where}:{n}: a row is a JSON object with "_id" and "text" (a string)')
+                ident = str(row[key])
+                if ident in seen:
+                    raise SourceError(f"{where}:{n}: the id {ident!r} is given twice")
+                seen.add(ident)
+                ids.append(ident)
+                titles.append(str(row.get("title") or "") if title else "")
+                texts.append(row["text"])
+        except UnicodeDecodeError:
+            raise SourceError(f"{where} is not UTF-8 text") from None
+    if not ids:
+        raise SourceError(f"{where} holds no row")
+    return ids, titles, texts
+
+
+def read_retrieval_folder(location: str | Path, *, split: str = "test") -> RetrievalFolder:
+    """The ``split`` of the BEIR-layout task in ``location`` (a folder in the data roots); ``SourceError`` (one line)
+    when a file is missing or malformed."""
+    if not re.fullmatch(r"[\w.-]+", split) or split in (".", ".."):
+        raise SourceError(f"a split is a plain name (test, dev, ...), not {split!r}")
+    folder = local_path(str(location), what="retrieval task folder")
+    if not folder.is_dir():
+        raise SourceError(f"retrieval task folder {location} is not a folder")
+    qrels_file = next((folder / "qrels" / f"{split}{s}" for s in (".tsv", ".txt") if
+                       (folder / "qrels" / f"{split}{s}").is_file()), None)
+    if qrels_file is None:
+        raise SourceError(f"retrieval task folder {location} has no qrels/{split}.tsv (splits there: "
+                          f"{', '.join(sorted(p.stem for p in (folder / 'qrels').glob('*.tsv'))) or 'none'})")
+    corpus_ids, titles, corpus_texts = _jsonl(folder / FILES[0], f"{folder.name}/{FILES[0]}", title=True)
+    query_ids, _, query_texts = _jsonl(folder / FILES[1], f"{folder.name}/{FILES[1]}", title=False)
+    table = read_qrels(str(qrels_file))
+    whole = np.round(table.grade)
+    if not np.array_equal(whole, table.grade):
+        raise SourceError(f"{table.description}: a grade is not a whole number (MTEB reads grades as integers)")
+    for ids, side, known in ((table.query.tolist(), "query", set(query_ids)),
+                             (table.item.tolist(), "document", set(corpus_ids))):
+        unknown = next((i for i in ids if i not in known), None)
+        if unknown is not None:
+            raise SourceError(f"{table.description} judges the {side} {unknown!r}, which the folder does not hold")
+    qrels: dict[str, dict[str, int]] = {}
+    for q, d, g in zip(table.query.tolist(), table.item.tolist(), whole.astype(np.int64).tolist()):
+        qrels.setdefault(q, {})[d] = g
+    keep = [i for i, q in enumerate(query_ids) if q in qrels]
+    return RetrievalFolder(folder.name, split, corpus_ids, titles, corpus_texts, [query_ids[i] for i in keep],
+                           [query_texts[i] for i in keep], qrels)
+
+
+__all__ = ["FILES", "RetrievalFolder", "read_retrieval_folder"]
