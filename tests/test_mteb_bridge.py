@@ -246,3 +246,33 @@ def test_the_docs_mteb_example_runs_as_written(tmp_path):
         run = {qid: dict(zip(data.corpus_ids, map(float, row))) for qid, row in zip(data.query_ids, scores)}
         got = pytrec_eval.RelevanceEvaluator(data.qrels, {"ndcg_cut_10"}).evaluate(run)
         assert value == pytest.approx(np.mean([v["ndcg_cut_10"] for v in got.values()]), abs=1e-3)
+
+
+def test_the_cli_scores_two_text_folders_and_writes_the_matrix(tmp_path, capsys):
+    """``python -m engine mteb`` with two of the user's own text encoders (``PATH:text``; tiny BERTs, mean and CLS
+    pooled): the printed matrix and ECC lines, and the JSON's matrix read off its per-cell scores."""
+    from support.text_encoders import write_tiny_folder
+
+    write_tiny_folder(tmp_path / "mean", pooling="mean")
+    write_tiny_folder(tmp_path / "cls", pooling="cls")
+    words = ["the", "cat", "sat", "on", "mat", "dog"]
+    rng = np.random.default_rng(0)
+    docs = {f"d{i}": " ".join(rng.choice(words, 4)) for i in range(40)}
+    (tmp_path / "t" / "qrels").mkdir(parents=True)
+    (tmp_path / "t" / "corpus.jsonl").write_text("".join(json.dumps({"_id": d, "text": t}) + "\n" for d, t in docs.items()))
+    (tmp_path / "t" / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": docs[f"d{i}"][:7]}) + "\n"
+                                                          for i in range(10)))
+    (tmp_path / "t" / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                                      + "".join(f"q{i}\td{i}\t1\n" for i in range(10)))
+    args = ["mteb", str(tmp_path / "t"), "--model", f"{tmp_path / 'mean'}:text", "--model", f"{tmp_path / 'cls'}:text",
+            "--metric", "recall_at_10", "--no-cache", "--json", str(tmp_path / "m.json")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "recall_at_10: rows query model, columns corpus model" in out and "cls → mean: recall_at_10" in out
+    report = json.loads((tmp_path / "m.json").read_text())
+    assert report["labels"] == ["mean", "cls"] and report["matrix"][0][1] is None
+    assert report["matrix"][1][0] == report["scores"][1][0]["recall_at_10"]
+    assert 0 <= report["summary"]["AC"] <= 1
+    assert main([*args[:2], "--model", args[3], "--model", args[5], "--model", args[3], "--adapter",
+                 str(tmp_path)]) == 2
+    assert "give exactly two --model" in capsys.readouterr().err
