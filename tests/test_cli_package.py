@@ -21,7 +21,7 @@ def cli_imports(path: Path) -> set[str]:
 def test_a_command_module_imports_no_other_command_module_only_the_shared_options():
     modules = sorted(p for p in CLI.glob("*.py") if p.name not in ("__init__.py", "options.py"))
     assert {p.stem for p in modules} == {"run", "evaluate", "worker", "adapt", "adapter", "checkpoints", "export_images",
-                                         "upgrade", "reproduce", "doctor"}
+                                         "upgrade", "reproduce", "doctor", "mteb"}
     wrong = {p.name: cli_imports(p) - {"engine.cli.options"} for p in modules}
     assert not any(wrong.values()), wrong
     assert cli_imports(CLI / "options.py") == set()
@@ -31,7 +31,7 @@ def test_the_parser_has_every_command_in_the_table_and_no_other():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert list(sub.choices) == list(COMMANDS)
     assert list(COMMANDS) == ["evaluate", "run", "compare", "worker", "adapt", "adapter", "extract", "compare-checkpoints",
-                              "export-images", "presets", "check-upgrade", "reproduce", "doctor"]
+                              "export-images", "presets", "check-upgrade", "reproduce", "doctor", "mteb"]
     assert sub.choices["compare"].get_default("export") == "markdown" and sub.choices["run"].get_default("export") == "text"
 
 

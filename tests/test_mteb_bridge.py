@@ -19,6 +19,7 @@ import pytest
 
 from engine.cli import main
 from engine.sources.text import SourceError
+from support.offline_text import needs_text_models
 from support.upgrade_sources import NG, NQ, embeddings, ids_for, tables, write_all
 
 mteb = pytest.importorskip("mteb")
@@ -215,8 +216,6 @@ def test_the_docs_mteb_example_runs_as_written(tmp_path):
     """docs/reference.md's MTEB example (real MiniLM L3 -> L6 on a WordNet task, a Procrustes adapter) runs as written
     and prints what the page says; its new->old and adapted->old cells equal pytrec_eval on the same models' vectors
     (to 1e-3: MiniLM's float32 cosines may hold near-ties that float64 orders the other way)."""
-    from test_readme_examples import needs_text_models
-
     if why := needs_text_models():
         pytest.skip(why)
     page = (ROOT / "docs" / "reference.md").read_text(encoding="utf-8")

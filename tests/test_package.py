@@ -79,10 +79,12 @@ def test_dependencies_come_from_requirements_txt_in_a_form_setuptools_reads():
                                                 "text": {"file": ["requirements-text.txt"]},
                                                 "text-static": {"file": ["requirements-text-static.txt"]},
                                                 "dask": {"file": ["requirements-dask.txt"]},
-                                                "ir": {"file": ["requirements-ir.txt"]}}
+                                                "ir": {"file": ["requirements-ir.txt"]},
+                                                "mteb": {"file": ["requirements-mteb.txt"]}}
     for name in ("requirements.txt", "requirements-postgresql.txt", "requirements-s3.txt", "requirements-lancedb.txt",
                  "requirements-qdrant.txt", "requirements-onnx.txt", "requirements-text.txt", "requirements-text-models.txt",
-                 "requirements-text-static.txt", "requirements-dask.txt", "requirements-ir.txt"):
+                 "requirements-text-static.txt", "requirements-dask.txt", "requirements-ir.txt",
+                 "requirements-mteb.txt"):
         pins = requirement_pins(name)
         assert pins and all("==" in pin and not pin.startswith("-") for pin in pins), pins  # no -r / --index-url lines
 

