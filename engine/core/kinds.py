@@ -70,8 +70,9 @@ RANK_TIES = _named(Kind("pessimistic", "pessimistic", "a negative tying the best
                    Kind("trec", "trec", "trec_eval's order: equal scores by item id, descending (string compare); "
                         "top-k lists only, since it needs the ids"))
 RANK_TIE_RULES = tuple(RANK_TIES)
-LIST_RANK_TIES = ("pessimistic", "trec")  # the rules a top-k list's metrics take (engine.metrics.relevance)
 DEFAULT_RANK_TIES = "pessimistic"  # the default rank-tie rule (the engine's, as stored; check-upgrade's)
+TREC_RANK_TIES = "trec"  # trec_eval's order: the rule that needs each listed item's id
+LIST_RANK_TIES = (DEFAULT_RANK_TIES, TREC_RANK_TIES)  # the rules a top-k list's metrics take (engine.metrics.relevance)
 
 
 def check_rank_ties(rank_ties: object, allowed: tuple[str, ...] = RANK_TIE_RULES) -> str:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.core.kinds import LIST_RANK_TIES, check_rank_ties
+from engine.core.kinds import LIST_RANK_TIES, TREC_RANK_TIES, check_rank_ties
 from engine.core.vocab import RELEVANCE
 from engine.metrics.topk import TopK
 
@@ -67,7 +67,7 @@ def ranked_gains(top: TopK, gains: np.ndarray, *, rank_ties: str = "pessimistic"
     if gains.shape != top.ids.shape:
         raise ValueError(f"gains must have the top-k list's shape {top.ids.shape}, got {gains.shape}")
     check_rank_ties(rank_ties, LIST_RANK_TIES)
-    if rank_ties == "trec":
+    if rank_ties == TREC_RANK_TIES:
         if names is None or np.shape(names) != top.ids.shape:
             raise ValueError("the trec tie order needs each listed item's id (names, the list's shape)")
         text = np.asarray(names).astype(str)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from engine.core.norms import EPS, unit_rows_np
-from engine.core.kinds import check_rank_ties
+from engine.core.kinds import TREC_RANK_TIES, check_rank_ties
 from engine.metrics.ranking import QueryStats, stats_numba, stats_torch
 from engine.metrics.search import DEFAULT_BLOCK, Backend, pick_backend
 from engine.metrics.validate import check_cell
@@ -39,7 +39,6 @@ GalleryKind = Literal["instance", "template"]
 # (engine.core.kinds.TIES). "trec": trec_eval's order, equal scores by item id descending (string compare); it needs
 # the ids, so it applies to top-k lists (engine.metrics.relevance), not to the counts of a full ranking
 RankTies = Literal["pessimistic", "optimistic", "trec"]
-TREC_TIES = "trec"
 
 
 @dataclass(frozen=True)
@@ -185,7 +184,7 @@ def per_query_from_stats(stats: QueryStats, *, ks: tuple[int, ...] = (1, 5), map
     caller's order (hits are False and APs NaN where not valid). Averaging them over ``valid`` gives
     :func:`metrics_from_stats`; a paired test compares two cells' vectors query by query.
     """
-    if rank_ties == TREC_TIES:
+    if rank_ties == TREC_RANK_TIES:
         raise ValueError("the trec tie order ranks equal scores by item id, which a full ranking's counts do not hold; "
                          "it applies to top-k lists (check-upgrade --old-gallery ... --rank-ties trec)")
     valid = stats.n_positives > 0

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.core.kinds import TREC_RANK_TIES
 from engine.results.json_file import write_text_atomic
 
 RUN_SUFFIX = ".run"
@@ -81,7 +82,7 @@ def write_trec(folder: Path, runs: Mapping[str, str], qrels: str) -> list[Path]:
 def tied_note(tied: int, rank_ties: str) -> str | None:
     """What a reader of the files should know when ``tied`` lists hold equal scores and the check did not rank them
     in trec_eval's order (``rank_ties``); None otherwise."""
-    if not tied or rank_ties == "trec":
+    if not tied or rank_ties == TREC_RANK_TIES:
         return None
     return (f"{tied:,} exported lists hold equal scores; TREC tools order those by doc id, descending, so their numbers "
             "equal these under the rank-tie rule trec (--rank-ties trec)")

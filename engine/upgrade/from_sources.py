@@ -38,7 +38,8 @@ from functools import cached_property
 
 import numpy as np
 
-from engine.core.kinds import LIST_RANK_TIES, MAX_K, STRICT, check_rank_ties, metric_parts
+from engine.core.kinds import (DEFAULT_RANK_TIES, LIST_RANK_TIES, MAX_K, STRICT, TREC_RANK_TIES, check_rank_ties,
+                               metric_parts)
 from engine.core.cluster import ClusterSpec
 from engine.core.contract import sources_check_payload
 from engine.core.fan_out import FanOut
@@ -154,7 +155,7 @@ class SourcesCheck:
     backfill_depth: int | None = None  # D of the backfill's top-D lists (None: no backfill computed)
     backfill_decided: dict[str, list[float]] = field(default_factory=dict)  # ordering -> share of queries decided per point
     lists: CheckLists | None = field(default=None, repr=False, compare=False)  # for the remedies, not in the JSON
-    rank_ties: str = "pessimistic"  # how equal scores in a list ranked (engine.core.kinds.LIST_RANK_TIES)
+    rank_ties: str = DEFAULT_RANK_TIES  # how equal scores in a list ranked (engine.core.kinds.LIST_RANK_TIES)
 
     def to_json(self) -> dict:
         """The report's JSON with the relevance, the depth, the convention line, the sources and every cell's means."""
@@ -578,7 +579,7 @@ def _check(specs: SourceSpecs, opened: Opened, *, relevance: str | None, k: int,
 
     say(0.9, "per-query outcomes and the paired interval")
     judge = SourceRelevance(relevance, gallery_rows, q_labels, g_labels, judged, judged_rows, top_nn, rank_ties,
-                            old_scan.ids.astype(str) if rank_ties == "trec" else None)
+                            old_scan.ids.astype(str) if rank_ties == TREC_RANK_TIES else None)
     cells = {f"{old_name}/{old_name}": judge.outcomes(top_oo, ks=ks), f"{new_name}/{old_name}": judge.outcomes(top_no, ks=ks)}
     if top_nn is not None and relevance != "none":
         cells[f"{new_name}/{new_name}"] = judge.outcomes(top_nn, ks=ks)
