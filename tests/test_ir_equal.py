@@ -277,6 +277,25 @@ def test_a_checkpoint_cells_run_file_is_the_same_whatever_the_query_block(monkey
     assert "q7 Q0 g7" not in whole[0] and whole[0].count("\n") == 8 * 7  # each query's own row is left out
 
 
+def test_an_export_folder_is_written_whole_or_left_as_it_was(tmp_path):
+    """The TREC files are streamed chunk by chunk to temporary names and renamed only once all are written: a chunk
+    that fails midway leaves the folder's earlier files as they were and no temporary file behind."""
+    from engine.results.trec import write_files
+
+    chunks = iter(["q1 Q0 d1 1 0.5 t\n", "q2 Q0 d1 1 0.4 t\n"])
+    assert write_files(tmp_path / "out", {"a.run": chunks, "qrels.txt": "q1 0 d1 1\n"})
+    assert (tmp_path / "out" / "a.run").read_text() == "q1 Q0 d1 1 0.5 t\nq2 Q0 d1 1 0.4 t\n"
+
+    def failing():
+        yield "q1 Q0 d9 1 0.9 t\n"
+        raise ValueError("a query id holds whitespace")
+
+    with pytest.raises(ValueError, match="whitespace"):
+        write_files(tmp_path / "out", {"qrels.txt": "q1 0 d9 1\n", "a.run": failing()})
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.run", "qrels.txt"]
+    assert (tmp_path / "out" / "qrels.txt").read_text() == "q1 0 d1 1\n"  # not replaced: the run failed
+
+
 def test_both_commands_take_the_export_folder_from_one_check(tmp_path, tmp_path_factory, capsys):
     """``--export trec DIR`` of check-upgrade and compare-checkpoints: one function (engine.cli.options.trec_folder)
     refuses a folder outside the data roots and a path that is a file, in one line, before any work."""

@@ -10,6 +10,8 @@ is trec_eval's ``map`` and Recall@K (a hit in the first K) its ``success_K``; a 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from engine.checkpoints.compare import _cells
@@ -17,51 +19,73 @@ from engine.checkpoints.comparison import Comparison
 from engine.metrics.retrieval import unit_rows
 from engine.results.trec import qrels_text, run_text
 
-BLOCK_ROWS = 1024  # queries whose similarities to the whole gallery are held at once
+BLOCK_ROWS = 1024  # queries whose similarities to the whole gallery (and whose run lines) are held at once
 
 
-def comparison_trec_files(cmp: Comparison) -> dict[str, str]:
-    """File name -> text of every computed cell's run and qrels (module docstring)."""
+def comparison_trec_files(cmp: Comparison) -> dict[str, Iterator[str]]:
+    """File name -> the text of every computed cell's run and qrels (module docstring), each as chunks of
+    :data:`BLOCK_ROWS` queries computed as they are read (``engine.results.trec.write_files`` writes them so)."""
     if cmp.spec.gallery_kind != "instance":
         raise ValueError("--export trec writes rankings of gallery items; a template gallery's items are class means "
                          "(use --gallery-kind instance)")
-    files: dict[str, str] = {}
+    files: dict[str, Iterator[str]] = {}
     for view, result in cmp.results.items():
         cell = _cells(view, cmp.outputs, cmp.split_labels, cmp.class_names, cmp.same_set)
         n = len(cmp.labels)
         for t in range(n):
             for k in range(t + 1):
-                if not result.comparable[t, k]:
-                    continue
-                f = cell(t, k)
-                stem = f"{view}_M{t + 1}_M{k + 1}"
-                files[f"{stem}.run"], files[f"{stem}.qrels"] = cell_texts(
-                    f.query, f.query_labels, f.gallery, f.gallery_labels, same_set=cmp.same_set, tag=stem)
+                if result.comparable[t, k]:
+                    stem = f"{view}_M{t + 1}_M{k + 1}"
+                    files[f"{stem}.run"] = _lazy(cell, t, k, "run", same_set=cmp.same_set, tag=stem)
+                    files[f"{stem}.qrels"] = _lazy(cell, t, k, "qrels", same_set=cmp.same_set, tag=stem)
     return files
+
+
+def _lazy(cell, t: int, k: int, part: str, *, same_set: bool, tag: str) -> Iterator[str]:
+    """The chunks of one cell's run or qrels; the cell's features are derived when the first chunk is asked for."""
+    f = cell(t, k)
+    if part == "run":
+        yield from cell_run(f.query, f.gallery, same_set=same_set, tag=tag)
+    else:
+        yield from cell_qrels(f.query_labels, f.gallery_labels, same_set=same_set)
+
+
+def cell_run(query: np.ndarray, gallery: np.ndarray, *, same_set: bool, tag: str) -> Iterator[str]:
+    """The run of one cell, every gallery item ranked by cosine similarity (ties by row), a chunk of
+    :data:`BLOCK_ROWS` queries at a time (their similarities and lines held, nothing more)."""
+    q, g = unit_rows(query), unit_rows(gallery)
+    gid = np.array([f"g{j}" for j in range(len(g))])
+    for start in range(0, len(q), BLOCK_ROWS):
+        sims = q[start:start + BLOCK_ROWS] @ g.T
+        order = np.argsort(-sims, axis=1, kind="stable")
+        lines = []
+        for at in range(len(sims)):
+            i = start + at
+            row = order[at][order[at] != i] if same_set else order[at]
+            lines.append(run_text([f"q{i}"], gid[row][None, :], sims[at, row][None, :], tag))
+        yield "".join(lines)
+
+
+def cell_qrels(query_labels: np.ndarray, gallery_labels: np.ndarray, *, same_set: bool) -> Iterator[str]:
+    """The label qrels of one cell (a query's relevant items: the gallery items of its class, itself left out
+    closed-set), a chunk of :data:`BLOCK_ROWS` queries at a time."""
+    ql, gl = np.asarray(query_labels), np.asarray(gallery_labels)
+    gid = np.array([f"g{j}" for j in range(len(gl))])
+    for start in range(0, len(ql), BLOCK_ROWS):
+        judged: dict[str, dict[str, float]] = {}
+        for i in range(start, min(start + BLOCK_ROWS, len(ql))):
+            relevant = np.flatnonzero(gl == ql[i])
+            if same_set:
+                relevant = relevant[relevant != i]
+            judged[f"q{i}"] = dict.fromkeys(gid[relevant].tolist(), 1.0)
+        yield qrels_text(judged)
 
 
 def cell_texts(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray, gallery_labels: np.ndarray, *,
                same_set: bool, tag: str) -> tuple[str, str]:
-    """The run (every gallery item ranked by cosine similarity, ties by row) and the label qrels of one cell; the
-    similarities are held a block of :data:`BLOCK_ROWS` queries at a time."""
-    q, g = unit_rows(query), unit_rows(gallery)
-    ql, gl = np.asarray(query_labels), np.asarray(gallery_labels)
-    gid = np.array([f"g{j}" for j in range(len(g))])
-    qid = [f"q{i}" for i in range(len(q))]
-    judged: dict[str, dict[str, float]] = {}
-    runs = []
-    for i in range(len(q)):
-        if i % BLOCK_ROWS == 0:
-            sims = q[i:i + BLOCK_ROWS] @ g.T
-            order = np.argsort(-sims, axis=1, kind="stable")
-        at = i % BLOCK_ROWS
-        row = order[at][order[at] != i] if same_set else order[at]
-        runs.append(run_text([qid[i]], gid[row][None, :], sims[at, row][None, :], tag))
-        relevant = np.flatnonzero(gl == ql[i])
-        if same_set:
-            relevant = relevant[relevant != i]
-        judged[qid[i]] = dict.fromkeys(gid[relevant].tolist(), 1.0)
-    return "".join(runs), qrels_text(judged)
+    """The run and the qrels of one cell as whole texts (:func:`cell_run`, :func:`cell_qrels` joined)."""
+    return ("".join(cell_run(query, gallery, same_set=same_set, tag=tag)),
+            "".join(cell_qrels(query_labels, gallery_labels, same_set=same_set)))
 
 
-__all__ = ["cell_texts", "comparison_trec_files"]
+__all__ = ["cell_qrels", "cell_run", "cell_texts", "comparison_trec_files"]

@@ -15,14 +15,16 @@ download, stored with the check); both hold every text in memory at once (the li
 from __future__ import annotations
 
 import io
+import os
+import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from engine.core.kinds import TREC_RANK_TIES
-from engine.results.json_file import write_text_atomic
+from engine.results.json_file import json_target
 
 RUN_SUFFIX = ".run"
 QRELS_NAME = "qrels.txt"
@@ -107,15 +109,32 @@ def zip_files(files: Mapping[str, str]) -> bytes:
     return out.getvalue()
 
 
-def write_files(folder: Path, files: Mapping[str, str]) -> list[Path]:
-    """``folder/<name>`` for each ``name -> text`` of ``files`` (plain names), each written whole or not at all."""
+def write_files(folder: Path, files: Mapping[str, str | Iterable[str]]) -> list[Path]:
+    """``folder/<name>`` for each ``name -> text`` of ``files`` (plain names; a text may come as an iterable of
+    chunks, written as they come, so no file is held whole). Every file goes to a temporary name in ``folder`` first
+    and is renamed only once all are written: a failure while writing removes the temporary files and replaces no
+    file. The paths written."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"--export trec {folder}: not a folder")
     _plain_names(files)
-    paths = [folder / name for name in files]
-    for path, text in zip(paths, files.values()):
-        write_text_atomic(path, text)
+    paths = [json_target(folder / name) for name in files]
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary: list[str] = []
+    try:
+        for path, text in zip(paths, files.values()):
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+            temporary.append(tmp)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                for chunk in ([text] if isinstance(text, str) else text):
+                    f.write(chunk)
+        for path, tmp in zip(paths, temporary):
+            json_target(path)  # checked again just before the rename: a device put there meanwhile is not replaced
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp in temporary:
+            Path(tmp).unlink(missing_ok=True)
+        raise
     return paths
 
 
