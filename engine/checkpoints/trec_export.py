@@ -19,12 +19,12 @@ from engine.checkpoints.comparison import Comparison
 from engine.metrics.retrieval import unit_rows
 from engine.results.trec import qrels_text, run_text
 
-BLOCK_ROWS = 1024  # queries whose similarities to the whole gallery (and whose run lines) are held at once
+BLOCK_ROWS = 1024  # queries whose similarities to the whole gallery are held at once
 
 
 def comparison_trec_files(cmp: Comparison) -> dict[str, Iterator[str]]:
-    """File name -> the text of every computed cell's run and qrels (module docstring), each as chunks of
-    :data:`BLOCK_ROWS` queries computed as they are read (``engine.results.trec.write_files`` writes them so)."""
+    """File name -> the text of every computed cell's run and qrels (module docstring), each as chunks computed as
+    they are read (``engine.results.trec.write_files`` writes them so): a query's run lines, a block's qrels."""
     if cmp.spec.gallery_kind != "instance":
         raise ValueError("--export trec writes rankings of gallery items; a template gallery's items are class means "
                          "(use --gallery-kind instance)")
@@ -51,19 +51,17 @@ def _lazy(cell, t: int, k: int, part: str, *, same_set: bool, tag: str) -> Itera
 
 
 def cell_run(query: np.ndarray, gallery: np.ndarray, *, same_set: bool, tag: str) -> Iterator[str]:
-    """The run of one cell, every gallery item ranked by cosine similarity (ties by row), a chunk of
-    :data:`BLOCK_ROWS` queries at a time (their similarities and lines held, nothing more)."""
+    """The run of one cell, every gallery item ranked by cosine similarity (ties by row): one query's lines a chunk,
+    the similarities of :data:`BLOCK_ROWS` queries held at a time."""
     q, g = unit_rows(query), unit_rows(gallery)
     gid = np.array([f"g{j}" for j in range(len(g))])
     for start in range(0, len(q), BLOCK_ROWS):
         sims = q[start:start + BLOCK_ROWS] @ g.T
         order = np.argsort(-sims, axis=1, kind="stable")
-        lines = []
         for at in range(len(sims)):
             i = start + at
             row = order[at][order[at] != i] if same_set else order[at]
-            lines.append(run_text([f"q{i}"], gid[row][None, :], sims[at, row][None, :], tag))
-        yield "".join(lines)
+            yield run_text([f"q{i}"], gid[row][None, :], sims[at, row][None, :], tag)
 
 
 def cell_qrels(query_labels: np.ndarray, gallery_labels: np.ndarray, *, same_set: bool) -> Iterator[str]:
