@@ -53,8 +53,7 @@ class CrossTestEncoder:
     corpus transform applied to the documents' (old -> new space). ``cache``: the text embedding cache (None: none)."""
 
     def __init__(self, queries: Any, corpus: Any, *, cache: TextEmbeddingCache | None = None, batch_size: int = 64,
-                 query_map: PosthocMap | None = None, corpus_map: PosthocMap | None = None,
-                 on_encode: Callable[[str, int], None] | None = None) -> None:
+                 query_map: PosthocMap | None = None, corpus_map: PosthocMap | None = None) -> None:
         dims = []
         for encoder, m, side in ((queries, query_map, "queries"), (corpus, corpus_map, "corpus")):
             if m is not None and int(encoder.dim) != m.new_dim:
@@ -66,7 +65,6 @@ class CrossTestEncoder:
                              "cross-test searches one space (fit an adapter between them first)")
         self.queries, self.corpus, self.cache, self.batch_size = queries, corpus, cache, batch_size
         self.maps = {"query": query_map, "document": corpus_map}
-        self.on_encode = on_encode
         adapted = "-adapted" if query_map is not None else ""
         transformed = "-transformed" if corpus_map is not None else ""
         self.mteb_model_meta = _model_meta(f"compatlab/{queries.name}{adapted}-queries--{corpus.name}{transformed}-corpus",
@@ -82,8 +80,6 @@ class CrossTestEncoder:
                              "saying queries or documents; the cross-test runs on retrieval tasks")
         encoder = self.queries if prompt_type == PromptType.query else self.corpus
         texts = [text for batch in inputs for text in batch["text"]]
-        if self.on_encode is not None:
-            self.on_encode(str(prompt_type.value), len(texts))
         vectors, _ = cached_encode(encoder, texts, cache=self.cache, batch_size=self.batch_size)
         mapped = self.maps[str(prompt_type.value)]
         return np.asarray(vectors if mapped is None else mapped.apply(vectors), np.float32)
