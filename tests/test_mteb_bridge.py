@@ -275,3 +275,55 @@ def test_the_cli_scores_two_text_folders_and_writes_the_matrix(tmp_path, capsys)
     assert main([*args[:2], "--model", args[3], "--model", args[5], "--model", args[3], "--adapter",
                  str(tmp_path)]) == 2
     assert "give exactly two --model" in capsys.readouterr().err
+
+
+def write_hub_snapshot(folder, qrels, *, splits=("test",), titles: bool = False):
+    """The same task as :func:`write_folder` laid out as a local snapshot of an MTEB v2 hub dataset (three Parquet
+    configs: corpus/, queries/, data/ for the qrels), a shard per config."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    g_ids, q_ids = ids_for(None, text=True)
+    for name in ("corpus", "queries", "data"):
+        (folder / name).mkdir(parents=True)
+    corpus = {"_id": [str(g) for g in g_ids], "text": [str(g) for g in g_ids],
+              **({"title": [f"title of {g}" for g in g_ids]} if titles else {})}
+    pq.write_table(pa.table(corpus), folder / "corpus" / "corpus-00000-of-00001.parquet",
+                   row_group_size=50)  # several row groups: read a batch at a time
+    pq.write_table(pa.table({"id": [str(q) for q in q_ids], "text": [str(q) for q in q_ids]}),
+                   folder / "queries" / "queries-00000-of-00001.parquet")
+    rows = [(q, d, g) for q, docs in qrels.items() for d, g in docs.items()]
+    for split in splits:
+        pq.write_table(pa.table({"query-id": [r[0] for r in rows], "corpus-id": [r[1] for r in rows],
+                                 "score": pa.array([r[2] for r in rows], pa.int64())}),
+                       folder / "data" / f"{split}-00000-of-00001.parquet")
+    return folder
+
+
+def test_a_hub_snapshot_reads_as_the_same_task_as_its_beir_folder(tmp_path):
+    qrels = judgements()
+    beir = read_retrieval_folder(write_folder(tmp_path / "beir", qrels, titles=True))
+    hub = read_retrieval_folder(write_hub_snapshot(tmp_path / "hub", qrels, splits=("dev", "test"), titles=True))
+    for field in ("corpus_ids", "corpus_titles", "corpus_texts", "query_ids", "query_texts", "qrels"):
+        assert getattr(hub, field) == getattr(beir, field), field
+    old, new = encoders(embeddings())  # the table encoders know the bare texts: no titles for MTEB to prepend
+    scores = [mteb_cross_tests(local_retrieval_task(read_retrieval_folder(folder)), [old, new], ["old", "new"])
+              .scores[1][0]["ndcg_at_10"] for folder in (write_hub_snapshot(tmp_path / "h2", qrels),
+                                                         write_folder(tmp_path / "b2", qrels))]
+    assert scores[0] == scores[1]  # one task, two layouts, one number
+
+
+def test_a_bad_hub_snapshot_is_one_line(tmp_path):
+    folder = write_hub_snapshot(tmp_path / "h", judgements(), splits=("dev",))
+    with pytest.raises(SourceError, match=r"has no qrels for split test in data/, qrels/, default/ \(splits there: dev\)"):
+        read_retrieval_folder(folder)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"_id": ["q/0"], "body": ["x"]}), folder / "queries" / "queries-00000-of-00001.parquet")
+    with pytest.raises(SourceError, match=r"queries-00000-of-00001.parquet has no '_id' or 'text' column"):
+        read_retrieval_folder(folder, split="dev")
+    (folder / "queries" / "queries-00000-of-00001.parquet").write_text("not parquet")
+    with pytest.raises(SourceError, match="queries-00000-of-00001.parquet cannot be read") as info:
+        read_retrieval_folder(folder, split="dev")
+    assert "\n" not in str(info.value)

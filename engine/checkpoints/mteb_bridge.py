@@ -4,9 +4,9 @@ MTEB v2 tells an encoder which side of a retrieval task it embeds (``prompt_type
 :class:`CrossTestEncoder` embeds the queries with one model and the documents with another, so one MTEB run of a
 retrieval task scores a cross-test: the new model's queries searched against the corpus the old model embedded.
 :func:`mteb_cross_tests` runs every cell of the compatibility matrix that way (query model ``t`` against corpus model
-``k <= t``: self-tests on the diagonal, cross-tests below it) on a local task (:func:`local_retrieval_task`, a BEIR-layout
-folder read by ``engine.sources.beir_folder``), and the papers' AC / AA / ACA are read off the matrix of one of its
-scores.
+``k <= t``: self-tests on the diagonal, cross-tests below it) on a local task (:func:`local_retrieval_task`, a folder
+in BEIR's layout or an MTEB hub snapshot's, read by ``engine.sources.beir_folder``), and the papers' AC / AA / ACA
+are read off the matrix of one of its scores.
 
 Conventions, chosen where MTEB leaves them to the model:
 - similarity: cosine (MTEB's ``cos_sim``), what the product's checks use for text models;

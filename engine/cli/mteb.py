@@ -11,8 +11,9 @@ from engine.data import roots
 from engine.results.json_file import write_json_atomic
 
 EPILOG = """\
-FOLDER holds corpus.jsonl, queries.jsonl and qrels/SPLIT.tsv (BEIR's layout, MTEB's retrieval tasks'), e.g. the one
-examples/wordnet_mteb_task.py writes. Each --model is a text encoder, oldest first: pretrained:minilm_l3,
+FOLDER holds corpus.jsonl, queries.jsonl and qrels/SPLIT.tsv (BEIR's layout), e.g. the one
+examples/wordnet_mteb_task.py writes, or is a local snapshot of an MTEB v2 hub dataset (corpus/, queries/ and
+data/SPLIT-*.parquet). Each --model is a text encoder, oldest first: pretrained:minilm_l3,
 pretrained:minilm_l6, pretrained:minilm_l6_int8 (requirements-text-models.txt) or PATH:text (a folder or zip with
 tokenizer.json and model.safetensors + config.json or model.onnx). Needs `pip install -e .[mteb]`.
 Example:
@@ -25,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``mteb``."""
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = EPILOG
-    p.add_argument("folder", metavar="FOLDER", help="a local retrieval task folder (BEIR layout) in the data roots")
+    p.add_argument("folder", metavar="FOLDER", help="a local retrieval task folder (BEIR's layout or an MTEB hub snapshot's) in the data roots")
     p.add_argument("--model", action="append", required=True, dest="models", metavar="SPEC",
                    help="pretrained:NAME or PATH:text (repeat, oldest first; at least two)")
     p.add_argument("--split", default="test", help="the qrels split to score (qrels/SPLIT.tsv; default test)")
