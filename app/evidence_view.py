@@ -84,7 +84,7 @@ def evidence_expander(path: Path = SUMMARY) -> None:
                     f"from {summary['draws']} random samples of 1 %, 5 % and 10 % of the queries. A *false ship* is a "
                     "sampled \"ship\" where the whole corpus does not ship; a *false block* a sampled \"do not ship\" "
                     "where it ships or backfills; *a costlier remedy* a safe but dearer decision (an adapter where "
-                    "shipping as is would do, a backfill where an adapter would). Each error rate carries its one-sided "
+                    "shipping as is would do, a corpus transform or a backfill where an adapter would). Each error rate carries its one-sided "
                     "95 % upper bound, each agreement its lower one (Clopper-Pearson).")
         st.markdown(markdown_table(decision_rows(summary)))
         st.caption("The compatibility verdict (new queries on the old gallery vs the old model alone) by how far the "
