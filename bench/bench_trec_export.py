@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -30,7 +31,6 @@ def rss_kib() -> int:
 def child(way: str, n: int, dim: int, classes: int, out: Path) -> dict:
     import numpy as np
 
-    sys.path.insert(0, str(ROOT))
     from engine.checkpoints.trec_export import cell_qrels, cell_run, cell_texts
     from engine.results.trec import write_files
 
@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(tmp) / way
             text = subprocess.run([sys.executable, __file__, "--child", way, "--out", str(out), "--items",
                                    str(args.items), "--dim", str(args.dim), "--classes", str(args.classes)],
-                                  check=True, capture_output=True, text=True).stdout
+                                  check=True, capture_output=True, text=True, cwd=ROOT,
+                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                      filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}).stdout
             got[way] = json.loads(text)
         same = (Path(tmp) / "whole" / "cell.run").read_bytes() == (Path(tmp) / "streamed" / "cell.run").read_bytes()
     lines = args.items * (args.items - 1)
