@@ -14,17 +14,16 @@ or a local snapshot of an MTEB v2 hub dataset, its three configs as Parquet file
 
 (the corpus's and the queries' files named for the split, ``SPLIT-00000-of-00001.parquet``, when some are, else all
 of them; read a batch of rows at a time, only those columns). ``id`` is read where ``_id`` is absent (MTEB v2's
-column name). Ids are kept as the text they are written as. Queries
-without a judgement in the split are left out, as MTEB's own loader does; a judgement of a query or document the
-files do not hold is refused (a typo would silently score 0). Grades are whole numbers (MTEB casts them to int32).
-Every malformed line is one ``SourceError`` naming ``FILE:LINE``. The texts are read line by line; they are held as
-Python strings (a corpus's text, not its vectors).
+column name). Ids are kept as the text they are written as. Queries without a judgement in the split are left out,
+as MTEB's own loader does; a judgement of a query or document the files do not hold is refused (a typo would silently
+score 0). Grades are whole numbers (MTEB casts them to int32). Every malformed line is one ``SourceError`` naming
+``FILE:LINE``. The texts are read line by line; they are held as Python strings (a corpus's text, not its vectors).
 """
 from __future__ import annotations
 
 import io
-import re
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import numpy as np
 
 from engine.data.roots import data_roots
 from engine.sources.qrels import QrelsTable, read_qrels
-from engine.sources.text import SourceError, local_path
+from engine.sources.text import SourceError, first_line, local_path
 from storage.safe_open import open_regular
 
 FILES = ("corpus.jsonl", "queries.jsonl")  # and qrels/SPLIT.tsv
@@ -55,18 +54,40 @@ class RetrievalFolder:
     qrels: dict[str, dict[str, int]]
 
 
+class _Texts:
+    """Ids, titles ("" without) and texts in the order read, from one file or one config's files."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.titles: list[str] = []
+        self.texts: list[str] = []
+        self._seen: set[str] = set()
+
+    def add(self, ident: str, text: str, title: str, *, at: str) -> None:
+        """One more row; ``at`` (``FILE:LINE``, or the file) names it when its id was given before."""
+        if ident in self._seen:
+            raise SourceError(f"{at}: the id {ident!r} is given twice")
+        self._seen.add(ident)
+        self.ids.append(ident)
+        self.texts.append(text)
+        self.titles.append(title)
+
+    def read(self, where: str) -> tuple[list[str], list[str], list[str]]:
+        """Ids, titles and texts; one line when no row was read."""
+        if not self.ids:
+            raise SourceError(f"{where} holds no row")
+        return self.ids, self.titles, self.texts
+
+
 def _jsonl(path: Path, where: str, *, title: bool) -> tuple[list[str], list[str], list[str]]:
     """Ids, titles ("" without) and texts of a JSON-lines file; one line for a malformed or repeated row."""
-    ids: list[str] = []
-    titles: list[str] = []
-    texts: list[str] = []
-    seen: set[str] = set()
+    rows = _Texts()
     try:
         handle = open_regular(path, roots=data_roots(), what=where)
     except FileNotFoundError:
         raise SourceError(f"{where} cannot be read: no such file") from None
     except (OSError, ValueError) as exc:
-        raise SourceError(f"{where} cannot be read: {exc}") from None
+        raise SourceError(f"{where} cannot be read: {first_line(exc)}") from None
     with io.TextIOWrapper(handle, encoding="utf-8") as lines:
         try:
             for n, line in enumerate(lines, 1):
@@ -79,34 +100,27 @@ def _jsonl(path: Path, where: str, *, title: bool) -> tuple[list[str], list[str]
                 key = "_id" if isinstance(row, dict) and "_id" in row else "id"
                 if not isinstance(row, dict) or row.get(key) in (None, "") or not isinstance(row.get("text"), str):
                     raise SourceError(f'{where}:{n}: a row is a JSON object with "_id" and "text" (a string)')
-                ident = str(row[key])
-                if ident in seen:
-                    raise SourceError(f"{where}:{n}: the id {ident!r} is given twice")
-                seen.add(ident)
-                ids.append(ident)
-                titles.append(str(row.get("title") or "") if title else "")
-                texts.append(row["text"])
+                rows.add(str(row[key]), row["text"], str(row.get("title") or "") if title else "", at=f"{where}:{n}")
         except UnicodeDecodeError:
             raise SourceError(f"{where} is not UTF-8 text") from None
-    if not ids:
-        raise SourceError(f"{where} holds no row")
-    return ids, titles, texts
+    return rows.read(where)
+
+
+def _named_for(path: Path, split: str) -> bool:
+    """Whether a hub snapshot's file holds ``split`` by its name (``SPLIT.parquet``, ``SPLIT-00000-of-00001.parquet``)."""
+    return path.stem == split or path.name.startswith(f"{split}-")
 
 
 def _for_split(files: list[Path], split: str) -> list[Path]:
-    """The files named for ``split`` (``SPLIT.parquet``, ``SPLIT-00000-of-00001.parquet``), else all of them."""
-    named = [f for f in files if f.stem == split or f.name.startswith(f"{split}-")]
-    return named or files
+    """The files named for ``split``, else all of them."""
+    return [f for f in files if _named_for(f, split)] or files
 
 
 def _parquet(files: list[Path], where: str, *, title: bool) -> tuple[list[str], list[str], list[str]]:
     """Ids, titles ("" without) and texts of Parquet files (a hub config), a batch of rows at a time."""
     import pyarrow.parquet as pq
 
-    ids: list[str] = []
-    titles: list[str] = []
-    texts: list[str] = []
-    seen: set[str] = set()
+    rows = _Texts()
     for path in files:
         at = f"{where}/{path.name}"
         try:
@@ -118,25 +132,17 @@ def _parquet(files: list[Path], where: str, *, title: bool) -> tuple[list[str], 
                     raise SourceError(f"{at} has no {key!r} or 'text' column (columns: {', '.join(names)})")
                 columns = [key, "text"] + (["title"] if title and "title" in names else [])
                 for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=columns):
-                    rows = batch.to_pydict()
-                    for n, ident in enumerate(rows[key]):
-                        text = rows["text"][n]
+                    block = batch.to_pydict()
+                    for n, ident in enumerate(block[key]):
+                        text = block["text"][n]
                         if ident in (None, "") or not isinstance(text, str):
-                            raise SourceError(f"{at}: a row without an id or a text (row {len(ids) + 1})")
-                        ident = str(ident)
-                        if ident in seen:
-                            raise SourceError(f"{at}: the id {ident!r} is given twice")
-                        seen.add(ident)
-                        ids.append(ident)
-                        texts.append(text)
-                        titles.append(str(rows["title"][n] or "") if "title" in rows else "")
+                            raise SourceError(f"{at}: a row without an id or a text (row {len(rows.ids) + 1})")
+                        rows.add(str(ident), text, str(block["title"][n] or "") if "title" in block else "", at=at)
         except SourceError:
             raise
         except (OSError, ValueError) as exc:  # absent, refused, not Parquet
-            raise SourceError(f"{at} cannot be read: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-    if not ids:
-        raise SourceError(f"{where} holds no row")
-    return ids, titles, texts
+            raise SourceError(f"{at} cannot be read: {first_line(exc)}") from None
+    return rows.read(where)
 
 
 def _hub_layout(folder: Path, split: str, location: str) -> tuple[tuple, tuple, list[Path]]:
@@ -147,9 +153,8 @@ def _hub_layout(folder: Path, split: str, location: str) -> tuple[tuple, tuple, 
         if not files:
             raise SourceError(f"retrieval task folder {location} has no {name}/*.parquet")
         found[name] = _for_split(files, split)
-    qrels = next((files for name in HUB_QRELS if (files := [p for p in sorted((folder / name).glob("*.parquet"))
-                                                            if p.stem == split or p.name.startswith(f"{split}-")])),
-                 None)
+    qrels = next((files for name in HUB_QRELS
+                  if (files := [p for p in sorted((folder / name).glob("*.parquet")) if _named_for(p, split)])), None)
     if qrels is None:
         there = sorted({p.name.split("-")[0].removesuffix(".parquet") for name in HUB_QRELS
                         for p in (folder / name).glob("*.parquet")})
