@@ -327,3 +327,26 @@ def test_a_bad_hub_snapshot_is_one_line(tmp_path):
     with pytest.raises(SourceError, match="queries-00000-of-00001.parquet cannot be read") as info:
         read_retrieval_folder(folder, split="dev")
     assert "\n" not in str(info.value)
+
+
+def test_an_adapter_of_another_model_is_refused_before_any_embedding(tmp_path, capsys, monkeypatch):
+    """``mteb --adapter``: an adapter whose recorded input model (weights' hash) is not the new model is one line,
+    exit 2, and MTEB never runs (the check comes before the matrix)."""
+    from engine.adapters.artifact import save_adapter
+    from engine.adapters.posthoc import fit_map
+    from engine.checkpoints import mteb_bridge
+    from engine.core.fingerprint import Fingerprint
+    from support.text_encoders import write_tiny_folder
+
+    write_tiny_folder(tmp_path / "mean", pooling="mean")
+    write_tiny_folder(tmp_path / "cls", pooling="cls")
+    rng = np.random.default_rng(1)
+    m = fit_map("procrustes", rng.normal(size=(40, 8)), rng.normal(size=(40, 8)))
+    save_adapter(m, tmp_path / "a", onnx=False, fingerprints={"input": Fingerprint(8, sha256="0" * 64),
+                                                              "output": Fingerprint(8)})
+    folder = write_folder(tmp_path / "t", judgements())
+    monkeypatch.setattr(mteb_bridge, "mteb_cross_tests", lambda *a, **k: pytest.fail("MTEB ran before the check"))
+    assert main(["mteb", str(folder), "--model", f"{tmp_path / 'mean'}:text", "--model", f"{tmp_path / 'cls'}:text",
+                 "--adapter", str(tmp_path / "a"), "--no-cache"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cls is not the model the adapter in" in err and "\n" not in err, err

@@ -29,7 +29,7 @@ import numpy as np
 from engine.adapters.posthoc import NEW_TO_OLD, PosthocMap, map_direction
 from engine.checkpoints.text_cache import TextEmbeddingCache, cached_encode
 from engine.core.kinds import metric_parts
-from engine.metrics.summary import average_accuracy, average_compatibility, average_compatibility_accuracy
+from engine.metrics.summary import average_accuracy, average_compatibility, average_compatibility_accuracy, ecc_pass
 from engine.sources.beir_folder import RetrievalFolder
 
 MTEB_KINDS = ("ndcg", "map", "recall", "precision", "mrr")  # the K-cut scores MTEB's retrieval evaluator reports
@@ -153,6 +153,11 @@ class MtebMatrix:
         key = mteb_score_key(metric)
         return np.array([[np.nan if s is None else float(s[key]) for s in row] for row in self.scores])
 
+    def passes(self, metric: str = "ndcg@10") -> np.ndarray:
+        """ECC of every cross-test of :meth:`matrix` (``engine.metrics.summary.ecc_pass``: 1 pass, 0 fail, NaN
+        elsewhere), on MTEB's point estimates."""
+        return ecc_pass(self.matrix(metric))
+
     def summary(self, metric: str = "ndcg@10") -> dict[str, float]:
         """The papers' AC, AA and ACA of :meth:`matrix` (ECC: a cross-test beats the old model's self-test)."""
         C = self.matrix(metric)
@@ -212,5 +217,5 @@ def mteb_adapted_cell(task: Any, new: Any, old: Any, adapter: PosthocMap, *, cac
     return _run(task, model)
 
 
-__all__ = ["CrossTestEncoder", "MTEB_KINDS", "adapter_models_check", "MTEB_KS", "MtebMatrix", "local_retrieval_task", "mteb_adapted_cell",
-           "mteb_cross_tests", "mteb_score_key"]
+__all__ = ["CrossTestEncoder", "MTEB_KINDS", "MTEB_KS", "MtebMatrix", "adapter_models_check", "local_retrieval_task",
+           "mteb_adapted_cell", "mteb_cross_tests", "mteb_score_key"]

@@ -86,21 +86,23 @@ def cmd_mteb(args: argparse.Namespace) -> int:
     max_bytes = parse_size(args.max_size)
     encoders = [load_text_source(s, name=label, max_bytes=max_bytes, device=device) for s, label in zip(sources, labels)]
     try:
+        if adapter is not None:  # checked before any embedding: a wrong adapter is refused at once
+            warning = adapter_models_check(adapter, Path(args.adapter), *encoders)
+            if warning:
+                print(f"warning: {warning}", file=sys.stderr)
         cache = None if args.no_cache else TextEmbeddingCache()
         result = mteb_cross_tests(task, encoders, labels, cache=cache, batch_size=args.batch_size,
                                   report=lambda line: print(line, file=sys.stderr))
         remedy = None
         if adapter is not None:
-            warning = adapter_models_check(adapter, Path(args.adapter), *encoders)
-            if warning:
-                print(f"warning: {warning}", file=sys.stderr)
             print(f"MTEB {task.metadata.name}: the adapter's remedy", file=sys.stderr)
             remedy = mteb_adapted_cell(task, encoders[1], encoders[0], adapter, cache=cache, batch_size=args.batch_size)
     finally:
         for encoder in encoders:
             encoder.close()
-    C = result.matrix(args.metric)
-    print(f"MTEB {mteb_version()} on {data.name} ({data.split}: {len(data.query_ids)} queries, "
+    C, passed = result.matrix(args.metric), result.passes(args.metric)
+    version = mteb_version()
+    print(f"MTEB {version} on {data.name} ({data.split}: {len(data.query_ids)} queries, "
           f"{len(data.corpus_ids)} documents), {key}: rows query model, columns corpus model")
     width = max(map(len, labels))
     print(" " * width + "".join(f"  {label:>{width}}" for label in labels))
@@ -109,23 +111,23 @@ def cmd_mteb(args: argparse.Namespace) -> int:
                                             for k in range(len(labels))))
     for t in range(1, len(labels)):
         for k in range(t):
-            ok = C[t, k] > C[k, k]
             print(f"{labels[t]} → {labels[k]}: {key} {C[t, k]:.5f} vs {C[k, k]:.5f} for {labels[k]} alone: "
-                  f"{'compatible' if ok else 'not compatible'} (ECC, MTEB's point estimates)")
+                  f"{'compatible' if passed[t, k] == 1 else 'not compatible'} (ECC, MTEB's point estimates)")
     if remedy is not None:
         from engine.adapters.posthoc import NEW_TO_OLD, map_direction
+        from engine.core.kinds import beats
 
-        cell = (f"{labels[1]} adapted → {labels[0]}" if map_direction(adapter) == NEW_TO_OLD
-                else f"{labels[1]} → {labels[0]} transformed")
-        print(f"{cell} ({adapter.kind} {'adapter' if map_direction(adapter) == NEW_TO_OLD else 'corpus transform'}): "
+        query_side = map_direction(adapter) == NEW_TO_OLD
+        cell = f"{labels[1]} adapted → {labels[0]}" if query_side else f"{labels[1]} → {labels[0]} transformed"
+        print(f"{cell} ({adapter.kind} {'adapter' if query_side else 'corpus transform'}): "
               f"{key} {remedy[key]:.5f} vs {C[0, 0]:.5f} for {labels[0]} alone and {C[1, 0]:.5f} without it: "
-              f"{'compatible' if remedy[key] > C[0, 0] else 'not compatible'} (ECC, MTEB's point estimates)")
+              f"{'compatible' if beats(remedy[key], C[0, 0]) else 'not compatible'} (ECC, MTEB's point estimates)")
     summary = result.summary(args.metric)
     print("AC={AC:.3f} AA={AA:.5f} ACA={ACA:.5f}".format(**summary))
     print("note: MTEB's scores carry no interval; python -m engine check-upgrade on the same vectors gives one")
     if args.json:
         write_json_atomic(args.json, {"task": data.name, "split": data.split, "metric": key, "labels": labels,
-                                      "mteb": mteb_version(), "matrix": [[None if c != c else c for c in row]
+                                      "mteb": version, "matrix": [[None if c != c else c for c in row]
                                                                         for row in C.tolist()],
                                       "summary": summary, "scores": result.scores,
                                       **({"adapter": {"kind": adapter.kind, "scores": remedy}} if remedy else {})})
