@@ -10,7 +10,8 @@ judgements (grade > 0) of the queries that have one in the gallery, the queries 
 mean over the file's queries is the check's mean.
 
 The same files reach a folder (:func:`write_files`, the command line) or one zip (:func:`zip_files`, the dashboard's
-download, stored with the check); both hold every text in memory at once (the lists' size: queries x k lines per cell).
+download, stored with the check). A folder's files may come as chunks, written as they come (compare-checkpoints'
+full rankings stream so); the zip holds every text in memory at once (the lists' size: queries x k lines per cell).
 """
 from __future__ import annotations
 
